@@ -1,0 +1,153 @@
+"""The backend interface: a small class the aggregators call with large requests.
+
+A backend is IOR's ``aiori`` table in Python: a handful of required methods and
+class attributes that say what it can do.  Core code checks these attributes,
+never ``isinstance`` against a concrete backend.
+
+Required: :meth:`Backend.open` (a classmethod, called by *every* rank),
+:meth:`write_at`, :meth:`read_at`, :meth:`size`, :meth:`sync`, :meth:`close`.
+Optional hooks with defaults: :meth:`runs_for` (map a layout into the backend's
+byte space, e.g. chunk-major for zarr), :meth:`domain_extent` (e.g. S3 objects
+always start at 0), :meth:`commit` / :meth:`abort` (atomic completion).
+
+How the planned backends fit:
+
+* ``posix``: byte-addressable; ``partial_write``; alignment = ``striping_unit``.
+* ``mpiio``: same as posix, requests go to ``MPI.File.Write_at`` on the
+  aggregators' communicator; ``collective_open``.
+* ``hdf5`` (contiguous dataset): posix at the dataset's file offset; chunked:
+  ``runs_for`` maps to chunk-major space, ``alignment`` = chunk bytes, the
+  aggregator compresses whole chunks.
+* ``zarr``: ``runs_for`` maps to chunk- (shard-) major space, ``alignment`` = chunk
+  (shard) bytes, ``write_at`` stores whole chunks through zarr's codecs;
+  ``partial_write`` True (the owner reads, merges and rewrites a partial chunk).
+* ``s3``: ``partial_write`` False (holes are zeros), ``alignment`` = part size,
+  ``min_request`` 5 MiB, ``max_parts`` 10,000, ``collective_open`` (rank 0
+  creates the multipart upload), ``commit`` completes it, ``abort`` aborts it.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ..runs import Runs
+
+__all__ = ["Backend"]
+
+
+class Backend(abc.ABC):
+    """Storage that aggregators write to with few, large requests.
+
+    Capabilities (class attributes, override in subclasses):
+
+    ``readable``, ``writable``
+        What the backend supports at all.
+    ``partial_write``
+        True: any byte range can be written, so holes keep old content (the core
+        reads, merges and writes a window with holes).  False: requests cover whole
+        windows and holes are written as zeros (object stores).
+    ``alignment``
+        File-domain boundaries and round windows are multiples of this.
+    ``min_request``, ``max_request``
+        Smallest request except the last one; largest single request (larger ones
+        are split by :meth:`write_at` itself).
+    ``collective_open``
+        ``open``/``close``/``commit`` need every rank (e.g. an upload id is shared).
+    ``independent``
+        Any rank may write its own ranges directly (the shuffle can be skipped).
+    ``sparse``
+        Bytes never written read back as zeros.
+    """
+
+    name: ClassVar[str] = "abstract"
+    readable: bool = True  # may be narrowed per instance (e.g. by mode)
+    writable: bool = True
+    partial_write: ClassVar[bool] = True
+    alignment: ClassVar[int] = 1
+    min_request: ClassVar[int] = 1
+    max_request: ClassVar[int] = 0x7FFFF000
+    collective_open: ClassVar[bool] = False
+    independent: ClassVar[bool] = True
+    sparse: ClassVar[bool] = True
+
+    mode: str = "r"
+
+    @classmethod
+    @abc.abstractmethod
+    def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> Backend:
+        """Collective over `comm`: open (or create, in 'w') the target on every rank.
+
+        Must raise the same error on every rank (use :func:`collio.collective.agree`).
+        """
+
+    # -- data path (aggregators, or every rank on the direct path) --------
+    @abc.abstractmethod
+    def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        """Write all of ``buf`` at byte ``offset``."""
+
+    @abc.abstractmethod
+    def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        """Fill ``buf`` from byte ``offset``; bytes past the end read as zeros."""
+
+    def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int:
+        """Write a rank's own runs directly; returns the number of requests.
+
+        The default loops over runs: only used on the direct path, which the core
+        takes for a few large runs (or when the user disables collective buffering).
+        """
+        for f, n, m in zip(
+            runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
+        ):
+            self.write_at(f, data[m : m + n])
+        return len(runs)
+
+    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int:
+        """Read a rank's own runs directly into ``out``; returns the number of requests."""
+        for f, n, m in zip(
+            runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
+        ):
+            self.read_at(f, out[m : m + n])
+        return len(runs)
+
+    # -- layout mapping ---------------------------------------------------
+    def runs_for(self, layout: Any) -> Runs:
+        """This rank's runs in the backend's byte space (default: the layout's own)."""
+        runs: Runs = layout.runs()
+        return runs
+
+    def check_layout(self, layout: Any) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`~collio.errors.LayoutError` if the layout does not fit the target."""
+
+    def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
+        """The byte range the file domains split (default: the data's own extent)."""
+        return lo, hi
+
+    # -- completion -------------------------------------------------------
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Current size in bytes."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Make written data durable (on the ranks that wrote)."""
+
+    def commit(self, comm: Any, ok: bool) -> None:  # noqa: B027 - optional hook
+        """Collective over `comm`: make the writes visible (``ok``) or drop them."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release resources on this rank (after :meth:`commit`)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Capabilities, for stats and error messages."""
+        return {
+            "backend": self.name,
+            "partial_write": self.partial_write,
+            "alignment": self.alignment,
+            "min_request": self.min_request,
+            "max_request": self.max_request,
+        }

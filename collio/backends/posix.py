@@ -1,0 +1,194 @@
+"""POSIX files (local disks, NFS, parallel file systems through their POSIX mounts)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import uuid
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ..collective import Attempt, agree
+from ..errors import BackendError, CommitError, ModeError
+from .base import Backend
+
+__all__ = ["PosixBackend"]
+
+_MAX_IO = 0x7FFFF000  # Linux caps one read/write at this many bytes
+_O_BINARY = getattr(os, "O_BINARY", 0)
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _libc_sync_file_range() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _libc_sync_file_range()
+
+
+class PosixBackend(Backend):
+    """A file opened by every rank; aggregators use ``pwrite``/``preadv`` with big buffers.
+
+    Options
+    -------
+    writeback : bool
+        Start writeback of each written round right away (``sync_file_range``),
+        so a later ``sync()`` has less left to flush.  Default True where Linux
+        offers it.
+    """
+
+    name: ClassVar[str] = "posix"
+
+    def __init__(self, path: str, fd: int, mode: str, final: str | None, writeback: bool) -> None:
+        self.path = path
+        self.fd = fd
+        self.mode = mode
+        self.final = final  # the target when writing to a temporary (atomic_commit)
+        self.writeback = writeback and _sync_file_range is not None
+        self.dirty = False
+        self.readable = True
+        self.writable = mode != "r"
+
+    # -- open ---------------------------------------------------------------
+    @classmethod
+    def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> PosixBackend:
+        """Collective over `comm`: rank 0 creates or truncates, then every rank opens."""
+        writeback = bool(options.pop("writeback", True))
+        if options:
+            raise ModeError(f"posix backend: unknown options {sorted(options)}")
+        path = os.fspath(target)
+        atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
+        step = Attempt()
+        name = None
+        if comm.Get_rank() == 0:
+            with step:
+                name = _prepare(path, mode, atomic)
+        agree(comm, step.error, what=f"open {path!r}")
+        name = comm.bcast(name, root=0)
+        step = Attempt()
+        fd = -1
+        with step:
+            flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
+            fd = os.open(name, flags)
+        if step.error is not None and fd >= 0:
+            os.close(fd)
+        try:
+            agree(comm, step.error, what=f"open {path!r}")
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            if atomic and comm.Get_rank() == 0:
+                _unlink_quietly(name)
+            raise
+        return cls(name, fd, mode, path if atomic else None, writeback)
+
+    # -- data ---------------------------------------------------------------
+    def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        view = memoryview(buf).cast("B")  # type: ignore[arg-type]
+        done, total = 0, len(view)
+        while done < total:
+            n = os.pwrite(self.fd, view[done : done + _MAX_IO], offset + done)
+            if n <= 0:
+                raise BackendError(f"short write at offset {offset + done} of {self.path!r}")
+            done += n
+        self.dirty = True
+        if self.writeback and total >= (1 << 20):
+            _sync_file_range(self.fd, offset, total, _SYNC_FILE_RANGE_WRITE)
+
+    def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        view = memoryview(buf).cast("B")  # type: ignore[arg-type]
+        done, total = 0, len(view)
+        while done < total:
+            n = os.preadv(self.fd, [view[done : done + _MAX_IO]], offset + done)
+            if n == 0:  # end of file: the rest reads as zeros
+                buf[done:] = 0
+                return
+            done += n
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def sync(self) -> None:
+        if self.dirty and self.fd >= 0:
+            os.fsync(self.fd)
+            self.dirty = False
+
+    def commit(self, comm: Any, ok: bool) -> None:
+        """Collective over `comm`: with ``atomic_commit``, rename the temporary on success."""
+        if self.final is None:
+            return
+        step = Attempt()
+        if comm.Get_rank() == 0:
+            with step:
+                if ok:
+                    os.replace(self.path, self.final)
+                    _fsync_dir(self.final)
+                else:
+                    _unlink_quietly(self.path)
+        agree(comm, step.error, what=f"commit {self.final!r}")
+        if not ok:
+            return
+        if step.error is not None:  # pragma: no cover - agree raised already
+            raise CommitError(str(step.error))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out.update(path=self.final or self.path, atomic=self.final is not None)
+        return out
+
+
+def _prepare(path: str, mode: str, atomic: bool) -> str:
+    """On rank 0: create/truncate (or check) the file; returns the name ranks open."""
+    if mode == "r":
+        if not os.path.isfile(path):
+            raise FileNotFoundError(2, "no such file", path)
+        return path
+    if mode == "r+" and not os.path.isfile(path):
+        raise FileNotFoundError(2, "no such file", path)
+    target = path
+    if atomic:
+        d, base = os.path.split(os.path.abspath(path))
+        target = os.path.join(d, f".{base}.collio-{uuid.uuid4().hex[:12]}.tmp")
+        if mode == "r+":
+            shutil.copyfile(path, target)
+    if mode == "w" or atomic:
+        fd = os.open(target, os.O_CREAT | os.O_WRONLY | (os.O_TRUNC if mode == "w" else 0), 0o666)
+        os.close(fd)
+    return target
+
+
+def _unlink_quietly(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,97 @@
+"""Agreement on errors: no rank raises alone inside a collective call.
+
+The pattern (habit 5 of the house style): run the local step inside
+:class:`Attempt`, then call :func:`agree`.  ``agree`` is an allreduce of one flag
+(cheap, O(log p)); only when some rank failed are the messages gathered, and then
+every rank raises the same :class:`~collio.errors.CollioError` subclass naming
+the failing ranks.  Because every rank makes the same sequence of collective
+calls whatever happened locally, nothing hangs and the communicator stays usable.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from mpi4py import MPI
+
+from .errors import classify, make_error
+
+__all__ = ["Attempt", "agree", "raise_agreed"]
+
+
+class Attempt:
+    """Context manager that records (instead of raising) an exception on this rank.
+
+    >>> with Attempt() as step:
+    ...     risky()
+    >>> agree(comm, step.error)
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> Attempt:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> bool:
+        if exc is None:
+            return False
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return False
+        if self.error is None:
+            self.error = exc
+        return True
+
+    def fail(self, exc: BaseException) -> None:
+        """Record ``exc`` unless an earlier error is already recorded."""
+        if self.error is None:
+            self.error = exc
+
+
+def agree(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> None:
+    """Collective over `comm`: raise the same error on every rank if any rank failed.
+
+    Parameters
+    ----------
+    comm
+        The communicator all ranks of the call share.
+    error
+        This rank's exception, or None.
+    what
+        A short phrase naming the step, put in front of the message.
+    """
+    failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
+    if failed:
+        raise_agreed(comm, error, what=what)
+
+
+def raise_agreed(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> None:
+    """Collective over `comm`: gather every rank's error and raise the combined one.
+
+    Call only when every rank knows that some rank failed (e.g. after a flag
+    allreduce).  The class is the one of the lowest failing rank.
+    """
+    mine: tuple[str, str, int | None] | None = None
+    if error is not None:
+        mine = classify(error)
+    infos: list[Any] = comm.allgather(mine)
+    failed = [(rank, info) for rank, info in enumerate(infos) if info is not None]
+    if not failed:  # pragma: no cover - caller promised a failure
+        failed = [(-1, ("CollioError", "unknown failure on another rank", None))]
+    first_name, _, first_errno = failed[0][1]
+    shown = failed[:8]
+    text = "; ".join(f"rank {rank}: {msg}" for rank, (_, msg, _) in shown)
+    if len(failed) > len(shown):
+        text += f"; and {len(failed) - len(shown)} more ranks"
+    if what:
+        text = f"{what}: {text}"
+    exc = make_error(first_name, text, ranks=tuple(r for r, _ in failed), errno=first_errno)
+    raise exc from error

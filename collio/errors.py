@@ -1,0 +1,135 @@
+"""One error hierarchy, mixed with the built-in exceptions users already catch.
+
+Every error raised by a collective collio call is raised on *every* rank of the
+communicator, with the same class and the same message (see
+:mod:`collio.collective`).  The message names the ranks that failed and the values
+involved, e.g. ``rank 3: region (0, 197)+(256, 64) exceeds global shape (256, 256)``.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class CollioError(Exception):
+    """Base class of every collio error.
+
+    Parameters
+    ----------
+    message
+        Lowercase text that carries the numbers.
+    ranks
+        The ranks of the communicator where the error happened (empty when
+        raised by a single rank before any agreement).
+    """
+
+    def __init__(self, message: str, *, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.ranks = tuple(ranks)
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep pickling simple for allgather
+        return (_rebuild, (type(self).__name__, self.message, self.ranks, _errno_of(self)))
+
+
+class LayoutError(CollioError, ValueError):
+    """A layout is invalid, or does not match the data or the target."""
+
+
+class MismatchError(LayoutError):
+    """Ranks disagree on something they must share (global shape, dtype, order, mode)."""
+
+
+class OverlapError(CollioError, ValueError):
+    """Two ranks (or one rank twice) write the same byte; MPI leaves it undefined, we refuse."""
+
+
+class HintError(CollioError, ValueError):
+    """A hint has a value that cannot be used."""
+
+
+class ModeError(CollioError, ValueError):
+    """The operation is not allowed in the mode the file was opened with, or the file is closed."""
+
+
+class BackendError(CollioError, OSError):
+    """The storage failed: the target cannot be opened, written, read or synced."""
+
+    def __init__(
+        self, message: str, *, ranks: tuple[int, ...] = (), errno: int | None = None
+    ) -> None:
+        CollioError.__init__(self, message, ranks=ranks)
+        self.errno = errno  # type: ignore[assignment]
+        self.strerror = _errno.errorcode.get(errno, "") if errno else None  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class BackendUnavailableError(CollioError, ImportError):
+    """An optional backend's dependency is missing; the message says what to install."""
+
+
+class CommitError(BackendError):
+    """An atomic commit (rename, multipart completion) failed; the previous target is intact."""
+
+
+_CLASSES: dict[str, type[CollioError]] = {
+    c.__name__: c
+    for c in (
+        CollioError,
+        LayoutError,
+        MismatchError,
+        OverlapError,
+        HintError,
+        ModeError,
+        BackendError,
+        BackendUnavailableError,
+        CommitError,
+    )
+}
+
+
+def register_error(cls: type[CollioError]) -> type[CollioError]:
+    """Make a subclass defined elsewhere (a backend) rebuildable on other ranks."""
+    _CLASSES[cls.__name__] = cls
+    return cls
+
+
+def _errno_of(exc: BaseException) -> int | None:
+    value = getattr(exc, "errno", None)
+    return value if isinstance(value, int) else None
+
+
+def _rebuild(name: str, message: str, ranks: tuple[int, ...], errno: int | None) -> CollioError:
+    return make_error(name, message, ranks=ranks, errno=errno)
+
+
+def make_error(
+    name: str, message: str, *, ranks: tuple[int, ...] = (), errno: int | None = None
+) -> CollioError:
+    """Build the collio error called ``name`` (falls back to :class:`CollioError`)."""
+    cls = _CLASSES.get(name, CollioError)
+    if issubclass(cls, BackendError):
+        return cls(message, ranks=ranks, errno=errno)
+    return cls(message, ranks=ranks)
+
+
+def classify(exc: BaseException) -> tuple[str, str, int | None]:
+    """Name the collio class an arbitrary exception maps to, its text and errno.
+
+    Built-in errors raised by user data or the OS become the nearest collio class:
+    ``OSError`` -> :class:`BackendError`, ``ValueError``/``TypeError`` ->
+    :class:`LayoutError`, anything else -> :class:`CollioError`.
+    """
+    if isinstance(exc, CollioError):
+        return type(exc).__name__, exc.message, _errno_of(exc)
+    if isinstance(exc, OSError):
+        text = exc.strerror or str(exc)
+        text = text[:1].lower() + text[1:]
+        if exc.filename is not None:
+            text = f"{text}: {exc.filename!r}"
+        return "BackendError", text, exc.errno
+    if isinstance(exc, (ValueError, TypeError, IndexError)):
+        return "LayoutError", f"{type(exc).__name__}: {exc}", None
+    return "CollioError", f"{type(exc).__name__}: {exc}", None

@@ -1,0 +1,117 @@
+"""The only MPI data movement: metadata all-to-all and per-round point-to-point.
+
+Data moves zero-copy where it can: a sender hands MPI a slice of the user's
+buffer (or a derived datatype over it), and an aggregator receives straight into
+its round buffer with an hindexed/hvector datatype that scatters each source's
+bytes to their file positions.  Every datatype made here is freed (habit 9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+__all__ = ["alltoallv_i64", "byte_view", "Messages"]
+
+I64 = npt.NDArray[np.int64]
+
+
+def alltoallv_i64(comm: MPI.Comm, send: I64, counts: I64) -> tuple[I64, I64]:
+    """Collective over `comm`: send ``counts[r]`` consecutive int64 values to rank r.
+
+    Returns the received values (grouped by source) and the count from each source.
+    """
+    send = np.ascontiguousarray(send, np.int64)
+    counts = np.ascontiguousarray(counts, np.int64)
+    rcounts = np.empty_like(counts)
+    comm.Alltoall([counts, MPI.INT64_T], [rcounts, MPI.INT64_T])
+    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
+    recv = np.empty(int(rcounts.sum()), np.int64)
+    # mpi4py 4 switches to MPI-4 large-count calls by itself when counts exceed int
+    comm.Alltoallv([send, (counts, sdispl), MPI.INT64_T], [recv, (rcounts, rdispl), MPI.INT64_T])
+    return recv, rcounts
+
+
+def _make_type(disp: I64, length: I64) -> MPI.Datatype:
+    """A committed byte datatype for runs at displacements ``disp`` (relative, sorted)."""
+    n = len(disp)
+    uniform = bool((length == length[0]).all())
+    if uniform and n > 1:
+        step = np.diff(disp)
+        if bool((step == step[0]).all()):
+            return MPI.BYTE.Create_hvector(n, int(length[0]), int(step[0])).Commit()
+    if uniform:
+        return MPI.BYTE.Create_hindexed_block(int(length[0]), disp.tolist()).Commit()
+    return MPI.BYTE.Create_hindexed(length.tolist(), disp.tolist()).Commit()
+
+
+def byte_view(
+    buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64
+) -> tuple[Any, MPI.Datatype | None]:
+    """An mpi4py buffer spec for the bytes ``buf[o:o+n]`` of each run, in run order.
+
+    Contiguous runs become a plain slice (no datatype); otherwise a derived
+    datatype over ``buf`` starting at the first run (the caller frees it).
+    """
+    first = int(offsets[0])
+    total = int(lengths.sum())
+    end = offsets + lengths
+    if len(offsets) == 1 or bool((offsets[1:] == end[:-1]).all()):
+        return [buf[first : first + total], MPI.BYTE], None
+    dtype = _make_type(offsets - first, lengths)
+    return [buf[first:], 1, dtype], dtype
+
+
+class Messages:
+    """The point-to-point messages of one round; frees its datatypes when done."""
+
+    __slots__ = ("comm", "requests", "types", "tag")
+
+    def __init__(self, comm: MPI.Comm, tag: int) -> None:
+        self.comm = comm
+        self.requests: list[MPI.Request] = []
+        self.types: list[MPI.Datatype] = []
+        self.tag = tag
+
+    def send(self, dest: int, buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64) -> None:
+        spec, dtype = byte_view(buf, offsets, lengths)
+        if dtype is not None:
+            self.types.append(dtype)
+        self.requests.append(self.comm.Isend(spec, dest, self.tag))
+
+    def recv(self, source: int, buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64) -> None:
+        spec, dtype = byte_view(buf, offsets, lengths)
+        if dtype is not None:
+            self.types.append(dtype)
+        self.requests.append(self.comm.Irecv(spec, source, self.tag))
+
+    def wait(self) -> None:
+        try:
+            if self.requests:
+                MPI.Request.Waitall(self.requests)
+        finally:
+            self.free()
+
+    def free(self) -> None:
+        for t in self.types:
+            t.Free()
+        self.types.clear()
+        self.requests.clear()
+
+
+@contextmanager
+def messages(comm: MPI.Comm, tag: int) -> Iterator[Messages]:
+    """Post messages inside the block; they complete (and types are freed) on exit."""
+    msgs = Messages(comm, tag)
+    try:
+        yield msgs
+    except BaseException:
+        msgs.free()
+        raise
+    msgs.wait()

@@ -1,0 +1,255 @@
+"""``collio.open`` and :class:`File`: the public face; completion and agreement live here."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import engine
+from .aggregators import choose_aggregators
+from .backends import get_backend, infer_backend
+from .backends.base import Backend
+from .collective import Attempt, agree
+from .errors import MismatchError, ModeError
+from .hints import Hints
+from .stats import Stats
+
+__all__ = ["File", "open"]
+
+_MODES = ("r", "w", "r+")
+
+
+def open(  # noqa: A001 - the natural name, like io.open / h5py.File
+    target: Any,
+    mode: str = "r",
+    *,
+    comm: MPI.Comm | None = None,
+    hints: Any = None,
+    backend: str | None = None,
+    **options: Any,
+) -> File:
+    """Collective over `comm`: open a shared target for collective I/O.
+
+    Parameters
+    ----------
+    target
+        A path (``posix``), ``"mem://name"`` (``memory``), or what a backend accepts.
+    mode
+        ``'r'`` read, ``'w'`` create or truncate (reads allowed), ``'r+'`` read and
+        write an existing target.
+    comm
+        The ranks taking part (default ``MPI.COMM_WORLD``); collio duplicates it.
+    hints
+        A dict, an ``MPI.Info`` or :class:`collio.Hints` (ROMIO's names).
+    backend
+        A backend name; inferred from the target when None.
+    **options
+        Passed to the backend.
+
+    Returns
+    -------
+    File
+        A context manager; every rank must call its collective methods.
+    """
+    base = MPI.COMM_WORLD if comm is None else comm
+    fcomm = base.Dup()
+    try:
+        return File._open(fcomm, target, mode, hints, backend, options)
+    except BaseException:
+        fcomm.Free()
+        raise
+
+
+class File:
+    """A target open on every rank of a communicator.
+
+    ``write_all``, ``read_all``, ``sync`` and ``close`` are collective: every
+    rank calls them, in the same order, even with nothing to write.  Errors are
+    raised on every rank alike, and the file stays usable after them.
+    """
+
+    def __init__(self, ctx: engine.Context, target: Any) -> None:
+        self._ctx = ctx
+        self.target = target
+        self._aborted = False
+
+    @classmethod
+    def _open(
+        cls,
+        comm: MPI.Comm,
+        target: Any,
+        mode: str,
+        hints: Any,
+        backend: str | None,
+        options: dict[str, Any],
+    ) -> File:
+        step = Attempt()
+        parsed = Hints()
+        name = "posix"
+        with step:
+            if mode not in _MODES:
+                raise ModeError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
+            parsed = Hints.coerce(hints, warn=comm.Get_rank() == 0)
+            name = backend or infer_backend(target)
+            bcls = get_backend(name)
+        agree(comm, step.error, what="open")
+        mine = (mode, parsed, name)
+        ref = comm.bcast(mine, root=0)
+        agree(
+            comm,
+            None
+            if ref == mine
+            else MismatchError(f"open arguments {mine!r} differ from rank 0's {ref!r}"),
+            what="open",
+        )
+        be: Backend = bcls.open(target, mode, comm=comm, hints=parsed, **options)
+        try:
+            aggs = _aggregators(comm, parsed)
+        except BaseException:
+            be.close()
+            raise
+        stats = Stats(aggregators=tuple(aggs.tolist()))
+        stats.hints = _used_hints(parsed, aggs)
+        stats.backend = be.describe()
+        ctx = engine.Context(comm, be, parsed, aggs, stats, mode)
+        return cls(ctx, target)
+
+    # -- properties -----------------------------------------------------------
+    @property
+    def comm(self) -> MPI.Comm:
+        """collio's private duplicate of the communicator."""
+        return self._ctx.comm
+
+    @property
+    def mode(self) -> str:
+        return self._ctx.mode
+
+    @property
+    def closed(self) -> bool:
+        return self._ctx.mode == "closed"
+
+    @property
+    def hints(self) -> Hints:
+        return self._ctx.hints
+
+    @property
+    def backend(self) -> Backend:
+        return self._ctx.backend
+
+    @property
+    def aggregators(self) -> tuple[int, ...]:
+        """Ranks (of ``comm``) that own file domains."""
+        return tuple(self._ctx.aggregators.tolist())
+
+    @property
+    def stats(self) -> Stats:
+        """This file's statistics, already reduced over ranks (same on every rank)."""
+        return self._ctx.stats
+
+    # -- collective I/O -------------------------------------------------------
+    def write_all(self, data: Any, layout: Any) -> None:
+        """Collective over `comm`: write every rank's ``data`` where its ``layout`` says.
+
+        Every rank calls, even with an empty piece.  Raises the same
+        :class:`~collio.CollioError` on every rank if any rank fails.  With
+        ``atomic_commit``, a failure discards everything written since open.
+        """
+        self._check_open()
+        if self._aborted:
+            agree(self.comm, ModeError("an earlier write failed; atomic commit was aborted"))
+        try:
+            engine.write(self._ctx, data, layout)
+        except BaseException:
+            if self.hints.atomic_commit and self.mode in ("w", "r+"):
+                self._abort()
+            raise
+
+    def read_all(self, layout: Any, out: Any = None) -> Any:
+        """Collective over `comm`: read this rank's piece; returns an ndarray.
+
+        ``out`` (optional) is filled in place and returned; it must have the
+        layout's shape and dtype and be contiguous in its order.
+        """
+        self._check_open()
+        return engine.read(self._ctx, layout, out)
+
+    def sync(self) -> None:
+        """Collective over `comm`: return once every written byte is durable (fsync)."""
+        self._check_open()
+        step = Attempt()
+        with step:
+            self.backend.sync()
+        agree(self.comm, step.error, what="sync")
+
+    def close(self) -> None:
+        """Collective over `comm`: sync, commit (atomic targets), release.  Idempotent."""
+        if self.closed:
+            return
+        ctx = self._ctx
+        step = Attempt()
+        with step:
+            ctx.backend.sync()
+        ok = not self._aborted and not ctx.comm.allreduce(1 if step.error else 0, op=MPI.MAX)
+        try:
+            if not self._aborted:
+                ctx.backend.commit(ctx.comm, ok)
+            if not ok:
+                agree(ctx.comm, step.error, what="close")
+        finally:
+            ctx.backend.close()
+            ctx.mode = "closed"
+            if os.environ.get("COLLIO_STATS") and ctx.comm.Get_rank() == 0:
+                print(ctx.stats.summary(), file=sys.stderr, flush=True)
+            ctx.comm.Free()
+
+    def _check_open(self) -> None:
+        # close() is collective, so every rank sees the same state: no agreement needed
+        if self.closed:
+            raise ModeError(f"{self.target!r} is closed")
+
+    def _abort(self) -> None:
+        """Collective: drop an atomic write (the temporary goes, the target stays)."""
+        self._aborted = True
+        self.backend.commit(self.comm, False)
+
+    def __enter__(self) -> File:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        if exc is not None and self.hints.atomic_commit and not self._aborted and not self.closed:
+            if self.mode in ("w", "r+"):
+                self._abort()
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<collio.File {self.target!r} mode={self.mode!r} backend={self.backend.name}>"
+
+
+def _aggregators(comm: MPI.Comm, hints: Hints) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Collective: aggregator ranks chosen node-aware (``COMM_TYPE_SHARED``)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        leader = np.array([node.bcast(comm.Get_rank(), root=0)], np.int64)
+    finally:
+        node.Free()
+    nodes = np.empty(comm.Get_size(), np.int64)
+    comm.Allgather([leader, MPI.INT64_T], [nodes, MPI.INT64_T])
+    return choose_aggregators(nodes, cb_nodes=hints.cb_nodes, per_node=hints.per_node())
+
+
+def _used_hints(hints: Hints, aggs: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, Any]:
+    used = hints.as_dict()
+    used["cb_nodes"] = len(aggs)
+    used["cb_config_list"] = hints.cb_config_list or "*:*"
+    used["aggregator_ranks"] = aggs.tolist()
+    return used

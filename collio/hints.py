@@ -1,0 +1,196 @@
+"""Hints with ROMIO's reserved names, from a dict, an ``MPI.Info`` or :class:`Hints`.
+
+Unknown names are reported with a :class:`HintWarning` naming them (never
+silently dropped) and kept in :attr:`Hints.extra`, where backends that pass hints
+through (the ``mpiio`` backend hands them to ROMIO) can still use them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import HintError
+
+__all__ = ["Hints", "HintWarning", "parse_size"]
+
+MiB = 1 << 20
+#: Hint names collio understands; everything else is reported.
+KNOWN = (
+    "cb_nodes",
+    "cb_buffer_size",
+    "cb_config_list",
+    "striping_unit",
+    "striping_factor",
+    "romio_cb_write",
+    "romio_cb_read",
+    "atomic_commit",
+    "direct_threshold",
+)
+#: Names backends may consume (passed through, not reported as unknown).
+PASS_THROUGH = re.compile(r"^(romio_|ind_|cb_|striping_|collective_buffering|s3_|zarr_|h5_)")
+_TRI = ("enable", "disable", "automatic")
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+class HintWarning(UserWarning):
+    """A hint was not recognised; it is kept in ``Hints.extra`` but collio does not use it."""
+
+
+def parse_size(value: Any, name: str = "size") -> int:
+    """Parse ``16777216``, ``"16m"``, ``"16MiB"`` or ``"1g"`` into a byte count."""
+    if isinstance(value, bool):
+        raise HintError(f"hint {name}={value!r} is not a size")
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise HintError(f"hint {name}={value!r} is not a size (e.g. 16777216, 16m, 4MiB)")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(m.group(1)) * scale
+
+
+def _parse_bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "enable", "on"):
+        return True
+    if text in ("0", "false", "no", "disable", "off"):
+        return False
+    raise HintError(f"hint {name}={value!r} is not a boolean")
+
+
+def _parse_tri(value: Any, name: str) -> str:
+    text = str(value).strip().lower()
+    if text not in _TRI:
+        raise HintError(f"hint {name}={value!r} must be one of {', '.join(_TRI)}")
+    return text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hints:
+    """Tuning knobs, ROMIO's names.
+
+    Attributes
+    ----------
+    cb_nodes
+        Number of aggregators; None picks the default (see :mod:`collio.aggregators`).
+    cb_buffer_size
+        Bytes an aggregator handles per round (16 MiB); its memory stays near twice this.
+    cb_config_list
+        ``"*:N"`` aggregators per node (``"*:*"`` all ranks); None for the default.
+    striping_unit
+        File-domain boundaries are multiples of this (the file system's stripe).
+    striping_factor
+        Stripe count, passed to backends that can set it.
+    romio_cb_write, romio_cb_read
+        ``enable`` always shuffles, ``disable`` lets each rank do its own I/O,
+        ``automatic`` skips the shuffle for large non-interleaved pieces.
+    atomic_commit
+        Write to a temporary beside the target, made visible only on agreed success.
+    direct_threshold
+        With ``automatic``: mean run length (bytes) from which the shuffle is skipped.
+    extra
+        Unrecognised or pass-through hints, as strings.
+    """
+
+    cb_nodes: int | None = None
+    cb_buffer_size: int = 16 * MiB
+    cb_config_list: str | None = None
+    striping_unit: int | None = None
+    striping_factor: int | None = None
+    romio_cb_write: str = "automatic"
+    romio_cb_read: str = "automatic"
+    atomic_commit: bool = False
+    direct_threshold: int = 4 * MiB
+    extra: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.cb_nodes is not None and self.cb_nodes < 1:
+            raise HintError(f"hint cb_nodes={self.cb_nodes} must be >= 1")
+        if self.cb_buffer_size < 1:
+            raise HintError(f"hint cb_buffer_size={self.cb_buffer_size} must be >= 1")
+        if self.striping_unit is not None and self.striping_unit < 1:
+            raise HintError(f"hint striping_unit={self.striping_unit} must be >= 1")
+        if self.cb_config_list is not None:
+            _config_per_node(self.cb_config_list)
+        _parse_tri(self.romio_cb_write, "romio_cb_write")
+        _parse_tri(self.romio_cb_read, "romio_cb_read")
+
+    @classmethod
+    def coerce(cls, hints: Any, *, warn: bool = True) -> Hints:
+        """Build Hints from None, a dict, an ``MPI.Info`` or Hints (returned as is)."""
+        if hints is None:
+            return cls()
+        if isinstance(hints, Hints):
+            return hints
+        items = _items(hints)
+        values: dict[str, Any] = {}
+        extra: list[tuple[str, str]] = []
+        unknown: list[str] = []
+        for key, value in items:
+            if key in ("cb_nodes", "striping_factor"):
+                values[key] = int(parse_size(value, key))
+            elif key in ("cb_buffer_size", "striping_unit", "direct_threshold"):
+                values[key] = parse_size(value, key)
+            elif key == "cb_config_list":
+                values[key] = str(value)
+            elif key in ("romio_cb_write", "romio_cb_read"):
+                values[key] = _parse_tri(value, key)
+            elif key == "atomic_commit":
+                values[key] = _parse_bool(value, key)
+            else:
+                extra.append((key, str(value)))
+                if not PASS_THROUGH.match(key):
+                    unknown.append(key)
+        if unknown and warn:
+            warnings.warn(
+                f"unknown hints ignored by collio: {', '.join(sorted(unknown))}",
+                HintWarning,
+                stacklevel=3,
+            )
+        return cls(**values, extra=tuple(sorted(extra)))
+
+    def replace(self, **changes: Any) -> Hints:
+        """A copy with some values changed."""
+        return dataclasses.replace(self, **changes)
+
+    def per_node(self) -> int | None:
+        """Aggregators per node from ``cb_config_list`` (None: all ranks of the node)."""
+        if self.cb_config_list is None:
+            return None
+        return _config_per_node(self.cb_config_list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The values, ``extra`` flattened in."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        out.update(dict(self.extra))
+        return out
+
+
+def _items(hints: Any) -> list[tuple[str, Any]]:
+    if isinstance(hints, Mapping):
+        return [(str(k), v) for k, v in hints.items()]
+    get_nkeys = getattr(hints, "Get_nkeys", None)
+    if get_nkeys is not None:  # MPI.Info
+        keys = [hints.Get_nthkey(i) for i in range(get_nkeys())]
+        return [(k, hints.Get(k)) for k in keys]
+    raise HintError(
+        f"hints must be a dict, an MPI.Info or collio.Hints, not {type(hints).__name__}"
+    )
+
+
+def _config_per_node(text: str) -> int | None:
+    m = re.fullmatch(r"\s*\*\s*:\s*(\*|\d+)\s*", text)
+    if not m:
+        raise HintError(f"hint cb_config_list={text!r}: collio understands '*:N' and '*:*' only")
+    if m.group(1) == "*":
+        return None
+    n = int(m.group(1))
+    if n < 1:
+        raise HintError(f"hint cb_config_list={text!r}: per-node count must be >= 1")
+    return n

@@ -1,0 +1,136 @@
+"""Layouts: what each rank holds, as byte runs and as arithmetic structure.  Pure, no I/O.
+
+``Subarray`` (one box), ``block`` (balanced boxes, MPI darray BLOCK),
+``block_cyclic`` (ScaLAPACK / MPI darray CYCLIC) and ``Segments`` (raw byte runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import LayoutError
+from .arrays import ArrayLayout, BlockCyclic, DimSet, Subarray, numroc
+from .base import Layout, Segments
+from .strided import Blocks, count_below, flatten
+
+__all__ = [
+    "ArrayLayout",
+    "BlockCyclic",
+    "Blocks",
+    "DimSet",
+    "Layout",
+    "Segments",
+    "Subarray",
+    "block",
+    "block_cyclic",
+    "block_range",
+    "count_below",
+    "dims_create",
+    "flatten",
+    "numroc",
+]
+
+
+def dims_create(nprocs: int, ndims: int, dims: Sequence[int] | None = None) -> tuple[int, ...]:
+    """A balanced process grid, exactly as ``MPI_Dims_create`` makes it."""
+    from mpi4py import MPI
+
+    return tuple(MPI.Compute_dims(nprocs, list(dims) if dims is not None else ndims))
+
+
+def _rank_size(comm: Any, rank: int | None, size: int | None) -> tuple[int, int]:
+    if rank is not None and size is not None:
+        return rank, size
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    return int(comm.Get_rank()), int(comm.Get_size())
+
+
+def _coords(rank: int, grid: Sequence[int]) -> tuple[int, ...]:
+    """Row-major placement of ranks on the grid, as MPI darray and cartesian comms do."""
+    coords = []
+    for p in reversed(grid):
+        rank, c = divmod(rank, p)
+        coords.append(c)
+    return tuple(reversed(coords))
+
+
+def _grid(global_shape: Sequence[int], grid: Sequence[int] | None, size: int) -> tuple[int, ...]:
+    if grid is None:
+        return dims_create(size, len(global_shape))
+    grid = tuple(int(p) for p in grid)
+    if len(grid) != len(global_shape):
+        raise LayoutError(f"grid {grid} and global shape {tuple(global_shape)} differ in length")
+    prod = 1
+    for p in grid:
+        prod *= p
+    if prod != size:
+        raise LayoutError(f"grid {grid} has {prod} places for {size} ranks")
+    return grid
+
+
+def block_range(n: int, p: int, c: int) -> tuple[int, int]:
+    """MPI darray BLOCK: place ``c`` of ``p`` gets ``[start, start+count)`` of ``n``."""
+    b = -(-n // p) if p else 0
+    start = min(c * b, n)
+    return start, min(b, n - start)
+
+
+def block(
+    global_shape: Sequence[int],
+    dtype: Any,
+    *,
+    comm: Any = None,
+    grid: Sequence[int] | None = None,
+    order: str = "C",
+    offset: int = 0,
+    rank: int | None = None,
+    size: int | None = None,
+) -> Subarray:
+    """This rank's box of a balanced block decomposition (MPI darray BLOCK).
+
+    The grid comes from ``MPI_Dims_create`` when None; ranks are placed row-major.
+    Each dimension is cut in blocks of ``ceil(n/p)`` as MPI does, so trailing places
+    may get less or nothing.  ``rank``/``size`` let you plan without a communicator.
+    """
+    rank, size = _rank_size(comm, rank, size)
+    grid = _grid(global_shape, grid, size)
+    coords = _coords(rank, grid)
+    ranges = [block_range(int(n), p, c) for n, p, c in zip(global_shape, grid, coords, strict=True)]
+    return Subarray(
+        global_shape, [r[0] for r in ranges], [r[1] for r in ranges], dtype, order, offset
+    )
+
+
+def block_cyclic(
+    global_shape: Sequence[int],
+    dtype: Any,
+    *,
+    block: int | Sequence[int],
+    grid: Sequence[int],
+    comm: Any = None,
+    order: str = "C",
+    offset: int = 0,
+    rank: int | None = None,
+    size: int | None = None,
+) -> BlockCyclic:
+    """This rank's blocks of a CYCLIC(block) distribution (ScaLAPACK, MPI darray).
+
+    The local array holds the rank's elements in global order; its shape is what
+    ScaLAPACK's ``numroc`` gives per dimension.
+    """
+    rank, size = _rank_size(comm, rank, size)
+    grid = _grid(global_shape, grid, size)
+    blk = (block,) * len(global_shape) if isinstance(block, int) else tuple(block)
+    return BlockCyclic(
+        global_shape,
+        dtype,
+        block=blk,
+        grid=grid,
+        coords=_coords(rank, grid),
+        order=order,
+        offset=offset,
+    )

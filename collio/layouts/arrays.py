@@ -1,0 +1,299 @@
+"""N-d array layouts: boxes (subarrays) and block-cyclic distributions.
+
+Each dimension of a rank's piece is a :class:`DimSet`: the global indices
+``first + j*period + i`` for ``0 <= i < block``, ``count`` of them in all (the last
+block may be partial).  A box is one block; ScaLAPACK's CYCLIC(b) is many.  The
+rank's buffer holds its elements in global order, in C or Fortran order, as MPI's
+subarray and darray types and ScaLAPACK's local matrices do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import LayoutError
+from .base import Layout
+from .strided import Blocks
+
+__all__ = ["DimSet", "ArrayLayout", "Subarray", "BlockCyclic", "numroc"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DimSet:
+    """Global indices ``first + j*period + i`` (``i < block``), ``count`` in all."""
+
+    first: int
+    block: int
+    period: int
+    count: int
+
+    @classmethod
+    def interval(cls, start: int, count: int) -> DimSet:
+        return cls(start, max(count, 1), max(count, 1), count)
+
+    def pieces(self) -> list[tuple[int, int, int, int]]:
+        """(global start, blocks, items per block, local start) of the regular parts."""
+        if self.count <= 0:
+            return []
+        nfull, rest = divmod(self.count, self.block)
+        out = []
+        if nfull:
+            out.append((self.first, nfull, self.block, 0))
+        if rest:
+            out.append((self.first + nfull * self.period, 1, rest, nfull * self.block))
+        return out
+
+    def last(self) -> int:
+        """The largest global index (count must be > 0)."""
+        j, i = divmod(self.count - 1, self.block)
+        return self.first + j * self.period + i
+
+    def indices(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The global indices, in order (length ``count``)."""
+        k = np.arange(self.count, dtype=np.int64)
+        return self.first + (k // self.block) * self.period + k % self.block
+
+
+def numroc(n: int, nb: int, iproc: int, nprocs: int) -> int:
+    """ScaLAPACK NUMROC: how many of ``n`` items in blocks of ``nb`` process ``iproc`` owns."""
+    nblocks = n // nb
+    count = (nblocks // nprocs) * nb
+    extra = nblocks % nprocs
+    if iproc < extra:
+        count += nb
+    elif iproc == extra:
+        count += n % nb
+    return count
+
+
+class ArrayLayout(Layout):
+    """A rank's elements of a global array stored from byte ``offset`` of the target."""
+
+    __slots__ = ("global_shape", "_dtype", "_order", "offset", "dims", "_invalid")
+
+    def __init__(
+        self,
+        global_shape: Sequence[int],
+        dims: Sequence[DimSet],
+        dtype: Any,
+        order: str = "C",
+        offset: int = 0,
+    ) -> None:
+        super().__init__()
+        # Constructors never raise for bad values: a layout is checked inside the
+        # collective call (validate), so that every rank raises together.
+        self._invalid: str | None = getattr(self, "_invalid", None)
+        self.global_shape = tuple(int(g) for g in global_shape)
+        self.dims = tuple(dims)
+        try:
+            self._dtype = np.dtype(dtype)
+        except TypeError as exc:
+            self._dtype = np.dtype(np.uint8)
+            self._invalid = self._invalid or f"invalid dtype {dtype!r}: {exc}"
+        if order not in ("C", "F"):
+            self._invalid = self._invalid or f"order must be 'C' or 'F', not {order!r}"
+            order = "C"
+        self._order = order
+        self.offset = int(offset)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        dt: np.dtype[Any] = self._dtype
+        return dt
+
+    @property
+    def order(self) -> str:
+        return self._order
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return tuple(d.count for d in self.dims)
+
+    @property
+    def global_nbytes(self) -> int:
+        return int(np.prod(self.global_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def signature(self) -> tuple[Any, ...]:
+        return ("array", self.global_shape, self.dtype.str, self.order, self.offset)
+
+    def validate(self) -> None:
+        if self._invalid:
+            raise LayoutError(self._invalid)
+        if len(self.dims) != len(self.global_shape):
+            raise LayoutError(
+                f"layout has {len(self.dims)} dimensions, global shape {self.global_shape} "
+                f"has {len(self.global_shape)}"
+            )
+        if any(g < 0 for g in self.global_shape):
+            raise LayoutError(f"global shape {self.global_shape} has a negative extent")
+        if self.offset < 0:
+            raise LayoutError(f"offset {self.offset} is negative")
+        if self.dtype.itemsize == 0:
+            raise LayoutError(f"dtype {self.dtype} has no size")
+        for k, d in enumerate(self.dims):
+            if d.count < 0 or d.first < 0 or d.block < 1 or d.period < d.block:
+                raise LayoutError(f"dimension {k}: invalid index set {d}")
+            if d.count and d.last() >= self.global_shape[k]:
+                self._out_of_bounds()
+
+    def _out_of_bounds(self) -> None:
+        raise LayoutError(f"region exceeds global shape {self.global_shape}")
+
+    def blocks(self) -> Blocks:
+        itemsize = self.dtype.itemsize
+        g = list(self.global_shape)
+        dims = list(self.dims)
+        if self.order == "F":
+            g.reverse()
+            dims.reverse()
+        n = len(g)
+        fstride = [itemsize] * n
+        mstride = [itemsize] * n
+        for k in range(n - 2, -1, -1):
+            fstride[k] = fstride[k + 1] * g[k + 1]
+            mstride[k] = mstride[k + 1] * dims[k + 1].count
+        rows: list[tuple[int, int, list[int], list[int], list[int]]] = []
+        for combo in itertools.product(*(d.pieces() for d in dims)):
+            base = self.offset + sum(p[0] * fstride[k] for k, p in enumerate(combo))
+            mem = sum(p[3] * mstride[k] for k, p in enumerate(combo))
+            counts: list[int] = []
+            strides: list[int] = []
+            mstrides: list[int] = []
+            for k, (_, nblk, per, _) in enumerate(combo):
+                counts += [nblk, per]
+                strides += [dims[k].period * fstride[k], fstride[k]]
+                mstrides += [dims[k].block * mstride[k], mstride[k]]
+            rows.append((base, mem, counts, strides, mstrides))
+        if not rows:
+            z = np.zeros((0, max(2 * n, 1)), np.int64)
+            return Blocks.build(z[:, 0], z[:, 0], z, z, z, z[:, 0])
+        return Blocks.build(
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            [r[3] for r in rows],
+            [r[4] for r in rows],
+            [itemsize] * len(rows),
+        )
+
+
+class Subarray(ArrayLayout):
+    """One N-d box of a global array whose elements are stored from byte ``offset``.
+
+    Parameters
+    ----------
+    global_shape, start, shape
+        The global array's shape; the box's first index and extent per dimension.
+    dtype
+        Element type (any numpy dtype, structured ones included).
+    order
+        'C' (row-major) or 'F' (column-major), for both the file and the local array.
+    offset
+        Byte offset of element (0, ..., 0) in the target.
+    """
+
+    __slots__ = ("start", "shape")
+
+    def __init__(
+        self,
+        global_shape: Sequence[int],
+        start: Sequence[int],
+        shape: Sequence[int],
+        dtype: Any,
+        order: str = "C",
+        offset: int = 0,
+    ) -> None:
+        self.start = tuple(int(s) for s in start)
+        self.shape = tuple(int(s) for s in shape)
+        self._invalid = None
+        if len(self.start) != len(self.shape):
+            self._invalid = f"start {self.start} and shape {self.shape} differ in length"
+        dims = [DimSet.interval(s, c) for s, c in zip(self.start, self.shape, strict=False)]
+        super().__init__(global_shape, dims, dtype, order, offset)
+
+    def __repr__(self) -> str:
+        return (
+            f"Subarray(global_shape={self.global_shape}, start={self.start}, "
+            f"shape={self.shape}, dtype={self.dtype.str!r}, order={self.order!r}, "
+            f"offset={self.offset})"
+        )
+
+    def validate(self) -> None:
+        if self._invalid:
+            raise LayoutError(self._invalid)
+        for k, (s, c) in enumerate(zip(self.start, self.shape, strict=True)):
+            if s < 0 or c < 0:
+                raise LayoutError(
+                    f"region {self.start}+{self.shape}: negative start or extent in dimension {k}"
+                )
+        super().validate()
+
+    def _out_of_bounds(self) -> None:
+        raise LayoutError(
+            f"region {self.start}+{self.shape} exceeds global shape {self.global_shape}"
+        )
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        """The box as slices of the global array: ``global[layout.slices]`` is the piece."""
+        return tuple(slice(s, s + c) for s, c in zip(self.start, self.shape, strict=True))
+
+
+class BlockCyclic(ArrayLayout):
+    """A rank's blocks of a CYCLIC(block) distribution on a process grid (ScaLAPACK).
+
+    Build it with :func:`collio.layouts.block_cyclic`.  ``indices`` gives the global
+    indices per dimension: ``global[np.ix_(*layout.indices)]`` is the local array.
+    """
+
+    __slots__ = ("block", "grid", "coords")
+
+    def __init__(
+        self,
+        global_shape: Sequence[int],
+        dtype: Any,
+        *,
+        block: Sequence[int],
+        grid: Sequence[int],
+        coords: Sequence[int],
+        order: str = "C",
+        offset: int = 0,
+    ) -> None:
+        self.block = tuple(int(b) for b in block)
+        self.grid = tuple(int(p) for p in grid)
+        self.coords = tuple(int(c) for c in coords)
+        shape = tuple(int(g) for g in global_shape)
+        self._invalid = None
+        if not len(shape) == len(self.block) == len(self.grid) == len(self.coords):
+            self._invalid = (
+                f"global shape {shape}, block {self.block}, grid {self.grid} and coords "
+                f"{self.coords} must have the same length"
+            )
+        elif any(b < 1 for b in self.block) or any(p < 1 for p in self.grid):
+            self._invalid = f"block {self.block} and grid {self.grid} must be positive"
+        elif any(not 0 <= c < p for c, p in zip(self.coords, self.grid, strict=True)):
+            self._invalid = f"coords {self.coords} outside grid {self.grid}"
+        dims = []
+        if self._invalid is None:
+            dims = [
+                DimSet(c * b, b, p * b, numroc(g, b, c, p))
+                for g, b, p, c in zip(shape, self.block, self.grid, self.coords, strict=True)
+            ]
+        super().__init__(shape, dims, dtype, order, offset)
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockCyclic(global_shape={self.global_shape}, block={self.block}, "
+            f"grid={self.grid}, coords={self.coords}, dtype={self.dtype.str!r}, "
+            f"order={self.order!r})"
+        )
+
+    @property
+    def indices(self) -> tuple[np.ndarray[Any, np.dtype[np.int64]], ...]:
+        """Global indices held, per dimension, in local order."""
+        return tuple(d.indices() for d in self.dims)

@@ -1,0 +1,180 @@
+"""What one rank holds: the abstract layout and raw byte segments.  No MPI here."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import LayoutError
+from ..runs import Runs, as_i64, merge, sort
+from .strided import Blocks
+
+__all__ = ["Layout", "Segments"]
+
+
+class Layout(abc.ABC):
+    """One rank's piece of the target: which bytes, and how they sit in its buffer.
+
+    Subclasses describe the piece; this base class caches the flattened runs.
+    Layouts are immutable value objects and know nothing of MPI.
+    """
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: Runs | None = None
+
+    # -- description -----------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> np.dtype[Any]:
+        """Element type of the rank's buffer."""
+
+    @property
+    @abc.abstractmethod
+    def local_shape(self) -> tuple[int, ...]:
+        """Shape of the ndarray that holds this rank's piece."""
+
+    @property
+    def order(self) -> str:
+        """Memory order of the rank's buffer ('C' or 'F')."""
+        return "C"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.local_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def signature(self) -> tuple[Any, ...] | None:
+        """What every rank using this kind of layout must agree on, or None."""
+        return None
+
+    @abc.abstractmethod
+    def validate(self) -> None:
+        """Raise :class:`LayoutError` if the layout itself is impossible."""
+
+    @abc.abstractmethod
+    def blocks(self) -> Blocks:
+        """The piece as nested strided boxes (the planner's arithmetic form)."""
+
+    # -- derived ---------------------------------------------------------
+    def runs(self) -> Runs:
+        """Byte runs sorted by file offset, neighbours merged (cached)."""
+        if self._runs is None:
+            from .strided import flatten
+
+            self._runs = flatten(self.blocks())
+        return self._runs
+
+    def as_bytes(self, data: Any) -> npt.NDArray[np.uint8]:
+        """Check ``data`` against the layout; return its bytes in memory order."""
+        arr = np.asarray(data)
+        if arr.dtype != self.dtype:
+            raise LayoutError(f"data dtype {arr.dtype} does not match layout dtype {self.dtype}")
+        if arr.shape != self.local_shape:
+            raise LayoutError(
+                f"data shape {arr.shape} does not match layout shape {self.local_shape}"
+            )
+        return _memory_bytes(arr, self.order)
+
+    def allocate(self, out: Any = None) -> tuple[np.ndarray[Any, Any], npt.NDArray[np.uint8]]:
+        """An output array for a read (or check the user's), and its byte view."""
+        if out is None:
+            arr: np.ndarray[Any, Any] = np.empty(self.local_shape, self.dtype, order=self.order)  # type: ignore[call-overload]
+        else:
+            arr = out
+            if not isinstance(arr, np.ndarray):
+                raise LayoutError(f"out must be a numpy array, not {type(out).__name__}")
+            if arr.dtype != self.dtype or arr.shape != self.local_shape:
+                raise LayoutError(
+                    f"out has shape {arr.shape} and dtype {arr.dtype}, layout needs "
+                    f"{self.local_shape} and {self.dtype}"
+                )
+            contiguous = arr.flags.f_contiguous if self.order == "F" else arr.flags.c_contiguous
+            if not contiguous or not arr.flags.writeable:
+                raise LayoutError(f"out must be writeable and {self.order}-contiguous")
+        return arr, _memory_bytes(arr, self.order)
+
+
+def _memory_bytes(arr: np.ndarray[Any, Any], order: str) -> npt.NDArray[np.uint8]:
+    """The bytes of ``arr`` laid out in ``order`` (a view when already so, else a copy)."""
+    if order == "F":
+        arr = np.asfortranarray(arr).T
+    else:
+        arr = np.ascontiguousarray(arr)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    return arr.reshape(-1).view(np.uint8)
+
+
+class Segments(Layout):
+    """Raw byte runs: ``data`` is a 1-D uint8 buffer of ``sum(lengths)`` bytes.
+
+    Segment ``i`` takes the next ``lengths[i]`` bytes of the buffer, in the order
+    given (offsets need not be sorted).  Empty segments are allowed.
+    """
+
+    __slots__ = ("offsets", "lengths")
+
+    def __init__(self, offsets: Any, lengths: Any) -> None:
+        super().__init__()
+        self.offsets = as_i64(offsets)
+        self.lengths = as_i64(lengths)
+
+    def __repr__(self) -> str:
+        return f"Segments(<{len(self.offsets)} runs, {int(self.lengths.sum())} bytes>)"
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return np.dtype(np.uint8)
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return (int(self.lengths.sum()),)
+
+    def validate(self) -> None:
+        if self.offsets.shape != self.lengths.shape:
+            raise LayoutError(
+                f"segments have {len(self.offsets)} offsets but {len(self.lengths)} lengths"
+            )
+        if len(self.offsets) and int(self.offsets.min()) < 0:
+            i = int(np.argmin(self.offsets))
+            raise LayoutError(f"segment {i} has negative offset {int(self.offsets[i])}")
+        if len(self.lengths) and int(self.lengths.min()) < 0:
+            i = int(np.argmin(self.lengths))
+            raise LayoutError(f"segment {i} has negative length {int(self.lengths[i])}")
+
+    def blocks(self) -> Blocks:
+        mem = np.zeros(len(self.lengths), np.int64)
+        if len(mem) > 1:
+            np.cumsum(self.lengths[:-1], out=mem[1:])
+        n = len(self.offsets)
+        return Blocks.build(
+            self.offsets, mem, np.ones((n, 1)), np.ones((n, 1)), np.ones((n, 1)), self.lengths
+        )
+
+    def runs(self) -> Runs:
+        if self._runs is None:
+            mem = np.zeros(len(self.lengths), np.int64)
+            if len(mem) > 1:
+                np.cumsum(self.lengths[:-1], out=mem[1:])
+            self._runs = merge(sort(Runs(self.offsets, self.lengths, mem)))
+        return self._runs
+
+    def as_bytes(self, data: Any) -> npt.NDArray[np.uint8]:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            data = np.frombuffer(data, np.uint8)
+        arr = np.asarray(data)
+        if arr.dtype != np.uint8:
+            try:
+                arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            except ValueError as exc:
+                raise LayoutError(f"segments data must be a uint8 buffer: {exc}") from None
+        arr = np.ascontiguousarray(arr).reshape(-1)
+        if arr.size != self.local_shape[0]:
+            raise LayoutError(
+                f"data has {arr.size} bytes but the segments hold {self.local_shape[0]}"
+            )
+        return arr

@@ -1,0 +1,127 @@
+"""I/O statistics in Darshan's vocabulary, reduced over ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Stats", "BUCKETS", "histogram"]
+
+#: Darshan's access-size buckets: inclusive upper bounds in bytes, as darshan-core counts them.
+BUCKETS = (100, 1 << 10, 10 << 10, 100 << 10, 1 << 20, 4 << 20, 10 << 20, 100 << 20, 1 << 30)
+BUCKET_NAMES = (
+    "0_100", "100_1K", "1K_10K", "10K_100K", "100K_1M", "1M_4M", "4M_10M", "10M_100M",
+    "100M_1G", "1G_PLUS",
+)  # fmt: skip
+
+# counters summed over ranks (order is the wire format of the reduction)
+_SUMS = (
+    "bytes_written",
+    "bytes_read",
+    "write_ops",
+    "read_ops",
+    "messages",
+    "exchanged_bytes",
+    "direct_calls",
+    "collective_calls",
+)
+_MAXES = ("rounds", "time_plan", "time_exchange", "time_io", "time_total")
+
+
+def histogram(sizes: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Counts of request sizes per Darshan bucket."""
+    s = np.asarray(sizes, np.int64)
+    idx = np.searchsorted(np.asarray(BUCKETS), s, side="left")
+    return np.bincount(idx, minlength=len(BUCKET_NAMES)).astype(np.int64)
+
+
+@dataclasses.dataclass(slots=True)
+class Stats:
+    """One file's statistics; after each collective call they are reduced over ranks.
+
+    Counters are sums over ranks, times the slowest rank's, ``rounds`` the most
+    any call needed.  ``hints`` holds the values actually used.
+    """
+
+    bytes_written: int = 0
+    bytes_read: int = 0
+    write_ops: int = 0
+    read_ops: int = 0
+    messages: int = 0
+    exchanged_bytes: int = 0
+    direct_calls: int = 0
+    collective_calls: int = 0
+    rounds: int = 0
+    time_plan: float = 0.0
+    time_exchange: float = 0.0
+    time_io: float = 0.0
+    time_total: float = 0.0
+    write_sizes: npt.NDArray[np.int64] = dataclasses.field(
+        default_factory=lambda: np.zeros(len(BUCKET_NAMES), np.int64)
+    )
+    read_sizes: npt.NDArray[np.int64] = dataclasses.field(
+        default_factory=lambda: np.zeros(len(BUCKET_NAMES), np.int64)
+    )
+    aggregators: tuple[int, ...] = ()
+    hints: dict[str, Any] = dataclasses.field(default_factory=dict)
+    backend: dict[str, Any] = dataclasses.field(default_factory=dict)
+    last_call: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def add_writes(self, sizes: npt.ArrayLike) -> None:
+        s = np.asarray(sizes, np.int64)
+        self.write_ops += len(s)
+        self.bytes_written += int(s.sum())
+        self.write_sizes += histogram(s)
+
+    def add_reads(self, sizes: npt.ArrayLike) -> None:
+        s = np.asarray(sizes, np.int64)
+        self.read_ops += len(s)
+        self.bytes_read += int(s.sum())
+        self.read_sizes += histogram(s)
+
+    def pack(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Local counters as (sum vector, max vector) for one reduction."""
+        sums = np.array([getattr(self, k) for k in _SUMS], np.int64)
+        sums = np.concatenate((sums, self.write_sizes, self.read_sizes))
+        maxes = np.array([float(getattr(self, k)) for k in _MAXES], np.float64)
+        return sums, maxes
+
+    def absorb(self, sums: npt.NDArray[np.int64], maxes: npt.NDArray[np.float64]) -> None:
+        """Add reduced per-call counters to the file's totals."""
+        n = len(_SUMS)
+        nb = len(BUCKET_NAMES)
+        for k, v in zip(_SUMS, sums[:n].tolist(), strict=True):
+            setattr(self, k, getattr(self, k) + int(v))
+        self.write_sizes = self.write_sizes + sums[n : n + nb]
+        self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
+        self.rounds = max(self.rounds, int(maxes[0]))
+        for k, v in zip(_MAXES[1:], maxes[1:].tolist(), strict=True):
+            setattr(self, k, getattr(self, k) + float(v))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready)."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in _SUMS + _MAXES}
+        out["aggregators"] = list(self.aggregators)
+        out["write_size_histogram"] = dict(
+            zip(BUCKET_NAMES, self.write_sizes.tolist(), strict=True)
+        )
+        out["read_size_histogram"] = dict(zip(BUCKET_NAMES, self.read_sizes.tolist(), strict=True))
+        out["hints"] = dict(self.hints)
+        out["backend"] = dict(self.backend)
+        out["last_call"] = dict(self.last_call)
+        return out
+
+    def summary(self) -> str:
+        """A few lines for humans (``COLLIO_STATS=1`` prints it at close)."""
+        mib = 1 << 20
+        return (
+            f"collio stats: {self.bytes_written / mib:.1f} MiB written in {self.write_ops} ops, "
+            f"{self.bytes_read / mib:.1f} MiB read in {self.read_ops} ops; "
+            f"{self.collective_calls} two-phase calls ({self.direct_calls} direct), "
+            f"max {self.rounds} rounds, {len(self.aggregators)} aggregators "
+            f"{list(self.aggregators)[:8]}; time plan {self.time_plan:.3f}s exchange "
+            f"{self.time_exchange:.3f}s io {self.time_io:.3f}s total {self.time_total:.3f}s"
+        )

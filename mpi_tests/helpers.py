@@ -1,0 +1,85 @@
+"""Shared pieces of the MPI tests: global reference arrays and layouts per rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from collio import layouts
+from collio.layouts import BlockCyclic, Layout, Segments, Subarray
+
+
+def reference(shape: tuple[int, ...], dtype: Any, seed: int = 7) -> np.ndarray[Any, Any]:
+    """A deterministic global array every rank can build."""
+    n = int(np.prod(shape))
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind in "fc":  # no NaNs: comparisons stay meaningful
+        return rng.standard_normal(n).astype(dtype).reshape(shape)
+    raw = rng.integers(0, 256, n * np.dtype(dtype).itemsize, np.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+def local_piece(glob: np.ndarray[Any, Any], lay: Layout) -> np.ndarray[Any, Any]:
+    """The rank's piece of the global array, in the layout's memory order."""
+    if isinstance(lay, Subarray):
+        piece = glob[lay.slices]
+    elif isinstance(lay, BlockCyclic):
+        piece = glob[np.ix_(*lay.indices)]
+    else:
+        raise TypeError(type(lay))
+    return np.asfortranarray(piece) if lay.order == "F" else np.ascontiguousarray(piece)
+
+
+def file_image(glob: np.ndarray[Any, Any], order: str, offset: int = 0) -> bytes:
+    """The bytes a file holding ``glob`` in ``order`` from ``offset`` must have."""
+    return b"\0" * offset + glob.tobytes(order=order)
+
+
+def all_layouts(comm: MPI.Comm, shape: tuple[int, ...], dtype: Any) -> list[tuple[str, Layout]]:
+    """Every decomposition MPI can express, for this rank, C and Fortran order."""
+    p = comm.size
+    out: list[tuple[str, Layout]] = []
+    for order in ("C", "F"):
+        nd = len(shape)
+        out.append((f"block-{order}", layouts.block(shape, dtype, comm=comm, order=order)))
+        grid = (1,) * (nd - 1) + (p,)
+        out.append(
+            (f"colblock-{order}", layouts.block(shape, dtype, comm=comm, grid=grid, order=order))
+        )
+        grid = (p,) + (1,) * (nd - 1)
+        out.append(
+            (f"rowblock-{order}", layouts.block(shape, dtype, comm=comm, grid=grid, order=order))
+        )
+        dims = layouts.dims_create(p, nd)
+        for blk in (2, 3):
+            out.append(
+                (
+                    f"cyclic{blk}-{order}",
+                    layouts.block_cyclic(
+                        shape, dtype, block=blk, grid=dims, comm=comm, order=order
+                    ),
+                )
+            )
+    return out
+
+
+def segments_for(comm: MPI.Comm, size: int, seed: int = 3) -> Segments:
+    """Uneven, unsorted, partly empty byte runs; rank 1 (if any) holds none."""
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(np.arange(1, size), size // 7, replace=False))
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [size]))
+    owner = rng.integers(0, comm.size, len(starts))
+    if comm.size > 1:
+        owner[owner == 1] = 0
+    mine = np.flatnonzero(owner == comm.rank)
+    rng2 = np.random.default_rng(comm.rank)
+    mine = rng2.permutation(mine)
+    offs = starts[mine]
+    lens = ends[mine] - starts[mine]
+    # a few empty runs as well
+    offs = np.concatenate((offs, [0, size // 2]))
+    lens = np.concatenate((lens, [0, 0]))
+    return Segments(offs, lens)

@@ -1,0 +1,313 @@
+"""Failures are collective: every rank raises the same error, nothing hangs, work goes on.
+
+pytest-timeout (``timeout`` in pyproject, thread method) turns a hang into a failure.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from helpers import local_piece, reference
+from mpi4py import MPI
+
+import collio
+from collio import layouts
+from collio.backends import register_backend
+from collio.backends.posix import PosixBackend
+
+SHAPE = (16, 12)
+
+
+def _col(comm, **kw):
+    return layouts.block(SHAPE, "<f8", comm=comm, grid=(1, comm.size), **kw)
+
+
+def _raises_everywhere(comm, exc_type, fn, *, match=None):
+    """Run fn on every rank; all must raise exc_type with the same message."""
+    with pytest.raises(exc_type) as info:
+        fn()
+    msgs = comm.allgather((type(info.value).__name__, str(info.value)))
+    assert msgs == [msgs[0]] * comm.size, msgs
+    if match:
+        assert match in str(info.value), str(info.value)
+    return info.value
+
+
+def _still_works(comm, path):
+    """After an error the same processes go on with new collective calls."""
+    glob = reference(SHAPE, "<f8", seed=5)
+    lay = _col(comm)
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi
+def test_region_outside_global_shape(comm, shared_path):
+    last = comm.size - 1
+    with collio.open(shared_path, "w", comm=comm) as f:
+
+        def bad():
+            if comm.rank == last:
+                lay = layouts.Subarray(SHAPE, (0, 9), (16, 4), "<f8")
+            else:
+                lay = layouts.Subarray(SHAPE, (0, 0), (0, 0), "<f8")
+            f.write_all(np.zeros(lay.shape), lay)
+
+        err = _raises_everywhere(comm, collio.LayoutError, bad)
+        assert isinstance(err, ValueError)
+        assert f"rank {last}: region (0, 9)+(16, 4) exceeds global shape (16, 12)" in str(err)
+        assert err.ranks == (last,)
+    _still_works(comm, shared_path)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("what", ["dtype", "shape", "none-layout", "not-an-array"])
+def test_bad_data_on_one_rank(comm, shared_path, what):
+    lay = _col(comm)
+    data = np.zeros(lay.shape)
+    layout = lay
+    if comm.rank == 0:
+        if what == "dtype":
+            data = data.astype(np.float32)
+        elif what == "shape":
+            data = np.zeros((lay.shape[0], lay.shape[1] + 1))
+        elif what == "none-layout":
+            layout = None
+        else:
+            data = object()
+    with collio.open(shared_path, "w", comm=comm) as f:
+        err = _raises_everywhere(comm, collio.LayoutError, lambda: f.write_all(data, layout))
+        assert "rank 0:" in str(err)
+        # the same file takes a correct write afterwards
+        glob = reference(SHAPE, "<f8", seed=9)
+        f.write_all(local_piece(glob, lay), lay)
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi
+def test_global_shape_differs(comm, shared_path):
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    shape = (16, 12) if comm.rank != 1 else (16, 13)
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
+    with collio.open(shared_path, "w", comm=comm) as f:
+        err = _raises_everywhere(
+            comm, collio.MismatchError, lambda: f.write_all(np.zeros(lay.shape), lay)
+        )
+        assert "rank 1: global shape (16, 13)" in str(err)
+        assert "(16, 12)" in str(err)
+    _still_works(comm, shared_path)
+
+
+@pytest.mark.mpi
+def test_dtype_differs(comm, shared_path):
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    dt = "<f8" if comm.rank != 1 else "<i8"
+    lay = layouts.block(SHAPE, dt, comm=comm, grid=(1, comm.size))
+    with collio.open(shared_path, "w", comm=comm) as f:
+        err = _raises_everywhere(
+            comm, collio.MismatchError, lambda: f.write_all(np.zeros(lay.shape, dt), lay)
+        )
+        assert "<i8" in str(err)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", [{}, {"cb_nodes": 1}, {"romio_cb_write": "disable"}])
+def test_overlapping_writes(comm, shared_path, hints):
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    # every rank writes its own row; ranks 0 and 1 both also write byte range [40, 48)
+    offs = [comm.rank * 1000]
+    if comm.rank in (0, 1):
+        offs.append(40 + 2000 * 0)
+    lay = layouts.Segments(offs, [8] * len(offs))
+    with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+        err = _raises_everywhere(
+            comm, collio.OverlapError, lambda: f.write_all(np.ones(lay.local_shape, np.uint8), lay)
+        )
+        assert "bytes [40, 48) are written by ranks 0 and 1" in str(err)
+    _still_works(comm, shared_path)
+
+
+@pytest.mark.mpi
+def test_one_rank_overlaps_itself(comm, shared_path):
+    lay = layouts.Segments([0, 4], [8, 8]) if comm.rank == 0 else layouts.Segments([], [])
+    with collio.open(shared_path, "w", comm=comm) as f:
+        err = _raises_everywhere(
+            comm, collio.OverlapError, lambda: f.write_all(np.zeros(lay.local_shape, np.uint8), lay)
+        )
+        assert "rank 0: bytes [4, 12) are written twice by this rank" in str(err)
+
+
+@pytest.mark.mpi
+def test_target_cannot_be_created(comm, shared_dir):
+    blocker = os.path.join(shared_dir, "plain-file")
+    if comm.rank == 0:
+        with open(blocker, "w") as fh:
+            fh.write("x")
+    comm.Barrier()
+    path = os.path.join(blocker, "sub", "target.bin")  # a file used as a directory: ENOTDIR
+    err = _raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "w", comm=comm))
+    assert isinstance(err, OSError)
+    assert err.errno == errno.ENOTDIR
+    assert "rank 0:" in str(err) and "plain-file" in str(err)
+    _still_works(comm, os.path.join(shared_dir, "ok.bin"))
+
+
+@pytest.mark.mpi
+def test_missing_file_for_reading(comm, shared_dir):
+    path = os.path.join(shared_dir, "absent.bin")
+    err = _raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "r", comm=comm))
+    assert err.errno == errno.ENOENT
+    err = _raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "r+", comm=comm))
+    assert isinstance(err, FileNotFoundError) or err.errno == errno.ENOENT
+
+
+@pytest.mark.mpi
+def test_write_in_read_mode_and_after_close(comm, shared_path):
+    _still_works(comm, shared_path)
+    lay = _col(comm)
+    f = collio.open(shared_path, "r", comm=comm)
+    _raises_everywhere(comm, collio.ModeError, lambda: f.write_all(np.zeros(lay.shape), lay))
+    f.close()
+    f.close()  # idempotent
+    _raises_everywhere(comm, collio.ModeError, lambda: f.read_all(lay))
+
+
+@pytest.mark.mpi
+def test_bad_mode_and_hints(comm, shared_path):
+    _raises_everywhere(comm, collio.ModeError, lambda: collio.open(shared_path, "a", comm=comm))
+    _raises_everywhere(
+        comm,
+        collio.HintError,
+        lambda: collio.open(shared_path, "w", comm=comm, hints={"cb_nodes": 0}),
+    )
+    _raises_everywhere(
+        comm,
+        collio.HintError,
+        lambda: collio.open(shared_path, "w", comm=comm, hints={"romio_cb_write": "sometimes"}),
+    )
+
+
+@pytest.mark.mpi
+def test_hints_differ_between_ranks(comm, shared_path):
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    hints = {"cb_buffer_size": 4096 if comm.rank == 1 else 8192}
+    _raises_everywhere(
+        comm, collio.MismatchError, lambda: collio.open(shared_path, "w", comm=comm, hints=hints)
+    )
+
+
+class FailingPosix(PosixBackend):
+    """A real POSIX file whose k-th large write on one rank fails with EIO (fault injection)."""
+
+    name = "failing-posix"
+    fail_rank = 0
+    fail_after = 1
+
+    def write_at(self, offset, buf):
+        if MPI.COMM_WORLD.rank == self.fail_rank:
+            type(self).fail_after -= 1
+            if type(self).fail_after < 0:
+                raise OSError(errno.EIO, "injected I/O error", self.path)
+        super().write_at(offset, buf)
+
+
+register_backend("failing-posix", FailingPosix)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fail_after", [0, 1, 3])
+def test_aggregator_write_fails_mid_round(comm, shared_path, fail_after):
+    shape = (256, 256)
+    glob = reference(shape, "<f8")
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
+    FailingPosix.fail_rank = comm.size - 1
+    FailingPosix.fail_after = fail_after
+    # many rounds (the others must not wait for the next one); shuffle even at one rank
+    hints = {"cb_buffer_size": 16384, "romio_cb_write": "enable"}
+    with collio.open(shared_path, "w", comm=comm, hints=hints, backend="failing-posix") as f:
+        err = _raises_everywhere(
+            comm, collio.BackendError, lambda: f.write_all(local_piece(glob, lay), lay)
+        )
+        assert err.errno == errno.EIO
+        assert f"rank {comm.size - 1}: injected I/O error" in str(err)
+        FailingPosix.fail_after = 10**9
+        f.write_all(local_piece(glob, lay), lay)  # the file is usable after the error
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(shape), glob)
+
+
+@pytest.mark.mpi
+def test_enospc_on_a_small_tmpfs(comm, shared_dir):
+    mnt = os.path.join(shared_dir, "small")
+    ok = 0
+    if comm.rank == 0:
+        os.mkdir(mnt)
+        res = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt], capture_output=True
+        )
+        ok = int(res.returncode == 0)
+    if not comm.bcast(ok, root=0):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        shape = (512, 512)  # 2 MiB into a 1 MiB file system
+        lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
+        glob = reference(shape, "<f8")
+        with collio.open(
+            os.path.join(mnt, "big.bin"), "w", comm=comm, hints={"cb_buffer_size": 65536}
+        ) as f:
+            err = _raises_everywhere(
+                comm, collio.BackendError, lambda: f.write_all(local_piece(glob, lay), lay)
+            )
+            assert err.errno in (errno.ENOSPC, errno.EFBIG)
+        _still_works(comm, os.path.join(shared_dir, "after.bin"))
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            subprocess.run(["umount", "-l", mnt], check=False)
+
+
+@pytest.mark.mpi
+def test_atomic_commit_failure_keeps_previous_file(comm, shared_dir):
+    path = os.path.join(shared_dir, "atomic.bin")
+    _still_works(comm, path)
+    with open(path, "rb") as fh:
+        before = fh.read()
+    comm.Barrier()
+    shape = (256, 256)
+    glob = reference(shape, "<f8", seed=1)
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
+    FailingPosix.fail_rank = 0
+    FailingPosix.fail_after = 2
+    hints = {"cb_buffer_size": 16384, "atomic_commit": True, "romio_cb_write": "enable"}
+    with collio.open(path, "w", comm=comm, hints=hints, backend="failing-posix") as f:
+        _raises_everywhere(
+            comm, collio.BackendError, lambda: f.write_all(local_piece(glob, lay), lay)
+        )
+        _raises_everywhere(comm, collio.ModeError, lambda: f.write_all(local_piece(glob, lay), lay))
+    comm.Barrier()
+    with open(path, "rb") as fh:
+        assert fh.read() == before
+    assert sorted(os.listdir(shared_dir)) == ["atomic.bin"]
+    # success: the new content appears only at close, in one rename
+    FailingPosix.fail_after = 10**9
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        comm.Barrier()
+        with open(path, "rb") as fh:
+            assert fh.read() == before
+        comm.Barrier()
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(shape), glob)
+    assert sorted(os.listdir(shared_dir)) == ["atomic.bin"]

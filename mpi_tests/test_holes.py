@@ -1,0 +1,81 @@
+"""Bytes inside a domain that no rank writes keep their previous content."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import reference
+
+import collio
+from collio import layouts
+
+HINTS = [{"cb_buffer_size": 4096}, {"cb_buffer_size": 1000, "cb_nodes": 1}, {}]
+
+
+def _every_other(comm, n_elems, phase):
+    """Segments for every other 8-byte element (phase 0 or 1), dealt round-robin to ranks."""
+    idx = np.arange(phase, n_elems, 2)
+    mine = idx[comm.rank :: comm.size]
+    return layouts.Segments(mine * 8, np.full(len(mine), 8)), mine
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", HINTS, ids=[str(h) for h in HINTS])
+def test_update_keeps_untouched_bytes(comm, shared_path, hints):
+    old = reference((5000,), "<f8", seed=1)
+    if comm.rank == 0:
+        old.tofile(shared_path)
+    comm.Barrier()
+    lay, mine = _every_other(comm, 5000, 1)
+    new = -np.arange(5000, dtype="<f8")
+    with collio.open(shared_path, "r+", comm=comm, hints=hints) as f:
+        f.write_all(new[mine].view(np.uint8), lay)
+    comm.Barrier()
+    got = np.fromfile(shared_path, "<f8")
+    want = old.copy()
+    want[1::2] = new[1::2]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", HINTS, ids=[str(h) for h in HINTS])
+def test_two_calls_fill_each_others_holes(comm, shared_path, hints):
+    vals = reference((3001,), "<f8", seed=2)
+    with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+        for phase in (0, 1):
+            lay, mine = _every_other(comm, 3001, phase)
+            f.write_all(vals[mine].view(np.uint8), lay)
+        whole = layouts.Subarray((3001,), (0,), (3001,) if comm.rank == 0 else (0,), "<f8")
+        back = f.read_all(whole)
+    if comm.rank == 0:
+        np.testing.assert_array_equal(back, vals)
+    np.testing.assert_array_equal(np.fromfile(shared_path, "<f8"), vals)
+
+
+@pytest.mark.mpi
+def test_write_past_the_end_leaves_zeros(comm, shared_path):
+    if comm.rank == 0:
+        with open(shared_path, "wb") as fh:
+            fh.write(b"\x07" * 100)
+    comm.Barrier()
+    lay = layouts.Segments([1000 + 10 * comm.rank], [10])
+    with collio.open(shared_path, "r+", comm=comm, hints={"cb_nodes": 1}) as f:
+        f.write_all(np.full(10, 9, np.uint8), lay)
+    comm.Barrier()
+    with open(shared_path, "rb") as fh:
+        data = fh.read()
+    assert data[:100] == b"\x07" * 100
+    assert data[100:1000] == b"\0" * 900
+    assert data[1000:] == b"\x09" * (10 * comm.size)
+
+
+@pytest.mark.mpi
+def test_read_holes_and_past_the_end(comm, shared_path):
+    if comm.rank == 0:
+        np.arange(100, dtype=np.uint8).tofile(shared_path)
+    comm.Barrier()
+    lay = layouts.Segments([50 + comm.rank, 95, 120], [1, 10, 4])
+    with collio.open(shared_path, "r", comm=comm) as f:
+        got = f.read_all(lay)
+    want = np.concatenate(([50 + comm.rank], np.arange(95, 100), np.zeros(5 + 4))).astype(np.uint8)
+    np.testing.assert_array_equal(got, want)

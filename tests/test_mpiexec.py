@@ -1,0 +1,145 @@
+"""Jobs launched under a real mpiexec from here: faults set per rank, >2 GiB pieces, stats.
+
+Each job runs with a timeout, so a hang is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+MPIEXEC = shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_job(args, timeout=240, env=None):
+    full_env = dict(os.environ, **(env or {}))
+    full_env.setdefault("PYTHONPATH", ROOT)
+    proc = subprocess.run(
+        [MPIEXEC, *args], capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+    return proc
+
+
+EFBIG_JOB = textwrap.dedent(
+    """
+    import errno, json, os, sys
+    import numpy as np
+    from mpi4py import MPI
+    import collio
+    from collio import layouts
+    comm = MPI.COMM_WORLD
+    d = sys.argv[1]
+    shape = (2048, 4096)  # 64 MiB; the last rank may write at most ~20 MB of file
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
+    glob = np.arange(shape[0] * shape[1], dtype="<f8").reshape(shape)
+    out = {}
+    with collio.open(os.path.join(d, "big.bin"), "w", comm=comm, hints={"cb_buffer_size": 1 << 22}) as f:
+        try:
+            f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
+        except collio.BackendError as exc:
+            out = {"cls": type(exc).__name__, "errno": exc.errno, "msg": str(exc), "ranks": list(exc.ranks)}
+    small = layouts.block((64, 64), "<f8", comm=comm)
+    with collio.open(os.path.join(d, "small.bin"), "w", comm=comm) as f:
+        f.write_all(np.full(small.shape, comm.rank, "<f8"), small)
+        out["continued"] = bool((f.read_all(small) == comm.rank).all())
+    with open(os.path.join(d, f"result-{comm.rank}.json"), "w") as fh:
+        json.dump(out, fh)
+    """
+)
+
+
+def test_efbig_on_one_aggregator_raises_everywhere(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(EFBIG_JOB)
+    py = sys.executable
+    args = [
+        "-n", "3", py, str(script), str(tmp_path), ":",
+        "-n", "1", "bash", "-c", f"ulimit -f 20000; exec {py} {script} {tmp_path}",
+    ]  # fmt: skip
+    proc = run_job(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(4)]
+    assert len(results) == 4
+    assert all(r == results[0] for r in results), results
+    r = results[0]
+    assert r["cls"] == "BackendError" and r["errno"] == 27  # EFBIG
+    assert r["ranks"] == [3] and "rank 3: file too large" in r["msg"]
+    assert r["continued"] is True
+
+
+BIG_JOB = textwrap.dedent(
+    """
+    import os, sys, hashlib
+    import numpy as np
+    from mpi4py import MPI
+    import collio
+    from collio import layouts
+    comm = MPI.COMM_WORLD
+    path, mode = sys.argv[1], sys.argv[2]
+    n = (2 << 30) + (160 << 20) + 7  # 2.16 GiB on rank 0, a little on rank 1
+    mine = n if comm.rank == 0 else 1000
+    start = 0 if comm.rank == 0 else n
+    data = np.resize(np.arange(251, dtype=np.uint8), mine)  # a period that no 2**k divides
+    lay = layouts.Segments([start], [mine])
+    hints = {"romio_cb_write": mode, "romio_cb_read": mode, "cb_buffer_size": "512m"}
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        f.write_all(data, lay)
+        back = f.read_all(lay)
+        direct = f.stats.direct_calls
+    same = bool(np.array_equal(back, data))
+    del back
+    size = os.path.getsize(path)
+    with open(f"{path}.{comm.rank}.txt", "w") as fh:
+        fh.write(f"{comm.rank} {same} {size} {direct}")
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["enable", "automatic"])
+def test_more_than_2gib_on_one_rank(tmp_path, mode):
+    script = tmp_path / "big.py"
+    script.write_text(BIG_JOB)
+    target = tmp_path / "big.bin"
+    proc = run_job(["-n", "2", sys.executable, str(script), str(target), mode], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [(tmp_path / f"big.bin.{r}.txt").read_text().split() for r in range(2)]
+    n = (2 << 30) + (160 << 20) + 7
+    assert lines == [
+        ["0", "True", str(n + 1000), str(0 if mode == "enable" else 2)],
+        ["1", "True", str(n + 1000), str(0 if mode == "enable" else 2)],
+    ]
+    target.unlink()
+
+
+def test_collio_stats_prints_summary_at_close(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import numpy as np, collio
+        from collio import layouts
+        lay = layouts.block((64, 64), "<f8")
+        with collio.open({str(tmp_path / "s.bin")!r}, "w") as f:
+            f.write_all(np.zeros(lay.shape), lay)
+        """
+    )
+    proc = run_job(["-n", "2", sys.executable, "-c", code], env={"COLLIO_STATS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("collio stats:")]
+    assert len(lines) == 1, proc.stderr
+    assert "MiB written in 2 ops" in lines[0] and "2 aggregators" in lines[0]
+
+
+def test_example_matrix_runs(tmp_path):
+    proc = run_job(
+        ["-n", "3", sys.executable, os.path.join(ROOT, "examples", "matrix.py"),
+         "--size", "256", "--repeat", "2", "--dir", str(tmp_path)]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "verified" in proc.stdout and "MiB/s" in proc.stdout

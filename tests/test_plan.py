@@ -1,0 +1,205 @@
+"""The pure planner against brute force, for simulated ranks (no MPI)."""
+
+from __future__ import annotations
+
+import numpy as np
+from brute import byte_map
+from hypothesis import given
+from hypothesis import strategies as st
+
+from collio import layouts
+from collio.aggregators import (
+    choose_aggregators,
+    file_domains,
+    plan_aggregator,
+    plan_sender,
+    window_size,
+)
+from collio.runs import Runs, first_overlap, merge, split_at, split_grid
+
+
+@st.composite
+def run_sets(draw):
+    n = draw(st.integers(0, 15))
+    offs = np.cumsum(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))).astype(np.int64)
+    lens = np.array(draw(st.lists(st.integers(1, 25), min_size=n, max_size=n)), np.int64)
+    offs = offs + np.concatenate(([0], np.cumsum(lens)[:-1])) if n else offs
+    return Runs.sequential(offs, lens)
+
+
+def _bytes(r: Runs):
+    f = [np.arange(a, a + n) for a, n in zip(r.file, r.length, strict=True)]
+    m = [np.arange(a, a + n) for a, n in zip(r.mem, r.length, strict=True)]
+    if not f:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(f), np.concatenate(m)
+
+
+@given(run_sets(), st.lists(st.integers(0, 400), max_size=6))
+def test_split_at_keeps_bytes_and_bins(runs, cuts):
+    bounds = np.unique(np.array(cuts, np.int64))
+    pieces, bins = split_at(runs, bounds)
+    f0, m0 = _bytes(runs)
+    f1, m1 = _bytes(pieces)
+    np.testing.assert_array_equal(f1, f0)
+    np.testing.assert_array_equal(m1, m0)
+    for a, n, b in zip(pieces.file, pieces.length, bins, strict=True):
+        lo = bounds[b - 1] if b > 0 else -np.inf
+        hi = bounds[b] if b < len(bounds) else np.inf
+        assert lo <= a and a + n <= hi
+
+
+@given(run_sets(), st.integers(1, 40), st.integers(0, 30))
+def test_split_grid(runs, period, origin):
+    org = np.full(len(runs), origin, np.int64)
+    runs = Runs(runs.file + origin, runs.length, runs.mem)
+    pieces, k = split_grid(runs, org, period)
+    np.testing.assert_array_equal(_bytes(pieces)[0], _bytes(runs)[0])
+    assert ((pieces.file - origin) // period == k).all()
+    assert ((pieces.file + pieces.length - 1 - origin) // period == k).all()
+
+
+@given(run_sets())
+def test_merge_and_overlap(runs):
+    merged = merge(runs)
+    np.testing.assert_array_equal(_bytes(merged)[0], _bytes(runs)[0])
+    assert first_overlap(runs.file, runs.length) == -1
+    if len(runs) >= 2:
+        bad = Runs(runs.file, runs.length.copy(), runs.mem)
+        bad.length[0] = runs.file[1] - runs.file[0] + 1
+        assert first_overlap(bad.file, bad.length) == 1
+
+
+@given(
+    st.integers(0, 10**6),
+    st.integers(0, 10**6),
+    st.integers(1, 9),
+    st.sampled_from([1, 7, 64, 4096]),
+)
+def test_file_domains(lo, span, n, align):
+    hi = lo + span
+    b = file_domains(lo, hi, n, align)
+    assert len(b) == n + 1 and b[0] == lo and b[-1] == hi
+    assert (np.diff(b) >= 0).all()
+    assert all(x % align == 0 for x in b[1:-1] if lo < x < hi)
+    if align == 1 and span >= n:
+        sizes = np.diff(b)
+        assert sizes.max() - sizes.min() <= 1
+
+
+def test_file_domains_huge_extent_no_overflow():
+    b = file_domains(0, 1 << 50, 65536, 1 << 20)
+    assert b[-1] == 1 << 50 and (np.diff(b) == (1 << 50) // 65536).all()
+
+
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=24),
+    st.none() | st.integers(1, 30),
+    st.none() | st.integers(1, 4),
+)
+def test_choose_aggregators(nodes, cb_nodes, per_node):
+    nodes = np.array(nodes)
+    aggs = choose_aggregators(nodes, cb_nodes=cb_nodes, per_node=per_node)
+    assert (np.diff(aggs) > 0).all() and len(aggs) >= 1
+    per = np.bincount(nodes[aggs], minlength=nodes.max() + 1)
+    if per_node is not None:
+        assert per.max() <= per_node
+    eligible = sum(min(int((nodes == k).sum()), per_node or 10**9) for k in np.unique(nodes))
+    want = len(nodes) if cb_nodes is None else cb_nodes
+    assert len(aggs) == max(1, min(want, eligible))
+    # spread: no node gets a second aggregator before every node has one
+    used = per[np.unique(nodes)]
+    assert used.max() - used.min() <= 1 or used.min() == min(
+        int((nodes == k).sum()) for k in np.unique(nodes)
+    )
+
+
+def test_choose_aggregators_spreads_within_node():
+    assert choose_aggregators([0] * 8, per_node=2).tolist() == [0, 4]
+    assert choose_aggregators([0, 0, 1, 1], cb_nodes=2).tolist() == [0, 2]
+    assert choose_aggregators([0, 1, 0, 1], cb_nodes=2).tolist() == [0, 1]
+
+
+@st.composite
+def jobs(draw):
+    """p simulated ranks with disjoint layouts of one global array, plus hints."""
+    p = draw(st.integers(1, 6))
+    g = tuple(draw(st.lists(st.integers(1, 12), min_size=2, max_size=3)))
+    kind = draw(st.sampled_from(["block", "cyclic", "col"]))
+    dt = draw(st.sampled_from(["u1", "<f8", "<i2"]))
+    if kind == "block":
+        lays = [layouts.block(g, dt, rank=r, size=p) for r in range(p)]
+    elif kind == "col":
+        grid = (1,) * (len(g) - 1) + (p,)
+        lays = [layouts.block(g, dt, rank=r, size=p, grid=grid) for r in range(p)]
+    else:
+        grid = layouts.dims_create(p, len(g))
+        blk = draw(st.integers(1, 3))
+        lays = [layouts.block_cyclic(g, dt, block=blk, grid=grid, rank=r, size=p) for r in range(p)]
+    naggs = draw(st.integers(1, p))
+    align = draw(st.sampled_from([1, 8, 64]))
+    window = window_size(draw(st.integers(1, 300)), align)
+    return lays, naggs, align, window
+
+
+@given(jobs())
+def test_sender_and_aggregator_plans_agree(job):
+    lays, naggs, align, window = job
+    p = len(lays)
+    runs = [lay.runs() for lay in lays]
+    nonempty = [r for r in runs if len(r)]
+    if not nonempty:
+        return
+    lo = min(r.extent()[0] for r in nonempty)
+    hi = max(r.extent()[1] for r in nonempty)
+    bounds = file_domains(lo, hi, naggs, align)
+    senders = [plan_sender(r, bounds, window) for r in runs]
+    owner_of_byte = {}
+    for rank, (lay, sp) in enumerate(zip(lays, senders, strict=True)):
+        # pieces are the layout's bytes, each inside one domain and one window
+        f, m = _bytes(sp.pieces)
+        ref = byte_map(lay)
+        np.testing.assert_array_equal(ref[m], f)
+        for g in range(sp.ngroups):
+            piece = sp.group(g)
+            d, w = int(sp.gdom[g]), int(sp.gwin[g])
+            wlo = bounds[d] + w * window
+            assert (piece.file >= max(wlo, bounds[d])).all()
+            assert (piece.file + piece.length <= min(wlo + window, bounds[d + 1])).all()
+        assert sp.per_dom.sum() == len(sp.pieces)
+        for b in f.tolist():
+            owner_of_byte[b] = rank
+    for d in range(naggs):
+        files, lens, srcs = [], [], []
+        for rank, sp in enumerate(senders):
+            sel = np.flatnonzero(np.searchsorted(bounds[1:-1], sp.pieces.file, side="right") == d)
+            files.append(sp.pieces.file[sel])
+            lens.append(sp.pieces.length[sel])
+            srcs.append(np.full(len(sel), rank))
+        file, length, src = (np.concatenate(x).astype(np.int64) for x in (files, lens, srcs))
+        ap, overlap = plan_aggregator(file, length, src, int(bounds[d]), window)
+        assert overlap == -1
+        # rounds are the non-empty windows, in order; extent and coverage per round
+        wins = np.unique((file - bounds[d]) // window)
+        np.testing.assert_array_equal(ap.rwin, wins)
+        for k in range(ap.nrounds):
+            sel = (file - bounds[d]) // window == wins[k]
+            assert ap.rlo[k] == file[sel].min()
+            assert ap.rhi[k] == (file + length)[sel].max()
+            assert ap.rcovered[k] == length[sel].sum()
+            gs = ap.groups_of_round(k)
+            assert sorted(ap.gsrc[gs].tolist()) == sorted(set(src[sel].tolist()))
+        # replies: the round of each sender group is the rank of its window
+        for rank, sp in enumerate(senders):
+            mine = np.flatnonzero(sp.gdom == d)
+            theirs = np.flatnonzero(ap.gsrc == rank)
+            np.testing.assert_array_equal(np.searchsorted(wins, sp.gwin[mine]), ap.ground[theirs])
+    assert len(owner_of_byte) == sum(lay.nbytes for lay in lays)
+
+
+def test_aggregator_finds_overlap_between_sources():
+    file = np.array([0, 100, 104], np.int64)
+    length = np.array([8, 8, 8], np.int64)
+    src = np.array([0, 1, 2], np.int64)
+    _, bad = plan_aggregator(file, length, src, 0, 64)
+    assert bad == 2
