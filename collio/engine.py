@@ -35,7 +35,7 @@ from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64, messages
 from .hints import Hints
 from .layouts.base import Layout
-from .runs import Runs, first_overlap
+from .runs import Runs, first_overlap, merge
 from .stats import Stats
 
 __all__ = ["Context", "write", "read"]
@@ -270,11 +270,8 @@ def _write_rounds(ctx: Context, plan: _Plan, runs_buf: npt.NDArray[np.uint8], ca
                 req = _window_request(ctx, plan, k)
                 if ap.rcovered[k] < req[1]:
                     t = time.perf_counter()
-                    if be.partial_write:
-                        be.read_at(req[0], bufs[b][: req[1]])
-                        c.add_reads([req[1]])
-                    else:
-                        bufs[b][: req[1]].fill(0)
+                    cover = _round_cover(ap, k)
+                    c.add_reads(be.fill_holes(req[0], bufs[b][: req[1]], cover))
                     c.time_io += time.perf_counter() - t
         if comm.allreduce(1 if step.error else 0, op=MPI.MAX):
             io_error = step.error
@@ -293,13 +290,30 @@ def _write_rounds(ctx: Context, plan: _Plan, runs_buf: npt.NDArray[np.uint8], ca
                 c.exchanged_bytes += piece.nbytes
         c.time_exchange += time.perf_counter() - t
         if ap is not None and k < ap.nrounds:
-            pending[k % 2] = pool.submit(_timed_write, be, req[0], bufs[k % 2][: req[1]])
-            c.add_writes([req[1]])
+            cover = _round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
+            pending[k % 2] = pool.submit(_write_window, be, req[0], bufs[k % 2][: req[1]], cover, c)
     _finish_io(pending, c, io_error, comm)
 
 
-def _timed_write(be: Backend, offset: int, buf: npt.NDArray[np.uint8]) -> None:
-    be.write_at(offset, buf)
+def _write_window(
+    be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, c: Stats
+) -> None:
+    c.add_writes(be.write_window(offset, buf, cover))
+
+
+def _whole(req: tuple[int, int]) -> Runs:
+    one = np.array([req[0]], np.int64)
+    return Runs(one, np.array([req[1]], np.int64), np.zeros(1, np.int64))
+
+
+def _round_cover(ap: AggregatorPlan, k: int) -> Runs:
+    """The byte ranges that ranks write (or need) in aggregator round k, sorted and merged."""
+    groups = ap.groups_of_round(k)
+    parts = [np.arange(int(ap.gstart[g]), int(ap.gstart[g + 1])) for g in groups.tolist()]
+    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    order = idx[np.argsort(ap.file[idx], kind="stable")]
+    runs = Runs(ap.file[order], ap.length[order], ap.file[order])  # mem = file: merge by file
+    return merge(runs)
 
 
 def _finish_io(
@@ -335,8 +349,8 @@ def _read_rounds(ctx: Context, plan: _Plan, out_buf: npt.NDArray[np.uint8], call
         if ap is not None and k < ap.nrounds:
             req = _window_request(ctx, plan, k)
             reqs[k % 2] = req
-            pending[k % 2] = pool.submit(be.read_at, req[0], bufs[k % 2][: req[1]])
-            c.add_reads([req[1]])
+            need = _round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
+            pending[k % 2] = pool.submit(_read_window, be, req[0], bufs[k % 2][: req[1]], need, c)
 
     step0 = Attempt()
     with step0:
@@ -372,6 +386,12 @@ def _read_rounds(ctx: Context, plan: _Plan, out_buf: npt.NDArray[np.uint8], call
                     c.messages += 1
         c.time_exchange += time.perf_counter() - t
     _finish_io(pending, c, error, comm)
+
+
+def _read_window(
+    be: Backend, offset: int, buf: npt.NDArray[np.uint8], need: Runs, c: Stats
+) -> None:
+    c.add_reads(be.read_window(offset, buf, need))
 
 
 # ------------------------------------------------------------- entry points
@@ -412,6 +432,11 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
             plan = _plan(ctx, runs, call, writing=True)
             call.counters.rounds = plan.nrounds
             _write_rounds(ctx, plan, buf, call)
+        step = Attempt()
+        with step:
+            ctx.backend.flush(ctx.comm)
+        if ctx.comm.allreduce(1 if step.error else 0, op=MPI.MAX):
+            raise_agreed(ctx.comm, step.error, what="backend flush")
     _complete(ctx, call, t0)
 
 

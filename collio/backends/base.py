@@ -113,6 +113,45 @@ class Backend(abc.ABC):
             self.read_at(f, out[m : m + n])
         return len(runs)
 
+    # -- windows (what the two-phase engine calls) --------------------------
+    def write_window(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
+        """Write one round's buffer ``[offset, offset+len(buf))``; return request sizes.
+
+        ``cover`` lists the byte ranges ranks actually wrote (absolute offsets,
+        sorted, merged); the rest of ``buf`` was filled by :meth:`fill_holes`.
+        Runs in the I/O thread.  Default: one :meth:`write_at`.
+        """
+        self.write_at(offset, buf)
+        return [len(buf)]
+
+    def fill_holes(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
+        """Before a round with holes: fill ``buf`` with what the target holds now.
+
+        Bytes no rank writes must keep their previous content.  Default: read the
+        whole range if the target is readable (read-modify-write), else zeros.
+        Returns the sizes of the read requests made.
+        """
+        if self.readable:
+            self.read_at(offset, buf)
+            return [len(buf)]
+        buf[:] = 0
+        return []
+
+    def read_window(self, offset: int, buf: npt.NDArray[np.uint8], need: Runs) -> list[int]:
+        """Fill one round's buffer; ``need`` lists the ranges ranks asked for.
+
+        Runs in the I/O thread.  Default: one :meth:`read_at` of the whole range.
+        """
+        self.read_at(offset, buf)
+        return [len(buf)]
+
+    def flush(self, comm: Any) -> None:  # noqa: B027 - optional hook
+        """Collective over `comm`: called at the end of every two-phase write_all.
+
+        Backends that finish work collectively (ship compressed chunks to the
+        rank that owns the real file, gather upload tags) do it here.
+        """
+
     # -- layout mapping ---------------------------------------------------
     def runs_for(self, layout: Any) -> Runs:
         """This rank's runs in the backend's byte space (default: the layout's own)."""
