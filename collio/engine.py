@@ -205,12 +205,18 @@ def _plan(ctx: Context, runs: Runs, call: _Call, *, writing: bool) -> _Plan:
             if bad >= 0 and writing:
                 raise _overlap_error(recv[0::2], recv[1::2], src, bad)
             replies, rep_counts = ap.replies(comm.Get_size())
-    vec = np.array([1 if step.error else 0, ap.nrounds if ap else 0], np.int64)
+    # an aggregator is dense when its non-empty windows are 0..n-1: then a sender's
+    # round is its window index and the round numbers need not be sent back
+    sparse = ap is not None and ap.nrounds and int(ap.rwin[-1]) != ap.nrounds - 1
+    vec = np.array([1 if step.error else 0, ap.nrounds if ap else 0, int(bool(sparse))], np.int64)
     out = np.empty_like(vec)
     comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
     if out[0]:
         raise_agreed(comm, step.error, what="write_all" if writing else "read_all")
-    sround, _ = alltoallv_i64(comm, replies, rep_counts)
+    if out[2]:
+        sround, _ = alltoallv_i64(comm, replies, rep_counts)
+    else:
+        sround = sp.gwin.copy()
     call.counters.time_plan += time.perf_counter() - t0
     return _Plan(bounds, window, sp, sround, ap, int(out[1]))
 
@@ -395,15 +401,20 @@ def _read_window(
 
 
 # ------------------------------------------------------------- entry points
-def _complete(ctx: Context, call: _Call, t0: float) -> None:
-    """Collective: reduce this call's counters into the file's statistics."""
+def _complete(
+    ctx: Context, call: _Call, t0: float, error: BaseException | None = None, what: str = ""
+) -> None:
+    """Collective: agree on a last error and reduce this call's counters into the stats."""
     c = call.counters
     c.time_total = time.perf_counter() - t0
     sums, maxes = c.pack()
+    sums = np.append(sums, 1 if error else 0)
     rs, rm = np.empty_like(sums), np.empty_like(maxes)
     ctx.comm.Allreduce([sums, MPI.INT64_T], [rs, MPI.INT64_T], op=MPI.SUM)
+    if rs[-1]:
+        raise_agreed(ctx.comm, error, what=what)
     ctx.comm.Allreduce([maxes, MPI.DOUBLE], [rm, MPI.DOUBLE], op=MPI.MAX)
-    ctx.stats.absorb(rs, rm)
+    ctx.stats.absorb(rs[:-1], rm)
     # calls are collective: count each once, not once per rank
     if call.hi > call.lo:
         if call.direct:
@@ -432,12 +443,11 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
             plan = _plan(ctx, runs, call, writing=True)
             call.counters.rounds = plan.nrounds
             _write_rounds(ctx, plan, buf, call)
-        step = Attempt()
+    step = Attempt()
+    if call.hi > call.lo and ctx.backend.needs_flush:
         with step:
             ctx.backend.flush(ctx.comm)
-        if ctx.comm.allreduce(1 if step.error else 0, op=MPI.MAX):
-            raise_agreed(ctx.comm, step.error, what="backend flush")
-    _complete(ctx, call, t0)
+    _complete(ctx, call, t0, step.error, what="backend flush")
 
 
 def read(ctx: Context, layout: Any, out: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from ..collective import Attempt, agree
+from ..collective import Attempt, agree, bcast_outcome
 from ..errors import BackendError, CommitError, ModeError
 from .base import Backend
 
@@ -74,8 +74,7 @@ class PosixBackend(Backend):
         if comm.Get_rank() == 0:
             with step:
                 name = _prepare(path, mode, atomic)
-        agree(comm, step.error, what=f"open {path!r}")
-        name = comm.bcast(name, root=0)
+        name = bcast_outcome(comm, name, step.error, what=f"open {path!r}")
         step = Attempt()
         fd = -1
         with step:
