@@ -1,0 +1,182 @@
+"""Every virtual rank's layout as one batch of nested strided boxes, and arithmetic on it.
+
+Nothing here makes a Python object per rank or per run: a 65,536-rank job is a
+few numpy arrays of at most ``2**ndim`` boxes per rank.  The arithmetic
+(:func:`~collio.layouts.count_below`, :func:`select`, :func:`explode`) works on
+box indices vectorised over (box, file offset) pairs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import numpy.typing as npt
+
+from ..layouts.strided import Blocks
+from .patterns import Workload
+
+__all__ = ["batched_blocks", "squeeze", "select", "explode", "inner_sizes", "runs_below"]
+
+I64 = npt.NDArray[np.int64]
+
+
+def _pieces(first: I64, block: I64, period: I64, count: I64) -> list[tuple[I64, ...]]:
+    """Per dimension: (valid, global start, nblocks, per block, local start) of both parts.
+
+    The vectorised form of :meth:`collio.layouts.DimSet.pieces`: the full blocks,
+    then the partial last block.
+    """
+    nfull, rest = np.divmod(count, block)
+    full = (nfull > 0, first, nfull, block, np.zeros_like(first))
+    part = (rest > 0, first + nfull * period, np.ones_like(first), rest, nfull * block)
+    return [full, part]
+
+
+def batched_blocks(work: Workload) -> tuple[Blocks, I64]:
+    """All ranks' boxes (same boxes, same order as each rank's ``layout().blocks()``).
+
+    Returns the boxes and the owner rank of each, sorted by owner.
+    """
+    first, block, period, count = work.dimsets()
+    n, p = len(work.shape), work.nranks
+    g = list(work.shape)
+    fstride = [work.itemsize] * n
+    for k in range(n - 2, -1, -1):
+        fstride[k] = fstride[k + 1] * g[k + 1]
+    mstride = np.full((p, n), work.itemsize, np.int64)
+    for k in range(n - 2, -1, -1):
+        mstride[:, k] = mstride[:, k + 1] * count[:, k + 1]
+    per_dim = [_pieces(first[:, k], block[:, k], period[:, k], count[:, k]) for k in range(n)]
+    parts: list[tuple[I64, ...]] = []
+    for combo_id, combo in enumerate(itertools.product(*per_dim)):
+        valid = np.logical_and.reduce([c[0] for c in combo])
+        base = sum(c[1] * fstride[k] for k, c in enumerate(combo))
+        mem = sum(c[4] * mstride[:, k] for k, c in enumerate(combo))
+        cnt = np.stack([x for c in combo for x in (c[2], c[3])], axis=1)
+        st = np.stack(
+            [x for k, c in enumerate(combo) for x in (period[:, k] * fstride[k], np.full(p, fstride[k]))],
+            axis=1,
+        )  # fmt: skip
+        mst = np.stack(
+            [x for k, c in enumerate(combo) for x in (block[:, k] * mstride[:, k], mstride[:, k])],
+            axis=1,
+        )
+        sel = np.flatnonzero(valid)
+        owner = sel.astype(np.int64)
+        parts.append((owner, np.full(len(sel), combo_id), base[sel], mem[sel], cnt[sel], st[sel], mst[sel]))
+    owner, combo_ids, base, mem, cnt, st, mst = (np.concatenate(x) for x in zip(*parts, strict=True))
+    order = np.lexsort((combo_ids, owner))
+    rl = np.full(len(order), work.itemsize, np.int64)
+    blocks = Blocks.build(base[order], mem[order], cnt[order], st[order], mst[order], rl)
+    return blocks, owner[order].astype(np.int64)
+
+
+def squeeze(blocks: Blocks) -> Blocks:
+    """Drop the levels where every box has count 1 (they never change a count)."""
+    keep = (blocks.counts != 1).any(axis=0)
+    if keep.all():
+        return blocks
+    if not keep.any():
+        keep[-1] = True
+    return Blocks(
+        blocks.base,
+        blocks.mem,
+        np.ascontiguousarray(blocks.counts[:, keep]),
+        np.ascontiguousarray(blocks.strides[:, keep]),
+        np.ascontiguousarray(blocks.mstrides[:, keep]),
+        blocks.runlen,
+    )
+
+
+def inner_sizes(counts: I64, runlen: I64) -> I64:
+    """Bytes in one item of each level: ``prod(counts[k+1:]) * runlen``."""
+    inner = np.empty_like(counts)
+    acc = runlen.copy()
+    for k in range(counts.shape[1] - 1, -1, -1):
+        inner[:, k] = acc
+        acc = acc * counts[:, k]
+    return inner
+
+
+def select(blocks: Blocks, which: npt.NDArray[np.intp], k: I64) -> I64:
+    """File offset of byte ``k[j]`` (0-based, in file order) of box ``which[j]``."""
+    inner = inner_sizes(blocks.counts[which], blocks.runlen[which])
+    st = blocks.strides[which]
+    off = blocks.base[which].copy()
+    rem = k.copy()
+    for lvl in range(inner.shape[1]):
+        i = rem // inner[:, lvl]
+        rem -= i * inner[:, lvl]
+        off += i * st[:, lvl]
+    out: I64 = off + rem
+    return out
+
+
+def runs_below(blocks: Blocks, which: npt.NDArray[np.intp], x: I64) -> I64:
+    """Runs of box ``which[j]`` that start below ``x[j]`` (count_below in run units)."""
+    from ..layouts.strided import count_below
+
+    ones = Blocks(
+        blocks.base, blocks.mem, blocks.counts, blocks.strides, blocks.mstrides,
+        np.minimum(blocks.runlen, 1),
+    )  # fmt: skip
+    return count_below(ones, which, x)
+
+
+def _spans(counts: I64, strides: I64, runlen: I64) -> I64:
+    """span[:, k]: bytes from the first byte to the end of one item of level k-1."""
+    n = counts.shape[1]
+    span = np.empty((len(runlen), n + 1), np.int64)
+    span[:, n] = runlen
+    for k in range(n - 1, -1, -1):
+        span[:, k] = (counts[:, k] - 1) * strides[:, k] + span[:, k + 1]
+    return span
+
+
+def explode_levels(blocks: Blocks, window: int) -> npt.NDArray[np.bool_]:
+    """Levels to list item by item so that no sub-box has a gap of ``window`` bytes or more.
+
+    Innermost first: once a level is exploded its count is 1 in the sub-boxes, so
+    the levels above see a shorter span (and a larger gap).
+    """
+    cnt = blocks.counts.copy()
+    n = cnt.shape[1]
+    out = np.zeros(cnt.shape, bool)
+    span = blocks.runlen.copy()
+    for k in range(n - 1, -1, -1):
+        gap = blocks.strides[:, k] - span
+        out[:, k] = (cnt[:, k] > 1) & (gap >= window)
+        cnt[out[:, k], k] = 1
+        span = (cnt[:, k] - 1) * blocks.strides[:, k] + span
+    return out
+
+
+def explode(
+    blocks: Blocks, owner: I64, levels: npt.NDArray[np.bool_]
+) -> tuple[Blocks, I64]:
+    """Split boxes into one sub-box per item of the marked levels (vectorised)."""
+    ecount = np.where(levels, blocks.counts, 1)
+    nsub = np.prod(ecount, axis=1)
+    rep = np.repeat(np.arange(len(blocks)), nsub)
+    start = np.concatenate(([0], np.cumsum(nsub)[:-1]))
+    local = np.arange(len(rep), dtype=np.int64) - start[rep]
+    base = blocks.base[rep].copy()
+    for k in range(blocks.ndim - 1, -1, -1):
+        ec = ecount[rep, k]
+        local, digit = np.divmod(local, ec)
+        base += digit * blocks.strides[rep, k]
+    counts = np.where(levels, 1, blocks.counts)[rep]
+    sub = Blocks(
+        base, blocks.mem[rep], counts, blocks.strides[rep], blocks.mstrides[rep],
+        blocks.runlen[rep],
+    )  # fmt: skip
+    return squeeze(sub), owner[rep]
+
+
+def max_gap(blocks: Blocks) -> I64:
+    """Largest gap between consecutive runs of each box (0 for one run)."""
+    span = _spans(blocks.counts, blocks.strides, blocks.runlen)
+    gap = blocks.strides - span[:, 1:]
+    out: I64 = np.where(blocks.counts > 1, gap, 0).max(axis=1, initial=0)
+    return out

@@ -1,0 +1,258 @@
+"""The planner for virtual ranks: what a collective write would do, without MPI or files.
+
+``collio-bench --simulate --ranks 65536 --pattern colblock --size 1TiB --cb-nodes 512``
+reproduces the semantics of :mod:`collio.aggregators.plan` (domains, windows,
+rounds = non-empty windows, one message per rank with bytes in a window, one
+backend request per window's data extent) from the layouts' structure alone:
+every figure comes from :func:`~collio.layouts.count_below` arithmetic over
+(box, domain) or (box, window) pairs, vectorised and chunked (see
+:mod:`collio.bench.windows`).  When even that is too much work, messages per
+round are computed on an even sample of windows and the output says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..aggregators import choose_aggregators, file_domains, window_size
+from ..aggregators.domains import alignment
+from ..hints import Hints
+from ..layouts.strided import Blocks
+from .batch import batched_blocks, explode, explode_levels, squeeze
+from .patterns import Workload
+from .windows import Grid, WindowCounts, explicit, intervals
+
+__all__ = ["SimConfig", "SimResult", "simulate"]
+
+I64 = npt.NDArray[np.int64]
+_DIRECT_MAX_RUNS = 16  # as collio.engine
+_MAX_WINDOWS = 1 << 24
+#: Round buffers are capped at 1 GiB (collio.engine).
+_MAX_WINDOW = 1 << 30
+#: Bytes of planner metadata per piece on an aggregator: (offset, length) received,
+#: source, window, sort keys and order (8 int64 arrays).
+PIECE_BYTES = 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Hints and backend properties the planner sees, plus the job's shape.
+
+    ``ppn`` ranks share a node (aggregators are spread over nodes); ``budget`` caps
+    the (box, window) or (sub-box, domain) pairs evaluated before sampling;
+    ``method`` forces ``explicit``, ``interval`` or ``sampled`` (tests) instead of ``auto``.
+    """
+
+    hints: Hints = dataclasses.field(default_factory=Hints)
+    backend_alignment: int = 1
+    partial_write: bool = True
+    ppn: int = 0
+    budget: int = 60_000_000
+    writing: bool = True
+    method: str = "auto"
+
+
+@dataclasses.dataclass(slots=True)
+class SimResult:
+    """What the real engine's stats would report, per aggregator and per round.
+
+    ``msgs[rstart[a]:rstart[a+1]]`` are the messages of aggregator ``a``'s rounds,
+    ``requests`` the backend request sizes in the same order; on the direct path
+    ``requests``/``req_count`` give each distinct size and how many requests have it.
+    """
+
+    nranks: int
+    nbytes: int
+    extent: tuple[int, int]
+    direct: bool
+    naggs: int
+    window: int
+    bounds: I64
+    agg_bytes: I64
+    agg_rounds: I64
+    rstart: I64
+    msgs: I64
+    requests: I64
+    req_count: I64
+    hole_reads: I64
+    agg_pieces: I64
+    rank_runs_max: int
+    method: str
+    windows_total: int
+    windows_evaluated: int
+    seconds: float = 0.0
+    hints: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def sampled(self) -> bool:
+        return self.method == "sampled"
+
+    @property
+    def rounds(self) -> int:
+        return int(self.agg_rounds.max(initial=0))
+
+    def memory(self) -> I64:
+        """Predicted extra memory per aggregator: two round buffers plus planner metadata."""
+        buffers = np.where(self.agg_rounds > 0, 2 * self.window, 0)
+        out: I64 = buffers + self.agg_pieces * PIECE_BYTES
+        return out
+
+
+def _per_rank(values: I64, owner: I64, nranks: int) -> I64:
+    return np.bincount(owner, weights=values, minlength=nranks).astype(np.int64)
+
+
+def _direct_path(blocks: Blocks, owner: I64, work: Workload, hints: Hints, writing: bool) -> bool:
+    """The engine's choice: skip the shuffle when extents do not interleave and runs are big."""
+    mode = hints.romio_cb_write if writing else hints.romio_cb_read
+    if mode == "enable" or not len(blocks):
+        return False
+    nruns = _per_rank(blocks.nruns(), owner, work.nranks)
+    nbytes = _per_rank(blocks.nbytes(), owner, work.nranks)
+    small = bool(((nruns > _DIRECT_MAX_RUNS) & (nbytes < nruns * hints.direct_threshold)).any())
+    if mode == "automatic" and small:
+        return False
+    lo, hi = blocks.extent()
+    big = np.iinfo(np.int64).max
+    rlo = np.full(work.nranks, big, np.int64)
+    rhi = np.zeros(work.nranks, np.int64)
+    np.minimum.at(rlo, owner, lo)
+    np.maximum.at(rhi, owner, hi)
+    have = rhi > rlo
+    order = np.argsort(rlo[have], kind="stable")
+    a, b = rlo[have][order], rhi[have][order]
+    return bool((a[1:] >= b[:-1]).all())
+
+
+def simulate(work: Workload, cfg: SimConfig) -> SimResult:
+    """Plan one collective write (or read) of ``work`` for its virtual ranks."""
+    t0 = time.perf_counter()
+    blocks, owner = batched_blocks(work)
+    blocks = squeeze(blocks)
+    lo_b, hi_b = blocks.extent()
+    lo, hi = int(lo_b.min(initial=0)), int(hi_b.max(initial=0))
+    total = int(blocks.nbytes().sum())
+    rank_runs = _per_rank(blocks.nruns(), owner, work.nranks)
+    h = cfg.hints
+    if _direct_path(blocks, owner, work, h, cfg.writing):
+        res = _direct_result(blocks, work, (lo, hi), total, rank_runs)
+    else:
+        res = _two_phase(blocks, owner, work, cfg, (lo, hi), total)
+        res.rank_runs_max = int(rank_runs.max(initial=0))
+    res.seconds = time.perf_counter() - t0
+    res.hints = _used(cfg, res)
+    return res
+
+
+def _used(cfg: SimConfig, res: SimResult) -> dict[str, Any]:
+    used = cfg.hints.as_dict()
+    used["cb_nodes"] = res.naggs
+    used["backend_alignment"] = cfg.backend_alignment
+    used["window"] = res.window
+    return used
+
+
+def _direct_result(
+    blocks: Blocks, work: Workload, ext: tuple[int, int], total: int, rank_runs: I64
+) -> SimResult:
+    sizes, inv = np.unique(blocks.runlen, return_inverse=True)
+    counts = np.bincount(inv.reshape(-1), weights=blocks.nruns()).astype(np.int64)
+    z = np.zeros(0, np.int64)
+    return SimResult(
+        work.nranks, total, ext, True, 0, 0, z, z, z, np.zeros(1, np.int64), z,
+        sizes.astype(np.int64), counts, z, z, int(rank_runs.max(initial=0)), "direct", 0, 0,
+    )  # fmt: skip
+
+
+def _two_phase(
+    blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig, ext: tuple[int, int], total: int
+) -> SimResult:
+    h = cfg.hints
+    ppn = cfg.ppn or work.nranks
+    nodes = np.arange(work.nranks, dtype=np.int64) // ppn
+    naggs = len(choose_aggregators(nodes, cb_nodes=h.cb_nodes, per_node=h.per_node()))
+    align = alignment(cfg.backend_alignment, h.striping_unit)
+    bounds = file_domains(ext[0], ext[1], naggs, align)
+    window = window_size(min(h.cb_buffer_size, _MAX_WINDOW), align)
+    nwin = int((-(-np.diff(bounds) // window)).sum())
+    if nwin > _MAX_WINDOWS:
+        raise ValueError(
+            f"{nwin} windows of {window} bytes: too many to simulate (at most {_MAX_WINDOWS}); "
+            "use a larger cb_buffer_size"
+        )
+    grid = Grid.build(bounds, window)
+    counts, method, evaluated = _evaluate(blocks, owner, grid, cfg.budget, cfg.method)
+    tiled = total == ext[1] - ext[0]
+    return _assemble(work, cfg, grid, counts, method, evaluated, tiled, total, ext)
+
+
+def _evaluate(
+    blocks: Blocks, owner: I64, grid: Grid, budget: int, force: str
+) -> tuple[WindowCounts, str, I64]:
+    """Choose the exact method that fits the budget, else sample windows."""
+    nw = grid.nwindows
+    every = np.arange(nw, dtype=np.int64)
+    b0, b1 = blocks.extent()
+    spanned = np.searchsorted(grid.start, b1, "left") - np.searchsorted(grid.end, b0, "right")
+    if force == "explicit" or (force == "auto" and int(np.maximum(spanned, 0).sum()) <= budget):
+        return explicit(blocks, owner, grid, every), "explicit", every
+    levels = explode_levels(blocks, grid.window)
+    nsub = np.prod(np.where(levels, blocks.counts, 1), axis=1)
+    ndom = np.searchsorted(grid.bounds, b1, "left") - np.searchsorted(grid.bounds, b0, "right") + 1
+    multi = bool((np.bincount(owner) > 1).any())
+    cost = int(nsub.sum()) + int(np.maximum(ndom, 1).sum())
+    if force == "interval" or (force == "auto" and cost <= budget):
+        sub, sub_owner = explode(blocks, owner, levels) if levels.any() else (blocks, owner)
+        return intervals(sub, sub_owner, grid, dedupe=multi), "interval", every
+    # sampled: exact domain sums, messages on an even sample of windows
+    per_window = max(1, int(np.maximum(spanned, 0).sum()) // max(nw, 1))
+    take = int(min(nw, max(64, budget // per_window)))
+    sample = np.unique(np.linspace(0, nw - 1, take).astype(np.int64))
+    counts = explicit(blocks, owner, grid, sample)
+    doms = intervals(blocks, owner, grid, dedupe=False, windows=False)
+    counts.dom_bytes, counts.dom_runs = doms.dom_bytes, doms.dom_runs
+    return counts, "sampled", sample
+
+
+def _assemble(
+    work: Workload,
+    cfg: SimConfig,
+    grid: Grid,
+    c: WindowCounts,
+    method: str,
+    evaluated: I64,
+    tiled: bool,
+    total: int,
+    ext: tuple[int, int],
+) -> SimResult:
+    """Rounds, messages and requests per aggregator from per-window counts."""
+    naggs = len(grid.bounds) - 1
+    wlen = (grid.end - grid.start)[evaluated]
+    if tiled:  # every byte of the extent is written: every window is full of data
+        busy = wlen > 0
+        extent = wlen
+        covered = wlen
+    else:
+        busy = c.ranks > 0
+        extent = np.where(busy, c.rhi - c.rlo, 0) if cfg.partial_write else wlen
+        covered = c.nbytes
+    dom = grid.dom[evaluated][busy]
+    msgs = c.ranks[busy]
+    requests = extent[busy]
+    holes = requests[covered[busy] < requests]
+    agg_rounds = np.bincount(dom, minlength=naggs).astype(np.int64)
+    if method == "sampled" and tiled:
+        agg_rounds = np.bincount(grid.dom, weights=(grid.end > grid.start), minlength=naggs)
+        agg_rounds = agg_rounds.astype(np.int64)
+    rstart = np.concatenate(([0], np.cumsum(np.bincount(dom, minlength=naggs)))).astype(np.int64)
+    pieces = c.dom_runs + np.bincount(dom, weights=msgs, minlength=naggs).astype(np.int64)
+    return SimResult(
+        work.nranks, total, ext, False, naggs, grid.window, grid.bounds, c.dom_bytes, agg_rounds,
+        rstart, msgs, requests, np.ones(len(requests), np.int64), holes, pieces, 0, method,
+        grid.nwindows, len(evaluated),
+    )  # fmt: skip

@@ -1,0 +1,193 @@
+"""Per-window counts for virtual ranks by arithmetic: bytes, ranks (messages), data extent.
+
+Two exact evaluations, both vectorised over pairs and done in chunks that never
+split one rank's boxes (so a rank is counted once per window):
+
+* :func:`explicit`: every (box, window) pair a box spans; general (holes, several
+  boxes per rank) and exact, cost = the number of such pairs.  Run on a subset of
+  windows it is the simulator's sampling fallback.
+* :func:`intervals`: boxes are first cut into sub-boxes whose gaps are all
+  smaller than a window (:func:`~collio.bench.batch.explode`); such a sub-box
+  touches *every* window between its first and last byte inside a domain, so one
+  (sub-box, domain) pair gives a whole interval of windows and a difference array
+  counts ranks per window.  Cost = the number of (sub-box, domain) pairs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+
+from ..layouts.strided import Blocks, count_below
+from .batch import runs_below, select
+
+__all__ = ["Grid", "WindowCounts", "explicit", "intervals", "pair_chunks"]
+
+I64 = npt.NDArray[np.int64]
+#: Pairs evaluated per numpy pass (bounds memory to a few hundred MiB).
+CHUNK = 1 << 21
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Grid:
+    """File domains and their windows: window ``w`` is ``[start[w], end[w])`` of domain ``dom[w]``."""
+
+    bounds: I64
+    window: int
+    start: I64
+    end: I64
+    dom: I64
+    first: I64  # first window of each domain (len naggs + 1)
+
+    @classmethod
+    def build(cls, bounds: I64, window: int) -> Grid:
+        size = np.diff(bounds)
+        nwin = -(-size // window)
+        first = np.concatenate(([0], np.cumsum(nwin))).astype(np.int64)
+        dom = np.repeat(np.arange(len(size), dtype=np.int64), nwin)
+        k = np.arange(int(first[-1]), dtype=np.int64) - first[dom]
+        start = bounds[dom] + k * window
+        end = np.minimum(start + window, bounds[dom + 1])
+        return cls(bounds, window, start, end, dom, first)
+
+    @property
+    def nwindows(self) -> int:
+        return len(self.start)
+
+    def index(self, dom: I64, offset: I64) -> I64:
+        """Global index of the window of domain ``dom`` holding byte ``offset``."""
+        out: I64 = self.first[dom] + (offset - self.bounds[dom]) // self.window
+        return out
+
+
+@dataclasses.dataclass(slots=True)
+class WindowCounts:
+    """Accumulated per-window figures (rlo/rhi only from :func:`explicit`)."""
+
+    nbytes: I64
+    ranks: I64
+    runs: I64
+    rlo: I64
+    rhi: I64
+    dom_bytes: I64
+    dom_runs: I64
+
+    @classmethod
+    def zeros(cls, n: int, naggs: int) -> WindowCounts:
+        z, zd = np.zeros(n, np.int64), np.zeros(naggs, np.int64)
+        big = np.full(n, np.iinfo(np.int64).max)
+        return cls(z.copy(), z.copy(), z.copy(), big, z.copy(), zd.copy(), zd.copy())
+
+
+def pair_chunks(npairs: I64, owner: I64) -> Iterator[slice]:
+    """Slices of boxes with about ``CHUNK`` pairs each, cut only where the owner changes."""
+    csum = np.cumsum(npairs)
+    total = int(csum[-1]) if len(csum) else 0
+    want = np.searchsorted(csum, np.arange(CHUNK, total, CHUNK), side="right")
+    change = np.flatnonzero(np.diff(owner) != 0) + 1  # first box of each new owner
+    cut = change[np.searchsorted(change, want, side="left").clip(0, max(len(change) - 1, 0))]
+    edges = np.unique(np.concatenate(([0], cut if len(change) else [], [len(owner)])))
+    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+        yield slice(int(a), int(b))
+
+
+def _expand(first: I64, last: I64) -> tuple[npt.NDArray[np.intp], I64]:
+    """Pairs (box j, item first[j]..last[j]): the box index and the item of each pair."""
+    n = np.maximum(last - first + 1, 0)
+    rep = np.repeat(np.arange(len(first)), n)
+    start = np.concatenate(([0], np.cumsum(n)[:-1])).astype(np.int64)
+    item = first[rep] + np.arange(len(rep), dtype=np.int64) - start[rep]
+    return rep, item
+
+
+def _touch(blocks: Blocks, box: npt.NDArray[np.intp], lo: I64, hi: I64) -> tuple[I64, I64, I64, I64]:
+    """Bytes of box in [lo, hi), its first and last byte there, and runs starting there."""
+    c0 = count_below(blocks, box, lo)
+    c1 = count_below(blocks, box, hi)
+    nb = c1 - c0
+    ok = nb > 0
+    first = np.where(ok, select(blocks, box, np.where(ok, c0, 0)), 0)
+    last = np.where(ok, select(blocks, box, np.where(ok, c1 - 1, 0)), 0)
+    nruns = runs_below(blocks, box, hi) - runs_below(blocks, box, lo) + ok
+    return nb, first, last, nruns
+
+
+def explicit(blocks: Blocks, owner: I64, grid: Grid, windows: I64) -> WindowCounts:
+    """Exact figures of the chosen windows (sorted global indices) from (box, window) pairs."""
+    ws, we = grid.start[windows], grid.end[windows]
+    naggs = len(grid.bounds) - 1
+    out = WindowCounts.zeros(len(windows), naggs)
+    b0, b1 = blocks.extent()
+    wf = np.searchsorted(we, b0, side="right").astype(np.int64)
+    wl = np.searchsorted(ws, b1, side="left").astype(np.int64) - 1
+    nranks_all = int(owner.max()) + 1 if len(owner) else 1
+    for part in pair_chunks(np.maximum(wl - wf + 1, 0), owner):
+        rep, w = _expand(wf[part], wl[part])
+        box = (np.arange(len(blocks))[part])[rep]
+        nb, f, last, nr = _touch(blocks, box, ws[w], we[w])
+        hit = nb > 0
+        w, nb, f, last, nr, who = w[hit], nb[hit], f[hit], last[hit], nr[hit], owner[box[hit]]
+        n = len(windows)
+        out.nbytes += np.bincount(w, weights=nb, minlength=n).astype(np.int64)
+        out.runs += np.bincount(w, weights=nr, minlength=n).astype(np.int64)
+        keys = np.unique(w * nranks_all + who)
+        out.ranks += np.bincount(keys // nranks_all, minlength=n).astype(np.int64)
+        np.minimum.at(out.rlo, w, f)
+        np.maximum.at(out.rhi, w, last + 1)
+    dom = grid.dom[windows]
+    out.dom_bytes = np.bincount(dom, weights=out.nbytes, minlength=naggs).astype(np.int64)
+    out.dom_runs = np.bincount(dom, weights=out.runs, minlength=naggs).astype(np.int64)
+    return out
+
+
+def intervals(
+    blocks: Blocks, owner: I64, grid: Grid, *, dedupe: bool, windows: bool = True
+) -> WindowCounts:
+    """Exact ranks per window for boxes whose gaps are all < window (see module doc).
+
+    Also the bytes and runs of every domain (exact for any boxes); ``windows=False``
+    computes those only.  ``dedupe`` merges a rank's intervals (several boxes per rank).
+    """
+    nw, naggs = grid.nwindows, len(grid.bounds) - 1
+    out = WindowCounts.zeros(nw, naggs)
+    diff = np.zeros(nw + 1, np.int64)
+    b0, b1 = blocks.extent()
+    d0 = np.searchsorted(grid.bounds, b0, side="right").astype(np.int64) - 1
+    d1 = np.searchsorted(grid.bounds, b1 - 1, side="right").astype(np.int64) - 1
+    d0, d1 = np.clip(d0, 0, naggs - 1), np.clip(d1, 0, naggs - 1)
+    for part in pair_chunks(d1 - d0 + 1, owner):
+        rep, d = _expand(d0[part], d1[part])
+        box = (np.arange(len(blocks))[part])[rep]
+        nb, f, last, nr = _touch(blocks, box, grid.bounds[d], grid.bounds[d + 1])
+        hit = nb > 0
+        d, nb, f, last, nr, who = d[hit], nb[hit], f[hit], last[hit], nr[hit], owner[box[hit]]
+        out.dom_bytes += np.bincount(d, weights=nb, minlength=naggs).astype(np.int64)
+        out.dom_runs += np.bincount(d, weights=nr, minlength=naggs).astype(np.int64)
+        if not windows:
+            continue
+        wf, wl = grid.index(d, f), grid.index(d, last)
+        if dedupe:
+            wf, wl = _union(who, wf, wl, nw)
+        diff += np.bincount(wf, minlength=nw + 1)
+        diff -= np.bincount(wl + 1, minlength=nw + 1)
+    out.ranks = np.cumsum(diff)[:nw].astype(np.int64)
+    return out
+
+
+def _union(who: I64, wf: I64, wl: I64, nw: int) -> tuple[I64, I64]:
+    """Merge each rank's overlapping window intervals (a rank sends one message per window)."""
+    if not len(wf):
+        return wf, wl
+    span = np.int64(nw + 1)
+    s, e = who * span + wf, who * span + wl
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.concatenate(([True], s[1:] > reach[:-1]))
+    heads = np.flatnonzero(new)
+    ends = np.maximum.reduceat(e, heads)
+    base = (s[heads] // span) * span
+    return s[heads] - base, ends - base

@@ -1,0 +1,100 @@
+"""The simulator against the real pure planner (plan_sender / plan_aggregator) on explicit runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collio.aggregators import choose_aggregators, file_domains, plan_aggregator, plan_sender
+from collio.aggregators import window_size
+from collio.aggregators.domains import alignment
+from collio.bench.batch import batched_blocks, select
+from collio.bench.patterns import make_workload
+from collio.bench.simulate import SimConfig, simulate
+from collio.hints import Hints
+from collio.layouts import count_below
+
+
+def reference(work, hints, backend_alignment=1, partial_write=True):
+    """Per-aggregator figures from the real planner on every rank's listed runs."""
+    runs = [work.layout(r).runs() for r in range(work.nranks)]
+    lo = min(int(r.file[0]) for r in runs if len(r))
+    hi = max(int((r.file + r.length).max()) for r in runs if len(r))
+    aggs = choose_aggregators(np.zeros(work.nranks), cb_nodes=hints.cb_nodes)
+    align = alignment(backend_alignment, hints.striping_unit)
+    bounds = file_domains(lo, hi, len(aggs), align)
+    window = window_size(hints.cb_buffer_size, align)
+    senders = [plan_sender(r, bounds, window) for r in runs]
+    out = {"bytes": [], "rounds": [], "msgs": [], "requests": [], "holes": []}
+    for d in range(len(aggs)):
+        parts = [(sp.pieces.take(np.flatnonzero(
+            np.searchsorted(bounds[1:-1], sp.pieces.file, side="right") == d)), r)
+            for r, sp in enumerate(senders)]  # fmt: skip
+        file = np.concatenate([p.file for p, _ in parts])
+        length = np.concatenate([p.length for p, _ in parts])
+        src = np.concatenate([np.full(len(p), r, np.int64) for p, r in parts])
+        ap, _ = plan_aggregator(file, length, src, int(bounds[d]), window)
+        out["bytes"].append(int(length.sum()))
+        out["rounds"].append(ap.nrounds)
+        out["msgs"] += np.diff(ap.rstart).tolist()
+        if partial_write:
+            req = ap.rhi - ap.rlo
+        else:
+            start = bounds[d] + ap.rwin * window
+            req = np.minimum(start + window, bounds[d + 1]) - start
+        out["requests"] += req.tolist()
+        out["holes"] += req[ap.rcovered < req].tolist()
+    return {k: np.array(v, np.int64) for k, v in out.items()}
+
+
+CASES = [
+    ("colblock", 4, "64x40", {"cb_buffer_size": 1000}),
+    ("colblock", 3, "50", {"cb_nodes": 2, "cb_buffer_size": 777}),
+    ("rowblock", 4, "30", {"cb_nodes": 3, "cb_buffer_size": 512}),
+    ("block2d", 6, "45", {"cb_nodes": 4, "cb_buffer_size": 900, "striping_unit": 256}),
+    ("cyclic", 4, "70", {"cb_buffer_size": 2048}),
+    ("cyclic", 8, "100x90", {"cb_nodes": 3, "cb_buffer_size": 3000, "striping_unit": 512}),
+    ("cube", 8, "14", {"cb_nodes": 5, "cb_buffer_size": 1500}),
+    ("ior", 4, None, {"cb_buffer_size": 700}),
+    ("ior", 5, None, {"cb_nodes": 2, "cb_buffer_size": 5000, "striping_unit": 1024}),
+]
+
+
+@pytest.mark.parametrize("method", ["explicit", "interval"])
+@pytest.mark.parametrize(("pattern", "p", "size", "hints"), CASES)
+def test_simulator_equals_planner(pattern, p, size, hints, method):
+    work = make_workload(
+        pattern, p, size=size, block_size=96, transfer=32, segments=7, cyclic_block=4
+    )
+    h = Hints(romio_cb_write="enable", **hints)
+    ref = reference(work, h)
+    sim = simulate(work, SimConfig(hints=h, method=method))
+    assert not sim.direct and sim.method == method
+    np.testing.assert_array_equal(sim.agg_bytes, ref["bytes"])
+    np.testing.assert_array_equal(sim.agg_rounds, ref["rounds"])
+    np.testing.assert_array_equal(sim.msgs, ref["msgs"])
+    np.testing.assert_array_equal(sim.requests, ref["requests"])
+    np.testing.assert_array_equal(sim.hole_reads, ref["holes"])
+    assert sim.nbytes == work.nbytes == sum(ref["bytes"])
+
+
+def test_batched_blocks_equal_each_rank_layout():
+    for pattern in ("ior", "colblock", "rowblock", "block2d", "cyclic", "cube"):
+        work = make_workload(pattern, 6, size="23", block_size=64, transfer=16, segments=3,
+                             cyclic_block=3)  # fmt: skip
+        blocks, owner = batched_blocks(work)
+        for r in range(work.nranks):
+            ref = work.layout(r).blocks()
+            mine = owner == r
+            for field in ("base", "mem", "counts", "strides", "mstrides", "runlen"):
+                np.testing.assert_array_equal(getattr(blocks, field)[mine], getattr(ref, field))
+
+
+def test_select_inverts_count_below():
+    work = make_workload("cyclic", 4, size="37", cyclic_block=5)
+    blocks, _ = batched_blocks(work)
+    which = np.repeat(np.arange(len(blocks)), 50)
+    k = np.concatenate([np.linspace(0, n - 1, 50).astype(np.int64) for n in blocks.nbytes()])
+    off = select(blocks, which, k)
+    np.testing.assert_array_equal(count_below(blocks, which, off), k)
+    np.testing.assert_array_equal(count_below(blocks, which, off + 1), k + 1)
