@@ -186,31 +186,34 @@ def _two_phase(
             "use a larger cb_buffer_size"
         )
     grid = Grid.build(bounds, window)
-    counts, method, evaluated = _evaluate(blocks, owner, grid, cfg.budget, cfg.method)
     tiled = total == ext[1] - ext[0]
+    counts, method, evaluated = _evaluate(blocks, owner, grid, cfg.budget, cfg.method, tiled)
     return _assemble(work, cfg, grid, counts, method, evaluated, tiled, total, ext)
 
 
 def _evaluate(
-    blocks: Blocks, owner: I64, grid: Grid, budget: int, force: str
+    blocks: Blocks, owner: I64, grid: Grid, budget: int, force: str, tiled: bool
 ) -> tuple[WindowCounts, str, I64]:
     """Choose the exact method that fits the budget, else sample windows."""
     nw = grid.nwindows
     every = np.arange(nw, dtype=np.int64)
     b0, b1 = blocks.extent()
     spanned = np.searchsorted(grid.start, b1, "left") - np.searchsorted(grid.end, b0, "right")
-    if force == "explicit" or (force == "auto" and int(np.maximum(spanned, 0).sum()) <= budget):
-        return explicit(blocks, owner, grid, every), "explicit", every
+    explicit_cost = int(np.maximum(spanned, 0).sum())
     levels = explode_levels(blocks, grid.window)
     nsub = np.prod(np.where(levels, blocks.counts, 1), axis=1)
     ndom = np.searchsorted(grid.bounds, b1, "left") - np.searchsorted(grid.bounds, b0, "right") + 1
-    multi = bool((np.bincount(owner) > 1).any())
-    cost = int(nsub.sum()) + int(np.maximum(ndom, 1).sum())
-    if force == "interval" or (force == "auto" and cost <= budget):
+    interval_cost = int(nsub.sum()) + int(np.maximum(ndom, 1).sum())
+    # intervals give no request extents for layouts with holes: explicit or sampled then
+    cheaper = tiled and interval_cost < explicit_cost
+    if force == "interval" or (force == "auto" and cheaper and interval_cost <= budget):
+        multi = bool((np.bincount(owner) > 1).any())
         sub, sub_owner = explode(blocks, owner, levels) if levels.any() else (blocks, owner)
         return intervals(sub, sub_owner, grid, dedupe=multi), "interval", every
+    if force == "explicit" or (force == "auto" and explicit_cost <= budget):
+        return explicit(blocks, owner, grid, every), "explicit", every
     # sampled: exact domain sums, messages on an even sample of windows
-    per_window = max(1, int(np.maximum(spanned, 0).sum()) // max(nw, 1))
+    per_window = max(1, explicit_cost // max(nw, 1))
     take = int(min(nw, max(64, budget // per_window)))
     sample = np.unique(np.linspace(0, nw - 1, take).astype(np.int64))
     counts = explicit(blocks, owner, grid, sample)
