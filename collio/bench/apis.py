@@ -94,7 +94,9 @@ class Api:
     def hints(self) -> dict[str, str]:
         """The hints this API passes: the user's, then its own."""
         out = dict(self.job.hints)
-        out.update({k: v.replace("{nranks}", str(self.job.comm.size)) for k, v in self.extra_hints.items()})
+        out.update(
+            {k: v.replace("{nranks}", str(self.job.comm.size)) for k, v in self.extra_hints.items()}
+        )
         return out
 
     def setup(self) -> None:

@@ -8,6 +8,7 @@ box indices vectorised over (box, file offset) pairs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -21,55 +22,68 @@ __all__ = ["batched_blocks", "squeeze", "select", "explode", "inner_sizes", "run
 I64 = npt.NDArray[np.int64]
 
 
-def _pieces(first: I64, block: I64, period: I64, count: I64) -> list[tuple[I64, ...]]:
-    """Per dimension: (valid, global start, nblocks, per block, local start) of both parts.
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Part:
+    """One regular part of every rank's index set in one dimension (DimSet.pieces)."""
 
-    The vectorised form of :meth:`collio.layouts.DimSet.pieces`: the full blocks,
-    then the partial last block.
-    """
-    nfull, rest = np.divmod(count, block)
-    full = (nfull > 0, first, nfull, block, np.zeros_like(first))
-    part = (rest > 0, first + nfull * period, np.ones_like(first), rest, nfull * block)
-    return [full, part]
+    valid: npt.NDArray[np.bool_]
+    start: I64  # global index of the first item
+    nblocks: I64
+    per: I64  # items per block
+    local: I64  # local index of the first item
+
+
+def _parts(first: I64, block: I64, period: I64, count: I64) -> tuple[_Part, _Part]:
+    """The full blocks, then the partial last block (vectorised DimSet.pieces)."""
+    nfull: I64 = count // block
+    rest: I64 = count - nfull * block
+    full = _Part(nfull > 0, first, nfull, block, np.zeros_like(first))
+    part = _Part(rest > 0, first + nfull * period, np.ones_like(first), rest, nfull * block)
+    return full, part
+
+
+def _strides(work: Workload, count: I64) -> tuple[list[int], I64]:
+    """Bytes per index step in the file (per dimension) and in each rank's buffer."""
+    n = len(work.shape)
+    fstride = [work.itemsize] * n
+    mstride = np.full((work.nranks, n), work.itemsize, np.int64)
+    for k in range(n - 2, -1, -1):
+        fstride[k] = fstride[k + 1] * work.shape[k + 1]
+        mstride[:, k] = mstride[:, k + 1] * count[:, k + 1]
+    return fstride, mstride
 
 
 def batched_blocks(work: Workload) -> tuple[Blocks, I64]:
     """All ranks' boxes (same boxes, same order as each rank's ``layout().blocks()``).
 
-    Returns the boxes and the owner rank of each, sorted by owner.
+    Returns the boxes and the owner rank of each, sorted by owner.  The loop is
+    over the ``2**ndim`` combinations of parts, never over ranks.
     """
     first, block, period, count = work.dimsets()
-    n, p = len(work.shape), work.nranks
-    g = list(work.shape)
-    fstride = [work.itemsize] * n
-    for k in range(n - 2, -1, -1):
-        fstride[k] = fstride[k + 1] * g[k + 1]
-    mstride = np.full((p, n), work.itemsize, np.int64)
-    for k in range(n - 2, -1, -1):
-        mstride[:, k] = mstride[:, k + 1] * count[:, k + 1]
-    per_dim = [_pieces(first[:, k], block[:, k], period[:, k], count[:, k]) for k in range(n)]
-    parts: list[tuple[I64, ...]] = []
+    n = len(work.shape)
+    fstride, mstride = _strides(work, count)
+    per_dim = [_parts(first[:, k], block[:, k], period[:, k], count[:, k]) for k in range(n)]
+    cols: list[list[I64]] = [[] for _ in range(7)]
     for combo_id, combo in enumerate(itertools.product(*per_dim)):
-        valid = np.logical_and.reduce([c[0] for c in combo])
-        base = sum(c[1] * fstride[k] for k, c in enumerate(combo))
-        mem = sum(c[4] * mstride[:, k] for k, c in enumerate(combo))
-        cnt = np.stack([x for c in combo for x in (c[2], c[3])], axis=1)
-        st = np.stack(
-            [x for k, c in enumerate(combo) for x in (period[:, k] * fstride[k], np.full(p, fstride[k]))],
-            axis=1,
-        )  # fmt: skip
-        mst = np.stack(
-            [x for k, c in enumerate(combo) for x in (block[:, k] * mstride[:, k], mstride[:, k])],
-            axis=1,
-        )
-        sel = np.flatnonzero(valid)
-        owner = sel.astype(np.int64)
-        parts.append((owner, np.full(len(sel), combo_id), base[sel], mem[sel], cnt[sel], st[sel], mst[sel]))
-    owner, combo_ids, base, mem, cnt, st, mst = (np.concatenate(x) for x in zip(*parts, strict=True))
+        sel = np.flatnonzero(np.logical_and.reduce([c.valid for c in combo]))
+        base = np.zeros(len(sel), np.int64)
+        mem = np.zeros(len(sel), np.int64)
+        cnt, st, mst = [], [], []
+        for k, c in enumerate(combo):
+            base += c.start[sel] * fstride[k]
+            mem += c.local[sel] * mstride[sel, k]
+            cnt += [c.nblocks[sel], c.per[sel]]
+            st += [period[sel, k] * fstride[k], np.full(len(sel), fstride[k], np.int64)]
+            mst += [block[sel, k] * mstride[sel, k], mstride[sel, k]]
+        row = [sel.astype(np.int64), np.full(len(sel), combo_id, np.int64), base, mem]
+        row += [np.stack(cnt, axis=1), np.stack(st, axis=1), np.stack(mst, axis=1)]
+        for col, value in zip(cols, row, strict=True):
+            col.append(value)
+    owner, combo_ids, base, mem, cnt2, st2, mst2 = (np.concatenate(c) for c in cols)
     order = np.lexsort((combo_ids, owner))
     rl = np.full(len(order), work.itemsize, np.int64)
-    blocks = Blocks.build(base[order], mem[order], cnt[order], st[order], mst[order], rl)
-    return blocks, owner[order].astype(np.int64)
+    blocks = Blocks.build(base[order], mem[order], cnt2[order], st2[order], mst2[order], rl)
+    return blocks, owner[order]
 
 
 def squeeze(blocks: Blocks) -> Blocks:
@@ -152,9 +166,7 @@ def explode_levels(blocks: Blocks, window: int) -> npt.NDArray[np.bool_]:
     return out
 
 
-def explode(
-    blocks: Blocks, owner: I64, levels: npt.NDArray[np.bool_]
-) -> tuple[Blocks, I64]:
+def explode(blocks: Blocks, owner: I64, levels: npt.NDArray[np.bool_]) -> tuple[Blocks, I64]:
     """Split boxes into one sub-box per item of the marked levels (vectorised)."""
     ecount = np.where(levels, blocks.counts, 1)
     nsub = np.prod(ecount, axis=1)

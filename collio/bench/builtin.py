@@ -82,7 +82,9 @@ class MpiioApi(Api):
 
     def close(self) -> None:
         info = self.fh.Get_info()
-        self.used = {info.Get_nthkey(i): info.Get(info.Get_nthkey(i)) for i in range(info.Get_nkeys())}
+        self.used = {
+            info.Get_nthkey(i): info.Get(info.Get_nthkey(i)) for i in range(info.Get_nkeys())
+        }
         info.Free()
         self.fh.Close()
 

@@ -1,10 +1,10 @@
 """``collio-bench``: IOR's options for collio, ROMIO and independent I/O, and the simulator.
 
-    mpiexec -n 4 collio-bench                       # collio vs ROMIO (default, tuned) vs ceiling
-    mpiexec -n 4 collio-bench -a collio -w -r -e -i 5 --pattern cyclic --size 4096
-    mpiexec -n 4 collio-bench --pattern ior -s 4096 -b 8k -t 8k --compare collio,mpiio,mpiio-tuned
-    collio-bench --simulate --ranks 65536 --pattern colblock --size 1TiB --cb-nodes 512
-    collio-bench --plan-speed
+mpiexec -n 4 collio-bench                       # collio vs ROMIO (default, tuned) vs ceiling
+mpiexec -n 4 collio-bench -a collio -w -r -e -i 5 --pattern cyclic --size 4096
+mpiexec -n 4 collio-bench --pattern ior -s 4096 -b 8k -t 8k --compare collio,mpiio,mpiio-tuned
+collio-bench --simulate --ranks 65536 --pattern colblock --size 1TiB --cb-nodes 512
+collio-bench --plan-speed
 """
 
 from __future__ import annotations
@@ -44,30 +44,51 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    io = ap.add_argument_group("IOR options")
+    _ior_options(ap.add_argument_group("IOR options"))
+    _sim_options(ap.add_argument_group("simulator (no MPI)"))
+    return ap
+
+
+def _ior_options(io: argparse._ArgumentGroup) -> None:
     io.add_argument("-a", "--api", help="one API (see --list-apis)")
     io.add_argument("--compare", help=f"several APIs, alternating (default {DEFAULT_APIS})")
-    io.add_argument("-b", "--block-size", type=_size, default=1 << 20, help="ior: bytes per rank per segment (1m)")
+    io.add_argument(
+        "-b",
+        "--block-size",
+        type=_size,
+        default=1 << 20,
+        help="ior: bytes per rank per segment (1m)",
+    )
     io.add_argument("-t", "--transfer-size", type=_size, default=None,
-                    help="bytes per independent request (ior: 256k; arrays: one per run)")  # fmt: skip
+                    help="bytes per independent request (ior 256k; arrays: a run)")  # fmt: skip
     io.add_argument("-s", "--segments", type=int, default=1, help="ior: segments (1)")
     io.add_argument("-w", "--write", action="store_true", help="write (default: write and read)")
     io.add_argument("-r", "--read", action="store_true", help="read (default: write and read)")
-    io.add_argument("-e", "--fsync", action="store_true", default=True, help="fsync after write (on)")
+    io.add_argument(
+        "-e", "--fsync", action="store_true", default=True, help="fsync after write (on)"
+    )
     io.add_argument("--no-fsync", dest="fsync", action="store_false", help="no fsync")
     io.add_argument("-i", "--iterations", type=int, default=5, help="iterations (5)")
     io.add_argument("-o", "--test-file", help="test file (default: in a temporary directory)")
     io.add_argument("-k", "--keep-file", action="store_true", help="keep the test file")
-    io.add_argument("-W", "--check-write", action="store_true", help="verify written data every iteration")
-    io.add_argument("-R", "--check-read", action="store_true", help="verify read data every iteration")
-    io.add_argument("--pattern", choices=PATTERNS, default="colblock", help="access pattern (colblock)")
+    io.add_argument(
+        "-W", "--check-write", action="store_true", help="verify written data every iteration"
+    )
+    io.add_argument(
+        "-R", "--check-read", action="store_true", help="verify read data every iteration"
+    )
+    io.add_argument(
+        "--pattern", choices=PATTERNS, default="colblock", help="access pattern (colblock)"
+    )
     io.add_argument("--size", help="array: 4096 (edge), 4096x2048 or 128MiB; ior: total bytes")
     io.add_argument("--cyclic-block", type=int, default=64, help="cyclic: block edge (64)")
     io.add_argument("--hints", type=_hints, default=[], help="k=v,... for collio and ROMIO")
     io.add_argument("--json", help="write every figure to this JSON file")
     io.add_argument("--plot", help="bandwidth per API as a PNG (matplotlib)")
     io.add_argument("--list-apis", action="store_true", help="print the known APIs")
-    sim = ap.add_argument_group("simulator (no MPI)")
+
+
+def _sim_options(sim: argparse._ArgumentGroup) -> None:
     sim.add_argument("--simulate", action="store_true", help="plan for virtual ranks")
     sim.add_argument("--ranks", type=int, default=65536, help="virtual ranks (65536)")
     sim.add_argument("--ppn", type=int, default=64, help="virtual ranks per node (64)")
@@ -76,10 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--striping-unit", help="hint striping_unit")
     sim.add_argument("--alignment", type=_size, default=1, help="backend alignment (1)")
     sim.add_argument("--whole-windows", action="store_true",
-                     help="backend cannot write partial ranges (requests cover whole windows)")  # fmt: skip
+                     help="backend cannot write partial ranges (whole windows)")  # fmt: skip
     sim.add_argument("--budget", type=int, default=60_000_000, help="pairs before sampling")
-    sim.add_argument("--plan-speed", action="store_true", help="time planning 10^6 runs on one rank")
-    return ap
+    sim.add_argument(
+        "--plan-speed", action="store_true", help="time planning 10^6 runs on one rank"
+    )
 
 
 def _workload(args: argparse.Namespace, nranks: int) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 from mpi4py import MPI
 
 from .report import format_hints, format_rss, format_summary, plot, summarize, write_json
-from .run import BenchConfig, run_bench
+from .run import BenchConfig, Runner, run_bench
 from .simreport import human
 
 __all__ = ["bench"]
@@ -26,6 +26,27 @@ def _apis(args: argparse.Namespace, default: str) -> tuple[str, ...]:
     else:
         names = default.split(",")
     return tuple(dict.fromkeys(names))
+
+
+def _config(
+    args: argparse.Namespace,
+    workload: Callable[[argparse.Namespace, int], Any],
+    hints: list[tuple[str, str]],
+    default_apis: str,
+    nranks: int,
+) -> BenchConfig:
+    """The run's configuration; raises ValueError for a bad pattern, size or API."""
+    from .apis import get_api
+
+    work = workload(args, nranks)
+    names = _apis(args, default_apis)
+    for name in names:
+        get_api(name)
+    write, read = (args.write or not args.read), (args.read or not args.write)
+    return BenchConfig(
+        work, names, args.iterations, write, read, args.fsync, args.check_write, args.check_read,
+        args.test_file, tuple(hints), args.keep_file,
+    )  # fmt: skip
 
 
 def bench(
@@ -43,50 +64,51 @@ def bench(
             print(line, flush=True)
 
     try:
-        work = workload(args, comm.size)
-        from .apis import get_api
-
-        names = _apis(args, default_apis)
-        for name in names:
-            get_api(name)
+        cfg = _config(args, workload, hints, default_apis, comm.size)
     except ValueError as exc:
         if rank0:
             print(f"collio-bench: error: {exc}", file=sys.stderr)
         return 2
-    write, read = (args.write or not args.read), (args.read or not args.write)
-    cfg = BenchConfig(
-        work, names, args.iterations, write, read, args.fsync, args.check_write, args.check_read,
-        args.test_file, tuple(hints), args.keep_file,
-    )  # fmt: skip
+    work, names = cfg.work, cfg.apis
     emit(
         f"collio-bench: {work.describe()}, {human(work.nbytes)}, {comm.size} ranks, "
-        f"{cfg.iterations} iterations, fsync {'on' if cfg.fsync else 'off'}; APIs: {', '.join(names)}"
+        f"{cfg.iterations} iterations, fsync {'on' if cfg.fsync else 'off'}; "
+        f"APIs: {', '.join(names)}"
     )
     t0 = time.perf_counter()
-    runner, job, facts = run_bench(comm, cfg, emit)
-    rss = comm.gather(runner.rss, root=0)
-    data = comm.gather(facts["data_bytes"], root=0)
-    if not rank0:
-        return 0
-    assert rss is not None and data is not None
-    summary = summarize(runner.rows, list(names))
+    runner, _, facts = run_bench(comm, cfg, emit)
+    facts["peak_rss"] = comm.gather(runner.rss, root=0)
+    facts["data_bytes"] = comm.gather(facts["data_bytes"], root=0)
+    if rank0:
+        _finish(args, cfg, runner, facts, time.perf_counter() - t0, comm.size)
+    return 0
+
+
+def _finish(
+    args: argparse.Namespace,
+    cfg: BenchConfig,
+    runner: Runner,
+    facts: dict[str, Any],
+    seconds: float,
+    nranks: int,
+) -> None:
+    """On rank 0: the summary tables, then the JSON file and the plot."""
+    names, work = list(cfg.apis), cfg.work
+    summary = summarize(runner.rows, names)
     print(format_summary(summary, names[0]))
-    print(format_rss(rss, data, runner.aggregators, list(names)))
+    print(format_rss(facts["peak_rss"], facts["data_bytes"], runner.aggregators, names))
     print(format_hints(runner.hints_used))
-    print(f"\ntest file {facts['path']} ({'kept' if cfg.keep else 'removed'}); "
-          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    print(f"\ntest file {facts['path']} ({'kept' if cfg.keep else 'removed'}); {seconds:.1f} s")
     doc = {
-        "command": sys.argv, "nranks": comm.size, "pattern": work.pattern,
+        "command": sys.argv, "nranks": nranks, "pattern": work.pattern,
         "shape": list(work.shape), "dtype": work.dtype, "grid": list(work.grid),
-        "bytes": work.nbytes, "transfers": facts["transfers"], "iterations": cfg.iterations,
-        "fsync": cfg.fsync, "apis": list(names), "hints_given": dict(hints),
-        "hints_used": runner.hints_used, "rows": [dataclasses.asdict(r) for r in runner.rows],
-        "summary": summary, "peak_rss": rss, "data_bytes": data,
-        "collio_aggregators": runner.aggregators, "errors": sum(
-            s["errors"] or 0 for s in summary),
+        "bytes": work.nbytes, "iterations": cfg.iterations, "fsync": cfg.fsync, "apis": names,
+        "hints_given": dict(cfg.hints), "hints_used": runner.hints_used,
+        "rows": [dataclasses.asdict(r) for r in runner.rows], "summary": summary,
+        "collio_aggregators": runner.aggregators, "seconds": seconds,
+        "errors": sum(s["errors"] or 0 for s in summary), **facts,
     }  # fmt: skip
     if args.json:
         write_json(args.json, doc)
     if args.plot:
-        plot(args.plot, summary, f"{work.describe()}, {comm.size} ranks")
-    return 0
+        plot(args.plot, summary, f"{work.describe()}, {nranks} ranks")

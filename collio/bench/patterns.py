@@ -184,8 +184,8 @@ def make_workload(
             raise ValueError(f"-t {transfer} must divide -b {block_size} (as in IOR)")
         if size is not None:
             segments = max(1, parse_size(size, "size") // (nranks * block_size))
-        shape = (segments, nranks, block_size)
-        return Workload("ior", shape, "u1", (1, nranks, 1), nranks, None, transfer)
+        dims = (segments, nranks, block_size)
+        return Workload("ior", dims, "u1", (1, nranks, 1), nranks, None, transfer)
     ndim = 3 if pattern == "cube" else 2
     shape = parse_shape(size or "4096", ndim, 8)
     if pattern == "colblock":

@@ -165,7 +165,9 @@ class Runner:
                 got = _file_piece(job) if writing else job.out
                 errors = _count_errors(comm, got.reshape(-1), job.data.reshape(-1))
             nbytes = cfg.work.nbytes
-            row = Row(api.name, op, it, nbytes / MiB / total, transfers / total, o, x, c, total, errors)
+            row = Row(
+                api.name, op, it, nbytes / MiB / total, transfers / total, o, x, c, total, errors
+            )
             self.rows.append(row)
             self.emit(format_row(row))
         self.hints_used[api.name] = api.hints_used()
@@ -174,10 +176,12 @@ class Runner:
             self.aggregators = list(stats.aggregators)
 
     def _progress(self, it: int, seconds: float) -> str:
-        parts = [
-            f"{r.api} {r.op[0]} {r.bw:.0f}" for r in self.rows if r.iteration == it
-        ]
-        return f"# iteration {it + 1}/{self.cfg.iterations} in {seconds:.1f} s: " + ", ".join(parts) + " MiB/s"
+        parts = [f"{r.api} {r.op[0]} {r.bw:.0f}" for r in self.rows if r.iteration == it]
+        return (
+            f"# iteration {it + 1}/{self.cfg.iterations} in {seconds:.1f} s: "
+            + ", ".join(parts)
+            + " MiB/s"
+        )
 
 
 HEADER = (

@@ -30,52 +30,72 @@ def _mmm(values: np.ndarray[Any, Any], fmt: Any = str) -> str:
     return f"min {fmt(values.min())}   mean {fmt(values.mean())}   max {fmt(values.max())}"
 
 
-def format_sim(work: Workload, res: SimResult, ppn: int) -> str:
-    """The simulator's report (every figure the real engine's stats would show)."""
+def _extremes(values: np.ndarray[Any, Any]) -> str:
+    if not len(values):
+        return "none"
+    return f"largest {human(values.max())}, smallest {human(values.min())}"
+
+
+def _header(work: Workload, res: SimResult, ppn: int) -> list[str]:
     h = res.hints
-    lines = [
+    naggs = "n/a (direct)" if res.direct else h.get("cb_nodes")
+    return [
         f"collio-bench --simulate: {work.describe()}, {human(res.nbytes)}, "
         f"{work.nranks} virtual ranks ({ppn} per node)",
-        f"hints: cb_nodes={h.get('cb_nodes')} cb_buffer_size={human(h['cb_buffer_size'])} "
+        f"hints: cb_nodes={naggs} cb_buffer_size={human(h['cb_buffer_size'])} "
         f"cb_config_list={h.get('cb_config_list') or '*:*'} "
         f"striping_unit={h.get('striping_unit') or 'none'} "
         f"backend alignment={h['backend_alignment']} romio_cb_write={h['romio_cb_write']}",
     ]
-    if res.direct:
-        sizes, counts = res.requests, res.req_count
-        lines += [
-            "path: direct (rank extents do not interleave and runs are large: no shuffle)",
-            f"backend requests          {int(counts.sum())}: largest {human(sizes.max())}, "
-            f"smallest {human(sizes.min())}; at most {res.rank_runs_max} per rank",
-        ]
-        return "\n".join(lines + [f"time {res.seconds:.1f} s"])
-    dom = np.diff(res.bounds)
-    ag = np.asarray(res.agg_rounds)
-    rounds_per = [res.msgs[res.rstart[a] : res.rstart[a + 1]] for a in range(res.naggs)]
-    per_agg_max = np.array([m.max() if len(m) else 0 for m in rounds_per])
-    mem = res.memory()
-    lines += [
-        f"path: two-phase, {res.naggs} aggregators, domains of {human(dom.max())}, "
-        f"window {human(res.window)}",
+
+
+def _busiest(res: SimResult) -> np.ndarray[Any, Any]:
+    """The most messages in one round, per aggregator with rounds."""
+    has = np.flatnonzero(res.agg_rounds > 0)
+    if not len(has):
+        return np.zeros(0, np.int64)
+    return np.maximum.reduceat(res.msgs, res.rstart[has])
+
+
+def _two_phase_lines(res: SimResult) -> list[str]:
+    def one(v: float) -> str:
+        return f"{v:.1f}"
+
+    return [
+        f"path: two-phase, {res.naggs} aggregators, domains of "
+        f"{human(np.diff(res.bounds).max())}, window {human(res.window)}",
         f"per-aggregator bytes      {_mmm(res.agg_bytes, human)}",
-        f"rounds per aggregator     {_mmm(ag, lambda v: f'{v:.1f}')}   (the call: {res.rounds})",
-        f"messages per round        {_mmm(res.msgs, lambda v: f'{v:.1f}')}   "
+        f"rounds per aggregator     {_mmm(res.agg_rounds, one)}   (the call: {res.rounds})",
+        f"messages per round        {_mmm(res.msgs, one)}   "
         f"(per aggregator and round; total {int(res.msgs.sum()):.4g})",
-        f"busiest round per agg.    {_mmm(per_agg_max, lambda v: f'{v:.1f}')}",
-        f"backend requests          {len(res.requests)}: largest {human(res.requests.max(initial=0))}, "
-        f"smallest {human(res.requests.min(initial=0))}; read-modify-write reads: "
-        f"{len(res.hole_reads)}",
-        f"predicted memory per agg. {_mmm(mem, human)}   (2 x window round buffers + <= "
-        f"{PIECE_BYTES} B planner metadata per piece received)",
+        f"busiest round per agg.    {_mmm(_busiest(res), one)}",
+        f"backend requests          {len(res.requests)}: {_extremes(res.requests)}; "
+        f"read-modify-write reads: {len(res.hole_reads)}",
+        f"predicted memory per agg. {_mmm(res.memory(), human)}   (2 x window round buffers + "
+        f"<= {PIECE_BYTES} B planner metadata per piece received)",
         f"per rank                  at most {res.rank_runs_max} runs before cutting",
     ]
-    if res.sampled:
-        lines.append(
-            f"SAMPLED: messages per round and requests come from {res.windows_evaluated} of "
-            f"{res.windows_total} windows (evenly spaced); bytes and rounds are exact"
-        )
+
+
+def format_sim(work: Workload, res: SimResult, ppn: int) -> str:
+    """The simulator's report (every figure the real engine's stats would show)."""
+    lines = _header(work, res, ppn)
+    if res.direct:
+        sizes = np.repeat(res.requests, res.req_count)
+        lines += [
+            "path: direct (rank extents do not interleave and runs are large: no shuffle)",
+            f"backend requests          {len(sizes)}: {_extremes(sizes)}; "
+            f"at most {res.rank_runs_max} per rank",
+        ]
     else:
-        lines.append(f"exact ({res.method} method, {res.windows_total} windows)")
+        lines += _two_phase_lines(res)
+        if res.sampled:
+            lines.append(
+                f"SAMPLED: messages per round and requests come from {res.windows_evaluated} "
+                f"of {res.windows_total} windows (evenly spaced); bytes and rounds are exact"
+            )
+        else:
+            lines.append(f"exact ({res.method} method, {res.windows_total} windows)")
     lines.append(f"time {res.seconds:.1f} s")
     return "\n".join(lines)
 

@@ -85,6 +85,8 @@ class SimResult:
     method: str
     windows_total: int
     windows_evaluated: int
+    #: Global indices of the windows behind ``msgs`` / ``requests`` (busy, evaluated).
+    windows: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     seconds: float = 0.0
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -257,5 +259,5 @@ def _assemble(
     return SimResult(
         work.nranks, total, ext, False, naggs, grid.window, grid.bounds, c.dom_bytes, agg_rounds,
         rstart, msgs, requests, np.ones(len(requests), np.int64), holes, pieces, 0, method,
-        grid.nwindows, len(evaluated),
+        grid.nwindows, len(evaluated), evaluated[busy],
     )  # fmt: skip

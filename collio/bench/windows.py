@@ -33,7 +33,7 @@ CHUNK = 1 << 21
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Grid:
-    """File domains and their windows: window ``w`` is ``[start[w], end[w])`` of domain ``dom[w]``."""
+    """File domains and their windows: window ``w`` is ``[start[w], end[w])`` in ``dom[w]``."""
 
     bounds: I64
     window: int
@@ -103,7 +103,9 @@ def _expand(first: I64, last: I64) -> tuple[npt.NDArray[np.intp], I64]:
     return rep, item
 
 
-def _touch(blocks: Blocks, box: npt.NDArray[np.intp], lo: I64, hi: I64) -> tuple[I64, I64, I64, I64]:
+def _touch(
+    blocks: Blocks, box: npt.NDArray[np.intp], lo: I64, hi: I64
+) -> tuple[I64, I64, I64, I64]:
     """Bytes of box in [lo, hi), its first and last byte there, and runs starting there."""
     c0 = count_below(blocks, box, lo)
     c1 = count_below(blocks, box, hi)
