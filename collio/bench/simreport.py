@@ -96,7 +96,7 @@ def format_sim(work: Workload, res: SimResult, ppn: int) -> str:
             )
         else:
             lines.append(f"exact ({res.method} method, {res.windows_total} windows)")
-    lines.append(f"time {res.seconds:.1f} s")
+    lines.append(f"time {res.seconds:.1f} s ({res.cpu_seconds:.1f} s CPU)")
     return "\n".join(lines)
 
 
@@ -112,7 +112,8 @@ def sim_json(work: Workload, res: SimResult) -> dict[str, Any]:
         "requests": res.requests.tolist(), "request_counts": res.req_count.tolist(),
         "hole_reads": res.hole_reads.tolist(), "memory": res.memory().tolist(),
         "method": res.method, "sampled": res.sampled, "windows_total": res.windows_total,
-        "windows_evaluated": res.windows_evaluated, "seconds": res.seconds, "hints": res.hints,
+        "windows_evaluated": res.windows_evaluated, "seconds": res.seconds,
+        "cpu_seconds": res.cpu_seconds, "hints": res.hints,
     }  # fmt: skip
 
 

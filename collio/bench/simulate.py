@@ -88,6 +88,7 @@ class SimResult:
     #: Global indices of the windows behind ``msgs`` / ``requests`` (busy, evaluated).
     windows: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -133,7 +134,7 @@ def _direct_path(blocks: Blocks, owner: I64, work: Workload, hints: Hints, writi
 
 def simulate(work: Workload, cfg: SimConfig) -> SimResult:
     """Plan one collective write (or read) of ``work`` for its virtual ranks."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     blocks, owner = batched_blocks(work)
     blocks = squeeze(blocks)
     lo_b, hi_b = blocks.extent()
@@ -147,6 +148,7 @@ def simulate(work: Workload, cfg: SimConfig) -> SimResult:
         res = _two_phase(blocks, owner, work, cfg, (lo, hi), total)
         res.rank_runs_max = int(rank_runs.max(initial=0))
     res.seconds = time.perf_counter() - t0
+    res.cpu_seconds = time.process_time() - c0
     res.hints = _used(cfg, res)
     return res
 
