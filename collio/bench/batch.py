@@ -17,7 +17,7 @@ import numpy.typing as npt
 from ..layouts.strided import Blocks
 from .patterns import Workload
 
-__all__ = ["batched_blocks", "squeeze", "select", "explode", "inner_sizes", "runs_below"]
+__all__ = ["batched_blocks", "squeeze", "select", "explode", "inner_sizes"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -125,17 +125,6 @@ def select(blocks: Blocks, which: npt.NDArray[np.intp], k: I64) -> I64:
         off += i * st[:, lvl]
     out: I64 = off + rem
     return out
-
-
-def runs_below(blocks: Blocks, which: npt.NDArray[np.intp], x: I64) -> I64:
-    """Runs of box ``which[j]`` that start below ``x[j]`` (count_below in run units)."""
-    from ..layouts.strided import count_below
-
-    ones = Blocks(
-        blocks.base, blocks.mem, blocks.counts, blocks.strides, blocks.mstrides,
-        np.minimum(blocks.runlen, 1),
-    )  # fmt: skip
-    return count_below(ones, which, x)
 
 
 def _spans(counts: I64, strides: I64, runlen: I64) -> I64:

@@ -96,7 +96,7 @@ def plot(path: str, summary: list[dict[str, Any]], title: str) -> None:
 
     ops = [op for op in ("write", "read") if any(s["op"] == op for s in summary)]
     apis = list(dict.fromkeys(s["api"] for s in summary))
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(apis) * len(ops), 4.2))
+    fig, ax = plt.subplots(figsize=(2.0 + 1.2 * len(apis), 4.2))
     width = 0.8 / max(len(ops), 1)
     for k, op in enumerate(ops):
         rows = {s["api"]: s for s in summary if s["op"] == op}
@@ -106,7 +106,7 @@ def plot(path: str, summary: list[dict[str, Any]], title: str) -> None:
         hi = [rows[a]["max"] - rows[a]["median"] for a in apis if a in rows]
         ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=op)
         for x, m in zip(xs, med, strict=True):
-            ax.text(x, m, f"{m:.0f}", ha="center", va="bottom", fontsize=8)
+            ax.text(x, m / 2, f"{m:.0f}", ha="center", va="center", fontsize=8, color="white")
     ax.set_xticks([i + width * (len(ops) - 1) / 2 for i in range(len(apis))], apis)
     ax.set_ylabel("MiB/s (median; whiskers min-max)")
     ax.set_title(title, fontsize=9)

@@ -91,8 +91,9 @@ def format_sim(work: Workload, res: SimResult, ppn: int) -> str:
         lines += _two_phase_lines(res)
         if res.sampled:
             lines.append(
-                f"SAMPLED: messages per round and requests come from {res.windows_evaluated} "
-                f"of {res.windows_total} windows (evenly spaced); bytes and rounds are exact"
+                f"SAMPLED: messages per round come from {res.windows_evaluated} of "
+                f"{res.windows_total} windows (evenly spaced); bytes and rounds are exact"
+                + ("" if len(res.requests) == res.windows_total else ", requests sampled too")
             )
         else:
             lines.append(f"exact ({res.method} method, {res.windows_total} windows)")

@@ -52,7 +52,7 @@ class SimConfig:
     backend_alignment: int = 1
     partial_write: bool = True
     ppn: int = 0
-    budget: int = 60_000_000
+    budget: int = 25_000_000
     writing: bool = True
     method: str = "auto"
 
@@ -61,9 +61,11 @@ class SimConfig:
 class SimResult:
     """What the real engine's stats would report, per aggregator and per round.
 
-    ``msgs[rstart[a]:rstart[a+1]]`` are the messages of aggregator ``a``'s rounds,
-    ``requests`` the backend request sizes in the same order; on the direct path
-    ``requests``/``req_count`` give each distinct size and how many requests have it.
+    ``msgs[rstart[a]:rstart[a+1]]`` are the messages of aggregator ``a``'s rounds
+    (windows ``windows``), ``requests`` the backend request sizes in the same order,
+    except when sampling a layout without holes: then ``requests`` are exact, for
+    every round.  On the direct path ``requests``/``req_count`` give each distinct
+    size and how many requests have it.
     """
 
     nranks: int
@@ -207,7 +209,8 @@ def _evaluate(
     levels = explode_levels(blocks, grid.window)
     nsub = np.prod(np.where(levels, blocks.counts, 1), axis=1)
     ndom = np.searchsorted(grid.bounds, b1, "left") - np.searchsorted(grid.bounds, b0, "right") + 1
-    interval_cost = int(nsub.sum()) + int(np.maximum(ndom, 1).sum())
+    # an interval pair costs one count_below, an explicit one about four
+    interval_cost = (int(nsub.sum()) + int(np.maximum(ndom + 1, 2).sum())) // 4
     # intervals give no request extents for layouts with holes: explicit or sampled then
     cheaper = tiled and interval_cost < explicit_cost
     if force == "interval" or (force == "auto" and cheaper and interval_cost <= budget):
@@ -252,12 +255,17 @@ def _assemble(
     msgs = c.ranks[busy]
     requests = extent[busy]
     holes = requests[covered[busy] < requests]
-    agg_rounds = np.bincount(dom, minlength=naggs).astype(np.int64)
-    if method == "sampled" and tiled:
-        agg_rounds = np.bincount(grid.dom, weights=(grid.end > grid.start), minlength=naggs)
-        agg_rounds = agg_rounds.astype(np.int64)
-    rstart = np.concatenate(([0], np.cumsum(np.bincount(dom, minlength=naggs)))).astype(np.int64)
-    pieces = c.dom_runs + np.bincount(dom, weights=msgs, minlength=naggs).astype(np.int64)
+    seen = np.bincount(dom, minlength=naggs).astype(np.int64)
+    agg_rounds = seen
+    if method == "sampled" and tiled:  # every window is busy: rounds and requests are exact
+        every = grid.end > grid.start
+        agg_rounds = np.bincount(grid.dom[every], minlength=naggs).astype(np.int64)
+        requests = (grid.end - grid.start)[every]
+    rstart = np.concatenate(([0], np.cumsum(seen))).astype(np.int64)
+    # messages per domain (scaled up from the sample: the domain's mean, else the global one)
+    per_dom = np.bincount(dom, weights=msgs, minlength=naggs)
+    mean = np.where(seen > 0, per_dom / np.maximum(seen, 1), msgs.mean() if len(msgs) else 0.0)
+    pieces = c.dom_runs + np.ceil(mean * agg_rounds).astype(np.int64)
     return SimResult(
         work.nranks, total, ext, False, naggs, grid.window, grid.bounds, c.dom_bytes, agg_rounds,
         rstart, msgs, requests, np.ones(len(requests), np.int64), holes, pieces, 0, method,

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..layouts.strided import Blocks, count_below
-from .batch import runs_below, select
+from .batch import max_gap, select
 
 __all__ = ["Grid", "WindowCounts", "explicit", "intervals", "pair_chunks"]
 
@@ -106,14 +106,19 @@ def _expand(first: I64, last: I64) -> tuple[npt.NDArray[np.intp], I64]:
 def _touch(
     blocks: Blocks, box: npt.NDArray[np.intp], lo: I64, hi: I64
 ) -> tuple[I64, I64, I64, I64]:
-    """Bytes of box in [lo, hi), its first and last byte there, and runs starting there."""
+    """Bytes of box in [lo, hi), its first and last byte there, and a bound on its runs there.
+
+    Every run of a box is ``runlen`` long, so at most ``ceil(bytes / runlen) + 1``
+    of them meet the range (an upper bound for the pieces an aggregator gets).
+    """
     c0 = count_below(blocks, box, lo)
     c1 = count_below(blocks, box, hi)
     nb = c1 - c0
     ok = nb > 0
     first = np.where(ok, select(blocks, box, np.where(ok, c0, 0)), 0)
     last = np.where(ok, select(blocks, box, np.where(ok, c1 - 1, 0)), 0)
-    nruns = runs_below(blocks, box, hi) - runs_below(blocks, box, lo) + ok
+    rl = blocks.runlen[box]
+    nruns = np.where(ok, -(-nb // rl) + 1, 0)
     return nb, first, last, nruns
 
 
@@ -152,6 +157,10 @@ def intervals(
 
     Also the bytes and runs of every domain (exact for any boxes); ``windows=False``
     computes those only.  ``dedupe`` merges a rank's intervals (several boxes per rank).
+    One ``count_below`` per (box, domain bound) pair gives the bytes of every
+    (box, domain) pair; a box touches every window of a domain it spans from end to
+    end when its largest gap is shorter than the domain's shortest window, so only
+    its first and last domain need :func:`select`.
     """
     nw, naggs = grid.nwindows, len(grid.bounds) - 1
     out = WindowCounts.zeros(nw, naggs)
@@ -160,23 +169,44 @@ def intervals(
     d0 = np.searchsorted(grid.bounds, b0, side="right").astype(np.int64) - 1
     d1 = np.searchsorted(grid.bounds, b1 - 1, side="right").astype(np.int64) - 1
     d0, d1 = np.clip(d0, 0, naggs - 1), np.clip(d1, 0, naggs - 1)
-    for part in pair_chunks(d1 - d0 + 1, owner):
-        rep, d = _expand(d0[part], d1[part])
-        box = (np.arange(len(blocks))[part])[rep]
-        nb, f, last, nr = _touch(blocks, box, grid.bounds[d], grid.bounds[d + 1])
-        hit = nb > 0
-        d, nb, f, last, nr, who = d[hit], nb[hit], f[hit], last[hit], nr[hit], owner[box[hit]]
+    wlen = grid.end - grid.start
+    through = max_gap(blocks) < (int(wlen.min()) if len(wlen) else 0)
+    for part in pair_chunks(d1 - d0 + 2, owner):
+        sub = _domain_pairs(blocks, grid, np.arange(len(blocks))[part], d0[part], d1[part])
+        box, d, nb, c0 = sub
         out.dom_bytes += np.bincount(d, weights=nb, minlength=naggs).astype(np.int64)
+        nr = -(-nb // blocks.runlen[box]) + 1
         out.dom_runs += np.bincount(d, weights=nr, minlength=naggs).astype(np.int64)
         if not windows:
             continue
-        wf, wl = grid.index(d, f), grid.index(d, last)
+        inside = through[box] & (d > d0[box]) & (d < d1[box])
+        wf, wl = grid.first[d], grid.first[d + 1] - 1
+        ends = np.flatnonzero(~inside)
+        first = select(blocks, box[ends], c0[ends])
+        last = select(blocks, box[ends], c0[ends] + nb[ends] - 1)
+        wf[ends], wl[ends] = grid.index(d[ends], first), grid.index(d[ends], last)
         if dedupe:
-            wf, wl = _union(who, wf, wl, nw)
+            wf, wl = _union(owner[box], wf, wl, nw)
         diff += np.bincount(wf, minlength=nw + 1)
         diff -= np.bincount(wl + 1, minlength=nw + 1)
     out.ranks = np.cumsum(diff)[:nw].astype(np.int64)
     return out
+
+
+def _domain_pairs(
+    blocks: Blocks, grid: Grid, boxes: npt.NDArray[np.intp], d0: I64, d1: I64
+) -> tuple[npt.NDArray[np.intp], I64, I64, I64]:
+    """(box, domain, bytes, bytes below the domain) of every pair with bytes.
+
+    Evaluates ``count_below`` once per (box, bound) for bounds ``d0 .. d1 + 1``.
+    """
+    rep, j = _expand(d0, d1 + 1)
+    box = boxes[rep]
+    below = count_below(blocks, box, grid.bounds[j])
+    pair = np.flatnonzero(j != (d1 + 1)[rep])  # every bound but each box's last
+    nb = below[pair + 1] - below[pair]
+    hit = pair[nb > 0]
+    return box[hit], j[hit], below[hit + 1] - below[hit], below[hit]
 
 
 def _union(who: I64, wf: I64, wl: I64, nw: int) -> tuple[I64, I64]:
