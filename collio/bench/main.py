@@ -78,6 +78,7 @@ def bench(
     t0 = time.perf_counter()
     runner, _, facts = run_bench(comm, cfg, emit)
     facts["peak_rss"] = comm.gather(runner.rss, root=0)
+    facts["extra_rss"] = comm.gather(runner.extra, root=0)
     facts["data_bytes"] = comm.gather(facts["data_bytes"], root=0)
     if rank0:
         _finish(args, cfg, runner, facts, time.perf_counter() - t0, comm.size)
@@ -96,7 +97,7 @@ def _finish(
     names, work = list(cfg.apis), cfg.work
     summary = summarize(runner.rows, names)
     print(format_summary(summary, names[0]))
-    print(format_rss(facts["peak_rss"], facts["data_bytes"], runner.aggregators, names))
+    print(format_rss(facts, runner.aggregators, names))
     print(format_hints(runner.hints_used))
     print(f"\ntest file {facts['path']} ({'kept' if cfg.keep else 'removed'}); {seconds:.1f} s")
     doc = {

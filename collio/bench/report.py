@@ -61,14 +61,17 @@ def format_summary(summary: list[dict[str, Any]], first: str) -> str:
     return "\n".join(lines)
 
 
-def format_rss(rss: list[dict[str, int]], data: list[int], aggs: list[int], apis: list[str]) -> str:
-    """Peak RSS of each rank per API (MiB), with the rank's own data and role."""
-    head = f"{'rank':>4} {'data':>8} {'collio agg':>10} " + " ".join(f"{a:>12}" for a in apis)
-    lines = ["", "Peak RSS per rank (MiB, during each API's phases):", head]
-    for r, (mine, nbytes) in enumerate(zip(rss, data, strict=True)):
-        cells = " ".join(f"{mine.get(a, 0) / MiB:>12.1f}" for a in apis)
-        role = "yes" if r in aggs else "no"
-        lines.append(f"{r:>4} {nbytes / MiB:>8.1f} {role:>10} {cells}")
+def format_rss(facts: dict[str, Any], aggs: list[int], apis: list[str]) -> str:
+    """Peak RSS of each rank per API (MiB), with the growth during the phase, data and role."""
+    head = f"{'rank':>4} {'data':>7} {'agg':>4} " + " ".join(f"{a:>17}" for a in apis)
+    lines = ["", "Peak RSS per rank, MiB (+ growth during the API's phases):", head]
+    rows = zip(facts["peak_rss"], facts["extra_rss"], facts["data_bytes"], strict=True)
+    for r, (peak, extra, nbytes) in enumerate(rows):
+        cells = " ".join(
+            f"{peak.get(a, 0) / MiB:>8.1f} (+{extra.get(a, 0) / MiB:>6.1f})" for a in apis
+        )
+        lines.append(f"{r:>4} {nbytes / MiB:>7.1f} {'yes' if r in aggs else 'no':>4} {cells}")
+    lines.append("(data: the rank's piece; the benchmark holds it twice, to write and to read)")
     return "\n".join(lines)
 
 

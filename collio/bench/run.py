@@ -64,19 +64,23 @@ class Row:
 
 
 def peak_rss(reset: bool = False) -> int:
-    """This process's peak resident set (bytes); ``reset`` starts a new peak (Linux)."""
+    """This process's peak resident set (bytes).
+
+    ``reset`` starts a new peak (Linux ``clear_refs``) and returns the resident set
+    at that moment; elsewhere the peak is the process's lifetime peak.
+    """
     try:
         if reset:
             with open("/proc/self/clear_refs", "w") as fh:
                 fh.write("5")
-            return 0
+        key = "VmRSS:" if reset else "VmHWM:"
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return 0 if reset else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _shared_path(comm: MPI.Intracomm, path: str | None) -> tuple[str, str | None]:
@@ -134,6 +138,7 @@ class Runner:
         self.comm, self.cfg, self.emit = comm, cfg, emit
         self.rows: list[Row] = []
         self.rss: dict[str, int] = {}
+        self.extra: dict[str, int] = {}  # peak minus the resident set before the phase
         self.hints_used: dict[str, dict[str, Any]] = {}
         self.aggregators: list[int] = []
 
@@ -156,9 +161,11 @@ class Runner:
                 _fresh(comm, job.path)
             else:
                 job.out[...] = 0
-            peak_rss(reset=True)
+            base = peak_rss(reset=True)
             o, x, c, total = _timed(comm, api, writing)
-            self.rss[api.name] = max(self.rss.get(api.name, 0), peak_rss())
+            peak = peak_rss()
+            self.rss[api.name] = max(self.rss.get(api.name, 0), peak)
+            self.extra[api.name] = max(self.extra.get(api.name, 0), peak - base)
             check = (cfg.check_write if writing else cfg.check_read) or it == 0
             errors = -1
             if check and api.verifiable:
