@@ -9,15 +9,18 @@ from collio.aggregators import choose_aggregators, file_domains, plan_aggregator
 from collio.aggregators import window_size
 from collio.aggregators.domains import alignment
 from collio.bench.batch import batched_blocks, select
+from collio.layouts.strided import Blocks
 from collio.bench.patterns import make_workload
 from collio.bench.simulate import SimConfig, simulate
 from collio.hints import Hints
+from collio.bench import simulate as simulate_module
 from collio.layouts import count_below
+from collio.runs import Runs
 
 
-def reference(work, hints, backend_alignment=1, partial_write=True):
+def reference(work, hints, backend_alignment=1, partial_write=True, idle=()):
     """Per-aggregator figures from the real planner on every rank's listed runs."""
-    runs = [work.layout(r).runs() for r in range(work.nranks)]
+    runs = [Runs.empty() if r in idle else work.layout(r).runs() for r in range(work.nranks)]
     lo = min(int(r.file[0]) for r in runs if len(r))
     hi = max(int((r.file + r.length).max()) for r in runs if len(r))
     aggs = choose_aggregators(np.zeros(work.nranks), cb_nodes=hints.cb_nodes)
@@ -98,3 +101,39 @@ def test_select_inverts_count_below():
     off = select(blocks, which, k)
     np.testing.assert_array_equal(count_below(blocks, which, off), k)
     np.testing.assert_array_equal(count_below(blocks, which, off + 1), k + 1)
+
+
+@pytest.mark.parametrize("partial_write", [True, False])
+@pytest.mark.parametrize(
+    ("pattern", "size"), [("colblock", "40x64"), ("cyclic", "50"), ("ior", None)]
+)
+def test_layouts_with_holes(monkeypatch, pattern, size, partial_write):
+    """Idle ranks leave holes: request extents, hole reads and messages still match."""
+    work = make_workload(pattern, 4, size=size, block_size=100, transfer=50, segments=6,
+                         cyclic_block=4)  # fmt: skip
+    idle = (1, 2)
+    real = simulate_module.batched_blocks
+
+    def some_ranks(w):
+        blocks, owner = real(w)
+        keep = np.flatnonzero(~np.isin(owner, idle))
+        sub = Blocks(*(getattr(blocks, f)[keep] for f in Blocks.__slots__))
+        return sub, owner[keep]
+
+    monkeypatch.setattr(simulate_module, "batched_blocks", some_ranks)
+    h = Hints(romio_cb_write="enable", cb_nodes=3, cb_buffer_size=640)
+    ref = reference(work, h, partial_write=partial_write, idle=idle)
+    cfg = SimConfig(hints=h, partial_write=partial_write)
+    sim = simulate(work, cfg)
+    assert sim.method == "explicit" and len(ref["holes"]) > 0
+    np.testing.assert_array_equal(sim.agg_bytes, ref["bytes"])
+    np.testing.assert_array_equal(sim.agg_rounds, ref["rounds"])
+    np.testing.assert_array_equal(sim.msgs, ref["msgs"])
+    np.testing.assert_array_equal(sim.requests, ref["requests"])
+    np.testing.assert_array_equal(sim.hole_reads, ref["holes"])
+    sampled = simulate(work, SimConfig(hints=h, partial_write=partial_write, method="sampled",
+                                       budget=10))  # fmt: skip
+    assert sampled.sampled  # at least 64 windows are taken: here all of them
+    np.testing.assert_array_equal(sampled.agg_bytes, ref["bytes"])
+    np.testing.assert_array_equal(sampled.windows, sim.windows)
+    np.testing.assert_array_equal(sampled.requests, sim.requests)
