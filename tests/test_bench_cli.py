@@ -58,13 +58,16 @@ def test_compare_all_apis_verifies_and_saves(tmp_path):
 def test_ior_pattern_transfers_and_hints(tmp_path):
     out = tmp_path / "ior.json"
     args = ["-n", "2", *BENCH, "--pattern", "ior", "-s", "8", "-b", "8k", "-t", "4k", "-i", "1"]
-    args += ["--compare", "posix,collio", "-W", "-R", "-w", "-r", "--hints", "cb_buffer_size=4k"]
+    args += ["--compare", "posix,collio,mpiio", "-W", "-R", "-w", "-r"]
+    args += ["--hints", "cb_buffer_size=4k,romio_ds_write=disable"]
     proc = run_job([*args, "--json", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["shape"] == [8, 2, 8192] and doc["transfers"] == 2 * 8 * 2
     assert doc["errors"] == 0 and doc["hints_used"]["collio"]["cb_buffer_size"] == 4096
-    assert [r["api"] for r in doc["rows"]] == ["posix", "posix", "collio", "collio"]
+    assert doc["hints_used"]["mpiio"]["cb_buffer_size"] == "4096"
+    assert doc["hints_used"]["mpiio"]["romio_ds_write"] == "disable"
+    assert [r["api"] for r in doc["rows"]] == ["posix"] * 2 + ["collio"] * 2 + ["mpiio"] * 2
 
 
 @needs_mpiexec

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import re
 from importlib import metadata
 from typing import Any, ClassVar
 
@@ -39,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from ..hints import parse_size
 from ..layouts import ArrayLayout
 from ..runs import Runs
 from .patterns import Workload
@@ -92,8 +94,8 @@ class Api:
         self.job = job
 
     def hints(self) -> dict[str, str]:
-        """The hints this API passes: the user's, then its own."""
-        out = dict(self.job.hints)
+        """The hints this API passes: the user's (sizes as plain bytes), then its own."""
+        out = {k: _plain(k, v) for k, v in self.job.hints.items()}
         out.update(
             {k: v.replace("{nranks}", str(self.job.comm.size)) for k, v in self.extra_hints.items()}
         )
@@ -117,6 +119,16 @@ class Api:
     def hints_used(self) -> dict[str, Any]:
         """The values the library actually used (after the last open)."""
         return self.hints()
+
+
+#: Hints whose values are byte counts or numbers: ROMIO reads them with atoi, so "4m" -> "4194304".
+_NUMERIC = re.compile(r"^(cb_buffer_size|cb_nodes|striping_unit|striping_factor|ind_\w+_size)$")
+
+
+def _plain(key: str, value: str) -> str:
+    if _NUMERIC.match(key):
+        return str(parse_size(value, key))
+    return value
 
 
 def _info(hints: dict[str, str]) -> MPI.Info:

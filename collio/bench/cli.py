@@ -149,6 +149,8 @@ def _simulate(args: argparse.Namespace) -> int:
     from .simreport import format_sim, sim_json
     from .simulate import SimConfig, simulate
 
+    if args.size is None and args.pattern != "ior":
+        args.size = "1TiB"
     work = _workload(args, args.ranks)
     hints = Hints.coerce(dict(_all_hints(args)))
     cfg = SimConfig(
