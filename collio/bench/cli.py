@@ -98,7 +98,7 @@ def _sim_options(sim: argparse._ArgumentGroup) -> None:
     sim.add_argument("--alignment", type=_size, default=1, help="backend alignment (1)")
     sim.add_argument("--whole-windows", action="store_true",
                      help="backend cannot write partial ranges (whole windows)")  # fmt: skip
-    sim.add_argument("--budget", type=int, default=25_000_000, help="pairs before sampling (25e6)")
+    sim.add_argument("--budget", type=int, default=10_000_000, help="pairs before sampling (1e7)")
     sim.add_argument(
         "--plan-speed", action="store_true", help="time planning 10^6 runs on one rank"
     )

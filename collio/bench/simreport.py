@@ -57,6 +57,13 @@ def _busiest(res: SimResult) -> np.ndarray[Any, Any]:
     return np.maximum.reduceat(res.msgs, res.rstart[has])
 
 
+def _total_messages(res: SimResult) -> str:
+    if not res.sampled:
+        return f"{int(res.msgs.sum()):.4g}"
+    mean = float(res.msgs.mean()) if len(res.msgs) else 0.0
+    return f"~{mean * int(res.agg_rounds.sum()):.4g} estimated"
+
+
 def _two_phase_lines(res: SimResult) -> list[str]:
     def one(v: float) -> str:
         return f"{v:.1f}"
@@ -67,7 +74,7 @@ def _two_phase_lines(res: SimResult) -> list[str]:
         f"per-aggregator bytes      {_mmm(res.agg_bytes, human)}",
         f"rounds per aggregator     {_mmm(res.agg_rounds, one)}   (the call: {res.rounds})",
         f"messages per round        {_mmm(res.msgs, one)}   "
-        f"(per aggregator and round; total {int(res.msgs.sum()):.4g})",
+        f"(per aggregator and round; total {_total_messages(res)})",
         f"busiest round per agg.    {_mmm(_busiest(res), one)}",
         f"backend requests          {len(res.requests)}: {_extremes(res.requests)}; "
         f"read-modify-write reads: {len(res.hole_reads)}",

@@ -52,7 +52,7 @@ class SimConfig:
     backend_alignment: int = 1
     partial_write: bool = True
     ppn: int = 0
-    budget: int = 25_000_000
+    budget: int = 10_000_000
     writing: bool = True
     method: str = "auto"
 
