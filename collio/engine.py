@@ -43,6 +43,8 @@ __all__ = ["Context", "write", "read"]
 I64 = npt.NDArray[np.int64]
 _BIG = np.int64(2**62)
 _TAG = 0x0C01
+#: Round buffers per aggregator (the I/O of round k overlaps the exchange of k+1).
+_DEPTH = 2
 #: A rank with at most this many runs may skip the shuffle whatever their size.
 _DIRECT_MAX_RUNS = 16
 
@@ -255,8 +257,9 @@ def _write_rounds(ctx: Context, plan: _Plan, runs_buf: npt.NDArray[np.uint8], ca
     comm, be, ap, sp = ctx.comm, ctx.backend, plan.agg, plan.sender
     c = call.counters
     order, starts = _round_groups(plan.sround)
-    bufs = round_buffers(plan.window) if ap is not None and ap.nrounds else []
-    pending: list[concurrent.futures.Future[None] | None] = [None, None]
+    nb = _DEPTH
+    bufs = round_buffers(plan.window, nb) if ap is not None and ap.nrounds else []
+    pending: list[concurrent.futures.Future[None] | None] = [None] * nb
     pool = io_executor()
     io_error: BaseException | None = None
     for k in range(plan.nrounds):
@@ -266,7 +269,7 @@ def _write_rounds(ctx: Context, plan: _Plan, runs_buf: npt.NDArray[np.uint8], ca
             if io_error is not None:
                 raise io_error
             if ap is not None and k < ap.nrounds:
-                b = k % 2
+                b = k % nb
                 fut = pending[b]
                 pending[b] = None
                 if fut is not None:
@@ -285,7 +288,7 @@ def _write_rounds(ctx: Context, plan: _Plan, runs_buf: npt.NDArray[np.uint8], ca
         t = time.perf_counter()
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             if ap is not None and k < ap.nrounds:
-                wbuf = bufs[k % 2]
+                wbuf = bufs[k % nb]
                 for g in ap.groups_of_round(k).tolist():
                     s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
                     msgs.recv(int(ap.gsrc[g]), wbuf, ap.file[s:e] - req[0], ap.length[s:e])
@@ -297,7 +300,9 @@ def _write_rounds(ctx: Context, plan: _Plan, runs_buf: npt.NDArray[np.uint8], ca
         c.time_exchange += time.perf_counter() - t
         if ap is not None and k < ap.nrounds:
             cover = _round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
-            pending[k % 2] = pool.submit(_write_window, be, req[0], bufs[k % 2][: req[1]], cover, c)
+            pending[k % nb] = pool.submit(
+                _write_window, be, req[0], bufs[k % nb][: req[1]], cover, c
+            )
     _finish_io(pending, c, io_error, comm)
 
 
