@@ -120,9 +120,11 @@ class HDF5Codec(Codec):
         space = h5py.h5s.create_simple(chunks)
         tid = h5py.h5t.py_create(dtype)
         self.dset = h5py.h5d.create(self.fid, b"c", tid, space, dcpl=plist)
+        self.dcpl = dcpl
         self.dtype = dtype
         self.chunks = chunks
         self.origin = (0,) * len(chunks)
+        self.partial: dict[int, Codec] = {}  # filter mask -> codec of the filters that ran
 
     def encode(self, raw: npt.NDArray[np.uint8]) -> tuple[bytes | npt.NDArray[np.uint8], int]:
         arr = raw.view(self.dtype).reshape(self.chunks)
@@ -131,11 +133,32 @@ class HDF5Codec(Codec):
         return data, int(mask)
 
     def decode(self, stored: bytes, mask: int, out: npt.NDArray[np.uint8]) -> None:
-        self.dset.write_direct_chunk(self.origin, stored, mask)
+        if mask:
+            # HDF5 2.0 ignores the filter mask of a chunk written directly when it is
+            # read in the same session; decode with a pipeline of the filters that ran
+            sub = self.partial.get(mask)
+            if sub is None:
+                sub = self.partial[mask] = self._without(mask)
+            sub.decode(stored, 0, out)
+            return
+        self.dset.write_direct_chunk(self.origin, stored, 0)
         arr = out.view(self.dtype).reshape(self.chunks)
         self.dset.read(h5py.h5s.ALL, h5py.h5s.ALL, arr)
 
+    def _without(self, mask: int) -> Codec:
+        plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)  # (copy + remove_filter crashes)
+        plist.set_chunk(self.chunks)
+        for i in range(self.dcpl.get_nfilters()):
+            code, flags, values, _ = self.dcpl.get_filter(i)
+            if not mask & (1 << i):
+                plist.set_filter(code, flags, values)
+        if plist.get_nfilters() == 0:
+            return FastCodec([])
+        return HDF5Codec(plist, self.dtype, self.chunks)
+
     def close(self) -> None:
+        for sub in self.partial.values():
+            sub.close()
         self.dset.close()
         self.fid.close()
 

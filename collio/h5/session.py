@@ -129,11 +129,14 @@ class Session:
             f"{what}: ranks made different metadata calls on {self.path!r}: "
             + "; ".join(parts)
             + "; metadata calls must be the same, in the same order, on every rank"
-            + " (the file keeps the last state all ranks agreed on)"
+            + " (the file keeps rank 0's metadata)"
         )
         self.diverged = msg
         if vf is not None:
-            vf.frozen = True
+            try:
+                vf.publish()
+            except OSError:
+                pass  # the mismatch is the error every rank reports
         raise MismatchError(msg, ranks=tuple(bad))
 
     def sync(self, obj: Any) -> None:
