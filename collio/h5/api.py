@@ -34,7 +34,7 @@ _CHUNKED_KW = ("chunks", "compression", "compression_opts", "shuffle", "fletcher
                "maxshape", "scaleoffset")  # fmt: skip
 
 
-class File(h5py.File):
+class File(h5py.File):  # type: ignore[misc]  # h5py has no type stubs
     """Collective over `comm`: ``h5py.File`` on the ``collio`` driver, with a collective close.
 
     Same arguments as ``h5py.File`` plus ``comm`` (default ``MPI.COMM_WORLD``) and

@@ -26,7 +26,6 @@ __all__ = ["Codec", "make_codec"]
 
 FILTER_DEFLATE = 1
 FILTER_SHUFFLE = 2
-FLAG_OPTIONAL = 1
 _counter = itertools.count()
 
 
@@ -58,17 +57,11 @@ class FastCodec(Codec):
     def encode(self, raw: npt.NDArray[np.uint8]) -> tuple[bytes | npt.NDArray[np.uint8], int]:
         data: bytes | npt.NDArray[np.uint8] = raw
         mask = 0
-        for i, (fid, flags, par) in enumerate(self.steps):
+        for fid, _, par in self.steps:
             if fid == FILTER_SHUFFLE:
                 data = _shuffle(np.frombuffer(data, np.uint8), par)
-            else:
-                out = zlib.compress(data, par)
-                if len(out) > len(data):  # deflate's output buffer is the input's size
-                    if not flags & FLAG_OPTIONAL:
-                        raise ValueError("deflate could not compress a chunk")
-                    mask |= 1 << i
-                    continue
-                data = out
+            else:  # HDF5 keeps deflate's output even when it grew (zlib stored blocks)
+                data = zlib.compress(_buffer(data), par)
         return data, mask
 
     def decode(self, stored: bytes, mask: int, out: npt.NDArray[np.uint8]) -> None:
@@ -80,8 +73,12 @@ class FastCodec(Codec):
             if fid == FILTER_SHUFFLE:
                 data = _unshuffle(np.frombuffer(data, np.uint8), par)
             else:
-                data = zlib.decompress(data)
+                data = zlib.decompress(_buffer(data))
         out[:] = np.frombuffer(data, np.uint8)
+
+
+def _buffer(data: bytes | npt.NDArray[np.uint8]) -> bytes | memoryview:
+    return data if isinstance(data, bytes) else np.ascontiguousarray(data).data
 
 
 def _shuffle(a: npt.NDArray[np.uint8], size: int) -> npt.NDArray[np.uint8]:
