@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -180,10 +181,13 @@ class ChunkedBackend(Backend):
         mine = np.array([(i, len(d), m) for i, d, m in self.out], np.int64).reshape(-1, 3)
         every = np.concatenate(comm.allgather(mine)).reshape(-1, 3)
         every = every[np.argsort(every[:, 0], kind="stable")]
+        timings = getattr(getattr(self.vf, "session", None), "timings", {})
+        t0 = time.perf_counter()
         step = Attempt()
         with step:
             allocate(self.vf, self.dset, self.grid, every)
         agree(comm, step.error, what="allocate chunks")
+        t1 = time.perf_counter()
         step = Attempt()
         with step:
             for index, data, _ in self.out:
@@ -192,6 +196,8 @@ class ChunkedBackend(Backend):
                 self.dirty = True
         self.out = []
         agree(comm, step.error, what="write chunks")
+        timings["allocate_chunks"] = timings.get("allocate_chunks", 0.0) + t1 - t0
+        timings["write_chunks"] = timings.get("write_chunks", 0.0) + time.perf_counter() - t1
 
     # -- completion -----------------------------------------------------------------
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
@@ -213,6 +219,8 @@ class ChunkedBackend(Backend):
             self.dirty = False
 
     def close(self) -> None:
+        if self.dirty:
+            self.vf.dirty = True  # the session's flush fsyncs the shared descriptor
         self.codec.close()
 
 

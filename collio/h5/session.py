@@ -50,6 +50,8 @@ class Session:
         self.stats = Stats()
         self.aggregators: Any = None
         self.backends: dict[str, Any] = {}
+        #: seconds this rank spent where chunked writes serialise (see ChunkedBackend.flush)
+        self.timings: dict[str, float] = {"allocate_chunks": 0.0, "write_chunks": 0.0}
 
     @property
     def vfile(self) -> VFile:
