@@ -98,12 +98,22 @@ def test_h5py_spelling_collective_indexing_and_append(comm: MPI.Comm, shared_dir
         c[lay.slices] = local_piece(glob, lay)
         back = c[:, 2:5]
     np.testing.assert_array_equal(back, glob[:, 2:5])
+    np.testing.assert_array_equal(d[...], glob)  # plain h5py on every rank's replica
     collio.h5.close(f)
     with h5py.File(path, "a", driver="collio", comm=comm) as g:
         e = collio.h5.create_dataset(g, "more", shape, "<f8", chunks=(4, 4))
         collio.h5.collective(e)[lay.slices] = 2 * local_piece(glob, lay)
+        np.testing.assert_array_equal(e[...], 2 * glob)
         collio.h5.flush(g)
     check_file(comm, path, {"plain": glob, "more": 2 * glob})
+
+
+def test_missing_file_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "absent.h5")
+    with pytest.raises(collio.BackendError) as info:
+        collio.h5.File(path, "r", comm=comm)
+    texts = comm.allgather(str(info.value))
+    assert texts == [texts[0]] * comm.size and "rank 0: no such file" in texts[0]
 
 
 def test_different_metadata_call_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:

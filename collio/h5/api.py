@@ -64,7 +64,7 @@ class File(h5py.File):  # type: ignore[misc]  # h5py has no type stubs
 
 
 def create_dataset(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any) -> Any:
-    """Collective (a metadata call): a dataset ready for collective writes.
+    """Collective over `comm` (a metadata call): a dataset ready for collective writes.
 
     Without chunking options the dataset is contiguous, allocated at creation and
     never filled (``fill_time='never'``), so its address is known at once and no
@@ -118,6 +118,8 @@ def _prepare(s: Session, dset: Any, *, writing: bool) -> tuple[str, int | None]:
         if offset is None and writing:
             _allocate_contiguous(dset)
             offset = dset.id.get_offset()
+            if offset is not None:  # the element written to allocate is not metadata
+                s.vfile.forget(offset, offset + dset.dtype.itemsize)
     return kind, offset
 
 

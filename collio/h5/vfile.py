@@ -117,6 +117,14 @@ class VFile:
             self.truncated = size
         return size
 
+    def forget(self, lo: int, hi: int) -> None:
+        """Drop overlay bytes in ``[lo, hi)`` (raw data: read it from the disk instead)."""
+        for p in range(lo // PAGE, (hi - 1) // PAGE + 1 if hi > lo else 0):
+            page = self.pages.get(p)
+            if page is not None:
+                a, b = max(lo, p * PAGE) - p * PAGE, min(hi, (p + 1) * PAGE) - p * PAGE
+                page[1][a:b] = bytes(b - a)
+
     def flush(self) -> None:
         """HDF5 flushed on its own (``File.flush``/``close``): rank 0 publishes now."""
         if self.root and not self.in_sync:
