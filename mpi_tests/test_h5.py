@@ -74,7 +74,8 @@ def test_empty_rank_and_update_in_place(comm: MPI.Comm, shared_dir: str) -> None
     with collio.h5.File(path, "w", comm=comm) as f:
         c = collio.h5.create_dataset(f, "c", shape, "<f8", chunks=(7, 5), compression="gzip")
         d = collio.h5.create_dataset(f, "d", shape, "<f8")
-        for dset in (c, d):
+        z = collio.h5.create_dataset(f, "z", shape, "<f8", chunks=(4, 9), compression="lzf")
+        for dset in (c, d, z):
             collio.h5.write_all(dset, glob if last else np.zeros((0, 0)), whole)
     # r+: rewrite rows 10..19 only, split over ranks; the rest must stay
     new = glob.copy()
@@ -82,9 +83,9 @@ def test_empty_rank_and_update_in_place(comm: MPI.Comm, shared_dir: str) -> None
     band = layouts.block((10, shape[1]), "<f8", comm=comm, grid=(comm.size, 1))
     lay = layouts.Subarray(shape, (10 + band.start[0], 0), band.shape, "<f8")
     with collio.h5.File(path, "r+", comm=comm) as f:
-        for name in ("c", "d"):
+        for name in ("c", "d", "z"):
             collio.h5.write_all(f[name], np.full(lay.shape, -1.0), lay)
-    check_file(comm, path, {"c": new, "d": new})
+    check_file(comm, path, {"c": new, "d": new, "z": new})
 
 
 def test_h5py_spelling_collective_indexing_and_append(comm: MPI.Comm, shared_dir: str) -> None:

@@ -15,6 +15,7 @@ Two ways, chosen per dataset:
 from __future__ import annotations
 
 import itertools
+import threading
 import zlib
 from typing import Any
 
@@ -122,25 +123,30 @@ class HDF5Codec(Codec):
         self.chunks = chunks
         self.origin = (0,) * len(chunks)
         self.partial: dict[int, Codec] = {}  # filter mask -> codec of the filters that ran
+        # the I/O thread encodes while the main thread may decode (fill_holes): one at a time
+        self.lock = threading.Lock()
 
     def encode(self, raw: npt.NDArray[np.uint8]) -> tuple[bytes | npt.NDArray[np.uint8], int]:
         arr = raw.view(self.dtype).reshape(self.chunks)
-        self.dset.write(h5py.h5s.ALL, h5py.h5s.ALL, np.ascontiguousarray(arr))
-        mask, data = self.dset.read_direct_chunk(self.origin)
+        with self.lock:
+            self.dset.write(h5py.h5s.ALL, h5py.h5s.ALL, np.ascontiguousarray(arr))
+            mask, data = self.dset.read_direct_chunk(self.origin)
         return data, int(mask)
 
     def decode(self, stored: bytes, mask: int, out: npt.NDArray[np.uint8]) -> None:
         if mask:
             # HDF5 2.0 ignores the filter mask of a chunk written directly when it is
             # read in the same session; decode with a pipeline of the filters that ran
-            sub = self.partial.get(mask)
-            if sub is None:
-                sub = self.partial[mask] = self._without(mask)
+            with self.lock:
+                sub = self.partial.get(mask)
+                if sub is None:
+                    sub = self.partial[mask] = self._without(mask)
             sub.decode(stored, 0, out)
             return
-        self.dset.write_direct_chunk(self.origin, stored, 0)
         arr = out.view(self.dtype).reshape(self.chunks)
-        self.dset.read(h5py.h5s.ALL, h5py.h5s.ALL, arr)
+        with self.lock:
+            self.dset.write_direct_chunk(self.origin, stored, 0)
+            self.dset.read(h5py.h5s.ALL, h5py.h5s.ALL, arr)
 
     def _without(self, mask: int) -> Codec:
         plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)  # (copy + remove_filter crashes)

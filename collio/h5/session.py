@@ -229,7 +229,9 @@ def set_fapl(
     session = Session(fcomm, parsed, "r" if mode == "r" else "r+", path, vf)
     session.aggregators = _aggregators(fcomm, parsed)
     vf.session = session  # type: ignore[attr-defined]  # the VFile owns its session
-    _PENDING.setdefault(os.path.realpath(path), []).append(weakref.ref(session))
+    refs = _PENDING.setdefault(os.path.realpath(path), [])
+    refs[:] = [r for r in refs if r() is not None]
+    refs.append(weakref.ref(session))
     plist.set_fileobj_driver(h5py.h5fd.fileobj_driver, vf)
 
 
