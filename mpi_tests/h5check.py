@@ -39,10 +39,14 @@ def check_file(
     path: str,
     expected: dict[str, np.ndarray[Any, Any]],
     attrs: dict[str, dict[str, Any]] | None = None,
+    *,
+    h5dump: bool = True,
 ) -> None:
     """Collective: rank 0 opens ``path`` with stock h5py in a fresh process and with h5dump.
 
     Every rank asserts on rank 0's findings, so all pass or fail together.
+    ``h5dump=False`` for files in HDF5 2.0's newest format, which Debian's h5dump 1.10
+    cannot read (nor files that h5py itself writes with ``libver='latest'``).
     """
     comm.Barrier()  # every rank closed its file
     result: tuple[int, str] | None = None
@@ -55,7 +59,7 @@ def check_file(
             capture_output=True, text=True, timeout=120, env=env,
         )  # fmt: skip
         code, text = proc.returncode, proc.stdout + proc.stderr
-        if code == 0 and H5DUMP is not None:
+        if code == 0 and H5DUMP is not None and h5dump:
             dump = subprocess.run([H5DUMP, "-H", path], capture_output=True, text=True, timeout=60)
             code, text = dump.returncode, text + dump.stdout[-2000:] + dump.stderr[-2000:]
             for name in expected:

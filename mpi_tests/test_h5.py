@@ -207,3 +207,23 @@ def test_other_filters_through_hdf5(comm: MPI.Comm, shared_dir: str) -> None:
             back = collio.h5.read_all(f["zstd"], lay)
             np.testing.assert_array_equal(back, local_piece(glob, lay))
     check_file(comm, path, expected)
+
+
+def test_latest_format_resize_and_append_in_r_plus(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "latest.h5")
+    shape = (50, 40)
+    glob = reference(shape, "<f8", seed=13)
+    lay = layouts.block(shape, "<f8", comm=comm)
+    with collio.h5.File(path, "w", comm=comm, libver="latest") as f:
+        e = collio.h5.create_dataset(
+            f, "ext", shape, "<f8", chunks=(8, 8), maxshape=(None, 40), compression="gzip"
+        )
+        collio.h5.write_all(e, local_piece(glob, lay), lay)
+    grown = np.concatenate([glob, np.full((10, 40), 7.0)])
+    lay2 = layouts.block(grown.shape, "<f8", comm=comm)
+    with collio.h5.File(path, "r+", comm=comm) as f:
+        f["ext"].resize(grown.shape)  # a metadata call, on every rank
+        collio.h5.write_all(f["ext"], local_piece(grown, lay2), lay2)
+        np.testing.assert_array_equal(collio.h5.read_all(f["ext"], lay2), local_piece(grown, lay2))
+        f.attrs["done"] = 1
+    check_file(comm, path, {"ext": grown}, {"/": {"done": 1}}, h5dump=False)
