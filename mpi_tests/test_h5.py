@@ -95,6 +95,9 @@ def test_h5py_spelling_collective_indexing_and_append(comm: MPI.Comm, shared_dir
     lay = layouts.block(shape, "<f8", comm=comm, grid=(comm.size, 1))
     f = h5py.File(path, "w", driver="collio", comm=comm)
     d = f.create_dataset("plain", shape, "<f8")  # h5py's defaults: late allocation
+    f.attrs["note"] = "x"
+    if comm.rank == 0:  # reads on one rank only are not metadata calls: no mismatch
+        assert list(f) == ["plain"] and f.attrs["note"] == "x" and d.shape == shape
     with collio.h5.collective(d) as c:
         c[lay.slices] = local_piece(glob, lay)
         back = c[:, 2:5]

@@ -70,6 +70,7 @@ class Session:
     ) -> None:
         """Collective over `comm`: flush metadata, check every rank made the same calls.
 
+        The digest covers what each library wrote since the previous checkpoint.
         Then rank 0 writes the agreed metadata to the real file.  Raises
         :class:`~collio.errors.MismatchError` on every rank when the metadata
         digests (or the call's ``key``: dataset, offset, shape) differ.
@@ -101,6 +102,7 @@ class Session:
         step = Attempt()
         with step:
             assert vf is not None
+            vf.new_epoch()
             vf.publish()
         agree(self.comm, step.error, what=f"{what}: write metadata")
 

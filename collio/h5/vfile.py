@@ -11,8 +11,11 @@ object; the objects decide what reaches the disk:
   after every rank flushed and the digests matched, or when HDF5 flushes on its
   own (``File.flush``, ``File.close``) and when the library lets go of the file.
   Replicas never write.
-* A running digest of every write (offset, length, bytes) and truncate tells, at
-  each collective point, whether all ranks made the same metadata calls.
+* A digest of what this rank's library wrote since the last collective point (the
+  final bytes per address, the raw chunk requests, the end of file) tells whether all
+  ranks made the same metadata calls.  It is a digest of the *result*, not of the
+  sequence, so a rank whose metadata cache evicted an entry early (because it also
+  read something) still agrees.
 * Raw chunk bytes that HDF5 writes during a direct chunk write are dropped
   (``expect_raw``): the aggregator that compressed the chunk writes it itself.
 """
@@ -42,9 +45,9 @@ class VFile:
         self.root = root
         self.pos = 0
         self.pages: dict[int, tuple[bytearray, bytearray]] = {}  # page -> (bytes, written mask)
+        self.epoch: dict[int, tuple[bytearray, bytearray]] = {}  # written since the last point
+        self.raw: list[tuple[int, int]] = []  # raw chunk requests since the last point
         self.truncated: int | None = None  # pending ftruncate (root)
-        self.digest = hashlib.blake2b(digest_size=8)
-        self.writes = 0
         self.raw_expect = 0  # the next write of exactly this many bytes is raw chunk data
         self.in_sync = False  # inside a collective point: root defers publishing
         self.frozen = False  # ranks diverged: never publish again
@@ -88,31 +91,23 @@ class VFile:
         off, n = self.pos, len(view)
         self.pos = off + n
         self.size = max(self.size, off + n)
-        self.writes += 1
         if self.raw_expect and n == self.raw_expect:
             self.raw_expect = 0
-            self.digest.update(b"R%d,%d;" % (off, n))
+            self.raw.append((off, n))
             return n
-        self.digest.update(b"W%d,%d;" % (off, n))
-        self.digest.update(view)
-        for p in range(off // PAGE, (off + n - 1) // PAGE + 1 if n else 0):
-            lo, hi = max(off, p * PAGE), min(off + n, (p + 1) * PAGE)
-            page = self.pages.get(p)
-            if page is None:
-                page = self.pages[p] = (bytearray(PAGE), bytearray(PAGE))
-            page[0][lo - p * PAGE : hi - p * PAGE] = view[lo - off : hi - off]
-            page[1][lo - p * PAGE : hi - p * PAGE] = b"\1" * (hi - lo)
+        _store(self.pages, off, view)
+        _store(self.epoch, off, view)
         return n
 
     def truncate(self, size: int | None = None) -> int:
         size = self.pos if size is None else int(size)
-        self.digest.update(b"T%d;" % size)
         self.size = size
-        for p in [p for p in self.pages if p * PAGE >= size]:
-            del self.pages[p]
-        last = self.pages.get(size // PAGE)
-        if last is not None:
-            last[1][size % PAGE :] = bytes(PAGE - size % PAGE)
+        for pages in (self.pages, self.epoch):
+            for p in [p for p in pages if p * PAGE >= size]:
+                del pages[p]
+            last = pages.get(size // PAGE)
+            if last is not None:
+                last[1][size % PAGE :] = bytes(PAGE - size % PAGE)
         if self.root:
             self.truncated = size
         return size
@@ -136,8 +131,23 @@ class VFile:
 
     # -- collio's side ------------------------------------------------------
     def hash63(self) -> int:
-        """The running digest as a non-negative 63-bit integer."""
-        return int.from_bytes(self.digest.digest(), "little") >> 1
+        """Digest of what was written since the last point, as a non-negative 63-bit int."""
+        h = hashlib.blake2b(digest_size=8)
+        h.update(b"S%d;" % self.size)
+        for p in sorted(self.epoch):
+            data, mask = self.epoch[p]
+            keep = np.frombuffer(mask, np.bool_)
+            h.update(b"P%d;" % p)
+            h.update(mask)
+            h.update(np.frombuffer(data, np.uint8)[keep].tobytes())
+        for off, n in sorted(self.raw):
+            h.update(b"R%d,%d;" % (off, n))
+        return int.from_bytes(h.digest(), "little") >> 1
+
+    def new_epoch(self) -> None:
+        """All ranks agreed on what was written so far: start the next digest."""
+        self.epoch.clear()
+        self.raw.clear()
 
     def publish(self) -> None:
         """On rank 0: write the overlay to the real file (then forget it)."""
@@ -179,6 +189,18 @@ class VFile:
             self.release()
         except OSError:
             pass
+
+
+def _store(pages: dict[int, tuple[bytearray, bytearray]], off: int, view: memoryview) -> None:
+    """Copy ``view`` into 4 KiB pages at ``off`` and mark the bytes written."""
+    n = len(view)
+    for p in range(off // PAGE, (off + n - 1) // PAGE + 1 if n else 0):
+        lo, hi = max(off, p * PAGE), min(off + n, (p + 1) * PAGE)
+        page = pages.get(p)
+        if page is None:
+            page = pages[p] = (bytearray(PAGE), bytearray(PAGE))
+        page[0][lo - p * PAGE : hi - p * PAGE] = view[lo - off : hi - off]
+        page[1][lo - p * PAGE : hi - p * PAGE] = b"\1" * (hi - lo)
 
 
 def _pread(fd: int, view: memoryview, offset: int) -> None:
