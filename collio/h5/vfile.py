@@ -70,7 +70,14 @@ class VFile:
         if disk:
             _pread(self.fd, view[:disk], off)
         out[disk:] = 0
-        for p in range(off // PAGE, (off + n - 1) // PAGE + 1 if n else 0):
+        first, last = off // PAGE, (off + n - 1) // PAGE
+        if n == 0:
+            candidates: Any = ()
+        elif last - first + 1 > len(self.pages):  # a large (raw) read: walk the overlay
+            candidates = sorted(p for p in self.pages if first <= p <= last)
+        else:
+            candidates = range(first, last + 1)
+        for p in candidates:
             page = self.pages.get(p)
             if page is None:
                 continue
