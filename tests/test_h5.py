@@ -168,3 +168,24 @@ def test_bad_selection_and_unknown_file(tmp_path) -> None:
         with pytest.raises(collio.LayoutError, match="dtype"):
             collio.h5.write_all(d, np.zeros((4, 4), "<f4"), layouts.Subarray((4, 4), (0, 0),
                                                                               (4, 4), "<f4"))
+
+
+def test_partial_chunks_get_the_fill_value_and_1d(tmp_path) -> None:
+    path = str(tmp_path / "fill.h5")
+    with collio.h5.File(path, "w") as f:
+        c = collio.h5.create_dataset(f, "c", (10, 10), "<i4", chunks=(4, 4), fillvalue=-1,
+                                     compression="gzip")  # fmt: skip
+        collio.h5.collective(c)[2:6, 3:5] = 9  # touches chunks (0,0) (1,0) (0,1) (1,1) partly
+        v = collio.h5.create_dataset(f, "v", (100,), "<f8", chunks=(7,), shuffle=True)
+        collio.h5.collective(v)[5:93] = np.arange(5, 93, dtype="<f8")
+        e = collio.h5.create_dataset(f, "e", (0, 3), "<f8")
+        collio.h5.collective(e)[...] = np.zeros((0, 3))
+    expect = np.full((10, 10), -1, "<i4")
+    expect[2:6, 3:5] = 9
+    line = np.zeros(100)
+    line[5:93] = np.arange(5, 93)
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["c"][...], expect)
+        assert f["c"].id.get_num_chunks() == 4  # untouched chunks are not stored
+        np.testing.assert_array_equal(f["v"][...], line)
+        assert f["e"].shape == (0, 3)
