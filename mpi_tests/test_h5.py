@@ -230,3 +230,24 @@ def test_latest_format_resize_and_append_in_r_plus(comm: MPI.Comm, shared_dir: s
         np.testing.assert_array_equal(collio.h5.read_all(f["ext"], lay2), local_piece(grown, lay2))
         f.attrs["done"] = 1
     check_file(comm, path, {"ext": grown}, {"/": {"done": 1}}, h5dump=False)
+
+
+def test_sub_communicators_write_their_own_files(comm: MPI.Comm, shared_dir: str) -> None:
+    color = comm.rank % 2
+    sub = comm.Split(color, comm.rank)
+    try:
+        path = os.path.join(shared_dir, f"sub{color}.h5")
+        shape = (12, 10)
+        glob = reference(shape, "<f8", seed=20 + color)
+        lay = layouts.block(shape, "<f8", comm=sub)
+        with collio.h5.File(path, "w", comm=sub) as f:
+            d = collio.h5.create_dataset(f, "x", shape, "<f8")
+            collio.h5.write_all(d, local_piece(glob, lay), lay)
+            d.attrs["color"] = color
+    finally:
+        sub.Free()
+    expected = {"x": reference((12, 10), "<f8", seed=20)}
+    check_file(comm, os.path.join(shared_dir, "sub0.h5"), expected, {"x": {"color": 0}})
+    if comm.size > 1:
+        expected = {"x": reference((12, 10), "<f8", seed=21)}
+        check_file(comm, os.path.join(shared_dir, "sub1.h5"), expected, {"x": {"color": 1}})

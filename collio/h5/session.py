@@ -266,7 +266,13 @@ def _open_args() -> tuple[Any, str]:
 
 
 def _comm_for(comm: MPI.Comm) -> MPI.Comm:
-    """collio's private duplicate of ``comm`` (one per communicator, kept; collective)."""
+    """collio's private duplicate of ``comm`` (one per communicator, kept; collective).
+
+    Duplicates of communicators the user has freed since are freed here.
+    """
+    for user, dup in [c for c in _COMMS if c[0] == MPI.COMM_NULL]:
+        _COMMS.remove((user, dup))
+        dup.Free()
     for user, dup in _COMMS:
         if user == comm:
             return dup
