@@ -82,6 +82,7 @@ class ChunkedBackend(Backend):
     partial_write: ClassVar[bool] = False  # requests cover whole windows of whole chunks
     independent: ClassVar[bool] = False  # chunks are assembled by their one aggregator
     sparse: ClassVar[bool] = True
+    needs_flush: ClassVar[bool] = True  # chunk addresses are allocated collectively
 
     def __init__(self, vf: VFile, dset: Any, mode: str) -> None:
         self.vf = vf

@@ -22,9 +22,10 @@ import h5py
 import numpy as np
 from mpi4py import MPI
 
+from ..aggregators import choose_aggregators
 from ..collective import Attempt, agree, raise_agreed
+from ..comms import private
 from ..errors import MismatchError, ModeError
-from ..file import _aggregators
 from ..hints import Hints
 from ..stats import Stats
 from .vfile import VFile
@@ -34,7 +35,6 @@ __all__ = ["Session", "set_fapl", "session_of"]
 _MODES = ("r", "r+", "w", "w-", "x", "a")
 _BY_FILENO: weakref.WeakValueDictionary[Any, Session] = weakref.WeakValueDictionary()
 _PENDING: dict[str, list[weakref.ref[Session]]] = {}
-_COMMS: list[tuple[MPI.Comm, MPI.Comm]] = []
 
 
 class Session:
@@ -196,7 +196,8 @@ def set_fapl(
     taken from the calling ``h5py.File`` when not given.
     """
     base = MPI.COMM_WORLD if comm is None else comm
-    fcomm = _comm_for(base)
+    priv = private(base)  # type: ignore[arg-type]
+    fcomm = priv.comm
     if path is None or access is None:
         found = _open_args()
         path = found[0] if path is None else path
@@ -229,7 +230,9 @@ def set_fapl(
         raise
     vf = VFile(path, fd, size, root=fcomm.Get_rank() == 0)
     session = Session(fcomm, parsed, "r" if mode == "r" else "r+", path, vf)
-    session.aggregators = _aggregators(fcomm, parsed)
+    session.aggregators = choose_aggregators(
+        priv.nodes, cb_nodes=parsed.cb_nodes, per_node=parsed.per_node()
+    )
     vf.session = session  # type: ignore[attr-defined]  # the VFile owns its session
     refs = _PENDING.setdefault(os.path.realpath(path), [])
     refs[:] = [r for r in refs if r() is not None]
@@ -263,22 +266,6 @@ def _open_args() -> tuple[Any, str]:
                 return loc["name"], loc["mode"]
         frame = frame.f_back  # type: ignore[assignment]
     raise ModeError("driver='collio' needs path= and access= when not called from h5py.File")
-
-
-def _comm_for(comm: MPI.Comm) -> MPI.Comm:
-    """collio's private duplicate of ``comm`` (one per communicator, kept; collective).
-
-    Duplicates of communicators the user has freed since are freed here.
-    """
-    for user, dup in [c for c in _COMMS if c[0] == MPI.COMM_NULL]:
-        _COMMS.remove((user, dup))
-        dup.Free()
-    for user, dup in _COMMS:
-        if user == comm:
-            return dup
-    dup = comm.Dup()
-    _COMMS.append((comm, dup))
-    return dup
 
 
 def session_of(obj: Any) -> Session:
