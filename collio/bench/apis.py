@@ -150,7 +150,16 @@ _LOADED: dict[str, type[Api]] = {}
 
 
 def register_api(name: str, path: str | type[Api]) -> None:
-    """Make an API known by name: a class, or ``"module:Class"`` imported when used."""
+    """Make an API known by name.
+
+    Parameters
+    ----------
+    name
+        What ``-a`` / ``--compare`` call it.
+    path
+        The class, or ``"module:Class"`` imported on first use (lazy, like
+        :func:`collio.register_backend`).
+    """
     if isinstance(path, str):
         _KNOWN[name] = path
         _LOADED.pop(name, None)
@@ -165,7 +174,16 @@ def known_apis() -> list[str]:
 
 
 def get_api(name: str) -> type[Api]:
-    """The API class called ``name`` (imports its module on first use)."""
+    """The API class called ``name`` (imports its module on first use).
+
+    Looks in the built-ins and :func:`register_api`, then the ``collio.bench_apis``
+    entry-point group.
+
+    Raises
+    ------
+    ValueError
+        No API has that name (the message lists the known ones).
+    """
     if name in _LOADED:
         return _LOADED[name]
     path = _KNOWN.get(name)

@@ -114,7 +114,11 @@ def inner_sizes(counts: I64, runlen: I64) -> I64:
 
 
 def select(blocks: Blocks, which: npt.NDArray[np.intp], k: I64) -> I64:
-    """File offset of byte ``k[j]`` (0-based, in file order) of box ``which[j]``."""
+    """File offset of byte ``k[j]`` (0-based, in file order) of box ``which[j]``.
+
+    The inverse of :func:`~collio.layouts.count_below`: ``count_below(b, w,
+    select(b, w, k)) == k``.  Vectorised over j; ``0 <= k[j] < nbytes``.
+    """
     inner = inner_sizes(blocks.counts[which], blocks.runlen[which])
     st = blocks.strides[which]
     off = blocks.base[which].copy()

@@ -176,7 +176,32 @@ def make_workload(
     segments: int = 1,
     cyclic_block: int = 64,
 ) -> Workload:
-    """Build a workload from the command line's values (IOR's defaults for ``ior``)."""
+    """Build a workload from the command line's values (IOR's defaults for ``ior``).
+
+    Parameters
+    ----------
+    pattern
+        One of :data:`PATTERNS`.
+    nranks
+        Real or virtual ranks.
+    size
+        Arrays: an edge (``4096``), a shape (``4096x2048``) or bytes (``1TiB``, near
+        square or cube of float64); ``ior``: total bytes, which sets ``segments``.
+    block_size, transfer, segments
+        IOR's ``-b``, ``-t``, ``-s`` (``transfer`` also caps independent requests of
+        array patterns; 0 keeps runs whole).
+    cyclic_block
+        Edge of the square blocks of ``cyclic``.
+
+    Returns
+    -------
+    Workload
+
+    Raises
+    ------
+    ValueError
+        Unknown pattern, bad size, or ``-t`` that does not divide ``-b``.
+    """
     if pattern not in PATTERNS:
         raise ValueError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
     if pattern == "ior":

@@ -218,7 +218,23 @@ def _ensure_file(comm: MPI.Intracomm, job: Job) -> None:
 def run_bench(
     comm: MPI.Intracomm, cfg: BenchConfig, emit: Callable[[str], None]
 ) -> tuple[Runner, Job, dict[str, Any]]:
-    """Collective over ``comm``: run every API ``cfg.iterations`` times; rank 0 gets the rows."""
+    """Collective over ``comm``: run every API ``cfg.iterations`` times.
+
+    Parameters
+    ----------
+    comm
+        The ranks taking part (each holds ``cfg.work.layout(rank)``).
+    cfg
+        What to run.
+    emit
+        Called with each output line (rows, progress); rank 0 prints them.
+
+    Returns
+    -------
+    tuple
+        The runner (its ``rows``, ``rss``, ``extra``, ``hints_used``), the rank's
+        :class:`~collio.bench.apis.Job`, and facts (test file, transfers, data bytes).
+    """
     path, tmp = _shared_path(comm, cfg.path)
     w = cfg.work
     lay = w.layout(comm.rank)

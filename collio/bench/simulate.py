@@ -23,6 +23,7 @@ from ..aggregators import choose_aggregators, file_domains, window_size
 from ..aggregators.domains import alignment
 from ..hints import Hints
 from ..layouts.strided import Blocks
+from ..rounds import DEPTH
 from .batch import batched_blocks, explode, explode_levels, squeeze
 from .patterns import Workload
 from .windows import Grid, WindowCounts, explicit, intervals
@@ -102,8 +103,11 @@ class SimResult:
         return int(self.agg_rounds.max(initial=0))
 
     def memory(self) -> I64:
-        """Predicted extra memory per aggregator: two round buffers plus planner metadata."""
-        buffers = np.where(self.agg_rounds > 0, 2 * self.window, 0)
+        """Predicted extra memory per aggregator: round buffers plus planner metadata.
+
+        The engine keeps ``collio.rounds.DEPTH`` (2) round buffers of one window each.
+        """
+        buffers = np.where(self.agg_rounds > 0, DEPTH * self.window, 0)
         out: I64 = buffers + self.agg_pieces * PIECE_BYTES
         return out
 
@@ -135,7 +139,24 @@ def _direct_path(blocks: Blocks, owner: I64, work: Workload, hints: Hints, writi
 
 
 def simulate(work: Workload, cfg: SimConfig) -> SimResult:
-    """Plan one collective write (or read) of ``work`` for its virtual ranks."""
+    """Plan one collective write (or read) of ``work`` for its virtual ranks.
+
+    Pure: no MPI, no files, no list of runs.
+
+    Parameters
+    ----------
+    work
+        The pattern, global array and number of virtual ranks.
+    cfg
+        Hints, backend alignment and capabilities, ranks per node, evaluation budget.
+
+    Returns
+    -------
+    SimResult
+        What the real engine's ``Stats`` / ``Stats.local`` would report: the path
+        (direct or two-phase), per-aggregator bytes and rounds, messages of every
+        round, backend request sizes, predicted memory, and how it was computed.
+    """
     t0, c0 = time.perf_counter(), time.process_time()
     blocks, owner = batched_blocks(work)
     blocks = squeeze(blocks)
