@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from typing import Any
 
@@ -75,10 +76,15 @@ def format_rss(facts: dict[str, Any], aggs: list[int], apis: list[str]) -> str:
     return "\n".join(lines)
 
 
+#: Hints shown in the text summary (the JSON file has all of them).
+_SHOWN = re.compile(r"^(cb_\w+|striping_\w+|romio_cb_(read|write)|romio_ds_\w+|direct_threshold)$")
+
+
 def format_hints(used: dict[str, dict[str, Any]]) -> str:
-    lines = ["", "Hints used:"]
+    """The collective-buffering hints each API used (all of them are in ``--json``)."""
+    lines = ["", "Hints used (collective buffering; all in --json):"]
     for api, hints in used.items():
-        keep = {k: v for k, v in hints.items() if k != "aggregator_ranks"}
+        keep = {k: v for k, v in hints.items() if _SHOWN.match(k)}
         text = " ".join(f"{k}={v}" for k, v in sorted(keep.items())) or "(none)"
         lines.append(f"  {api}: {text}")
     return "\n".join(lines)
