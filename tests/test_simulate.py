@@ -137,3 +137,20 @@ def test_layouts_with_holes(monkeypatch, pattern, size, partial_write):
     np.testing.assert_array_equal(sampled.agg_bytes, ref["bytes"])
     np.testing.assert_array_equal(sampled.windows, sim.windows)
     np.testing.assert_array_equal(sampled.requests, sim.requests)
+
+
+@pytest.mark.parametrize("pattern", ["colblock", "block2d", "cyclic", "cube", "ior"])
+def test_interval_method_equals_explicit_for_many_windows(pattern):
+    """Through boxes (no pairs), cut boxes and several boxes per rank, against explicit."""
+    work = make_workload(
+        pattern, 6, size="30", block_size=200, transfer=100, segments=9, cyclic_block=3
+    )
+    for cb in (40, 100, 333, 1000, 4096):
+        for naggs in (1, 4, 7):
+            h = Hints(romio_cb_write="enable", cb_nodes=naggs, cb_buffer_size=cb)
+            a = simulate(work, SimConfig(hints=h, method="explicit"))
+            b = simulate(work, SimConfig(hints=h, method="interval"))
+            np.testing.assert_array_equal(a.msgs, b.msgs)
+            np.testing.assert_array_equal(a.agg_bytes, b.agg_bytes)
+            np.testing.assert_array_equal(a.requests, b.requests)
+            assert (b.agg_pieces >= 0).all()

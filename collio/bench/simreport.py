@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..aggregators import file_domains, plan_aggregator, plan_sender
+from ..rounds import DEPTH
 from .patterns import Workload, make_workload
 from .simulate import PIECE_BYTES, SimResult
 
@@ -78,8 +79,8 @@ def _two_phase_lines(res: SimResult) -> list[str]:
         f"busiest round per agg.    {_mmm(_busiest(res), one)}",
         f"backend requests          {len(res.requests)}: {_extremes(res.requests)}; "
         f"read-modify-write reads: {len(res.hole_reads)}",
-        f"predicted memory per agg. {_mmm(res.memory(), human)}   (2 x window round buffers + "
-        f"<= {PIECE_BYTES} B planner metadata per piece received)",
+        f"predicted memory per agg. {_mmm(res.memory(), human)}   ({DEPTH} x window round "
+        f"buffers + ~{PIECE_BYTES} B of planner metadata per piece received)",
         f"per rank                  at most {res.rank_runs_max} runs before cutting",
     ]
 

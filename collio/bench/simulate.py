@@ -227,17 +227,14 @@ def _evaluate(
     b0, b1 = blocks.extent()
     spanned = np.searchsorted(grid.start, b1, "left") - np.searchsorted(grid.end, b0, "right")
     explicit_cost = int(np.maximum(spanned, 0).sum())
-    levels = explode_levels(blocks, grid.window)
-    nsub = np.prod(np.where(levels, blocks.counts, 1), axis=1)
-    ndom = np.searchsorted(grid.bounds, b1, "left") - np.searchsorted(grid.bounds, b0, "right") + 1
-    # an interval pair costs one count_below, an explicit one about four
-    interval_cost = (int(nsub.sum()) + int(np.maximum(ndom + 1, 2).sum())) // 4
+    levels, interval_cost = _interval_plan(blocks, grid, tiled)
     # intervals give no request extents for layouts with holes: explicit or sampled then
     cheaper = tiled and interval_cost < explicit_cost
     if force == "interval" or (force == "auto" and cheaper and interval_cost <= budget):
         multi = bool((np.bincount(owner) > 1).any())
         sub, sub_owner = explode(blocks, owner, levels) if levels.any() else (blocks, owner)
-        return intervals(sub, sub_owner, grid, dedupe=multi), "interval", every
+        counts = intervals(sub, sub_owner, grid, dedupe=multi, tiled=tiled)
+        return counts, "interval", every
     if force == "explicit" or (force == "auto" and explicit_cost <= budget):
         return explicit(blocks, owner, grid, every), "explicit", every
     # sampled: exact domain sums, messages on an even sample of windows
@@ -245,9 +242,47 @@ def _evaluate(
     take = int(min(nw, max(64, budget // per_window)))
     sample = np.unique(np.linspace(0, nw - 1, take).astype(np.int64))
     counts = explicit(blocks, owner, grid, sample)
-    doms = intervals(blocks, owner, grid, dedupe=False, windows=False)
-    counts.dom_bytes, counts.dom_runs = doms.dom_bytes, doms.dom_runs
+    if tiled:  # every byte of a domain is written: its bytes are its size
+        counts.dom_bytes = np.diff(grid.bounds).astype(np.int64)
+        counts.dom_runs = _scaled_runs(grid, sample, counts.runs)
+    else:
+        doms = intervals(blocks, owner, grid, dedupe=False, windows=False)
+        counts.dom_bytes, counts.dom_runs = doms.dom_bytes, doms.dom_runs
     return counts, "sampled", sample
+
+
+def _interval_plan(blocks: Blocks, grid: Grid, tiled: bool) -> tuple[npt.NDArray[np.bool_], int]:
+    """Levels to explode for :func:`intervals` and the cost, in explicit-pair units.
+
+    Cutting at gaps of a window leaves sub-boxes that cost one ``count_below`` per
+    domain bound they span (a quarter of an explicit pair); without holes, cutting
+    at gaps of the shortest window instead leaves sub-boxes that cost nothing but
+    their own listing.  The cheaper of the two wins.
+    """
+    b0, b1 = blocks.extent()
+    levels = explode_levels(blocks, grid.window)
+    nsub = np.prod(np.where(levels, blocks.counts, 1), axis=1)
+    ndom = np.searchsorted(grid.bounds, b1, "left") - np.searchsorted(grid.bounds, b0, "right")
+    cost = (int(nsub.sum()) + int(np.maximum(ndom + 2, 2).sum())) // 4
+    shortest = int((grid.end - grid.start).min()) if grid.nwindows else 0
+    if tiled and shortest > 0:
+        quick = explode_levels(blocks, shortest)
+        qcost = int(np.prod(np.where(quick, blocks.counts, 1), axis=1).sum()) // 4
+        if qcost < cost:
+            return quick, qcost
+    return levels, cost
+
+
+def _scaled_runs(grid: Grid, sample: I64, runs: I64) -> I64:
+    """Runs per domain estimated from sampled windows (the domain's mean, else the global)."""
+    naggs = len(grid.bounds) - 1
+    dom = grid.dom[sample]
+    seen = np.bincount(dom, minlength=naggs)
+    total = np.bincount(dom, weights=runs, minlength=naggs)
+    mean = np.where(seen > 0, total / np.maximum(seen, 1), runs.mean() if len(runs) else 0.0)
+    nwin = np.diff(grid.first)
+    out: I64 = np.ceil(mean * nwin).astype(np.int64)
+    return out
 
 
 def _assemble(

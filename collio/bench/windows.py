@@ -151,45 +151,97 @@ def explicit(blocks: Blocks, owner: I64, grid: Grid, windows: I64) -> WindowCoun
 
 
 def intervals(
-    blocks: Blocks, owner: I64, grid: Grid, *, dedupe: bool, windows: bool = True
+    blocks: Blocks,
+    owner: I64,
+    grid: Grid,
+    *,
+    dedupe: bool,
+    windows: bool = True,
+    tiled: bool = False,
 ) -> WindowCounts:
     """Exact ranks per window for boxes whose gaps are all < window (see module doc).
 
-    Also the bytes and runs of every domain (exact for any boxes); ``windows=False``
-    computes those only.  ``dedupe`` merges a rank's intervals (several boxes per rank).
-    One ``count_below`` per (box, domain bound) pair gives the bytes of every
-    (box, domain) pair; a box touches every window of a domain it spans from end to
-    end when its largest gap is shorter than the domain's shortest window, so only
-    its first and last domain need :func:`select`.
+    Also the bytes and runs of every domain; ``windows=False`` computes those only.
+    ``dedupe`` merges a rank's intervals (several boxes per rank).  A box whose
+    largest gap is shorter than every window touches every window from the one of
+    its first byte to the one of its last (*through*); for other boxes one
+    ``count_below`` per (box, domain bound) gives the bytes of each (box, domain)
+    pair and :func:`select` the first and last byte in it.  ``tiled`` (the boxes
+    cover the extent without holes) makes a domain's bytes its size, so through
+    boxes need no pair at all; their runs per domain are then estimated.
     """
     nw, naggs = grid.nwindows, len(grid.bounds) - 1
     out = WindowCounts.zeros(nw, naggs)
     diff = np.zeros(nw + 1, np.int64)
     b0, b1 = blocks.extent()
-    d0 = np.searchsorted(grid.bounds, b0, side="right").astype(np.int64) - 1
-    d1 = np.searchsorted(grid.bounds, b1 - 1, side="right").astype(np.int64) - 1
-    d0, d1 = np.clip(d0, 0, naggs - 1), np.clip(d1, 0, naggs - 1)
+    d0 = np.clip(np.searchsorted(grid.bounds, b0, side="right") - 1, 0, naggs - 1)
+    d1 = np.clip(np.searchsorted(grid.bounds, b1 - 1, side="right") - 1, 0, naggs - 1)
     wlen = grid.end - grid.start
     through = max_gap(blocks) < (int(wlen.min()) if len(wlen) else 0)
-    for part in pair_chunks(d1 - d0 + 2, owner):
-        sub = _domain_pairs(blocks, grid, np.arange(len(blocks))[part], d0[part], d1[part])
-        box, d, nb, c0 = sub
+    quick = through & tiled
+    for part in pair_chunks(np.where(quick, 1, d1 - d0 + 2), owner):
+        idx = np.arange(len(blocks))[part]
+        slow = idx[~quick[idx]]
+        box, d, nb, c0 = _domain_pairs(blocks, grid, slow, d0[slow], d1[slow])
         out.dom_bytes += np.bincount(d, weights=nb, minlength=naggs).astype(np.int64)
         nr = -(-nb // blocks.runlen[box]) + 1
         out.dom_runs += np.bincount(d, weights=nr, minlength=naggs).astype(np.int64)
         if not windows:
             continue
         inside = through[box] & (d > d0[box]) & (d < d1[box])
-        wf, wl = grid.first[d], grid.first[d + 1] - 1
-        ends = np.flatnonzero(~inside)
-        first = select(blocks, box[ends], c0[ends])
-        last = select(blocks, box[ends], c0[ends] + nb[ends] - 1)
-        wf[ends], wl[ends] = grid.index(d[ends], first), grid.index(d[ends], last)
+        wf, wl = _pair_windows(blocks, grid, (box, d, nb, c0), inside)
+        q = idx[quick[idx]]
+        wf = np.concatenate((wf, grid.index(d0[q], b0[q])))
+        wl = np.concatenate((wl, grid.index(d1[q], b1[q] - 1)))
         if dedupe:
-            wf, wl = _union(owner[box], wf, wl, nw)
+            wf, wl = _union(np.concatenate((owner[box], owner[q])), wf, wl, nw)
         diff += np.bincount(wf, minlength=nw + 1)
         diff -= np.bincount(wl + 1, minlength=nw + 1)
     out.ranks = np.cumsum(diff)[:nw].astype(np.int64)
+    if tiled:
+        out.dom_bytes = np.diff(grid.bounds).astype(np.int64)
+        out.dom_runs += _spread_runs(blocks, np.flatnonzero(quick), grid)
+    return out
+
+
+def _pair_windows(
+    blocks: Blocks,
+    grid: Grid,
+    pairs: tuple[npt.NDArray[np.intp], I64, I64, I64],
+    inside: npt.NDArray[np.bool_],
+) -> tuple[I64, I64]:
+    """First and last window of each (box, domain) pair; ``inside``: the whole domain."""
+    box, d, nb, c0 = pairs
+    wf, wl = grid.first[d], grid.first[d + 1] - 1
+    ends = np.flatnonzero(~inside)
+    first = select(blocks, box[ends], c0[ends])
+    last = select(blocks, box[ends], c0[ends] + nb[ends] - 1)
+    wf[ends], wl[ends] = grid.index(d[ends], first), grid.index(d[ends], last)
+    return wf, wl
+
+
+def _spread_runs(blocks: Blocks, which: npt.NDArray[np.intp], grid: Grid) -> I64:
+    """Runs per domain of boxes not evaluated pair by pair: spread evenly over each extent.
+
+    ``G(x) = sum_i rho_i * clip(x - lo_i, 0, hi_i - lo_i)`` with ``rho_i`` runs per
+    byte, from sorted extents and prefix sums, plus one cut run per (box, domain).
+    """
+    lo, hi = (e[which].astype(np.float64) for e in blocks.extent())
+    rho = blocks.nruns()[which] / np.maximum(hi - lo, 1.0)
+    x = grid.bounds.astype(np.float64)
+
+    def ramp(start: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        order = np.argsort(start)
+        r = np.concatenate(([0.0], np.cumsum(rho[order])))
+        rs = np.concatenate(([0.0], np.cumsum((rho * start)[order])))
+        k = np.searchsorted(start[order], x, side="left")
+        out: npt.NDArray[np.float64] = x * r[k] - rs[k]
+        return out
+
+    g = ramp(lo) - ramp(hi)
+    meets = np.searchsorted(np.sort(lo), x[1:], "left")
+    meets -= np.searchsorted(np.sort(hi), x[:-1], "right")
+    out: I64 = np.ceil(np.maximum(np.diff(g), 0.0)).astype(np.int64) + np.maximum(meets, 0)
     return out
 
 
