@@ -160,23 +160,29 @@ def explode_levels(blocks: Blocks, window: int) -> npt.NDArray[np.bool_]:
 
 
 def explode(blocks: Blocks, owner: I64, levels: npt.NDArray[np.bool_]) -> tuple[Blocks, I64]:
-    """Split boxes into one sub-box per item of the marked levels (vectorised)."""
+    """Split boxes into one sub-box per item of the marked levels (vectorised).
+
+    Only the levels that keep a count above 1 are copied to the sub-boxes, and the
+    mixed-radix digits are taken only for levels some box explodes.
+    """
     ecount = np.where(levels, blocks.counts, 1)
     nsub = np.prod(ecount, axis=1)
     rep = np.repeat(np.arange(len(blocks)), nsub)
     start = np.concatenate(([0], np.cumsum(nsub)[:-1]))
     local = np.arange(len(rep), dtype=np.int64) - start[rep]
-    base = blocks.base[rep].copy()
-    for k in range(blocks.ndim - 1, -1, -1):
-        ec = ecount[rep, k]
-        local, digit = np.divmod(local, ec)
-        base += digit * blocks.strides[rep, k]
-    counts = np.where(levels, 1, blocks.counts)[rep]
+    base = blocks.base[rep]
+    for k in np.flatnonzero(levels.any(axis=0))[::-1].tolist():
+        local, digit = np.divmod(local, ecount[:, k][rep])
+        base += digit * blocks.strides[:, k][rep]
+    rest = np.where(levels, 1, blocks.counts)
+    keep = (rest != 1).any(axis=0)
+    if not keep.any():
+        keep[-1] = True
     sub = Blocks(
-        base, blocks.mem[rep], counts, blocks.strides[rep], blocks.mstrides[rep],
-        blocks.runlen[rep],
+        base, blocks.mem[rep], rest[:, keep][rep], blocks.strides[:, keep][rep],
+        blocks.mstrides[:, keep][rep], blocks.runlen[rep],
     )  # fmt: skip
-    return squeeze(sub), owner[rep]
+    return sub, owner[rep]
 
 
 def max_gap(blocks: Blocks) -> I64:
