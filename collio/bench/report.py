@@ -114,8 +114,9 @@ def plot(path: str, summary: list[dict[str, Any]], title: str) -> None:
         lo = [rows[a]["median"] - rows[a]["min"] for a in apis if a in rows]
         hi = [rows[a]["max"] - rows[a]["median"] for a in apis if a in rows]
         ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=op)
-        for x, m in zip(xs, med, strict=True):
-            ax.text(x, m / 2, f"{m:.0f}", ha="center", va="center", fontsize=8, color="white")
+        tops = [rows[a]["max"] for a in apis if a in rows]
+        for x, m, top in zip(xs, med, tops, strict=True):
+            ax.text(x, top, f"{m:.0f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks([i + width * (len(ops) - 1) / 2 for i in range(len(apis))], apis)
     ax.set_ylabel("MiB/s (median; whiskers min-max)")
     ax.set_title(title, fontsize=9)
