@@ -71,6 +71,17 @@ def test_ior_pattern_transfers_and_hints(tmp_path):
 
 
 @needs_mpiexec
+def test_failure_on_every_rank_is_reported_not_hung(tmp_path):
+    target = tmp_path / "not-a-dir"
+    target.write_text("a file where a directory should be")
+    args = ["-n", "2", *BENCH, "-a", "posix", "-i", "1", "-o", str(target / "f"), "-w"]
+    proc = run_job(args, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "collio-bench: error: posix write: rank 0:" in proc.stderr
+    assert "rank 1: not a directory" in proc.stderr
+
+
+@needs_mpiexec
 def test_simulator_equals_real_stats_at_8_ranks():
     test = os.path.join(ROOT, "mpi_tests", "test_bench_simulator.py")
     args = ["-n", "8", sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", test, "-q"]

@@ -82,7 +82,12 @@ def split_runs(runs: Runs, size: int) -> Runs:
 
 
 class Api:
-    """One interface under test; subclasses override the phases they need."""
+    """One interface under test; subclasses override the phases they need.
+
+    ``open``, ``transfer`` and ``close`` are called on every rank of ``job.comm``
+    in the same order (collective for collective APIs); an exception on some
+    ranks is agreed by the runner and raised on all of them.
+    """
 
     name: ClassVar[str] = "abstract"
     #: Writes the layout's bytes where they belong (the ceiling does not).

@@ -11,6 +11,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..errors import CollioError
 from .report import format_hints, format_rss, format_summary, plot, summarize, write_json
 from .run import BenchConfig, Runner, run_bench
 from .simreport import human
@@ -76,7 +77,12 @@ def bench(
         f"APIs: {', '.join(names)}"
     )
     t0 = time.perf_counter()
-    runner, _, facts = run_bench(comm, cfg, emit)
+    try:
+        runner, _, facts = run_bench(comm, cfg, emit)
+    except CollioError as exc:  # raised alike on every rank
+        if rank0:
+            print(f"collio-bench: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     facts["peak_rss"] = comm.gather(runner.rss, root=0)
     facts["extra_rss"] = comm.gather(runner.extra, root=0)
     facts["data_bytes"] = comm.gather(facts["data_bytes"], root=0)

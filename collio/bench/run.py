@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from ..collective import Attempt, raise_agreed
 from .apis import Api, Job, get_api
 from .patterns import Workload
 
@@ -100,20 +101,29 @@ def _fresh(comm: MPI.Intracomm, path: str) -> None:
 
 
 def _timed(comm: MPI.Intracomm, api: Api, writing: bool) -> tuple[float, float, float, float]:
-    """Collective: (open, transfer, close) of the slowest rank, and the total between barriers."""
+    """Collective: (open, transfer, close) of the slowest rank, and the total between barriers.
+
+    A rank whose phase fails still reaches the barrier; then every rank raises the
+    same :class:`~collio.CollioError` naming the failing ranks (nobody hangs).
+    """
     comm.Barrier()
     t0 = time.perf_counter()
-    api.open(writing)
-    t1 = time.perf_counter()
-    api.transfer(writing)
-    t2 = time.perf_counter()
-    api.close()
-    t3 = time.perf_counter()
+    t = [t0, t0, t0]
+    step = Attempt()
+    with step:
+        api.open(writing)
+        t[0] = time.perf_counter()
+        api.transfer(writing)
+        t[1] = time.perf_counter()
+        api.close()
+        t[2] = time.perf_counter()
     comm.Barrier()
     total = time.perf_counter() - t0
-    phases = np.array([t1 - t0, t2 - t1, t3 - t2])
+    phases = np.array([t[0] - t0, t[1] - t[0], t[2] - t[1], 1.0 if step.error else 0.0])
     worst = np.empty_like(phases)
     comm.Allreduce(phases, worst, op=MPI.MAX)
+    if worst[3]:
+        raise_agreed(comm, step.error, what=f"{api.name} {'write' if writing else 'read'}")
     return float(worst[0]), float(worst[1]), float(worst[2]), total
 
 
