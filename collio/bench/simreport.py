@@ -46,7 +46,8 @@ def _header(work: Workload, res: SimResult, ppn: int) -> list[str]:
         f"hints: cb_nodes={naggs} cb_buffer_size={human(h['cb_buffer_size'])} "
         f"cb_config_list={h.get('cb_config_list') or '*:*'} "
         f"striping_unit={h.get('striping_unit') or 'none'} "
-        f"backend alignment={h['backend_alignment']} romio_cb_write={h['romio_cb_write']}",
+        f"backend alignment={h['backend_alignment']} romio_cb_write={h['romio_cb_write']} "
+        f"romio_cb_read={h['romio_cb_read']}",
     ]
 
 
