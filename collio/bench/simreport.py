@@ -121,6 +121,7 @@ def sim_json(work: Workload, res: SimResult) -> dict[str, Any]:
         "messages_per_round": res.msgs.tolist(), "round_start": res.rstart.tolist(),
         "requests": res.requests.tolist(), "request_counts": res.req_count.tolist(),
         "hole_reads": res.hole_reads.tolist(), "memory": res.memory().tolist(),
+        "agg_pieces": res.agg_pieces.tolist(), "windows": res.windows.tolist(),
         "method": res.method, "sampled": res.sampled, "windows_total": res.windows_total,
         "windows_evaluated": res.windows_evaluated, "seconds": res.seconds,
         "cpu_seconds": res.cpu_seconds, "hints": res.hints,
