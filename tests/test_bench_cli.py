@@ -50,6 +50,9 @@ def test_compare_all_apis_verifies_and_saves(tmp_path):
     assert all(0 <= e["posix"] <= p["posix"] for e, p in zip(doc["extra_rss"], doc["peak_rss"]))
     assert doc["data_bytes"] == [192 * 64 * 8] * 3 and doc["collio_aggregators"] == [0, 1, 2]
     assert "Peak RSS per rank" in proc.stdout and "Hints used" in proc.stdout
+    check = doc["memory_check"]
+    assert check["limit"] == 2 * (16 << 20) + (100 << 20) and check["ok"] is True
+    assert "collio aggregators' RSS growth: at most" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "f").exists()  # removed without -k
 

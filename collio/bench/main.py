@@ -12,7 +12,16 @@ from typing import Any
 from mpi4py import MPI
 
 from ..errors import CollioError
-from .report import format_hints, format_rss, format_summary, plot, summarize, write_json
+from .report import (
+    MiB,
+    format_hints,
+    format_rss,
+    format_summary,
+    memory_check,
+    plot,
+    summarize,
+    write_json,
+)
 from .run import BenchConfig, Runner, run_bench
 from .simreport import human
 
@@ -104,6 +113,14 @@ def _finish(
     summary = summarize(runner.rows, names)
     print(format_summary(summary, names[0]))
     print(format_rss(facts, runner.aggregators, names))
+    if "collio" in names:
+        cb = int(runner.hints_used.get("collio", {}).get("cb_buffer_size", 16 * MiB))
+        facts["memory_check"] = check = memory_check(facts, runner.aggregators, cb)
+        print(
+            f"collio aggregators' RSS growth: at most {check['max_growth'] / MiB:.1f} MiB; "
+            f"bound 2 x cb_buffer_size + 100 MiB = {check['limit'] / MiB:.0f} MiB: "
+            f"{'within' if check['ok'] else 'EXCEEDED'}"
+        )
     print(format_hints(runner.hints_used))
     print(f"\ntest file {facts['path']} ({'kept' if cfg.keep else 'removed'}); {seconds:.1f} s")
     doc = {
