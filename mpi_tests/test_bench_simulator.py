@@ -27,6 +27,8 @@ CASES = [
     ("cyclic", "64", {"cb_nodes": 3, "cb_buffer_size": 2048}),
     ("cube", "20", {"cb_buffer_size": 5000, "cb_nodes": 5}),
     ("ior", None, {"cb_nodes": 2, "cb_buffer_size": 3333}),
+    ("colblock", "48x50", {"striping_unit": 4096, "cb_buffer_size": 1000, "cb_nodes": 8}),
+    ("cyclic", "48x50", {"striping_unit": 16384, "cb_buffer_size": 5000}),
 ]  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from collio.aggregators import choose_aggregators, file_domains, plan_aggregator
 from collio.aggregators import window_size
 from collio.aggregators.domains import alignment
 from collio.bench.batch import batched_blocks, select
-from collio.layouts.strided import Blocks
+from collio.layouts.strided import Blocks, flatten
 from collio.bench.patterns import make_workload
 from collio.bench.simulate import SimConfig, simulate
 from collio.hints import Hints
@@ -60,6 +60,8 @@ CASES = [
     ("cube", 8, "14", {"cb_nodes": 5, "cb_buffer_size": 1500}),
     ("ior", 4, None, {"cb_buffer_size": 700}),
     ("ior", 5, None, {"cb_nodes": 2, "cb_buffer_size": 5000, "striping_unit": 1024}),
+    ("colblock", 4, "48x50", {"striping_unit": 4096, "cb_buffer_size": 1000, "cb_nodes": 8}),
+    ("cyclic", 4, "48x50", {"striping_unit": 16384, "cb_buffer_size": 5000}),
 ]
 
 
@@ -81,16 +83,31 @@ def test_simulator_equals_planner(pattern, p, size, hints, method):
     assert sim.nbytes == work.nbytes == sum(ref["bytes"])
 
 
-def test_batched_blocks_equal_each_rank_layout():
+@pytest.mark.parametrize("p", [1, 2, 3, 6])
+def test_batched_blocks_hold_each_rank_runs(p):
+    """Same bytes as every rank's layout, and as many runs as collio lists after merging."""
     for pattern in ("ior", "colblock", "rowblock", "block2d", "cyclic", "cube"):
-        work = make_workload(pattern, 6, size="23", block_size=64, transfer=16, segments=3,
+        work = make_workload(pattern, p, size="23", block_size=64, transfer=16, segments=3,
                              cyclic_block=3)  # fmt: skip
         blocks, owner = batched_blocks(work)
         for r in range(work.nranks):
-            ref = work.layout(r).blocks()
-            mine = owner == r
-            for field in ("base", "mem", "counts", "strides", "mstrides", "runlen"):
-                np.testing.assert_array_equal(getattr(blocks, field)[mine], getattr(ref, field))
+            ref = work.layout(r).runs()
+            mine = np.flatnonzero(owner == r)
+            sub = Blocks(*(getattr(blocks, f)[mine] for f in Blocks.__slots__))
+            got = flatten(sub)
+            np.testing.assert_array_equal(got.file, ref.file)
+            np.testing.assert_array_equal(got.length, ref.length)
+            np.testing.assert_array_equal(got.mem, ref.mem)
+            assert int(sub.nruns().sum()) == len(ref), (pattern, p, r)
+
+
+def test_batched_blocks_equal_layout_boxes_on_full_grids():
+    work = make_workload("cyclic", 6, size="23", cyclic_block=3)
+    blocks, owner = batched_blocks(work)
+    for r in range(work.nranks):
+        ref = work.layout(r).blocks()
+        for field in ("base", "mem", "counts", "strides", "mstrides", "runlen"):
+            np.testing.assert_array_equal(getattr(blocks, field)[owner == r], getattr(ref, field))
 
 
 def test_select_inverts_count_below():

@@ -94,6 +94,9 @@ class Workload:
 
         Returns ``first, block, period, count``: rank r holds global indices
         ``first + j*period + i`` (``i < block``), ``count`` of them, in dimension k.
+        A cyclic dimension on one process (``period == block``) is one interval, so
+        the boxes' runs are the merged runs collio lists (one box, not a full and a
+        partial one that touch).
         """
         c = self.coords()
         n = np.array(self.shape, np.int64)[None, :]
@@ -105,8 +108,11 @@ class Workload:
             width = np.maximum(count, 1)
             return first, width, width.copy(), count
         nb = np.array(self.block, np.int64)[None, :]
-        full = np.broadcast_to
-        return c * nb, full(nb, c.shape).copy(), full(nb * p, c.shape).copy(), numroc(n, nb, c, p)
+        count = numroc(n, nb, c, p)
+        alone = np.broadcast_to(p == 1, c.shape)
+        block = np.where(alone, np.maximum(count, 1), nb)
+        period = np.where(alone, block, nb * p)
+        return c * nb, block, period, count
 
     def data(self, rank: int, seed: int = 0) -> npt.NDArray[Any]:
         """The piece rank ``rank`` writes: a function of each element's global position."""
