@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..layouts.strided import Blocks, count_below
-from .batch import max_gap, select
+from .batch import explode, max_gap, select
 
-__all__ = ["Grid", "WindowCounts", "explicit", "intervals", "pair_chunks"]
+__all__ = ["Grid", "WindowCounts", "explicit", "exploded_intervals", "intervals", "pair_chunks"]
 
 I64 = npt.NDArray[np.int64]
 #: Pairs evaluated per numpy pass (bounds memory to a few hundred MiB).
@@ -161,6 +161,7 @@ def intervals(
     dedupe: bool,
     windows: bool = True,
     tiled: bool = False,
+    spread: bool = True,
 ) -> WindowCounts:
     """Exact ranks per window for boxes whose gaps are all < window (see module doc).
 
@@ -171,7 +172,8 @@ def intervals(
     ``count_below`` per (box, domain bound) gives the bytes of each (box, domain)
     pair and :func:`select` the first and last byte in it.  ``tiled`` (the boxes
     cover the extent without holes) makes a domain's bytes its size, so through
-    boxes need no pair at all; their runs per domain are then estimated.
+    boxes need no pair at all; their runs per domain are then estimated (unless
+    ``spread`` is False: the caller estimates them).
     """
     nw, naggs = grid.nwindows, len(grid.bounds) - 1
     out = WindowCounts.zeros(nw, naggs)
@@ -199,8 +201,51 @@ def intervals(
     out.ranks = np.cumsum(diff)[:nw].astype(np.int64)
     if tiled:
         out.dom_bytes = np.diff(grid.bounds).astype(np.int64)
-        out.dom_runs += _spread_runs(blocks, np.flatnonzero(quick), grid)
+        if spread:
+            out.dom_runs += _spread_runs(blocks, np.flatnonzero(quick), grid)
     return out
+
+
+def exploded_intervals(
+    blocks: Blocks,
+    owner: I64,
+    grid: Grid,
+    levels: npt.NDArray[np.bool_],
+    *,
+    dedupe: bool,
+    tiled: bool,
+) -> WindowCounts:
+    """:func:`intervals` over the sub-boxes of ``levels``, exploded chunk by chunk.
+
+    Memory stays bounded however many sub-boxes there are (10^8 and more for fine
+    block-cyclic or IOR layouts); chunks never split a rank.
+    """
+    nw, naggs = grid.nwindows, len(grid.bounds) - 1
+    out = WindowCounts.zeros(nw, naggs)
+    nsub = np.prod(np.where(levels, blocks.counts, 1), axis=1)
+    b0, b1, d0, d1, _ = _spans(blocks, grid)
+    for part in pair_chunks(nsub + (d1 - d0), owner):
+        idx = np.arange(len(blocks))[part]
+        sub, sub_owner = explode(take(blocks, idx), owner[idx], levels[idx])
+        c = intervals(sub, sub_owner, grid, dedupe=dedupe, tiled=tiled, spread=False)
+        out.ranks += c.ranks
+        out.dom_bytes += c.dom_bytes
+        out.dom_runs += c.dom_runs
+    if tiled:
+        out.dom_bytes = np.diff(grid.bounds).astype(np.int64)
+        inner = Blocks(
+            blocks.base, blocks.mem, np.where(levels, 1, blocks.counts), blocks.strides,
+            blocks.mstrides, blocks.runlen,
+        )  # fmt: skip
+        shortest = int((grid.end - grid.start).min()) if nw else 0
+        quick = np.flatnonzero(max_gap(inner) < shortest)
+        out.dom_runs += _spread_runs(blocks, quick, grid)
+    return out
+
+
+def take(blocks: Blocks, idx: npt.NDArray[np.intp]) -> Blocks:
+    """The boxes ``idx`` of a batch."""
+    return Blocks(*(getattr(blocks, f)[idx] for f in Blocks.__slots__))
 
 
 def _spans(blocks: Blocks, grid: Grid) -> tuple[I64, I64, I64, I64, npt.NDArray[np.bool_]]:
