@@ -223,8 +223,14 @@ def exploded_intervals(
     nw, naggs = grid.nwindows, len(grid.bounds) - 1
     out = WindowCounts.zeros(nw, naggs)
     nsub = np.prod(np.where(levels, blocks.counts, 1), axis=1)
-    b0, b1, d0, d1, _ = _spans(blocks, grid)
-    for part in pair_chunks(nsub + (d1 - d0), owner):
+    _, _, d0, d1, _ = _spans(blocks, grid)
+    inner = Blocks(
+        blocks.base, blocks.mem, np.where(levels, 1, blocks.counts), blocks.strides,
+        blocks.mstrides, blocks.runlen,
+    )  # fmt: skip
+    shortest = int((grid.end - grid.start).min()) if nw else 0
+    quick = (max_gap(inner) < shortest) & tiled  # its sub-boxes need no pair
+    for part in pair_chunks(np.where(quick, nsub, nsub * (d1 - d0 + 2)), owner):
         idx = np.arange(len(blocks))[part]
         sub, sub_owner = explode(take(blocks, idx), owner[idx], levels[idx])
         c = intervals(sub, sub_owner, grid, dedupe=dedupe, tiled=tiled, spread=False)
@@ -233,13 +239,7 @@ def exploded_intervals(
         out.dom_runs += c.dom_runs
     if tiled:
         out.dom_bytes = np.diff(grid.bounds).astype(np.int64)
-        inner = Blocks(
-            blocks.base, blocks.mem, np.where(levels, 1, blocks.counts), blocks.strides,
-            blocks.mstrides, blocks.runlen,
-        )  # fmt: skip
-        shortest = int((grid.end - grid.start).min()) if nw else 0
-        quick = np.flatnonzero(max_gap(inner) < shortest)
-        out.dom_runs += _spread_runs(blocks, quick, grid)
+        out.dom_runs += _spread_runs(blocks, np.flatnonzero(quick), grid)
     return out
 
 
