@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .aggregators import file_domains, plan_aggregator, plan_sender, window_size
+from .aggregators import plan_aggregator, plan_sender, window_size
 from .aggregators.domains import alignment
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import Backend
@@ -185,7 +185,7 @@ def _plan(ctx: Context, runs: Runs, call: _Call, *, writing: bool) -> _Plan:
     comm, aggs = ctx.comm, ctx.aggregators
     align = alignment(ctx.backend.alignment, ctx.hints.striping_unit)
     lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
-    bounds = file_domains(lo, hi, len(aggs), align)
+    bounds = ctx.backend.domain_bounds(lo, hi, len(aggs), align)
     window = window_size(min(ctx.hints.cb_buffer_size, 1 << 30), align)
     sp = plan_sender(runs, bounds, window)
     counts = np.zeros(comm.Get_size(), np.int64)

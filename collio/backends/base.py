@@ -8,7 +8,8 @@ Required: :meth:`Backend.open` (a classmethod, called by *every* rank),
 :meth:`write_at`, :meth:`read_at`, :meth:`size`, :meth:`sync`, :meth:`close`.
 Optional hooks with defaults: :meth:`runs_for` (map a layout into the backend's
 byte space, e.g. chunk-major for zarr), :meth:`domain_extent` (e.g. S3 objects
-always start at 0), :meth:`commit` / :meth:`abort` (atomic completion).
+always start at 0), :meth:`domain_bounds` (cut the domains, e.g. by real bytes),
+:meth:`commit` / :meth:`abort` (atomic completion).
 
 How the planned backends fit:
 
@@ -34,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from ..aggregators.domains import file_domains
 from ..runs import Runs
 
 __all__ = ["Backend"]
@@ -164,6 +166,16 @@ class Backend(abc.ABC):
     def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
         """The byte range the file domains split (default: the data's own extent)."""
         return lo, hi
+
+    def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> npt.NDArray[np.int64]:
+        """``naggs + 1`` domain bounds over ``[lo, hi)``, interior ones multiples of ``align``.
+
+        Must be a pure function of its arguments (every rank calls it and must get
+        the same bounds).  Default: even shares of the byte range
+        (:func:`~collio.aggregators.file_domains`).  Backends whose units carry
+        unequal real bytes (zarr's and chunked HDF5's padded edge chunks) weigh them.
+        """
+        return file_domains(lo, hi, naggs, align)
 
     # -- completion -------------------------------------------------------
     @abc.abstractmethod
