@@ -1,0 +1,232 @@
+"""The chunk-major byte space that chunked targets (zarr, chunked HDF5) show the engine.
+
+Unit ``u`` (a chunk, or a shard when sharding is on) occupies bytes
+``[u * U, (u + 1) * U)`` with ``U`` the byte size of a *full* unit; inside a unit
+the elements lie in the layout's order (C or Fortran) over the full unit shape, so
+edge units are padded.  Units are numbered in the same order over the unit grid.
+With :attr:`ChunkSpace.unit_nbytes` as the engine's alignment, every unit lies in
+exactly one aggregator's file domain: one writer per chunk or shard.
+
+Everything here is pure numpy (no I/O, no MPI) and vectorised: no Python loop per
+run or element.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..aggregators.domains import file_domains
+from ..runs import Runs, merge, sort
+
+if TYPE_CHECKING:
+    from ..layouts.arrays import DimSet
+
+__all__ = ["ChunkSpace", "covered_below"]
+
+I64 = npt.NDArray[np.int64]
+#: Above this many units in an extent, domains fall back to even byte shares.
+MAX_WEIGHED_UNITS = 1 << 22
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChunkSpace:
+    """Chunk-major byte space of an array ``shape`` cut in units of ``unit`` elements.
+
+    Parameters
+    ----------
+    shape
+        The global array's shape.
+    unit
+        The chunk shape (the shard shape when sharding is on).
+    itemsize
+        Bytes per element.
+    order
+        'C' or 'F': the order of units in the grid and of elements in a unit
+        (the layout's memory order, so a rank's runs stay long in both).
+    """
+
+    shape: tuple[int, ...]
+    unit: tuple[int, ...]
+    itemsize: int
+    order: str = "C"
+
+    # -- sizes (array order) --------------------------------------------------
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Units per dimension."""
+        return tuple(-(-s // u) for s, u in zip(self.shape, self.unit, strict=True))
+
+    @property
+    def nunits(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def unit_items(self) -> int:
+        return math.prod(self.unit)
+
+    @property
+    def unit_nbytes(self) -> int:
+        return self.unit_items * self.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the whole space (padded edge units included)."""
+        return self.nunits * self.unit_nbytes
+
+    def _space(self, values: Sequence[Any]) -> list[Any]:
+        """Per-dimension values in space order (Fortran order reverses the dimensions)."""
+        return list(values)[::-1] if self.order == "F" else list(values)
+
+    # -- mapping a layout -----------------------------------------------------
+    def runs(self, dims: Sequence[DimSet]) -> Runs:
+        """A rank's runs in this space for its per-dimension index sets (array order).
+
+        The rank's buffer holds its elements in global order, in :attr:`order`
+        (as :class:`~collio.layouts.ArrayLayout` says).  Runs are cut at gaps and
+        unit boundaries of the fastest dimension, then sorted by offset and merged.
+        """
+        d = self._space(dims)
+        u, g = self._space(self.unit), self._space(self.grid)
+        counts = [x.count for x in d]
+        if not d or min(counts) <= 0:
+            return Runs.empty()
+        idx = d[-1].indices()
+        brk = np.ones(len(idx), bool)
+        brk[1:] = (idx[1:] != idx[:-1] + 1) | (idx[1:] % u[-1] == 0)
+        starts = np.flatnonzero(brk).astype(np.int64)
+        seg_len = np.diff(np.append(starts, len(idx))).astype(np.int64)
+        uid = idx[starts] // u[-1]
+        inner = idx[starts] % u[-1]
+        mem = starts
+        gs, us, ls = 1, u[-1], counts[-1]
+        for k in range(len(d) - 2, -1, -1):
+            gs *= g[k + 1]
+            ik = d[k].indices()
+            uid = ((ik // u[k]) * gs)[:, None] + uid[None, :]
+            inner = ((ik % u[k]) * us)[:, None] + inner[None, :]
+            mem = (np.arange(counts[k], dtype=np.int64) * ls)[:, None] + mem[None, :]
+            uid, inner, mem = uid.reshape(-1), inner.reshape(-1), mem.reshape(-1)
+            us *= u[k]
+            ls *= counts[k]
+        isz = self.itemsize
+        length = np.tile(seg_len * isz, len(uid) // len(seg_len))
+        file = (uid * self.unit_items + inner) * isz
+        return merge(sort(Runs(file, length, mem * isz)))
+
+    # -- units ----------------------------------------------------------------
+    def coords(self, ids: I64) -> tuple[I64, ...]:
+        """Grid coordinates of units (array order)."""
+        c = np.unravel_index(np.asarray(ids, np.int64), self._space(self.grid))
+        out = [x.astype(np.int64) for x in c]
+        return tuple(self._space(out))
+
+    def extents(self, ids: I64) -> I64:
+        """Real (unpadded) extent of each unit per dimension: shape ``(len(ids), ndim)``."""
+        coords = self.coords(ids)
+        cols = [
+            np.minimum(u, s - c * u) for c, u, s in zip(coords, self.unit, self.shape, strict=True)
+        ]
+        return np.stack(cols, axis=1) if cols else np.zeros((len(ids), 0), np.int64)
+
+    def valid_nbytes(self, ids: I64) -> I64:
+        """Real bytes of each unit (edge units hold fewer than :attr:`unit_nbytes`)."""
+        out: I64 = np.prod(self.extents(ids), axis=1).astype(np.int64) * self.itemsize
+        return out
+
+    def region(self, uid: int) -> tuple[slice, ...]:
+        """The unit's region of the global array (array order)."""
+        coords = [int(c[0]) for c in self.coords(np.array([uid], np.int64))]
+        return tuple(
+            slice(c * u, min((c + 1) * u, s))
+            for c, u, s in zip(coords, self.unit, self.shape, strict=True)
+        )
+
+    def view(self, raw: npt.NDArray[np.uint8], dtype: Any, uid: int) -> np.ndarray[Any, Any]:
+        """The real elements of unit ``uid`` inside its ``unit_nbytes`` of ``raw`` (a view)."""
+        full = raw.view(dtype).reshape(self._space(self.unit))
+        if self.order == "F":
+            full = full.T
+        real = tuple(slice(0, r.stop - r.start) for r in self.region(uid))
+        part: np.ndarray[Any, Any] = full[real]
+        return part
+
+    def unit_bytes(self, offset: int, nbytes: int, runs: Runs) -> tuple[I64, I64]:
+        """Units meeting ``[offset, offset+nbytes)`` and the bytes ``runs`` put in each.
+
+        ``runs`` must be sorted by offset and disjoint (a write's coverage); for a
+        read's (possibly overlapping) needs only "more than zero" is meaningful.
+        """
+        ub = self.unit_nbytes
+        u0, u1 = offset // ub, -(-(offset + nbytes) // ub)
+        ids = np.arange(u0, u1, dtype=np.int64)
+        edges = np.arange(u0, u1 + 1, dtype=np.int64) * ub
+        return ids, np.diff(covered_below(runs, edges))
+
+    # -- domains --------------------------------------------------------------
+    def extent(self, lo: int, hi: int) -> tuple[int, int]:
+        """``[lo, hi)`` widened to whole units."""
+        ub = self.unit_nbytes
+        return (lo // ub) * ub, -(-hi // ub) * ub
+
+    def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> I64:
+        """Cut ``[lo, hi)`` at multiples of ``align`` into ``naggs`` equal shares of real bytes.
+
+        Padded edge units weigh what they hold, so the aggregator owning the last
+        row of units is not short of work.  Falls back to even byte shares when
+        ``align`` is not a whole number of units or the extent has very many units.
+        """
+        ub = self.unit_nbytes
+        if naggs < 2 or hi <= lo or align % ub or (hi - lo) // ub > MAX_WEIGHED_UNITS:
+            return file_domains(lo, hi, naggs, align)
+        first = lo // ub
+        w = self.valid_nbytes(np.arange(first, -(-hi // ub), dtype=np.int64))
+        cum = np.concatenate(([0], np.cumsum(w))).astype(np.int64)
+        cand = np.arange(-(-lo // align) * align, hi, align, dtype=np.int64)
+        cand = cand[cand > lo]
+        if not len(cand):
+            return np.array([lo] + [hi] * naggs, np.int64)
+        wc = cum[cand // ub - first]
+        targets = (int(cum[-1]) * np.arange(1, naggs, dtype=np.int64)) // naggs
+        j = np.searchsorted(wc, targets)
+        jl = np.maximum(j - 1, 0)
+        jr = np.minimum(j, len(cand) - 1)
+        left = (j == len(cand)) | ((j > 0) & (targets - wc[jl] <= wc[jr] - targets))
+        cuts = np.where(left, cand[jl], cand[jr])
+        bounds = np.concatenate(([lo], cuts, [hi])).astype(np.int64)
+        return np.maximum.accumulate(np.clip(bounds, lo, hi)).astype(np.int64)
+
+    def assignment(self, bounds: I64) -> list[dict[str, Any]]:
+        """Per domain: its units ``[first, end)`` and their real bytes (for statistics)."""
+        ub = self.unit_nbytes
+        first, end = bounds[:-1] // ub, -(-bounds[1:] // ub)
+        if not len(first):
+            return []
+        base, top = int(first[0]), int(end[-1])
+        if top - base > MAX_WEIGHED_UNITS:
+            real = (end - first) * ub
+        else:
+            w = self.valid_nbytes(np.arange(base, top, dtype=np.int64))
+            cum = np.concatenate(([0], np.cumsum(w))).astype(np.int64)
+            real = cum[end - base] - cum[first - base]
+        return [
+            {"units": [a, b], "nbytes": n}
+            for a, b, n in zip(first.tolist(), end.tolist(), real.tolist(), strict=True)
+        ]
+
+
+def covered_below(runs: Runs, x: I64) -> I64:
+    """Bytes of ``runs`` (sorted by offset, disjoint) below each offset in ``x``."""
+    if not len(runs):
+        return np.zeros(len(x), np.int64)
+    before = np.concatenate(([0], np.cumsum(runs.length))).astype(np.int64)
+    i = np.searchsorted(runs.file, x, side="right") - 1
+    ic = np.maximum(i, 0)
+    part = np.clip(x - runs.file[ic], 0, runs.length[ic])
+    out: I64 = np.where(i >= 0, before[ic] + part, 0).astype(np.int64)
+    return out

@@ -1,0 +1,311 @@
+"""Zarr arrays (v3, sharded or not) where every chunk or shard has exactly one writer.
+
+The engine sees the array as a chunk-major byte space
+(:class:`~collio.backends.chunkspace.ChunkSpace`): unit ``u`` (a chunk, or a
+whole shard when sharding is on) is bytes ``[u*U, (u+1)*U)``.  The backend's
+alignment is ``U``, so file domains are made of whole units and each unit is
+assembled and stored by the one aggregator that owns it, through zarr's own API
+and codec pipeline (``AsyncArray.setitem`` of the unit's region; zarr encodes,
+compresses and, for shards, builds the index).  Units nobody touched are never
+written; units partly covered by a call are read, merged and rewritten by their
+owner.  Reads decode each needed unit once, on its owner, and the engine
+redistributes the bytes.
+
+Threads: windows are written in collio's I/O thread while the main thread may
+read the next window's partial units; both submit coroutines to zarr's own event
+loop (``zarr.core.sync.sync``, thread-safe) and never touch the same unit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections.abc import Coroutine
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+import zarr
+from zarr.core.sync import sync as zarr_sync
+
+from ..collective import Attempt, agree
+from ..errors import BackendError, LayoutError, MismatchError
+from ..layouts.arrays import ArrayLayout
+from ..runs import Runs
+from .base import Backend
+from .chunkspace import ChunkSpace
+from .zarr_open import OpenSpec, array_facts
+
+__all__ = ["ZarrBackend"]
+
+I64 = npt.NDArray[np.int64]
+
+
+class ZarrBackend(Backend):
+    """A zarr array open on every rank; aggregators store whole chunks (or shards).
+
+    Open with ``collio.open(target, mode, backend="zarr", ...)`` where ``target``
+    is a path or URL, a zarr store, or a ``zarr.Array``.  Options (mode ``'w'``
+    creates the array on rank 0, overwriting what is there): ``shape``,
+    ``dtype``, ``chunks``, ``shards``, ``compressors``, ``filters``,
+    ``serializer``, ``fill_value``, ``attributes``, ``dimension_names``,
+    ``chunk_key_encoding``, ``zarr_format`` (3), ``config``; in every mode
+    ``path`` (the array inside the store) and ``storage_options`` (fsspec URLs).
+    In ``'r'``/``'r+'``, ``shape``, ``dtype``, ``chunks`` and ``shards`` are
+    checked against the array.
+    """
+
+    name: ClassVar[str] = "zarr"
+    partial_write: ClassVar[bool] = False  # whole chunks only; holes filled per chunk
+    collective_open: ClassVar[bool] = True  # rank 0 creates the metadata
+    independent: ClassVar[bool] = False  # ranks sharing a chunk would lose data
+    sparse: ClassVar[bool] = False  # untouched elements read as the fill value
+
+    def __init__(self, array: Any, mode: str, *, copy_values: bool) -> None:
+        self.array = array
+        self.mode = mode
+        self.readable = True
+        self.writable = mode != "r"
+        facts = array_facts(array)
+        self.dtype: np.dtype[Any] = facts.dtype
+        self.unit_kind = "shard" if facts.shards else "chunk"
+        unit = facts.shards or facts.chunks
+        self.space = ChunkSpace(facts.shape, unit, self.dtype.itemsize, "C")
+        self.alignment = max(1, self.space.unit_nbytes)  # type: ignore[misc]  # per array
+        self._copy = copy_values
+        self._written: set[int] = set()
+        self._limit = max(1, int(zarr.config.get("async.concurrency") or 10))
+        self._info: dict[str, Any] = {
+            "backend": self.name,
+            "partial_write": self.partial_write,
+            "alignment": self.alignment,
+            "min_request": self.min_request,
+            "max_request": self.max_request,
+            "store": str(array.store),
+            "path": str(array.path),
+            "shape": list(facts.shape),
+            "dtype": self.dtype.str,
+            "chunks": list(facts.chunks),
+            "shards": list(facts.shards) if facts.shards else None,
+            "unit": self.unit_kind,
+            "unit_nbytes": self.space.unit_nbytes,
+            "units": self.space.nunits,
+            "domains": [],
+        }
+
+    # -- open -----------------------------------------------------------------
+    @classmethod
+    def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> ZarrBackend:
+        """Collective over `comm`: create (rank 0, mode 'w') or find the array, open it everywhere.
+
+        Every failure (bad options, a missing array, a read-only store, ranks
+        opening different arrays) raises the same error on every rank.
+        """
+        step = Attempt()
+        spec: OpenSpec | None = None
+        with step:
+            spec = OpenSpec.parse(target, mode, options, nranks=comm.Get_size())
+        agree(comm, step.error, what="open zarr array")
+        assert spec is not None
+        if spec.creates:
+            step = Attempt()
+            if comm.Get_rank() == 0:
+                with step:
+                    spec.create()
+            agree(comm, step.error, what=f"create zarr array {spec.label}")
+        step = Attempt()
+        array: Any = None
+        with step:
+            array = spec.open()
+        agree(comm, step.error, what=f"open zarr array {spec.label}")
+        facts = array_facts(array).key()
+        ref = comm.bcast(facts, root=0)
+        agree(
+            comm,
+            None
+            if ref == facts
+            else MismatchError(f"this rank opened an array with {facts}, rank 0 one with {ref}"),
+            what=f"open zarr array {spec.label}",
+        )
+        return cls(array, mode, copy_values=spec.in_memory)
+
+    # -- layouts ----------------------------------------------------------------
+    def check_layout(self, layout: Any) -> None:
+        """The layout must describe this array: same global shape and dtype, no offset."""
+        if not isinstance(layout, ArrayLayout):
+            raise LayoutError(
+                f"the zarr backend needs an array layout (Subarray, block, block_cyclic), "
+                f"not {type(layout).__name__}"
+            )
+        shape = self.space.shape
+        if layout.global_shape != shape:
+            raise LayoutError(
+                f"layout global shape {layout.global_shape} does not match the zarr array's "
+                f"shape {shape}"
+            )
+        if layout.dtype != self.dtype:
+            raise LayoutError(
+                f"layout dtype {layout.dtype} does not match the zarr array's dtype {self.dtype}"
+            )
+        if layout.offset:
+            raise LayoutError(f"a zarr layout has no byte offset (got {layout.offset})")
+        if not shape:
+            raise LayoutError("0-d zarr arrays are not supported")
+        if self.space.order != layout.order:
+            self.space = ChunkSpace(shape, self.space.unit, self.space.itemsize, layout.order)
+
+    def runs_for(self, layout: Any) -> Runs:
+        """This rank's runs in chunk-major space (call after :meth:`check_layout`)."""
+        return self.space.runs(layout.dims)
+
+    def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
+        return self.space.extent(lo, hi)
+
+    def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> I64:
+        """Whole units, cut so that each aggregator gets an even share of real bytes."""
+        bounds = self.space.domain_bounds(lo, hi, naggs, align)
+        self._info["order"] = self.space.order
+        self._info["domains"] = self.space.assignment(bounds)
+        return bounds
+
+    # -- windows (I/O thread and main thread) -----------------------------------
+    def write_window(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
+        """Store every unit of the window that some rank wrote (whole units, zarr codecs)."""
+        ids, got = self.space.unit_bytes(offset, len(buf), cover)
+        ids = ids[got > 0]
+        if not len(ids):
+            return []
+        values = [self._unit(buf, offset, u) for u in ids.tolist()]
+        if self._copy:
+            values = [v.copy() for v in values]
+        self._run(self._store(ids.tolist(), values))
+        self._written.update(ids.tolist())
+        return self.space.valid_nbytes(ids).tolist()  # type: ignore[no-any-return]
+
+    def fill_holes(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
+        """Read the units this round covers only in part (their owner merges and rewrites)."""
+        ids, got = self.space.unit_bytes(offset, len(buf), cover)
+        valid = self.space.valid_nbytes(ids)
+        part = (got > 0) & (got < valid)
+        return self._load_into(buf, offset, ids[part])
+
+    def read_window(self, offset: int, buf: npt.NDArray[np.uint8], need: Runs) -> list[int]:
+        """Decode each unit some rank needs, once."""
+        ids, got = self.space.unit_bytes(offset, len(buf), need)
+        return self._load_into(buf, offset, ids[got > 0])
+
+    def _unit(self, buf: npt.NDArray[np.uint8], offset: int, uid: int) -> np.ndarray[Any, Any]:
+        ub = self.space.unit_nbytes
+        start = uid * ub - offset
+        return self.space.view(buf[start : start + ub], self.dtype, uid)
+
+    def _load_into(self, buf: npt.NDArray[np.uint8], offset: int, ids: I64) -> list[int]:
+        if not len(ids):
+            return []
+        dests = [self._unit(buf, offset, u) for u in ids.tolist()]
+        self._run(self._load(ids.tolist(), dests))
+        return self.space.valid_nbytes(ids).tolist()  # type: ignore[no-any-return]
+
+    # -- zarr's event loop ------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            zarr_sync(coro)
+        except (OSError, MemoryError):
+            raise
+        except Exception as exc:  # zarr and stores raise ValueError & co. for I/O failures
+            raise BackendError(f"zarr: {type(exc).__name__}: {exc}") from exc
+
+    async def _store(self, ids: list[int], values: list[np.ndarray[Any, Any]]) -> None:
+        sem = asyncio.Semaphore(self._limit)
+        target = self.array.async_array
+
+        async def one(uid: int, value: np.ndarray[Any, Any]) -> None:
+            async with sem:
+                await target.setitem(self.space.region(uid), value)
+
+        await asyncio.gather(*(one(u, v) for u, v in zip(ids, values, strict=True)))
+
+    async def _load(self, ids: list[int], dests: list[np.ndarray[Any, Any]]) -> None:
+        sem = asyncio.Semaphore(self._limit)
+        source = self.array.async_array
+
+        async def one(uid: int, dest: np.ndarray[Any, Any]) -> None:
+            async with sem:
+                got = await source.getitem(self.space.region(uid))
+            dest[...] = np.asarray(got)
+
+        await asyncio.gather(*(one(u, d) for u, d in zip(ids, dests, strict=True)))
+
+    # -- byte access (not used by the two-phase engine: windows are whole units) --
+    def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        ub = self.space.unit_nbytes
+        if offset % ub or len(buf) % ub:
+            raise BackendError(
+                f"the zarr backend writes whole {self.unit_kind}s of {ub} bytes, "
+                f"not [{offset}, {offset + len(buf)})"
+            )
+        self.write_window(offset, buf, _one_run(offset, len(buf)))
+
+    def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        lo, hi = self.space.extent(offset, offset + len(buf))
+        hi = min(hi, self.space.nbytes)
+        tmp = np.zeros(max(hi - lo, 0), np.uint8)
+        if len(tmp):
+            self.read_window(lo, tmp, _one_run(lo, len(tmp)))
+        n = max(0, min(len(buf), hi - offset))
+        buf[:n] = tmp[offset - lo : offset - lo + n]
+        buf[n:] = 0
+
+    # -- completion ---------------------------------------------------------------
+    def size(self) -> int:
+        return self.space.nbytes
+
+    def sync(self) -> None:
+        """Make the chunk files this rank stored durable (local directories: fsync)."""
+        written, self._written = self._written, set()
+        root = getattr(self.array.store, "root", None)
+        if not written or not isinstance(root, os.PathLike):
+            return
+        meta = self.array.metadata
+        dirs: set[str] = set()
+        ids = np.fromiter(written, np.int64, len(written))
+        coords = np.stack(self.space.coords(ids), axis=1).tolist()
+        for c in coords:
+            key = meta.encode_chunk_key(tuple(c))
+            path = os.path.join(os.fspath(root), str(self.array.path), key)
+            if _fsync(path):
+                dirs.add(os.path.dirname(path))
+        for d in dirs:
+            _fsync(d)
+
+    def close(self) -> None:
+        self._written = set()
+
+    def describe(self) -> dict[str, Any]:
+        """Capabilities and geometry; ``domains`` is updated by every collective call.
+
+        The same dict object is returned each time (``File.stats.backend`` keeps it),
+        so the last call's assignment of units to aggregators shows there.
+        """
+        return self._info
+
+
+def _one_run(offset: int, nbytes: int) -> Runs:
+    z = np.zeros(1, np.int64)
+    return Runs(z + offset, z + nbytes, z)
+
+
+def _fsync(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # an all-fill-value chunk is not stored
+        return False
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+    return True
