@@ -52,8 +52,9 @@ class ZarrBackend(Backend):
     ``serializer``, ``fill_value``, ``attributes``, ``dimension_names``,
     ``chunk_key_encoding``, ``zarr_format`` (3), ``config``; in every mode
     ``path`` (the array inside the store) and ``storage_options`` (fsspec URLs).
-    In ``'r'``/``'r+'``, ``shape``, ``dtype``, ``chunks`` and ``shards`` are
-    checked against the array.
+    In every mode ``shape``, ``dtype``, ``chunks`` and ``shards``, when given, are
+    checked against the array; in ``'r'``/``'r+'`` the other creation options are
+    ignored, so one set of options serves writing and reading.
     """
 
     name: ClassVar[str] = "zarr"
@@ -113,20 +114,22 @@ class ZarrBackend(Backend):
             if comm.Get_rank() == 0:
                 with step:
                     spec.create()
-            agree(comm, step.error, what=f"create zarr array {spec.label}")
+            agree(comm, step.error, what="create zarr array")
         step = Attempt()
         array: Any = None
         with step:
             array = spec.open()
-        agree(comm, step.error, what=f"open zarr array {spec.label}")
+        agree(comm, step.error, what="open zarr array")
         facts = array_facts(array).key()
         ref = comm.bcast(facts, root=0)
         agree(
             comm,
             None
             if ref == facts
-            else MismatchError(f"this rank opened an array with {facts}, rank 0 one with {ref}"),
-            what=f"open zarr array {spec.label}",
+            else MismatchError(
+                f"{spec.label} has (shape, dtype, chunks, shards) {facts}, rank 0's has {ref}"
+            ),
+            what="open zarr array",
         )
         return cls(array, mode, copy_values=spec.in_memory)
 

@@ -118,9 +118,8 @@ class OpenSpec:
         if is_array and set(given) & WHERE:
             raise ModeError("path and storage_options do not apply to a zarr.Array target")
         extra = sorted(set(create) - set(EXPECT))
-        if (mode != "w" or is_array) and extra:
-            where = "an existing zarr.Array" if is_array else f"mode {mode!r}"
-            raise ModeError(f"creation options {extra} do not apply to {where}")
+        if is_array and extra:
+            raise ModeError(f"creation options {extra} do not apply to an existing zarr.Array")
         if mode == "w" and not is_array and ("shape" not in create or "dtype" not in create):
             raise ModeError("mode 'w' creates the zarr array: give shape= and dtype=")
         store = _store_of(target)

@@ -1,0 +1,116 @@
+"""The zarr backend at many ranks: conformance suite, and errors raised alike everywhere."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+zarr = pytest.importorskip("zarr")
+
+import collio  # noqa: E402
+from collio import layouts  # noqa: E402
+from collio.testing.zarr_suite import ZarrBackendTests  # noqa: E402
+
+
+@pytest.mark.mpi
+class TestZarr(ZarrBackendTests):
+    @pytest.fixture
+    def target(self, shared_dir):
+        return os.path.join(shared_dir, "conformance.zarr")
+
+
+@pytest.mark.mpi
+class TestZarrShardedZstd(ZarrBackendTests):
+    @pytest.fixture
+    def target(self, shared_dir):
+        return os.path.join(shared_dir, "sharded.zarr")
+
+    @pytest.fixture
+    def open_options(self):
+        return {
+            "shape": (48, 40), "dtype": "<f8", "chunks": (4, 5), "shards": (12, 10),
+            "compressors": [zarr.codecs.ZstdCodec(level=1)],
+        }  # fmt: skip
+
+
+def same_everywhere(comm, exc):
+    texts = comm.allgather((type(exc).__name__, str(exc)))
+    assert texts == [texts[0]] * comm.size
+    return texts[0][1]
+
+
+@pytest.mark.mpi
+def test_layout_shape_or_dtype_mismatch_fails_on_every_rank(comm, shared_dir):
+    path = os.path.join(shared_dir, "m.zarr")
+    with collio.open(path, "w", comm=comm, backend="zarr", shape=(20, 30), dtype="<f8",
+                     chunks=(7, 7)) as f:  # fmt: skip
+        bad = layouts.block((20, 31), "<f8", comm=comm)
+        with pytest.raises(collio.LayoutError) as info:
+            f.write_all(np.zeros(bad.shape), bad)
+        assert "does not match the zarr array's shape (20, 30)" in same_everywhere(comm, info.value)
+        bad = layouts.block((20, 30), "<f4", comm=comm)
+        with pytest.raises(collio.LayoutError) as info:
+            f.read_all(bad)
+        assert "dtype float32 does not match" in same_everywhere(comm, info.value)
+        # one rank alone disagreeing is caught too
+        shape = (20, 31) if comm.rank == comm.size - 1 else (20, 30)
+        lay = layouts.Subarray(shape, (0, 0), (0, 0), "<f8")
+        with pytest.raises(collio.LayoutError) as info:
+            f.write_all(np.zeros((0, 0)), lay)
+        assert f"rank {comm.size - 1}:" in same_everywhere(comm, info.value)
+        good = layouts.block((20, 30), "<f8", comm=comm)
+        f.write_all(np.full(good.shape, 2.0), good)  # usable afterwards
+        assert (f.read_all(good) == 2.0).all()
+
+
+@pytest.mark.mpi
+def test_missing_array_fails_on_every_rank(comm, shared_dir):
+    with pytest.raises(collio.BackendError) as info:
+        collio.open(os.path.join(shared_dir, "nothing.zarr"), "r+", comm=comm, backend="zarr")
+    assert info.value.errno == errno.ENOENT
+    assert "no zarr array at" in same_everywhere(comm, info.value)
+
+
+@pytest.mark.mpi
+def test_read_only_store_fails_on_every_rank(comm, shared_dir):
+    path = os.path.join(shared_dir, "ro.zarr")
+    if comm.rank == 0:
+        zarr.create_array(path, shape=(8, 8), dtype="<f8", chunks=(3, 3))
+    comm.Barrier()
+    store = zarr.storage.LocalStore(path, read_only=True)
+    for mode in ("r+", "w"):
+        opts = {"shape": (8, 8), "dtype": "<f8"} if mode == "w" else {}
+        with pytest.raises(collio.BackendError) as info:
+            collio.open(store, mode, comm=comm, backend="zarr", **opts)
+        assert info.value.errno == errno.EROFS
+        assert "read-only" in same_everywhere(comm, info.value)
+    assert zarr.open_array(path, mode="r").nchunks_initialized == 0
+
+
+@pytest.mark.mpi
+def test_ranks_opening_different_arrays_fail_together(comm, shared_dir):
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path = os.path.join(shared_dir, f"own-{comm.rank}.zarr")
+    arr = zarr.create_array(path, shape=(8, 8 + comm.rank), dtype="<f8", chunks=(4, 4))
+    comm.Barrier()
+    with pytest.raises(collio.MismatchError) as info:
+        collio.open(arr, "r+", comm=comm, backend="zarr")
+    assert "rank 1:" in same_everywhere(comm, info.value)
+
+
+@pytest.mark.mpi
+def test_misaligned_blocks_read_back_by_plain_zarr(comm, shared_dir):
+    shape = (333, 257)
+    glob = np.arange(shape[0] * shape[1], dtype="<i8").reshape(shape)
+    path = os.path.join(shared_dir, "plain.zarr")
+    lay = layouts.block(shape, "<i8", comm=comm)
+    with collio.open(path, "w", comm=comm, backend="zarr", shape=shape, dtype="<i8",
+                     chunks=(50, 40), hints={"cb_buffer_size": 64 << 10}) as f:  # fmt: skip
+        f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
+    if comm.rank == 0:
+        np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], glob)
+    comm.Barrier()
