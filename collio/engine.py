@@ -137,6 +137,8 @@ def _check(
     if ctx.backend.independent and ghi > glo:
         if mode == "disable" or (mode == "automatic" and not any_small):
             direct = _disjoint(ctx.comm, lo, hi)
+    elif ghi > glo and mode != "enable":
+        direct = ctx.backend.direct_ok(ctx.comm, runs, writing=writing)
     return runs, buf, extra, _Call(glo, ghi, direct, Stats())
 
 

@@ -112,6 +112,22 @@ def test_view_places_elements_in_layout_order():
             np.testing.assert_array_equal(view, glob[space.region(u)])
 
 
+def test_touched_units_and_boxes():
+    space = ChunkSpace((10, 12), (4, 5), 8)
+    lay = layouts.Subarray((10, 12), (2, 5), (6, 5), "<f8")
+    ids, got = space.touched(space.runs(lay.dims))
+    assert ids.tolist() == [1, 4] and got.tolist() == [2 * 5 * 8, 4 * 5 * 8]
+    boxes = space.boxes(lay.dims, ids)
+    assert boxes == [
+        ((slice(2, 4), slice(5, 10)), (slice(0, 2), slice(0, 5))),
+        ((slice(4, 8), slice(5, 10)), (slice(2, 6), slice(0, 5))),
+    ]
+    # two blocks of a cyclic rank inside one chunk are not one box
+    cyc = layouts.block_cyclic((10, 12), "<f8", block=(1, 5), grid=(2, 1), rank=0, size=2)
+    ids, _ = space.touched(space.runs(cyc.dims))
+    assert space.boxes(cyc.dims, ids) is None
+
+
 def test_unit_bytes_counts_covered_bytes_per_unit():
     space = ChunkSpace((10,), (4,), 1)  # units [0,4) [4,8) [8,12) with 2 padding bytes
     runs = Runs(np.array([1, 4, 9]), np.array([2, 4, 1]), np.zeros(3, np.int64))

@@ -118,11 +118,27 @@ def test_stats_report_the_units_each_aggregator_owns(tmp_path):
     glob = np.ones((1000, 1000))
     lay = layouts.Subarray((1000, 1000), (0, 0), (1000, 1000), "<f8")
     st = _write(str(tmp_path / "s.zarr"), glob, lay, shape=(1000, 1000), dtype="<f8",
-                chunks=(300, 300))  # fmt: skip
+                chunks=(300, 300), hints={"romio_cb_write": "enable"})  # fmt: skip
+    assert st["collective_calls"] == 1 and st["direct_calls"] == 0
     be = st["backend"]
     assert be["unit"] == "chunk" and be["unit_nbytes"] == 300 * 300 * 8 and be["units"] == 16
     assert be["domains"] == [{"units": [0, 16], "nbytes": 8 * 10**6}]
     assert st["write_ops"] == 16 and st["bytes_written"] == 8 * 10**6
+
+
+def test_units_nobody_shares_skip_the_shuffle(tmp_path):
+    glob = np.arange(600.0).reshape(20, 30)
+    path = str(tmp_path / "d.zarr")
+    for start, shape in (((0, 0), (20, 30)), ((3, 4), (9, 13))):  # whole chunks, then partial
+        lay = layouts.Subarray((20, 30), start, shape, "<f8")
+        st = _write(path, glob, lay, mode="r+" if start[0] else "w", shape=(20, 30), dtype="<f8",
+                    chunks=(8, 8), fill_value=0.0)  # fmt: skip
+        assert st["direct_calls"] == 1 and st["collective_calls"] == 0
+    with collio.open(path, "r", backend="zarr") as f:
+        back = f.read_all(layouts.Subarray((20, 30), (0, 0), (20, 30), "<f8"))
+        assert f.stats.direct_calls == 1
+    np.testing.assert_array_equal(back, glob)
+    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], glob)
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,13 @@ def test_each_chunk_is_written_and_read_once(job):
     assert p["write_ops"] == 36 and p["fill_reads"] == 20
 
 
+def test_only_unshared_chunks_skip_the_shuffle(job):
+    _, results = job
+    assert results["aligned"]["direct_calls"] == 2  # write and read: every chunk has one rank
+    assert results["1d"]["direct_calls"] == 0  # 100003 / 4 ranks is not a multiple of 4096
+    assert results["misaligned"]["direct_calls"] == 0 and results["sharded"]["direct_calls"] == 0
+
+
 def test_shards_have_one_writer_each(job):
     d, results = job
     assert results["sharded"]["write_ops"] == 16  # 4 x 4 shards, not 256 inner chunks

@@ -38,6 +38,7 @@ for name in names:
         "write_ops": written["write_ops"],
         "fill_reads": written["read_ops"],
         "read_ops": stats["read_ops"] - written["read_ops"],
+        "direct_calls": stats["direct_calls"],
     }
 if comm.rank == 0:
     with open(os.path.join(outdir, "results.json"), "w") as fh:

@@ -163,6 +163,15 @@ class Backend(abc.ABC):
     def check_layout(self, layout: Any) -> None:  # noqa: B027 - optional hook
         """Raise :class:`~collio.errors.LayoutError` if the layout does not fit the target."""
 
+    def direct_ok(self, comm: Any, runs: Runs, *, writing: bool) -> bool:
+        """Collective over `comm`: may every rank do its own I/O in this call after all?
+
+        Asked (on every rank alike) only of backends that are not ``independent``,
+        when the hints allow skipping the shuffle.  Zarr says yes when each rank
+        covers whole chunks that no other rank touches.  Default: False.
+        """
+        return False
+
     def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
         """The byte range the file domains split (default: the data's own extent)."""
         return lo, hi

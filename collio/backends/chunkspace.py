@@ -168,6 +168,49 @@ class ChunkSpace:
         edges = np.arange(u0, u1 + 1, dtype=np.int64) * ub
         return ids, np.diff(covered_below(runs, edges))
 
+    def touched(self, runs: Runs) -> tuple[I64, I64]:
+        """Units that a rank's runs (sorted, disjoint) meet, and the bytes they put in each."""
+        if not len(runs):
+            z = np.zeros(0, np.int64)
+            return z, z
+        ub = self.unit_nbytes
+        first = runs.file // ub
+        n = (runs.file + runs.length - 1) // ub - first + 1
+        starts = np.repeat(np.cumsum(n) - n, n)
+        ids = np.unique(np.repeat(first, n) + np.arange(int(n.sum()), dtype=np.int64) - starts)
+        got = covered_below(runs, (ids + 1) * ub) - covered_below(runs, ids * ub)
+        return ids, got
+
+    def boxes(
+        self, dims: Sequence[DimSet], ids: I64
+    ) -> list[tuple[tuple[slice, ...], tuple[slice, ...]]] | None:
+        """A rank's elements in each unit as one box: (global slices, local slices).
+
+        None when in some unit they are not a box (a block-cyclic rank with two
+        blocks in one chunk): such units cannot be stored by one region assignment.
+        """
+        if not len(ids):
+            return []
+        coords = self.coords(ids)
+        per: list[tuple[I64, I64, I64]] = []
+        ok = np.ones(len(ids), bool)
+        for ds, u, n, g, c in zip(dims, self.unit, self.shape, self.grid, coords, strict=True):
+            idx = ds.indices()
+            cut = np.minimum(np.arange(g + 1, dtype=np.int64) * u, n)
+            pos = np.searchsorted(idx, cut).astype(np.int64)
+            lo, hi = pos[:-1], pos[1:]
+            span = idx[np.maximum(hi - 1, 0)] - idx[np.minimum(lo, len(idx) - 1)] + 1
+            ok &= ((hi == lo) | (span == hi - lo))[c]
+            per.append((idx, lo[c], hi[c]))
+        if not ok.all():
+            return None
+        out = []
+        for k in range(len(ids)):
+            gs = tuple(slice(int(i[lo[k]]), int(i[hi[k] - 1]) + 1) for i, lo, hi in per)
+            ls = tuple(slice(int(lo[k]), int(hi[k])) for _, lo, hi in per)
+            out.append((gs, ls))
+        return out
+
     # -- domains --------------------------------------------------------------
     def extent(self, lo: int, hi: int) -> tuple[int, int]:
         """``[lo, hi)`` widened to whole units."""

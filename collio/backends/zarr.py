@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 import zarr
+from mpi4py import MPI
 from zarr.core.sync import sync as zarr_sync
 
 from ..collective import Attempt, agree
@@ -40,6 +41,8 @@ from .zarr_open import OpenSpec, array_facts
 __all__ = ["ZarrBackend"]
 
 I64 = npt.NDArray[np.int64]
+#: Above this many units the direct-path check (one int32 per unit, allreduced) is skipped.
+MAX_DIRECT_UNITS = 1 << 18
 
 
 class ZarrBackend(Backend):
@@ -51,7 +54,9 @@ class ZarrBackend(Backend):
     ``dtype``, ``chunks``, ``shards``, ``compressors``, ``filters``,
     ``serializer``, ``fill_value``, ``attributes``, ``dimension_names``,
     ``chunk_key_encoding``, ``zarr_format`` (3), ``config``; in every mode
-    ``path`` (the array inside the store) and ``storage_options`` (fsspec URLs).
+    ``path`` (the array inside the store), ``storage_options`` (fsspec URLs) and
+    ``fsync`` (default True: ``sync()``/``close()`` fsync the chunk files this
+    rank stored, on local directories).
     In every mode ``shape``, ``dtype``, ``chunks`` and ``shards``, when given, are
     checked against the array; in ``'r'``/``'r+'`` the other creation options are
     ignored, so one set of options serves writing and reading.
@@ -63,7 +68,7 @@ class ZarrBackend(Backend):
     independent: ClassVar[bool] = False  # ranks sharing a chunk would lose data
     sparse: ClassVar[bool] = False  # untouched elements read as the fill value
 
-    def __init__(self, array: Any, mode: str, *, copy_values: bool) -> None:
+    def __init__(self, array: Any, mode: str, *, copy_values: bool, fsync: bool = True) -> None:
         self.array = array
         self.mode = mode
         self.readable = True
@@ -75,7 +80,9 @@ class ZarrBackend(Backend):
         self.space = ChunkSpace(facts.shape, unit, self.dtype.itemsize, "C")
         self.alignment = max(1, self.space.unit_nbytes)  # type: ignore[misc]  # per array
         self._copy = copy_values
+        self._fsync = fsync
         self._written: set[int] = set()
+        self._layout: ArrayLayout | None = None  # this call's, set by check_layout
         self._limit = max(1, int(zarr.config.get("async.concurrency") or 10))
         self._info: dict[str, Any] = {
             "backend": self.name,
@@ -103,6 +110,7 @@ class ZarrBackend(Backend):
         Every failure (bad options, a missing array, a read-only store, ranks
         opening different arrays) raises the same error on every rank.
         """
+        fsync = bool(options.pop("fsync", True))
         step = Attempt()
         spec: OpenSpec | None = None
         with step:
@@ -131,7 +139,7 @@ class ZarrBackend(Backend):
             ),
             what="open zarr array",
         )
-        return cls(array, mode, copy_values=spec.in_memory)
+        return cls(array, mode, copy_values=spec.in_memory, fsync=fsync)
 
     # -- layouts ----------------------------------------------------------------
     def check_layout(self, layout: Any) -> None:
@@ -157,6 +165,7 @@ class ZarrBackend(Backend):
             raise LayoutError("0-d zarr arrays are not supported")
         if self.space.order != layout.order:
             self.space = ChunkSpace(shape, self.space.unit, self.space.itemsize, layout.order)
+        self._layout = layout
 
     def runs_for(self, layout: Any) -> Runs:
         """This rank's runs in chunk-major space (call after :meth:`check_layout`)."""
@@ -164,6 +173,24 @@ class ZarrBackend(Backend):
 
     def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
         return self.space.extent(lo, hi)
+
+    def direct_ok(self, comm: Any, runs: Runs, *, writing: bool) -> bool:
+        """Collective over `comm`: True when no unit is shared, so each rank may do its own.
+
+        Chunk-aligned decompositions (every chunk or shard met by one rank only, as
+        a box of its elements) need no shuffle: each rank stores, or decodes, its own
+        units, as plain zarr would, and each unit still has exactly one writer.
+        """
+        if self.space.nunits > MAX_DIRECT_UNITS:
+            return False
+        ids, _ = self.space.touched(runs)
+        lay = self._layout
+        boxed = lay is not None and self.space.boxes(lay.dims, ids) is not None
+        counts = np.zeros(self.space.nunits + 1, np.int32)
+        counts[0] = 0 if boxed else 1
+        counts[1 + ids] = 1
+        comm.Allreduce(MPI.IN_PLACE, [counts, MPI.INT32_T], op=MPI.SUM)
+        return bool(counts[0] == 0 and counts.max(initial=0) <= 1)
 
     def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> I64:
         """Whole units, cut so that each aggregator gets an even share of real bytes."""
@@ -182,7 +209,7 @@ class ZarrBackend(Backend):
         values = [self._unit(buf, offset, u) for u in ids.tolist()]
         if self._copy:
             values = [v.copy() for v in values]
-        self._run(self._store(ids.tolist(), values))
+        self._run(self._store_regions([self.space.region(u) for u in ids.tolist()], values))
         self._written.update(ids.tolist())
         return self.space.valid_nbytes(ids).tolist()  # type: ignore[no-any-return]
 
@@ -207,7 +234,7 @@ class ZarrBackend(Backend):
         if not len(ids):
             return []
         dests = [self._unit(buf, offset, u) for u in ids.tolist()]
-        self._run(self._load(ids.tolist(), dests))
+        self._run(self._load_regions([self.space.region(u) for u in ids.tolist()], dests))
         return self.space.valid_nbytes(ids).tolist()  # type: ignore[no-any-return]
 
     # -- zarr's event loop ------------------------------------------------------
@@ -219,26 +246,64 @@ class ZarrBackend(Backend):
         except Exception as exc:  # zarr and stores raise ValueError & co. for I/O failures
             raise BackendError(f"zarr: {type(exc).__name__}: {exc}") from exc
 
-    async def _store(self, ids: list[int], values: list[np.ndarray[Any, Any]]) -> None:
+    async def _store_regions(
+        self, regions: list[tuple[slice, ...]], values: list[np.ndarray[Any, Any]]
+    ) -> None:
+        """Assign each region through zarr (its codecs), at most ``async.concurrency`` at once."""
         sem = asyncio.Semaphore(self._limit)
         target = self.array.async_array
 
-        async def one(uid: int, value: np.ndarray[Any, Any]) -> None:
+        async def one(region: tuple[slice, ...], value: np.ndarray[Any, Any]) -> None:
             async with sem:
-                await target.setitem(self.space.region(uid), value)
+                await target.setitem(region, value)
 
-        await asyncio.gather(*(one(u, v) for u, v in zip(ids, values, strict=True)))
+        await asyncio.gather(*(one(r, v) for r, v in zip(regions, values, strict=True)))
 
-    async def _load(self, ids: list[int], dests: list[np.ndarray[Any, Any]]) -> None:
+    async def _load_regions(
+        self, regions: list[tuple[slice, ...]], dests: list[np.ndarray[Any, Any]]
+    ) -> None:
+        """Decode each region through zarr into ``dests``, at most ``async.concurrency`` at once."""
         sem = asyncio.Semaphore(self._limit)
         source = self.array.async_array
 
-        async def one(uid: int, dest: np.ndarray[Any, Any]) -> None:
+        async def one(region: tuple[slice, ...], dest: np.ndarray[Any, Any]) -> None:
             async with sem:
-                got = await source.getitem(self.space.region(uid))
+                got = await source.getitem(region)
             dest[...] = np.asarray(got)
 
-        await asyncio.gather(*(one(u, d) for u, d in zip(ids, dests, strict=True)))
+        await asyncio.gather(*(one(r, d) for r, d in zip(regions, dests, strict=True)))
+
+    # -- the direct path: this rank's own units (after direct_ok) ------------------
+    def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int:
+        """Store the units only this rank touches, each as one region (zarr merges partial ones)."""
+        ids, boxes, local = self._own(runs, data)
+        values = [local[ls] for _, ls in boxes]
+        if self._copy:
+            values = [v.copy() for v in values]
+        self._run(self._store_regions([gs for gs, _ in boxes], values))
+        self._written.update(ids.tolist())
+        return len(boxes)
+
+    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int:
+        """Decode the units only this rank needs, straight into its output."""
+        _, boxes, local = self._own(runs, out)
+        self._run(self._load_regions([gs for gs, _ in boxes], [local[ls] for _, ls in boxes]))
+        return len(boxes)
+
+    def _own(
+        self, runs: Runs, data: npt.NDArray[np.uint8]
+    ) -> tuple[I64, list[tuple[tuple[slice, ...], tuple[slice, ...]]], np.ndarray[Any, Any]]:
+        lay = self._layout
+        if lay is None:
+            raise BackendError("the zarr backend's direct path needs the call's layout")
+        ids, _ = self.space.touched(runs)
+        boxes = self.space.boxes(lay.dims, ids)
+        if boxes is None:
+            raise BackendError("a rank's elements in a chunk are not one box")
+        shape = lay.local_shape
+        flat = data.view(self.dtype)
+        local = flat.reshape(shape[::-1]).T if lay.order == "F" else flat.reshape(shape)
+        return ids, boxes, local
 
     # -- byte access (not used by the two-phase engine: windows are whole units) --
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
@@ -268,7 +333,7 @@ class ZarrBackend(Backend):
         """Make the chunk files this rank stored durable (local directories: fsync)."""
         written, self._written = self._written, set()
         root = getattr(self.array.store, "root", None)
-        if not written or not isinstance(root, os.PathLike):
+        if not written or not self._fsync or not isinstance(root, os.PathLike):
             return
         meta = self.array.metadata
         dirs: set[str] = set()
