@@ -99,7 +99,7 @@ def test_ranks_opening_different_arrays_fail_together(comm, shared_dir):
     comm.Barrier()
     with pytest.raises(collio.MismatchError) as info:
         collio.open(arr, "r+", comm=comm, backend="zarr")
-    assert "rank 1:" in same_everywhere(comm, info.value)
+    assert "rank 1 ((8, 9)" in same_everywhere(comm, info.value)
 
 
 @pytest.mark.mpi
@@ -114,3 +114,30 @@ def test_misaligned_blocks_read_back_by_plain_zarr(comm, shared_dir):
     if comm.rank == 0:
         np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], glob)
     comm.Barrier()
+
+
+@pytest.mark.mpi
+def test_a_failing_chunk_write_raises_on_every_rank_and_the_file_goes_on(comm, shared_dir):
+    # chunk row 3's keys live under c/3/: a regular file there makes exactly the
+    # aggregator that owns that row fail (ENOTDIR or EEXIST), mid-call
+    shape, chunks = (40, 40), (5, 40)
+    path = os.path.join(shared_dir, "fail.zarr")
+    glob = np.arange(1600.0).reshape(shape)
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))  # every chunk shared
+    with collio.open(path, "w", comm=comm, backend="zarr", shape=shape, dtype="<f8",
+                     chunks=chunks, hints={"cb_buffer_size": 1600}) as f:  # fmt: skip
+        if comm.rank == 0:
+            os.makedirs(os.path.join(path, "c"), exist_ok=True)
+            with open(os.path.join(path, "c", "3"), "w") as fh:
+                fh.write("in the way")
+        comm.Barrier()
+        with pytest.raises(collio.BackendError) as info:
+            f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
+        text = same_everywhere(comm, info.value)
+        assert text.startswith("backend I/O: rank ") and info.value.errno is not None
+        assert len(info.value.ranks) == 1 and info.value.ranks[0] in f.aggregators, text
+        if comm.rank == 0:
+            os.unlink(os.path.join(path, "c", "3"))
+        comm.Barrier()
+        f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
+        np.testing.assert_array_equal(f.read_all(lay), glob[lay.slices])

@@ -76,10 +76,19 @@ def test_fortran_and_3d_layouts_and_fill_value(tmp_path):
     with collio.open(path, "w", backend="zarr", **opts) as f:
         f.write_all(np.asfortranarray(glob[lay.slices]), lay)
         back = f.read_all(lay)
+        whole = f.read_all(layouts.Subarray(shape, (0, 0, 0), shape, "<f8", order="F"))
     np.testing.assert_array_equal(back, glob[lay.slices])
     want = np.full(shape, -7.0)
     want[lay.slices] = glob[lay.slices]
+    np.testing.assert_array_equal(whole, want)  # never-written chunks read as the fill value
     np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
+
+
+def test_variable_size_dtypes_are_refused(tmp_path):
+    path = str(tmp_path / "s.zarr")
+    zarr.create_array(path, shape=(4,), dtype=str, chunks=(2,))
+    with pytest.raises(collio.BackendError, match="variable-size elements"):
+        collio.open(path, "r", backend="zarr")
 
 
 def test_zarr_array_and_store_targets(tmp_path):

@@ -115,30 +115,30 @@ class ZarrBackend(Backend):
         spec: OpenSpec | None = None
         with step:
             spec = OpenSpec.parse(target, mode, options, nranks=comm.Get_size())
-        agree(comm, step.error, what="open zarr array")
-        assert spec is not None
-        if spec.creates:
-            step = Attempt()
+        if mode == "w":  # (mode is the same on every rank) nothing is created unless all agree
+            agree(comm, step.error, what="open zarr array")
             if comm.Get_rank() == 0:
                 with step:
-                    spec.create()
+                    assert spec is not None
+                    if spec.creates:
+                        spec.create()
             agree(comm, step.error, what="create zarr array")
-        step = Attempt()
         array: Any = None
+        facts: tuple[Any, ...] | None = None
         with step:
-            array = spec.open()
+            if spec is not None and step.error is None:
+                array = spec.open()
+                facts = array_facts(array).key()
         agree(comm, step.error, what="open zarr array")
-        facts = array_facts(array).key()
-        ref = comm.bcast(facts, root=0)
-        agree(
-            comm,
-            None
-            if ref == facts
-            else MismatchError(
-                f"{spec.label} has (shape, dtype, chunks, shards) {facts}, rank 0's has {ref}"
-            ),
-            what="open zarr array",
-        )
+        every = comm.allgather(facts)
+        bad = [r for r, f in enumerate(every) if f != every[0]]
+        if bad:  # every rank sees the same list: they all raise
+            raise MismatchError(
+                f"ranks opened different zarr arrays (shape, dtype, chunks, shards): rank 0 "
+                f"{every[0]}; " + "; ".join(f"rank {r} {every[r]}" for r in bad[:8]),
+                ranks=tuple(bad),
+            )
+        assert spec is not None
         return cls(array, mode, copy_values=spec.in_memory, fsync=fsync)
 
     # -- layouts ----------------------------------------------------------------
@@ -190,11 +190,16 @@ class ZarrBackend(Backend):
         counts[0] = 0 if boxed else 1
         counts[1 + ids] = 1
         comm.Allreduce(MPI.IN_PLACE, [counts, MPI.INT32_T], op=MPI.SUM)
-        return bool(counts[0] == 0 and counts.max(initial=0) <= 1)
+        direct = bool(counts[0] == 0 and counts.max(initial=0) <= 1)
+        self._info["last_call"] = "direct" if direct else "two-phase"
+        if direct:
+            self._info["domains"] = []
+        return direct
 
     def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> I64:
         """Whole units, cut so that each aggregator gets an even share of real bytes."""
         bounds = self.space.domain_bounds(lo, hi, naggs, align)
+        self._info["last_call"] = "two-phase"
         self._info["order"] = self.space.order
         self._info["domains"] = self.space.assignment(bounds)
         return bounds

@@ -188,6 +188,11 @@ class OpenSpec:
                 errno=errno.EROFS,
             )
         facts = array_facts(array)
+        if facts.dtype.hasobject or facts.dtype.itemsize == 0:
+            raise BackendError(
+                f"the zarr array at {self.label} has variable-size elements ({array.dtype}); "
+                f"collio writes fixed-size dtypes"
+            )
         for name, want in self.expect.items():
             have = facts.get(name)
             if isinstance(want, int) and isinstance(have, tuple):
