@@ -95,8 +95,8 @@ class Backend(abc.ABC):
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         """Fill ``buf`` from byte ``offset``; bytes past the end read as zeros."""
 
-    def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int:
-        """Write a rank's own runs directly; returns the number of requests.
+    def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int | list[int]:
+        """Write a rank's own runs directly; returns the number of requests, or their sizes.
 
         The default loops over runs: only used on the direct path, which the core
         takes for a few large runs (or when the user disables collective buffering).
@@ -107,8 +107,8 @@ class Backend(abc.ABC):
             self.write_at(f, data[m : m + n])
         return len(runs)
 
-    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int:
-        """Read a rank's own runs directly into ``out``; returns the number of requests."""
+    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
+        """Read a rank's own runs into ``out``; returns the number of requests, or their sizes."""
         for f, n, m in zip(
             runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
         ):
@@ -163,14 +163,19 @@ class Backend(abc.ABC):
     def check_layout(self, layout: Any) -> None:  # noqa: B027 - optional hook
         """Raise :class:`~collio.errors.LayoutError` if the layout does not fit the target."""
 
-    def direct_ok(self, comm: Any, runs: Runs, *, writing: bool) -> bool:
-        """Collective over `comm`: may every rank do its own I/O in this call after all?
+    def own_runs(
+        self, comm: Any, runs: Runs, *, writing: bool
+    ) -> tuple[npt.NDArray[np.bool_], bool] | None:
+        """Collective over `comm`: which of its runs may this rank do itself, unshuffled?
 
         Asked (on every rank alike) only of backends that are not ``independent``,
-        when the hints allow skipping the shuffle.  Zarr says yes when each rank
-        covers whole chunks that no other rank touches.  Default: False.
+        when the hints allow skipping the shuffle.  Returns None when no rank keeps
+        any run, else ``(mask over runs, every rank keeps all)``, the flag the same
+        on every rank.  The kept runs go to :meth:`write_runs` / :meth:`read_runs`,
+        the rest through the aggregators.  Zarr keeps the chunks that one rank
+        alone touches.  Default: None.
         """
-        return False
+        return None
 
     def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
         """The byte range the file domains split (default: the data's own extent)."""

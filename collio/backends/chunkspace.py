@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..aggregators.domains import file_domains
-from ..runs import Runs, merge, sort
+from ..runs import Runs, sort
 
 if TYPE_CHECKING:
     from ..layouts.arrays import DimSet
@@ -89,7 +89,8 @@ class ChunkSpace:
 
         The rank's buffer holds its elements in global order, in :attr:`order`
         (as :class:`~collio.layouts.ArrayLayout` says).  Runs are cut at gaps and
-        unit boundaries of the fastest dimension, then sorted by offset and merged.
+        unit boundaries of the fastest dimension, then sorted by offset and merged
+        within units (a run never spans two units, so runs can be sorted by unit).
         """
         d = self._space(dims)
         u, g = self._space(self.unit), self._space(self.grid)
@@ -117,7 +118,7 @@ class ChunkSpace:
         isz = self.itemsize
         length = np.tile(seg_len * isz, len(uid) // len(seg_len))
         file = (uid * self.unit_items + inner) * isz
-        return merge(sort(Runs(file, length, mem * isz)))
+        return _merge_within(sort(Runs(file, length, mem * isz)), self.unit_nbytes)
 
     # -- units ----------------------------------------------------------------
     def coords(self, ids: I64) -> tuple[I64, ...]:
@@ -181,6 +182,29 @@ class ChunkSpace:
         got = covered_below(runs, (ids + 1) * ub) - covered_below(runs, ids * ub)
         return ids, got
 
+    def _parts(
+        self, dims: Sequence[DimSet], ids: I64
+    ) -> tuple[list[tuple[I64, I64, I64]], npt.NDArray[np.bool_]]:
+        """Per dimension (indices, first and end local position in each unit); box flags."""
+        coords = self.coords(ids)
+        per: list[tuple[I64, I64, I64]] = []
+        ok = np.ones(len(ids), bool)
+        for ds, u, n, g, c in zip(dims, self.unit, self.shape, self.grid, coords, strict=True):
+            idx = ds.indices()
+            if not len(idx):
+                return [], np.zeros(len(ids), bool)
+            cut = np.minimum(np.arange(g + 1, dtype=np.int64) * u, n)
+            pos = np.searchsorted(idx, cut).astype(np.int64)
+            lo, hi = pos[:-1], pos[1:]
+            span = idx[np.maximum(hi - 1, 0)] - idx[np.minimum(lo, len(idx) - 1)] + 1
+            ok &= ((hi == lo) | (span == hi - lo))[c]
+            per.append((idx, lo[c], hi[c]))
+        return per, ok
+
+    def box_flags(self, dims: Sequence[DimSet], ids: I64) -> npt.NDArray[np.bool_]:
+        """Whether a rank's elements in each unit form one box (one region assignment)."""
+        return self._parts(dims, ids)[1] if len(ids) else np.zeros(0, bool)
+
     def boxes(
         self, dims: Sequence[DimSet], ids: I64
     ) -> list[tuple[tuple[slice, ...], tuple[slice, ...]]] | None:
@@ -191,17 +215,7 @@ class ChunkSpace:
         """
         if not len(ids):
             return []
-        coords = self.coords(ids)
-        per: list[tuple[I64, I64, I64]] = []
-        ok = np.ones(len(ids), bool)
-        for ds, u, n, g, c in zip(dims, self.unit, self.shape, self.grid, coords, strict=True):
-            idx = ds.indices()
-            cut = np.minimum(np.arange(g + 1, dtype=np.int64) * u, n)
-            pos = np.searchsorted(idx, cut).astype(np.int64)
-            lo, hi = pos[:-1], pos[1:]
-            span = idx[np.maximum(hi - 1, 0)] - idx[np.minimum(lo, len(idx) - 1)] + 1
-            ok &= ((hi == lo) | (span == hi - lo))[c]
-            per.append((idx, lo[c], hi[c]))
+        per, ok = self._parts(dims, ids)
         if not ok.all():
             return None
         out = []
@@ -217,18 +231,32 @@ class ChunkSpace:
         ub = self.unit_nbytes
         return (lo // ub) * ub, -(-hi // ub) * ub
 
-    def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> I64:
+    def weights(self, first: int, end: int, only: npt.NDArray[np.bool_] | None = None) -> I64:
+        """Real bytes of units ``[first, end)``; zero for those ``only`` (over all units) omits."""
+        ids = np.arange(first, end, dtype=np.int64)
+        w = self.valid_nbytes(ids)
+        if only is not None:
+            w = np.where(only[ids], w, 0)
+        return w
+
+    def domain_bounds(
+        self, lo: int, hi: int, naggs: int, align: int, only: npt.NDArray[np.bool_] | None = None
+    ) -> I64:
         """Cut ``[lo, hi)`` at multiples of ``align`` into ``naggs`` equal shares of real bytes.
 
         Padded edge units weigh what they hold, so the aggregator owning the last
-        row of units is not short of work.  Falls back to even byte shares when
-        ``align`` is not a whole number of units or the extent has very many units.
+        row of units is not short of work; with ``only`` (a flag per unit), only the
+        flagged units weigh (e.g. those some rank touches).  Falls back to even byte
+        shares when ``align`` is not a whole number of units, the extent has very
+        many units or nothing weighs.
         """
         ub = self.unit_nbytes
         if naggs < 2 or hi <= lo or align % ub or (hi - lo) // ub > MAX_WEIGHED_UNITS:
             return file_domains(lo, hi, naggs, align)
         first = lo // ub
-        w = self.valid_nbytes(np.arange(first, -(-hi // ub), dtype=np.int64))
+        w = self.weights(first, -(-hi // ub), only)
+        if not w.any():
+            return file_domains(lo, hi, naggs, align)
         cum = np.concatenate(([0], np.cumsum(w))).astype(np.int64)
         cand = np.arange(-(-lo // align) * align, hi, align, dtype=np.int64)
         cand = cand[cand > lo]
@@ -244,8 +272,10 @@ class ChunkSpace:
         bounds = np.concatenate(([lo], cuts, [hi])).astype(np.int64)
         return np.maximum.accumulate(np.clip(bounds, lo, hi)).astype(np.int64)
 
-    def assignment(self, bounds: I64) -> list[dict[str, Any]]:
-        """Per domain: its units ``[first, end)`` and their real bytes (for statistics)."""
+    def assignment(
+        self, bounds: I64, only: npt.NDArray[np.bool_] | None = None
+    ) -> list[dict[str, Any]]:
+        """Per domain: its units ``[first, end)`` and their (weighing) real bytes, for stats."""
         ub = self.unit_nbytes
         first, end = bounds[:-1] // ub, -(-bounds[1:] // ub)
         if not len(first):
@@ -254,13 +284,27 @@ class ChunkSpace:
         if top - base > MAX_WEIGHED_UNITS:
             real = (end - first) * ub
         else:
-            w = self.valid_nbytes(np.arange(base, top, dtype=np.int64))
+            w = self.weights(base, top, only)
             cum = np.concatenate(([0], np.cumsum(w))).astype(np.int64)
             real = cum[end - base] - cum[first - base]
         return [
             {"units": [a, b], "nbytes": n}
             for a, b, n in zip(first.tolist(), end.tolist(), real.tolist(), strict=True)
         ]
+
+
+def _merge_within(runs: Runs, unit_nbytes: int) -> Runs:
+    """:func:`~collio.runs.merge` (runs sorted, non-empty) that never joins across units."""
+    if len(runs) < 2:
+        return runs
+    f, n, m = runs.file, runs.length, runs.mem
+    joined = (f[1:] == (f + n)[:-1]) & (m[1:] == (m + n)[:-1])
+    joined &= f[1:] // unit_nbytes == f[:-1] // unit_nbytes
+    if not joined.any():
+        return runs
+    starts = np.flatnonzero(np.concatenate(([True], ~joined)))
+    lengths = np.add.reduceat(n, starts).astype(np.int64)
+    return Runs(f[starts], lengths, m[starts])
 
 
 def covered_below(runs: Runs, x: I64) -> I64:

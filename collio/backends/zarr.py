@@ -41,7 +41,7 @@ from .zarr_open import OpenSpec, array_facts
 __all__ = ["ZarrBackend"]
 
 I64 = npt.NDArray[np.int64]
-#: Above this many units the direct-path check (one int32 per unit, allreduced) is skipped.
+#: Above this many units the count of ranks per unit (one int32 each, allreduced) is skipped.
 MAX_DIRECT_UNITS = 1 << 18
 
 
@@ -83,6 +83,7 @@ class ZarrBackend(Backend):
         self._fsync = fsync
         self._written: set[int] = set()
         self._layout: ArrayLayout | None = None  # this call's, set by check_layout
+        self._shared: npt.NDArray[np.bool_] | None = None  # units 2+ ranks meet (this call)
         self._limit = max(1, int(zarr.config.get("async.concurrency") or 10))
         self._info: dict[str, Any] = {
             "backend": self.name,
@@ -166,6 +167,8 @@ class ZarrBackend(Backend):
         if self.space.order != layout.order:
             self.space = ChunkSpace(shape, self.space.unit, self.space.itemsize, layout.order)
         self._layout = layout
+        self._shared = None
+        self._info["last_call"] = None
 
     def runs_for(self, layout: Any) -> Runs:
         """This rank's runs in chunk-major space (call after :meth:`check_layout`)."""
@@ -174,34 +177,44 @@ class ZarrBackend(Backend):
     def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
         return self.space.extent(lo, hi)
 
-    def direct_ok(self, comm: Any, runs: Runs, *, writing: bool) -> bool:
-        """Collective over `comm`: True when no unit is shared, so each rank may do its own.
+    def own_runs(
+        self, comm: Any, runs: Runs, *, writing: bool
+    ) -> tuple[npt.NDArray[np.bool_], bool] | None:
+        """Collective over `comm`: keep the runs of units that no other rank touches.
 
-        Chunk-aligned decompositions (every chunk or shard met by one rank only, as
-        a box of its elements) need no shuffle: each rank stores, or decodes, its own
-        units, as plain zarr would, and each unit still has exactly one writer.
+        One allreduce counts the ranks meeting each unit.  A unit met by one rank
+        only, as one box of its elements, is stored (or decoded) by that rank
+        directly, as plain zarr would, and still has exactly one writer; shared
+        units go through their aggregator.  A chunk-aligned decomposition thus
+        needs no shuffle at all, a misaligned one shuffles only its border units.
         """
         if self.space.nunits > MAX_DIRECT_UNITS:
-            return False
+            return None
         ids, _ = self.space.touched(runs)
         lay = self._layout
-        boxed = lay is not None and self.space.boxes(lay.dims, ids) is not None
-        counts = np.zeros(self.space.nunits + 1, np.int32)
-        counts[0] = 0 if boxed else 1
-        counts[1 + ids] = 1
+        box = self.space.box_flags(lay.dims, ids) if lay is not None else np.zeros(len(ids), bool)
+        counts = np.zeros(self.space.nunits, np.int32)
+        counts[ids] = np.where(box, 1, 2)  # a unit this rank cannot store as a box is "shared"
         comm.Allreduce(MPI.IN_PLACE, [counts, MPI.INT32_T], op=MPI.SUM)
-        direct = bool(counts[0] == 0 and counts.max(initial=0) <= 1)
-        self._info["last_call"] = "direct" if direct else "two-phase"
+        self._shared = counts >= 2
+        alone = counts == 1
+        if not alone.any():
+            return None
+        direct = not bool(self._shared.any())
+        self._info["last_call"] = "direct" if direct else "mixed"
         if direct:
             self._info["domains"] = []
-        return direct
+        keep = alone[runs.file // self.space.unit_nbytes] if len(runs) else np.zeros(0, bool)
+        return keep, direct
 
     def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> I64:
-        """Whole units, cut so that each aggregator gets an even share of real bytes."""
-        bounds = self.space.domain_bounds(lo, hi, naggs, align)
-        self._info["last_call"] = "two-phase"
+        """Whole units, cut so that each aggregator gets an even share of the real bytes
+        that go through the aggregators (those of shared units, when counted)."""
+        bounds = self.space.domain_bounds(lo, hi, naggs, align, self._shared)
+        if self._info.get("last_call") != "mixed":
+            self._info["last_call"] = "two-phase"
         self._info["order"] = self.space.order
-        self._info["domains"] = self.space.assignment(bounds)
+        self._info["domains"] = self.space.assignment(bounds, self._shared)
         return bounds
 
     # -- windows (I/O thread and main thread) -----------------------------------
@@ -279,21 +292,25 @@ class ZarrBackend(Backend):
         await asyncio.gather(*(one(r, d) for r, d in zip(regions, dests, strict=True)))
 
     # -- the direct path: this rank's own units (after direct_ok) ------------------
-    def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int:
-        """Store the units only this rank touches, each as one region (zarr merges partial ones)."""
+    def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> list[int]:
+        """Store the units only this rank touches, each as one region (zarr merges partial ones).
+
+        Returns the bytes stored per unit (one request each).
+        """
         ids, boxes, local = self._own(runs, data)
         values = [local[ls] for _, ls in boxes]
         if self._copy:
             values = [v.copy() for v in values]
         self._run(self._store_regions([gs for gs, _ in boxes], values))
         self._written.update(ids.tolist())
-        return len(boxes)
+        return [v.nbytes for v in values]
 
-    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int:
-        """Decode the units only this rank needs, straight into its output."""
+    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> list[int]:
+        """Decode the units only this rank needs, straight into its output (one request each)."""
         _, boxes, local = self._own(runs, out)
-        self._run(self._load_regions([gs for gs, _ in boxes], [local[ls] for _, ls in boxes]))
-        return len(boxes)
+        dests = [local[ls] for _, ls in boxes]
+        self._run(self._load_regions([gs for gs, _ in boxes], dests))
+        return [d.nbytes for d in dests]
 
     def _own(
         self, runs: Runs, data: npt.NDArray[np.uint8]
