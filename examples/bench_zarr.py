@@ -12,6 +12,8 @@ Methods, run in turn in every iteration (the order rotates) on a fresh array eac
   exclusive ``flock`` on a lock file per chunk (shard) while zarr reads, merges and
   writes it.  Correct for any decomposition; the baseline for misaligned ones.
 * ``collio``: ``collio.open(..., backend="zarr")`` + ``write_all`` + ``close``.
+* ``shuffle`` (``--shuffle``): the same with ``romio_cb_write=enable``, so every chunk
+  goes through its aggregator, even those one rank alone touches.
 
 Timed: open, write, (with ``-e``: fsync of the chunk files) and close, between two
 barriers; array creation is not timed.  Medians over iterations and same-run ratios
@@ -179,10 +181,16 @@ def write_locked(s: Setup, path: str) -> None:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def write_collio(s: Setup, path: str) -> None:
-    """Collective: collio's two-phase write; close() fsyncs only with ``-e``."""
-    with collio.open(path, "r+", comm=s.comm, backend="zarr", hints=s.hints, fsync=s.fsync) as f:
+def write_collio(s: Setup, path: str, **hints: Any) -> None:
+    """Collective: collio's write; close() fsyncs only with ``-e``."""
+    h = {**s.hints, **hints}
+    with collio.open(path, "r+", comm=s.comm, backend="zarr", hints=h, fsync=s.fsync) as f:
         f.write_all(s.local, s.lay)
+
+
+def write_collio_shuffle(s: Setup, path: str) -> None:
+    """Collective: collio with every chunk through its aggregator (``romio_cb_write=enable``)."""
+    write_collio(s, path, romio_cb_write="enable")
 
 
 def verify(s: Setup, path: str) -> bool:
@@ -191,13 +199,15 @@ def verify(s: Setup, path: str) -> bool:
     return bool(s.comm.allreduce(int(ok), op=MPI.MIN))
 
 
-def bench(s: Setup, iterations: int = 5) -> dict[str, Any]:
+def bench(s: Setup, iterations: int = 5, shuffle: bool = False) -> dict[str, Any]:
     """Collective: time the methods alternately; medians, MiB/s and ratios (same on all ranks)."""
     methods: dict[str, Callable[[Setup, str], None]] = {}
     if s.aligned:
         methods["plain"] = write_plain
     methods["locked"] = write_locked
     methods["collio"] = write_collio
+    if shuffle:
+        methods["shuffle"] = write_collio_shuffle
     names = list(methods)
     times: dict[str, list[float]] = {m: [] for m in names}
     ok: dict[str, bool] = {}
@@ -257,13 +267,14 @@ def main() -> None:
     ap.add_argument("--cb-buffer-size", default=None)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--shuffle", action="store_true", help="also collio with every chunk shuffled")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
     hints = {"cb_buffer_size": a.cb_buffer_size} if a.cb_buffer_size else {}
     s = setup(comm, size=a.size, chunks=a.chunks, shards=a.shards, split=a.split,
               codec=a.codec, fsync=a.fsync, root=a.dir, hints=hints)  # fmt: skip
     try:
-        res = bench(s, a.iterations)
+        res = bench(s, a.iterations, a.shuffle)
     finally:
         comm.Barrier()
         if comm.rank == 0:

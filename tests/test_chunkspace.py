@@ -186,3 +186,14 @@ def test_domain_bounds_are_aligned_monotone_and_cover(n0, n1, c0, c1, naggs, mul
     assert sum(d["nbytes"] for d in space.assignment(bounds)) == int(
         space.valid_nbytes(np.arange(lo // ub, hi // ub)).sum()
     )
+
+
+def test_keep_own_unless_one_rank_would_carry_too_much():
+    from collio.backends.chunkspace import keep_own
+
+    quarter = np.array([25, 25, 25, 25])
+    assert keep_own(quarter, 100, 4)  # an even, chunk-aligned cut: no shuffle at all
+    assert keep_own(np.array([20, 20, 20, 20]), 100, 4)  # 20 shared bytes shuffled
+    assert not keep_own(np.array([4, 9, 16, 36]), 100, 4)  # 333/667-like skew
+    assert not keep_own(np.zeros(4, np.int64), 100, 4)  # nothing to keep
+    assert keep_own(np.array([100]), 100, 1)  # one rank

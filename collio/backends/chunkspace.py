@@ -293,6 +293,21 @@ class ChunkSpace:
         ]
 
 
+def keep_own(own: I64, total: int, naggs: int, slack: float = 1.25) -> bool:
+    """Should ranks keep the units they alone touch (True) or shuffle everything (False)?
+
+    ``own[r]`` is the bytes rank ``r`` alone touches, ``total`` the call's bytes.
+    Kept, the slowest rank does ``max(own)`` itself and the aggregators share the
+    rest; shuffled, the aggregators share everything evenly but all of it crosses
+    MPI.  Keep unless that makes the slowest rank's work exceed an even share by
+    more than ``slack`` (a skewed decomposition; codecs make balance matter most).
+    """
+    if total <= 0 or not int(own.sum()):
+        return False
+    share = total / max(naggs, 1)
+    return bool(int(own.max()) + (total - int(own.sum())) / max(naggs, 1) <= slack * share)
+
+
 def _merge_within(runs: Runs, unit_nbytes: int) -> Runs:
     """:func:`~collio.runs.merge` (runs sorted, non-empty) that never joins across units."""
     if len(runs) < 2:

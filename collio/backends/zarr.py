@@ -35,7 +35,7 @@ from ..errors import BackendError, LayoutError, MismatchError
 from ..layouts.arrays import ArrayLayout
 from ..runs import Runs
 from .base import Backend
-from .chunkspace import ChunkSpace
+from .chunkspace import ChunkSpace, keep_own
 from .zarr_open import OpenSpec, array_facts
 
 __all__ = ["ZarrBackend"]
@@ -83,7 +83,8 @@ class ZarrBackend(Backend):
         self._fsync = fsync
         self._written: set[int] = set()
         self._layout: ArrayLayout | None = None  # this call's, set by check_layout
-        self._shared: npt.NDArray[np.bool_] | None = None  # units 2+ ranks meet (this call)
+        self._shared: npt.NDArray[np.bool_] | None = None  # units that aggregators store
+        self._naggs: int | None = None  # the cb_nodes hint
         self._limit = max(1, int(zarr.config.get("async.concurrency") or 10))
         self._info: dict[str, Any] = {
             "backend": self.name,
@@ -140,7 +141,9 @@ class ZarrBackend(Backend):
                 ranks=tuple(bad),
             )
         assert spec is not None
-        return cls(array, mode, copy_values=spec.in_memory, fsync=fsync)
+        be = cls(array, mode, copy_values=spec.in_memory, fsync=fsync)
+        be._naggs = getattr(hints, "cb_nodes", None)
+        return be
 
     # -- layouts ----------------------------------------------------------------
     def check_layout(self, layout: Any) -> None:
@@ -186,7 +189,10 @@ class ZarrBackend(Backend):
         only, as one box of its elements, is stored (or decoded) by that rank
         directly, as plain zarr would, and still has exactly one writer; shared
         units go through their aggregator.  A chunk-aligned decomposition thus
-        needs no shuffle at all, a misaligned one shuffles only its border units.
+        needs no shuffle at all, a misaligned one shuffles only its border units,
+        unless keeping would leave one rank far more work than an even share
+        (:func:`~collio.backends.chunkspace.keep_own`; one allgather decides), when
+        every unit goes through the aggregators, which balance them.
         """
         if self.space.nunits > MAX_DIRECT_UNITS:
             return None
@@ -196,15 +202,20 @@ class ZarrBackend(Backend):
         counts = np.zeros(self.space.nunits, np.int32)
         counts[ids] = np.where(box, 1, 2)  # a unit this rank cannot store as a box is "shared"
         comm.Allreduce(MPI.IN_PLACE, [counts, MPI.INT32_T], op=MPI.SUM)
-        self._shared = counts >= 2
         alone = counts == 1
-        if not alone.any():
+        keep = alone[runs.file // self.space.unit_nbytes] if len(runs) else np.zeros(0, bool)
+        mine = np.array([runs.length[keep].sum(), runs.nbytes], np.int64)
+        every = np.empty(2 * comm.Get_size(), np.int64)
+        comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
+        naggs = min(self._naggs or comm.Get_size(), comm.Get_size())
+        if not keep_own(every[0::2], int(every[1::2].sum()), naggs):
+            self._shared = counts >= 1  # every touched unit goes through an aggregator
             return None
+        self._shared = counts >= 2
         direct = not bool(self._shared.any())
         self._info["last_call"] = "direct" if direct else "mixed"
         if direct:
             self._info["domains"] = []
-        keep = alone[runs.file // self.space.unit_nbytes] if len(runs) else np.zeros(0, bool)
         return keep, direct
 
     def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> I64:
