@@ -9,7 +9,10 @@ and codec pipeline (``AsyncArray.setitem`` of the unit's region; zarr encodes,
 compresses and, for shards, builds the index).  Units nobody touched are never
 written; units partly covered by a call are read, merged and rewritten by their
 owner.  Reads decode each needed unit once, on its owner, and the engine
-redistributes the bytes.
+redistributes the bytes.  Units that one rank alone touches may skip the shuffle
+(:meth:`ZarrBackend.own_runs`): that rank stores or decodes them itself, as plain
+zarr would, unless the decomposition is so skewed that the aggregators' even
+shares are worth the exchange.
 
 Threads: windows are written in collio's I/O thread while the main thread may
 read the next window's partial units; both submit coroutines to zarr's own event
@@ -18,17 +21,13 @@ loop (``zarr.core.sync.sync``, thread-safe) and never touch the same unit.
 
 from __future__ import annotations
 
-import asyncio
-import errno
 import os
-from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 import zarr
 from mpi4py import MPI
-from zarr.core.sync import sync as zarr_sync
 
 from ..collective import Attempt, agree
 from ..errors import BackendError, LayoutError, MismatchError
@@ -36,6 +35,7 @@ from ..layouts.arrays import ArrayLayout
 from ..runs import Runs
 from .base import Backend
 from .chunkspace import ChunkSpace, keep_own
+from .zarr_io import fsync_path, load_regions, store_regions
 from .zarr_open import OpenSpec, array_facts
 
 __all__ = ["ZarrBackend"]
@@ -81,7 +81,7 @@ class ZarrBackend(Backend):
         self.alignment = max(1, self.space.unit_nbytes)  # type: ignore[misc]  # per array
         self._copy = copy_values
         self._fsync = fsync
-        self._written: set[int] = set()
+        self._written: set[tuple[int, ...]] = set()  # grid coordinates of stored units
         self._layout: ArrayLayout | None = None  # this call's, set by check_layout
         self._shared: npt.NDArray[np.bool_] | None = None  # units that aggregators store
         self._naggs: int | None = None  # the cb_nodes hint
@@ -219,8 +219,11 @@ class ZarrBackend(Backend):
         return keep, direct
 
     def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> I64:
-        """Whole units, cut so that each aggregator gets an even share of the real bytes
-        that go through the aggregators (those of shared units, when counted)."""
+        """Whole units, cut for even shares of the real bytes the aggregators store.
+
+        When :meth:`own_runs` counted the ranks per unit, only the units that go
+        through the aggregators weigh; the assignment is recorded for statistics.
+        """
         bounds = self.space.domain_bounds(lo, hi, naggs, align, self._shared)
         if self._info.get("last_call") != "mixed":
             self._info["last_call"] = "two-phase"
@@ -238,8 +241,8 @@ class ZarrBackend(Backend):
         values = [self._unit(buf, offset, u) for u in ids.tolist()]
         if self._copy:
             values = [v.copy() for v in values]
-        self._run(self._store_regions([self.space.region(u) for u in ids.tolist()], values))
-        self._written.update(ids.tolist())
+        store_regions(self.array, [self.space.region(u) for u in ids.tolist()], values, self._limit)
+        self._stored(ids)
         return self.space.valid_nbytes(ids).tolist()  # type: ignore[no-any-return]
 
     def fill_holes(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
@@ -254,6 +257,11 @@ class ZarrBackend(Backend):
         ids, got = self.space.unit_bytes(offset, len(buf), need)
         return self._load_into(buf, offset, ids[got > 0])
 
+    def _stored(self, ids: I64) -> None:
+        """Remember the grid coordinates of stored units (for :meth:`sync`)."""
+        if self._fsync and len(ids):
+            self._written.update(map(tuple, np.stack(self.space.coords(ids), axis=1).tolist()))
+
     def _unit(self, buf: npt.NDArray[np.uint8], offset: int, uid: int) -> np.ndarray[Any, Any]:
         ub = self.space.unit_nbytes
         start = uid * ub - offset
@@ -263,46 +271,10 @@ class ZarrBackend(Backend):
         if not len(ids):
             return []
         dests = [self._unit(buf, offset, u) for u in ids.tolist()]
-        self._run(self._load_regions([self.space.region(u) for u in ids.tolist()], dests))
+        load_regions(self.array, [self.space.region(u) for u in ids.tolist()], dests, self._limit)
         return self.space.valid_nbytes(ids).tolist()  # type: ignore[no-any-return]
 
-    # -- zarr's event loop ------------------------------------------------------
-    def _run(self, coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            zarr_sync(coro)
-        except (OSError, MemoryError):
-            raise
-        except Exception as exc:  # zarr and stores raise ValueError & co. for I/O failures
-            raise BackendError(f"zarr: {type(exc).__name__}: {exc}") from exc
-
-    async def _store_regions(
-        self, regions: list[tuple[slice, ...]], values: list[np.ndarray[Any, Any]]
-    ) -> None:
-        """Assign each region through zarr (its codecs), at most ``async.concurrency`` at once."""
-        sem = asyncio.Semaphore(self._limit)
-        target = self.array.async_array
-
-        async def one(region: tuple[slice, ...], value: np.ndarray[Any, Any]) -> None:
-            async with sem:
-                await target.setitem(region, value)
-
-        await asyncio.gather(*(one(r, v) for r, v in zip(regions, values, strict=True)))
-
-    async def _load_regions(
-        self, regions: list[tuple[slice, ...]], dests: list[np.ndarray[Any, Any]]
-    ) -> None:
-        """Decode each region through zarr into ``dests``, at most ``async.concurrency`` at once."""
-        sem = asyncio.Semaphore(self._limit)
-        source = self.array.async_array
-
-        async def one(region: tuple[slice, ...], dest: np.ndarray[Any, Any]) -> None:
-            async with sem:
-                got = await source.getitem(region)
-            dest[...] = np.asarray(got)
-
-        await asyncio.gather(*(one(r, d) for r, d in zip(regions, dests, strict=True)))
-
-    # -- the direct path: this rank's own units (after direct_ok) ------------------
+    # -- the direct path: units this rank alone touches (after own_runs) ----------
     def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> list[int]:
         """Store the units only this rank touches, each as one region (zarr merges partial ones).
 
@@ -312,15 +284,15 @@ class ZarrBackend(Backend):
         values = [local[ls] for _, ls in boxes]
         if self._copy:
             values = [v.copy() for v in values]
-        self._run(self._store_regions([gs for gs, _ in boxes], values))
-        self._written.update(ids.tolist())
+        store_regions(self.array, [gs for gs, _ in boxes], values, self._limit)
+        self._stored(ids)
         return [v.nbytes for v in values]
 
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> list[int]:
         """Decode the units only this rank needs, straight into its output (one request each)."""
         _, boxes, local = self._own(runs, out)
         dests = [local[ls] for _, ls in boxes]
-        self._run(self._load_regions([gs for gs, _ in boxes], dests))
+        load_regions(self.array, [gs for gs, _ in boxes], dests, self._limit)
         return [d.nbytes for d in dests]
 
     def _own(
@@ -370,15 +342,13 @@ class ZarrBackend(Backend):
             return
         meta = self.array.metadata
         dirs: set[str] = set()
-        ids = np.fromiter(written, np.int64, len(written))
-        coords = np.stack(self.space.coords(ids), axis=1).tolist()
-        for c in coords:
-            key = meta.encode_chunk_key(tuple(c))
+        for c in sorted(written):
+            key = meta.encode_chunk_key(c)
             path = os.path.join(os.fspath(root), str(self.array.path), key)
-            if _fsync(path):
+            if fsync_path(path):
                 dirs.add(os.path.dirname(path))
         for d in dirs:
-            _fsync(d)
+            fsync_path(d)
 
     def close(self) -> None:
         self._written = set()
@@ -395,18 +365,3 @@ class ZarrBackend(Backend):
 def _one_run(offset: int, nbytes: int) -> Runs:
     z = np.zeros(1, np.int64)
     return Runs(z + offset, z + nbytes, z)
-
-
-def _fsync(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:  # an all-fill-value chunk is not stored
-        return False
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-    return True
