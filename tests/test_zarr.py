@@ -84,6 +84,16 @@ def test_fortran_and_3d_layouts_and_fill_value(tmp_path):
     np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
 
 
+def test_atomic_commit_and_huge_shards_are_refused(tmp_path):
+    path = str(tmp_path / "a.zarr")
+    with pytest.raises(collio.ModeError, match="atomic_commit is not supported"):
+        collio.open(path, "w", backend="zarr", shape=(4,), dtype="<f8",
+                    hints={"atomic_commit": True})  # fmt: skip
+    zarr.create_array(path, shape=(1 << 16, 1 << 16), dtype="<f8", chunks=(1 << 14, 1 << 14))
+    with pytest.raises(collio.BackendError, match="chunks .16384, 16384. of 2147483648 bytes"):
+        collio.open(path, "r", backend="zarr")
+
+
 def test_variable_size_dtypes_are_refused(tmp_path):
     path = str(tmp_path / "s.zarr")
     zarr.create_array(path, shape=(4,), dtype=str, chunks=(2,))

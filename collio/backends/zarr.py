@@ -116,7 +116,7 @@ class ZarrBackend(Backend):
         step = Attempt()
         spec: OpenSpec | None = None
         with step:
-            spec = OpenSpec.parse(target, mode, options, nranks=comm.Get_size())
+            spec = OpenSpec.parse(target, mode, options, nranks=comm.Get_size(), hints=hints)
         if mode == "w":  # (mode is the same on every rank) nothing is created unless all agree
             agree(comm, step.error, what="open zarr array")
             if comm.Get_rank() == 0:

@@ -40,6 +40,8 @@ CREATE = frozenset(
 )
 #: Creation options that an existing array is checked against in every mode.
 EXPECT = ("shape", "dtype", "chunks", "shards")
+#: A chunk (shard) is assembled whole in one round buffer, and rounds stay <= 1 GiB.
+MAX_UNIT_NBYTES = 1 << 30
 #: Options for finding the array.
 WHERE = frozenset({"path", "storage_options"})
 
@@ -105,8 +107,14 @@ class OpenSpec:
     in_memory: bool
 
     @classmethod
-    def parse(cls, target: Any, mode: str, options: dict[str, Any], *, nranks: int) -> OpenSpec:
+    def parse(
+        cls, target: Any, mode: str, options: dict[str, Any], *, nranks: int, hints: Any = None
+    ) -> OpenSpec:
         """Check the options (locally); raise :class:`ModeError` & co. on bad ones."""
+        if getattr(hints, "atomic_commit", False) and mode != "r":
+            raise ModeError(
+                "the zarr backend stores chunks in place: atomic_commit is not supported"
+            )
         unknown = sorted(set(options) - CREATE - WHERE)
         if unknown:
             raise ModeError(
@@ -192,6 +200,14 @@ class OpenSpec:
             raise BackendError(
                 f"the zarr array at {self.label} has variable-size elements ({array.dtype}); "
                 f"collio writes fixed-size dtypes"
+            )
+        unit = facts.shards or facts.chunks
+        nbytes = int(np.prod(unit, dtype=np.int64)) * facts.dtype.itemsize
+        if nbytes > MAX_UNIT_NBYTES:
+            kind = "shards" if facts.shards else "chunks"
+            raise BackendError(
+                f"the zarr array at {self.label} has {kind} {unit} of {nbytes} bytes; an "
+                f"aggregator assembles a whole one per round, at most {MAX_UNIT_NBYTES}"
             )
         for name, want in self.expect.items():
             have = facts.get(name)
