@@ -141,3 +141,54 @@ def test_a_failing_chunk_write_raises_on_every_rank_and_the_file_goes_on(comm, s
         comm.Barrier()
         f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
         np.testing.assert_array_equal(f.read_all(lay), glob[lay.slices])
+
+
+def _random_layout(rng, comm, shape, dtype, order):
+    nd, grid = len(shape), layouts.dims_create(comm.size, len(shape))
+    kind = int(rng.integers(3))
+    if kind == 1:
+        blk = tuple(int(x) for x in rng.integers(1, 6, nd))
+        return layouts.block_cyclic(shape, dtype, block=blk, grid=grid, comm=comm, order=order)
+    if kind == 2:
+        return layouts.block(shape, dtype, comm=comm, order=order)
+    coords = np.unravel_index(comm.rank, grid)
+    start, ext = [], []
+    for c, n, p in zip(coords, shape, grid, strict=True):
+        edges = [0, *sorted(rng.integers(0, n + 1, p - 1).tolist()), n]  # some ranks empty
+        start.append(edges[c])
+        ext.append(edges[c + 1] - edges[c])
+    return layouts.Subarray(shape, start, ext, dtype, order=order)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("seed", range(6))
+def test_random_decompositions_and_updates_match_plain_zarr(comm, shared_dir, seed):
+    """Chunks, shards, orders, dtypes, buffer sizes and decompositions drawn at random."""
+    rng = np.random.default_rng(seed)  # the same draws on every rank
+    nd = int(rng.integers(1, 4))
+    shape = tuple(int(x) for x in rng.integers(1, 40, nd))
+    chunks = tuple(int(x) for x in rng.integers(1, 12, nd))
+    shards = tuple(c * int(rng.integers(1, 3)) for c in chunks) if rng.random() < 0.3 else None
+    order, dtype = "CF"[int(rng.integers(2))], ["<f8", "<i4", "u1"][int(rng.integers(3))]
+    hints = {"cb_buffer_size": int(rng.choice([1, 4096, 1 << 20]))}
+    if rng.random() < 0.3:
+        hints["romio_cb_write"] = "enable"
+    path = os.path.join(shared_dir, f"random-{seed}.zarr")
+    want = np.zeros(shape, dtype)
+    for phase in range(2):
+        glob = (rng.random(shape) * 100).astype(dtype) + 1 + 100 * phase
+        lay = _random_layout(rng, comm, shape, dtype, order)
+        sel = lay.slices if isinstance(lay, layouts.Subarray) else np.ix_(*lay.indices)
+        mine = np.asfortranarray(glob[sel]) if order == "F" else np.ascontiguousarray(glob[sel])
+        opts = {"shape": shape, "dtype": dtype, "chunks": chunks, "shards": shards}
+        with collio.open(path, "w" if phase == 0 else "r+", comm=comm, backend="zarr",
+                         hints=hints, fill_value=0, **opts) as f:  # fmt: skip
+            f.write_all(mine, lay)
+            np.testing.assert_array_equal(f.read_all(lay), mine)
+        mask = np.zeros(shape, np.int32)
+        mask[sel] = 1
+        wrote = comm.allreduce(mask) > 0
+        want[wrote] = glob[wrote]
+    if comm.rank == 0:
+        np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
+    comm.Barrier()
