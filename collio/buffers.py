@@ -21,14 +21,20 @@ _buffers: list[npt.NDArray[np.uint8]] = []
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 
 
-def round_buffers(nbytes: int) -> list[npt.NDArray[np.uint8]]:
-    """Two buffers of at least ``nbytes`` (the same ones as last time when big enough)."""
+def round_buffers(nbytes: int, count: int = 2) -> list[npt.NDArray[np.uint8]]:
+    """``count`` buffers of ``nbytes`` carved from one cached allocation.
+
+    The allocation is reused while it is big enough; so memory stays at what the
+    largest call needed (two rounds of ``cb_buffer_size`` by default).
+    """
     global _buffers
+    need = nbytes * count
     with _lock:
-        if not _buffers or len(_buffers[0]) < nbytes:
-            _buffers = []  # free the old pair before allocating the new one
-            _buffers = [np.empty(nbytes, np.uint8), np.empty(nbytes, np.uint8)]
-        return [b[:nbytes] for b in _buffers]
+        if not _buffers or len(_buffers[0]) < need:
+            _buffers = []  # free the old one before allocating the new one
+            _buffers = [np.empty(need, np.uint8)]
+        whole = _buffers[0]
+        return [whole[i * nbytes : (i + 1) * nbytes] for i in range(count)]
 
 
 def release_buffers() -> None:

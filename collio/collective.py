@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from .errors import classify, make_error
 
-__all__ = ["Attempt", "agree", "raise_agreed"]
+__all__ = ["Attempt", "agree", "bcast_outcome", "raise_agreed"]
 
 
 class Attempt:
@@ -71,6 +71,24 @@ def agree(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> Non
     failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
     if failed:
         raise_agreed(comm, error, what=what)
+
+
+def bcast_outcome(
+    comm: MPI.Comm, value: Any, error: BaseException | None, *, root: int = 0, what: str = ""
+) -> Any:
+    """Collective over `comm`: broadcast the root's result, or raise its error everywhere.
+
+    For steps only the root performs (create a file, start an upload): one
+    broadcast replaces a broadcast plus an agreement.
+    """
+    packed = comm.bcast(("ok", value) if error is None else ("error", classify(error)), root=root)
+    if packed[0] == "ok":
+        return packed[1]
+    name, msg, errno = packed[1]
+    text = f"rank {root}: {msg}"
+    if what:
+        text = f"{what}: {text}"
+    raise make_error(name, text, ranks=(root,), errno=errno) from error
 
 
 def raise_agreed(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> None:

@@ -15,8 +15,6 @@ Flow of one call (every rank runs every step, so nothing hangs):
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import hashlib
 import time
 from typing import Any
@@ -27,57 +25,22 @@ from mpi4py import MPI
 
 from .aggregators import plan_aggregator, plan_sender, window_size
 from .aggregators.domains import alignment
-from .aggregators.plan import AggregatorPlan, SenderPlan
-from .backends.base import Backend
-from .buffers import io_executor, round_buffers
+from .aggregators.plan import AggregatorPlan
 from .collective import Attempt, raise_agreed
+from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
-from .exchange import alltoallv_i64, messages
-from .hints import Hints
+from .exchange import alltoallv_i64
 from .layouts.base import Layout
-from .runs import Runs, first_overlap, merge
+from .rounds import read_rounds, write_rounds
+from .runs import Runs, first_overlap
 from .stats import Stats
 
 __all__ = ["Context", "write", "read"]
 
 I64 = npt.NDArray[np.int64]
 _BIG = np.int64(2**62)
-_TAG = 0x0C01
 #: A rank with at most this many runs may skip the shuffle whatever their size.
 _DIRECT_MAX_RUNS = 16
-
-
-@dataclasses.dataclass(slots=True)
-class Context:
-    """What a collective call needs: the file's private communicator and its parts."""
-
-    comm: MPI.Comm
-    backend: Backend
-    hints: Hints
-    aggregators: I64
-    stats: Stats
-    mode: str
-
-    @property
-    def rank(self) -> int:
-        return int(self.comm.Get_rank())
-
-    @property
-    def my_domain(self) -> int:
-        """Index of this rank's file domain, or -1 when it does not aggregate."""
-        hit = np.flatnonzero(self.aggregators == self.rank)
-        return int(hit[0]) if len(hit) else -1
-
-
-@dataclasses.dataclass(slots=True)
-class _Call:
-    """Per-call facts every rank agreed on."""
-
-    lo: int
-    hi: int
-    direct: bool
-    counters: Stats
-    own: npt.NDArray[np.bool_] | None = None  # runs this rank does itself before the shuffle
 
 
 def _sig_hash(sig: tuple[Any, ...] | None) -> int:
@@ -89,7 +52,7 @@ def _sig_hash(sig: tuple[Any, ...] | None) -> int:
 
 def _check(
     ctx: Context, layout: Any, prepare: Any, *, writing: bool
-) -> tuple[Runs, npt.NDArray[np.uint8], Any, _Call]:
+) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:
     """Collective over ``ctx.comm``: local checks, then one agreement (see module doc)."""
     step = Attempt()
     runs = Runs.empty()
@@ -143,7 +106,7 @@ def _check(
         split = ctx.backend.own_runs(ctx.comm, runs, writing=writing)
         if split is not None:
             own, direct = split
-    return runs, buf, extra, _Call(glo, ghi, direct, Stats(), None if direct else own)
+    return runs, buf, extra, Call(glo, ghi, direct, Stats(), None if direct else own)
 
 
 def _raise_mismatch(comm: MPI.Comm, sig: tuple[Any, ...] | None) -> None:
@@ -175,17 +138,7 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
 
 
 # ---------------------------------------------------------------- planning
-@dataclasses.dataclass(slots=True)
-class _Plan:
-    bounds: I64
-    window: int
-    sender: SenderPlan
-    sround: I64  # round of each sender group
-    agg: AggregatorPlan | None
-    nrounds: int
-
-
-def _plan(ctx: Context, runs: Runs, call: _Call, *, writing: bool) -> _Plan:
+def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     """Collective over ``ctx.comm``: domains, metadata exchange, overlap check, rounds."""
     t0 = time.perf_counter()
     comm, aggs = ctx.comm, ctx.aggregators
@@ -211,14 +164,20 @@ def _plan(ctx: Context, runs: Runs, call: _Call, *, writing: bool) -> _Plan:
             if bad >= 0 and writing:
                 raise _overlap_error(recv[0::2], recv[1::2], src, bad)
             replies, rep_counts = ap.replies(comm.Get_size())
-    vec = np.array([1 if step.error else 0, ap.nrounds if ap else 0], np.int64)
+    # an aggregator is dense when its non-empty windows are 0..n-1: then a sender's
+    # round is its window index and the round numbers need not be sent back
+    sparse = ap is not None and ap.nrounds and int(ap.rwin[-1]) != ap.nrounds - 1
+    vec = np.array([1 if step.error else 0, ap.nrounds if ap else 0, int(bool(sparse))], np.int64)
     out = np.empty_like(vec)
     comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
     if out[0]:
         raise_agreed(comm, step.error, what="write_all" if writing else "read_all")
-    sround, _ = alltoallv_i64(comm, replies, rep_counts)
+    if out[2]:
+        sround, _ = alltoallv_i64(comm, replies, rep_counts)
+    else:
+        sround = sp.gwin.copy()
     call.counters.time_plan += time.perf_counter() - t0
-    return _Plan(bounds, window, sp, sround, ap, int(out[1]))
+    return Plan(bounds, window, sp, sround, ap, int(out[1]))
 
 
 def _overlap_error(file: I64, length: I64, src: I64, bad: int) -> OverlapError:
@@ -231,185 +190,21 @@ def _overlap_error(file: I64, length: I64, src: I64, bad: int) -> OverlapError:
     return OverlapError(f"bytes [{lo}, {hi}) are written by {who}")
 
 
-# ------------------------------------------------------------------ rounds
-def _round_groups(sround: I64) -> tuple[I64, I64]:
-    order = np.argsort(sround, kind="stable").astype(np.int64)
-    nr = int(sround.max()) + 1 if len(sround) else 0
-    starts = np.concatenate(([0], np.cumsum(np.bincount(sround, minlength=nr)))).astype(np.int64)
-    return order, starts
-
-
-def _window_request(ctx: Context, plan: _Plan, k: int) -> tuple[int, int]:
-    """(offset, length) of the backend request of this aggregator's round k."""
-    ap = plan.agg
-    assert ap is not None
-    if ctx.backend.partial_write:
-        return int(ap.rlo[k]), int(ap.rhi[k] - ap.rlo[k])
-    d = ctx.my_domain
-    start = int(plan.bounds[d]) + int(ap.rwin[k]) * plan.window
-    end = min(start + plan.window, int(plan.bounds[d + 1]))
-    return start, end - start
-
-
-def _write_rounds(ctx: Context, plan: _Plan, runs_buf: npt.NDArray[np.uint8], call: _Call) -> None:
-    comm, be, ap, sp = ctx.comm, ctx.backend, plan.agg, plan.sender
-    c = call.counters
-    order, starts = _round_groups(plan.sround)
-    bufs = round_buffers(plan.window) if ap is not None and ap.nrounds else []
-    pending: list[concurrent.futures.Future[None] | None] = [None, None]
-    pool = io_executor()
-    io_error: BaseException | None = None
-    for k in range(plan.nrounds):
-        step = Attempt()
-        req = (0, 0)
-        with step:
-            if io_error is not None:
-                raise io_error
-            if ap is not None and k < ap.nrounds:
-                b = k % 2
-                fut = pending[b]
-                pending[b] = None
-                if fut is not None:
-                    t = time.perf_counter()
-                    fut.result()
-                    c.time_io += time.perf_counter() - t
-                req = _window_request(ctx, plan, k)
-                if ap.rcovered[k] < req[1]:
-                    t = time.perf_counter()
-                    cover = _round_cover(ap, k)
-                    c.add_reads(be.fill_holes(req[0], bufs[b][: req[1]], cover))
-                    c.time_io += time.perf_counter() - t
-        if comm.allreduce(1 if step.error else 0, op=MPI.MAX):
-            io_error = step.error
-            break
-        t = time.perf_counter()
-        with messages(comm, _TAG + (k & 0x3FF)) as msgs:
-            if ap is not None and k < ap.nrounds:
-                wbuf = bufs[k % 2]
-                for g in ap.groups_of_round(k).tolist():
-                    s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
-                    msgs.recv(int(ap.gsrc[g]), wbuf, ap.file[s:e] - req[0], ap.length[s:e])
-                    c.messages += 1
-            for g in order[starts[k] : starts[k + 1]].tolist() if k + 1 < len(starts) else []:
-                piece = sp.group(g)
-                msgs.send(int(ctx.aggregators[sp.gdom[g]]), runs_buf, piece.mem, piece.length)
-                c.exchanged_bytes += piece.nbytes
-        c.time_exchange += time.perf_counter() - t
-        if ap is not None and k < ap.nrounds:
-            cover = _round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
-            pending[k % 2] = pool.submit(_write_window, be, req[0], bufs[k % 2][: req[1]], cover, c)
-    _finish_io(pending, c, io_error, comm)
-
-
-def _write_window(
-    be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, c: Stats
-) -> None:
-    c.add_writes(be.write_window(offset, buf, cover))
-
-
-def _whole(req: tuple[int, int]) -> Runs:
-    one = np.array([req[0]], np.int64)
-    return Runs(one, np.array([req[1]], np.int64), np.zeros(1, np.int64))
-
-
-def _round_cover(ap: AggregatorPlan, k: int) -> Runs:
-    """The byte ranges that ranks write (or need) in aggregator round k, sorted and merged."""
-    groups = ap.groups_of_round(k)
-    parts = [np.arange(int(ap.gstart[g]), int(ap.gstart[g + 1])) for g in groups.tolist()]
-    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    order = idx[np.argsort(ap.file[idx], kind="stable")]
-    runs = Runs(ap.file[order], ap.length[order], ap.file[order])  # mem = file: merge by file
-    return merge(runs)
-
-
-def _finish_io(
-    pending: list[concurrent.futures.Future[None] | None],
-    c: Stats,
-    error: BaseException | None,
-    comm: MPI.Comm,
-) -> None:
-    """Wait for outstanding I/O, then agree on every error of the rounds."""
-    t = time.perf_counter()
-    for fut in pending:
-        if fut is None:
-            continue
-        try:
-            fut.result()
-        except Exception as exc:  # noqa: BLE001 - agreed below
-            error = error or exc
-    c.time_io += time.perf_counter() - t
-    if comm.allreduce(1 if error else 0, op=MPI.MAX):
-        raise_agreed(comm, error, what="backend I/O")
-
-
-def _read_rounds(ctx: Context, plan: _Plan, out_buf: npt.NDArray[np.uint8], call: _Call) -> None:
-    comm, be, ap, sp = ctx.comm, ctx.backend, plan.agg, plan.sender
-    c = call.counters
-    order, starts = _round_groups(plan.sround)
-    bufs = round_buffers(plan.window) if ap is not None and ap.nrounds else []
-    pool = io_executor()
-    pending: list[concurrent.futures.Future[None] | None] = [None, None]
-    reqs: list[tuple[int, int]] = [(0, 0), (0, 0)]
-
-    def prefetch(k: int) -> None:
-        if ap is not None and k < ap.nrounds:
-            req = _window_request(ctx, plan, k)
-            reqs[k % 2] = req
-            need = _round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
-            pending[k % 2] = pool.submit(_read_window, be, req[0], bufs[k % 2][: req[1]], need, c)
-
-    step0 = Attempt()
-    with step0:
-        prefetch(0)
-    error: BaseException | None = step0.error
-    for k in range(plan.nrounds):
-        step = Attempt()
-        with step:
-            if error is not None:
-                raise error
-            if ap is not None and k < ap.nrounds:
-                fut = pending[k % 2]
-                pending[k % 2] = None
-                if fut is not None:
-                    t = time.perf_counter()
-                    fut.result()
-                    c.time_io += time.perf_counter() - t
-                prefetch(k + 1)
-        if comm.allreduce(1 if step.error else 0, op=MPI.MAX):
-            error = step.error
-            break
-        t = time.perf_counter()
-        with messages(comm, _TAG + (k & 0x3FF)) as msgs:
-            for g in order[starts[k] : starts[k + 1]].tolist() if k + 1 < len(starts) else []:
-                piece = sp.group(g)
-                msgs.recv(int(ctx.aggregators[sp.gdom[g]]), out_buf, piece.mem, piece.length)
-                c.exchanged_bytes += piece.nbytes
-            if ap is not None and k < ap.nrounds:
-                rbuf, base = bufs[k % 2], reqs[k % 2][0]
-                for g in ap.groups_of_round(k).tolist():
-                    s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
-                    msgs.send(int(ap.gsrc[g]), rbuf, ap.file[s:e] - base, ap.length[s:e])
-                    c.messages += 1
-        c.time_exchange += time.perf_counter() - t
-    _finish_io(pending, c, error, comm)
-
-
-def _read_window(
-    be: Backend, offset: int, buf: npt.NDArray[np.uint8], need: Runs, c: Stats
-) -> None:
-    c.add_reads(be.read_window(offset, buf, need))
-
-
 # ------------------------------------------------------------- entry points
-def _complete(ctx: Context, call: _Call, t0: float) -> None:
-    """Collective: reduce this call's counters into the file's statistics."""
+def _complete(
+    ctx: Context, call: Call, t0: float, error: BaseException | None = None, what: str = ""
+) -> None:
+    """Collective: agree on a last error and reduce this call's counters into the stats."""
     c = call.counters
     c.time_total = time.perf_counter() - t0
     sums, maxes = c.pack()
+    sums = np.append(sums, 1 if error else 0)
     rs, rm = np.empty_like(sums), np.empty_like(maxes)
     ctx.comm.Allreduce([sums, MPI.INT64_T], [rs, MPI.INT64_T], op=MPI.SUM)
+    if rs[-1]:
+        raise_agreed(ctx.comm, error, what=what)
     ctx.comm.Allreduce([maxes, MPI.DOUBLE], [rm, MPI.DOUBLE], op=MPI.MAX)
-    ctx.stats.absorb(rs, rm)
+    ctx.stats.absorb(rs[:-1], rm)
     # calls are collective: count each once, not once per rank
     if call.hi > call.lo:
         if call.direct:
@@ -431,7 +226,8 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
         return lay.as_bytes(data), None
 
     runs, buf, _, call = _check(ctx, layout, prepare, writing=True)
-    if call.hi > call.lo:
+    active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
+    if active:
         if call.direct:
             _direct(ctx, call, lambda: ctx.backend.write_runs(runs, buf), runs, writing=True)
         else:
@@ -439,13 +235,12 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
             if call.hi > call.lo:
                 plan = _plan(ctx, runs, call, writing=True)
                 call.counters.rounds = plan.nrounds
-                _write_rounds(ctx, plan, buf, call)
-        step = Attempt()
+                write_rounds(ctx, plan, buf, call)
+    step = Attempt()
+    if active and ctx.backend.needs_flush:
         with step:
             ctx.backend.flush(ctx.comm)
-        if ctx.comm.allreduce(1 if step.error else 0, op=MPI.MAX):
-            raise_agreed(ctx.comm, step.error, what="backend flush")
-    _complete(ctx, call, t0)
+    _complete(ctx, call, t0, step.error, what="backend flush")
 
 
 def read(ctx: Context, layout: Any, out: Any) -> Any:
@@ -465,13 +260,13 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
             if call.hi > call.lo:
                 plan = _plan(ctx, runs, call, writing=False)
                 call.counters.rounds = plan.nrounds
-                _read_rounds(ctx, plan, buf, call)
+                read_rounds(ctx, plan, buf, call)
     _complete(ctx, call, t0)
     return arr
 
 
 def _own_first(
-    ctx: Context, call: _Call, runs: Runs, buf: npt.NDArray[np.uint8], *, writing: bool
+    ctx: Context, call: Call, runs: Runs, buf: npt.NDArray[np.uint8], *, writing: bool
 ) -> Runs:
     """Collective: do the runs the backend let this rank keep; return the rest to shuffle.
 
@@ -493,7 +288,7 @@ def _own_first(
     return rest
 
 
-def _direct(ctx: Context, call: _Call, action: Any, runs: Runs, *, writing: bool) -> None:
+def _direct(ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool) -> None:
     """Collective: every rank does its own (large, disjoint) I/O, then all agree."""
     step = Attempt()
     t = time.perf_counter()

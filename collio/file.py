@@ -15,6 +15,7 @@ from .aggregators import choose_aggregators
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
 from .collective import Attempt, agree
+from .comms import Private, private
 from .errors import MismatchError, ModeError
 from .hints import Hints
 from .stats import Stats
@@ -28,7 +29,7 @@ def open(  # noqa: A001 - the natural name, like io.open / h5py.File
     target: Any,
     mode: str = "r",
     *,
-    comm: MPI.Comm | None = None,
+    comm: MPI.Intracomm | None = None,
     hints: Any = None,
     backend: str | None = None,
     **options: Any,
@@ -43,7 +44,8 @@ def open(  # noqa: A001 - the natural name, like io.open / h5py.File
         ``'r'`` read, ``'w'`` create or truncate (reads allowed), ``'r+'`` read and
         write an existing target.
     comm
-        The ranks taking part (default ``MPI.COMM_WORLD``); collio duplicates it.
+        The ranks taking part (default ``MPI.COMM_WORLD``).  collio works on a
+        private duplicate, made once per communicator and cached on it.
     hints
         A dict, an ``MPI.Info`` or :class:`collio.Hints` (ROMIO's names).
     backend
@@ -56,13 +58,8 @@ def open(  # noqa: A001 - the natural name, like io.open / h5py.File
     File
         A context manager; every rank must call its collective methods.
     """
-    base = MPI.COMM_WORLD if comm is None else comm
-    fcomm = base.Dup()
-    try:
-        return File._open(fcomm, target, mode, hints, backend, options)
-    except BaseException:
-        fcomm.Free()
-        raise
+    priv = private(MPI.COMM_WORLD if comm is None else comm)
+    return File._open(priv, target, mode, hints, backend, options)
 
 
 class File:
@@ -81,38 +78,31 @@ class File:
     @classmethod
     def _open(
         cls,
-        comm: MPI.Comm,
+        priv: Private,
         target: Any,
         mode: str,
         hints: Any,
         backend: str | None,
         options: dict[str, Any],
     ) -> File:
+        comm = priv.comm
         step = Attempt()
         parsed = Hints()
-        name = "posix"
+        mine = None
         with step:
             if mode not in _MODES:
                 raise ModeError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
             parsed = Hints.coerce(hints, warn=comm.Get_rank() == 0)
             name = backend or infer_backend(target)
             bcls = get_backend(name)
-        agree(comm, step.error, what="open")
-        mine = (mode, parsed, name)
+            mine = (mode, parsed, name)
+        # one bcast and one allreduce: rank 0's arguments, then agreement
         ref = comm.bcast(mine, root=0)
-        agree(
-            comm,
-            None
-            if ref == mine
-            else MismatchError(f"open arguments {mine!r} differ from rank 0's {ref!r}"),
-            what="open",
-        )
+        if step.error is None and ref is not None and ref != mine:
+            step.fail(MismatchError(f"open arguments {mine!r} differ from rank 0's {ref!r}"))
+        agree(comm, step.error, what="open")
         be: Backend = bcls.open(target, mode, comm=comm, hints=parsed, **options)
-        try:
-            aggs = _aggregators(comm, parsed)
-        except BaseException:
-            be.close()
-            raise
+        aggs = choose_aggregators(priv.nodes, cb_nodes=parsed.cb_nodes, per_node=parsed.per_node())
         stats = Stats(aggregators=tuple(aggs.tolist()))
         stats.hints = _used_hints(parsed, aggs)
         stats.backend = be.describe()
@@ -205,7 +195,6 @@ class File:
             ctx.mode = "closed"
             if os.environ.get("COLLIO_STATS") and ctx.comm.Get_rank() == 0:
                 print(ctx.stats.summary(), file=sys.stderr, flush=True)
-            ctx.comm.Free()
 
     def _check_open(self) -> None:
         # close() is collective, so every rank sees the same state: no agreement needed
@@ -233,18 +222,6 @@ class File:
 
     def __repr__(self) -> str:
         return f"<collio.File {self.target!r} mode={self.mode!r} backend={self.backend.name}>"
-
-
-def _aggregators(comm: MPI.Comm, hints: Hints) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """Collective: aggregator ranks chosen node-aware (``COMM_TYPE_SHARED``)."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        leader = np.array([node.bcast(comm.Get_rank(), root=0)], np.int64)
-    finally:
-        node.Free()
-    nodes = np.empty(comm.Get_size(), np.int64)
-    comm.Allgather([leader, MPI.INT64_T], [nodes, MPI.INT64_T])
-    return choose_aggregators(nodes, cb_nodes=hints.cb_nodes, per_node=hints.per_node())
 
 
 def _used_hints(hints: Hints, aggs: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, Any]:

@@ -223,7 +223,23 @@ class FailingPosix(PosixBackend):
         super().write_at(offset, buf)
 
 
+class FailingReads(PosixBackend):
+    """A real POSIX file whose k-th read on one rank fails with EIO."""
+
+    name = "failing-reads"
+    fail_rank = 0
+    fail_after = 1
+
+    def read_at(self, offset, buf):
+        if MPI.COMM_WORLD.rank == self.fail_rank:
+            type(self).fail_after -= 1
+            if type(self).fail_after < 0:
+                raise OSError(errno.EIO, "injected read error", self.path)
+        super().read_at(offset, buf)
+
+
 register_backend("failing-posix", FailingPosix)
+register_backend("failing-reads", FailingReads)
 
 
 @pytest.mark.mpi
@@ -311,3 +327,22 @@ def test_atomic_commit_failure_keeps_previous_file(comm, shared_dir):
     comm.Barrier()
     assert np.array_equal(np.fromfile(path, "<f8").reshape(shape), glob)
     assert sorted(os.listdir(shared_dir)) == ["atomic.bin"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fail_after", [0, 2])
+def test_aggregator_read_fails_mid_round(comm, shared_path, fail_after):
+    shape = (256, 256)
+    glob = reference(shape, "<f8", seed=4)
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
+    if comm.rank == 0:
+        glob.tofile(shared_path)
+    comm.Barrier()
+    FailingReads.fail_rank = comm.size - 1
+    FailingReads.fail_after = fail_after
+    hints = {"cb_buffer_size": 16384, "romio_cb_read": "enable"}
+    with collio.open(shared_path, "r", comm=comm, hints=hints, backend="failing-reads") as f:
+        err = _raises_everywhere(comm, collio.BackendError, lambda: f.read_all(lay))
+        assert err.errno == errno.EIO and "injected read error" in str(err)
+        FailingReads.fail_after = 10**9
+        np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))

@@ -50,6 +50,12 @@ def test_same_bytes_as_romio(comm, shared_dir, shape, dtype, hints):
         with open(theirs, "rb") as fh:
             ref = fh.read()
         assert ours == ref, f"{name}: collio and ROMIO files differ"
+        if getattr(lay, "grid", None) is not None:  # block(): also as MPI darray BLOCK
+            darr = os.path.join(shared_dir, f"romio-darray-{name}.bin")
+            romio_write(darr, local, lay, comm, darray=True)
+            comm.Barrier()
+            with open(darr, "rb") as fh:
+                assert fh.read() == ours, f"{name}: differs from ROMIO darray BLOCK"
         assert ours == file_image(glob, lay.order), f"{name}: file differs from numpy"
         # each reads the other's file
         np.testing.assert_array_equal(romio_read(mine, lay, comm), local, err_msg=name)

@@ -63,6 +63,8 @@ class Backend(abc.ABC):
         Any rank may write its own ranges directly (the shuffle can be skipped).
     ``sparse``
         Bytes never written read back as zeros.
+    ``needs_flush``
+        :meth:`flush` must run (collectively) after every ``write_all``.
     """
 
     name: ClassVar[str] = "abstract"
@@ -75,6 +77,7 @@ class Backend(abc.ABC):
     collective_open: ClassVar[bool] = False
     independent: ClassVar[bool] = True
     sparse: ClassVar[bool] = True
+    needs_flush: ClassVar[bool] = False  # call flush(comm) after every write_all
 
     mode: str = "r"
 
@@ -148,7 +151,7 @@ class Backend(abc.ABC):
         return [len(buf)]
 
     def flush(self, comm: Any) -> None:  # noqa: B027 - optional hook
-        """Collective over `comm`: called at the end of every two-phase write_all.
+        """Collective over `comm`: called after every write_all if ``needs_flush``.
 
         Backends that finish work collectively (ship compressed chunks to the
         rank that owns the real file, gather upload tags) do it here.

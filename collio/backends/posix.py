@@ -12,8 +12,9 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from ..collective import Attempt, agree
+from ..collective import Attempt, agree, bcast_outcome
 from ..errors import BackendError, CommitError, ModeError
+from ..runs import Runs
 from .base import Backend
 
 __all__ = ["PosixBackend"]
@@ -21,6 +22,8 @@ __all__ = ["PosixBackend"]
 _MAX_IO = 0x7FFFF000  # Linux caps one read/write at this many bytes
 _O_BINARY = getattr(os, "O_BINARY", 0)
 _SYNC_FILE_RANGE_WRITE = 2
+#: With holes="auto", a round with at most this many covered ranges skips the read.
+_FEW_RUNS = 16
 
 
 def _libc_sync_file_range() -> Any:
@@ -46,11 +49,19 @@ class PosixBackend(Backend):
         Start writeback of each written round right away (``sync_file_range``),
         so a later ``sync()`` has less left to flush.  Default True where Linux
         offers it.
+    holes : {"auto", "rmw", "runs"}
+        How a round with holes keeps the bytes no rank writes: ``rmw`` reads the
+        round's extent, merges and writes it back in one request; ``runs`` writes
+        only the covered byte ranges, one request each; ``auto`` (default) writes
+        the covered ranges when there are at most 16 of them, else uses ``rmw``.
     """
 
     name: ClassVar[str] = "posix"
 
-    def __init__(self, path: str, fd: int, mode: str, final: str | None, writeback: bool) -> None:
+    def __init__(
+        self, path: str, fd: int, mode: str, final: str | None, writeback: bool, holes: str = "auto"
+    ) -> None:
+        self.holes = holes
         self.path = path
         self.fd = fd
         self.mode = mode
@@ -65,6 +76,9 @@ class PosixBackend(Backend):
     def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> PosixBackend:
         """Collective over `comm`: rank 0 creates or truncates, then every rank opens."""
         writeback = bool(options.pop("writeback", True))
+        holes = str(options.pop("holes", "auto"))
+        if holes not in ("auto", "rmw", "runs"):
+            raise ModeError(f"posix backend: holes={holes!r} must be auto, rmw or runs")
         if options:
             raise ModeError(f"posix backend: unknown options {sorted(options)}")
         path = os.fspath(target)
@@ -74,8 +88,7 @@ class PosixBackend(Backend):
         if comm.Get_rank() == 0:
             with step:
                 name = _prepare(path, mode, atomic)
-        agree(comm, step.error, what=f"open {path!r}")
-        name = comm.bcast(name, root=0)
+        name = bcast_outcome(comm, name, step.error, what=f"open {path!r}")
         step = Attempt()
         fd = -1
         with step:
@@ -91,7 +104,7 @@ class PosixBackend(Backend):
             if atomic and comm.Get_rank() == 0:
                 _unlink_quietly(name)
             raise
-        return cls(name, fd, mode, path if atomic else None, writeback)
+        return cls(name, fd, mode, path if atomic else None, writeback, holes)
 
     # -- data ---------------------------------------------------------------
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
@@ -115,6 +128,27 @@ class PosixBackend(Backend):
                 buf[done:] = 0
                 return
             done += n
+
+    def _by_runs(self, cover: Runs) -> bool:
+        return self.holes == "runs" or (self.holes == "auto" and len(cover) <= _FEW_RUNS)
+
+    def fill_holes(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
+        """Read the round's old bytes, unless only the covered ranges will be written."""
+        if self._by_runs(cover):
+            return []
+        return super().fill_holes(offset, buf, cover)
+
+    def write_window(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
+        """One request for the round, or one per covered range (see ``holes``)."""
+        whole = len(cover) == 1 and cover.length[0] == len(buf)
+        if whole or not self._by_runs(cover):
+            self.write_at(offset, buf)
+            return [len(buf)]
+        starts = (cover.file - offset).tolist()
+        for s, n in zip(starts, cover.length.tolist(), strict=True):
+            self.write_at(offset + s, buf[s : s + n])
+        sizes: list[int] = cover.length.tolist()
+        return sizes
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size

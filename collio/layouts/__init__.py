@@ -100,9 +100,11 @@ def block(
     grid = _grid(global_shape, grid, size)
     coords = _coords(rank, grid)
     ranges = [block_range(int(n), p, c) for n, p, c in zip(global_shape, grid, coords, strict=True)]
-    return Subarray(
+    box = Subarray(
         global_shape, [r[0] for r in ranges], [r[1] for r in ranges], dtype, order, offset
     )
+    box.grid, box.coords = grid, coords
+    return box
 
 
 def block_cyclic(

@@ -197,7 +197,7 @@ class Subarray(ArrayLayout):
         Byte offset of element (0, ..., 0) in the target.
     """
 
-    __slots__ = ("start", "shape")
+    __slots__ = ("start", "shape", "grid", "coords")
 
     def __init__(
         self,
@@ -210,6 +210,9 @@ class Subarray(ArrayLayout):
     ) -> None:
         self.start = tuple(int(s) for s in start)
         self.shape = tuple(int(s) for s in shape)
+        #: process grid and this rank's place in it, when made by ``layouts.block``
+        self.grid: tuple[int, ...] | None = None
+        self.coords: tuple[int, ...] | None = None
         self._invalid = None
         if len(self.start) != len(self.shape):
             self._invalid = f"start {self.start} and shape {self.shape} differ in length"

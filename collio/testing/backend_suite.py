@@ -42,7 +42,7 @@ class BackendTests:
     byte_addressable: bool = True
 
     @pytest.fixture
-    def comm(self) -> MPI.Comm:
+    def comm(self) -> MPI.Intracomm:
         return MPI.COMM_WORLD
 
     @pytest.fixture
@@ -53,10 +53,14 @@ class BackendTests:
     def target(self) -> Any:  # pragma: no cover - subclasses provide it
         raise NotImplementedError
 
-    def open(self, target: Any, mode: str, comm: MPI.Comm, opts: dict[str, Any], **kw: Any) -> Any:
+    def open(
+        self, target: Any, mode: str, comm: MPI.Intracomm, opts: dict[str, Any], **kw: Any
+    ) -> Any:
         return collio.open(target, mode, comm=comm, backend=self.backend, **opts, **kw)
 
-    def read_whole(self, target: Any, comm: MPI.Comm, opts: dict[str, Any]) -> np.ndarray[Any, Any]:
+    def read_whole(
+        self, target: Any, comm: MPI.Intracomm, opts: dict[str, Any]
+    ) -> np.ndarray[Any, Any]:
         """The whole global array, read back through collio by rank-0-only layout."""
         lay = layouts.Subarray(SHAPE, (0, 0), SHAPE if comm.rank == 0 else (0, 0), "<f8")
         with self.open(target, "r", comm, opts) as f:
@@ -66,7 +70,7 @@ class BackendTests:
 
     # -- capabilities -------------------------------------------------------
     def test_capabilities_are_declared(
-        self, comm: MPI.Comm, target: Any, open_options: Any
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
     ) -> None:
         cls = collio.get_backend(self.backend)
         assert cls.alignment >= 1
@@ -80,7 +84,7 @@ class BackendTests:
     @pytest.mark.parametrize("kind", ["colblock", "block", "cyclic"])
     @pytest.mark.parametrize("hints", [{}, {"cb_buffer_size": 2048, "romio_cb_write": "enable"}])
     def test_write_read_roundtrip(
-        self, comm: MPI.Comm, target: Any, open_options: Any, kind: str, hints: dict[str, Any]
+        self, comm: MPI.Intracomm, target: Any, open_options: Any, kind: str, hints: dict[str, Any]
     ) -> None:
         glob = _global()
         if kind == "colblock":
@@ -101,7 +105,9 @@ class BackendTests:
         np.testing.assert_array_equal(back, local)
         np.testing.assert_array_equal(self.read_whole(target, comm, open_options), glob)
 
-    def test_empty_ranks_take_part(self, comm: MPI.Comm, target: Any, open_options: Any) -> None:
+    def test_empty_ranks_take_part(
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
+    ) -> None:
         glob = _global(seed=4)
         full = comm.rank == comm.size - 1
         lay = layouts.Subarray(SHAPE, (0, 0), SHAPE if full else (0, 0), "<f8")
@@ -110,7 +116,7 @@ class BackendTests:
         np.testing.assert_array_equal(self.read_whole(target, comm, open_options), glob)
 
     def test_update_in_place_keeps_the_rest(
-        self, comm: MPI.Comm, target: Any, open_options: Any
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
     ) -> None:
         glob = _global(seed=5)
         lay = layouts.block(SHAPE, "<f8", comm=comm)
@@ -128,7 +134,7 @@ class BackendTests:
         np.testing.assert_array_equal(self.read_whole(target, comm, open_options), new)
 
     def test_missing_target_fails_everywhere(
-        self, comm: MPI.Comm, target: Any, open_options: Any
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
     ) -> None:
         with pytest.raises(collio.CollioError) as info:
             self.open(target, "r", comm, open_options)

@@ -12,11 +12,15 @@ from ..layouts import ArrayLayout, BlockCyclic, Layout, Segments, Subarray
 __all__ = ["filetype", "romio_write", "romio_read", "covered_mask"]
 
 
-def filetype(layout: Layout, comm: MPI.Comm) -> tuple[MPI.Datatype, MPI.Datatype, int]:
+def filetype(
+    layout: Layout, comm: MPI.Comm, *, darray: bool = False
+) -> tuple[MPI.Datatype, MPI.Datatype, int]:
     """(etype, filetype, displacement) that describe ``layout`` as an MPI file view.
 
-    Subarrays become ``Create_subarray``, block-cyclic layouts ``Create_darray``
-    (CYCLIC), segments ``Create_hindexed`` over bytes.  The caller frees both types.
+    Subarrays become ``Create_subarray`` (or, with ``darray=True`` and a layout
+    made by ``layouts.block``, ``Create_darray`` with BLOCK distribution),
+    block-cyclic layouts ``Create_darray`` (CYCLIC), segments ``Create_hindexed``
+    over bytes.  The caller frees both types.
     """
     if isinstance(layout, Segments):
         runs = layout.runs()
@@ -25,18 +29,26 @@ def filetype(layout: Layout, comm: MPI.Comm) -> tuple[MPI.Datatype, MPI.Datatype
     assert isinstance(layout, ArrayLayout)
     et = MPI.BYTE.Create_contiguous(layout.dtype.itemsize).Commit()
     order = MPI.ORDER_C if layout.order == "C" else MPI.ORDER_FORTRAN
-    if isinstance(layout, Subarray):
+    if isinstance(layout, Subarray) and darray and layout.grid is not None:
+        assert layout.coords is not None
+        ft = et.Create_darray(
+            int(np.prod(layout.grid)),
+            _grid_rank(layout.coords, layout.grid),
+            layout.global_shape,
+            [MPI.DISTRIBUTE_BLOCK] * len(layout.grid),
+            [MPI.DISTRIBUTE_DFLT_DARG] * len(layout.grid),
+            list(layout.grid),
+            order=order,
+        )
+    elif isinstance(layout, Subarray):
         if 0 in layout.shape:
             ft = et.Create_contiguous(0)
         else:
             ft = et.Create_subarray(layout.global_shape, layout.shape, layout.start, order=order)
     elif isinstance(layout, BlockCyclic):
-        rank = 0
-        for c, p in zip(layout.coords, layout.grid, strict=True):
-            rank = rank * p + c
         ft = et.Create_darray(
             int(np.prod(layout.grid)),
-            rank,
+            _grid_rank(layout.coords, layout.grid),
             layout.global_shape,
             [MPI.DISTRIBUTE_CYCLIC] * len(layout.grid),
             list(layout.block),
@@ -48,6 +60,13 @@ def filetype(layout: Layout, comm: MPI.Comm) -> tuple[MPI.Datatype, MPI.Datatype
     return et, ft.Commit(), layout.offset
 
 
+def _grid_rank(coords: tuple[int, ...], grid: tuple[int, ...]) -> int:
+    rank = 0
+    for c, p in zip(coords, grid, strict=True):
+        rank = rank * p + c
+    return rank
+
+
 def _file_order(layout: Layout) -> np.ndarray[Any, np.dtype[np.int64]]:
     """Index that puts the layout's buffer bytes in file order (what a file view consumes)."""
     runs = layout.runs()
@@ -57,19 +76,27 @@ def _file_order(layout: Layout) -> np.ndarray[Any, np.dtype[np.int64]]:
     return (starts + np.arange(int(runs.length.sum()))).astype(np.int64)
 
 
-def _view(fh: MPI.File, layout: Layout, comm: MPI.Comm) -> tuple[MPI.Datatype, MPI.Datatype]:
-    et, ft, disp = filetype(layout, comm)
+def _view(
+    fh: MPI.File, layout: Layout, comm: MPI.Comm, darray: bool = False
+) -> tuple[MPI.Datatype, MPI.Datatype]:
+    et, ft, disp = filetype(layout, comm, darray=darray)
     fh.Set_view(disp, et, ft)
     return et, ft
 
 
 def romio_write(
-    path: str, data: Any, layout: Layout, comm: MPI.Intracomm, info: Any = None
+    path: str,
+    data: Any,
+    layout: Layout,
+    comm: MPI.Intracomm,
+    info: Any = None,
+    *,
+    darray: bool = False,
 ) -> None:
     """Collective: write like collio would, but with ``MPI.File.Write_all``."""
     fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR, info or MPI.INFO_NULL)
     try:
-        et, ft = _view(fh, layout, comm)
+        et, ft = _view(fh, layout, comm, darray)
         buf = np.ascontiguousarray(layout.as_bytes(data))
         if isinstance(layout, Segments):
             buf = buf[_file_order(layout)]

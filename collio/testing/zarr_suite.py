@@ -31,7 +31,7 @@ class ZarrBackendTests(BackendTests):
         return {"shape": SHAPE, "dtype": "<f8", "chunks": (10, 7)}
 
     def test_update_in_place_keeps_the_rest(
-        self, comm: MPI.Comm, target: Any, open_options: Any
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
     ) -> None:
         """The base test's rewrite of every third row, as an array layout.
 
@@ -58,7 +58,7 @@ class ZarrBackendTests(BackendTests):
         np.testing.assert_array_equal(self.read_whole(target, comm, open_options), new)
 
     def test_byte_segments_are_refused_on_every_rank(
-        self, comm: MPI.Comm, target: Any, open_options: Any
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
     ) -> None:
         import collio
 

@@ -1,0 +1,75 @@
+"""collio's private communicator and node map, cached on the user's communicator.
+
+Duplicating a communicator and discovering nodes (``COMM_TYPE_SHARED``) are
+collective and cost milliseconds when ranks oversubscribe cores, so collio does
+them once per user communicator and caches the result as an MPI attribute (the
+way ROMIO caches its own state).  When the user frees the communicator, the
+attribute's delete callback frees collio's duplicate.
+
+Sharing one duplicate between files is safe: every collio collective call
+completes all its messages before it returns, and collective calls on a
+communicator happen in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+__all__ = ["Private", "private"]
+
+_lock = threading.Lock()
+_keyval: int | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class Private:
+    """What collio keeps per user communicator."""
+
+    comm: MPI.Intracomm
+    nodes: npt.NDArray[np.int64]  # nodes[r]: world-unique id of rank r's node
+
+
+def _delete(comm: Any, keyval: int, value: Any) -> None:
+    try:
+        if isinstance(value, Private) and value.comm != MPI.COMM_NULL:
+            value.comm.Free()
+    except Exception:  # noqa: BLE001 - never raise from an MPI callback
+        pass
+
+
+def _get_keyval() -> int:
+    global _keyval
+    with _lock:
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
+        return _keyval
+
+
+def private(comm: MPI.Intracomm) -> Private:
+    """Collective over `comm` the first time, local afterwards: collio's duplicate.
+
+    Every rank of ``comm`` must call this at the same point the first time
+    (``collio.open`` does).  Whether the cache is hit is the same on every rank,
+    because attributes are set on all ranks by the same collective call.
+    """
+    keyval = _get_keyval()
+    cached = comm.Get_attr(keyval)
+    if isinstance(cached, Private):
+        return cached
+    dup = comm.Dup()
+    node = dup.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        leader = np.array([node.bcast(dup.Get_rank(), root=0)], np.int64)
+    finally:
+        node.Free()
+    nodes = np.empty(dup.Get_size(), np.int64)
+    dup.Allgather([leader, MPI.INT64_T], [nodes, MPI.INT64_T])
+    value = Private(dup, nodes)
+    comm.Set_attr(keyval, value)
+    return value

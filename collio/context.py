@@ -1,0 +1,63 @@
+"""Value objects shared by the engine and the round loops."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from .aggregators.plan import AggregatorPlan, SenderPlan
+from .backends.base import Backend
+from .hints import Hints
+from .stats import Stats
+
+__all__ = ["Context", "Call", "Plan"]
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclasses.dataclass(slots=True)
+class Context:
+    """What a collective call needs: the file's private communicator and its parts."""
+
+    comm: MPI.Comm
+    backend: Backend
+    hints: Hints
+    aggregators: I64
+    stats: Stats
+    mode: str
+
+    @property
+    def rank(self) -> int:
+        return int(self.comm.Get_rank())
+
+    @property
+    def my_domain(self) -> int:
+        """Index of this rank's file domain, or -1 when it does not aggregate."""
+        hit = np.flatnonzero(self.aggregators == self.rank)
+        return int(hit[0]) if len(hit) else -1
+
+
+@dataclasses.dataclass(slots=True)
+class Call:
+    """Per-call facts every rank agreed on."""
+
+    lo: int
+    hi: int
+    direct: bool
+    counters: Stats
+    own: npt.NDArray[np.bool_] | None = None  # runs this rank does itself before the shuffle
+
+
+@dataclasses.dataclass(slots=True)
+class Plan:
+    """The agreed plan of one two-phase call, as seen by this rank."""
+
+    bounds: I64
+    window: int
+    sender: SenderPlan
+    sround: I64  # round of each sender group
+    agg: AggregatorPlan | None
+    nrounds: int

@@ -1,0 +1,297 @@
+"""Public functions of :mod:`collio.h5`: open, create, write_all, read_all, flush, close."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h5py
+import numpy as np
+from mpi4py import MPI
+
+from .. import engine
+from ..collective import Attempt, agree
+from ..errors import LayoutError, ModeError
+from ..layouts import Layout, Subarray
+from ..layouts.base import Segments
+from ..stats import Stats
+from .backends import ChunkedBackend, ContiguousBackend, check_dataset_layout, chunked_backend
+from .session import Session, session_of
+
+__all__ = [
+    "Collective",
+    "File",
+    "close",
+    "collective",
+    "create_dataset",
+    "flush",
+    "info",
+    "read_all",
+    "stats",
+    "write_all",
+]
+
+_CHUNKED_KW = ("chunks", "compression", "compression_opts", "shuffle", "fletcher32",
+               "maxshape", "scaleoffset")  # fmt: skip
+
+
+class File(h5py.File):  # type: ignore[misc]  # h5py has no type stubs
+    """Collective over `comm`: ``h5py.File`` on the ``collio`` driver, with a collective close.
+
+    Same arguments as ``h5py.File`` plus ``comm`` (default ``MPI.COMM_WORLD``) and
+    ``hints`` (ROMIO's names, as for :func:`collio.open`).  ``close()`` (and leaving
+    a ``with`` block) is collective: it checks every rank made the same metadata
+    calls, writes the metadata and fsyncs the file.
+    """
+
+    def __init__(
+        self, name: Any, mode: str = "r", *, comm: MPI.Comm | None = None, hints: Any = None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            name, mode, driver="collio", comm=comm, hints=hints, path=name, access=mode, **kwargs
+        )
+
+    def close(self) -> None:
+        """Collective over `comm`: agree, write the metadata, fsync, close."""
+        if not self.id.valid:
+            return
+        s = session_of(self)
+        try:
+            if s.diverged is None:
+                s.sync(self)
+        finally:
+            super().close()
+
+
+def create_dataset(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any) -> Any:
+    """Collective over `comm` (a metadata call): a dataset ready for collective writes.
+
+    Without chunking options the dataset is contiguous, allocated at creation and
+    never filled (``fill_time='never'``), so its address is known at once and no
+    fill value is written before the data.  With ``chunks``, ``compression``,
+    ``shuffle``, ... it is h5py's own ``create_dataset``.
+    """
+    if any(kwargs.get(k) not in (None, False) for k in _CHUNKED_KW):
+        return parent.create_dataset(name, shape, dtype, **kwargs)
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    kwargs.setdefault("fill_time", "never")
+    return parent.create_dataset(name, shape, dtype, dcpl=dcpl, **kwargs)
+
+
+# ------------------------------------------------------------------ data
+def _kind(dset: Any) -> str:
+    plist = dset.id.get_create_plist()
+    layout = plist.get_layout()
+    if layout == h5py.h5d.CHUNKED:
+        return "chunked"
+    if layout == h5py.h5d.CONTIGUOUS and plist.get_external_count() == 0:
+        return "contiguous"
+    names = {h5py.h5d.COMPACT: "compact", h5py.h5d.CONTIGUOUS: "external"}
+    raise LayoutError(
+        f"dataset {dset.name!r}: {names.get(layout, 'virtual')} storage is not supported; "
+        "use contiguous or chunked datasets"
+    )
+
+
+def _allocate_contiguous(dset: Any) -> None:
+    """Every rank: write the fill value at element 0, so HDF5 allocates the storage."""
+    nd = len(dset.shape)
+    if dset.size == 0:
+        return
+    fspace = dset.id.get_space()
+    fspace.select_hyperslab((0,) * nd, (1,) * nd)
+    value = np.zeros((1,) * nd, dset.dtype)
+    if dset.fillvalue is not None:
+        value[...] = dset.fillvalue
+    dset.id.write(h5py.h5s.create_simple((1,) * nd), fspace, value)
+
+
+def _prepare(s: Session, dset: Any, *, writing: bool) -> tuple[str, int | None]:
+    """Local and identical on every rank: storage kind, allocation, offset."""
+    if writing and s.mode == "r":
+        raise ModeError(f"write_all on {s.path!r} opened read-only")
+    kind = _kind(dset)
+    offset = None
+    if kind == "contiguous":
+        offset = dset.id.get_offset()
+        if offset is None and writing:
+            _allocate_contiguous(dset)
+            offset = dset.id.get_offset()
+            if offset is not None:  # the element written to allocate is not metadata
+                s.vfile.forget(offset, offset + dset.dtype.itemsize)
+    return kind, offset
+
+
+def _call(s: Session, dset: Any, what: str, writing: bool) -> tuple[str, int | None]:
+    """Collective: prepare, then the metadata checkpoint with the call's key."""
+    box: list[tuple[str, int | None]] = []
+
+    def key() -> tuple[Any, ...]:
+        box.append(_prepare(s, dset, writing=writing))
+        kind, offset = box[0]
+        return (dset.name, kind, offset, tuple(dset.shape), dset.dtype.str)
+
+    s.checkpoint(dset, what=what, key=key)
+    return box[0]
+
+
+def _context(s: Session, dset: Any, kind: str, offset: int | None) -> engine.Context:
+    mode = "r" if s.mode == "r" else "r+"
+    vf = s.vfile
+    if kind == "contiguous":
+        be = s.backends.get("contiguous")
+        if be is None:
+            be = s.backends["contiguous"] = ContiguousBackend(s.path, vf.fd, s.mode)
+        be.bind(dset, int(offset or 0))
+    else:
+        cls = chunked_backend(int(np.prod(dset.chunks)) * dset.dtype.itemsize)
+        be = cls(vf, dset, s.mode)
+        be.load_table()
+    return engine.Context(s.comm, be, s.hints, s.aggregators, s.stats, mode)
+
+
+def write_all(dset: Any, data: Any, layout: Layout) -> None:
+    """Collective over `comm`: write every rank's ``data`` into ``dset`` where ``layout`` says.
+
+    ``layout`` is an array layout of the dataset itself (global shape = the
+    dataset's shape, its dtype, C order, offset 0).  Every rank calls, an empty
+    piece included.  Contiguous datasets are written at their file offset by the
+    aggregators; chunked ones are assembled, encoded and written whole.
+    """
+    s = session_of(dset)
+    kind, offset = _call(s, dset, "write_all", True)
+    ctx = _context(s, dset, kind, offset)
+    try:
+        engine.write(ctx, data, layout)
+    finally:
+        if isinstance(ctx.backend, ChunkedBackend):
+            ctx.backend.close()
+
+
+def read_all(dset: Any, layout: Layout, out: Any = None) -> Any:
+    """Collective over `comm`: read this rank's piece of ``dset``; returns an ndarray.
+
+    Works on any contiguous or chunked dataset, whoever wrote the file: each chunk
+    is read and decoded once, by its aggregator, and sent to the ranks that need it.
+    """
+    s = session_of(dset)
+    kind, offset = _call(s, dset, "read_all", False)
+    if kind == "contiguous" and offset is None:  # never written: the fill value
+        step = Attempt()
+        arr: Any = None
+        with step:
+            layout.validate()
+            check_dataset_layout(dset, layout)
+            arr, _ = layout.allocate(out)
+            arr[...] = dset.fillvalue if dset.fillvalue is not None else 0
+        agree(s.comm, step.error, what="read_all")
+        return arr
+    ctx = _context(s, dset, kind, offset)
+    try:
+        return engine.read(ctx, layout, out)
+    finally:
+        if isinstance(ctx.backend, ChunkedBackend):
+            ctx.backend.close()
+
+
+class _Invalid(Segments):
+    """A layout that fails validation inside the collective call (so all ranks raise)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__([], [])
+        self.message = message
+
+    def validate(self) -> None:
+        raise LayoutError(self.message)
+
+
+def _box(dset: Any, sel: Any) -> Layout:
+    """The Subarray a NumPy-style selection of unit-step slices names (never raises)."""
+    shape = tuple(dset.shape)
+    items = sel if isinstance(sel, tuple) else (sel,)
+    if any(i is Ellipsis for i in items):
+        k = items.index(Ellipsis)
+        items = items[:k] + (slice(None),) * (len(shape) - len(items) + 1) + items[k + 1 :]
+    items = items + (slice(None),) * (len(shape) - len(items))
+    if len(items) != len(shape) or not all(isinstance(i, slice) for i in items):
+        return _Invalid(f"selection {sel!r}: use one slice per dimension of {shape}")
+    start, count = [], []
+    for i, n in zip(items, shape, strict=True):
+        a, b, step = i.indices(n)
+        if step != 1:
+            return _Invalid(f"selection {sel!r}: slices must have step 1")
+        start.append(a)
+        count.append(max(0, b - a))
+    return Subarray(shape, start, count, dset.dtype)
+
+
+class Collective:
+    """``collio.h5.collective(dset)``: h5py-style indexing that is collective.
+
+    ``c[sel] = local`` writes and ``c[sel]`` reads this rank's box, where ``sel``
+    is one unit-step slice per dimension (``...`` allowed); an empty slice is an
+    empty piece.  Every rank must index, in the same order.
+    """
+
+    def __init__(self, dset: Any) -> None:
+        self.dset = dset
+
+    def __setitem__(self, sel: Any, value: Any) -> None:
+        lay = _box(self.dset, sel)
+        data = np.asarray(value, dtype=self.dset.dtype)
+        if isinstance(lay, Subarray) and data.shape != lay.local_shape:
+            try:
+                data = np.broadcast_to(data, lay.local_shape)
+            except ValueError:
+                pass  # the engine reports the shape mismatch on every rank
+        write_all(self.dset, np.ascontiguousarray(data), lay)
+
+    def __getitem__(self, sel: Any) -> Any:
+        return read_all(self.dset, _box(self.dset, sel))
+
+    def __enter__(self) -> Collective:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def collective(dset: Any) -> Collective:
+    """Collective indexing of ``dset``: ``with collio.h5.collective(d) as c: c[sel] = x``."""
+    return Collective(dset)
+
+
+def flush(obj: Any) -> None:
+    """Collective over `comm`: agree on the metadata, write it, fsync data and metadata."""
+    session_of(obj).sync(obj)
+
+
+def close(f: Any) -> None:
+    """Collective over `comm`: :func:`flush`, then close the h5py file on every rank."""
+    if isinstance(f, File):
+        f.close()
+        return
+    s = session_of(f)
+    try:
+        if s.diverged is None:
+            s.sync(f)
+    finally:
+        f.close()
+
+
+def stats(obj: Any) -> Stats:
+    """The collio statistics of the file ``obj`` lives in (same on every rank)."""
+    return session_of(obj).stats
+
+
+def info() -> dict[str, Any]:
+    """Versions, and whether h5py was built with MPI (collio works either way)."""
+    cfg = h5py.get_config()
+    return {
+        "h5py": h5py.version.version,
+        "hdf5": h5py.version.hdf5_version,
+        "h5py_mpi": bool(cfg.mpi),
+        "driver": "collio (h5py fileobj driver; rank 0 writes, other ranks replicate)",
+    }
+

@@ -1,0 +1,227 @@
+"""The file objects behind h5py's ``fileobj`` driver: rank 0's real file and the replicas.
+
+Every rank's HDF5 library runs the same metadata calls against its own file
+object; the objects decide what reaches the disk:
+
+* :class:`VFile` on every rank keeps the metadata bytes its library wrote in an
+  overlay of 4 KiB pages; bytes it never wrote are read from the real file (so a
+  replica reads raw data that the aggregators wrote, and r+ files are never
+  copied whole).
+* On rank 0 (``root``) the overlay is *published* to the disk at agreed points:
+  after every rank flushed and the digests matched, or when HDF5 flushes on its
+  own (``File.flush``, ``File.close``) and when the library lets go of the file.
+  Replicas never write.
+* A digest of what this rank's library wrote since the last collective point (the
+  final bytes per address, the raw chunk requests, the end of file) tells whether all
+  ranks made the same metadata calls.  It is a digest of the *result*, not of the
+  sequence, so a rank whose metadata cache evicted an entry early (because it also
+  read something) still agrees.
+* Raw chunk bytes that HDF5 writes during a direct chunk write are dropped
+  (``expect_raw``): the aggregator that compressed the chunk writes it itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["VFile", "PAGE"]
+
+PAGE = 4096
+_MAX_IO = 0x7FFFF000
+
+
+class VFile:
+    """A file-like object for h5py's fileobj driver (seek/tell/readinto/write/...)."""
+
+    def __init__(self, path: str, fd: int, size: int, *, root: bool) -> None:
+        self.path = path
+        self.fd = fd
+        self.size = size  # the logical end of file HDF5 sees
+        self.root = root
+        self.pos = 0
+        self.pages: dict[int, tuple[bytearray, bytearray]] = {}  # page -> (bytes, written mask)
+        self.epoch: dict[int, tuple[bytearray, bytearray]] = {}  # written since the last point
+        self.raw: list[tuple[int, int]] = []  # raw chunk requests since the last point
+        self.truncated: int | None = None  # pending ftruncate (root)
+        self.raw_expect = 0  # the next write of exactly this many bytes is raw chunk data
+        self.in_sync = False  # inside a collective point: root defers publishing
+        self.frozen = False  # ranks diverged: never publish again
+        self.dirty = False
+        self.error: BaseException | None = None  # a failure inside a callback
+
+    # -- the file-object protocol h5py's fileobj driver uses ---------------
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else (self.size + offset if whence == 2 else self.pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, mv: Any) -> int:
+        view = memoryview(mv).cast("B")
+        off, n = self.pos, len(view)
+        out = np.frombuffer(view, np.uint8)
+        disk = max(0, min(n, self.size - off))
+        if disk:
+            _pread(self.fd, view[:disk], off)
+        out[disk:] = 0
+        first, last = off // PAGE, (off + n - 1) // PAGE
+        if n == 0:
+            candidates: Any = ()
+        elif last - first + 1 > len(self.pages):  # a large (raw) read: walk the overlay
+            candidates = sorted(p for p in self.pages if first <= p <= last)
+        else:
+            candidates = range(first, last + 1)
+        for p in candidates:
+            page = self.pages.get(p)
+            if page is None:
+                continue
+            lo, hi = max(off, p * PAGE), min(off + n, (p + 1) * PAGE)
+            src = np.frombuffer(page[0], np.uint8)[lo - p * PAGE : hi - p * PAGE]
+            keep = np.frombuffer(page[1], np.bool_)[lo - p * PAGE : hi - p * PAGE]
+            np.copyto(out[lo - off : hi - off], src, where=keep)
+        self.pos = off + n
+        return n
+
+    def read(self, n: int) -> bytes:
+        buf = bytearray(n)
+        self.readinto(buf)
+        return bytes(buf)
+
+    def write(self, mv: Any) -> int:
+        view = memoryview(mv).cast("B")
+        off, n = self.pos, len(view)
+        self.pos = off + n
+        self.size = max(self.size, off + n)
+        if self.raw_expect and n == self.raw_expect:
+            self.raw_expect = 0
+            self.raw.append((off, n))
+            return n
+        _store(self.pages, off, view)
+        _store(self.epoch, off, view)
+        return n
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self.pos if size is None else int(size)
+        self.size = size
+        for pages in (self.pages, self.epoch):
+            for p in [p for p in pages if p * PAGE >= size]:
+                del pages[p]
+            last = pages.get(size // PAGE)
+            if last is not None:
+                last[1][size % PAGE :] = bytes(PAGE - size % PAGE)
+        if self.root:
+            self.truncated = size
+        return size
+
+    def forget(self, lo: int, hi: int) -> None:
+        """Drop overlay bytes in ``[lo, hi)`` (raw data: read it from the disk instead)."""
+        for p in range(lo // PAGE, (hi - 1) // PAGE + 1 if hi > lo else 0):
+            page = self.pages.get(p)
+            if page is not None:
+                a, b = max(lo, p * PAGE) - p * PAGE, min(hi, (p + 1) * PAGE) - p * PAGE
+                page[1][a:b] = bytes(b - a)
+
+    def flush(self) -> None:
+        """HDF5 flushed on its own (``File.flush``/``close``): rank 0 publishes now."""
+        if self.root and not self.in_sync:
+            try:
+                self.publish()
+            except BaseException as exc:  # noqa: BLE001 - reported at the next collective point
+                self.error = exc
+                raise
+
+    # -- collio's side ------------------------------------------------------
+    def hash63(self) -> int:
+        """Digest of what was written since the last point, as a non-negative 63-bit int."""
+        h = hashlib.blake2b(digest_size=8)
+        h.update(b"S%d;" % self.size)
+        for p in sorted(self.epoch):
+            data, mask = self.epoch[p]
+            keep = np.frombuffer(mask, np.bool_)
+            h.update(b"P%d;" % p)
+            h.update(mask)
+            h.update(np.frombuffer(data, np.uint8)[keep].tobytes())
+        for off, n in sorted(self.raw):
+            h.update(b"R%d,%d;" % (off, n))
+        return int.from_bytes(h.digest(), "little") >> 1
+
+    def new_epoch(self) -> None:
+        """All ranks agreed on what was written so far: start the next digest."""
+        self.epoch.clear()
+        self.raw.clear()
+
+    def publish(self) -> None:
+        """On rank 0: write the overlay to the real file (then forget it)."""
+        if not self.root or self.frozen:
+            return
+        for p in sorted(self.pages):
+            data, mask = self.pages[p]
+            keep = np.frombuffer(mask, np.bool_)
+            edges = np.flatnonzero(np.diff(np.concatenate(([0], keep.view(np.int8), [0]))))
+            for lo, hi in zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True):
+                _pwrite(self.fd, memoryview(data)[lo:hi], p * PAGE + lo)
+        if self.truncated is not None:
+            os.ftruncate(self.fd, self.truncated)
+            self.truncated = None
+        if self.pages:
+            self.dirty = True
+        self.pages.clear()
+
+    def sync(self) -> None:
+        """fsync the real file when this rank published metadata or wrote chunks."""
+        if self.dirty and self.fd >= 0:
+            os.fsync(self.fd)
+            self.dirty = False
+
+    def release(self) -> None:
+        """Publish what is left (rank 0), make it durable, close the descriptor."""
+        if self.fd < 0:
+            return
+        try:
+            if self.root and not self.frozen:
+                self.publish()
+                self.sync()
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:  # the HDF5 library closed the file and let go of us
+        try:
+            self.release()
+        except OSError:
+            pass
+
+
+def _store(pages: dict[int, tuple[bytearray, bytearray]], off: int, view: memoryview) -> None:
+    """Copy ``view`` into 4 KiB pages at ``off`` and mark the bytes written."""
+    n = len(view)
+    for p in range(off // PAGE, (off + n - 1) // PAGE + 1 if n else 0):
+        lo, hi = max(off, p * PAGE), min(off + n, (p + 1) * PAGE)
+        page = pages.get(p)
+        if page is None:
+            page = pages[p] = (bytearray(PAGE), bytearray(PAGE))
+        page[0][lo - p * PAGE : hi - p * PAGE] = view[lo - off : hi - off]
+        page[1][lo - p * PAGE : hi - p * PAGE] = b"\1" * (hi - lo)
+
+
+def _pread(fd: int, view: memoryview, offset: int) -> None:
+    done, total = 0, len(view)
+    while done < total:
+        got = os.preadv(fd, [view[done : done + _MAX_IO]], offset + done)
+        if got == 0:
+            np.frombuffer(view, np.uint8)[done:] = 0
+            return
+        done += got
+
+
+def _pwrite(fd: int, view: memoryview | npt.NDArray[np.uint8], offset: int) -> None:
+    mv = memoryview(view).cast("B")  # type: ignore[arg-type]
+    done, total = 0, len(mv)
+    while done < total:
+        done += os.pwrite(fd, mv[done : done + _MAX_IO], offset + done)

@@ -1,0 +1,240 @@
+"""The rounds of a two-phase call: exchange straight into round buffers, I/O overlapped.
+
+Round ``k`` moves the ``k``-th non-empty window of every aggregator.  Senders
+hand MPI slices of their own buffer (or a datatype over it); an aggregator
+receives into its round buffer with a datatype that puts each byte at its file
+position.  The backend request of round ``k`` runs in the I/O thread while round
+``k+1`` is exchanged.  Reads run the same way backwards, the next window read
+ahead.
+
+Status is agreed one round behind with a non-blocking allreduce: a rank that
+fails still takes part in the round's messages (so nobody waits for a message
+that will not come) and every rank stops at the same round.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from .aggregators.plan import AggregatorPlan
+from .backends.base import Backend
+from .buffers import io_executor, round_buffers
+from .collective import Attempt, raise_agreed
+from .context import Call, Context, Plan
+from .exchange import messages
+from .runs import Runs, merge
+from .stats import Stats
+
+__all__ = ["write_rounds", "read_rounds"]
+
+I64 = npt.NDArray[np.int64]
+_TAG = 0x0C01
+#: Round buffers per aggregator (the I/O of round k overlaps the exchange of k+1).
+DEPTH = 2
+
+Future = concurrent.futures.Future[None]
+
+
+class _Lagged:
+    """Status agreement one round behind: Iallreduce now, wait at the next round."""
+
+    __slots__ = ("comm", "req", "out")
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+        self.req: MPI.Request | None = None
+        self.out = np.zeros(1, np.int64)
+
+    def failed(self) -> bool:
+        """Collective: did any rank report a failure in the previous round?"""
+        if self.req is None:
+            return False
+        self.req.Wait()
+        self.req = None
+        return bool(self.out[0])
+
+    def post(self, bad: bool) -> None:
+        """Collective: report this rank's status for the round about to run."""
+        self.out = np.zeros(1, np.int64)
+        self.req = self.comm.Iallreduce(
+            [np.array([int(bad)], np.int64), MPI.INT64_T], [self.out, MPI.INT64_T], op=MPI.MAX
+        )
+
+
+def _round_groups(sround: I64) -> tuple[I64, I64]:
+    order = np.argsort(sround, kind="stable").astype(np.int64)
+    nr = int(sround.max()) + 1 if len(sround) else 0
+    starts = np.concatenate(([0], np.cumsum(np.bincount(sround, minlength=nr)))).astype(np.int64)
+    return order, starts
+
+
+def _my_groups(order: I64, starts: I64, k: int) -> list[int]:
+    return order[starts[k] : starts[k + 1]].tolist() if k + 1 < len(starts) else []
+
+
+def _window_request(ctx: Context, plan: Plan, k: int) -> tuple[int, int]:
+    """(offset, length) of the backend request of this aggregator's round k."""
+    ap = plan.agg
+    assert ap is not None
+    if ctx.backend.partial_write:
+        return int(ap.rlo[k]), int(ap.rhi[k] - ap.rlo[k])
+    d = ctx.my_domain
+    start = int(plan.bounds[d]) + int(ap.rwin[k]) * plan.window
+    end = min(start + plan.window, int(plan.bounds[d + 1]))
+    return start, end - start
+
+
+def _whole(req: tuple[int, int]) -> Runs:
+    one = np.array([req[0]], np.int64)
+    return Runs(one, np.array([req[1]], np.int64), np.zeros(1, np.int64))
+
+
+def round_cover(ap: AggregatorPlan, k: int) -> Runs:
+    """The byte ranges ranks write (or need) in aggregator round k, sorted and merged."""
+    groups = ap.groups_of_round(k)
+    parts = [np.arange(int(ap.gstart[g]), int(ap.gstart[g + 1])) for g in groups.tolist()]
+    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    order = idx[np.argsort(ap.file[idx], kind="stable")]
+    return merge(Runs(ap.file[order], ap.length[order], ap.file[order]))  # mem=file: merge by file
+
+
+def _cover(ap: AggregatorPlan, k: int, req: tuple[int, int]) -> Runs:
+    return round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
+
+
+def _wait(fut: Future | None, c: Stats) -> None:
+    if fut is not None:
+        t = time.perf_counter()
+        fut.result()
+        c.time_io += time.perf_counter() - t
+
+
+def _write_window(
+    be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, c: Stats
+) -> None:
+    c.add_writes(be.write_window(offset, buf, cover))
+
+
+def _read_window(
+    be: Backend, offset: int, buf: npt.NDArray[np.uint8], need: Runs, c: Stats
+) -> None:
+    c.add_reads(be.read_window(offset, buf, need))
+
+
+def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Call) -> None:
+    """Collective over ``ctx.comm``: every round of a two-phase write."""
+    comm, be, ap, sp, c = ctx.comm, ctx.backend, plan.agg, plan.sender, call.counters
+    order, starts = _round_groups(plan.sround)
+    mine = ap.nrounds if ap is not None else 0
+    bufs = round_buffers(plan.window, DEPTH) if mine else []
+    pending: list[Future | None] = [None] * DEPTH
+    pool, status = io_executor(), _Lagged(comm)
+    error: BaseException | None = None
+    for k in range(plan.nrounds):
+        step = Attempt()
+        req = _window_request(ctx, plan, k) if ap is not None and k < mine else (0, 0)
+        with step:
+            if ap is not None and k < mine:
+                b = k % DEPTH
+                fut, pending[b] = pending[b], None
+                _wait(fut, c)  # the buffer is reused even after an error: wait for it
+                if error is None and ap.rcovered[k] < req[1]:
+                    t = time.perf_counter()
+                    c.add_reads(be.fill_holes(req[0], bufs[b][: req[1]], round_cover(ap, k)))
+                    c.time_io += time.perf_counter() - t
+        error = error or step.error
+        if status.failed():
+            break
+        status.post(error is not None)
+        t = time.perf_counter()
+        with messages(comm, _TAG + (k & 0x3FF)) as msgs:
+            if ap is not None and k < mine:
+                wbuf = bufs[k % DEPTH]
+                for g in ap.groups_of_round(k).tolist():
+                    s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
+                    msgs.recv(int(ap.gsrc[g]), wbuf, ap.file[s:e] - req[0], ap.length[s:e])
+                    c.messages += 1
+            for g in _my_groups(order, starts, k):
+                piece = sp.group(g)
+                msgs.send(int(ctx.aggregators[sp.gdom[g]]), data, piece.mem, piece.length)
+                c.exchanged_bytes += piece.nbytes
+        c.time_exchange += time.perf_counter() - t
+        if error is None and ap is not None and k < mine:
+            buf = bufs[k % DEPTH][: req[1]]
+            pending[k % DEPTH] = pool.submit(_write_window, be, req[0], buf, _cover(ap, k, req), c)
+    status.failed()
+    _finish(pending, c, error, comm)
+
+
+def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call) -> None:
+    """Collective over ``ctx.comm``: every round of a two-phase read (next window read ahead)."""
+    comm, be, ap, sp, c = ctx.comm, ctx.backend, plan.agg, plan.sender, call.counters
+    order, starts = _round_groups(plan.sround)
+    mine = ap.nrounds if ap is not None else 0
+    bufs = round_buffers(plan.window, DEPTH) if mine else []
+    pending: list[Future | None] = [None] * DEPTH
+    reqs: list[tuple[int, int]] = [(0, 0)] * DEPTH
+    pool, status = io_executor(), _Lagged(comm)
+
+    def prefetch(k: int) -> None:
+        if ap is not None and k < mine:
+            b = k % DEPTH
+            reqs[b] = req = _window_request(ctx, plan, k)
+            pending[b] = pool.submit(
+                _read_window, be, req[0], bufs[b][: req[1]], _cover(ap, k, req), c
+            )
+
+    error: BaseException | None = None
+    step = Attempt()
+    with step:
+        prefetch(0)
+    error = step.error
+    for k in range(plan.nrounds):
+        step = Attempt()
+        with step:
+            if ap is not None and k < mine:
+                fut, pending[k % DEPTH] = pending[k % DEPTH], None
+                _wait(fut, c)
+                if error is None:
+                    prefetch(k + 1)
+        error = error or step.error
+        if status.failed():
+            break
+        status.post(error is not None)
+        t = time.perf_counter()
+        with messages(comm, _TAG + (k & 0x3FF)) as msgs:
+            for g in _my_groups(order, starts, k):
+                piece = sp.group(g)
+                msgs.recv(int(ctx.aggregators[sp.gdom[g]]), out, piece.mem, piece.length)
+                c.exchanged_bytes += piece.nbytes
+            if ap is not None and k < mine:
+                rbuf, base = bufs[k % DEPTH], reqs[k % DEPTH][0]
+                for g in ap.groups_of_round(k).tolist():
+                    s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
+                    msgs.send(int(ap.gsrc[g]), rbuf, ap.file[s:e] - base, ap.length[s:e])
+                    c.messages += 1
+        c.time_exchange += time.perf_counter() - t
+    status.failed()
+    _finish(pending, c, error, comm)
+
+
+def _finish(
+    pending: list[Future | None], c: Stats, error: BaseException | None, comm: MPI.Comm
+) -> None:
+    """Collective: wait for outstanding I/O, then agree on every error of the rounds."""
+    t = time.perf_counter()
+    for fut in pending:
+        if fut is None:
+            continue
+        try:
+            fut.result()
+        except Exception as exc:  # noqa: BLE001 - agreed below
+            error = error or exc
+    c.time_io += time.perf_counter() - t
+    if comm.allreduce(1 if error else 0, op=MPI.MAX):
+        raise_agreed(comm, error, what="backend I/O")

@@ -1,0 +1,253 @@
+"""collio.h5 under mpiexec: real h5py, real MPI; files checked by stock h5py and h5dump."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collio
+from collio import layouts
+
+h5py = pytest.importorskip("h5py")
+from h5check import check_file  # noqa: E402
+from helpers import local_piece, reference  # noqa: E402
+
+import collio.h5  # noqa: E402  - after the importorskip
+
+pytestmark = pytest.mark.mpi
+
+
+def _layout(kind: str, comm: MPI.Comm, shape: tuple[int, ...], dtype: str) -> Any:
+    if kind == "colblock":
+        return layouts.block(shape, dtype, comm=comm, grid=(1,) * (len(shape) - 1) + (comm.size,))
+    if kind == "cyclic":
+        return layouts.block_cyclic(
+            shape, dtype, block=(5, 3), grid=layouts.dims_create(comm.size, 2), comm=comm
+        )
+    return layouts.block(shape, dtype, comm=comm)
+
+
+CASES = [
+    ("colblock", (45, 38), "<f8"),
+    ("cyclic", (41, 37), "<i4"),
+    ("block3d", (9, 14, 11), "<f4"),
+]
+
+
+@pytest.mark.parametrize(("kind", "shape", "dtype"), CASES)
+@pytest.mark.parametrize("storage", ["contiguous", "chunked-gzip"])
+def test_write_read_and_stock_h5py_agrees(
+    comm: MPI.Comm, shared_dir: str, kind: str, shape: tuple[int, ...], dtype: str, storage: str
+) -> None:
+    path = os.path.join(shared_dir, f"{kind}-{storage}.h5")
+    glob = reference(shape, dtype)
+    lay = _layout(kind, comm, shape, dtype)
+    opts: dict[str, Any] = {}
+    if storage != "contiguous":
+        opts = {"chunks": tuple(max(1, s // 3 - 1) for s in shape), "compression": "gzip"}
+        opts["shuffle"] = True
+    with collio.h5.File(path, "w", comm=comm, hints={"cb_buffer_size": 4096}) as f:
+        grp = f.create_group("results/run1")
+        grp.attrs["step"] = 7
+        d = collio.h5.create_dataset(grp, "field", shape, dtype, **opts)
+        d.attrs["units"] = "m/s"
+        collio.h5.write_all(d, local_piece(glob, lay), lay)
+        # read back through another decomposition
+        other = layouts.block(shape, dtype, comm=comm)
+        np.testing.assert_array_equal(collio.h5.read_all(d, other), local_piece(glob, other))
+        f.attrs["title"] = "collio"
+    attrs = {"/": {"title": "collio"}, "results/run1": {"step": 7}}
+    attrs["results/run1/field"] = {"units": "m/s"}
+    check_file(comm, path, {"results/run1/field": glob}, attrs)
+
+
+def test_empty_rank_and_update_in_place(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "empty.h5")
+    shape = (30, 26)
+    glob = reference(shape, "<f8", seed=3)
+    last = comm.rank == comm.size - 1
+    whole = layouts.Subarray(shape, (0, 0), shape if last else (0, 0), "<f8")
+    with collio.h5.File(path, "w", comm=comm) as f:
+        c = collio.h5.create_dataset(f, "c", shape, "<f8", chunks=(7, 5), compression="gzip")
+        d = collio.h5.create_dataset(f, "d", shape, "<f8")
+        z = collio.h5.create_dataset(f, "z", shape, "<f8", chunks=(4, 9), compression="lzf")
+        for dset in (c, d, z):
+            collio.h5.write_all(dset, glob if last else np.zeros((0, 0)), whole)
+    # r+: rewrite rows 10..19 only, split over ranks; the rest must stay
+    new = glob.copy()
+    new[10:20] = -1.0
+    band = layouts.block((10, shape[1]), "<f8", comm=comm, grid=(comm.size, 1))
+    lay = layouts.Subarray(shape, (10 + band.start[0], 0), band.shape, "<f8")
+    with collio.h5.File(path, "r+", comm=comm) as f:
+        for name in ("c", "d", "z"):
+            collio.h5.write_all(f[name], np.full(lay.shape, -1.0), lay)
+    check_file(comm, path, {"c": new, "d": new, "z": new})
+
+
+def test_h5py_spelling_collective_indexing_and_append(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "spelling.h5")
+    shape = (20, 12)
+    glob = reference(shape, "<f8", seed=5)
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(comm.size, 1))
+    f = h5py.File(path, "w", driver="collio", comm=comm)
+    d = f.create_dataset("plain", shape, "<f8")  # h5py's defaults: late allocation
+    f.attrs["note"] = "x"
+    if comm.rank == 0:  # reads on one rank only are not metadata calls: no mismatch
+        assert list(f) == ["plain"] and f.attrs["note"] == "x" and d.shape == shape
+    with collio.h5.collective(d) as c:
+        c[lay.slices] = local_piece(glob, lay)
+        back = c[:, 2:5]
+    np.testing.assert_array_equal(back, glob[:, 2:5])
+    np.testing.assert_array_equal(d[...], glob)  # plain h5py on every rank's replica
+    collio.h5.close(f)
+    with h5py.File(path, "a", driver="collio", comm=comm) as g:
+        e = collio.h5.create_dataset(g, "more", shape, "<f8", chunks=(4, 4))
+        collio.h5.collective(e)[lay.slices] = 2 * local_piece(glob, lay)
+        np.testing.assert_array_equal(e[...], 2 * glob)
+        collio.h5.flush(g)
+    check_file(comm, path, {"plain": glob, "more": 2 * glob})
+
+
+def test_missing_file_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "absent.h5")
+    with pytest.raises(collio.BackendError) as info:
+        collio.h5.File(path, "r", comm=comm)
+    texts = comm.allgather(str(info.value))
+    assert texts == [texts[0]] * comm.size and "rank 0: no such file" in texts[0]
+
+
+def test_different_metadata_call_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "diverge.h5")
+    lay = layouts.block((8, 8), "<f8", comm=comm)
+    with collio.h5.File(path, "w", comm=comm) as f:
+        d = collio.h5.create_dataset(f, "x", (8, 8), "<f8")
+        if comm.rank == comm.size - 1:
+            f.attrs["only-here"] = 1  # a metadata call the other ranks do not make
+        if comm.size == 1:  # one rank cannot disagree with itself
+            collio.h5.write_all(d, np.ones(lay.shape), lay)
+            assert f.attrs["only-here"] == 1
+            return
+        with pytest.raises(collio.MismatchError) as info:
+            collio.h5.write_all(d, np.ones(lay.shape), lay)
+        texts = comm.allgather(str(info.value))
+        assert texts == [texts[0]] * comm.size
+        assert f"rank {comm.size - 1} has /@only-here" in texts[0]
+        assert info.value.ranks == (comm.size - 1,)
+        with pytest.raises(collio.MismatchError):  # stays failed, still no hang
+            collio.h5.flush(f)
+
+
+def test_wrong_piece_on_one_rank_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "bad.h5")
+    lay = layouts.block((16, 8), "<f8", comm=comm)
+    with collio.h5.File(path, "w", comm=comm) as f:
+        d = collio.h5.create_dataset(f, "x", (16, 8), "<f8")
+        data = np.ones(lay.shape)
+        if comm.rank == comm.size - 1:
+            data = np.ones((lay.shape[0] + 1, lay.shape[1]))
+        with pytest.raises(collio.LayoutError) as info:
+            collio.h5.write_all(d, data, lay)
+        texts = comm.allgather(str(info.value))
+        assert texts == [texts[0]] * comm.size and f"rank {comm.size - 1}" in texts[0]
+        collio.h5.write_all(d, np.full(lay.shape, 2.0), lay)  # and the file goes on
+    check_file(comm, path, {"x": np.full((16, 8), 2.0)})
+
+
+def test_reads_files_written_by_plain_h5py(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "foreign.h5")
+    shape = (37, 29)
+    glob = reference(shape, "<f8", seed=9)
+    if comm.rank == 0:
+        with h5py.File(path, "w") as f:
+            f["contig"] = glob
+            f.create_dataset("gz", data=glob, chunks=(6, 7), compression="gzip", shuffle=True)
+            f.create_dataset("lzf", data=glob, chunks=(10, 4), compression="lzf", fletcher32=True)
+            part = f.create_dataset("partial", shape, "<f8", chunks=(8, 8), fillvalue=-5.0)
+            part[:8, :16] = glob[:8, :16]  # other chunks never written: the fill value
+            f.create_dataset("late", shape, "<f8")  # never written, never allocated
+    comm.Barrier()
+    expect_partial = np.full(shape, -5.0)
+    expect_partial[:8, :16] = glob[:8, :16]
+    lay = layouts.block_cyclic(shape, "<f8", block=(4, 5), grid=layouts.dims_create(comm.size, 2))
+    with collio.h5.File(path, "r", comm=comm) as f:
+        cases = [("contig", glob), ("gz", glob), ("lzf", glob), ("partial", expect_partial)]
+        for name, ref in [*cases, ("late", np.zeros(shape))]:
+            got = collio.h5.read_all(f[name], lay)
+            np.testing.assert_array_equal(got, local_piece(ref, lay), err_msg=name)
+        st = collio.h5.stats(f)
+        assert st.bytes_read > 0
+
+
+def test_other_filters_through_hdf5(comm: MPI.Comm, shared_dir: str) -> None:
+    """Pipelines outside the numpy+zlib fast path are encoded by HDF5 itself."""
+    path = os.path.join(shared_dir, "filters.h5")
+    shape = (33, 40)
+    glob = reference(shape, "<f4", seed=11)
+    lay = layouts.block(shape, "<f4", comm=comm)
+    expected = {}
+    with collio.h5.File(path, "w", comm=comm) as f:
+        d = collio.h5.create_dataset(
+            f, "lzf", shape, "<f4", chunks=(9, 8), compression="lzf", fletcher32=True
+        )
+        collio.h5.write_all(d, local_piece(glob, lay), lay)
+        expected["lzf"] = glob
+        try:
+            import hdf5plugin
+        except ImportError:
+            hdf5plugin = None
+        if hdf5plugin is not None:
+            z = collio.h5.create_dataset(f, "zstd", shape, "<f4", chunks=(16, 16),
+                                         **hdf5plugin.Zstd())  # fmt: skip
+            collio.h5.write_all(z, local_piece(glob, lay), lay)
+            expected["zstd"] = glob
+    if "zstd" in expected:
+        del expected["zstd"]  # a stock reader without hdf5plugin cannot decode it
+        with collio.h5.File(path, "r", comm=comm) as f:
+            back = collio.h5.read_all(f["zstd"], lay)
+            np.testing.assert_array_equal(back, local_piece(glob, lay))
+    check_file(comm, path, expected)
+
+
+def test_latest_format_resize_and_append_in_r_plus(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "latest.h5")
+    shape = (50, 40)
+    glob = reference(shape, "<f8", seed=13)
+    lay = layouts.block(shape, "<f8", comm=comm)
+    with collio.h5.File(path, "w", comm=comm, libver="latest") as f:
+        e = collio.h5.create_dataset(
+            f, "ext", shape, "<f8", chunks=(8, 8), maxshape=(None, 40), compression="gzip"
+        )
+        collio.h5.write_all(e, local_piece(glob, lay), lay)
+    grown = np.concatenate([glob, np.full((10, 40), 7.0)])
+    lay2 = layouts.block(grown.shape, "<f8", comm=comm)
+    with collio.h5.File(path, "r+", comm=comm) as f:
+        f["ext"].resize(grown.shape)  # a metadata call, on every rank
+        collio.h5.write_all(f["ext"], local_piece(grown, lay2), lay2)
+        np.testing.assert_array_equal(collio.h5.read_all(f["ext"], lay2), local_piece(grown, lay2))
+        f.attrs["done"] = 1
+    check_file(comm, path, {"ext": grown}, {"/": {"done": 1}}, h5dump=False)
+
+
+def test_sub_communicators_write_their_own_files(comm: MPI.Comm, shared_dir: str) -> None:
+    color = comm.rank % 2
+    sub = comm.Split(color, comm.rank)
+    try:
+        path = os.path.join(shared_dir, f"sub{color}.h5")
+        shape = (12, 10)
+        glob = reference(shape, "<f8", seed=20 + color)
+        lay = layouts.block(shape, "<f8", comm=sub)
+        with collio.h5.File(path, "w", comm=sub) as f:
+            d = collio.h5.create_dataset(f, "x", shape, "<f8")
+            collio.h5.write_all(d, local_piece(glob, lay), lay)
+            d.attrs["color"] = color
+    finally:
+        sub.Free()
+    expected = {"x": reference((12, 10), "<f8", seed=20)}
+    check_file(comm, os.path.join(shared_dir, "sub0.h5"), expected, {"x": {"color": 0}})
+    if comm.size > 1:
+        expected = {"x": reference((12, 10), "<f8", seed=21)}
+        check_file(comm, os.path.join(shared_dir, "sub1.h5"), expected, {"x": {"color": 1}})
