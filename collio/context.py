@@ -48,6 +48,7 @@ class Call:
     hi: int
     direct: bool
     counters: Stats
+    own: npt.NDArray[np.bool_] | None = None  # runs this rank does itself before the shuffle
 
 
 @dataclasses.dataclass(slots=True)

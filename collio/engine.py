@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .aggregators import file_domains, plan_aggregator, plan_sender, window_size
+from .aggregators import plan_aggregator, plan_sender, window_size
 from .aggregators.domains import alignment
 from .aggregators.plan import AggregatorPlan
 from .aggregators.summary import aggregator_summary
@@ -100,10 +100,15 @@ def _check(
     glo, ghi, any_small = int(-out[3]), int(out[4]), bool(out[5])
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
     direct = False
+    own = None
     if ctx.backend.independent and ghi > glo:
         if mode == "disable" or (mode == "automatic" and not any_small):
             direct = _disjoint(ctx.comm, lo, hi)
-    return runs, buf, extra, Call(glo, ghi, direct, Stats())
+    elif ghi > glo and mode != "enable":
+        split = ctx.backend.own_runs(ctx.comm, runs, writing=writing)
+        if split is not None:
+            own, direct = split
+    return runs, buf, extra, Call(glo, ghi, direct, Stats(), None if direct else own)
 
 
 def _raise_mismatch(comm: MPI.Comm, sig: tuple[Any, ...] | None) -> None:
@@ -141,7 +146,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     comm, aggs = ctx.comm, ctx.aggregators
     align = alignment(ctx.backend.alignment, ctx.hints.striping_unit)
     lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
-    bounds = file_domains(lo, hi, len(aggs), align)
+    bounds = ctx.backend.domain_bounds(lo, hi, len(aggs), align)
     window = window_size(min(ctx.hints.cb_buffer_size, 1 << 30), align)
     sp = plan_sender(runs, bounds, window)
     counts = np.zeros(comm.Get_size(), np.int64)
@@ -232,16 +237,19 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
         return lay.as_bytes(data), None
 
     runs, buf, _, call = _check(ctx, layout, prepare, writing=True)
-    if call.hi > call.lo:
+    active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
+    if active:
         if call.direct:
             _direct(ctx, call, lambda: ctx.backend.write_runs(runs, buf), runs, writing=True)
         else:
-            plan = _plan(ctx, runs, call, writing=True)
-            call.counters.rounds = plan.nrounds
-            ctx.stats.local = _local_summary(ctx, plan)
-            write_rounds(ctx, plan, buf, call)
+            runs = _own_first(ctx, call, runs, buf, writing=True)
+            if call.hi > call.lo:
+                plan = _plan(ctx, runs, call, writing=True)
+                call.counters.rounds = plan.nrounds
+                ctx.stats.local = _local_summary(ctx, plan)
+                write_rounds(ctx, plan, buf, call)
     step = Attempt()
-    if call.hi > call.lo and ctx.backend.needs_flush:
+    if active and ctx.backend.needs_flush:
         with step:
             ctx.backend.flush(ctx.comm)
     _complete(ctx, call, t0, step.error, what="backend flush")
@@ -260,12 +268,37 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
         if call.direct:
             _direct(ctx, call, lambda: ctx.backend.read_runs(runs, buf), runs, writing=False)
         else:
-            plan = _plan(ctx, runs, call, writing=False)
-            call.counters.rounds = plan.nrounds
-            ctx.stats.local = _local_summary(ctx, plan)
-            read_rounds(ctx, plan, buf, call)
+            runs = _own_first(ctx, call, runs, buf, writing=False)
+            if call.hi > call.lo:
+                plan = _plan(ctx, runs, call, writing=False)
+                call.counters.rounds = plan.nrounds
+                ctx.stats.local = _local_summary(ctx, plan)
+                read_rounds(ctx, plan, buf, call)
     _complete(ctx, call, t0)
     return arr
+
+
+def _own_first(
+    ctx: Context, call: Call, runs: Runs, buf: npt.NDArray[np.uint8], *, writing: bool
+) -> Runs:
+    """Collective: do the runs the backend let this rank keep; return the rest to shuffle.
+
+    Used when ``Backend.own_runs`` splits a call (zarr: chunks only one rank touches
+    are stored by it, shared ones go through their aggregator).  The extent is
+    agreed again for the rest.
+    """
+    if call.own is None:
+        return runs
+    own, rest = runs.take(np.flatnonzero(call.own)), runs.take(np.flatnonzero(~call.own))
+    be = ctx.backend
+    do = be.write_runs if writing else be.read_runs
+    _direct(ctx, call, lambda: do(own, buf), own, writing=writing)
+    lo, hi = rest.extent() if len(rest) else (int(_BIG), 0)
+    ext = np.array([-lo, hi], np.int64)
+    out = np.empty_like(ext)
+    ctx.comm.Allreduce([ext, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+    call.lo, call.hi = int(-out[0]), int(out[1])
+    return rest
 
 
 def _direct(ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool) -> None:
@@ -275,11 +308,12 @@ def _direct(ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool)
     t = time.perf_counter()
     with step:
         if len(runs):
-            action()
+            done = action()  # a request count (one per run) or the requests' sizes
+            sizes = runs.length if isinstance(done, int) else done
             if writing:
-                call.counters.add_writes(runs.length)
+                call.counters.add_writes(sizes)
             else:
-                call.counters.add_reads(runs.length)
+                call.counters.add_reads(sizes)
     call.counters.time_io += time.perf_counter() - t
     if ctx.comm.allreduce(1 if step.error else 0, op=MPI.MAX):
         raise_agreed(ctx.comm, step.error, what="backend I/O")

@@ -8,7 +8,8 @@ Required: :meth:`Backend.open` (a classmethod, called by *every* rank),
 :meth:`write_at`, :meth:`read_at`, :meth:`size`, :meth:`sync`, :meth:`close`.
 Optional hooks with defaults: :meth:`runs_for` (map a layout into the backend's
 byte space, e.g. chunk-major for zarr), :meth:`domain_extent` (e.g. S3 objects
-always start at 0), :meth:`commit` / :meth:`abort` (atomic completion).
+always start at 0), :meth:`domain_bounds` (cut the domains, e.g. by real bytes),
+:meth:`commit` / :meth:`abort` (atomic completion).
 
 How the planned backends fit:
 
@@ -34,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from ..aggregators.domains import file_domains
 from ..runs import Runs
 
 __all__ = ["Backend"]
@@ -96,8 +98,8 @@ class Backend(abc.ABC):
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         """Fill ``buf`` from byte ``offset``; bytes past the end read as zeros."""
 
-    def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int:
-        """Write a rank's own runs directly; returns the number of requests.
+    def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int | list[int]:
+        """Write a rank's own runs directly; returns the number of requests, or their sizes.
 
         The default loops over runs: only used on the direct path, which the core
         takes for a few large runs (or when the user disables collective buffering).
@@ -108,8 +110,8 @@ class Backend(abc.ABC):
             self.write_at(f, data[m : m + n])
         return len(runs)
 
-    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int:
-        """Read a rank's own runs directly into ``out``; returns the number of requests."""
+    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
+        """Read a rank's own runs into ``out``; returns the number of requests, or their sizes."""
         for f, n, m in zip(
             runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
         ):
@@ -164,9 +166,33 @@ class Backend(abc.ABC):
     def check_layout(self, layout: Any) -> None:  # noqa: B027 - optional hook
         """Raise :class:`~collio.errors.LayoutError` if the layout does not fit the target."""
 
+    def own_runs(
+        self, comm: Any, runs: Runs, *, writing: bool
+    ) -> tuple[npt.NDArray[np.bool_], bool] | None:
+        """Collective over `comm`: which of its runs may this rank do itself, unshuffled?
+
+        Asked (on every rank alike) only of backends that are not ``independent``,
+        when the hints allow skipping the shuffle.  Returns None when no rank keeps
+        any run, else ``(mask over runs, every rank keeps all)``, the flag the same
+        on every rank.  The kept runs go to :meth:`write_runs` / :meth:`read_runs`,
+        the rest through the aggregators.  Zarr keeps the chunks that one rank
+        alone touches.  Default: None.
+        """
+        return None
+
     def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
         """The byte range the file domains split (default: the data's own extent)."""
         return lo, hi
+
+    def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> npt.NDArray[np.int64]:
+        """``naggs + 1`` domain bounds over ``[lo, hi)``, interior ones multiples of ``align``.
+
+        Must be a pure function of its arguments (every rank calls it and must get
+        the same bounds).  Default: even shares of the byte range
+        (:func:`~collio.aggregators.file_domains`).  Backends whose units carry
+        unequal real bytes (zarr's and chunked HDF5's padded edge chunks) weigh them.
+        """
+        return file_domains(lo, hi, naggs, align)
 
     # -- completion -------------------------------------------------------
     @abc.abstractmethod

@@ -1,0 +1,220 @@
+"""Opening and creating zarr arrays for :mod:`collio.backends.zarr` (per rank, no MPI).
+
+The collective choreography (rank 0 creates, everyone agrees, then everyone
+opens) lives in :meth:`ZarrBackend.open`; this module holds the local steps,
+each of which raises a collio error with the values in its message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.abc.store import Store
+from zarr.storage import MemoryStore, StorePath
+
+from ..errors import BackendError, MismatchError, ModeError
+
+__all__ = ["ArrayFacts", "OpenSpec", "array_facts"]
+
+#: Options that shape a new array (mode 'w' with a path or store).
+CREATE = frozenset(
+    {
+        "shape",
+        "dtype",
+        "chunks",
+        "shards",
+        "compressors",
+        "filters",
+        "serializer",
+        "fill_value",
+        "attributes",
+        "dimension_names",
+        "chunk_key_encoding",
+        "zarr_format",
+        "config",
+    }
+)
+#: Creation options that an existing array is checked against in every mode.
+EXPECT = ("shape", "dtype", "chunks", "shards")
+#: A chunk (shard) is assembled whole in one round buffer, and rounds stay <= 1 GiB.
+MAX_UNIT_NBYTES = 1 << 30
+#: Options for finding the array.
+WHERE = frozenset({"path", "storage_options"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ArrayFacts:
+    """What every rank's array must share."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    chunks: tuple[int, ...]
+    shards: tuple[int, ...] | None
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.shape, self.dtype.str, self.chunks, self.shards)
+
+    def get(self, name: str) -> Any:
+        value = getattr(self, name)
+        return value.str if name == "dtype" else value
+
+
+def array_facts(array: Any) -> ArrayFacts:
+    """Shape, dtype, (inner) chunk shape and shard shape of a ``zarr.Array``."""
+    shards = getattr(array, "shards", None)
+    return ArrayFacts(
+        tuple(int(s) for s in array.shape),
+        np.dtype(array.dtype),
+        tuple(int(c) for c in array.chunks),
+        tuple(int(s) for s in shards) if shards else None,
+    )
+
+
+def _normal(name: str, value: Any) -> Any:
+    """A comparable form of an expected value; None when it cannot be checked ("auto")."""
+    try:
+        if name == "dtype":
+            return np.dtype(value).str
+        if isinstance(value, (int, np.integer)):
+            return int(value)
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _store_of(target: Any) -> Any:
+    if isinstance(target, zarr.Array):
+        return target.store
+    if isinstance(target, StorePath):
+        return target.store
+    return target
+
+
+@dataclasses.dataclass(slots=True)
+class OpenSpec:
+    """One rank's view of what ``collio.open(..., backend="zarr")`` was asked to do."""
+
+    target: Any
+    mode: str
+    create_options: dict[str, Any]
+    expect: dict[str, Any]
+    path: str
+    storage_options: dict[str, Any] | None
+    in_memory: bool
+
+    @classmethod
+    def parse(
+        cls, target: Any, mode: str, options: dict[str, Any], *, nranks: int, hints: Any = None
+    ) -> OpenSpec:
+        """Check the options (locally); raise :class:`ModeError` & co. on bad ones."""
+        if getattr(hints, "atomic_commit", False) and mode != "r":
+            raise ModeError(
+                "the zarr backend stores chunks in place: atomic_commit is not supported"
+            )
+        unknown = sorted(set(options) - CREATE - WHERE)
+        if unknown:
+            raise ModeError(
+                f"zarr backend: unknown options {unknown}; known: {sorted(CREATE | WHERE)}"
+            )
+        given = {k: v for k, v in options.items() if v is not None}
+        create = {k: v for k, v in given.items() if k in CREATE}
+        is_array = isinstance(target, zarr.Array)
+        if is_array and set(given) & WHERE:
+            raise ModeError("path and storage_options do not apply to a zarr.Array target")
+        extra = sorted(set(create) - set(EXPECT))
+        if is_array and extra:
+            raise ModeError(f"creation options {extra} do not apply to an existing zarr.Array")
+        if mode == "w" and not is_array and ("shape" not in create or "dtype" not in create):
+            raise ModeError("mode 'w' creates the zarr array: give shape= and dtype=")
+        store = _store_of(target)
+        if mode != "r" and isinstance(store, Store) and store.read_only:
+            raise BackendError(
+                f"the zarr store {store} is read-only; open it with mode 'r'", errno=errno.EROFS
+            )
+        in_memory = isinstance(store, (MemoryStore, dict))
+        if in_memory and nranks > 1:
+            raise BackendError(
+                f"a zarr MemoryStore lives in one process; with {nranks} ranks use a "
+                f"directory or an object store"
+            )
+        expect = {k: _normal(k, create[k]) for k in EXPECT if k in create}
+        expect = {k: v for k, v in expect.items() if v is not None}
+        return cls(
+            target,
+            mode,
+            create if mode == "w" and not is_array else {},
+            expect,
+            str(given.get("path", "")),
+            given.get("storage_options"),
+            in_memory,
+        )
+
+    @property
+    def creates(self) -> bool:
+        return bool(self.create_options)
+
+    @property
+    def label(self) -> str:
+        if isinstance(self.target, zarr.Array):
+            return f"{self.target.store}/{self.target.path}".rstrip("/")
+        where = str(self.target) if isinstance(self.target, (str, Store, StorePath)) else "target"
+        return f"{where} path {self.path!r}" if self.path else where
+
+    def create(self) -> None:
+        """On one rank: create (overwrite) the array's metadata."""
+        opts = dict(self.create_options)
+        opts.setdefault("zarr_format", 3)
+        zarr.create_array(
+            self.target,
+            name=self.path or None,
+            overwrite=True,
+            storage_options=self.storage_options,
+            **opts,
+        )
+
+    def open(self) -> Any:
+        """On every rank: the ``zarr.Array`` (checked against the expectations)."""
+        if isinstance(self.target, zarr.Array):
+            array = self.target
+        else:
+            try:
+                array = zarr.open_array(
+                    self.target,
+                    mode="r" if self.mode == "r" else "r+",
+                    path=self.path,
+                    storage_options=self.storage_options,
+                )
+            except FileNotFoundError as exc:
+                raise BackendError(f"no zarr array at {self.label}", errno=errno.ENOENT) from exc
+        if self.mode != "r" and array.store.read_only:
+            raise BackendError(
+                f"the zarr store of {self.label} is read-only; open it with mode 'r'",
+                errno=errno.EROFS,
+            )
+        facts = array_facts(array)
+        if facts.dtype.hasobject or facts.dtype.itemsize == 0:
+            raise BackendError(
+                f"the zarr array at {self.label} has variable-size elements ({array.dtype}); "
+                f"collio writes fixed-size dtypes"
+            )
+        unit = facts.shards or facts.chunks
+        nbytes = int(np.prod(unit, dtype=np.int64)) * facts.dtype.itemsize
+        if nbytes > MAX_UNIT_NBYTES:
+            kind = "shards" if facts.shards else "chunks"
+            raise BackendError(
+                f"the zarr array at {self.label} has {kind} {unit} of {nbytes} bytes; an "
+                f"aggregator assembles a whole one per round, at most {MAX_UNIT_NBYTES}"
+            )
+        for name, want in self.expect.items():
+            have = facts.get(name)
+            if isinstance(want, int) and isinstance(have, tuple):
+                want = (want,) * len(have)
+            if want != have:
+                raise MismatchError(
+                    f"the zarr array at {self.label} has {name} {have}, but {name}={want} was given"
+                )
+        return array
