@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -82,6 +83,47 @@ def test_failure_on_every_rank_is_reported_not_hung(tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "collio-bench: error: posix write: rank 0:" in proc.stderr
     assert "rank 1: not a directory" in proc.stderr
+
+
+PLUGIN_JOB = textwrap.dedent(
+    """
+    import sys
+    import collio
+    from collio.bench.apis import register_api
+    from collio.bench.builtin import CollioApi
+    from collio.bench.cli import main
+
+    class MemoryApi(CollioApi):
+        name = "collio-memory"
+        backend = "memory"
+
+        def target(self):
+            return "mem://bench"
+
+        def written(self):
+            with collio.open(self.target(), "r", comm=self.job.comm) as f:
+                return f.read_all(self.job.layout)
+
+    register_api("collio-memory", MemoryApi)
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@needs_mpiexec
+def test_an_api_plugs_in_with_one_module(tmp_path):
+    """Another backend's API: a subclass registered by name, run, verified and compared."""
+    script = tmp_path / "plugin.py"
+    script.write_text(PLUGIN_JOB)
+    out = tmp_path / "p.json"
+    args = ["-n", "2", sys.executable, str(script), "--compare", "collio-memory,collio"]
+    proc = run_job([*args, "-i", "2", "--size", "96", "-W", "-R", "--json", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["apis"] == ["collio-memory", "collio"] and doc["errors"] == 0
+    rows = [r for r in doc["rows"] if r["api"] == "collio-memory"]
+    assert len(rows) == 4 and all(r["errors"] == 0 for r in rows)
+    assert doc["hints_used"]["collio-memory"]["cb_nodes"] == 2
 
 
 @needs_mpiexec

@@ -20,6 +20,9 @@ Adding one (another backend, another library) takes one module::
         backend = "zarr"
         def target(self) -> str:
             return self.job.path + ".zarr"
+        def written(self):                      # -W: read it back (not a flat file)
+            with collio.open(self.target(), "r", comm=self.job.comm) as f:
+                return f.read_all(self.job.layout)
 
     register_api("collio-zarr", "mypkg.bench_zarr:ZarrApi")
 
@@ -90,7 +93,7 @@ class Api:
     """
 
     name: ClassVar[str] = "abstract"
-    #: Writes the layout's bytes where they belong (the ceiling does not).
+    #: Places the layout's bytes where they belong, so ``-W`` / ``-R`` can check them.
     verifiable: ClassVar[bool] = True
     #: Extra hints this API adds on top of the user's.
     extra_hints: ClassVar[dict[str, str]] = {}
@@ -124,6 +127,18 @@ class Api:
     def hints_used(self) -> dict[str, Any]:
         """The values the library actually used (after the last open)."""
         return self.hints()
+
+    def written(self) -> npt.NDArray[Any] | None:
+        """This rank's piece as stored, for ``-W`` (called on every rank, after a write).
+
+        Default: the test file as a flat array (a memmap).  Backends whose target is
+        not a flat file (zarr, HDF5, memory) read it back their own way.
+        """
+        w = self.job.work
+        if os.path.getsize(self.job.path) < w.nbytes:
+            return np.zeros(0, w.dtype)
+        whole = np.memmap(self.job.path, dtype=w.dtype, mode="r", shape=w.shape)
+        return w.piece(whole, self.job.comm.rank)
 
 
 #: Hints whose values are byte counts or numbers: ROMIO reads them with atoi, so "4m" -> "4194304".

@@ -156,7 +156,7 @@ class CeilingApi(PosixApi):
     """What no layout can beat: each rank's 1/p share of the bytes as one contiguous request."""
 
     name: ClassVar[str] = "ceiling"
-    verifiable: ClassVar[bool] = False
+    verifiable: ClassVar[bool] = False  # each rank's share, not the layout
 
     def setup(self) -> None:
         j = self.job

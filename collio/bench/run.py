@@ -133,14 +133,6 @@ def _count_errors(comm: MPI.Intracomm, got: npt.NDArray[Any], want: npt.NDArray[
     return int(comm.allreduce(mine, op=MPI.SUM))
 
 
-def _file_piece(job: Job) -> npt.NDArray[Any]:
-    w = job.work
-    if os.path.getsize(job.path) < w.nbytes:
-        return np.zeros(0, w.dtype)
-    whole = np.memmap(job.path, dtype=w.dtype, mode="r", shape=w.shape)
-    return job.work.piece(whole, job.comm.rank)
-
-
 class Runner:
     """The iteration loop; rank 0 collects rows and prints progress through ``emit``."""
 
@@ -178,8 +170,10 @@ class Runner:
             self.extra[api.name] = max(self.extra.get(api.name, 0), peak - base)
             check = (cfg.check_write if writing else cfg.check_read) or it == 0
             errors = -1
+            got = None
             if check and api.verifiable:
-                got = _file_piece(job) if writing else job.out
+                got = api.written() if writing else job.out
+            if got is not None:
                 errors = _count_errors(comm, got.reshape(-1), job.data.reshape(-1))
             nbytes = cfg.work.nbytes
             row = Row(
