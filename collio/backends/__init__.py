@@ -19,6 +19,7 @@ __all__ = ["Backend", "get_backend", "infer_backend", "known_backends", "registe
 _KNOWN: dict[str, tuple[str, str | None]] = {
     "posix": ("collio.backends.posix:PosixBackend", None),
     "memory": ("collio.backends.memory:MemoryBackend", None),
+    "mpiio": ("collio.backends.mpiio:MpiioBackend", None),
 }
 _LOADED: dict[str, type[Backend]] = {}
 
