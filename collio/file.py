@@ -23,6 +23,8 @@ from .stats import Stats
 __all__ = ["File", "open"]
 
 _MODES = ("r", "w", "r+")
+#: ``write_all(buf)`` without a layout goes through the view; an explicit None stays an error
+_VIEW: Any = object()
 
 
 def open(  # noqa: A001 - the natural name, like io.open / h5py.File
@@ -176,7 +178,7 @@ class File:
         """This rank's file pointer, in etypes of the view (``MPI.File.Get_position``)."""
         return self._position
 
-    def write_all(self, data: Any, layout: Any = None) -> None:
+    def write_all(self, data: Any, layout: Any = _VIEW) -> None:
         """Collective over `comm`: write every rank's ``data`` where its ``layout`` says.
 
         Every rank calls, even with an empty piece.  Raises the same
@@ -190,12 +192,12 @@ class File:
             agree(self.comm, ModeError("an earlier write failed; atomic commit was aborted"))
         lay = view.BufferLayout(self._view, self._position, data, writing=True)
         try:
-            engine.write(self._ctx, data, lay if layout is None else layout)
+            engine.write(self._ctx, data, lay if layout is _VIEW else layout)
         except BaseException:
             if self.hints.atomic_commit and self.mode in ("w", "r+"):
                 self._abort()
             raise
-        if layout is None:
+        if layout is _VIEW:
             self._position += lay.etypes
 
     def read_all(self, layout: Any = None, out: Any = None) -> Any:

@@ -89,21 +89,21 @@ def save_npy(
     comm, hints, backend, **options
         As for :func:`collio.open` (default ``MPI.COMM_WORLD``).
     """
-    with _open(path, "w", comm=comm, hints=hints, backend=backend, **options) as f:
-        comm_ = f.comm
-        step = Attempt()
-        header = b""
-        sig: Any = None
-        covered = 0
-        with step:
-            lay = _check(layout)
-            sig, covered = lay.signature(), lay.nbytes
-            if comm_.Get_rank() == 0:
-                header = npy_header(lay.global_shape, lay.dtype, lay.order)
-        agree(comm_, step.error, what="save_npy")
-        _agree_signature(comm_, sig, covered, "save_npy")
-        hlen = int(comm_.bcast(len(header), root=0))
-        mine = Segments([0], [hlen]) if comm_.Get_rank() == 0 else Segments([], [])
+    base = MPI.COMM_WORLD if comm is None else comm
+    step = Attempt()
+    header = b""
+    sig: Any = None
+    covered = 0
+    with step:  # checked before the file is opened: a bad layout leaves the target alone
+        lay = _check(layout)
+        sig, covered = lay.signature(), lay.nbytes
+        if base.Get_rank() == 0:
+            header = npy_header(lay.global_shape, lay.dtype, lay.order)
+    agree(base, step.error, what="save_npy")
+    _agree_signature(base, sig, covered, "save_npy")
+    hlen = int(base.bcast(len(header), root=0))
+    mine = Segments([0], [hlen]) if base.Get_rank() == 0 else Segments([], [])
+    with _open(path, "w", comm=base, hints=hints, backend=backend, **options) as f:
         f.write_all(np.frombuffer(header, np.uint8), mine)
         f.write_all(data, _at(layout, hlen))
 
