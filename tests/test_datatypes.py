@@ -94,7 +94,7 @@ def nested_types(draw, depth=3):
     kind = draw(
         st.sampled_from(
             ["contiguous", "vector", "hvector", "indexed", "hindexed", "block", "hblock",
-             "struct", "resized", "subarray", "dup"]
+             "struct", "resized", "subarray", "darray", "dup"]
         )
     )  # fmt: skip
     small = st.integers(0, 3)
@@ -116,6 +116,23 @@ def nested_types(draw, depth=3):
         subs = [draw(st.integers(0, s)) for s in sizes]
         starts = [draw(st.integers(0, s - b)) for s, b in zip(sizes, subs, strict=True)]
         return (kind, kid, sizes, subs, starts, draw(st.booleans()))
+    if kind == "darray":
+        nd = draw(st.integers(1, 3))
+        psizes = [draw(st.integers(1, 3)) for _ in range(nd)]
+        dist = [draw(st.sampled_from([MPI.DISTRIBUTE_BLOCK, MPI.DISTRIBUTE_CYCLIC,
+                                      MPI.DISTRIBUTE_NONE])) for _ in range(nd)]  # fmt: skip
+        psizes = [1 if d == MPI.DISTRIBUTE_NONE else p for d, p in zip(dist, psizes, strict=True)]
+        gsizes = [draw(st.integers(1, 7)) for _ in range(nd)]
+        dargs = [
+            MPI.DISTRIBUTE_DFLT_DARG
+            if d == MPI.DISTRIBUTE_NONE or draw(st.booleans())
+            else draw(st.integers(-(-g // p), -(-g // p) + 2)) if d == MPI.DISTRIBUTE_BLOCK
+            else draw(st.integers(1, 3))
+            for d, g, p in zip(dist, gsizes, psizes, strict=True)
+        ]  # fmt: skip
+        size = int(np.prod(psizes))
+        return (kind, kid, size, draw(st.integers(0, size - 1)), gsizes, dist, dargs, psizes,
+                draw(st.booleans()))  # fmt: skip
     return (kind, kid)
 
 
@@ -145,6 +162,9 @@ def build(t, r):
     if kind == "subarray":
         order = MPI.ORDER_C if r[5] else MPI.ORDER_FORTRAN
         return t(kid.Create_subarray(r[2], r[3], r[4], order=order))
+    if kind == "darray":
+        order = MPI.ORDER_C if r[8] else MPI.ORDER_FORTRAN
+        return t(kid.Create_darray(r[2], r[3], r[4], r[5], r[6], r[7], order=order))
     return t(kid.Dup())
 
 

@@ -155,7 +155,11 @@ class MpiioBackend(Backend):
             step = Attempt()
             with step:
                 fh.Set_size(0)  # collective: the file starts empty, as with O_TRUNC
-            agree(comm, step.error, what=f"open {path!r}")
+            try:
+                agree(comm, step.error, what=f"open {path!r}")
+            except BaseException:
+                be.close()  # collective, and every rank is here
+                raise
         return be
 
     # -- data ---------------------------------------------------------------

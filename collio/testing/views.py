@@ -126,7 +126,8 @@ def _slot(t: TypeBag, unit: MPI.Datatype, rank: int, size: int) -> MPI.Datatype:
     tlb, text = unit.Get_true_extent()
     span = max(unit.Get_extent()[0] + unit.Get_extent()[1], tlb + text)
     placed = t(unit.Create_hindexed([1], [rank * span]))
-    return t(placed.Create_resized(0, size * span)).Commit()
+    lb = min(unit.Get_extent()[0], 0)  # a negative lb stays visible in the filetype
+    return t(placed.Create_resized(lb, size * span)).Commit()
 
 
 def _units(t: TypeBag) -> list[tuple[str, MPI.Datatype, MPI.Datatype]]:
@@ -146,6 +147,8 @@ def _units(t: TypeBag) -> list[tuple[str, MPI.Datatype, MPI.Datatype]]:
         ("struct", MPI.BYTE, t(t(MPI.Datatype.Create_struct(
             [1, 2, 1], [0, 8, 40], [i, t(s.Create_vector(2, 1, 2)), d])).Create_resized(0, 64))),
         ("resized-lb", d, t(t(d.Create_vector(2, 1, 2)).Create_resized(8, 48))),
+        ("resized-neg-lb", i, t(t(t(i.Create_vector(2, 1, 3)).Create_hindexed([1], [16])
+                                  ).Create_resized(-8, 56))),
         ("dup", i, t(t(i.Create_indexed([1, 2], [0, 3])).Dup())),
         ("nested3", i, t(t(t(i.Create_vector(2, 1, 2)).Create_contiguous(2)).Create_hvector(
             2, 1, 100))),
