@@ -158,7 +158,12 @@ class File:
 
     # -- collective I/O -------------------------------------------------------
     def set_view(
-        self, disp: int = 0, etype: Any = None, filetype: Any = None, datarep: str = "native"
+        self,
+        disp: int = 0,
+        etype: Any = None,
+        filetype: Any = None,
+        datarep: str = "native",
+        info: Any = None,
     ) -> None:
         """Collective over `comm`: see the file through an MPI file view (``MPI.File.Set_view``).
 
@@ -167,7 +172,8 @@ class File:
         file pointer returns to 0.  Then ``write_all(buf)``/``read_all(buf)``
         take mpi4py buffers (``buf``, ``[buf, type]``, ``[buf, count, type]``).
         The types may be freed after the call.  A bad view raises the same
-        :class:`~collio.LayoutError` on every rank.
+        :class:`~collio.LayoutError` on every rank.  ``info`` is accepted for
+        ``Set_view``'s signature and ignored: hints go to :func:`collio.open`.
         """
         self._check_open()
         self._view = view.make_view(self.comm, disp, etype, filetype, datarep)

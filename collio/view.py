@@ -138,8 +138,11 @@ def _parse(spec: Any) -> tuple[Any, int | None, int, Any]:
 def _memtype(code: Any) -> MPI.Datatype:
     if isinstance(code, MPI.Datatype):
         return code
-    if isinstance(code, str) and code in MPI._typedict:
-        return MPI._typedict[code]
+    if isinstance(code, str):
+        try:
+            return MPI.Datatype.fromcode(code)
+        except (KeyError, ValueError):
+            pass
     raise LayoutError(f"{code!r} is not an MPI datatype")
 
 

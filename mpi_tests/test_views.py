@@ -81,7 +81,7 @@ def test_view_same_bytes_as_romio(comm, shared_dir, name):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("form", ["count", "count-displ", "inferred"])
+@pytest.mark.parametrize("form", ["count", "count-displ", "inferred", "typecode"])
 def test_memory_datatype(comm, shared_dir, form):
     """``[buf, count, memtype]``: the buffer's bytes are gathered through a vector type."""
     mine = os.path.join(shared_dir, "mem-collio.bin")
@@ -94,6 +94,7 @@ def test_memory_datatype(comm, shared_dir, form):
             "count": [local, 3, mem],
             "count-displ": [local, (3, 2), mem],
             "inferred": [local, mem],
+            "typecode": [local, (9, 4), "d"],
         }[form]
         prefill(comm, [mine, theirs], span(ft, 6 * 3 * 8 * 2))
         with collio.open(mine, "r+", comm=comm) as f:
