@@ -33,6 +33,7 @@ from .errors import (
 )
 from .file import File, open
 from .hints import Hints, HintWarning
+from .npy import load_npy, save_npy
 from .stats import Stats
 
 __all__ = [
@@ -53,7 +54,9 @@ __all__ = [
     "get_backend",
     "known_backends",
     "layouts",
+    "load_npy",
     "open",
     "register_backend",
     "release_buffers",
+    "save_npy",
 ]

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import engine
+from . import engine, view
 from .aggregators import choose_aggregators
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
@@ -18,11 +18,14 @@ from .collective import Attempt, agree
 from .comms import Private, private
 from .errors import MismatchError, ModeError
 from .hints import Hints
+from .layouts.base import Layout
 from .stats import Stats
 
 __all__ = ["File", "open"]
 
 _MODES = ("r", "w", "r+")
+#: ``write_all(buf)`` without a layout goes through the view; an explicit None stays an error
+_VIEW: Any = object()
 
 
 def open(  # noqa: A001 - the natural name, like io.open / h5py.File
@@ -74,6 +77,8 @@ class File:
         self._ctx = ctx
         self.target = target
         self._aborted = False
+        self._view = view.DEFAULT_VIEW
+        self._position = 0  # this rank's file pointer, in etypes of the view
 
     @classmethod
     def _open(
@@ -142,31 +147,81 @@ class File:
         return self._ctx.stats
 
     # -- collective I/O -------------------------------------------------------
-    def write_all(self, data: Any, layout: Any) -> None:
+    def set_view(
+        self,
+        disp: int = 0,
+        etype: Any = None,
+        filetype: Any = None,
+        datarep: str = "native",
+        info: Any = None,
+    ) -> None:
+        """Collective over `comm`: see the file through an MPI file view (``MPI.File.Set_view``).
+
+        ``disp`` bytes, then ``filetype`` (an mpi4py datatype, default ``etype``)
+        tiled; positions are counted in etypes (default ``MPI.BYTE``) and the
+        file pointer returns to 0.  Then ``write_all(buf)``/``read_all(buf)``
+        take mpi4py buffers (``buf``, ``[buf, type]``, ``[buf, count, type]``).
+        The types may be freed after the call.  A bad view raises the same
+        :class:`~collio.LayoutError` on every rank.  ``info`` is accepted for
+        ``Set_view``'s signature and ignored: hints go to :func:`collio.open`.
+        """
+        self._check_open()
+        self._view = view.make_view(self.comm, disp, etype, filetype, datarep)
+        self._position = 0
+
+    @property
+    def position(self) -> int:
+        """This rank's file pointer, in etypes of the view (``MPI.File.Get_position``)."""
+        return self._position
+
+    def write_all(self, data: Any, layout: Any = _VIEW) -> None:
         """Collective over `comm`: write every rank's ``data`` where its ``layout`` says.
 
         Every rank calls, even with an empty piece.  Raises the same
         :class:`~collio.CollioError` on every rank if any rank fails.  With
         ``atomic_commit``, a failure discards everything written since open.
+        Without ``layout``, ``data`` is an mpi4py buffer written through the
+        view (:meth:`set_view`) from the file pointer, which then moves on.
         """
         self._check_open()
         if self._aborted:
             agree(self.comm, ModeError("an earlier write failed; atomic commit was aborted"))
+        lay = view.BufferLayout(self._view, self._position, data, writing=True)
         try:
-            engine.write(self._ctx, data, layout)
+            engine.write(self._ctx, data, lay if layout is _VIEW else layout)
         except BaseException:
             if self.hints.atomic_commit and self.mode in ("w", "r+"):
                 self._abort()
             raise
+        if layout is _VIEW:
+            self._position += lay.etypes
 
-    def read_all(self, layout: Any, out: Any = None) -> Any:
+    def read_all(self, layout: Any = None, out: Any = None) -> Any:
         """Collective over `comm`: read this rank's piece; returns an ndarray.
 
         ``out`` (optional) is filled in place and returned; it must have the
-        layout's shape and dtype and be contiguous in its order.
+        layout's shape and dtype and be contiguous in its order.  Given an
+        mpi4py buffer instead of a layout, reads through the view from the
+        file pointer into that buffer, in place, and returns it.
         """
         self._check_open()
-        return engine.read(self._ctx, layout, out)
+        if isinstance(layout, Layout):
+            return engine.read(self._ctx, layout, out)
+        lay = view.BufferLayout(self._view, self._position, layout, writing=False)
+        engine.read(self._ctx, lay, None)
+        self._position += lay.etypes
+        return lay.buffer
+
+    def write_at_all(self, offset: int, buf: Any) -> None:
+        """Collective over `comm`: write ``buf`` through the view from etype ``offset``."""
+        self.write_all(buf, view.BufferLayout(self._view, offset, buf, writing=True))
+
+    def read_at_all(self, offset: int, buf: Any) -> Any:
+        """Collective over `comm`: fill ``buf`` through the view from etype ``offset``."""
+        self._check_open()
+        lay = view.BufferLayout(self._view, offset, buf, writing=False)
+        engine.read(self._ctx, lay, None)
+        return lay.buffer
 
     def sync(self) -> None:
         """Collective over `comm`: return once every written byte is durable (fsync)."""

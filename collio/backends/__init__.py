@@ -20,6 +20,7 @@ _KNOWN: dict[str, tuple[str, str | None]] = {
     "posix": ("collio.backends.posix:PosixBackend", None),
     "memory": ("collio.backends.memory:MemoryBackend", None),
     "zarr": ("collio.backends.zarr:ZarrBackend", "zarr"),
+    "mpiio": ("collio.backends.mpiio:MpiioBackend", None),
 }
 _LOADED: dict[str, type[Backend]] = {}
 

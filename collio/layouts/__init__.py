@@ -1,7 +1,8 @@
 """Layouts: what each rank holds, as byte runs and as arithmetic structure.  Pure, no I/O.
 
 ``Subarray`` (one box), ``block`` (balanced boxes, MPI darray BLOCK),
-``block_cyclic`` (ScaLAPACK / MPI darray CYCLIC) and ``Segments`` (raw byte runs).
+``block_cyclic`` (ScaLAPACK / MPI darray CYCLIC), ``Segments`` (raw byte runs) and
+``from_datatype`` (an MPI derived datatype, decoded by :mod:`collio.datatypes`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ..errors import LayoutError
 from .arrays import ArrayLayout, BlockCyclic, DimSet, Subarray, numroc
 from .base import Layout, Segments
 from .strided import Blocks, count_below, flatten
+from .typed import TypedLayout
 
 __all__ = [
     "ArrayLayout",
@@ -22,12 +24,14 @@ __all__ = [
     "Layout",
     "Segments",
     "Subarray",
+    "TypedLayout",
     "block",
     "block_cyclic",
     "block_range",
     "count_below",
     "dims_create",
     "flatten",
+    "from_datatype",
     "numroc",
 ]
 
@@ -37,6 +41,17 @@ def dims_create(nprocs: int, ndims: int, dims: Sequence[int] | None = None) -> t
     from mpi4py import MPI
 
     return tuple(MPI.Compute_dims(nprocs, list(dims) if dims is not None else ndims))
+
+
+def from_datatype(datatype: Any, count: int = 1, *, disp: int = 0, dtype: Any = None) -> Layout:
+    """A layout from an MPI datatype: ``count`` copies of its typemap from byte ``disp``.
+
+    See :func:`collio.datatypes.from_datatype` (imported here only when called, so
+    that layouts stay free of MPI).
+    """
+    from ..datatypes import from_datatype as _from_datatype
+
+    return _from_datatype(datatype, count, disp=disp, dtype=dtype)
 
 
 def _rank_size(comm: Any, rank: int | None, size: int | None) -> tuple[int, int]:

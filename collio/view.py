@@ -1,0 +1,246 @@
+"""MPI file views: ``File.set_view(disp, etype, filetype)``, then ``write_all(buf)``.
+
+A :class:`FileView` keeps the filetype flattened (never the handle: the caller
+may free its types right after ``set_view``, as MPI allows).  Each call turns
+the buffer into a :class:`BufferLayout`: the view's file runs for the bytes
+from the rank's file pointer on, paired with the buffer's memory runs (a
+memory datatype, ``[buf, count, memtype]``, may scatter them).  Every check of
+the buffer happens in :meth:`BufferLayout.validate`, inside the collective call,
+so a bad buffer on one rank raises the same error on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from . import datatypes
+from .collective import Attempt, agree
+from .errors import LayoutError, MismatchError
+from .layouts.base import Layout
+from .layouts.strided import Blocks
+from .layouts.typemap import Flat, Pair, stream_runs, zip_runs
+from .runs import Runs, merge, sort
+
+__all__ = ["FileView", "BufferLayout", "DEFAULT_VIEW", "make_view", "check_filetype"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileView:
+    """``disp`` bytes, then ``filetype`` tiled; positions count ``etype_size``-byte etypes."""
+
+    disp: int
+    etype_size: int
+    filetype: Flat
+
+
+#: What a file opened without ``set_view`` has: displacement 0, etype and filetype bytes.
+DEFAULT_VIEW = FileView(0, 1, Flat.leaf([(0, 1)], 0, 1))
+
+
+def check_filetype(ft: Flat) -> str | None:
+    """Why ``ft`` cannot be a filetype (MPI's rules), or None.
+
+    Displacements must be non-negative and non-decreasing, also from one tile
+    to the next.  Runs that overlap without going backwards are accepted here;
+    writing through them is an :class:`~collio.OverlapError`.
+    """
+    if not ft.nruns:
+        return None
+    if ft.extent <= 0:
+        return f"filetype extent {ft.extent} must be positive"
+    low = int(ft.off.min())
+    if low < 0:
+        return f"filetype has negative displacement {low}"
+    back = np.flatnonzero(np.diff(ft.off) < 0)
+    if len(back):
+        i = int(back[0])
+        return (
+            f"filetype displacements decrease: byte {int(ft.off[i + 1])} comes after "
+            f"byte {int(ft.off[i])}"
+        )
+    if int(ft.off[-1]) > int(ft.off[0]) + ft.extent:
+        return (
+            f"filetype displacements decrease from one tile to the next: extent {ft.extent} "
+            f"is less than the span {int(ft.off[-1] - ft.off[0])} of its displacements"
+        )
+    return None
+
+
+def make_view(comm: MPI.Comm, disp: Any, etype: Any, filetype: Any, datarep: str) -> FileView:
+    """Collective over `comm`: check and flatten a view; the same error on every rank."""
+    step = Attempt()
+    view = DEFAULT_VIEW
+    with step:
+        if datarep != "native":
+            raise LayoutError(f"datarep {datarep!r} is not supported (only 'native')")
+        if isinstance(disp, bool) or not isinstance(disp, (int, np.integer)):
+            raise LayoutError(f"displacement must be an integer, not {disp!r}")
+        if disp < 0:
+            raise LayoutError(f"displacement {int(disp)} is negative")
+        et = datatypes.flatten(MPI.BYTE if etype is None else etype)
+        ft = et if filetype is None else datatypes.flatten(filetype)
+        if et.size <= 0:
+            raise LayoutError("etype has no data")
+        if ft.size % et.size:
+            raise LayoutError(
+                f"filetype holds {ft.size} bytes, not a whole number of {et.size}-byte etypes"
+            )
+        bad = check_filetype(ft)
+        if bad:
+            raise LayoutError(bad)
+        view = FileView(int(disp), et.size, ft)
+    agree(comm, step.error, what="set_view")
+    sizes = np.array([view.etype_size, -view.etype_size], np.int64)
+    out = np.empty_like(sizes)
+    comm.Allreduce([sizes, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+    if out[0] != -out[1]:
+        agree(
+            comm,
+            MismatchError(
+                f"etype sizes differ between ranks: from {int(-out[1])} to {int(out[0])} bytes"
+            ),
+            what="set_view",
+        )
+    return view
+
+
+def _as_bytes(buf: Any) -> npt.NDArray[np.uint8]:
+    """The memory of ``buf`` as a flat uint8 array (a view, never a copy)."""
+    if isinstance(buf, np.ndarray):
+        if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
+            raise LayoutError("buffer must be contiguous in memory")
+        return buf.reshape(-1, order="A").view(np.uint8) if buf.size else np.zeros(0, np.uint8)
+    if buf is None:
+        raise LayoutError("no buffer given")
+    return np.frombuffer(buf, np.uint8)
+
+
+def _parse(spec: Any) -> tuple[Any, int | None, int, Any]:
+    """mpi4py's buffer forms: ``buf``, ``[buf, type]``, ``[buf, count, type]``,
+    ``[buf, (count, displ), type]``; returns (buf, count or None, displ, type or None)."""
+    if not isinstance(spec, (list, tuple)):
+        return spec, None, 0, None
+    if len(spec) == 2:
+        return spec[0], None, 0, spec[1]
+    if len(spec) == 3:
+        count, displ = spec[1], 0
+        if isinstance(count, (list, tuple)):
+            count, displ = count
+        return spec[0], int(count), int(displ), spec[2]
+    raise LayoutError(f"buffer specification has {len(spec)} items; expected 1 to 3")
+
+
+def _memtype(code: Any) -> MPI.Datatype:
+    if isinstance(code, MPI.Datatype):
+        return code
+    if isinstance(code, str):
+        try:
+            return MPI.Datatype.fromcode(code)
+        except (KeyError, ValueError):
+            pass
+    raise LayoutError(f"{code!r} is not an MPI datatype")
+
+
+class BufferLayout(Layout):
+    """One rank's buffer written (read) through a file view from etype ``position``.
+
+    ``as_bytes``/``allocate`` return the buffer's own memory, so reads fill it in
+    place.  :attr:`etypes` says how far the file pointer moves.
+    """
+
+    __slots__ = ("view", "position", "spec", "writing", "_mem", "etypes", "_nbytes")
+
+    def __init__(self, view: FileView, position: int, spec: Any, *, writing: bool) -> None:
+        super().__init__()
+        self.view = view
+        self.position = int(position)
+        self.spec = spec
+        self.writing = writing
+        self._mem: npt.NDArray[np.uint8] | None = None
+        self.etypes = 0
+        self._nbytes = 0
+
+    @property
+    def buffer(self) -> Any:
+        """The user's buffer object (what ``read_all`` returns)."""
+        return _parse(self.spec)[0]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return np.dtype(np.uint8)
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return (0 if self._mem is None else len(self._mem),)
+
+    def validate(self) -> None:
+        buf, count, displ, mtype = _parse(self.spec)
+        mem = _as_bytes(buf)
+        if not self.writing and not mem.flags.writeable:
+            raise LayoutError("read_all needs a writeable buffer")
+        m_runs = self._memory_runs(mem, count, displ, mtype)
+        total = int(m_runs[1].sum())
+        view = self.view
+        if total % view.etype_size:
+            raise LayoutError(
+                f"buffer holds {total} bytes, not a whole number of {view.etype_size}-byte etypes"
+            )
+        if self.position < 0:
+            raise LayoutError(f"offset {self.position} is negative")
+        if total and not view.filetype.size:
+            raise LayoutError("the file view holds no data (its filetype is empty)")
+        start = self.position * view.etype_size
+        f_runs = stream_runs(view.filetype, view.disp, start, total)
+        self._runs = merge(sort(zip_runs(f_runs, m_runs))) if total else Runs.empty()
+        self._mem = mem
+        self._nbytes = total
+        self.etypes = total // view.etype_size
+
+    def _memory_runs(
+        self, mem: npt.NDArray[np.uint8], count: int | None, displ: int, mtype: Any
+    ) -> Pair:
+        if mtype is None:
+            return np.zeros(1, np.int64), np.array([len(mem)], np.int64)
+        flat = datatypes.flatten(_memtype(mtype))
+        if count is None:
+            if flat.extent <= 0 or len(mem) % flat.extent:
+                raise LayoutError(
+                    f"cannot infer count: buffer of {len(mem)} bytes is not a multiple of "
+                    f"the datatype extent {flat.extent}"
+                )
+            count = len(mem) // flat.extent
+        if count < 0:
+            raise LayoutError(f"count {count} is negative")
+        off, length = stream_runs(flat, displ * flat.extent, 0, count * flat.size)
+        if len(off) and (int(off.min()) < 0 or int((off + length).max()) > len(mem)):
+            raise LayoutError(
+                f"memory datatype reaches bytes [{int(off.min())}, {int((off + length).max())}) "
+                f"outside the buffer of {len(mem)} bytes"
+            )
+        if not len(off):
+            return np.zeros(1, np.int64), np.zeros(1, np.int64)
+        return off, length
+
+    def runs(self) -> Runs:
+        if self._runs is None:
+            self.validate()
+        assert self._runs is not None
+        return self._runs
+
+    def blocks(self) -> Blocks:
+        r = self.runs()
+        ones = np.ones((len(r), 1), np.int64)
+        return Blocks.build(r.file, r.mem, ones, ones, ones, r.length)
+
+    def as_bytes(self, data: Any) -> npt.NDArray[np.uint8]:
+        assert self._mem is not None, "validate() first"
+        return self._mem
+
+    def allocate(self, out: Any = None) -> tuple[np.ndarray[Any, Any], npt.NDArray[np.uint8]]:
+        assert self._mem is not None, "validate() first"
+        return self._mem, self._mem
