@@ -23,7 +23,7 @@ from collio.runs import Runs
 
 BENCH = [sys.executable, "-m", "collio.bench"]
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
-ALL = "collio,mpiio,mpiio-tuned,mpiio-indep,posix,ceiling"
+ALL = "collio,mpiio,mpiio-tuned,mpiio-indep,posix,ceiling,collio-mpiio"
 
 
 @needs_mpiexec
@@ -198,9 +198,15 @@ def test_api_registry_is_lazy_and_extensible():
     class Fake(Api):
         name = "fake"
 
-    assert {"collio", "mpiio", "mpiio-tuned", "mpiio-indep", "posix", "ceiling"} <= set(
-        known_apis()
-    )
+    assert {
+        "collio",
+        "collio-mpiio",
+        "mpiio",
+        "mpiio-tuned",
+        "mpiio-indep",
+        "posix",
+        "ceiling",
+    } <= set(known_apis())
     register_api("fake", Fake)
     assert get_api("fake") is Fake and "fake" in known_apis()
     register_api("fake2", "collio.bench.builtin:PosixApi")

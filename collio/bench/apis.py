@@ -5,6 +5,7 @@ runner; ``transfer`` writes or reads the rank's piece, with fsync when asked),
 plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 
 ``collio``        collio's two-phase ``write_all`` / ``read_all`` (posix backend)
+``collio-mpiio``  the same, aggregators writing through ``MPI.File`` (mpiio backend)
 ``mpiio``         ROMIO collective: ``MPI.File`` with a file view, ``Write_all``
 ``mpiio-tuned``   the same with ``cb_nodes`` = ranks and ``cb_config_list`` = ``*:*``
 ``mpiio-indep``   ``MPI.File.Write_at`` per piece (independent)
@@ -160,6 +161,7 @@ def _info(hints: dict[str, str]) -> MPI.Info:
 
 _KNOWN: dict[str, str] = {
     "collio": "collio.bench.builtin:CollioApi",
+    "collio-mpiio": "collio.bench.builtin:CollioMpiioApi",
     "mpiio": "collio.bench.builtin:MpiioApi",
     "mpiio-tuned": "collio.bench.builtin:MpiioTunedApi",
     "mpiio-indep": "collio.bench.builtin:MpiioIndepApi",

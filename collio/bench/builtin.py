@@ -13,7 +13,15 @@ import collio
 from ..testing.romio import filetype
 from .apis import Api, _info, open_fd
 
-__all__ = ["CollioApi", "MpiioApi", "MpiioTunedApi", "MpiioIndepApi", "PosixApi", "CeilingApi"]
+__all__ = [
+    "CollioApi",
+    "CollioMpiioApi",
+    "MpiioApi",
+    "MpiioTunedApi",
+    "MpiioIndepApi",
+    "PosixApi",
+    "CeilingApi",
+]
 
 
 def _bytes(arr: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
@@ -53,6 +61,13 @@ class CollioApi(Api):
 
     def hints_used(self) -> dict[str, Any]:
         return dict(getattr(self, "used", self.hints()))
+
+
+class CollioMpiioApi(CollioApi):
+    """collio's two-phase planning and shuffle, aggregators writing through ``MPI.File``."""
+
+    name: ClassVar[str] = "collio-mpiio"
+    backend: ClassVar[str | None] = "mpiio"
 
 
 class MpiioApi(Api):
