@@ -14,14 +14,18 @@ plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 
 Adding one (another backend, another library) takes one module::
 
-    from collio.bench.apis import CollioApi, register_api
+    import collio
+    from collio.bench.apis import register_api
+    from collio.bench.builtin import CollioApi
 
     class ZarrApi(CollioApi):
         name = "collio-zarr"
         backend = "zarr"
+
         def target(self) -> str:
             return self.job.path + ".zarr"
-        def written(self):                      # -W: read it back (not a flat file)
+
+        def written(self):  # -W: read it back (not a flat file)
             with collio.open(self.target(), "r", comm=self.job.comm) as f:
                 return f.read_all(self.job.layout)
 
