@@ -26,6 +26,7 @@ from mpi4py import MPI
 from .aggregators import plan_aggregator, plan_sender, window_size
 from .aggregators.domains import alignment
 from .aggregators.plan import AggregatorPlan
+from .aggregators.summary import aggregator_summary
 from .collective import Attempt, raise_agreed
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
@@ -54,6 +55,7 @@ def _check(
     ctx: Context, layout: Any, prepare: Any, *, writing: bool
 ) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:
     """Collective over ``ctx.comm``: local checks, then one agreement (see module doc)."""
+    ctx.stats.local = {}
     step = Attempt()
     runs = Runs.empty()
     buf: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
@@ -218,6 +220,15 @@ def _complete(
     }
 
 
+def _local_summary(ctx: Context, plan: Plan) -> dict[str, Any]:
+    """This rank's own figures of the call (not reduced): see ``Stats.local``."""
+    d = ctx.my_domain
+    if plan.agg is None or d < 0:
+        return {"domain": -1}
+    lo, hi = int(plan.bounds[d]), int(plan.bounds[d + 1])
+    return aggregator_summary(plan.agg, d, lo, hi, plan.window, ctx.backend.partial_write)
+
+
 def write(ctx: Context, data: Any, layout: Any) -> None:
     """Collective over ``ctx.comm``: two-phase write of every rank's piece."""
     t0 = time.perf_counter()
@@ -235,6 +246,7 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
             if call.hi > call.lo:
                 plan = _plan(ctx, runs, call, writing=True)
                 call.counters.rounds = plan.nrounds
+                ctx.stats.local = _local_summary(ctx, plan)
                 write_rounds(ctx, plan, buf, call)
     step = Attempt()
     if active and ctx.backend.needs_flush:
@@ -260,6 +272,7 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
             if call.hi > call.lo:
                 plan = _plan(ctx, runs, call, writing=False)
                 call.counters.rounds = plan.nrounds
+                ctx.stats.local = _local_summary(ctx, plan)
                 read_rounds(ctx, plan, buf, call)
     _complete(ctx, call, t0)
     return arr
@@ -290,6 +303,7 @@ def _own_first(
 
 def _direct(ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool) -> None:
     """Collective: every rank does its own (large, disjoint) I/O, then all agree."""
+    ctx.stats.local = {"domain": -1, "direct": True, "requests": runs.length.tolist()}
     step = Attempt()
     t = time.perf_counter()
     with step:

@@ -69,6 +69,11 @@ class Stats:
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
     backend: dict[str, Any] = dataclasses.field(default_factory=dict)
     last_call: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: This rank's own figures of the last call, not reduced (so not in ``as_dict``,
+    #: which is the same on every rank): its file domain (-1 if it does not
+    #: aggregate), bytes, rounds, messages per round, backend request sizes (see
+    #: :func:`collio.aggregators.summary.aggregator_summary`).
+    local: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def add_writes(self, sizes: npt.ArrayLike) -> None:
         s = np.asarray(sizes, np.int64)

@@ -1,0 +1,229 @@
+"""The I/O interfaces the benchmark compares, as a name-keyed registry (IOR's ``aiori``).
+
+An API is a small class: ``open`` / ``transfer`` / ``close`` (each timed by the
+runner; ``transfer`` writes or reads the rank's piece, with fsync when asked),
+plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
+
+``collio``        collio's two-phase ``write_all`` / ``read_all`` (posix backend)
+``collio-mpiio``  the same, aggregators writing through ``MPI.File`` (mpiio backend)
+``mpiio``         ROMIO collective: ``MPI.File`` with a file view, ``Write_all``
+``mpiio-tuned``   the same with ``cb_nodes`` = ranks and ``cb_config_list`` = ``*:*``
+``mpiio-indep``   ``MPI.File.Write_at`` per piece (independent)
+``posix``         ``os.pwrite`` per piece (independent)
+``ceiling``       each rank writes its 1/p share of the bytes with one ``pwrite``
+
+Adding one (another backend, another library) takes one module::
+
+    import collio
+    from collio.bench.apis import register_api
+    from collio.bench.builtin import CollioApi
+
+    class ZarrApi(CollioApi):
+        name = "collio-zarr"
+        backend = "zarr"
+
+        def target(self) -> str:
+            return self.job.path + ".zarr"
+
+        def written(self):  # -W: read it back (not a flat file)
+            with collio.open(self.target(), "r", comm=self.job.comm) as f:
+                return f.read_all(self.job.layout)
+
+    register_api("collio-zarr", "mypkg.bench_zarr:ZarrApi")
+
+or an entry point in the ``collio.bench_apis`` group (``name = "module:Class"``);
+registered modules are imported only when their API is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import re
+from importlib import metadata
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from ..hints import parse_size
+from ..layouts import ArrayLayout
+from ..runs import Runs
+from .patterns import Workload
+
+__all__ = ["Api", "Job", "get_api", "known_apis", "register_api", "split_runs"]
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclasses.dataclass(slots=True)
+class Job:
+    """What every API needs: the rank's piece, where it goes, and the user's choices."""
+
+    comm: MPI.Intracomm
+    work: Workload
+    layout: ArrayLayout
+    data: npt.NDArray[Any]
+    out: npt.NDArray[Any]
+    path: str
+    hints: dict[str, str]
+    fsync: bool = True
+
+    @property
+    def pieces(self) -> Runs:
+        """The independent requests: the layout's runs, cut at ``-t`` when given."""
+        return split_runs(self.layout.runs(), self.work.transfer)
+
+
+def split_runs(runs: Runs, size: int) -> Runs:
+    """Cut runs into pieces of at most ``size`` bytes (0: keep them whole); vectorised."""
+    if size <= 0 or not len(runs) or int(runs.length.max()) <= size:
+        return runs
+    n = -(-runs.length // size)
+    idx = np.repeat(np.arange(len(runs)), n)
+    first = np.concatenate(([0], np.cumsum(n)[:-1]))
+    k = np.arange(len(idx), dtype=np.int64) - first[idx]
+    length = np.minimum(size, runs.length[idx] - k * size)
+    return Runs(runs.file[idx] + k * size, length, runs.mem[idx] + k * size)
+
+
+class Api:
+    """One interface under test; subclasses override the phases they need.
+
+    ``open``, ``transfer`` and ``close`` are called on every rank of ``job.comm``
+    in the same order (collective for collective APIs); an exception on some
+    ranks is agreed by the runner and raised on all of them.
+    """
+
+    name: ClassVar[str] = "abstract"
+    #: Places the layout's bytes where they belong, so ``-W`` / ``-R`` can check them.
+    verifiable: ClassVar[bool] = True
+    #: Extra hints this API adds on top of the user's.
+    extra_hints: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def hints(self) -> dict[str, str]:
+        """The hints this API passes: the user's (sizes as plain bytes), then its own."""
+        out = {k: _plain(k, v) for k, v in self.job.hints.items()}
+        out.update(
+            {k: v.replace("{nranks}", str(self.job.comm.size)) for k, v in self.extra_hints.items()}
+        )
+        return out
+
+    def setup(self) -> None:
+        """Once before the iterations (not timed)."""
+
+    def open(self, writing: bool) -> None:
+        raise NotImplementedError
+
+    def transfer(self, writing: bool) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Once after the iterations."""
+
+    def hints_used(self) -> dict[str, Any]:
+        """The values the library actually used (after the last open)."""
+        return self.hints()
+
+    def written(self) -> npt.NDArray[Any] | None:
+        """This rank's piece as stored, for ``-W`` (called on every rank, after a write).
+
+        Default: the test file as a flat array (a memmap).  Backends whose target is
+        not a flat file (zarr, HDF5, memory) read it back their own way.
+        """
+        w = self.job.work
+        if os.path.getsize(self.job.path) < w.nbytes:
+            return np.zeros(0, w.dtype)
+        whole = np.memmap(self.job.path, dtype=w.dtype, mode="r", shape=w.shape)
+        return w.piece(whole, self.job.comm.rank)
+
+
+#: Hints whose values are byte counts or numbers: ROMIO reads them with atoi, so "4m" -> "4194304".
+_NUMERIC = re.compile(r"^(cb_buffer_size|cb_nodes|striping_unit|striping_factor|ind_\w+_size)$")
+
+
+def _plain(key: str, value: str) -> str:
+    if _NUMERIC.match(key):
+        return str(parse_size(value, key))
+    return value
+
+
+def _info(hints: dict[str, str]) -> MPI.Info:
+    info = MPI.Info.Create()
+    for k, v in hints.items():
+        info.Set(k, str(v))
+    return info
+
+
+_KNOWN: dict[str, str] = {
+    "collio": "collio.bench.builtin:CollioApi",
+    "collio-mpiio": "collio.bench.builtin:CollioMpiioApi",
+    "mpiio": "collio.bench.builtin:MpiioApi",
+    "mpiio-tuned": "collio.bench.builtin:MpiioTunedApi",
+    "mpiio-indep": "collio.bench.builtin:MpiioIndepApi",
+    "posix": "collio.bench.builtin:PosixApi",
+    "ceiling": "collio.bench.builtin:CeilingApi",
+}
+_LOADED: dict[str, type[Api]] = {}
+
+
+def register_api(name: str, path: str | type[Api]) -> None:
+    """Make an API known by name.
+
+    Parameters
+    ----------
+    name
+        What ``-a`` / ``--compare`` call it.
+    path
+        The class, or ``"module:Class"`` imported on first use (lazy, like
+        :func:`collio.register_backend`).
+    """
+    if isinstance(path, str):
+        _KNOWN[name] = path
+        _LOADED.pop(name, None)
+    else:
+        _LOADED[name] = path
+
+
+def known_apis() -> list[str]:
+    names = set(_KNOWN) | set(_LOADED)
+    names |= {ep.name for ep in metadata.entry_points(group="collio.bench_apis")}
+    return sorted(names)
+
+
+def get_api(name: str) -> type[Api]:
+    """The API class called ``name`` (imports its module on first use).
+
+    Looks in the built-ins and :func:`register_api`, then the ``collio.bench_apis``
+    entry-point group.
+
+    Raises
+    ------
+    ValueError
+        No API has that name (the message lists the known ones).
+    """
+    if name in _LOADED:
+        return _LOADED[name]
+    path = _KNOWN.get(name)
+    if path is None:
+        eps = [ep for ep in metadata.entry_points(group="collio.bench_apis") if ep.name == name]
+        if not eps:
+            raise ValueError(f"unknown API {name!r}; known: {', '.join(known_apis())}")
+        path = eps[0].value
+    module, _, attr = path.partition(":")
+    cls: type[Api] = getattr(importlib.import_module(module), attr)
+    _LOADED[name] = cls
+    return cls
+
+
+def open_fd(path: str, writing: bool) -> int:
+    """A plain file descriptor for the independent APIs (creating the file when writing)."""
+    return os.open(path, (os.O_RDWR | os.O_CREAT) if writing else os.O_RDONLY, 0o666)

@@ -1,0 +1,191 @@
+"""The built-in APIs of the registry in :mod:`collio.bench.apis`."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+import collio
+
+from ..testing.romio import filetype
+from .apis import Api, _info, open_fd
+
+__all__ = [
+    "CollioApi",
+    "CollioMpiioApi",
+    "MpiioApi",
+    "MpiioTunedApi",
+    "MpiioIndepApi",
+    "PosixApi",
+    "CeilingApi",
+]
+
+
+def _bytes(arr: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+
+class CollioApi(Api):
+    """collio's collective write_all / read_all; ``backend`` None infers it from the target."""
+
+    name: ClassVar[str] = "collio"
+    backend: ClassVar[str | None] = None
+
+    def target(self) -> Any:
+        """What ``collio.open`` gets (override for other backends)."""
+        return self.job.path
+
+    def open(self, writing: bool) -> None:
+        j = self.job
+        self.f = collio.open(
+            self.target(), "w" if writing else "r", comm=j.comm, hints=self.hints() or None,
+            backend=self.backend,
+        )  # fmt: skip
+
+    def transfer(self, writing: bool) -> None:
+        j = self.job
+        if writing:
+            self.f.write_all(j.data, j.layout)
+            if j.fsync:
+                self.f.sync()
+        else:
+            self.f.read_all(j.layout, out=j.out)
+
+    def close(self) -> None:
+        self.f.close()
+        self.used = self.f.stats.hints
+        self.stats = self.f.stats
+
+    def hints_used(self) -> dict[str, Any]:
+        return dict(getattr(self, "used", self.hints()))
+
+
+class CollioMpiioApi(CollioApi):
+    """collio's two-phase planning and shuffle, aggregators writing through ``MPI.File``."""
+
+    name: ClassVar[str] = "collio-mpiio"
+    backend: ClassVar[str | None] = "mpiio"
+
+
+class MpiioApi(Api):
+    """ROMIO collective I/O: a file view from the layout, then ``Write_all`` / ``Read_all``."""
+
+    name: ClassVar[str] = "mpiio"
+    collective: ClassVar[bool] = True
+
+    def setup(self) -> None:
+        self.etype, self.ftype, self.disp = filetype(self.job.layout, self.job.comm)
+        self.info = _info(self.hints())
+
+    def open(self, writing: bool) -> None:
+        amode = (MPI.MODE_CREATE | MPI.MODE_WRONLY) if writing else MPI.MODE_RDONLY
+        self.fh = MPI.File.Open(self.job.comm, self.job.path, amode, self.info)
+        if self.collective:
+            self.fh.Set_view(self.disp, self.etype, self.ftype)
+
+    def transfer(self, writing: bool) -> None:
+        j = self.job
+        if writing:
+            self.fh.Write_all([_bytes(j.data), MPI.BYTE])
+            if j.fsync:
+                self.fh.Sync()
+        else:
+            self.fh.Read_all([_bytes(j.out), MPI.BYTE])
+
+    def close(self) -> None:
+        info = self.fh.Get_info()
+        self.used = {
+            info.Get_nthkey(i): info.Get(info.Get_nthkey(i)) for i in range(info.Get_nkeys())
+        }
+        info.Free()
+        self.fh.Close()
+
+    def teardown(self) -> None:
+        self.etype.Free()
+        self.ftype.Free()
+        self.info.Free()
+
+    def hints_used(self) -> dict[str, Any]:
+        return dict(getattr(self, "used", self.hints()))
+
+
+class MpiioTunedApi(MpiioApi):
+    """ROMIO tuned as an expert would: every rank aggregates."""
+
+    name: ClassVar[str] = "mpiio-tuned"
+    extra_hints: ClassVar[dict[str, str]] = {"cb_nodes": "{nranks}", "cb_config_list": "*:*"}
+
+
+class MpiioIndepApi(MpiioApi):
+    """``MPI.File.Write_at`` / ``Read_at`` per piece, no file view (independent)."""
+
+    name: ClassVar[str] = "mpiio-indep"
+    collective: ClassVar[bool] = False
+
+    def transfer(self, writing: bool) -> None:
+        j = self.job
+        p = j.pieces
+        buf = _bytes(j.data if writing else j.out)
+        call = self.fh.Write_at if writing else self.fh.Read_at
+        for f, n, m in zip(p.file.tolist(), p.length.tolist(), p.mem.tolist(), strict=True):
+            call(f, [buf[m : m + n], MPI.BYTE])  # one request per piece: the point of the API
+        if writing and j.fsync:
+            self.fh.Sync()
+
+
+class PosixApi(Api):
+    """``os.pwrite`` / ``os.preadv`` per piece on every rank (independent)."""
+
+    name: ClassVar[str] = "posix"
+
+    def open(self, writing: bool) -> None:
+        self.fd = open_fd(self.job.path, writing)
+
+    def transfer(self, writing: bool) -> None:
+        import os
+
+        j = self.job
+        p = j.pieces
+        buf = memoryview(_bytes(j.data if writing else j.out))  # type: ignore[arg-type]
+        for f, n, m in zip(p.file.tolist(), p.length.tolist(), p.mem.tolist(), strict=True):
+            if writing:
+                os.pwrite(self.fd, buf[m : m + n], f)
+            else:
+                os.preadv(self.fd, [buf[m : m + n]], f)
+        if writing and j.fsync:
+            os.fsync(self.fd)
+
+    def close(self) -> None:
+        import os
+
+        os.close(self.fd)
+
+    def hints_used(self) -> dict[str, Any]:
+        return {}
+
+
+class CeilingApi(PosixApi):
+    """What no layout can beat: each rank's 1/p share of the bytes as one contiguous request."""
+
+    name: ClassVar[str] = "ceiling"
+    verifiable: ClassVar[bool] = False  # each rank's share, not the layout
+
+    def setup(self) -> None:
+        j = self.job
+        total, p, r = j.work.nbytes, j.comm.size, j.comm.rank
+        self.offset = total * r // p
+        self.length = total * (r + 1) // p - self.offset
+        self.buf = np.resize(_bytes(j.data), self.length) if self.length else np.zeros(0, np.uint8)
+
+    def transfer(self, writing: bool) -> None:
+        import os
+
+        if writing:
+            os.pwrite(self.fd, memoryview(self.buf), self.offset)  # type: ignore[arg-type]
+            if self.job.fsync:
+                os.fsync(self.fd)
+        else:
+            os.preadv(self.fd, [memoryview(self.buf)], self.offset)  # type: ignore[arg-type]

@@ -1,0 +1,181 @@
+"""``collio-bench``: IOR's options for collio, ROMIO and independent I/O, and the simulator.
+
+mpiexec -n 4 collio-bench                       # collio vs ROMIO (default, tuned) vs ceiling
+mpiexec -n 4 collio-bench -a collio -w -r -e -i 5 --pattern cyclic --size 4096
+mpiexec -n 4 collio-bench --pattern ior -s 4096 -b 8k -t 8k --compare collio,mpiio,mpiio-tuned
+collio-bench --simulate --ranks 65536 --pattern colblock --size 1TiB --cb-nodes 512
+collio-bench --plan-speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..hints import Hints, parse_size
+from .patterns import PATTERNS, make_workload
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_APIS = "collio,mpiio,mpiio-tuned,posix,ceiling"
+
+
+def _size(text: str) -> int:
+    return parse_size(text, "size")
+
+
+def _hints(text: str) -> list[tuple[str, str]]:
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"hint {item!r} is not key=value")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="collio-bench",
+        description="IOR-style benchmark of collio next to ROMIO, and a planner simulator.",
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _ior_options(ap.add_argument_group("IOR options"))
+    _sim_options(ap.add_argument_group("simulator (no MPI)"))
+    return ap
+
+
+def _ior_options(io: argparse._ArgumentGroup) -> None:
+    io.add_argument("-a", "--api", help="one API (see --list-apis)")
+    io.add_argument("--compare", help=f"several APIs, alternating (default {DEFAULT_APIS})")
+    io.add_argument(
+        "-b",
+        "--block-size",
+        type=_size,
+        default=1 << 20,
+        help="ior: bytes per rank per segment (1m)",
+    )
+    io.add_argument("-t", "--transfer-size", type=_size, default=None,
+                    help="bytes per independent request (ior 256k; arrays: a run)")  # fmt: skip
+    io.add_argument("-s", "--segments", type=int, default=1, help="ior: segments (1)")
+    io.add_argument("-w", "--write", action="store_true", help="write (default: write and read)")
+    io.add_argument("-r", "--read", action="store_true", help="read (default: write and read)")
+    io.add_argument(
+        "-e", "--fsync", action="store_true", default=True, help="fsync after write (on)"
+    )
+    io.add_argument("--no-fsync", dest="fsync", action="store_false", help="no fsync")
+    io.add_argument("-i", "--iterations", type=int, default=5, help="iterations (5)")
+    io.add_argument("-o", "--test-file", help="test file (default: in a temporary directory)")
+    io.add_argument("-k", "--keep-file", action="store_true", help="keep the test file")
+    io.add_argument(
+        "-W", "--check-write", action="store_true", help="verify written data every iteration"
+    )
+    io.add_argument(
+        "-R", "--check-read", action="store_true", help="verify read data every iteration"
+    )
+    io.add_argument(
+        "--pattern", choices=PATTERNS, default="colblock", help="access pattern (colblock)"
+    )
+    io.add_argument("--size", help="array: 4096 (edge), 4096x2048 or 128MiB; ior: total bytes")
+    io.add_argument("--cyclic-block", type=int, default=64, help="cyclic: block edge (64)")
+    io.add_argument("--hints", type=_hints, default=[], help="k=v,... for collio and ROMIO")
+    io.add_argument("--json", help="write every figure to this JSON file")
+    io.add_argument("--plot", help="bandwidth per API as a PNG (matplotlib)")
+    io.add_argument("--list-apis", action="store_true", help="print the known APIs")
+
+
+def _sim_options(sim: argparse._ArgumentGroup) -> None:
+    sim.add_argument("--simulate", action="store_true", help="plan for virtual ranks")
+    sim.add_argument("--ranks", type=int, default=65536, help="virtual ranks (65536)")
+    sim.add_argument("--ppn", type=int, default=64, help="virtual ranks per node (64)")
+    sim.add_argument("--cb-nodes", type=int, help="hint cb_nodes")
+    sim.add_argument("--cb-buffer-size", help="hint cb_buffer_size")
+    sim.add_argument("--striping-unit", help="hint striping_unit")
+    sim.add_argument("--alignment", type=_size, default=1, help="backend alignment (1)")
+    sim.add_argument("--whole-windows", action="store_true",
+                     help="backend cannot write partial ranges (whole windows)")  # fmt: skip
+    sim.add_argument("--budget", type=int, default=10_000_000, help="pairs before sampling (1e7)")
+    sim.add_argument(
+        "--plan-speed", action="store_true", help="time planning 10^6 runs on one rank"
+    )
+
+
+def _workload(args: argparse.Namespace, nranks: int) -> Any:
+    ior = args.pattern == "ior"
+    transfer = args.transfer_size if args.transfer_size is not None else (256 << 10 if ior else 0)
+    if ior and args.transfer_size is None:
+        transfer = min(transfer, args.block_size)
+    return make_workload(
+        args.pattern, nranks, size=args.size, block_size=args.block_size, transfer=transfer,
+        segments=args.segments, cyclic_block=args.cyclic_block,
+    )  # fmt: skip
+
+
+def _all_hints(args: argparse.Namespace) -> list[tuple[str, str]]:
+    hints = list(args.hints)
+    for key in ("cb_nodes", "cb_buffer_size", "striping_unit"):
+        value = getattr(args, key)
+        if value is not None:
+            hints.append((key, str(value)))
+    return hints
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``collio-bench`` and ``python -m collio.bench``."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.list_apis:
+            from .apis import known_apis
+
+            print("\n".join(known_apis()))
+            return 0
+        if args.plan_speed:
+            return _plan_speed(args)
+        if args.simulate:
+            return _simulate(args)
+    except ValueError as exc:
+        print(f"collio-bench: error: {exc}", file=sys.stderr)
+        return 2
+    from .main import bench
+
+    return bench(args, _workload, _all_hints(args), DEFAULT_APIS)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from .simreport import format_sim, sim_json
+    from .simulate import SimConfig, simulate
+
+    if args.size is None and args.pattern != "ior":
+        args.size = "1TiB"
+    work = _workload(args, args.ranks)
+    hints = Hints.coerce(dict(_all_hints(args)))
+    cfg = SimConfig(
+        hints=hints, backend_alignment=args.alignment, partial_write=not args.whole_windows,
+        ppn=args.ppn, budget=args.budget, writing=not (args.read and not args.write),
+    )  # fmt: skip
+    res = simulate(work, cfg)
+    print(format_sim(work, res, args.ppn), flush=True)
+    if args.json:
+        from .report import write_json
+
+        write_json(args.json, sim_json(work, res))
+    return 0
+
+
+def _plan_speed(args: argparse.Namespace) -> int:
+    from .simreport import plan_speed
+
+    t = plan_speed()
+    print(
+        f"planning {int(t['runs'])} runs on one rank (medians of 3): flatten {t['flatten']:.3f} s, "
+        f"plan_sender {t['plan_sender']:.3f} s, plan_aggregator ({int(t['pieces_at_aggregator'])} "
+        f"pieces) {t['plan_aggregator']:.3f} s; total {t['total']:.3f} s"
+    )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(t, fh, indent=1)
+    return 0

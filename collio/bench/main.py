@@ -1,0 +1,138 @@
+"""The MPI side of ``collio-bench``: run, then print IOR's summary on rank 0."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mpi4py import MPI
+
+from ..errors import CollioError
+from .report import (
+    MiB,
+    format_hints,
+    format_rss,
+    format_summary,
+    memory_check,
+    plot,
+    summarize,
+    write_json,
+)
+from .run import BenchConfig, Runner, run_bench
+from .simreport import human
+
+__all__ = ["bench"]
+
+
+def _apis(args: argparse.Namespace, default: str) -> tuple[str, ...]:
+    if args.compare:
+        names = [a.strip() for a in args.compare.split(",") if a.strip()]
+    elif args.api:
+        names = [args.api]
+    else:
+        names = default.split(",")
+    return tuple(dict.fromkeys(names))
+
+
+def _config(
+    args: argparse.Namespace,
+    workload: Callable[[argparse.Namespace, int], Any],
+    hints: list[tuple[str, str]],
+    default_apis: str,
+    nranks: int,
+) -> BenchConfig:
+    """The run's configuration; raises ValueError for a bad pattern, size or API."""
+    from .apis import get_api
+
+    work = workload(args, nranks)
+    names = _apis(args, default_apis)
+    for name in names:
+        get_api(name)
+    write, read = (args.write or not args.read), (args.read or not args.write)
+    return BenchConfig(
+        work, names, args.iterations, write, read, args.fsync, args.check_write, args.check_read,
+        args.test_file, tuple(hints), args.keep_file,
+    )  # fmt: skip
+
+
+def bench(
+    args: argparse.Namespace,
+    workload: Callable[[argparse.Namespace, int], Any],
+    hints: list[tuple[str, str]],
+    default_apis: str,
+) -> int:
+    """Collective over ``MPI.COMM_WORLD``: the benchmark; rank 0 prints and saves."""
+    comm = MPI.COMM_WORLD
+    rank0 = comm.rank == 0
+
+    def emit(line: str) -> None:
+        if rank0:
+            print(line, flush=True)
+
+    try:
+        cfg = _config(args, workload, hints, default_apis, comm.size)
+    except ValueError as exc:
+        if rank0:
+            print(f"collio-bench: error: {exc}", file=sys.stderr)
+        return 2
+    work, names = cfg.work, cfg.apis
+    emit(
+        f"collio-bench: {work.describe()}, {human(work.nbytes)}, {comm.size} ranks, "
+        f"{cfg.iterations} iterations, fsync {'on' if cfg.fsync else 'off'}; "
+        f"APIs: {', '.join(names)}"
+    )
+    t0 = time.perf_counter()
+    try:
+        runner, _, facts = run_bench(comm, cfg, emit)
+    except CollioError as exc:  # raised alike on every rank
+        if rank0:
+            print(f"collio-bench: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    facts["peak_rss"] = comm.gather(runner.rss, root=0)
+    facts["extra_rss"] = comm.gather(runner.extra, root=0)
+    facts["data_bytes"] = comm.gather(facts["data_bytes"], root=0)
+    if rank0:
+        _finish(args, cfg, runner, facts, time.perf_counter() - t0, comm.size)
+    return 0
+
+
+def _finish(
+    args: argparse.Namespace,
+    cfg: BenchConfig,
+    runner: Runner,
+    facts: dict[str, Any],
+    seconds: float,
+    nranks: int,
+) -> None:
+    """On rank 0: the summary tables, then the JSON file and the plot."""
+    names, work = list(cfg.apis), cfg.work
+    summary = summarize(runner.rows, names)
+    print(format_summary(summary, names[0]))
+    print(format_rss(facts, runner.aggregators, names))
+    if "collio" in names:
+        cb = int(runner.hints_used.get("collio", {}).get("cb_buffer_size", 16 * MiB))
+        facts["memory_check"] = check = memory_check(facts, runner.aggregators, cb)
+        print(
+            f"collio aggregators' RSS growth: at most {check['max_growth'] / MiB:.1f} MiB; "
+            f"bound 2 x cb_buffer_size + 100 MiB = {check['limit'] / MiB:.0f} MiB: "
+            f"{'within' if check['ok'] else 'EXCEEDED'}"
+        )
+    print(format_hints(runner.hints_used))
+    print(f"\ntest file {facts['path']} ({'kept' if cfg.keep else 'removed'}); {seconds:.1f} s")
+    doc = {
+        "command": sys.argv, "nranks": nranks, "pattern": work.pattern,
+        "shape": list(work.shape), "dtype": work.dtype, "grid": list(work.grid),
+        "bytes": work.nbytes, "iterations": cfg.iterations, "fsync": cfg.fsync, "apis": names,
+        "hints_given": dict(cfg.hints), "hints_used": runner.hints_used,
+        "rows": [dataclasses.asdict(r) for r in runner.rows], "summary": summary,
+        "collio_aggregators": runner.aggregators, "seconds": seconds,
+        "errors": sum(s["errors"] or 0 for s in summary), **facts,
+    }  # fmt: skip
+    if args.json:
+        write_json(args.json, doc)
+    if args.plot:
+        plot(args.plot, summary, f"{work.describe()}, {nranks} ranks")

@@ -1,0 +1,271 @@
+"""Run APIs side by side under mpiexec: alternating iterations, IOR's phases, verification.
+
+Every iteration runs every API once, in a rotated order (so no API always goes
+first after a cold cache), writing then reading the same file; the file is
+removed before each write.  Phases (open, transfer, close) are timed per rank
+and the slowest rank's time is kept; bandwidth is the bytes over the
+barrier-to-barrier time, as IOR reports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from ..collective import Attempt, raise_agreed
+from .apis import Api, Job, get_api
+from .patterns import Workload
+
+__all__ = ["BenchConfig", "Row", "run_bench", "peak_rss"]
+
+MiB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """What the command line asked for."""
+
+    work: Workload
+    apis: tuple[str, ...]
+    iterations: int = 5
+    write: bool = True
+    read: bool = True
+    fsync: bool = True
+    check_write: bool = False
+    check_read: bool = False
+    path: str | None = None
+    hints: tuple[tuple[str, str], ...] = ()
+    keep: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Row:
+    """One API, one operation, one iteration (IOR's per-iteration line)."""
+
+    api: str
+    op: str
+    iteration: int
+    bw: float  # MiB/s
+    ops: float  # transfers/s
+    open: float
+    xfer: float
+    close: float
+    total: float
+    errors: int  # -1: not verified
+
+
+def peak_rss(reset: bool = False) -> int:
+    """This process's peak resident set (bytes).
+
+    ``reset`` starts a new peak (Linux ``clear_refs``) and returns the resident set
+    at that moment; elsewhere the peak is the process's lifetime peak.
+    """
+    try:
+        if reset:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+        key = "VmRSS:" if reset else "VmHWM:"
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0 if reset else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _shared_path(comm: MPI.Intracomm, path: str | None) -> tuple[str, str | None]:
+    """The test file (``-o``, or a file in a temporary directory rank 0 makes)."""
+    if path is not None:
+        return path, None
+    tmp = tempfile.mkdtemp(prefix="collio-bench-") if comm.rank == 0 else None
+    tmp = comm.bcast(tmp, root=0)
+    assert tmp is not None
+    return os.path.join(tmp, "testFile"), tmp
+
+
+def _fresh(comm: MPI.Intracomm, path: str) -> None:
+    if comm.rank == 0 and os.path.exists(path):
+        os.unlink(path)
+    comm.Barrier()
+
+
+def _timed(comm: MPI.Intracomm, api: Api, writing: bool) -> tuple[float, float, float, float]:
+    """Collective: (open, transfer, close) of the slowest rank, and the total between barriers.
+
+    A rank whose phase fails still reaches the barrier; then every rank raises the
+    same :class:`~collio.CollioError` naming the failing ranks (nobody hangs).
+    """
+    comm.Barrier()
+    t0 = time.perf_counter()
+    t = [t0, t0, t0]
+    step = Attempt()
+    with step:
+        api.open(writing)
+        t[0] = time.perf_counter()
+        api.transfer(writing)
+        t[1] = time.perf_counter()
+        api.close()
+        t[2] = time.perf_counter()
+    comm.Barrier()
+    total = time.perf_counter() - t0
+    phases = np.array([t[0] - t0, t[1] - t[0], t[2] - t[1], 1.0 if step.error else 0.0])
+    worst = np.empty_like(phases)
+    comm.Allreduce(phases, worst, op=MPI.MAX)
+    if worst[3]:
+        raise_agreed(comm, step.error, what=f"{api.name} {'write' if writing else 'read'}")
+    return float(worst[0]), float(worst[1]), float(worst[2]), total
+
+
+def _count_errors(comm: MPI.Intracomm, got: npt.NDArray[Any], want: npt.NDArray[Any]) -> int:
+    """Collective: elements that differ, summed over ranks."""
+    mine = int(np.count_nonzero(got != want)) if got.size else 0
+    return int(comm.allreduce(mine, op=MPI.SUM))
+
+
+class Runner:
+    """The iteration loop; rank 0 collects rows and prints progress through ``emit``."""
+
+    def __init__(self, comm: MPI.Intracomm, cfg: BenchConfig, emit: Callable[[str], None]) -> None:
+        self.comm, self.cfg, self.emit = comm, cfg, emit
+        self.rows: list[Row] = []
+        self.rss: dict[str, int] = {}
+        self.extra: dict[str, int] = {}  # peak minus the resident set before the phase
+        self.hints_used: dict[str, dict[str, Any]] = {}
+        self.aggregators: list[int] = []
+
+    def run(self, apis: list[Api], job: Job, transfers: int) -> None:
+        cfg = self.cfg
+        for it in range(cfg.iterations):
+            t = time.perf_counter()
+            shift = it % len(apis)
+            for api in apis[shift:] + apis[:shift]:
+                self._one(api, job, it, transfers)
+            line = self._progress(it, time.perf_counter() - t)
+            self.emit(line)
+
+    def _one(self, api: Api, job: Job, it: int, transfers: int) -> None:
+        cfg, comm = self.cfg, self.comm
+        ops = [("write", True)] if cfg.write else []
+        ops += [("read", False)] if cfg.read else []
+        for op, writing in ops:
+            if writing:
+                _fresh(comm, job.path)
+            else:
+                job.out[...] = 0
+            base = peak_rss(reset=True)
+            o, x, c, total = _timed(comm, api, writing)
+            peak = peak_rss()
+            self.rss[api.name] = max(self.rss.get(api.name, 0), peak)
+            self.extra[api.name] = max(self.extra.get(api.name, 0), peak - base)
+            check = (cfg.check_write if writing else cfg.check_read) or it == 0
+            errors = -1
+            got = None
+            if check and api.verifiable:
+                got = api.written() if writing else job.out
+            if got is not None:
+                errors = _count_errors(comm, got.reshape(-1), job.data.reshape(-1))
+            nbytes = cfg.work.nbytes
+            row = Row(
+                api.name, op, it, nbytes / MiB / total, transfers / total, o, x, c, total, errors
+            )
+            self.rows.append(row)
+            self.emit(format_row(row))
+        self.hints_used[api.name] = api.hints_used()
+        stats = getattr(api, "stats", None)
+        if stats is not None:
+            self.aggregators = list(stats.aggregators)
+
+    def _progress(self, it: int, seconds: float) -> str:
+        parts = [f"{r.api} {r.op[0]} {r.bw:.0f}" for r in self.rows if r.iteration == it]
+        return (
+            f"# iteration {it + 1}/{self.cfg.iterations} in {seconds:.1f} s: "
+            + ", ".join(parts)
+            + " MiB/s"
+        )
+
+
+HEADER = (
+    f"{'access':<6} {'api':<12} {'bw(MiB/s)':>10} {'IOPS':>10} {'open(s)':>8} {'wr/rd(s)':>9} "
+    f"{'close(s)':>8} {'total(s)':>8} {'iter':>4} {'errors':>6}"
+)
+
+
+def format_row(r: Row) -> str:
+    err = "-" if r.errors < 0 else str(r.errors)
+    return (
+        f"{r.op:<6} {r.api:<12} {r.bw:>10.2f} {r.ops:>10.1f} {r.open:>8.4f} {r.xfer:>9.4f} "
+        f"{r.close:>8.4f} {r.total:>8.4f} {r.iteration:>4} {err:>6}"
+    )
+
+
+def _ensure_file(comm: MPI.Intracomm, job: Job) -> None:
+    """For read-only runs: write the file once with collio (untimed)."""
+    if os.path.exists(job.path):
+        return
+    api = get_api("collio")(job)
+    api.open(True)
+    api.transfer(True)
+    api.close()
+
+
+def run_bench(
+    comm: MPI.Intracomm, cfg: BenchConfig, emit: Callable[[str], None]
+) -> tuple[Runner, Job, dict[str, Any]]:
+    """Collective over ``comm``: run every API ``cfg.iterations`` times.
+
+    Parameters
+    ----------
+    comm
+        The ranks taking part (each holds ``cfg.work.layout(rank)``).
+    cfg
+        What to run.
+    emit
+        Called with each output line (rows, progress); rank 0 prints them.
+
+    Returns
+    -------
+    tuple
+        The runner (its ``rows``, ``rss``, ``extra``, ``hints_used``), the rank's
+        :class:`~collio.bench.apis.Job`, and facts (test file, transfers, data bytes).
+    """
+    path, tmp = _shared_path(comm, cfg.path)
+    w = cfg.work
+    lay = w.layout(comm.rank)
+    data = np.ascontiguousarray(w.data(comm.rank))
+    job = Job(comm, w, lay, data, np.empty_like(data), path, dict(cfg.hints), cfg.fsync)
+    transfers = int(comm.allreduce(len(job.pieces), op=MPI.SUM))
+    runner = Runner(comm, cfg, emit)
+    emit(HEADER)
+    apis = [get_api(name)(job) for name in cfg.apis]
+    try:
+        for api in apis:
+            api.setup()
+        if not cfg.write:
+            _ensure_file(comm, job)
+        runner.run(apis, job, transfers)
+    finally:
+        for api in apis:
+            api.teardown()
+        comm.Barrier()
+        if comm.rank == 0 and not cfg.keep:
+            shutil.rmtree(tmp, ignore_errors=True) if tmp else _remove(path)
+    facts = {"path": path, "transfers": transfers, "data_bytes": int(data.nbytes)}
+    return runner, job, facts
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,336 @@
+"""The planner for virtual ranks: what a collective write would do, without MPI or files.
+
+``collio-bench --simulate --ranks 65536 --pattern colblock --size 1TiB --cb-nodes 512``
+reproduces the semantics of :mod:`collio.aggregators.plan` (domains, windows,
+rounds = non-empty windows, one message per rank with bytes in a window, one
+backend request per window's data extent) from the layouts' structure alone:
+every figure comes from :func:`~collio.layouts.count_below` arithmetic over
+(box, domain) or (box, window) pairs, vectorised and chunked (see
+:mod:`collio.bench.windows`).  When even that is too much work, messages per
+round are computed on an even sample of windows and the output says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..aggregators import choose_aggregators, file_domains, window_size
+from ..aggregators.domains import alignment
+from ..hints import Hints
+from ..layouts.strided import Blocks
+from ..rounds import DEPTH
+from .batch import batched_blocks, explode_levels, squeeze
+from .patterns import Workload
+from .windows import Grid, WindowCounts, explicit, exploded_intervals, intervals
+
+__all__ = ["SimConfig", "SimResult", "simulate"]
+
+I64 = npt.NDArray[np.int64]
+_DIRECT_MAX_RUNS = 16  # as collio.engine
+_MAX_WINDOWS = 1 << 24
+#: Round buffers are capped at 1 GiB (collio.engine).
+_MAX_WINDOW = 1 << 30
+#: Bytes of planner metadata per piece on an aggregator: (offset, length) received,
+#: source, window, sort keys and order (8 int64 arrays).
+PIECE_BYTES = 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Hints and backend properties the planner sees, plus the job's shape.
+
+    ``ppn`` ranks share a node (aggregators are spread over nodes); ``budget`` caps
+    the (box, window) or (sub-box, domain) pairs evaluated before sampling;
+    ``method`` forces ``explicit``, ``interval`` or ``sampled`` (tests) instead of ``auto``.
+    """
+
+    hints: Hints = dataclasses.field(default_factory=Hints)
+    backend_alignment: int = 1
+    partial_write: bool = True
+    ppn: int = 0
+    budget: int = 10_000_000
+    writing: bool = True
+    method: str = "auto"
+
+
+@dataclasses.dataclass(slots=True)
+class SimResult:
+    """What the real engine's stats would report, per aggregator and per round.
+
+    ``msgs[rstart[a]:rstart[a+1]]`` are the messages of aggregator ``a``'s rounds
+    (windows ``windows``), ``requests`` the backend request sizes in the same order,
+    except when sampling a layout without holes: then ``requests`` are exact, for
+    every round.  On the direct path ``requests``/``req_count`` give each distinct
+    size and how many requests have it.
+    """
+
+    nranks: int
+    nbytes: int
+    extent: tuple[int, int]
+    direct: bool
+    naggs: int
+    window: int
+    bounds: I64
+    agg_bytes: I64
+    agg_rounds: I64
+    rstart: I64
+    msgs: I64
+    requests: I64
+    req_count: I64
+    hole_reads: I64
+    agg_pieces: I64
+    rank_runs_max: int
+    method: str
+    windows_total: int
+    windows_evaluated: int
+    #: Global indices of the windows behind ``msgs`` / ``requests`` (busy, evaluated).
+    windows: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    hints: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def sampled(self) -> bool:
+        return self.method == "sampled"
+
+    @property
+    def rounds(self) -> int:
+        return int(self.agg_rounds.max(initial=0))
+
+    def memory(self) -> I64:
+        """Predicted extra memory per aggregator: round buffers plus planner metadata.
+
+        The engine keeps ``collio.rounds.DEPTH`` (2) round buffers of one window each.
+        """
+        buffers = np.where(self.agg_rounds > 0, DEPTH * self.window, 0)
+        out: I64 = buffers + self.agg_pieces * PIECE_BYTES
+        return out
+
+
+def _per_rank(values: I64, owner: I64, nranks: int) -> I64:
+    return np.bincount(owner, weights=values, minlength=nranks).astype(np.int64)
+
+
+def _direct_path(blocks: Blocks, owner: I64, work: Workload, hints: Hints, writing: bool) -> bool:
+    """The engine's choice: skip the shuffle when extents do not interleave and runs are big."""
+    mode = hints.romio_cb_write if writing else hints.romio_cb_read
+    if mode == "enable" or not len(blocks):
+        return False
+    nruns = _per_rank(blocks.nruns(), owner, work.nranks)
+    nbytes = _per_rank(blocks.nbytes(), owner, work.nranks)
+    small = bool(((nruns > _DIRECT_MAX_RUNS) & (nbytes < nruns * hints.direct_threshold)).any())
+    if mode == "automatic" and small:
+        return False
+    lo, hi = blocks.extent()
+    big = np.iinfo(np.int64).max
+    rlo = np.full(work.nranks, big, np.int64)
+    rhi = np.zeros(work.nranks, np.int64)
+    np.minimum.at(rlo, owner, lo)
+    np.maximum.at(rhi, owner, hi)
+    have = rhi > rlo
+    order = np.argsort(rlo[have], kind="stable")
+    a, b = rlo[have][order], rhi[have][order]
+    return bool((a[1:] >= b[:-1]).all())
+
+
+def simulate(work: Workload, cfg: SimConfig) -> SimResult:
+    """Plan one collective write (or read) of ``work`` for its virtual ranks.
+
+    Pure: no MPI, no files, no list of runs.
+
+    Parameters
+    ----------
+    work
+        The pattern, global array and number of virtual ranks.
+    cfg
+        Hints, backend alignment and capabilities, ranks per node, evaluation budget.
+
+    Returns
+    -------
+    SimResult
+        What the real engine's ``Stats`` / ``Stats.local`` would report: the path
+        (direct or two-phase), per-aggregator bytes and rounds, messages of every
+        round, backend request sizes, predicted memory, and how it was computed.
+    """
+    t0, c0 = time.perf_counter(), time.process_time()
+    blocks, owner = batched_blocks(work)
+    blocks = squeeze(blocks)
+    lo_b, hi_b = blocks.extent()
+    lo, hi = int(lo_b.min(initial=0)), int(hi_b.max(initial=0))
+    total = int(blocks.nbytes().sum())
+    rank_runs = _per_rank(blocks.nruns(), owner, work.nranks)
+    h = cfg.hints
+    if _direct_path(blocks, owner, work, h, cfg.writing):
+        res = _direct_result(blocks, work, (lo, hi), total, rank_runs)
+    else:
+        res = _two_phase(blocks, owner, work, cfg, (lo, hi), total)
+        res.rank_runs_max = int(rank_runs.max(initial=0))
+    res.seconds = time.perf_counter() - t0
+    res.cpu_seconds = time.process_time() - c0
+    res.hints = _used(cfg, res)
+    return res
+
+
+def _used(cfg: SimConfig, res: SimResult) -> dict[str, Any]:
+    used = cfg.hints.as_dict()
+    used["cb_nodes"] = res.naggs
+    used["backend_alignment"] = cfg.backend_alignment
+    used["window"] = res.window
+    return used
+
+
+def _direct_result(
+    blocks: Blocks, work: Workload, ext: tuple[int, int], total: int, rank_runs: I64
+) -> SimResult:
+    sizes, inv = np.unique(blocks.runlen, return_inverse=True)
+    counts = np.bincount(inv.reshape(-1), weights=blocks.nruns()).astype(np.int64)
+    z = np.zeros(0, np.int64)
+    return SimResult(
+        work.nranks, total, ext, True, 0, 0, z, z, z, np.zeros(1, np.int64), z,
+        sizes.astype(np.int64), counts, z, z, int(rank_runs.max(initial=0)), "direct", 0, 0,
+    )  # fmt: skip
+
+
+def _two_phase(
+    blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig, ext: tuple[int, int], total: int
+) -> SimResult:
+    h = cfg.hints
+    ppn = cfg.ppn or work.nranks
+    nodes = np.arange(work.nranks, dtype=np.int64) // ppn
+    naggs = len(choose_aggregators(nodes, cb_nodes=h.cb_nodes, per_node=h.per_node()))
+    align = alignment(cfg.backend_alignment, h.striping_unit)
+    bounds = file_domains(ext[0], ext[1], naggs, align)
+    window = window_size(min(h.cb_buffer_size, _MAX_WINDOW), align)
+    nwin = int((-(-np.diff(bounds) // window)).sum())
+    if nwin > _MAX_WINDOWS:
+        raise ValueError(
+            f"{nwin} windows of {window} bytes: too many to simulate (at most {_MAX_WINDOWS}); "
+            "use a larger cb_buffer_size"
+        )
+    grid = Grid.build(bounds, window)
+    tiled = total == ext[1] - ext[0]
+    counts, method, evaluated = _evaluate(blocks, owner, grid, cfg.budget, cfg.method, tiled)
+    return _assemble(work, cfg, grid, counts, method, evaluated, tiled, total, ext)
+
+
+def _evaluate(
+    blocks: Blocks, owner: I64, grid: Grid, budget: int, force: str, tiled: bool
+) -> tuple[WindowCounts, str, I64]:
+    """Choose the exact method that fits the budget, else sample windows."""
+    nw = grid.nwindows
+    every = np.arange(nw, dtype=np.int64)
+    b0, b1 = blocks.extent()
+    spanned = np.searchsorted(grid.start, b1, "left") - np.searchsorted(grid.end, b0, "right")
+    explicit_cost = int(np.maximum(spanned, 0).sum())
+    levels, interval_cost, cut = _interval_plan(blocks, grid, tiled)
+    # intervals give no request extents for layouts with holes: explicit or sampled then
+    cheaper = tiled and interval_cost < explicit_cost
+    if force == "interval" or (force == "auto" and cheaper and interval_cost <= budget):
+        # a rank counts once per window: merge its intervals when it has several boxes,
+        # or sub-boxes cut at gaps shorter than a window (they may share one)
+        multi = bool((np.bincount(owner) > 1).any()) or (cut < grid.window and bool(levels.any()))
+        counts = exploded_intervals(blocks, owner, grid, levels, dedupe=multi, tiled=tiled)
+        return counts, "interval", every
+    if force == "explicit" or (force == "auto" and explicit_cost <= budget):
+        return explicit(blocks, owner, grid, every), "explicit", every
+    # sampled: exact domain sums, messages on an even sample of windows
+    per_window = max(1, explicit_cost // max(nw, 1))
+    take = int(min(nw, max(64, budget // per_window)))
+    sample = np.unique(np.linspace(0, nw - 1, take).astype(np.int64))
+    counts = explicit(blocks, owner, grid, sample)
+    if tiled:  # every byte of a domain is written: its bytes are its size
+        counts.dom_bytes = np.diff(grid.bounds).astype(np.int64)
+        counts.dom_runs = _scaled_runs(grid, sample, counts.runs)
+    else:
+        doms = intervals(blocks, owner, grid, dedupe=False, windows=False)
+        counts.dom_bytes, counts.dom_runs = doms.dom_bytes, doms.dom_runs
+    return counts, "sampled", sample
+
+
+def _interval_plan(
+    blocks: Blocks, grid: Grid, tiled: bool
+) -> tuple[npt.NDArray[np.bool_], int, int]:
+    """Levels to explode for :func:`intervals`, the cost in explicit-pair units, the cut.
+
+    Levels whose gap is at least the cut are exploded.
+
+    Cutting at gaps of a window leaves sub-boxes that cost one ``count_below`` per
+    domain bound they span (a quarter of an explicit pair); without holes, cutting
+    at gaps of the shortest window instead leaves sub-boxes that cost nothing but
+    their own listing (about half).  The cheaper of the two wins.
+    """
+    b0, b1 = blocks.extent()
+    levels = explode_levels(blocks, grid.window)
+    nsub = np.prod(np.where(levels, blocks.counts, 1), axis=1)
+    ndom = np.searchsorted(grid.bounds, b1, "left") - np.searchsorted(grid.bounds, b0, "right")
+    cost = (int(nsub.sum()) + int(np.maximum(ndom + 2, 2).sum())) // 4
+    shortest = int((grid.end - grid.start).min()) if grid.nwindows else 0
+    if tiled and shortest > 0:
+        quick = explode_levels(blocks, shortest)
+        # a through sub-box needs no count_below, but listing it costs about half an
+        # explicit pair (measured: 2.7e8 sub-boxes take 44 s of CPU)
+        qcost = int(np.prod(np.where(quick, blocks.counts, 1), axis=1).sum()) // 2
+        if qcost < cost:
+            return quick, qcost, shortest
+    return levels, cost, grid.window
+
+
+def _scaled_runs(grid: Grid, sample: I64, runs: I64) -> I64:
+    """Runs per domain estimated from sampled windows (the domain's mean, else the global)."""
+    naggs = len(grid.bounds) - 1
+    dom = grid.dom[sample]
+    seen = np.bincount(dom, minlength=naggs)
+    total = np.bincount(dom, weights=runs, minlength=naggs)
+    mean = np.where(seen > 0, total / np.maximum(seen, 1), runs.mean() if len(runs) else 0.0)
+    nwin = np.diff(grid.first)
+    out: I64 = np.ceil(mean * nwin).astype(np.int64)
+    return out
+
+
+def _assemble(
+    work: Workload,
+    cfg: SimConfig,
+    grid: Grid,
+    c: WindowCounts,
+    method: str,
+    evaluated: I64,
+    tiled: bool,
+    total: int,
+    ext: tuple[int, int],
+) -> SimResult:
+    """Rounds, messages and requests per aggregator from per-window counts."""
+    naggs = len(grid.bounds) - 1
+    wlen = (grid.end - grid.start)[evaluated]
+    if tiled:  # every byte of the extent is written: every window is full of data
+        busy = wlen > 0
+        extent = wlen
+        covered = wlen
+    else:
+        busy = c.ranks > 0
+        extent = np.where(busy, c.rhi - c.rlo, 0) if cfg.partial_write else wlen
+        covered = c.nbytes
+    dom = grid.dom[evaluated][busy]
+    msgs = c.ranks[busy]
+    requests = extent[busy]
+    holes = requests[covered[busy] < requests]
+    seen = np.bincount(dom, minlength=naggs).astype(np.int64)
+    agg_rounds = seen
+    if method == "sampled" and tiled:  # every window is busy: rounds and requests are exact
+        every = grid.end > grid.start
+        agg_rounds = np.bincount(grid.dom[every], minlength=naggs).astype(np.int64)
+        requests = (grid.end - grid.start)[every]
+    rstart = np.concatenate(([0], np.cumsum(seen))).astype(np.int64)
+    # messages per domain (scaled up from the sample: the domain's mean, else the global one)
+    per_dom = np.bincount(dom, weights=msgs, minlength=naggs)
+    mean = np.where(seen > 0, per_dom / np.maximum(seen, 1), msgs.mean() if len(msgs) else 0.0)
+    pieces = c.dom_runs + np.ceil(mean * agg_rounds).astype(np.int64)
+    return SimResult(
+        work.nranks, total, ext, False, naggs, grid.window, grid.bounds, c.dom_bytes, agg_rounds,
+        rstart, msgs, requests, np.ones(len(requests), np.int64), holes, pieces, 0, method,
+        grid.nwindows, len(evaluated), evaluated[busy],
+    )  # fmt: skip

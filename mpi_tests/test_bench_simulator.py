@@ -1,0 +1,104 @@
+"""The simulator's counts equal what a real collio write and read report in their stats.
+
+Run at 4, 1 and 3 ranks by ./run-tests, and at 8 ranks from tests/test_bench_cli.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collio
+from collio.bench.patterns import make_workload
+from collio.bench.simulate import SimConfig, simulate
+from collio.hints import Hints
+from collio.stats import histogram
+
+CASES = [
+    ("colblock", "96x100", {}),
+    ("colblock", "64x90", {"cb_nodes": 3, "cb_buffer_size": 4096}),
+    ("rowblock", "40x50", {}),
+    ("rowblock", "40x50", {"romio_cb_write": "enable", "romio_cb_read": "enable",
+                            "cb_buffer_size": 1000}),
+    ("block2d", "60", {"striping_unit": 1000, "cb_buffer_size": 3000}),
+    ("cyclic", "64", {"cb_nodes": 3, "cb_buffer_size": 2048}),
+    ("cube", "20", {"cb_buffer_size": 5000, "cb_nodes": 5}),
+    ("ior", None, {"cb_nodes": 2, "cb_buffer_size": 3333}),
+    ("colblock", "48x50", {"striping_unit": 4096, "cb_buffer_size": 1000, "cb_nodes": 8}),
+    ("cyclic", "48x50", {"striping_unit": 16384, "cb_buffer_size": 5000}),
+]  # fmt: skip
+
+
+def _real(comm, path, work, hints, writing):
+    """Every rank's ``stats.local`` and the reduced stats of one write (or read)."""
+    lay = work.layout(comm.rank)
+    if writing:
+        with collio.open(path, "w", comm=comm, hints=hints) as f:
+            f.write_all(work.data(comm.rank), lay)
+            stats = f.stats
+    else:
+        with collio.open(path, "r", comm=comm, hints=hints) as f:
+            got = f.read_all(lay)
+            stats = f.stats
+        assert np.array_equal(got, work.data(comm.rank))
+    return comm.allgather(stats.local), stats
+
+
+def _check_two_phase(sim, locals_, stats, writing):
+    aggs = sorted((d for d in locals_ if d.get("domain", -1) >= 0), key=lambda d: d["domain"])
+    busy = np.flatnonzero(sim.agg_rounds > 0)
+    assert [d["domain"] for d in aggs if d["rounds"]] == busy.tolist()
+    bytes_ = np.zeros(sim.naggs, np.int64)
+    rounds = np.zeros(sim.naggs, np.int64)
+    for d in aggs:
+        bytes_[d["domain"]], rounds[d["domain"]] = d["bytes"], d["rounds"]
+    np.testing.assert_array_equal(bytes_, sim.agg_bytes)
+    np.testing.assert_array_equal(rounds, sim.agg_rounds)
+    msgs = np.array([m for d in aggs for m in d["messages"]], np.int64)
+    reqs = np.array([r for d in aggs for r in d["requests"]], np.int64)
+    np.testing.assert_array_equal(msgs, sim.msgs)
+    np.testing.assert_array_equal(reqs, sim.requests)
+    assert stats.messages == int(sim.msgs.sum())
+    assert stats.rounds == sim.rounds
+    sizes = stats.write_sizes if writing else stats.read_sizes
+    np.testing.assert_array_equal(sizes, histogram(sim.requests))
+    if writing:
+        assert stats.write_ops == len(sim.requests) and stats.read_ops == len(sim.hole_reads)
+        assert stats.bytes_written == int(sim.requests.sum())
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("pattern", "size", "hints"), CASES)
+def test_simulated_counts_equal_real_stats(comm, shared_dir, pattern, size, hints):
+    work = make_workload(
+        pattern, comm.size, size=size, block_size=1000, transfer=500, segments=16, cyclic_block=4
+    )
+    path = os.path.join(shared_dir, f"{pattern}.bin")
+    for writing in (True, False):
+        cfg = SimConfig(hints=Hints.coerce(hints), ppn=comm.size, writing=writing)
+        sim = simulate(work, cfg)
+        locals_, stats = _real(comm, path, work, hints, writing)
+        if sim.direct:
+            assert all(d.get("direct") for d in locals_), locals_
+            real = np.sort([r for d in locals_ for r in d["requests"]])
+            np.testing.assert_array_equal(real, np.sort(np.repeat(sim.requests, sim.req_count)))
+            assert stats.messages == 0
+        else:
+            _check_two_phase(sim, locals_, stats, writing)
+    comm.Barrier()
+
+
+@pytest.mark.mpi
+def test_direct_choice_matches(comm, shared_dir):
+    """Row blocks go direct on the real engine exactly when the simulator says so."""
+    work = make_workload("rowblock", comm.size, size="32x64")
+    sim = simulate(work, SimConfig(ppn=comm.size))
+    path = os.path.join(shared_dir, "rows.bin")
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(work.data(comm.rank), work.layout(comm.rank))
+        direct = f.stats.direct_calls == 1
+    assert sim.direct and direct
+    assert MPI.COMM_WORLD.allreduce(1) == comm.size

@@ -1,0 +1,215 @@
+"""collio-bench end to end: jobs under mpiexec (with timeouts) and the simulator's command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from test_mpiexec import MPIEXEC, ROOT, run_job
+
+from collio.bench.apis import Api, get_api, known_apis, register_api, split_runs
+from collio.bench.patterns import make_workload
+from collio.bench.report import summarize
+from collio.bench.run import Row
+from collio.bench.simreport import plan_speed
+from collio.bench.simulate import SimConfig, simulate
+from collio.hints import Hints
+from collio.runs import Runs
+
+BENCH = [sys.executable, "-m", "collio.bench"]
+needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
+ALL = "collio,mpiio,mpiio-tuned,mpiio-indep,posix,ceiling,collio-mpiio"
+
+
+@needs_mpiexec
+def test_compare_all_apis_verifies_and_saves(tmp_path):
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    args = ["-n", "3", *BENCH, "-i", "2", "--size", "192", "-W", "-R", "--compare", ALL]
+    proc = run_job([*args, "--json", str(out), "--plot", str(png), "-o", str(tmp_path / "f")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Summary of all tests:" in proc.stdout and "# iteration 2/2" in proc.stdout
+    doc = json.loads(out.read_text())
+    apis = ALL.split(",")
+    assert doc["apis"] == apis and doc["nranks"] == 3 and doc["bytes"] == 192 * 192 * 8
+    assert doc["errors"] == 0 and len(doc["rows"]) == 2 * len(apis) * 2
+    verified = [r for r in doc["rows"] if r["errors"] >= 0]
+    assert len(verified) == 2 * (len(apis) - 1) * 2 and all(r["errors"] == 0 for r in verified)
+    summary = {(s["op"], s["api"]): s for s in doc["summary"]}
+    assert set(summary) == {(op, a) for op in ("write", "read") for a in apis}
+    assert summary[("write", "collio")]["ratio"] == 1.0
+    for s in summary.values():
+        assert s["min"] <= s["median"] <= s["max"] and s["iterations"] == 2
+    assert doc["hints_used"]["mpiio-tuned"]["cb_nodes"] == "3"
+    assert doc["hints_used"]["mpiio-tuned"]["cb_config_list"] == "*:*"
+    assert doc["hints_used"]["collio"]["cb_nodes"] == 3
+    assert len(doc["peak_rss"]) == 3 and all(r["collio"] > 0 for r in doc["peak_rss"])
+    assert all(0 <= e["posix"] <= p["posix"] for e, p in zip(doc["extra_rss"], doc["peak_rss"]))
+    assert doc["data_bytes"] == [192 * 64 * 8] * 3 and doc["collio_aggregators"] == [0, 1, 2]
+    assert "Peak RSS per rank" in proc.stdout and "Hints used" in proc.stdout
+    check = doc["memory_check"]
+    assert check["limit"] == 2 * (16 << 20) + (100 << 20) and check["ok"] is True
+    assert "collio aggregators' RSS growth: at most" in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "f").exists()  # removed without -k
+
+
+@needs_mpiexec
+def test_ior_pattern_transfers_and_hints(tmp_path):
+    out = tmp_path / "ior.json"
+    args = ["-n", "2", *BENCH, "--pattern", "ior", "-s", "8", "-b", "8k", "-t", "4k", "-i", "1"]
+    args += ["--compare", "posix,collio,mpiio", "-W", "-R", "-w", "-r"]
+    args += ["--hints", "cb_buffer_size=4k,romio_ds_write=disable"]
+    proc = run_job([*args, "--json", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["shape"] == [8, 2, 8192] and doc["transfers"] == 2 * 8 * 2
+    assert doc["errors"] == 0 and doc["hints_used"]["collio"]["cb_buffer_size"] == 4096
+    assert doc["hints_used"]["mpiio"]["cb_buffer_size"] == "4096"
+    assert doc["hints_used"]["mpiio"]["romio_ds_write"] == "disable"
+    assert [r["api"] for r in doc["rows"]] == ["posix"] * 2 + ["collio"] * 2 + ["mpiio"] * 2
+
+
+@needs_mpiexec
+def test_failure_on_every_rank_is_reported_not_hung(tmp_path):
+    target = tmp_path / "not-a-dir"
+    target.write_text("a file where a directory should be")
+    args = ["-n", "2", *BENCH, "-a", "posix", "-i", "1", "-o", str(target / "f"), "-w"]
+    proc = run_job(args, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "collio-bench: error: posix write: rank 0:" in proc.stderr
+    assert "rank 1: not a directory" in proc.stderr
+
+
+PLUGIN_JOB = textwrap.dedent(
+    """
+    import sys
+    import collio
+    from collio.bench.apis import register_api
+    from collio.bench.builtin import CollioApi
+    from collio.bench.cli import main
+
+    class MemoryApi(CollioApi):
+        name = "collio-memory"
+        backend = "memory"
+
+        def target(self):
+            return "mem://bench"
+
+        def written(self):
+            with collio.open(self.target(), "r", comm=self.job.comm) as f:
+                return f.read_all(self.job.layout)
+
+    register_api("collio-memory", MemoryApi)
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@needs_mpiexec
+def test_an_api_plugs_in_with_one_module(tmp_path):
+    """Another backend's API: a subclass registered by name, run, verified and compared."""
+    script = tmp_path / "plugin.py"
+    script.write_text(PLUGIN_JOB)
+    out = tmp_path / "p.json"
+    args = ["-n", "2", sys.executable, str(script), "--compare", "collio-memory,collio"]
+    proc = run_job([*args, "-i", "2", "--size", "96", "-W", "-R", "--json", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["apis"] == ["collio-memory", "collio"] and doc["errors"] == 0
+    rows = [r for r in doc["rows"] if r["api"] == "collio-memory"]
+    assert len(rows) == 4 and all(r["errors"] == 0 for r in rows)
+    assert doc["hints_used"]["collio-memory"]["cb_nodes"] == 2
+
+
+@needs_mpiexec
+def test_simulator_equals_real_stats_at_8_ranks():
+    test = os.path.join(ROOT, "mpi_tests", "test_bench_simulator.py")
+    args = ["-n", "8", sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", test, "-q"]
+    proc = run_job(args, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "11 passed" in proc.stdout
+
+
+def test_simulate_command_line(tmp_path):
+    out = tmp_path / "sim.json"
+    args = ["--simulate", "--ranks", "4096", "--pattern", "cyclic", "--size", "256MiB"]
+    args += ["--cb-nodes", "60", "--cb-buffer-size", "1m", "--json", str(out)]
+    proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "per-aggregator bytes" in proc.stdout and "4096 virtual ranks" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["aggregators"] == 60 and sum(doc["agg_bytes"]) == doc["bytes"]
+    assert doc["shape"] == [5792, 5792] and doc["bytes"] == 5792 * 5792 * 8
+    assert len(doc["messages_per_round"]) == len(doc["requests"]) == sum(doc["agg_rounds"])
+    assert not doc["sampled"] and max(doc["requests"]) == 1 << 20
+
+
+def test_simulate_direct_path_text():
+    args = ["--simulate", "--ranks", "512", "--pattern", "rowblock", "--size", "4096x512"]
+    proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "path: direct" in proc.stdout
+        and "backend requests          512: largest 32.00 KiB" in proc.stdout
+    )
+
+
+def test_sampled_windows_agree_with_exact():
+    work = make_workload("cyclic", 64, size="2000", cyclic_block=8)
+    h = Hints(cb_nodes=7, cb_buffer_size=20000)
+    exact = simulate(work, SimConfig(hints=h, method="explicit"))
+    sampled = simulate(work, SimConfig(hints=h, budget=3_000, method="sampled"))
+    assert sampled.sampled and 0 < sampled.windows_evaluated < sampled.windows_total
+    np.testing.assert_array_equal(sampled.agg_bytes, exact.agg_bytes)
+    np.testing.assert_array_equal(sampled.agg_rounds, exact.agg_rounds)
+    np.testing.assert_array_equal(exact.windows, np.arange(exact.windows_total))
+    np.testing.assert_array_equal(sampled.msgs, exact.msgs[sampled.windows])
+    np.testing.assert_array_equal(sampled.requests, exact.requests)  # no holes: exact
+
+
+def test_plan_speed_counts():
+    t = plan_speed(nruns=20_000, repeat=1)
+    assert t["runs"] == 20_000 and t["pieces_at_aggregator"] == 20_000
+    assert t["total"] == pytest.approx(t["flatten"] + t["plan_sender"] + t["plan_aggregator"])
+
+
+def test_split_runs_cuts_at_transfer_size():
+    runs = Runs(np.array([0, 100]), np.array([10, 25]), np.array([0, 10]))
+    cut = split_runs(runs, 10)
+    assert cut.file.tolist() == [0, 100, 110, 120] and cut.length.tolist() == [10, 10, 10, 5]
+    assert cut.mem.tolist() == [0, 10, 20, 30]
+    assert split_runs(runs, 0) is runs
+
+
+def test_summary_medians_and_ratios():
+    rows = [Row(a, "write", i, bw, 1.0, 0, 0, 0, 1.0, 0) for a, bws in
+            (("x", (100, 300, 200)), ("y", (50, 60, 400))) for i, bw in enumerate(bws)]  # fmt: skip
+    s = {d["api"]: d for d in summarize(rows, ["x", "y"])}
+    assert s["x"]["median"] == 200 and s["y"]["median"] == 60 and s["y"]["ratio"] == 0.3
+    assert s["y"]["max"] == 400 and s["y"]["min"] == 50 and s["x"]["errors"] == 0
+
+
+def test_api_registry_is_lazy_and_extensible():
+    class Fake(Api):
+        name = "fake"
+
+    assert {
+        "collio",
+        "collio-mpiio",
+        "mpiio",
+        "mpiio-tuned",
+        "mpiio-indep",
+        "posix",
+        "ceiling",
+    } <= set(known_apis())
+    register_api("fake", Fake)
+    assert get_api("fake") is Fake and "fake" in known_apis()
+    register_api("fake2", "collio.bench.builtin:PosixApi")
+    assert get_api("fake2").__name__ == "PosixApi"
+    with pytest.raises(ValueError, match="unknown API 'nope'"):
+        get_api("nope")

@@ -1,0 +1,173 @@
+"""The simulator against the real pure planner (plan_sender / plan_aggregator) on explicit runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collio.aggregators import choose_aggregators, file_domains, plan_aggregator, plan_sender
+from collio.aggregators import window_size
+from collio.aggregators.domains import alignment
+from collio.bench.batch import batched_blocks, select
+from collio.layouts.strided import Blocks, flatten
+from collio.bench.patterns import make_workload
+from collio.bench.simulate import SimConfig, simulate
+from collio.hints import Hints
+from collio.bench import simulate as simulate_module
+from collio.layouts import count_below
+from collio.runs import Runs
+
+
+def reference(work, hints, backend_alignment=1, partial_write=True, idle=()):
+    """Per-aggregator figures from the real planner on every rank's listed runs."""
+    runs = [Runs.empty() if r in idle else work.layout(r).runs() for r in range(work.nranks)]
+    lo = min(int(r.file[0]) for r in runs if len(r))
+    hi = max(int((r.file + r.length).max()) for r in runs if len(r))
+    aggs = choose_aggregators(np.zeros(work.nranks), cb_nodes=hints.cb_nodes)
+    align = alignment(backend_alignment, hints.striping_unit)
+    bounds = file_domains(lo, hi, len(aggs), align)
+    window = window_size(hints.cb_buffer_size, align)
+    senders = [plan_sender(r, bounds, window) for r in runs]
+    out = {"bytes": [], "rounds": [], "msgs": [], "requests": [], "holes": []}
+    for d in range(len(aggs)):
+        parts = [(sp.pieces.take(np.flatnonzero(
+            np.searchsorted(bounds[1:-1], sp.pieces.file, side="right") == d)), r)
+            for r, sp in enumerate(senders)]  # fmt: skip
+        file = np.concatenate([p.file for p, _ in parts])
+        length = np.concatenate([p.length for p, _ in parts])
+        src = np.concatenate([np.full(len(p), r, np.int64) for p, r in parts])
+        ap, _ = plan_aggregator(file, length, src, int(bounds[d]), window)
+        out["bytes"].append(int(length.sum()))
+        out["rounds"].append(ap.nrounds)
+        out["msgs"] += np.diff(ap.rstart).tolist()
+        if partial_write:
+            req = ap.rhi - ap.rlo
+        else:
+            start = bounds[d] + ap.rwin * window
+            req = np.minimum(start + window, bounds[d + 1]) - start
+        out["requests"] += req.tolist()
+        out["holes"] += req[ap.rcovered < req].tolist()
+    return {k: np.array(v, np.int64) for k, v in out.items()}
+
+
+CASES = [
+    ("colblock", 4, "64x40", {"cb_buffer_size": 1000}),
+    ("colblock", 3, "50", {"cb_nodes": 2, "cb_buffer_size": 777}),
+    ("rowblock", 4, "30", {"cb_nodes": 3, "cb_buffer_size": 512}),
+    ("block2d", 6, "45", {"cb_nodes": 4, "cb_buffer_size": 900, "striping_unit": 256}),
+    ("cyclic", 4, "70", {"cb_buffer_size": 2048}),
+    ("cyclic", 8, "100x90", {"cb_nodes": 3, "cb_buffer_size": 3000, "striping_unit": 512}),
+    ("cube", 8, "14", {"cb_nodes": 5, "cb_buffer_size": 1500}),
+    ("ior", 4, None, {"cb_buffer_size": 700}),
+    ("ior", 5, None, {"cb_nodes": 2, "cb_buffer_size": 5000, "striping_unit": 1024}),
+    ("colblock", 4, "48x50", {"striping_unit": 4096, "cb_buffer_size": 1000, "cb_nodes": 8}),
+    ("cyclic", 4, "48x50", {"striping_unit": 16384, "cb_buffer_size": 5000}),
+]
+
+
+@pytest.mark.parametrize("method", ["explicit", "interval"])
+@pytest.mark.parametrize(("pattern", "p", "size", "hints"), CASES)
+def test_simulator_equals_planner(pattern, p, size, hints, method):
+    work = make_workload(
+        pattern, p, size=size, block_size=96, transfer=32, segments=7, cyclic_block=4
+    )
+    h = Hints(romio_cb_write="enable", **hints)
+    ref = reference(work, h)
+    sim = simulate(work, SimConfig(hints=h, method=method))
+    assert not sim.direct and sim.method == method
+    np.testing.assert_array_equal(sim.agg_bytes, ref["bytes"])
+    np.testing.assert_array_equal(sim.agg_rounds, ref["rounds"])
+    np.testing.assert_array_equal(sim.msgs, ref["msgs"])
+    np.testing.assert_array_equal(sim.requests, ref["requests"])
+    np.testing.assert_array_equal(sim.hole_reads, ref["holes"])
+    assert sim.nbytes == work.nbytes == sum(ref["bytes"])
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 6])
+def test_batched_blocks_hold_each_rank_runs(p):
+    """Same bytes as every rank's layout, and as many runs as collio lists after merging."""
+    for pattern in ("ior", "colblock", "rowblock", "block2d", "cyclic", "cube"):
+        work = make_workload(pattern, p, size="23", block_size=64, transfer=16, segments=3,
+                             cyclic_block=3)  # fmt: skip
+        blocks, owner = batched_blocks(work)
+        for r in range(work.nranks):
+            ref = work.layout(r).runs()
+            mine = np.flatnonzero(owner == r)
+            sub = Blocks(*(getattr(blocks, f)[mine] for f in Blocks.__slots__))
+            got = flatten(sub)
+            np.testing.assert_array_equal(got.file, ref.file)
+            np.testing.assert_array_equal(got.length, ref.length)
+            np.testing.assert_array_equal(got.mem, ref.mem)
+            assert int(sub.nruns().sum()) == len(ref), (pattern, p, r)
+
+
+def test_batched_blocks_equal_layout_boxes_on_full_grids():
+    work = make_workload("cyclic", 6, size="23", cyclic_block=3)
+    blocks, owner = batched_blocks(work)
+    for r in range(work.nranks):
+        ref = work.layout(r).blocks()
+        for field in ("base", "mem", "counts", "strides", "mstrides", "runlen"):
+            np.testing.assert_array_equal(getattr(blocks, field)[owner == r], getattr(ref, field))
+
+
+def test_select_inverts_count_below():
+    work = make_workload("cyclic", 4, size="37", cyclic_block=5)
+    blocks, _ = batched_blocks(work)
+    which = np.repeat(np.arange(len(blocks)), 50)
+    k = np.concatenate([np.linspace(0, n - 1, 50).astype(np.int64) for n in blocks.nbytes()])
+    off = select(blocks, which, k)
+    np.testing.assert_array_equal(count_below(blocks, which, off), k)
+    np.testing.assert_array_equal(count_below(blocks, which, off + 1), k + 1)
+
+
+@pytest.mark.parametrize("partial_write", [True, False])
+@pytest.mark.parametrize(
+    ("pattern", "size"), [("colblock", "40x64"), ("cyclic", "50"), ("ior", None)]
+)
+def test_layouts_with_holes(monkeypatch, pattern, size, partial_write):
+    """Idle ranks leave holes: request extents, hole reads and messages still match."""
+    work = make_workload(pattern, 4, size=size, block_size=100, transfer=50, segments=6,
+                         cyclic_block=4)  # fmt: skip
+    idle = (1, 2)
+    real = simulate_module.batched_blocks
+
+    def some_ranks(w):
+        blocks, owner = real(w)
+        keep = np.flatnonzero(~np.isin(owner, idle))
+        sub = Blocks(*(getattr(blocks, f)[keep] for f in Blocks.__slots__))
+        return sub, owner[keep]
+
+    monkeypatch.setattr(simulate_module, "batched_blocks", some_ranks)
+    h = Hints(romio_cb_write="enable", cb_nodes=3, cb_buffer_size=640)
+    ref = reference(work, h, partial_write=partial_write, idle=idle)
+    cfg = SimConfig(hints=h, partial_write=partial_write)
+    sim = simulate(work, cfg)
+    assert sim.method == "explicit" and len(ref["holes"]) > 0
+    np.testing.assert_array_equal(sim.agg_bytes, ref["bytes"])
+    np.testing.assert_array_equal(sim.agg_rounds, ref["rounds"])
+    np.testing.assert_array_equal(sim.msgs, ref["msgs"])
+    np.testing.assert_array_equal(sim.requests, ref["requests"])
+    np.testing.assert_array_equal(sim.hole_reads, ref["holes"])
+    sampled = simulate(work, SimConfig(hints=h, partial_write=partial_write, method="sampled",
+                                       budget=10))  # fmt: skip
+    assert sampled.sampled  # at least 64 windows are taken: here all of them
+    np.testing.assert_array_equal(sampled.agg_bytes, ref["bytes"])
+    np.testing.assert_array_equal(sampled.windows, sim.windows)
+    np.testing.assert_array_equal(sampled.requests, sim.requests)
+
+
+@pytest.mark.parametrize("pattern", ["colblock", "block2d", "cyclic", "cube", "ior"])
+def test_interval_method_equals_explicit_for_many_windows(pattern):
+    """Through boxes (no pairs), cut boxes and several boxes per rank, against explicit."""
+    work = make_workload(
+        pattern, 6, size="30", block_size=200, transfer=100, segments=9, cyclic_block=3
+    )
+    for cb in (40, 100, 333, 1000, 4096):
+        for naggs in (1, 4, 7):
+            h = Hints(romio_cb_write="enable", cb_nodes=naggs, cb_buffer_size=cb)
+            a = simulate(work, SimConfig(hints=h, method="explicit"))
+            b = simulate(work, SimConfig(hints=h, method="interval"))
+            np.testing.assert_array_equal(a.msgs, b.msgs)
+            np.testing.assert_array_equal(a.agg_bytes, b.agg_bytes)
+            np.testing.assert_array_equal(a.requests, b.requests)
+            assert (b.agg_pieces >= 0).all()
