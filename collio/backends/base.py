@@ -51,7 +51,9 @@ class Backend(abc.ABC):
         reads, merges and writes a window with holes).  False: requests cover whole
         windows and holes are written as zeros (object stores).
     ``alignment``
-        File-domain boundaries and round windows are multiples of this.
+        File-domain boundaries and round windows are multiples of this.  May be
+        set per instance, at open or in :meth:`domain_extent` (which the engine
+        calls first), e.g. to a multipart part size planned from the object size.
     ``min_request``, ``max_request``
         Smallest request except the last one; largest single request (larger ones
         are split by :meth:`write_at` itself).
@@ -61,18 +63,23 @@ class Backend(abc.ABC):
         Any rank may write its own ranges directly (the shuffle can be skipped).
     ``sparse``
         Bytes never written read back as zeros.
+    ``atomic``
+        Writes become visible only at :meth:`commit` (an S3 multipart upload):
+        :class:`collio.File` then treats every write as ``atomic_commit`` does, so
+        a failed ``write_all`` calls ``commit(comm, ok=False)`` at once.
     """
 
     name: ClassVar[str] = "abstract"
     readable: bool = True  # may be narrowed per instance (e.g. by mode)
     writable: bool = True
     partial_write: ClassVar[bool] = True
-    alignment: ClassVar[int] = 1
+    alignment: int = 1  # may be set per instance (see above)
     min_request: ClassVar[int] = 1
     max_request: ClassVar[int] = 0x7FFFF000
     collective_open: ClassVar[bool] = False
     independent: ClassVar[bool] = True
     sparse: ClassVar[bool] = True
+    atomic: ClassVar[bool] = False
 
     mode: str = "r"
 
