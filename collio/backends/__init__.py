@@ -19,6 +19,7 @@ __all__ = ["Backend", "get_backend", "infer_backend", "known_backends", "registe
 _KNOWN: dict[str, tuple[str, str | None]] = {
     "posix": ("collio.backends.posix:PosixBackend", None),
     "memory": ("collio.backends.memory:MemoryBackend", None),
+    "s3": ("collio.backends.s3.backend:S3Backend", "s3"),
 }
 _LOADED: dict[str, type[Backend]] = {}
 
