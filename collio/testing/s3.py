@@ -12,9 +12,11 @@ Nothing here is imported by ``import collio``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import http.server
+import importlib
 import logging
 import os
 import socket
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -30,6 +33,8 @@ __all__ = [
     "fake_credentials",
     "serve_moto",
     "set_min_part_size",
+    "shared_moto",
+    "shared_proxy",
     "start_moto",
 ]
 
@@ -59,14 +64,58 @@ def start_moto(host: str = "127.0.0.1") -> tuple[Any, str]:
 
 def set_min_part_size(nbytes: int) -> int:
     """In the process running moto: set its minimum part size; returns the old value."""
-    import moto.s3.models as models
-
+    models: Any = importlib.import_module("moto.s3.models")  # read at each completion
     old = int(models.S3_UPLOAD_PART_MIN_SIZE)
     models.S3_UPLOAD_PART_MIN_SIZE = nbytes
     return old
 
 
-def serve_moto(host: str = "127.0.0.1", timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
+@contextlib.contextmanager
+def shared_moto(comm: Any, bucket: str, *, min_part_size: int | None = None) -> Iterator[str]:
+    """Collective over `comm`: rank 0 runs moto (with ``bucket``); every rank gets the URL.
+
+    ``min_part_size`` lowers moto's 5 MiB part minimum (in rank 0's process).
+    """
+    server, url, error = None, None, None
+    if comm.Get_rank() == 0:
+        try:
+            fake_credentials()
+            server, url = start_moto()
+            if min_part_size is not None:
+                set_min_part_size(min_part_size)
+            import boto3
+
+            boto3.client("s3", endpoint_url=url).create_bucket(Bucket=bucket)
+        except Exception as exc:  # noqa: BLE001 - reported on every rank below
+            error = repr(exc)
+    url, error = comm.bcast((url, error), root=0)
+    if error:
+        raise RuntimeError(f"moto server did not start: {error}")
+    fake_credentials()
+    try:
+        yield str(url)
+    finally:
+        comm.Barrier()
+        if server is not None:
+            server.stop()
+
+
+@contextlib.contextmanager
+def shared_proxy(comm: Any, upstream: str) -> Iterator[tuple[FaultProxy | None, str]]:
+    """Collective over `comm`: rank 0 runs a :class:`FaultProxy`; yields (proxy on rank 0, url)."""
+    proxy = FaultProxy(upstream) if comm.Get_rank() == 0 else None
+    url = comm.bcast(proxy.start() if proxy is not None else None, root=0)
+    try:
+        yield proxy, str(url)
+    finally:
+        comm.Barrier()
+        if proxy is not None:
+            proxy.stop()
+
+
+def serve_moto(
+    host: str = "127.0.0.1", timeout: float = 30.0
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start moto's S3 server in a child process; returns (process, url).
 
     Stop it with ``proc.terminate(); proc.wait()``.
@@ -118,6 +167,7 @@ class _Rule:
     times: int | None
     status: int
     code: str
+    message: str
 
 
 class FaultProxy:
@@ -160,10 +210,11 @@ class FaultProxy:
         times: int | None = 1,
         status: int = 500,
         code: str = "InternalError",
+        message: str = "injected by FaultProxy",
     ) -> None:
         """Answer the next ``times`` matching requests (None: all) with ``status``."""
         with self._lock:
-            self.rules.append(_Rule(op, part, times, status, code))
+            self.rules.append(_Rule(op, part, times, status, code, message))
 
     def clear(self) -> None:
         with self._lock:
@@ -220,7 +271,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if rule is not None:
             xml = (
                 f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{rule.code}</Code>'
-                f"<Message>injected by FaultProxy</Message><RequestId>0</RequestId></Error>"
+                f"<Message>{rule.message}</Message><RequestId>0</RequestId></Error>"
             ).encode()
             self.proxy._record(op, part, rule.status, len(body))
             self.send_response(rule.status)

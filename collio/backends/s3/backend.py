@@ -142,8 +142,11 @@ class S3Backend(Backend):
         if not self.writable:
             self._read_end = min(hi, self.old_size)
             return lo, hi
-        if self.parts is None:
-            self._plan(max(hi, self.old_size))
+        if self.parts is None:  # every rank plans from the same global extent
+            step = Attempt()
+            with step:
+                self._plan(max(hi, self.old_size))
+            agree(self.comm, step.error, what="write_all")
         assert self.parts is not None
         return 0, self.parts.size
 

@@ -62,7 +62,7 @@ def client_for(endpoint_url: str | None, region_name: str | None, attempts: int,
         found = _clients.get(key)
         if found is None:
             config = botocore.config.Config(
-                retries={"mode": "standard", "max_attempts": attempts},
+                retries={"mode": "standard", "total_max_attempts": attempts},
                 max_pool_connections=pool,
                 connect_timeout=20,
                 read_timeout=120,

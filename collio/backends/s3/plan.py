@@ -153,13 +153,15 @@ class PartPlan:
     def touched(self, file: I64, length: I64, lo: int, hi: int) -> I64:
         """0-based indices of the parts in ``[lo, hi)`` that runs ``(file, length)`` touch.
 
-        ``lo`` must be a part boundary.  Vectorised: a difference array over the
-        window's parts, so a run spanning many parts costs nothing extra.
+        ``lo`` must be a part boundary; runs are clipped to ``[lo, hi)``.  Vectorised:
+        a difference array over the window's parts, so a run spanning many parts
+        costs nothing extra.
         """
         first_part = lo // self.part_size
         n = -(-(hi - lo) // self.part_size)
-        keep = length > 0
-        f, e = file[keep], file[keep] + length[keep]
+        f, e = np.maximum(file, lo), np.minimum(file + length, hi)
+        keep = e > f
+        f, e = f[keep], e[keep]
         mark = np.zeros(n + 1, np.int64)
         np.add.at(mark, (f - lo) // self.part_size, 1)
         np.add.at(mark, (e - 1 - lo) // self.part_size + 1, -1)
