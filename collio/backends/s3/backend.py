@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import errno
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -121,6 +122,7 @@ class S3Backend(Backend):
         if comm.Get_rank() == 0:
             with step:
                 state = _prepare(client, t, mode, buffer)
+        quiet_barrier(comm)
         agree(comm, step.error, what=f"open {t.url}")
         be = cls(comm, t, mode, opts, client, comm.bcast(state, root=0))
         if opts.size is not None and be.writable:
@@ -332,6 +334,7 @@ class S3Backend(Backend):
 
             etags = self._run(fill, mine, lambda i: f"{self.t.url}: carrying part {i + 1}")
             self._etags.update({i + 1: etag for i, etag in zip(mine, etags, strict=True)})
+        quiet_barrier(comm)
         if comm.allreduce(1 if step.error else 0, op=MPI.MAX):
             self._abort(comm)
             raise_agreed(comm, _as_commit(step.error) if step.error else None, what="commit")
@@ -347,6 +350,7 @@ class S3Backend(Backend):
                 except Exception as exc:
                     step.fail(_as_commit(s3_error(exc, f"{self.t.url}: completing", self.client)))
                     upload.abort(self.client, self.t, str(self.upload_id))
+        quiet_barrier(comm)
         agree(comm, step.error, what="commit")
 
     def _abort(self, comm: Any) -> None:
@@ -363,6 +367,7 @@ class S3Backend(Backend):
                         "(AbortIncompleteMultipartUpload) removes them",
                         errno=errno.EIO,
                     ) from exc
+        quiet_barrier(comm)
         agree(comm, step.error, what="abort")
 
     # -- the rest of the interface ----------------------------------------------
@@ -401,6 +406,20 @@ class S3Backend(Backend):
     def describe(self) -> dict[str, Any]:
         """A live dict (updated in place when the parts are planned); never credentials."""
         return self._info
+
+
+def quiet_barrier(comm: Any) -> None:
+    """Collective over `comm`: a barrier that sleeps while it waits.
+
+    Used where one rank talks to the server (create, complete, abort) while the
+    others wait: MPI's blocking calls poll a core each, which a server on the same
+    node (or an oversubscribed node) needs.
+    """
+    req = comm.Ibarrier()
+    delay = 1e-5
+    while not req.Test():
+        time.sleep(delay)
+        delay = min(2 * delay, 1e-3)
 
 
 def _prepare(

@@ -134,7 +134,11 @@ def s3_error(exc: BaseException, what: str, client: Any = None) -> CollioError:
 class BufferReader(io.RawIOBase):
     """A seekable file over a numpy buffer: boto3 streams a part from it without a copy.
 
-    botocore rewinds it (``seek``) to resend a part on retry.
+    :meth:`read` returns ``memoryview`` slices of the buffer, not new ``bytes``:
+    what botocore does with a body (hash it, send it with ``socket.sendall``)
+    takes any bytes-like object, so a part costs no allocation per chunk (each
+    upload thread would otherwise keep megabytes of freed chunks in its malloc
+    arena).  botocore rewinds it (``seek``) to resend a part on retry.
     """
 
     def __init__(self, buf: U8) -> None:
@@ -147,6 +151,14 @@ class BufferReader(io.RawIOBase):
 
     def seekable(self) -> bool:
         return True
+
+    def read(self, size: int | None = -1) -> Any:
+        end = (
+            len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        )
+        chunk = self._view[self._pos : end]
+        self._pos = max(self._pos, end)
+        return chunk
 
     def readinto(self, b: Any) -> int:
         n = max(0, min(len(b), len(self._view) - self._pos))
@@ -171,14 +183,14 @@ def _get(client: Any, t: S3Target, start: int, end: int, etag: str | None) -> An
 
 
 def _read_body(body: Any, out: U8) -> int:
-    """Copy a response body into ``out``; returns the bytes received."""
-    done, total = 0, len(out)
+    """Receive a response body straight into ``out`` (``readinto``); returns the bytes read."""
+    view = memoryview(out).cast("B")  # type: ignore[arg-type]
+    done, total = 0, len(view)
     while done < total:
-        chunk = body.read(min(_CHUNK, total - done))
-        if not chunk:
+        n = body.readinto(view[done : min(total, done + _CHUNK)])
+        if not n:
             break
-        out[done : done + len(chunk)] = np.frombuffer(chunk, np.uint8)
-        done += len(chunk)
+        done += n
     return done
 
 

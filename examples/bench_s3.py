@@ -1,0 +1,275 @@
+"""S3: collio's multipart write and ranged-GET read beside gather-to-rank-0 and the server's ceiling.
+
+    mpiexec -n 4 python examples/bench_s3.py [--mib 256] [--repeat 5] [--endpoint-url URL]
+
+A global float64 matrix in column blocks (4 ranks, 256 MiB by default).  Every
+iteration runs, in turn (alternating, so load changes hit all alike):
+
+* ``collio write``: ``collio.open("s3://...", "w")`` + ``write_all`` + close
+  (multipart upload created, parts uploaded by the aggregators, completed);
+* ``gather write``: Gatherv of the whole matrix to rank 0, which uploads it as one
+  multipart upload (parts of collio's size, the same number of threads);
+* ``ceiling write``: rank 0 uploads the same bytes, already in memory, as parts of
+  the same size (create + parts + complete): what the server can take;
+* ``collio read``: ``read_all`` of every rank's block;
+* ``ceiling read``: rank 0 reads the whole object with large ranged GETs.
+
+Waiting ranks sleep in ``Ibarrier``/``Test`` (no busy polling), so the baselines
+get the CPU the server needs.  Peak RSS is per phase (``/proc/self/clear_refs``).
+Without ``--endpoint-url`` rank 0 runs moto's server in a child process.
+The functions are plain (comm, url, ...) -> seconds, to be reused by ``collio-bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+import collio
+from collio import layouts
+from collio.backends.s3.client import client_for, get_into
+from collio.backends.s3.plan import S3Target
+from collio.testing.s3 import fake_credentials, serve_moto
+
+MiB = 1 << 20
+BUCKET = "collio-bench"
+
+
+# ------------------------------------------------------------- measurement
+def quiet_barrier(comm: MPI.Comm) -> None:
+    """A barrier that sleeps instead of spinning (leaves the CPU to the server)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.0005)
+
+
+def timed(comm: MPI.Comm, fn: Callable[[], Any]) -> tuple[float, int]:
+    """(seconds of ``fn`` on all ranks, this rank's peak RSS in bytes during it)."""
+    quiet_barrier(comm)
+    reset_peak_rss()
+    start = peak_rss()
+    t = time.perf_counter()
+    fn()
+    quiet_barrier(comm)
+    sec, peak = time.perf_counter() - t, peak_rss()
+    if os.environ.get("BENCH_S3_DEBUG"):
+        print(f"rank {comm.rank}: {sec:.2f}s rss at start {start >> 20} peak {peak >> 20} MiB", flush=True)
+    return sec, peak
+
+
+def reset_peak_rss() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---------------------------------------------------------------- the data
+def column_block(comm: MPI.Comm, shape: tuple[int, int]) -> tuple[Any, np.ndarray]:
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
+    return lay, _values(shape, lay.start[1], lay.shape[1])
+
+
+def _values(shape: tuple[int, int], c0: int, nc: int) -> np.ndarray:
+    rows = np.arange(shape[0], dtype="<f8")[:, None] * shape[1]
+    return rows + np.arange(c0, c0 + nc, dtype="<f8")
+
+
+# ------------------------------------------------------------ the methods
+def s3_client(url: str | None, threads: int) -> Any:
+    return client_for(url, None, 5, threads + 2)
+
+
+def upload_parts(client: Any, key: str, buf: np.ndarray, part: int, threads: int) -> None:
+    """One process: multipart upload of ``buf`` in parts of ``part`` bytes, ``threads`` at once."""
+    from collio.backends.s3 import upload
+
+    raw = buf.reshape(-1).view(np.uint8)
+    t = S3Target(BUCKET, key)
+    uid = upload.create(client, t)
+    starts = range(0, len(raw), part)
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        tags = pool.map(
+            lambda i: upload.upload_part(client, t, uid, i, raw[i * part : (i + 1) * part]),
+            range(len(starts)),
+        )
+        etags = {i + 1: e for i, e in enumerate(tags)}
+    upload.complete(client, t, uid, etags, len(starts))
+
+
+def read_ranged(client: Any, key: str, out: np.ndarray, get_size: int, threads: int) -> None:
+    """One process: the whole object with ranged GETs of ``get_size`` bytes, ``threads`` at once."""
+    raw = out.reshape(-1).view(np.uint8)
+    t = S3Target(BUCKET, key)
+    starts = list(range(0, len(raw), get_size))
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda a: get_into(client, t, a, raw[a : a + get_size], None), starts))
+
+
+def collio_write(comm, url, key, local, lay, hints, opts) -> dict[str, Any]:
+    with collio.open(f"s3://{BUCKET}/{key}", "w", comm=comm, hints=hints, **opts) as f:
+        f.write_all(local, lay)
+        return dict(f.backend.describe())
+
+
+def collio_read(comm, url, key, lay, hints, opts) -> np.ndarray:
+    with collio.open(f"s3://{BUCKET}/{key}", "r", comm=comm, hints=hints, **opts) as f:
+        back: np.ndarray = f.read_all(lay)
+    return back
+
+
+def gather_write(comm, url, key, local, lay, shape, part, threads) -> None:
+    """Gather the matrix on rank 0 (straight into place: one subarray type per rank)."""
+    blocks = comm.allgather((lay.start[1], lay.shape[1]))
+    if comm.rank != 0:
+        comm.Send([local, MPI.DOUBLE], dest=0, tag=7)
+        return
+    whole = np.empty(shape, "<f8")
+    whole[:, lay.start[1] : lay.start[1] + lay.shape[1]] = local
+    reqs, types = [], []
+    for r, (c0, nc) in enumerate(blocks):
+        if r == 0 or nc == 0:
+            continue
+        ty = MPI.DOUBLE.Create_subarray(shape, (shape[0], nc), (0, c0)).Commit()
+        types.append(ty)
+        reqs.append(comm.Irecv([whole, 1, ty], source=r, tag=7))
+    MPI.Request.Waitall(reqs)
+    for ty in types:
+        ty.Free()
+    upload_parts(s3_client(url, threads), key, whole, part, threads)
+
+
+def ceiling_write(comm, url, key, whole, part, threads) -> None:
+    if whole is not None:
+        upload_parts(s3_client(url, threads), key, whole, part, threads)
+
+
+def ceiling_read(comm, url, key, out, get_size, threads) -> None:
+    if out is not None:
+        read_ranged(s3_client(url, threads), key, out, get_size, threads)
+
+
+# -------------------------------------------------------------------- main
+def run(args: argparse.Namespace, comm: MPI.Comm, url: str) -> dict[str, Any]:
+    ncols = 8192
+    shape = (args.mib * MiB // (8 * ncols), ncols)
+    nbytes = shape[0] * shape[1] * 8
+    hints = {"cb_buffer_size": args.cb_buffer_size}
+    opts = {"endpoint_url": url, "max_concurrency": args.threads}
+    lay, _ = column_block(comm, shape)
+    times: dict[str, list[float]] = {}
+    rss: dict[str, list[int]] = {}
+    part = 0
+    ok = True
+
+    def record(name: str, fn: Callable[[], Any]) -> Any:
+        out: list[Any] = []
+        sec, peak = timed(comm, lambda: out.append(fn()))
+        times.setdefault(name, []).append(sec)
+        rss.setdefault(name, []).append(peak)
+        return out[0]
+
+    th = args.threads
+    for it in range(args.repeat):
+        local = _values(shape, lay.start[1], lay.shape[1])
+        info = record("collio write", lambda: collio_write(comm, url, "c", local, lay, hints, opts))
+        part = int(info["part_size"])
+        record("gather write", lambda: gather_write(comm, url, "g", local, lay, shape, part, th))
+        del local
+        whole = _values(shape, 0, shape[1]) if comm.rank == 0 else None
+        record("ceiling write", lambda: ceiling_write(comm, url, "x", whole, part, th))
+        del whole
+        back = record("collio read", lambda: collio_read(comm, url, "c", lay, hints, opts))
+        ok &= bool(np.array_equal(back, _values(shape, lay.start[1], lay.shape[1])))
+        del back
+        out = np.empty(shape, "<f8") if comm.rank == 0 else None
+        gs, gt = args.get_size, args.get_threads
+        record("ceiling read", lambda: ceiling_read(comm, url, "c", out, gs, gt))
+        if out is not None:
+            ok &= bool(np.array_equal(out, _values(shape, 0, shape[1])))
+            del out
+        if comm.rank == 0:
+            print(f"iteration {it + 1}/{args.repeat} done", flush=True)
+    ok = comm.allreduce(ok, op=MPI.LAND)
+    peaks = {k: np.max(comm.allgather(max(v))) for k, v in rss.items()}
+    rank0 = {k: comm.bcast(max(v), root=0) for k, v in rss.items()}
+    return {
+        "nbytes": nbytes, "shape": shape, "part": part, "ok": ok, "times": times,
+        "peak_any": peaks, "peak_rank0": rank0,
+    }  # fmt: skip
+
+
+def report(res: dict[str, Any], args: argparse.Namespace, nranks: int) -> None:
+    mib = res["nbytes"] / MiB
+    med = {k: float(np.median(v)) for k, v in res["times"].items()}
+    own = res["nbytes"] / nranks / MiB
+    bound = own + 2 * args.cb_buffer_size / MiB + 100
+    print(f"\n{res['shape'][0]} x {res['shape'][1]} float64 ({mib:.0f} MiB) in column blocks, "
+          f"{nranks} ranks, part {res['part'] / MiB:.2f} MiB, cb_buffer_size "
+          f"{args.cb_buffer_size / MiB:.0f} MiB, {args.repeat} alternating iterations; medians:")  # fmt: skip
+    print(f"  {'method':<15}{'seconds':>9}{'MiB/s':>8}   peak RSS MiB: any rank / rank 0")
+    for k, v in med.items():
+        print(f"  {k:<15}{v:9.2f}{mib / v:8.0f}   {res['peak_any'][k] / MiB:8.0f} / "
+              f"{res['peak_rank0'][k] / MiB:.0f}")  # fmt: skip
+    print("ratios (same run, time):")
+    print(f"  collio write / ceiling write  {med['collio write'] / med['ceiling write']:.2f}"
+          "   (target <= 1.15)")  # fmt: skip
+    print(f"  collio write / gather write   {med['collio write'] / med['gather write']:.2f}"
+          "   (target <= 1.00)")  # fmt: skip
+    print(f"  collio read speed / ceiling   {med['ceiling read'] / med['collio read']:.2f}"
+          "   (target >= 0.80)")  # fmt: skip
+    print(f"memory bound per rank: own data {own:.0f} + 2 x cb_buffer_size + 100 = {bound:.0f} MiB; "
+          f"collio peak {max(res['peak_any']['collio write'], res['peak_any']['collio read']) / MiB:.0f} MiB; "
+          f"gather-to-0 needs the whole {mib:.0f} MiB on rank 0")  # fmt: skip
+    print("data verified" if res["ok"] else "DATA MISMATCH")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=256, help="global matrix size in MiB")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--endpoint-url", default=None, help="an S3 store (default: moto, local)")
+    ap.add_argument("--cb-buffer-size", type=int, default=16 * MiB)
+    ap.add_argument("--threads", type=int, default=8, help="requests in flight per process")
+    ap.add_argument("--get-size", type=int, default=64 * MiB, help="ceiling read: GET size")
+    ap.add_argument("--get-threads", type=int, default=4, help="ceiling read: GETs at once")
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    fake_credentials()
+    server, url = None, args.endpoint_url
+    if comm.rank == 0:
+        if url is None:
+            server, url = serve_moto()
+        s3_client(url, args.threads).create_bucket(Bucket=BUCKET)
+    url = comm.bcast(url, root=0)
+    try:
+        res = run(args, comm, url)
+        if comm.rank == 0:
+            report(res, args, comm.size)
+    finally:
+        quiet_barrier(comm)
+        if server is not None:
+            server.terminate()
+            server.wait()
+    if not res["ok"]:
+        comm.Abort(1)
+
+
+if __name__ == "__main__":
+    main()
