@@ -7,11 +7,13 @@ them in case a server echoes one.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import io
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import boto3
@@ -23,9 +25,18 @@ import numpy.typing as npt
 from ...errors import BackendError, CollioError
 from .plan import S3Target
 
-__all__ = ["BufferReader", "RangeStream", "client_for", "get_into", "public_url", "s3_error"]
+__all__ = [
+    "BufferReader",
+    "RangeStream",
+    "Requests",
+    "client_for",
+    "get_into",
+    "public_url",
+    "s3_error",
+]
 
 U8 = npt.NDArray[np.uint8]
+T = TypeVar("T")
 _CHUNK = 1 << 20  # bytes per read from a response body
 _clients: dict[tuple[Any, ...], Any] = {}
 _lock = threading.Lock()
@@ -269,3 +280,41 @@ class RangeStream:
                 pass
         self.body = None
         self.pos = -1
+
+
+class Requests:
+    """This rank's request threads: run a batch, wait for all of it, raise the first error.
+
+    ``failed`` stays True once any request failed (the upload must not complete).
+    """
+
+    def __init__(self, threads: int, client: Any) -> None:
+        self.threads, self.client = threads, client
+        self.failed = False
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def run(
+        self, fn: Callable[[Any], T], jobs: Sequence[Any], what: Callable[[Any], str]
+    ) -> list[T]:
+        """``[fn(job) for job in jobs]``, concurrently; errors name ``what(job)``."""
+        if not jobs:
+            return []
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.threads, thread_name_prefix="collio-s3"
+            )
+        futs = [self._pool.submit(fn, job) for job in jobs]
+        concurrent.futures.wait(futs)  # never return while a thread still uses a buffer
+        out: list[T] = []
+        for job, fut in zip(jobs, futs, strict=True):
+            exc = fut.exception()
+            if exc is not None:
+                self.failed = True
+                raise s3_error(exc, what(job), self.client) from exc
+            out.append(fut.result())
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
