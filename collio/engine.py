@@ -30,7 +30,7 @@ from .aggregators.domains import alignment
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import Backend
 from .buffers import io_executor, round_buffers
-from .collective import Attempt, raise_agreed
+from .collective import Attempt, any_flag, raise_agreed
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64, messages
 from .hints import Hints
@@ -275,7 +275,7 @@ def _write_rounds(ctx: Context, plan: _Plan, runs_buf: npt.NDArray[np.uint8], ca
                     cover = _round_cover(ap, k)
                     c.add_reads(be.fill_holes(req[0], bufs[b][: req[1]], cover))
                     c.time_io += time.perf_counter() - t
-        if comm.allreduce(1 if step.error else 0, op=MPI.MAX):
+        if any_flag(comm, step.error is not None, patient=be.remote):
             io_error = step.error
             break
         t = time.perf_counter()
@@ -294,7 +294,7 @@ def _write_rounds(ctx: Context, plan: _Plan, runs_buf: npt.NDArray[np.uint8], ca
         if ap is not None and k < ap.nrounds:
             cover = _round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
             pending[k % 2] = pool.submit(_write_window, be, req[0], bufs[k % 2][: req[1]], cover, c)
-    _finish_io(pending, c, io_error, comm)
+    _finish_io(pending, c, io_error, comm, be.remote)
 
 
 def _write_window(
@@ -323,6 +323,7 @@ def _finish_io(
     c: Stats,
     error: BaseException | None,
     comm: MPI.Comm,
+    patient: bool = False,
 ) -> None:
     """Wait for outstanding I/O, then agree on every error of the rounds."""
     t = time.perf_counter()
@@ -334,7 +335,7 @@ def _finish_io(
         except Exception as exc:  # noqa: BLE001 - agreed below
             error = error or exc
     c.time_io += time.perf_counter() - t
-    if comm.allreduce(1 if error else 0, op=MPI.MAX):
+    if any_flag(comm, error is not None, patient=patient):
         raise_agreed(comm, error, what="backend I/O")
 
 
@@ -371,7 +372,7 @@ def _read_rounds(ctx: Context, plan: _Plan, out_buf: npt.NDArray[np.uint8], call
                     fut.result()
                     c.time_io += time.perf_counter() - t
                 prefetch(k + 1)
-        if comm.allreduce(1 if step.error else 0, op=MPI.MAX):
+        if any_flag(comm, step.error is not None, patient=be.remote):
             error = step.error
             break
         t = time.perf_counter()
@@ -387,7 +388,7 @@ def _read_rounds(ctx: Context, plan: _Plan, out_buf: npt.NDArray[np.uint8], call
                     msgs.send(int(ap.gsrc[g]), rbuf, ap.file[s:e] - base, ap.length[s:e])
                     c.messages += 1
         c.time_exchange += time.perf_counter() - t
-    _finish_io(pending, c, error, comm)
+    _finish_io(pending, c, error, comm, be.remote)
 
 
 def _read_window(

@@ -63,6 +63,10 @@ class Backend(abc.ABC):
         Any rank may write its own ranges directly (the shuffle can be skipped).
     ``sparse``
         Bytes never written read back as zeros.
+    ``remote``
+        Requests cross a network and take milliseconds (object stores): ranks that
+        wait for each other's I/O between rounds sleep instead of polling MPI,
+        leaving the CPU to the ranks still doing I/O (and to a server on the node).
     ``atomic``
         Writes become visible only at :meth:`commit` (an S3 multipart upload):
         :class:`collio.File` then treats every write as ``atomic_commit`` does, so
@@ -80,6 +84,7 @@ class Backend(abc.ABC):
     independent: ClassVar[bool] = True
     sparse: ClassVar[bool] = True
     atomic: ClassVar[bool] = False
+    remote: ClassVar[bool] = False
 
     mode: str = "r"
 
