@@ -50,18 +50,30 @@ def quiet_barrier(comm: MPI.Comm) -> None:
         time.sleep(0.0005)
 
 
-def timed(comm: MPI.Comm, fn: Callable[[], Any]) -> tuple[float, int]:
-    """(seconds of ``fn`` on all ranks, this rank's peak RSS in bytes during it)."""
+def timed(comm: MPI.Comm, fn: Callable[[], Any], server: Any = None) -> tuple[float, int, float]:
+    """(seconds of ``fn`` on all ranks, this rank's peak RSS in bytes, CPU seconds).
+
+    The CPU seconds are this rank's; on rank 0 the local server's are added.
+    """
     quiet_barrier(comm)
     reset_peak_rss()
-    start = peak_rss()
+    cpu0 = _cpu(server)
     t = time.perf_counter()
     fn()
     quiet_barrier(comm)
     sec, peak = time.perf_counter() - t, peak_rss()
-    if os.environ.get("BENCH_S3_DEBUG"):
-        print(f"rank {comm.rank}: {sec:.2f}s rss at start {start >> 20} peak {peak >> 20} MiB", flush=True)
-    return sec, peak
+    return sec, peak, _cpu(server) - cpu0
+
+
+def _cpu(server: Any) -> float:
+    t = os.times()
+    mine = t.user + t.system
+    if server is not None:
+        import psutil
+
+        c = psutil.Process(server.pid).cpu_times()
+        mine += c.user + c.system
+    return mine
 
 
 def reset_peak_rss() -> None:
@@ -166,77 +178,81 @@ def ceiling_read(comm, url, key, out, get_size, threads) -> None:
 
 
 # -------------------------------------------------------------------- main
-def run(args: argparse.Namespace, comm: MPI.Comm, url: str) -> dict[str, Any]:
+def run(args: argparse.Namespace, comm: MPI.Comm, url: str, server: Any) -> dict[str, Any]:
+    """Alternating iterations of the five methods; per-method seconds, peak RSS, CPU."""
     ncols = 8192
     shape = (args.mib * MiB // (8 * ncols), ncols)
-    nbytes = shape[0] * shape[1] * 8
     hints = {"cb_buffer_size": args.cb_buffer_size}
     opts = {"endpoint_url": url, "max_concurrency": args.threads}
     lay, _ = column_block(comm, shape)
-    times: dict[str, list[float]] = {}
-    rss: dict[str, list[int]] = {}
-    part = 0
-    ok = True
+    res: dict[str, Any] = {"shape": shape, "nbytes": shape[0] * shape[1] * 8, "ok": True}
+    seen: dict[str, list[tuple[float, int, float]]] = {}
 
     def record(name: str, fn: Callable[[], Any]) -> Any:
         out: list[Any] = []
-        sec, peak = timed(comm, lambda: out.append(fn()))
-        times.setdefault(name, []).append(sec)
-        rss.setdefault(name, []).append(peak)
+        seen.setdefault(name, []).append(timed(comm, lambda: out.append(fn()), server))
         return out[0]
 
-    th = args.threads
+    th, gs, gt = args.threads, args.get_size, args.get_threads
     for it in range(args.repeat):
         local = _values(shape, lay.start[1], lay.shape[1])
         info = record("collio write", lambda: collio_write(comm, url, "c", local, lay, hints, opts))
-        part = int(info["part_size"])
+        part = res["part"] = int(info["part_size"])
         record("gather write", lambda: gather_write(comm, url, "g", local, lay, shape, part, th))
         del local
         whole = _values(shape, 0, shape[1]) if comm.rank == 0 else None
         record("ceiling write", lambda: ceiling_write(comm, url, "x", whole, part, th))
         del whole
         back = record("collio read", lambda: collio_read(comm, url, "c", lay, hints, opts))
-        ok &= bool(np.array_equal(back, _values(shape, lay.start[1], lay.shape[1])))
+        res["ok"] &= bool(np.array_equal(back, _values(shape, lay.start[1], lay.shape[1])))
         del back
         out = np.empty(shape, "<f8") if comm.rank == 0 else None
-        gs, gt = args.get_size, args.get_threads
         record("ceiling read", lambda: ceiling_read(comm, url, "c", out, gs, gt))
         if out is not None:
-            ok &= bool(np.array_equal(out, _values(shape, 0, shape[1])))
+            res["ok"] &= bool(np.array_equal(out, _values(shape, 0, shape[1])))
             del out
         if comm.rank == 0:
             print(f"iteration {it + 1}/{args.repeat} done", flush=True)
-    ok = comm.allreduce(ok, op=MPI.LAND)
-    peaks = {k: np.max(comm.allgather(max(v))) for k, v in rss.items()}
-    rank0 = {k: comm.bcast(max(v), root=0) for k, v in rss.items()}
-    return {
-        "nbytes": nbytes, "shape": shape, "part": part, "ok": ok, "times": times,
-        "peak_any": peaks, "peak_rank0": rank0,
-    }  # fmt: skip
+    res["ok"] = comm.allreduce(res["ok"], op=MPI.LAND)
+    res["times"] = {k: [t for t, _, _ in v] for k, v in seen.items()}
+    res["peak_any"] = {k: max(comm.allgather(max(p for _, p, _ in v))) for k, v in seen.items()}
+    res["peak_rank0"] = {k: comm.bcast(max(p for _, p, _ in v), root=0) for k, v in seen.items()}
+    res["cpu"] = {k: [comm.allreduce(c) for _, _, c in v] for k, v in seen.items()}
+    return res
 
 
 def report(res: dict[str, Any], args: argparse.Namespace, nranks: int) -> None:
+    """The table on rank 0: medians, ratios, memory against the bound."""
     mib = res["nbytes"] / MiB
     med = {k: float(np.median(v)) for k, v in res["times"].items()}
     own = res["nbytes"] / nranks / MiB
     bound = own + 2 * args.cb_buffer_size / MiB + 100
-    print(f"\n{res['shape'][0]} x {res['shape'][1]} float64 ({mib:.0f} MiB) in column blocks, "
-          f"{nranks} ranks, part {res['part'] / MiB:.2f} MiB, cb_buffer_size "
-          f"{args.cb_buffer_size / MiB:.0f} MiB, {args.repeat} alternating iterations; medians:")  # fmt: skip
-    print(f"  {'method':<15}{'seconds':>9}{'MiB/s':>8}   peak RSS MiB: any rank / rank 0")
+    print(
+        f"\n{res['shape'][0]} x {res['shape'][1]} float64 ({mib:.0f} MiB) in column blocks, "
+        f"{nranks} ranks, part {res['part'] / MiB:.2f} MiB, cb_buffer_size "
+        f"{args.cb_buffer_size / MiB:.0f} MiB, {args.repeat} alternating iterations; medians:"
+    )
+    print(f"  {'method':<14}{'s':>7}{'MiB/s':>7}{'min-max s':>13}{'CPU s':>7}   peak RSS MiB")
     for k, v in med.items():
-        print(f"  {k:<15}{v:9.2f}{mib / v:8.0f}   {res['peak_any'][k] / MiB:8.0f} / "
-              f"{res['peak_rank0'][k] / MiB:.0f}")  # fmt: skip
-    print("ratios (same run, time):")
-    print(f"  collio write / ceiling write  {med['collio write'] / med['ceiling write']:.2f}"
-          "   (target <= 1.15)")  # fmt: skip
-    print(f"  collio write / gather write   {med['collio write'] / med['gather write']:.2f}"
-          "   (target <= 1.00)")  # fmt: skip
-    print(f"  collio read speed / ceiling   {med['ceiling read'] / med['collio read']:.2f}"
-          "   (target >= 0.80)")  # fmt: skip
-    print(f"memory bound per rank: own data {own:.0f} + 2 x cb_buffer_size + 100 = {bound:.0f} MiB; "
-          f"collio peak {max(res['peak_any']['collio write'], res['peak_any']['collio read']) / MiB:.0f} MiB; "
-          f"gather-to-0 needs the whole {mib:.0f} MiB on rank 0")  # fmt: skip
+        lo, hi = min(res["times"][k]), max(res["times"][k])
+        cpu = float(np.median(res["cpu"][k]))
+        print(
+            f"  {k:<14}{v:7.2f}{mib / v:7.0f}{lo:7.2f}-{hi:<5.2f}{cpu:7.1f}   "
+            f"{res['peak_any'][k] / MiB:4.0f} max over ranks, {res['peak_rank0'][k] / MiB:4.0f} rank 0"
+        )
+    print("  (CPU s: all ranks plus the local server; the server is the bottleneck)")
+    w, g, c = med["collio write"], med["gather write"], med["ceiling write"]
+    r, cr = med["collio read"], med["ceiling read"]
+    print("ratios (same run):")
+    print(f"  collio write time / ceiling write time   {w / c:.2f}   (target <= 1.15)")
+    print(f"  collio write time / gather-to-0 time     {w / g:.2f}   (target <= 1.00)")
+    print(f"  collio read speed / one-process read     {cr / r:.2f}   (target >= 0.80)")
+    peak = max(res["peak_any"]["collio write"], res["peak_any"]["collio read"]) / MiB
+    print(
+        f"memory per rank: own data {own:.0f} + 2 x cb_buffer_size + 100 = {bound:.0f} MiB "
+        f"allowed; collio's peak {peak:.0f} MiB; gather-to-0 holds all {mib:.0f} MiB on rank 0 "
+        f"(peak {res['peak_rank0']['gather write'] / MiB:.0f} MiB)"
+    )
     print("data verified" if res["ok"] else "DATA MISMATCH")
 
 
@@ -259,7 +275,7 @@ def main() -> None:
         s3_client(url, args.threads).create_bucket(Bucket=BUCKET)
     url = comm.bcast(url, root=0)
     try:
-        res = run(args, comm, url)
+        res = run(args, comm, url, server)
         if comm.rank == 0:
             report(res, args, comm.size)
     finally:

@@ -52,6 +52,7 @@ class S3Backend(Backend):
     collective_open: ClassVar[bool] = True
     independent: ClassVar[bool] = False
     atomic: ClassVar[bool] = True
+    remote: ClassVar[bool] = True
 
     def __init__(
         self, comm: MPI.Comm, t: S3Target, mode: str, opts: S3Options, client: Any, state: Any
