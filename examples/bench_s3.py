@@ -1,4 +1,4 @@
-"""S3: collio's multipart write and ranged-GET read beside gather-to-rank-0 and the server's ceiling.
+"""S3: collio's multipart write and ranged-GET read beside gather-to-0 and the server's ceiling.
 
     mpiexec -n 4 python examples/bench_s3.py [--mib 256] [--repeat 5] [--endpoint-url URL]
 
@@ -182,35 +182,17 @@ def run(args: argparse.Namespace, comm: MPI.Comm, url: str, server: Any) -> dict
     """Alternating iterations of the five methods; per-method seconds, peak RSS, CPU."""
     ncols = 8192
     shape = (args.mib * MiB // (8 * ncols), ncols)
-    hints = {"cb_buffer_size": args.cb_buffer_size}
-    opts = {"endpoint_url": url, "max_concurrency": args.threads}
     lay, _ = column_block(comm, shape)
     res: dict[str, Any] = {"shape": shape, "nbytes": shape[0] * shape[1] * 8, "ok": True}
     seen: dict[str, list[tuple[float, int, float]]] = {}
 
-    def record(name: str, fn: Callable[[], Any]) -> Any:
+    def record(name: str, fn: Callable[..., Any], *fn_args: Any) -> Any:
         out: list[Any] = []
-        seen.setdefault(name, []).append(timed(comm, lambda: out.append(fn()), server))
+        seen.setdefault(name, []).append(timed(comm, lambda: out.append(fn(*fn_args)), server))
         return out[0]
 
-    th, gs, gt = args.threads, args.get_size, args.get_threads
     for it in range(args.repeat):
-        local = _values(shape, lay.start[1], lay.shape[1])
-        info = record("collio write", lambda: collio_write(comm, url, "c", local, lay, hints, opts))
-        part = res["part"] = int(info["part_size"])
-        record("gather write", lambda: gather_write(comm, url, "g", local, lay, shape, part, th))
-        del local
-        whole = _values(shape, 0, shape[1]) if comm.rank == 0 else None
-        record("ceiling write", lambda: ceiling_write(comm, url, "x", whole, part, th))
-        del whole
-        back = record("collio read", lambda: collio_read(comm, url, "c", lay, hints, opts))
-        res["ok"] &= bool(np.array_equal(back, _values(shape, lay.start[1], lay.shape[1])))
-        del back
-        out = np.empty(shape, "<f8") if comm.rank == 0 else None
-        record("ceiling read", lambda: ceiling_read(comm, url, "c", out, gs, gt))
-        if out is not None:
-            res["ok"] &= bool(np.array_equal(out, _values(shape, 0, shape[1])))
-            del out
+        res["ok"] &= iteration(args, comm, url, lay, shape, record, res)
         if comm.rank == 0:
             print(f"iteration {it + 1}/{args.repeat} done", flush=True)
     res["ok"] = comm.allreduce(res["ok"], op=MPI.LAND)
@@ -219,6 +201,29 @@ def run(args: argparse.Namespace, comm: MPI.Comm, url: str, server: Any) -> dict
     res["peak_rank0"] = {k: comm.bcast(max(p for _, p, _ in v), root=0) for k, v in seen.items()}
     res["cpu"] = {k: [comm.allreduce(c) for _, _, c in v] for k, v in seen.items()}
     return res
+
+
+def iteration(args, comm, url, lay, shape, record, res) -> bool:
+    """One round of the five methods, each holding only its own data while timed."""
+    hints = {"cb_buffer_size": args.cb_buffer_size}
+    opts = {"endpoint_url": url, "max_concurrency": args.threads}
+    th = args.threads
+    local = _values(shape, lay.start[1], lay.shape[1])
+    info = record("collio write", collio_write, comm, url, "c", local, lay, hints, opts)
+    part = res["part"] = int(info["part_size"])
+    record("gather write", gather_write, comm, url, "g", local, lay, shape, part, th)
+    del local
+    whole = _values(shape, 0, shape[1]) if comm.rank == 0 else None
+    record("ceiling write", ceiling_write, comm, url, "x", whole, part, th)
+    del whole
+    back = record("collio read", collio_read, comm, url, "c", lay, hints, opts)
+    ok = bool(np.array_equal(back, _values(shape, lay.start[1], lay.shape[1])))
+    del back
+    out = np.empty(shape, "<f8") if comm.rank == 0 else None
+    record("ceiling read", ceiling_read, comm, url, "c", out, args.get_size, args.get_threads)
+    if out is not None:
+        ok &= bool(np.array_equal(out, _values(shape, 0, shape[1])))
+    return ok
 
 
 def report(res: dict[str, Any], args: argparse.Namespace, nranks: int) -> None:
@@ -238,7 +243,8 @@ def report(res: dict[str, Any], args: argparse.Namespace, nranks: int) -> None:
         cpu = float(np.median(res["cpu"][k]))
         print(
             f"  {k:<14}{v:7.2f}{mib / v:7.0f}{lo:7.2f}-{hi:<5.2f}{cpu:7.1f}   "
-            f"{res['peak_any'][k] / MiB:4.0f} max over ranks, {res['peak_rank0'][k] / MiB:4.0f} rank 0"
+            f"{res['peak_any'][k] / MiB:4.0f} max over ranks, "
+            f"{res['peak_rank0'][k] / MiB:4.0f} rank 0"
         )
     print("  (CPU s: all ranks plus the local server; the server is the bottleneck)")
     w, g, c = med["collio write"], med["gather write"], med["ceiling write"]
