@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import ctypes
 import os
 import time
 from collections.abc import Callable
@@ -56,6 +57,7 @@ def timed(comm: MPI.Comm, fn: Callable[[], Any], server: Any = None) -> tuple[fl
     The CPU seconds are this rank's; on rank 0 the local server's are added.
     """
     quiet_barrier(comm)
+    _trim()
     reset_peak_rss()
     cpu0 = _cpu(server)
     t = time.perf_counter()
@@ -76,6 +78,15 @@ def _cpu(server: Any) -> float:
     return mine
 
 
+def _trim() -> None:
+    """Return memory freed by earlier phases to the system (glibc), so phases don't pollute
+    each other's peak RSS: every method runs in the same processes."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def reset_peak_rss() -> None:
     try:
         with open("/proc/self/clear_refs", "w") as fh:
@@ -93,9 +104,9 @@ def peak_rss() -> int:
 
 
 # ---------------------------------------------------------------- the data
-def column_block(comm: MPI.Comm, shape: tuple[int, int]) -> tuple[Any, np.ndarray]:
-    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
-    return lay, _values(shape, lay.start[1], lay.shape[1])
+def column_block(comm: MPI.Comm, shape: tuple[int, int]) -> Any:
+    """This rank's column block of the matrix."""
+    return layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
 
 
 def _values(shape: tuple[int, int], c0: int, nc: int) -> np.ndarray:
@@ -182,7 +193,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm, url: str, server: Any) -> dict
     """Alternating iterations of the five methods; per-method seconds, peak RSS, CPU."""
     ncols = 8192
     shape = (args.mib * MiB // (8 * ncols), ncols)
-    lay, _ = column_block(comm, shape)
+    lay = column_block(comm, shape)
     res: dict[str, Any] = {"shape": shape, "nbytes": shape[0] * shape[1] * 8, "ok": True}
     seen: dict[str, list[tuple[float, int, float]]] = {}
 
