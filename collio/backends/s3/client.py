@@ -37,7 +37,9 @@ __all__ = [
 
 U8 = npt.NDArray[np.uint8]
 T = TypeVar("T")
-_CHUNK = 1 << 20  # bytes per read from a response body
+# bytes per read from a response body: urllib3's readinto reads into a temporary of
+# this size, and a thread's malloc arena keeps what it freed (1 MiB: +4 MiB per thread)
+_CHUNK = 256 << 10
 _clients: dict[tuple[Any, ...], Any] = {}
 _lock = threading.Lock()
 _ERRNO = {
