@@ -135,7 +135,11 @@ class S3Backend(Backend):
 
     # -- layout hooks -----------------------------------------------------------
     def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
-        """Writes: ``(0, object size)``, planning the parts at the first call; reads: as given."""
+        """Writes: ``(0, object size)``; reads: the data's own extent.
+
+        The engine calls it on every rank with the same global extent; at the first
+        write it plans the parts, agreeing on errors over the file's communicator.
+        """
         if not self.writable:
             self._read_end = min(hi, self.old_size)
             return lo, hi
