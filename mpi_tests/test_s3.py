@@ -347,3 +347,20 @@ def test_read_all_in_w_mode_is_refused(server, key):
     with collio.open(f"s3://{BUCKET}/{key}", "w", **_opts(server)) as f:
         err = _raises_everywhere(collio.ModeError, lambda: f.read_all(layouts.Segments([0], [1])))
     assert "not possible on this s3 target in mode 'w'" in str(err)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("target", "prefix", "text"),
+    [
+        (f"s3://{BUCKET}/jobs/7/../../x", "jobs/7", "has a '..' segment"),
+        (f"s3://{BUCKET}/jobs/8/x", "jobs/7", "is outside prefix 'jobs/7/'"),
+        (f"s3://{BUCKET}/", None, "the key is empty"),
+    ],
+)
+def test_bad_key_fails_everywhere(server, target, prefix, text):
+    err = _raises_everywhere(
+        collio.BackendError, lambda: collio.open(target, "w", **_opts(server, prefix=prefix))
+    )
+    assert text in str(err) and err.errno == 22
+    assert _stored(server, "x")[1] == []  # no upload was started
