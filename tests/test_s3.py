@@ -257,3 +257,10 @@ def test_credentials_never_in_messages_or_stats(server):
     assert "no such bucket" in out.stdout and "no such key" in out.stdout
     assert "AccessDenied (HTTP 403): no ***" in out.stdout
     assert secret not in out.stdout + out.stderr and access not in out.stdout + out.stderr
+
+
+def test_striping_unit_is_refused(server):
+    with pytest.raises(collio.HintError, match="striping_unit does not apply"):
+        collio.open(
+            f"s3://{BUCKET}/{_key()}", "w", hints={"striping_unit": 1 << 20}, endpoint_url=server
+        )

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from ...collective import Attempt, agree
-from ...errors import BackendError, LayoutError, MismatchError, ModeError
+from ...errors import BackendError, HintError, LayoutError, MismatchError, ModeError
 from ...runs import Runs, group_bounds, split_grid
 from ..base import Backend
 from . import upload
@@ -97,6 +97,11 @@ class S3Backend(Backend):
         with step:
             opts = S3Options.parse(options)
             t = parse_target(target, prefix=opts.prefix)
+            if getattr(hints, "striping_unit", None):
+                raise HintError(
+                    "hint striping_unit does not apply to s3 objects: domains are whole "
+                    "parts, planned from the object size (set part_size= to choose them)"
+                )
             if opts.size is not None and mode != "r":
                 opts.plan(opts.size, buffer)
         agree(comm, step.error, what="open s3")
