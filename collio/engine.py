@@ -357,6 +357,8 @@ def _read_rounds(ctx: Context, plan: _Plan, out_buf: npt.NDArray[np.uint8], call
 
     step0 = Attempt()
     with step0:
+        if ap is not None and ap.nrounds:  # what this aggregator reads, first to last byte
+            be.read_extent(int(ap.rlo[0]), int(ap.rhi.max()))
         prefetch(0)
     error: BaseException | None = step0.error
     for k in range(plan.nrounds):

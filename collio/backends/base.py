@@ -157,6 +157,13 @@ class Backend(abc.ABC):
         self.read_at(offset, buf)
         return [len(buf)]
 
+    def read_extent(self, lo: int, hi: int) -> None:  # noqa: B027 - optional hook
+        """Before an aggregator's read rounds: it will read within ``[lo, hi)`` in this call.
+
+        Lets a backend size its requests to what is needed (S3 streams one ranged
+        GET of exactly this range).  Main thread, aggregators only; default: nothing.
+        """
+
     def flush(self, comm: Any) -> None:  # noqa: B027 - optional hook
         """Collective over `comm`: called at the end of every two-phase write_all.
 
