@@ -3,21 +3,25 @@
     mpiexec -n 4 python examples/bench_s3.py [--mib 256] [--repeat 5] [--endpoint-url URL]
 
 A global float64 matrix in column blocks (4 ranks, 256 MiB by default).  Every
-iteration runs, in turn (alternating, so load changes hit all alike):
+iteration runs each method once, the writes then the reads, in an order that
+rotates from one iteration to the next (so load changes, and the server's
+tidying up after a big request, hit all alike):
 
 * ``collio write``: ``collio.open("s3://...", "w")`` + ``write_all`` + close
   (multipart upload created, parts uploaded by the aggregators, completed);
-* ``gather write``: Gatherv of the whole matrix to rank 0, which uploads it as one
-  multipart upload (parts of collio's size, the same number of threads);
+* ``gather write``: the whole matrix gathered on rank 0 (MPI, straight into place),
+  which uploads it as one multipart upload (parts of collio's size, as many threads);
 * ``ceiling write``: rank 0 uploads the same bytes, already in memory, as parts of
   the same size (create + parts + complete): what the server can take;
 * ``collio read``: ``read_all`` of every rank's block;
-* ``ceiling read``: rank 0 reads the whole object with large ranged GETs.
+* ``ceiling read``: rank 0 reads the whole object with large ranged GETs
+  (``--get-size`` 64 MiB, ``--get-threads`` 4 at once).
 
 Waiting ranks sleep in ``Ibarrier``/``Test`` (no busy polling), so the baselines
 get the CPU the server needs.  Peak RSS is per phase (``/proc/self/clear_refs``).
 Without ``--endpoint-url`` rank 0 runs moto's server in a child process.
-The functions are plain (comm, url, ...) -> seconds, to be reused by ``collio-bench``.
+The methods are plain functions of (comm, url, key, data, ...) and ``timed`` measures
+any of them, so ``collio-bench`` can reuse them.
 """
 
 from __future__ import annotations
@@ -211,7 +215,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm, url: str, server: Any) -> dict
         return out[0]
 
     for it in range(args.repeat):
-        res["ok"] &= iteration(args, comm, url, lay, shape, record, res)
+        res["ok"] &= iteration(args, comm, url, lay, shape, record, res, it)
         if comm.rank == 0:
             print(f"iteration {it + 1}/{args.repeat} done", flush=True)
     res["ok"] = comm.allreduce(res["ok"], op=MPI.LAND)
@@ -225,30 +229,56 @@ def run(args: argparse.Namespace, comm: MPI.Comm, url: str, server: Any) -> dict
     return res
 
 
-def iteration(args, comm, url, lay, shape, record, res) -> bool:
-    """One round of the five methods, each holding only its own data while timed."""
+def iteration(args, comm, url, lay, shape, record, res, it: int) -> bool:
+    """One round of the methods, each holding only its own data while timed.
+
+    The order rotates from one iteration to the next (writes among themselves,
+    reads among themselves), so that no method always follows the same one: the
+    server tidies up after a big request (dropping a replaced object's files),
+    and whoever comes next pays for it.
+    """
     hints = {"cb_buffer_size": args.cb_buffer_size}
     opts = {"endpoint_url": url, "max_concurrency": args.threads}
-    th, base = args.threads, not args.collio_only
-    local = _values(shape, lay.start[1], lay.shape[1])
-    info = record("collio write", collio_write, comm, url, "c", local, lay, hints, opts)
-    part = res["part"] = int(info["part_size"])
-    if base:
-        record("gather write", gather_write, comm, url, "g", local, lay, shape, part, th)
-    del local
-    if base:
+    th = args.threads
+    mine = (lay.start[1], lay.shape[1])
+
+    def collio_w() -> None:
+        local = _values(shape, *mine)
+        info = record("collio write", collio_write, comm, url, "c", local, lay, hints, opts)
+        res["part"] = int(info["part_size"])
+
+    def gather_w() -> None:
+        local = _values(shape, *mine)
+        record("gather write", gather_write, comm, url, "g", local, lay, shape, res["part"], th)
+
+    def ceiling_w() -> None:
         whole = _values(shape, 0, shape[1]) if comm.rank == 0 else None
-        record("ceiling write", ceiling_write, comm, url, "x", whole, part, th)
-        del whole
-    back = record("collio read", collio_read, comm, url, "c", lay, hints, opts)
-    ok = bool(np.array_equal(back, _values(shape, lay.start[1], lay.shape[1])))
-    del back
-    if base:
+        record("ceiling write", ceiling_write, comm, url, "x", whole, res["part"], th)
+
+    ok = [True]
+
+    def collio_r() -> None:
+        back = record("collio read", collio_read, comm, url, "c", lay, hints, opts)
+        ok[0] &= bool(np.array_equal(back, _values(shape, *mine)))
+
+    def ceiling_r() -> None:
         out = np.empty(shape, "<f8") if comm.rank == 0 else None
         record("ceiling read", ceiling_read, comm, url, "c", out, args.get_size, args.get_threads)
         if out is not None:
-            ok &= bool(np.array_equal(out, _values(shape, 0, shape[1])))
-    return ok
+            ok[0] &= bool(np.array_equal(out, _values(shape, 0, shape[1])))
+
+    if args.collio_only:  # (iteration 0 starts with collio: the baselines use its part size)
+        writes, reads = [collio_w], [collio_r]
+    else:
+        writes, reads = [collio_w, gather_w, ceiling_w], [collio_r, ceiling_r]
+    for step in _rotate(writes, it) + _rotate(reads, it):
+        step()
+    return ok[0]
+
+
+def _rotate(steps: list[Any], k: int) -> list[Any]:
+    k %= len(steps)
+    return steps[k:] + steps[:k]
 
 
 def report(res: dict[str, Any], args: argparse.Namespace, nranks: int) -> None:

@@ -146,7 +146,7 @@ class S3Backend(Backend):
         write it plans the parts, agreeing on errors over the file's communicator.
         """
         if not self.writable:
-            self._read_end = min(hi, self.old_size)
+            self._read_end = min(hi, self.old_size)  # narrowed per aggregator by read_extent
             return lo, hi
         if self.parts is None:  # every rank plans from the same global extent
             step = Attempt()
@@ -154,6 +154,10 @@ class S3Backend(Backend):
                 self._plan(max(hi, self.old_size))
             agree(self.comm, step.error, what="write_all")
         return 0, self._parts().size
+
+    def read_extent(self, lo: int, hi: int) -> None:
+        """This aggregator reads within ``[lo, hi)``: its streamed GET ends there."""
+        self._read_end = min(hi, self.old_size)
 
     def runs_for(self, layout: Any) -> Runs:
         """The layout's runs; refuses, before any data moves, what S3 parts cannot do."""
