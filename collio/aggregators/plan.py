@@ -50,6 +50,9 @@ def plan_sender(runs: Runs, bounds: I64, window: int) -> SenderPlan:
     """Cut a rank's runs (sorted by file) at domain bounds and window grid."""
     naggs = len(bounds) - 1
     pieces, bins = split_at(runs, bounds[1:-1])  # bin = domain index
+    keep = pieces.length > 0  # an empty domain inside a run leaves a 0-byte piece: drop it,
+    if not keep.all():  # or split_grid drops it and the domains below shift by one
+        pieces, bins = pieces.take(np.flatnonzero(keep)), bins[keep]
     dom = bins.astype(np.int64)
     pieces, win = split_grid(pieces, bounds[dom if len(dom) else slice(0, 0)], window)
     if len(win) != len(dom):  # split_grid exploded some pieces: recompute their domains
