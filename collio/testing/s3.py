@@ -118,16 +118,16 @@ def serve_moto(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start moto's S3 server in a child process; returns (process, url).
 
-    Stop it with ``proc.terminate(); proc.wait()``.
+    Stop it with ``proc.terminate(); proc.wait()``; it also ends when this process does.
     """
     with socket.socket() as s:
         s.bind((host, 0))
         port = s.getsockname()[1]
     code = (
-        "import logging, time; from moto.server import ThreadedMotoServer as S; "
+        "import logging, os, time; from moto.server import ThreadedMotoServer as S; "
         "logging.getLogger('werkzeug').setLevel(logging.ERROR); "
-        f"s = S(ip_address={host!r}, port={port}, verbose=False); s.start(); "
-        "time.sleep(10**9)"
+        f"s = S(ip_address={host!r}, port={port}, verbose=False); s.start()\n"
+        f"while os.getppid() == {os.getpid()}: time.sleep(1)  # ends with its parent"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
