@@ -10,14 +10,16 @@ calls whatever happened locally, nothing hangs and the communicator stays usable
 
 from __future__ import annotations
 
+import time
 import types
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from .errors import classify, make_error
 
-__all__ = ["Attempt", "agree", "bcast_outcome", "raise_agreed"]
+__all__ = ["Attempt", "agree", "any_flag", "bcast_outcome", "raise_agreed", "sleep_until_done"]
 
 
 class Attempt:
@@ -113,3 +115,27 @@ def raise_agreed(comm: MPI.Comm, error: BaseException | None, *, what: str = "")
         text = f"{what}: {text}"
     exc = make_error(first_name, text, ranks=tuple(r for r, _ in failed), errno=first_errno)
     raise exc from error
+
+
+def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:
+    """Collective over `comm`: True when any rank passes a true ``flag``.
+
+    With ``patient`` the ranks wait for each other in a sleeping ``Iallreduce``/
+    ``Test`` loop instead of MPI's polling: for backends whose requests take
+    milliseconds (object stores), where a polling rank would take a core from the
+    ranks still doing I/O, or from a server on the same node.
+    """
+    if not patient:
+        return bool(comm.allreduce(1 if flag else 0, op=MPI.MAX))
+    mine = np.array([1 if flag else 0], np.int64)
+    out = np.zeros(1, np.int64)
+    sleep_until_done(comm.Iallreduce([mine, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX))
+    return bool(out[0])
+
+
+def sleep_until_done(req: MPI.Request) -> None:
+    """Complete a request by testing with growing sleeps (10 us to 1 ms) between tests."""
+    delay = 1e-5
+    while not req.Test():
+        time.sleep(delay)
+        delay = min(2 * delay, 1e-3)

@@ -144,8 +144,10 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     """Collective over ``ctx.comm``: domains, metadata exchange, overlap check, rounds."""
     t0 = time.perf_counter()
     comm, aggs = ctx.comm, ctx.aggregators
-    align = alignment(ctx.backend.alignment, ctx.hints.striping_unit)
+    # domain_extent first: a backend may settle its alignment from the global extent
+    # (S3 plans its part size from the object size at the first write_all)
     lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
+    align = alignment(ctx.backend.alignment, ctx.hints.striping_unit)
     bounds = ctx.backend.domain_bounds(lo, hi, len(aggs), align)
     window = window_size(min(ctx.hints.cb_buffer_size, 1 << 30), align)
     sp = plan_sender(runs, bounds, window)

@@ -179,9 +179,10 @@ class File:
 
         Every rank calls, even with an empty piece.  Raises the same
         :class:`~collio.CollioError` on every rank if any rank fails.  With
-        ``atomic_commit``, a failure discards everything written since open.
-        Without ``layout``, ``data`` is an mpi4py buffer written through the
-        view (:meth:`set_view`) from the file pointer, which then moves on.
+        ``atomic_commit`` (or an ``atomic`` backend such as S3), a failure discards
+        everything written since open.  Without ``layout``, ``data`` is an mpi4py
+        buffer written through the view (:meth:`set_view`) from the file pointer,
+        which then moves on.
         """
         self._check_open()
         if self._aborted:
@@ -190,7 +191,7 @@ class File:
         try:
             engine.write(self._ctx, data, lay if layout is _VIEW else layout)
         except BaseException:
-            if self.hints.atomic_commit and self.mode in ("w", "r+"):
+            if self._atomic():
                 self._abort()
             raise
         if layout is _VIEW:
@@ -256,6 +257,11 @@ class File:
         if self.closed:
             raise ModeError(f"{self.target!r} is closed")
 
+    def _atomic(self) -> bool:
+        """All-or-nothing writes: the ``atomic_commit`` hint, or an ``atomic`` backend."""
+        atomic = self.hints.atomic_commit or self.backend.atomic
+        return atomic and self.mode in ("w", "r+")
+
     def _abort(self) -> None:
         """Collective: drop an atomic write (the temporary goes, the target stays)."""
         self._aborted = True
@@ -270,9 +276,8 @@ class File:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
-        if exc is not None and self.hints.atomic_commit and not self._aborted and not self.closed:
-            if self.mode in ("w", "r+"):
-                self._abort()
+        if exc is not None and not self._aborted and not self.closed and self._atomic():
+            self._abort()
         self.close()
 
     def __repr__(self) -> str:

@@ -24,7 +24,7 @@ from mpi4py import MPI
 from .aggregators.plan import AggregatorPlan
 from .backends.base import Backend
 from .buffers import io_executor, round_buffers
-from .collective import Attempt, raise_agreed
+from .collective import Attempt, any_flag, raise_agreed, sleep_until_done
 from .context import Call, Context, Plan
 from .exchange import messages
 from .runs import Runs, merge
@@ -43,18 +43,22 @@ Future = concurrent.futures.Future[None]
 class _Lagged:
     """Status agreement one round behind: Iallreduce now, wait at the next round."""
 
-    __slots__ = ("comm", "req", "out")
+    __slots__ = ("comm", "req", "out", "patient")
 
-    def __init__(self, comm: MPI.Comm) -> None:
+    def __init__(self, comm: MPI.Comm, patient: bool = False) -> None:
         self.comm = comm
         self.req: MPI.Request | None = None
         self.out = np.zeros(1, np.int64)
+        self.patient = patient  # sleep instead of polling (remote backends)
 
     def failed(self) -> bool:
         """Collective: did any rank report a failure in the previous round?"""
         if self.req is None:
             return False
-        self.req.Wait()
+        if self.patient:
+            sleep_until_done(self.req)
+        else:
+            self.req.Wait()
         self.req = None
         return bool(self.out[0])
 
@@ -133,7 +137,7 @@ def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Ca
     mine = ap.nrounds if ap is not None else 0
     bufs = round_buffers(plan.window, DEPTH) if mine else []
     pending: list[Future | None] = [None] * DEPTH
-    pool, status = io_executor(), _Lagged(comm)
+    pool, status = io_executor(), _Lagged(comm, be.remote)
     error: BaseException | None = None
     for k in range(plan.nrounds):
         step = Attempt()
@@ -168,7 +172,7 @@ def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Ca
             buf = bufs[k % DEPTH][: req[1]]
             pending[k % DEPTH] = pool.submit(_write_window, be, req[0], buf, _cover(ap, k, req), c)
     status.failed()
-    _finish(pending, c, error, comm)
+    _finish(pending, c, error, comm, be.remote)
 
 
 def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call) -> None:
@@ -179,7 +183,7 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
     bufs = round_buffers(plan.window, DEPTH) if mine else []
     pending: list[Future | None] = [None] * DEPTH
     reqs: list[tuple[int, int]] = [(0, 0)] * DEPTH
-    pool, status = io_executor(), _Lagged(comm)
+    pool, status = io_executor(), _Lagged(comm, be.remote)
 
     def prefetch(k: int) -> None:
         if ap is not None and k < mine:
@@ -192,6 +196,8 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
     error: BaseException | None = None
     step = Attempt()
     with step:
+        if ap is not None and mine:  # what this aggregator reads, first to last byte
+            be.read_extent(int(ap.rlo[0]), int(ap.rhi.max()))
         prefetch(0)
     error = step.error
     for k in range(plan.nrounds):
@@ -220,11 +226,15 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
                     c.messages += 1
         c.time_exchange += time.perf_counter() - t
     status.failed()
-    _finish(pending, c, error, comm)
+    _finish(pending, c, error, comm, be.remote)
 
 
 def _finish(
-    pending: list[Future | None], c: Stats, error: BaseException | None, comm: MPI.Comm
+    pending: list[Future | None],
+    c: Stats,
+    error: BaseException | None,
+    comm: MPI.Comm,
+    patient: bool = False,
 ) -> None:
     """Collective: wait for outstanding I/O, then agree on every error of the rounds."""
     t = time.perf_counter()
@@ -236,5 +246,5 @@ def _finish(
         except Exception as exc:  # noqa: BLE001 - agreed below
             error = error or exc
     c.time_io += time.perf_counter() - t
-    if comm.allreduce(1 if error else 0, op=MPI.MAX):
+    if any_flag(comm, error is not None, patient=patient):
         raise_agreed(comm, error, what="backend I/O")

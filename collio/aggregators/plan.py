@@ -50,10 +50,14 @@ def plan_sender(runs: Runs, bounds: I64, window: int) -> SenderPlan:
     """Cut a rank's runs (sorted by file) at domain bounds and window grid."""
     naggs = len(bounds) - 1
     pieces, bins = split_at(runs, bounds[1:-1])  # bin = domain index
+    keep = pieces.length > 0  # an empty domain inside a run leaves a 0-byte piece: drop it,
+    if not keep.all():  # or split_grid drops it and the domains below shift by one
+        pieces, bins = pieces.take(np.flatnonzero(keep)), bins[keep]
     dom = bins.astype(np.int64)
     pieces, win = split_grid(pieces, bounds[dom if len(dom) else slice(0, 0)], window)
-    if len(win) != len(dom):  # split_grid exploded some pieces: recompute their domains
-        dom = np.searchsorted(bounds[1:-1], pieces.file, side="right").astype(np.int64)
+    # pieces are non-empty and lie inside one domain: find it again after the window
+    # split (side="right" picks the non-empty domain among equal bounds)
+    dom = np.searchsorted(bounds[1:-1], pieces.file, side="right").astype(np.int64)
     key = dom * (np.int64(1) << 40) + win
     gstart, _ = group_bounds(key)
     firsts = gstart[:-1]

@@ -21,6 +21,7 @@ _KNOWN: dict[str, tuple[str, str | None]] = {
     "memory": ("collio.backends.memory:MemoryBackend", None),
     "zarr": ("collio.backends.zarr:ZarrBackend", "zarr"),
     "mpiio": ("collio.backends.mpiio:MpiioBackend", None),
+    "s3": ("collio.backends.s3.backend:S3Backend", "s3"),
 }
 _LOADED: dict[str, type[Backend]] = {}
 

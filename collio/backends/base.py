@@ -53,7 +53,9 @@ class Backend(abc.ABC):
         reads, merges and writes a window with holes).  False: requests cover whole
         windows and holes are written as zeros (object stores).
     ``alignment``
-        File-domain boundaries and round windows are multiples of this.
+        File-domain boundaries and round windows are multiples of this.  May be
+        set per instance, at open or in :meth:`domain_extent` (which the engine
+        calls first), e.g. to a multipart part size planned from the object size.
     ``min_request``, ``max_request``
         Smallest request except the last one; largest single request (larger ones
         are split by :meth:`write_at` itself).
@@ -65,19 +67,29 @@ class Backend(abc.ABC):
         Bytes never written read back as zeros.
     ``needs_flush``
         :meth:`flush` must run (collectively) after every ``write_all``.
+    ``remote``
+        Requests cross a network and take milliseconds (object stores): ranks that
+        wait for each other's I/O between rounds sleep instead of polling MPI,
+        leaving the CPU to the ranks still doing I/O (and to a server on the node).
+    ``atomic``
+        Writes become visible only at :meth:`commit` (an S3 multipart upload):
+        :class:`collio.File` then treats every write as ``atomic_commit`` does, so
+        a failed ``write_all`` calls ``commit(comm, ok=False)`` at once.
     """
 
     name: ClassVar[str] = "abstract"
     readable: bool = True  # may be narrowed per instance (e.g. by mode)
     writable: bool = True
     partial_write: ClassVar[bool] = True
-    alignment: ClassVar[int] = 1
+    alignment: int = 1  # may be set per instance (see above)
     min_request: ClassVar[int] = 1
     max_request: ClassVar[int] = 0x7FFFF000
     collective_open: ClassVar[bool] = False
     independent: ClassVar[bool] = True
     sparse: ClassVar[bool] = True
     needs_flush: ClassVar[bool] = False  # call flush(comm) after every write_all
+    atomic: ClassVar[bool] = False
+    remote: ClassVar[bool] = False
 
     mode: str = "r"
 
@@ -149,6 +161,13 @@ class Backend(abc.ABC):
         """
         self.read_at(offset, buf)
         return [len(buf)]
+
+    def read_extent(self, lo: int, hi: int) -> None:  # noqa: B027 - optional hook
+        """Before an aggregator's read rounds: it will read within ``[lo, hi)`` in this call.
+
+        Lets a backend size its requests to what is needed (S3 streams one ranged
+        GET of exactly this range).  Main thread, aggregators only; default: nothing.
+        """
 
     def flush(self, comm: Any) -> None:  # noqa: B027 - optional hook
         """Collective over `comm`: called after every write_all if ``needs_flush``.

@@ -294,4 +294,3 @@ def info() -> dict[str, Any]:
         "h5py_mpi": bool(cfg.mpi),
         "driver": "collio (h5py fileobj driver; rank 0 writes, other ranks replicate)",
     }
-

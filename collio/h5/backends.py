@@ -109,7 +109,9 @@ class ChunkedBackend(Backend):
 
         def visit(info: Any) -> None:
             table[g.index_of(info.chunk_offset)] = (
-                int(info.byte_offset), int(info.size), int(info.filter_mask)
+                int(info.byte_offset),
+                int(info.size),
+                int(info.filter_mask),
             )
 
         if self.dset.id.get_storage_size():
@@ -247,4 +249,3 @@ def allocate(vf: VFile, dset: Any, grid: ChunkGrid, chunks: npt.NDArray[np.int64
 def chunked_backend(alignment: int) -> type[ChunkedBackend]:
     """A ChunkedBackend class whose ``alignment`` is one chunk of ``alignment`` bytes."""
     return type(f"ChunkedBackend{alignment}", (ChunkedBackend,), {"alignment": alignment})
-

@@ -126,7 +126,9 @@ class Session:
                 + [f"lacks {n} ({d}) that rank 0 has" for n, d in missing[:3]]
             )
             parts.append(
-                f"rank {r} {text}" if text else f"rank {r} wrote other metadata than rank 0"
+                f"rank {r} {text}"
+                if text
+                else f"rank {r} wrote other metadata than rank 0"
                 " (same objects: another order, option or attribute value)"
             )
         msg = (

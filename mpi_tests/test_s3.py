@@ -1,0 +1,366 @@
+"""The S3 backend under mpiexec, against moto's real S3 protocol on 127.0.0.1.
+
+Rank 0 runs the server (and, for faults, a proxy that answers chosen requests with
+HTTP 500/503); every check reads the stored object back independently with boto3.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+from helpers import local_piece, reference, segments_for
+from mpi4py import MPI
+
+import collio
+from collio import layouts
+from collio.testing.backend_suite import BackendTests
+
+boto3 = pytest.importorskip("boto3")
+s3testing = pytest.importorskip("collio.testing.s3")
+
+BUCKET = "collio-mpi"
+MIN = 1024  # test-only part minimum (moto lowered to match)
+COMM = MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def server():
+    with s3testing.shared_moto(COMM, BUCKET, min_part_size=MIN) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def faulty(server):
+    """(proxy on rank 0 / None elsewhere, proxy url)."""
+    with s3testing.shared_proxy(COMM, server) as pair:
+        yield pair
+
+
+@pytest.fixture
+def key():
+    return COMM.bcast(f"mpi/{uuid.uuid4().hex}.bin" if COMM.rank == 0 else None, root=0)
+
+
+def _opts(url, **kw):
+    return {"endpoint_url": url, "min_part_size": MIN, **kw}
+
+
+def _stored(url, key):
+    """The object's bytes (None if absent) and the open multipart uploads, on every rank."""
+    out = None
+    if COMM.rank == 0:
+        c = boto3.client("s3", endpoint_url=url)
+        try:
+            data = c.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        except c.exceptions.NoSuchKey:
+            data = None
+        ups = [u["Key"] for u in c.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])]
+        out = (data, ups)
+    return COMM.bcast(out, root=0)
+
+
+def _put(url, key, data):
+    if COMM.rank == 0:
+        boto3.client("s3", endpoint_url=url).put_object(Bucket=BUCKET, Key=key, Body=data)
+    COMM.Barrier()
+
+
+def _raises_everywhere(exc_type, fn):
+    with pytest.raises(exc_type) as info:
+        fn()
+    texts = COMM.allgather((type(info.value).__name__, str(info.value)))
+    assert texts == [texts[0]] * COMM.size, texts
+    return info.value
+
+
+@pytest.mark.mpi
+class TestS3(BackendTests):
+    backend = "s3"
+
+    @pytest.fixture
+    def target(self, server, key):
+        return f"s3://{BUCKET}/{key}"
+
+    @pytest.fixture
+    def open_options(self, server):
+        return _opts(server)
+
+
+# ------------------------------------------------------------ bytes stored
+def _layout(kind, shape):
+    if kind == "colblock":
+        return layouts.block(shape, "<f8", comm=COMM, grid=(1, COMM.size))
+    return layouts.block_cyclic(
+        shape, "<f8", block=(3, 2), grid=layouts.dims_create(COMM.size, 2), comm=COMM
+    )
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("kind", "hints", "nparts"),
+    [
+        ("colblock", {}, 1),
+        ("cyclic", {"cb_buffer_size": 2048}, 12),
+        ("colblock", {"cb_buffer_size": 3000, "cb_nodes": 2}, 9),
+    ],
+)
+def test_array_bytes_equal_reference(server, key, kind, hints, nparts):
+    shape = (37, 41)  # 12136 bytes: not a multiple of any part size here
+    glob = reference(shape, "<f8", seed=11)
+    lay = _layout(kind, shape)
+    with collio.open(f"s3://{BUCKET}/{key}", "w", hints=hints, **_opts(server)) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        info = dict(f.backend.describe())
+    assert info["parts"] == nparts and info["size"] == glob.nbytes
+    data, uploads = _stored(server, key)
+    assert data == glob.tobytes() and key not in uploads
+    with collio.open(f"s3://{BUCKET}/{key}", "r", hints=hints, **_opts(server)) as f:
+        back = f.read_all(lay)
+    np.testing.assert_array_equal(back, local_piece(glob, lay))
+
+
+@pytest.mark.mpi
+def test_segments_with_an_empty_rank(server, key):
+    size = 20_011
+    raw = reference((size,), np.uint8, seed=4)
+    lay = segments_for(COMM, size)  # rank 1 holds nothing; runs unsorted, some empty
+    mine = np.concatenate([raw[o : o + n] for o, n in zip(lay.offsets, lay.lengths, strict=True)])
+    with collio.open(
+        f"s3://{BUCKET}/{key}", "w", hints={"cb_buffer_size": 4096}, **_opts(server)
+    ) as f:
+        f.write_all(mine, lay)
+    assert _stored(server, key)[0] == raw.tobytes()
+    for get_concurrency in (1, 3):  # one streamed GET per aggregator, or 3 per window
+        opts = _opts(server, get_concurrency=get_concurrency)
+        with collio.open(f"s3://{BUCKET}/{key}", "r", hints={"cb_buffer_size": 3000}, **opts) as f:
+            np.testing.assert_array_equal(f.read_all(lay), mine)
+
+
+@pytest.mark.mpi
+def test_holes_are_zeros_in_w(server, key):
+    """Bytes no rank writes (whole parts and pieces of parts) read back as zeros."""
+    base, lens = np.array([100, 3000, 9000, 16 * 1024 + 50]), [5, 50, 3, 7]
+    lay = layouts.Segments(base + 64 * COMM.rank, lens)
+    hints = {"cb_buffer_size": 2048}
+    with collio.open(f"s3://{BUCKET}/{key}", "w", hints=hints, **_opts(server)) as f:
+        f.write_all(np.full(65, COMM.rank + 1, np.uint8), lay)
+    want = np.zeros(16 * 1024 + 57 + 64 * (COMM.size - 1), np.uint8)
+    for r in range(COMM.size):
+        for o, n in zip((base + 64 * r).tolist(), lens, strict=True):
+            want[o : o + n] = r + 1
+    assert _stored(server, key)[0] == want.tobytes()
+
+
+# ------------------------------------------------------------- r+ updates
+@pytest.mark.mpi
+def test_update_copies_untouched_parts_server_side(faulty, key):
+    proxy, url = faulty
+    old = reference((40 * 1024,), np.uint8, seed=8).tobytes()
+    _put(url, key, old)
+    if proxy is not None:
+        proxy.clear()
+    COMM.Barrier()
+    # every rank rewrites 10 bytes in part 2 and part 29 (of 40 parts of 1024 bytes)
+    offs = np.array([1500, 29_100]) + 10 * COMM.rank
+    with collio.open(
+        f"s3://{BUCKET}/{key}", "r+", hints={"cb_buffer_size": 2048}, **_opts(url, part_size=1024)
+    ) as f:
+        f.write_all(np.full(20, 0xEE, np.uint8), layouts.Segments(offs, [10, 10]))
+    want = bytearray(old)
+    for r in range(COMM.size):
+        for o in (1500 + 10 * r, 29_100 + 10 * r):
+            want[o : o + 10] = b"\xee" * 10
+    counts = COMM.bcast(
+        (proxy.count("UploadPartCopy"), proxy.count("UploadPart"), proxy.count("GetObject"))
+        if proxy is not None
+        else None
+    )
+    assert counts == (38, 2, 2)  # one GET for the holes of each touched part, no more
+    data, uploads = _stored(url, key)
+    assert data == bytes(want) and key not in uploads
+
+
+@pytest.mark.mpi
+def test_update_that_grows_the_object(server, key):
+    old = reference((3000,), np.uint8, seed=9).tobytes()
+    _put(server, key, old)
+    lay = layouts.Segments([5000 + 4 * COMM.rank], [4])
+    with collio.open(
+        f"s3://{BUCKET}/{key}", "r+", hints={"cb_buffer_size": 2048}, **_opts(server)
+    ) as f:
+        f.write_all(np.full(4, 7, np.uint8), lay)
+    want = old + bytes(2000) + b"\x07" * (4 * COMM.size)
+    assert _stored(server, key)[0] == want
+
+
+@pytest.mark.mpi
+def test_update_with_nothing_written_keeps_the_object(server, key):
+    _put(server, key, b"old bytes")
+    with collio.open(f"s3://{BUCKET}/{key}", "r+", **_opts(server)) as f:
+        f.write_all(np.zeros(0, np.uint8), layouts.Segments([], []))
+    assert _stored(server, key) == (b"old bytes", [])
+
+
+# ---------------------------------------------- several calls, size, growth
+@pytest.mark.mpi
+def test_size_option_lets_calls_fill_separate_parts(server, key):
+    size = 8 * 1024
+    halves = [(0, size // 2), (size // 2, size)]
+    raw = reference((size,), np.uint8, seed=3)
+    opts = _opts(server, size=size, part_size=1024)
+    with collio.open(f"s3://{BUCKET}/{key}", "w", **opts) as f:
+        for lo, hi in halves:
+            cut = np.linspace(lo, hi, COMM.size + 1).astype(int)
+            a, b = int(cut[COMM.rank]), int(cut[COMM.rank + 1])
+            f.write_all(raw[a:b], layouts.Segments([a], [b - a]))
+    assert _stored(server, key)[0] == raw.tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("what", ["same-part", "growth"])
+def test_second_call_that_s3_cannot_do_is_refused_everywhere(server, key, what):
+    _put(server, key, b"previous")
+    with collio.open(f"s3://{BUCKET}/{key}", "w", **_opts(server, part_size=1024)) as f:
+        f.write_all(np.ones(10, np.uint8), layouts.Segments([4000 + 10 * COMM.rank], [10]))
+        second = [3500, 4100 + 10 * COMM.size][what == "growth"] + 10 * COMM.rank
+        err = _raises_everywhere(
+            collio.LayoutError,
+            lambda: f.write_all(np.ones(10, np.uint8), layouts.Segments([second], [10])),
+        )
+        _raises_everywhere(
+            collio.ModeError, lambda: f.write_all(np.ones(0, np.uint8), layouts.Segments([], []))
+        )
+    text = "was uploaded by an earlier write_all" if what == "same-part" else "pass size="
+    assert text in str(err)
+    assert _stored(server, key) == (b"previous", [])
+
+
+# ------------------------------------------------------------------ faults
+@pytest.mark.mpi
+def test_refused_part_aborts_everywhere_and_keeps_old_object(faulty, key):
+    proxy, url = faulty
+    _put(url, key, b"previous object")
+    if proxy is not None:
+        proxy.clear()
+        proxy.fail("UploadPart", part=3, times=None)
+    COMM.Barrier()
+    glob = reference((40, 30), "<f8", seed=2)
+    lay = _layout("colblock", glob.shape)
+    opts = _opts(url, retries=2)
+
+    def write():
+        with collio.open(f"s3://{BUCKET}/{key}", "w", hints={"cb_buffer_size": 2048}, **opts) as f:
+            f.write_all(local_piece(glob, lay), lay)
+
+    err = _raises_everywhere(collio.BackendError, write)
+    assert "upload of part 3 (bytes [2048, 3072))" in str(
+        err
+    ) and "InternalError (HTTP 500)" in str(err)
+    assert "after 2 attempts" in str(err) and err.errno == 5
+    if proxy is not None:
+        proxy.clear()
+    assert _stored(url, key) == (b"previous object", [])
+    # the same processes go on: a new write through the proxy succeeds
+    with collio.open(f"s3://{BUCKET}/{key}", "w", hints={"cb_buffer_size": 2048}, **opts) as f:
+        f.write_all(local_piece(glob, lay), lay)
+    assert _stored(url, key) == (glob.tobytes(), [])
+
+
+@pytest.mark.mpi
+def test_transient_errors_are_retried(faulty, key):
+    proxy, url = faulty
+    if proxy is not None:
+        proxy.clear()
+        proxy.fail("UploadPart", part=2, times=2)  # 500 twice, then fine
+        proxy.fail("UploadPart", part=4, times=1, status=503, code="SlowDown")
+        proxy.fail("GetObject", times=1, status=503, code="SlowDown")
+    COMM.Barrier()
+    raw = reference((6000,), np.uint8, seed=6)  # 6 parts of 1024 bytes
+    cut = np.linspace(0, 6000, COMM.size + 1).astype(int)
+    a, b = int(cut[COMM.rank]), int(cut[COMM.rank + 1])
+    lay, mine = layouts.Segments([a], [b - a]), raw[a:b]
+    opts = _opts(url, retries=4)
+    with collio.open(f"s3://{BUCKET}/{key}", "w", hints={"cb_buffer_size": 2048}, **opts) as f:
+        f.write_all(mine, lay)
+    assert _stored(url, key)[0] == raw.tobytes()
+    with collio.open(f"s3://{BUCKET}/{key}", "r", **opts) as f:
+        np.testing.assert_array_equal(f.read_all(lay), mine)
+    seen = COMM.bcast(
+        (
+            proxy.count("UploadPart", part=2, status=500),
+            proxy.count("UploadPart", part=2, status=200),
+            proxy.count("GetObject", status=503),
+        )
+        if proxy is not None
+        else None
+    )
+    assert seen == (2, 1, 1)
+
+
+@pytest.mark.mpi
+def test_refused_completion_aborts_and_keeps_old_object(faulty, key):
+    proxy, url = faulty
+    _put(url, key, b"old")
+    if proxy is not None:
+        proxy.clear()
+        proxy.fail("CompleteMultipartUpload", times=None)
+    COMM.Barrier()
+
+    def write():
+        with collio.open(f"s3://{BUCKET}/{key}", "w", **_opts(url, retries=1)) as f:
+            f.write_all(np.ones(10, np.uint8), layouts.Segments([10 * COMM.rank], [10]))
+
+    err = _raises_everywhere(collio.CommitError, write)
+    assert "completing" in str(err) and "InternalError (HTTP 500)" in str(err)
+    if proxy is not None:
+        proxy.clear()
+    assert _stored(url, key) == (b"old", [])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["w", "r", "r+"])
+def test_missing_bucket_or_key_fails_everywhere(server, mode):
+    bucket = "no-such-bucket" if mode == "w" else BUCKET
+    err = _raises_everywhere(
+        collio.BackendError,
+        lambda: collio.open(f"s3://{bucket}/nothing/here", mode, **_opts(server)),
+    )
+    assert err.errno == 2 and err.ranks == (0,)
+    assert ("NoSuchBucket" if mode == "w" else "no such key 'nothing/here'") in str(err)
+
+
+@pytest.mark.mpi
+def test_ranks_naming_different_keys_fail_everywhere(server):
+    bad = COMM.size > 1 and COMM.rank == COMM.size - 1
+    target = f"s3://{BUCKET}/k{int(bad)}"
+    if COMM.size > 1:
+        err = _raises_everywhere(
+            collio.MismatchError, lambda: collio.open(target, "w", **_opts(server))
+        )
+        assert f"rank {COMM.size - 1}: s3 target or options differ" in str(err)
+
+
+@pytest.mark.mpi
+def test_read_all_in_w_mode_is_refused(server, key):
+    with collio.open(f"s3://{BUCKET}/{key}", "w", **_opts(server)) as f:
+        err = _raises_everywhere(collio.ModeError, lambda: f.read_all(layouts.Segments([0], [1])))
+    assert "not possible on this s3 target in mode 'w'" in str(err)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("target", "prefix", "text"),
+    [
+        (f"s3://{BUCKET}/jobs/7/../../x", "jobs/7", "has a '..' segment"),
+        (f"s3://{BUCKET}/jobs/8/x", "jobs/7", "is outside prefix 'jobs/7/'"),
+        (f"s3://{BUCKET}/", None, "the key is empty"),
+    ],
+)
+def test_bad_key_fails_everywhere(server, target, prefix, text):
+    err = _raises_everywhere(
+        collio.BackendError, lambda: collio.open(target, "w", **_opts(server, prefix=prefix))
+    )
+    assert text in str(err) and err.errno == 22
+    assert _stored(server, "x")[1] == []  # no upload was started
