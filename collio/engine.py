@@ -240,16 +240,7 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
 
     runs, buf, _, call = _check(ctx, layout, prepare, writing=True)
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
-    if active:
-        if call.direct:
-            _direct(ctx, call, lambda: ctx.backend.write_runs(runs, buf), runs, writing=True)
-        else:
-            runs = _own_first(ctx, call, runs, buf, writing=True)
-            if call.hi > call.lo:
-                plan = _plan(ctx, runs, call, writing=True)
-                call.counters.rounds = plan.nrounds
-                ctx.stats.local = _local_summary(ctx, plan)
-                write_rounds(ctx, plan, buf, call)
+    _transfer(ctx, call, runs, buf, writing=True)
     step = Attempt()
     if active and ctx.backend.needs_flush:
         with step:
@@ -266,18 +257,28 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
         return view, arr
 
     runs, buf, arr, call = _check(ctx, layout, prepare, writing=False)
-    if call.hi > call.lo:
-        if call.direct:
-            _direct(ctx, call, lambda: ctx.backend.read_runs(runs, buf), runs, writing=False)
-        else:
-            runs = _own_first(ctx, call, runs, buf, writing=False)
-            if call.hi > call.lo:
-                plan = _plan(ctx, runs, call, writing=False)
-                call.counters.rounds = plan.nrounds
-                ctx.stats.local = _local_summary(ctx, plan)
-                read_rounds(ctx, plan, buf, call)
+    _transfer(ctx, call, runs, buf, writing=False)
     _complete(ctx, call, t0)
     return arr
+
+
+def _transfer(
+    ctx: Context, call: Call, runs: Runs, buf: npt.NDArray[np.uint8], *, writing: bool
+) -> None:
+    """Collective: the direct path, or (kept runs first, then) plan and rounds."""
+    if call.hi <= call.lo:
+        return
+    be = ctx.backend
+    if call.direct:
+        action = be.write_runs if writing else be.read_runs
+        _direct(ctx, call, lambda: action(runs, buf), runs, writing=writing)
+        return
+    runs = _own_first(ctx, call, runs, buf, writing=writing)
+    if call.hi > call.lo:
+        plan = _plan(ctx, runs, call, writing=writing)
+        call.counters.rounds = plan.nrounds
+        ctx.stats.local = _local_summary(ctx, plan)
+        (write_rounds if writing else read_rounds)(ctx, plan, buf, call)
 
 
 def _own_first(
