@@ -106,6 +106,11 @@ def bench(
         f"{cfg.iterations} iterations, fsync {'on' if cfg.fsync else 'off'}; "
         f"APIs: {', '.join(names)}"
     )
+    for name, why in cfg.skipped:
+        emit(f"# {name}: not run: {why}")
+    opts = _shown(dict(cfg.options))
+    if opts:
+        emit("# options: " + ", ".join(f"{k}={v}" for k, v in opts.items()))
     t0 = time.perf_counter()
     try:
         runner, _, facts = run_bench(comm, cfg, emit)

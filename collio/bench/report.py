@@ -92,7 +92,10 @@ def memory_check(
 
 
 #: Hints shown in the text summary (the JSON file has all of them).
-_SHOWN = re.compile(r"^(zarr_\w+|h5_\w+|s3_\w+|cb_\w+|striping_\w+|romio_cb_(read|write)|romio_ds_\w+|direct_threshold)$")
+_SHOWN = re.compile(
+    r"^(cb_\w+|striping_\w+|romio_cb_(read|write)|romio_ds_\w+|direct_threshold"
+    r"|zarr_\w+|h5_\w+|s3_\w+)$"
+)
 
 
 def format_hints(used: dict[str, dict[str, Any]]) -> str:

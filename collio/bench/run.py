@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from mpi4py import MPI
 
 from ..collective import Attempt, agree, raise_agreed, sleep_until_done

@@ -34,13 +34,14 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 import zarr
+import zarr.codecs
 
 import collio
 
 from .apis import Api, Job
 from .builtin import CollioApi
-from .options import ZARR, parse_shape
 from .chunkgrid import UnitPart, boxes, misaligned, unit_parts, units_touched
+from .options import ZARR, parse_shape
 from .patterns import Workload
 
 __all__ = ["CollioZarrApi", "ZarrPlainApi", "ZarrLockedApi", "array_options"]
@@ -105,18 +106,18 @@ class _ZarrTarget:
 
     def setup(self) -> None:
         self.create = array_options(self.job.work, self.job.options)
-        self.target = f"{self.job.path}.{self.name}.zarr"
+        self.array_path = f"{self.job.path}.{self.name}.zarr"
 
     def prepare(self, writing: bool) -> None:
         """Rank 0 makes a fresh, empty array (and lock directory); not timed."""
         if writing and self.job.comm.rank == 0:
             self._remove()
-            zarr.create_array(self.target, **self.create)
-            os.makedirs(self.target + ".locks")
+            zarr.create_array(self.array_path, **self.create)
+            os.makedirs(self.array_path + ".locks")
 
     def _remove(self) -> None:
-        shutil.rmtree(self.target, ignore_errors=True)
-        shutil.rmtree(self.target + ".locks", ignore_errors=True)
+        shutil.rmtree(self.array_path, ignore_errors=True)
+        shutil.rmtree(self.array_path + ".locks", ignore_errors=True)
 
     def teardown(self) -> None:
         if self.job.comm.rank == 0 and not self.job.keep and hasattr(self, "target"):
@@ -124,7 +125,9 @@ class _ZarrTarget:
 
     def written(self) -> npt.NDArray[Any] | None:
         """The rank's piece read back with plain zarr."""
-        return read_boxes(zarr.open_array(self.target, mode="r"), self.job.layout, self.job.data)
+        return read_boxes(
+            zarr.open_array(self.array_path, mode="r"), self.job.layout, self.job.data
+        )
 
     def array_used(self) -> dict[str, Any]:
         c = self.create
@@ -180,10 +183,13 @@ class CollioZarrApi(_ZarrTarget, CollioApi):
     name: ClassVar[str] = "collio-zarr"
     backend: ClassVar[str | None] = "zarr"
 
+    def target(self) -> str:
+        return self.array_path
+
     def open(self, writing: bool) -> None:
         j = self.job
         self.f = collio.open(
-            self.target, "r+" if writing else "r", comm=j.comm, hints=self.hints() or None,
+            self.array_path, "r+" if writing else "r", comm=j.comm, hints=self.hints() or None,
             backend="zarr", fsync=j.fsync,
         )  # fmt: skip
 
@@ -198,8 +204,10 @@ class ZarrPlainApi(_ZarrTarget, Api):
 
     aligned_only: ClassVar[bool] = True
 
+    arr: Any = None
+
     def open(self, writing: bool) -> None:
-        self.arr = zarr.open_array(self.target, mode="r+" if writing else "r")
+        self.arr = zarr.open_array(self.array_path, mode="r+" if writing else "r")
 
     def transfer(self, writing: bool) -> None:
         j = self.job
@@ -209,7 +217,7 @@ class ZarrPlainApi(_ZarrTarget, Api):
         for glob, loc in boxes(j.layout):
             self.arr[glob] = j.data[loc]
         if j.fsync:
-            fsync_units(self.arr, self.target, units_touched(j.layout, _unit(self.create)))
+            fsync_units(self.arr, self.array_path, units_touched(j.layout, _unit(self.create)))
 
     def close(self) -> None:
         self.arr = None
@@ -231,13 +239,13 @@ class ZarrLockedApi(ZarrPlainApi):
             return
         j = self.job
         for part in unit_parts(j.layout, _unit(self.create)):
-            lock = os.path.join(self.target + ".locks", ".".join(map(str, part.coords)))
+            lock = os.path.join(self.array_path + ".locks", ".".join(map(str, part.coords)))
             with open(lock, "a") as fh:
                 fcntl.flock(fh, fcntl.LOCK_EX)
                 try:
                     self._store(part)
                     if j.fsync:
-                        fsync_units(self.arr, self.target, [part.coords])
+                        fsync_units(self.arr, self.array_path, [part.coords])
                 finally:
                     fcntl.flock(fh, fcntl.LOCK_UN)
 
@@ -253,7 +261,7 @@ class ZarrLockedApi(ZarrPlainApi):
             )
             self.arr[box] = piece
         else:
-            block = self.arr[part.region]
+            block = np.asarray(self.arr[part.region])
             block[np.ix_(*(_index(i) for i in part.inner))] = piece
             self.arr[part.region] = block
 
