@@ -12,6 +12,18 @@ plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 ``posix``         ``os.pwrite`` per piece (independent)
 ``ceiling``       each rank writes its 1/p share of the bytes with one ``pwrite``
 
+and, imported only when asked for (zarr, boto3, h5py are optional):
+
+``collio-zarr``   collio's zarr backend (:mod:`collio.bench.zarr_apis`)
+``zarr-plain``    each rank assigns its own region with plain zarr (chunk-aligned only)
+``zarr-locked``   plain zarr, chunk by chunk under an exclusive ``flock`` per chunk
+``collio-s3``     collio's S3 multipart backend (:mod:`collio.bench.s3_apis`)
+``s3-gather``     gather to rank 0, which uploads one multipart upload
+``s3-ceiling``    rank 0 uploads the same bytes, already in memory, in parts of the same size
+``collio-hdf5``   :mod:`collio.h5` into one HDF5 file (:mod:`collio.bench.hdf5_apis`)
+``hdf5-gather``   gather to rank 0, which writes with serial h5py
+``h5py-mpio``     parallel h5py (``driver="mpio"``, ``dset.collective``), where h5py has MPI
+
 Adding one (another backend, another library) takes one module::
 
     import collio
@@ -70,6 +82,12 @@ class Job:
     path: str
     hints: dict[str, str]
     fsync: bool = True
+    options: dict[str, str] = dataclasses.field(default_factory=dict)
+    keep: bool = False
+
+    def option(self, key: str, default: str) -> str:
+        """The ``-O`` option ``key`` (its default when not given)."""
+        return self.options.get(key, default)
 
     @property
     def pieces(self) -> Runs:
@@ -102,9 +120,25 @@ class Api:
     verifiable: ClassVar[bool] = True
     #: Extra hints this API adds on top of the user's.
     extra_hints: ClassVar[dict[str, str]] = {}
+    #: The ``-O key=value`` options this API reads, with a one-line help each.
+    option_help: ClassVar[dict[str, str]] = {}
+    #: Its target is not the flat test file: a read-only run (``-r``) first writes it,
+    #: untimed, through the API itself.
+    own_target: ClassVar[bool] = False
+    #: Ranks wait for each other sleeping instead of polling (a local server needs the CPU).
+    quiet: ClassVar[bool] = False
 
     def __init__(self, job: Job) -> None:
         self.job = job
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this API cannot run here (e.g. a library built without MPI), or None."""
+        return None
+
+    @classmethod
+    def check(cls, work: Workload, options: dict[str, str], writing: bool) -> None:
+        """Pure, on every rank alike, before any I/O: raise ValueError to refuse the run."""
 
     def hints(self) -> dict[str, str]:
         """The hints this API passes: the user's (sizes as plain bytes), then its own."""
@@ -116,6 +150,12 @@ class Api:
 
     def setup(self) -> None:
         """Once before the iterations (not timed)."""
+
+    def prepare(self, writing: bool) -> None:
+        """Collective, before each timed phase (not timed): e.g. create an empty array."""
+
+    def finish(self, writing: bool) -> None:
+        """Collective, after each timed phase and its verification (not timed)."""
 
     def open(self, writing: bool) -> None:
         raise NotImplementedError
@@ -145,6 +185,16 @@ class Api:
         whole = np.memmap(self.job.path, dtype=w.dtype, mode="r", shape=w.shape)
         return w.piece(whole, self.job.comm.rank)
 
+    def read_errors(self) -> int:
+        """For ``-R``: elements this rank read wrong (summed over ranks by the runner).
+
+        Default: ``job.out`` against ``job.data``.  An API whose reads do not land
+        in every rank's ``job.out`` (one process reading the whole object) counts its
+        own, 0 on the ranks that read nothing.
+        """
+        j = self.job
+        return int(np.count_nonzero(j.out != j.data)) if j.out.size else 0
+
 
 #: Hints whose values are byte counts or numbers: ROMIO reads them with atoi, so "4m" -> "4194304".
 _NUMERIC = re.compile(r"^(cb_buffer_size|cb_nodes|striping_unit|striping_factor|ind_\w+_size)$")
@@ -171,7 +221,37 @@ _KNOWN: dict[str, str] = {
     "mpiio-indep": "collio.bench.builtin:MpiioIndepApi",
     "posix": "collio.bench.builtin:PosixApi",
     "ceiling": "collio.bench.builtin:CeilingApi",
+    "collio-zarr": "collio.bench.zarr_apis:CollioZarrApi",
+    "zarr-plain": "collio.bench.zarr_apis:ZarrPlainApi",
+    "zarr-locked": "collio.bench.zarr_apis:ZarrLockedApi",
+    "collio-s3": "collio.bench.s3_apis:CollioS3Api",
+    "s3-gather": "collio.bench.s3_apis:S3GatherApi",
+    "s3-ceiling": "collio.bench.s3_apis:S3CeilingApi",
+    "collio-hdf5": "collio.bench.hdf5_apis:CollioHdf5Api",
+    "hdf5-gather": "collio.bench.hdf5_apis:Hdf5GatherApi",
+    "h5py-mpio": "collio.bench.hdf5_apis:H5pyMpioApi",
 }
+#: What each built-in measures (``--list-apis``), without importing anything.
+ABOUT: dict[str, str] = {
+    "collio": "collio two-phase write_all/read_all, posix backend",
+    "collio-mpiio": "collio two-phase, aggregators write through MPI.File",
+    "mpiio": "ROMIO collective: file view + Write_all/Read_all",
+    "mpiio-tuned": "ROMIO collective, cb_nodes = ranks, cb_config_list = *:*",
+    "mpiio-indep": "MPI.File.Write_at/Read_at per piece",
+    "posix": "os.pwrite/preadv per piece",
+    "ceiling": "each rank's 1/p share as one contiguous pwrite (not the layout)",
+    "collio-zarr": "collio's zarr backend [zarr]",
+    "zarr-plain": "plain zarr, each rank its own region; chunk-aligned only [zarr]",
+    "zarr-locked": "plain zarr chunk by chunk under a flock per chunk [zarr]",
+    "collio-s3": "collio's S3 multipart backend [s3]",
+    "s3-gather": "gather to rank 0, one multipart upload from there [s3]",
+    "s3-ceiling": "rank 0 uploads the bytes already in memory, same parts [s3]",
+    "collio-hdf5": "collio.h5 into one HDF5 file (contiguous; -O codec=gzip) [hdf5]",
+    "hdf5-gather": "gather to rank 0, serial h5py write [hdf5]",
+    "h5py-mpio": "parallel h5py, dset.collective (needs h5py built with MPI) [hdf5]",
+}
+#: A missing module and the extra that installs it.
+_EXTRAS = {"zarr": "zarr", "h5py": "hdf5", "boto3": "s3", "botocore": "s3", "moto": "test"}
 _LOADED: dict[str, type[Api]] = {}
 
 
@@ -219,7 +299,17 @@ def get_api(name: str) -> type[Api]:
             raise ValueError(f"unknown API {name!r}; known: {', '.join(known_apis())}")
         path = eps[0].value
     module, _, attr = path.partition(":")
-    cls: type[Api] = getattr(importlib.import_module(module), attr)
+    try:
+        found = importlib.import_module(module)
+    except ImportError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top not in _EXTRAS:
+            raise
+        raise ValueError(
+            f"API {name!r} needs {top}, which is not installed: "
+            f"pip install 'collio[{_EXTRAS[top]}]'"
+        ) from exc
+    cls: type[Api] = getattr(found, attr)
     _LOADED[name] = cls
     return cls
 

@@ -3,6 +3,9 @@
 mpiexec -n 4 collio-bench                       # collio vs ROMIO (default, tuned) vs ceiling
 mpiexec -n 4 collio-bench -a collio -w -r -e -i 5 --pattern cyclic --size 4096
 mpiexec -n 4 collio-bench --pattern ior -s 4096 -b 8k -t 8k --compare collio,mpiio,mpiio-tuned
+mpiexec -n 4 collio-bench --pattern block2d --compare collio-zarr,zarr-plain -O chunks=512
+mpiexec -n 4 collio-bench --size 256MiB --compare collio-s3,s3-gather,s3-ceiling
+mpiexec -n 4 collio-bench --compare collio-hdf5,hdf5-gather,h5py-mpio
 collio-bench --simulate --ranks 65536 --pattern colblock --size 1TiB --cb-nodes 512
 collio-bench --plan-speed
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -83,6 +87,16 @@ def _ior_options(io: argparse._ArgumentGroup) -> None:
     io.add_argument("--size", help="array: 4096 (edge), 4096x2048 or 128MiB; ior: total bytes")
     io.add_argument("--cyclic-block", type=int, default=64, help="cyclic: block edge (64)")
     io.add_argument("--hints", type=_hints, default=[], help="k=v,... for collio and ROMIO")
+    io.add_argument(
+        "-O", "--options", type=_hints, default=[],
+        help="k=v,... for the zarr, S3 and HDF5 APIs (chunks, shards, codec, level, "
+        "part_size, ...; see --list-apis)",
+    )  # fmt: skip
+    io.add_argument(
+        "--s3-endpoint", default=os.environ.get("COLLIO_BENCH_S3_ENDPOINT"),
+        help="S3 APIs: this store (env COLLIO_BENCH_S3_ENDPOINT; default: a local moto "
+        "server started by the benchmark); credentials the usual boto3 way",
+    )  # fmt: skip
     io.add_argument("--json", help="write every figure to this JSON file")
     io.add_argument("--plot", help="bandwidth per API as a PNG (matplotlib)")
     io.add_argument("--list-apis", action="store_true", help="print the known APIs")
@@ -129,9 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.list_apis:
-            from .apis import known_apis
-
-            print("\n".join(known_apis()))
+            print(_list_apis())
             return 0
         if args.plan_speed:
             return _plan_speed(args)
@@ -143,6 +155,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .main import bench
 
     return bench(args, _workload, _all_hints(args), DEFAULT_APIS)
+
+
+def _list_apis() -> str:
+    """Every known API with what it measures (imports nothing optional)."""
+    from .apis import ABOUT, known_apis
+    from .options import OPTION_HELP
+
+    lines = [f"{name:<13} {ABOUT.get(name, '')}".rstrip() for name in known_apis()]
+    lines += ["", "-O options ([extra] APIs):"]
+    lines += [f"  {k:<15} {v}" for k, v in OPTION_HELP.items()]
+    return "\n".join(lines)
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -45,17 +45,38 @@ def _config(
     default_apis: str,
     nranks: int,
 ) -> BenchConfig:
-    """The run's configuration; raises ValueError for a bad pattern, size or API."""
+    """The run's configuration; raises ValueError for a bad pattern, size, API or option.
+
+    Pure and the same on every rank: APIs refuse a run (``Api.check``) before any I/O,
+    and APIs that cannot run here (``Api.unavailable``) are left out with the reason.
+    """
     from .apis import get_api
 
     work = workload(args, nranks)
     names = _apis(args, default_apis)
-    for name in names:
-        get_api(name)
     write, read = (args.write or not args.read), (args.read or not args.write)
+    options = dict(args.options)
+    if getattr(args, "s3_endpoint", None) and "endpoint" not in options:
+        options["endpoint"] = args.s3_endpoint
+    classes = {name: get_api(name) for name in names}
+    known = {k for cls in classes.values() for k in cls.option_help}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        given = "endpoint (--s3-endpoint)" if unknown == ["endpoint"] else ", ".join(unknown)
+        raise ValueError(
+            f"option {given} is not used by any of the APIs {', '.join(names)}"
+            + (f"; theirs: {', '.join(sorted(known))}" if known else "")
+        )
+    skipped = {name: why for name, cls in classes.items() if (why := cls.unavailable())}
+    run = tuple(name for name in names if name not in skipped)
+    if not run:
+        raise ValueError("; ".join(f"{n} is unavailable: {why}" for n, why in skipped.items()))
+    for name in run:
+        classes[name].check(work, options, write)
     return BenchConfig(
-        work, names, args.iterations, write, read, args.fsync, args.check_write, args.check_read,
-        args.test_file, tuple(hints), args.keep_file,
+        work, run, args.iterations, write, read, args.fsync, args.check_write, args.check_read,
+        args.test_file, tuple(hints), args.keep_file, tuple(options.items()),
+        tuple(skipped.items()),
     )  # fmt: skip
 
 
@@ -85,6 +106,11 @@ def bench(
         f"{cfg.iterations} iterations, fsync {'on' if cfg.fsync else 'off'}; "
         f"APIs: {', '.join(names)}"
     )
+    for name, why in cfg.skipped:
+        emit(f"# {name}: not run: {why}")
+    opts = _shown(dict(cfg.options))
+    if opts:
+        emit("# options: " + ", ".join(f"{k}={v}" for k, v in opts.items()))
     t0 = time.perf_counter()
     try:
         runner, _, facts = run_bench(comm, cfg, emit)
@@ -113,14 +139,21 @@ def _finish(
     summary = summarize(runner.rows, names)
     print(format_summary(summary, names[0]))
     print(format_rss(facts, runner.aggregators, names))
-    if "collio" in names:
-        cb = int(runner.hints_used.get("collio", {}).get("cb_buffer_size", 16 * MiB))
-        facts["memory_check"] = check = memory_check(facts, runner.aggregators, cb)
+    checks = {}
+    for name in names:
+        if not name.startswith("collio"):
+            continue
+        cb = int(runner.hints_used.get(name, {}).get("cb_buffer_size", 16 * MiB))
+        aggs = runner.aggregators_of.get(name, runner.aggregators)
+        checks[name] = check = memory_check(facts, aggs, cb, name)
         print(
-            f"collio aggregators' RSS growth: at most {check['max_growth'] / MiB:.1f} MiB; "
+            f"{name} aggregators' RSS growth: at most {check['max_growth'] / MiB:.1f} MiB; "
             f"bound 2 x cb_buffer_size + 100 MiB = {check['limit'] / MiB:.0f} MiB: "
             f"{'within' if check['ok'] else 'EXCEEDED'}"
         )
+    if "collio" in checks:
+        facts["memory_check"] = checks["collio"]
+    facts["memory_checks"] = checks
     print(format_hints(runner.hints_used))
     print(f"\ntest file {facts['path']} ({'kept' if cfg.keep else 'removed'}); {seconds:.1f} s")
     doc = {
@@ -128,6 +161,7 @@ def _finish(
         "shape": list(work.shape), "dtype": work.dtype, "grid": list(work.grid),
         "bytes": work.nbytes, "iterations": cfg.iterations, "fsync": cfg.fsync, "apis": names,
         "hints_given": dict(cfg.hints), "hints_used": runner.hints_used,
+        "options": _shown(dict(cfg.options)), "unavailable": dict(cfg.skipped),
         "rows": [dataclasses.asdict(r) for r in runner.rows], "summary": summary,
         "collio_aggregators": runner.aggregators, "seconds": seconds,
         "errors": sum(s["errors"] or 0 for s in summary), **facts,
@@ -136,3 +170,15 @@ def _finish(
         write_json(args.json, doc)
     if args.plot:
         plot(args.plot, summary, f"{work.describe()}, {nranks} ranks")
+
+
+def _shown(options: dict[str, str]) -> dict[str, str]:
+    """Options as printed and saved: an endpoint without any ``user:password@`` part."""
+    out = dict(options)
+    if out.get("endpoint"):
+        from urllib.parse import urlsplit, urlunsplit
+
+        u = urlsplit(out["endpoint"])
+        host = (u.hostname or "") + (f":{u.port}" if u.port else "")
+        out["endpoint"] = urlunsplit((u.scheme, host, u.path, "", ""))
+    return out

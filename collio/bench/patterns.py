@@ -116,17 +116,32 @@ class Workload:
 
     def data(self, rank: int, seed: int = 0) -> npt.NDArray[Any]:
         """The piece rank ``rank`` writes: a function of each element's global position."""
-        pos = _positions(self.layout(rank))
+        return self._values(_positions(self.layout(rank)), seed)
+
+    def whole(self, seed: int = 0) -> npt.NDArray[Any]:
+        """The global array all ranks' :meth:`data` make together (built slice by slice)."""
+        n = math.prod(self.shape)
+        out = np.empty(n, self.dtype)
+        step = 1 << 22
+        for a in range(0, n, step):
+            out[a : a + step] = self._values(np.arange(a, min(n, a + step), dtype=np.int64), seed)
+        return out.reshape(self.shape)
+
+    def _values(self, pos: I64, seed: int) -> npt.NDArray[Any]:
         if self.pattern == "ior":
             return ((pos * 7 + seed) % 251).astype(np.uint8)
         return (pos + seed).astype(self.dtype)
 
-    def piece(self, whole: npt.NDArray[Any], rank: int) -> npt.NDArray[Any]:
-        """Rank ``rank``'s piece of the global array ``whole`` (e.g. a memmap of the file)."""
+    def where(self, rank: int) -> tuple[Any, ...]:
+        """An index of the global array selecting rank ``rank``'s piece (slices or ``np.ix_``)."""
         lay = self.layout(rank)
         if isinstance(lay, layouts.Subarray):
-            return np.asarray(whole[lay.slices])
-        return np.asarray(whole[np.ix_(*(d.indices() for d in lay.dims))])
+            return lay.slices
+        return np.ix_(*(d.indices() for d in lay.dims))
+
+    def piece(self, whole: npt.NDArray[Any], rank: int) -> npt.NDArray[Any]:
+        """Rank ``rank``'s piece of the global array ``whole`` (e.g. a memmap of the file)."""
+        return np.asarray(whole[self.where(rank)])
 
 
 def numroc(n: I64, nb: I64, iproc: I64, nprocs: I64) -> I64:

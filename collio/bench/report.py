@@ -76,21 +76,26 @@ def format_rss(facts: dict[str, Any], aggs: list[int], apis: list[str]) -> str:
     return "\n".join(lines)
 
 
-def memory_check(facts: dict[str, Any], aggs: list[int], cb_buffer_size: int) -> dict[str, Any]:
-    """collio's aggregators against the bound: growth <= 2 x cb_buffer_size + 100 MiB.
+def memory_check(
+    facts: dict[str, Any], aggs: list[int], cb_buffer_size: int, api: str = "collio"
+) -> dict[str, Any]:
+    """A collio API's aggregators against the bound: growth <= 2 x cb_buffer_size + 100 MiB.
 
     The issue's bound is peak <= own data + 2 x cb_buffer_size + 100 MiB; the
     benchmark's own copies of the data are already resident before a phase, so the
     growth during collio's phases is what the bound limits.
     """
     limit = 2 * cb_buffer_size + 100 * MiB
-    growth = [int(facts["extra_rss"][r].get("collio", 0)) for r in aggs]
+    growth = [int(facts["extra_rss"][r].get(api, 0)) for r in aggs]
     worst = max(growth, default=0)
     return {"limit": limit, "max_growth": worst, "ok": worst <= limit}
 
 
 #: Hints shown in the text summary (the JSON file has all of them).
-_SHOWN = re.compile(r"^(cb_\w+|striping_\w+|romio_cb_(read|write)|romio_ds_\w+|direct_threshold)$")
+_SHOWN = re.compile(
+    r"^(cb_\w+|striping_\w+|romio_cb_(read|write)|romio_ds_\w+|direct_threshold"
+    r"|zarr_\w+|h5_\w+|s3_\w+)$"
+)
 
 
 def format_hints(used: dict[str, dict[str, Any]]) -> str:

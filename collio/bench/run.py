@@ -4,7 +4,8 @@ Every iteration runs every API once, in a rotated order (so no API always goes
 first after a cold cache), writing then reading the same file; the file is
 removed before each write.  Phases (open, transfer, close) are timed per rank
 and the slowest rank's time is kept; bandwidth is the bytes over the
-barrier-to-barrier time, as IOR reports it.
+barrier-to-barrier time, as IOR reports it.  An API's ``prepare`` / ``finish``
+(e.g. creating an empty zarr array) run before / after the timed phases.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from mpi4py import MPI
 
-from ..collective import Attempt, raise_agreed
+from ..collective import Attempt, agree, raise_agreed, sleep_until_done
 from .apis import Api, Job, get_api
 from .patterns import Workload
 
@@ -46,6 +46,8 @@ class BenchConfig:
     path: str | None = None
     hints: tuple[tuple[str, str], ...] = ()
     keep: bool = False
+    options: tuple[tuple[str, str], ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()  # (API, why it cannot run here)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,7 +108,8 @@ def _timed(comm: MPI.Intracomm, api: Api, writing: bool) -> tuple[float, float, 
     A rank whose phase fails still reaches the barrier; then every rank raises the
     same :class:`~collio.CollioError` naming the failing ranks (nobody hangs).
     """
-    comm.Barrier()
+    wait = _quiet_barrier if api.quiet else _barrier
+    wait(comm)
     t0 = time.perf_counter()
     t = [t0, t0, t0]
     step = Attempt()
@@ -117,7 +120,7 @@ def _timed(comm: MPI.Intracomm, api: Api, writing: bool) -> tuple[float, float, 
         t[1] = time.perf_counter()
         api.close()
         t[2] = time.perf_counter()
-    comm.Barrier()
+    wait(comm)
     total = time.perf_counter() - t0
     phases = np.array([t[0] - t0, t[1] - t[0], t[2] - t[1], 1.0 if step.error else 0.0])
     worst = np.empty_like(phases)
@@ -127,9 +130,41 @@ def _timed(comm: MPI.Intracomm, api: Api, writing: bool) -> tuple[float, float, 
     return float(worst[0]), float(worst[1]), float(worst[2]), total
 
 
-def _count_errors(comm: MPI.Intracomm, got: npt.NDArray[Any], want: npt.NDArray[Any]) -> int:
-    """Collective: elements that differ, summed over ranks."""
-    mine = int(np.count_nonzero(got != want)) if got.size else 0
+def _barrier(comm: MPI.Intracomm) -> None:
+    comm.Barrier()
+
+
+def _quiet_barrier(comm: MPI.Intracomm) -> None:
+    """A barrier that sleeps while it waits (MPI's polls a core a local server needs)."""
+    sleep_until_done(comm.Ibarrier())
+
+
+def _untimed(comm: MPI.Intracomm, api: Api, writing: bool, step: str) -> None:
+    """Collective: ``api.prepare`` / ``api.finish``; a failure on any rank is raised on all."""
+    attempt = Attempt()
+    with attempt:
+        (api.prepare if step == "prepare" else api.finish)(writing)
+    agree(comm, attempt.error, what=f"{api.name} {step}")
+
+
+def _count_errors(comm: MPI.Intracomm, api: Api, job: Job, writing: bool) -> int:
+    """Collective: elements that differ, summed over ranks (-1: not verifiable)."""
+    attempt = Attempt()
+    mine = 0
+    verifiable = True
+    with attempt:
+        if writing:
+            got = api.written()
+            verifiable = got is not None
+            if got is not None:
+                want, got = job.data.reshape(-1), got.reshape(-1)
+                # a short target (nothing or too little stored) counts every element wrong
+                mine = int(np.count_nonzero(got != want)) if got.size == want.size else want.size
+        else:
+            mine = api.read_errors()
+    agree(comm, attempt.error, what=f"{api.name} verify")
+    if not comm.allreduce(1 if verifiable else 0, op=MPI.MIN):
+        return -1
     return int(comm.allreduce(mine, op=MPI.SUM))
 
 
@@ -143,6 +178,7 @@ class Runner:
         self.extra: dict[str, int] = {}  # peak minus the resident set before the phase
         self.hints_used: dict[str, dict[str, Any]] = {}
         self.aggregators: list[int] = []
+        self.aggregators_of: dict[str, list[int]] = {}
 
     def run(self, apis: list[Api], job: Job, transfers: int) -> None:
         cfg = self.cfg
@@ -163,6 +199,7 @@ class Runner:
                 _fresh(comm, job.path)
             else:
                 job.out[...] = 0
+            _untimed(comm, api, writing, "prepare")
             base = peak_rss(reset=True)
             o, x, c, total = _timed(comm, api, writing)
             peak = peak_rss()
@@ -170,11 +207,9 @@ class Runner:
             self.extra[api.name] = max(self.extra.get(api.name, 0), peak - base)
             check = (cfg.check_write if writing else cfg.check_read) or it == 0
             errors = -1
-            got = None
             if check and api.verifiable:
-                got = api.written() if writing else job.out
-            if got is not None:
-                errors = _count_errors(comm, got.reshape(-1), job.data.reshape(-1))
+                errors = _count_errors(comm, api, job, writing)
+            _untimed(comm, api, writing, "finish")
             nbytes = cfg.work.nbytes
             row = Row(
                 api.name, op, it, nbytes / MiB / total, transfers / total, o, x, c, total, errors
@@ -185,6 +220,7 @@ class Runner:
         stats = getattr(api, "stats", None)
         if stats is not None:
             self.aggregators = list(stats.aggregators)
+            self.aggregators_of[api.name] = self.aggregators
 
     def _progress(self, it: int, seconds: float) -> str:
         parts = [f"{r.api} {r.op[0]} {r.bw:.0f}" for r in self.rows if r.iteration == it]
@@ -209,14 +245,18 @@ def format_row(r: Row) -> str:
     )
 
 
-def _ensure_file(comm: MPI.Intracomm, job: Job) -> None:
-    """For read-only runs: write the file once with collio (untimed)."""
-    if os.path.exists(job.path):
-        return
-    api = get_api("collio")(job)
-    api.open(True)
-    api.transfer(True)
-    api.close()
+def _ensure_file(comm: MPI.Intracomm, job: Job, apis: list[Api]) -> None:
+    """For read-only runs: write the file once with collio, and each API's own target (untimed)."""
+    if not os.path.exists(job.path):
+        api = get_api("collio")(job)
+        api.open(True)
+        api.transfer(True)
+        api.close()
+    for api in apis:
+        if api.own_target:
+            _untimed(comm, api, True, "prepare")
+            _timed(comm, api, True)
+            _untimed(comm, api, True, "finish")
 
 
 def run_bench(
@@ -243,7 +283,10 @@ def run_bench(
     w = cfg.work
     lay = w.layout(comm.rank)
     data = np.ascontiguousarray(w.data(comm.rank))
-    job = Job(comm, w, lay, data, np.empty_like(data), path, dict(cfg.hints), cfg.fsync)
+    job = Job(
+        comm, w, lay, data, np.empty_like(data), path, dict(cfg.hints), cfg.fsync,
+        dict(cfg.options), cfg.keep,
+    )  # fmt: skip
     transfers = int(comm.allreduce(len(job.pieces), op=MPI.SUM))
     runner = Runner(comm, cfg, emit)
     emit(HEADER)
@@ -252,7 +295,7 @@ def run_bench(
         for api in apis:
             api.setup()
         if not cfg.write:
-            _ensure_file(comm, job)
+            _ensure_file(comm, job, apis)
         runner.run(apis, job, transfers)
     finally:
         for api in apis:
