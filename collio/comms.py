@@ -21,6 +21,8 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from .plancache import PlanCache
+
 __all__ = ["Private", "private"]
 
 _lock = threading.Lock()
@@ -33,6 +35,7 @@ class Private:
 
     comm: MPI.Intracomm
     nodes: npt.NDArray[np.int64]  # nodes[r]: world-unique id of rank r's node
+    plans: PlanCache = dataclasses.field(default_factory=PlanCache)  # kept plans
 
 
 def _delete(comm: Any, keyval: int, value: Any) -> None:

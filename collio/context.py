@@ -11,6 +11,7 @@ from mpi4py import MPI
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import Backend
 from .hints import Hints
+from .plancache import PlanCache
 from .stats import Stats
 
 __all__ = ["Context", "Call", "Plan"]
@@ -28,6 +29,7 @@ class Context:
     aggregators: I64
     stats: Stats
     mode: str
+    plans: PlanCache | None = None  # plans of earlier calls on this communicator
 
     @property
     def rank(self) -> int:
@@ -49,6 +51,7 @@ class Call:
     direct: bool
     counters: Stats
     own: npt.NDArray[np.bool_] | None = None  # runs this rank does itself before the shuffle
+    reused: bool = False  # the plan of an earlier, identical call was used
 
 
 @dataclasses.dataclass(slots=True)
@@ -61,3 +64,15 @@ class Plan:
     sround: I64  # round of each sender group
     agg: AggregatorPlan | None
     nrounds: int
+
+    def nbytes(self) -> int:
+        """Bytes of the plan's arrays (what keeping it costs)."""
+        parts: list[object] = [self.bounds, self.sround, *_arrays(self.sender)]
+        parts += _arrays(self.sender.pieces)
+        if self.agg is not None:
+            parts += _arrays(self.agg)
+        return sum(a.nbytes for a in parts if isinstance(a, np.ndarray))
+
+
+def _arrays(obj: object) -> list[object]:
+    return [getattr(obj, f.name) for f in dataclasses.fields(obj)]  # type: ignore[arg-type]

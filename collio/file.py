@@ -111,7 +111,7 @@ class File:
         stats = Stats(aggregators=tuple(aggs.tolist()))
         stats.hints = _used_hints(parsed, aggs)
         stats.backend = be.describe()
-        ctx = engine.Context(comm, be, parsed, aggs, stats, mode)
+        ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans)
         return cls(ctx, target)
 
     # -- properties -----------------------------------------------------------

@@ -120,8 +120,10 @@ class Segments(Layout):
 
     def __init__(self, offsets: Any, lengths: Any) -> None:
         super().__init__()
-        self.offsets = as_i64(offsets)
-        self.lengths = as_i64(lengths)
+        # copies: a layout is a snapshot, so changing the caller's arrays later cannot
+        # make its cached runs (or a plan kept for them) stale
+        self.offsets = np.array(as_i64(offsets), np.int64)
+        self.lengths = np.array(as_i64(lengths), np.int64)
 
     def __repr__(self) -> str:
         return f"Segments(<{len(self.offsets)} runs, {int(self.lengths.sum())} bytes>)"

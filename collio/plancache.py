@@ -1,0 +1,96 @@
+"""Plans kept across calls: a checkpoint loop writes the same layout again and again.
+
+Planning a call costs a metadata all-to-all and sorting every piece on the
+aggregators (30 ms for 65,536 runs per rank at 4 ranks here, a fifth of a 128 MiB
+block-cyclic write).  When every rank repeats a call it made before (same runs,
+same file domains and window, same aggregators, same direction), the plan is the
+same, so it is kept.  A rank finds its own candidate locally; the ranks then agree
+in one small allreduce that they all found the entry made by the same earlier
+collective call (its epoch), and only then is it used.  Entries are made by
+collective calls in the same order on every rank, so epochs match across ranks.
+
+At most :data:`KEEP` plans are kept per communicator (a write and a read of one
+layout), and none whose metadata exceeds :data:`MAX_BYTES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from .runs import Runs
+
+__all__ = ["PlanCache"]
+
+I64 = npt.NDArray[np.int64]
+KEEP = 2
+MAX_BYTES = 32 << 20
+
+
+@dataclasses.dataclass(slots=True)
+class _Entry:
+    epoch: int
+    key: tuple[Any, ...]
+    bounds: I64
+    runs: Runs
+    plan: Any
+    nbytes: int
+
+
+def _same_runs(a: Runs, b: Runs) -> bool:
+    return (
+        len(a) == len(b)
+        and bool(np.array_equal(a.file, b.file))
+        and bool(np.array_equal(a.length, b.length))
+        and bool(np.array_equal(a.mem, b.mem))
+    )
+
+
+class PlanCache:
+    """Plans of earlier calls on one communicator, reused only when every rank agrees."""
+
+    __slots__ = ("entries", "epoch", "hits", "misses")
+
+    def __init__(self) -> None:
+        self.entries: list[_Entry] = []
+        self.epoch = 0  # advanced by every collective store, so equal on every rank
+        self.hits = 0
+        self.misses = 0
+
+    def lookup(self, comm: MPI.Comm, key: tuple[Any, ...], bounds: I64, runs: Runs) -> Any:
+        """Collective over ``comm``: the plan every rank made in one earlier call, or None."""
+        found = next(
+            (
+                e
+                for e in reversed(self.entries)
+                if e.key == key and np.array_equal(e.bounds, bounds) and _same_runs(e.runs, runs)
+            ),
+            None,
+        )
+        mine = found.epoch if found is not None else -1
+        vec = np.array([mine, -mine], np.int64)
+        out = np.empty_like(vec)
+        comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+        if found is not None and out[0] == -out[1] == mine:
+            self.hits += 1
+            self.entries.remove(found)
+            self.entries.append(found)  # most recently used last
+            return found.plan
+        self.misses += 1
+        return None
+
+    def store(self, key: tuple[Any, ...], bounds: I64, runs: Runs, plan: Any, nbytes: int) -> None:
+        """Collective in effect: every rank stores after the same planning call."""
+        self.epoch += 1
+        if nbytes > MAX_BYTES:
+            return
+        kept = Runs(runs.file.copy(), runs.length.copy(), runs.mem.copy())  # a snapshot
+        self.entries.append(_Entry(self.epoch, key, bounds.copy(), kept, plan, nbytes))
+        del self.entries[:-KEEP]
+
+    def clear(self) -> None:
+        self.entries.clear()

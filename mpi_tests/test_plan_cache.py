@@ -1,0 +1,109 @@
+"""Plans kept across calls: reused only when every rank repeats an identical call.
+
+Each test changes what the kept plan would get wrong (one rank's layout, the
+direction, the window, data in place) and checks the file byte for byte.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collio
+from collio import layouts
+
+pytestmark = pytest.mark.mpi(min_size=1)
+N = 96
+
+
+def _global(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).random((N, N))
+
+
+def _write(path: str, comm: MPI.Comm, glob: np.ndarray, lay, hints=None) -> bool:
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
+        return bool(f.stats.last_call["plan_reused"])
+
+
+def _on_disk(path: str) -> np.ndarray:
+    return np.fromfile(path, "<f8").reshape(N, N)
+
+
+def test_repeated_write_and_read_reuse_the_plan(comm, shared_path):
+    lay = layouts.block((N, N), "<f8", comm=comm, grid=(1, comm.size))
+    small = {"cb_buffer_size": 4096, "romio_cb_write": "enable", "romio_cb_read": "enable"}
+    seen = []
+    for it in range(3):
+        glob = _global(it)
+        seen.append(_write(shared_path, comm, glob, lay, small))
+        comm.Barrier()
+        assert np.array_equal(_on_disk(shared_path), glob)
+        with collio.open(shared_path, "r", comm=comm, hints=small) as f:
+            back = f.read_all(lay)
+            seen.append(bool(f.stats.last_call["plan_reused"]))
+        assert np.array_equal(back, glob[lay.slices])
+    # the first write and the first read plan; every later call reuses
+    assert seen == [False, False, True, True, True, True]
+
+
+def test_one_rank_changing_its_layout_is_never_served_a_kept_plan(comm, shared_path):
+    p = comm.size
+    hints = {"cb_buffer_size": 8192, "romio_cb_write": "enable"}
+    # rows dealt round-robin, then the last two ranks swap their rows (same global array)
+    rows = [np.arange(r, N, p) for r in range(p)]
+    for swap in (False, True, False):
+        mine = rows[comm.rank]
+        if swap and p >= 2 and comm.rank >= p - 2:
+            mine = rows[(2 * p - 3 - comm.rank) % p]
+        offsets = mine * N * 8
+        seg = layouts.Segments(offsets, np.full(len(mine), N * 8))
+        glob = _global(7 if swap else 8)
+        with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+            f.write_all(np.ascontiguousarray(glob[mine]).view(np.uint8).reshape(-1), seg)
+        comm.Barrier()
+        assert np.array_equal(_on_disk(shared_path), glob)
+
+
+def test_changed_window_or_data_in_place(comm, shared_path):
+    lay = layouts.block_cyclic((N, N), "<f8", block=(8, 8), grid=_grid(comm.size), comm=comm)
+    glob = _global(3)
+    local = np.ascontiguousarray(glob[np.ix_(*lay.indices)])
+    for size in (4096, 4096, 16384, 4096):
+        local += 1.0  # new values each call, same buffer
+        glob[np.ix_(*lay.indices)] = local
+        full = comm.allreduce(np.where(_mask(lay), glob, 0.0), op=MPI.SUM)
+        with collio.open(shared_path, "w", comm=comm, hints={"cb_buffer_size": size}) as f:
+            f.write_all(local, lay)
+        comm.Barrier()
+        assert np.array_equal(_on_disk(shared_path), full)
+
+
+def test_a_failed_call_leaves_nothing_stale(comm, shared_path):
+    lay = layouts.block((N, N), "<f8", comm=comm, grid=(comm.size, 1))
+    glob = _global(11)
+    _write(shared_path, comm, glob, lay)
+    if comm.size > 1:  # rank 0 also writes rank 1's first row: refused on every rank
+        bad = (
+            layouts.Subarray((N, N), (0, 0), (lay.local_shape[0] + 1, N), "<f8")
+            if comm.rank == 0
+            else lay
+        )
+        with collio.open(shared_path, "r+", comm=comm) as f:
+            with pytest.raises(collio.OverlapError):
+                f.write_all(np.zeros(bad.local_shape), bad)
+    glob2 = _global(12)
+    _write(shared_path, comm, glob2, lay)
+    comm.Barrier()
+    assert np.array_equal(_on_disk(shared_path), glob2)
+
+
+def _grid(p: int) -> tuple[int, int]:
+    return (2, p // 2) if p % 2 == 0 else (1, p)
+
+
+def _mask(lay) -> np.ndarray:
+    m = np.zeros((N, N), bool)
+    m[np.ix_(*lay.indices)] = True
+    return m
