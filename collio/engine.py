@@ -27,7 +27,7 @@ from .aggregators import plan_aggregator, plan_sender, window_size
 from .aggregators.domains import alignment
 from .aggregators.plan import AggregatorPlan
 from .aggregators.summary import aggregator_summary
-from .collective import Attempt, raise_agreed
+from .collective import Attempt, any_flag, raise_agreed
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
@@ -329,5 +329,7 @@ def _direct(ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool)
             else:
                 call.counters.add_reads(sizes)
     call.counters.time_io += time.perf_counter() - t
-    if ctx.comm.allreduce(1 if step.error else 0, op=MPI.MAX):
+    # ranks finish their own I/O at different times: wait sleeping, so that a rank done
+    # early does not spin in MPI on a core the others need to finish theirs
+    if any_flag(ctx.comm, step.error is not None, patient=True):
         raise_agreed(ctx.comm, step.error, what="backend I/O")

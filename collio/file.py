@@ -14,7 +14,7 @@ from . import engine, view
 from .aggregators import choose_aggregators
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
-from .collective import Attempt, agree
+from .collective import Attempt, agree, any_flag, raise_agreed
 from .comms import Private, private
 from .errors import MismatchError, ModeError
 from .hints import Hints
@@ -230,7 +230,8 @@ class File:
         step = Attempt()
         with step:
             self.backend.sync()
-        agree(self.comm, step.error, what="sync")
+        if any_flag(self.comm, step.error is not None, patient=True):
+            raise_agreed(self.comm, step.error, what="sync")
 
     def close(self) -> None:
         """Collective over `comm`: sync, commit (atomic targets), release.  Idempotent."""
@@ -240,7 +241,8 @@ class File:
         step = Attempt()
         with step:
             ctx.backend.sync()
-        ok = not self._aborted and not ctx.comm.allreduce(1 if step.error else 0, op=MPI.MAX)
+        # fsync takes each rank its own time: wait sleeping (see engine._direct)
+        ok = not self._aborted and not any_flag(ctx.comm, step.error is not None, patient=True)
         try:
             if not self._aborted:
                 ctx.backend.commit(ctx.comm, ok)

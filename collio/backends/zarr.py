@@ -281,6 +281,12 @@ class ZarrBackend(Backend):
         Returns the bytes stored per unit (one request each).
         """
         ids, boxes, local = self._own(runs, data)
+        whole = self._whole(runs, local)
+        if whole is not None:  # every unit of the rank's box is its own: as plain zarr does
+            value = local.copy() if self._copy else local
+            store_regions(self.array, [whole], [value], self._limit)
+            self._stored(ids)
+            return [local[ls].nbytes for _, ls in boxes]
         values = [local[ls] for _, ls in boxes]
         if self._copy:
             values = [v.copy() for v in values]
@@ -291,9 +297,20 @@ class ZarrBackend(Backend):
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> list[int]:
         """Decode the units only this rank needs, straight into its output (one request each)."""
         _, boxes, local = self._own(runs, out)
+        whole = self._whole(runs, local)
+        if whole is not None:
+            load_regions(self.array, [whole], [local], self._limit)
+            return [local[ls].nbytes for _, ls in boxes]
         dests = [local[ls] for _, ls in boxes]
         load_regions(self.array, [gs for gs, _ in boxes], dests, self._limit)
         return [d.nbytes for d in dests]
+
+    def _whole(self, runs: Runs, local: np.ndarray[Any, Any]) -> tuple[slice, ...] | None:
+        """The rank's whole box, when the runs kept are all of it (one zarr request)."""
+        box = getattr(self._layout, "slices", None)
+        if box is None or runs.nbytes != local.nbytes:
+            return None
+        return tuple(box)
 
     def _own(
         self, runs: Runs, data: npt.NDArray[np.uint8]
