@@ -137,7 +137,10 @@ def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Ca
     mine = ap.nrounds if ap is not None else 0
     bufs = round_buffers(plan.window, DEPTH) if mine else []
     pending: list[Future | None] = [None] * DEPTH
-    pool, status = io_executor(), _Lagged(comm, be.remote)
+    # writes wait for each other sleeping: an aggregator's request runs in its I/O thread
+    # and a rank that spins in MPI takes the core that thread needs (4 ranks on 2 cores:
+    # 650-750 -> 720-820 MiB/s for 128 MiB column blocks, same job, alternating)
+    pool, status = io_executor(), _Lagged(comm, patient=True)
     error: BaseException | None = None
     for k in range(plan.nrounds):
         step = Attempt()
@@ -172,7 +175,7 @@ def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Ca
             buf = bufs[k % DEPTH][: req[1]]
             pending[k % DEPTH] = pool.submit(_write_window, be, req[0], buf, _cover(ap, k, req), c)
     status.failed()
-    _finish(pending, c, error, comm, be.remote)
+    _finish(pending, c, error, comm, patient=True)
 
 
 def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call) -> None:
@@ -226,7 +229,7 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
                     c.messages += 1
         c.time_exchange += time.perf_counter() - t
     status.failed()
-    _finish(pending, c, error, comm, be.remote)
+    _finish(pending, c, error, comm, be.remote)  # reads: polling measured no worse
 
 
 def _finish(
