@@ -153,12 +153,13 @@ class BufferLayout(Layout):
     place.  :attr:`etypes` says how far the file pointer moves.
     """
 
-    __slots__ = ("view", "position", "spec", "writing", "_mem", "etypes", "_nbytes")
+    __slots__ = ("view", "position", "spec", "writing", "_mem", "etypes", "_nbytes", "_given")
 
     def __init__(self, view: FileView, position: int, spec: Any, *, writing: bool) -> None:
         super().__init__()
         self.view = view
-        self.position = int(position)
+        self._given: Any = position  # converted in validate(), inside the agreed checks
+        self.position = 0
         self.spec = spec
         self.writing = writing
         self._mem: npt.NDArray[np.uint8] | None = None
@@ -179,6 +180,10 @@ class BufferLayout(Layout):
         return (0 if self._mem is None else len(self._mem),)
 
     def validate(self) -> None:
+        try:
+            self.position = int(self._given)
+        except (TypeError, ValueError) as exc:
+            raise LayoutError(f"offset {self._given!r} is not an integer") from exc
         buf, count, displ, mtype = _parse(self.spec)
         mem = _as_bytes(buf)
         if not self.writing and not mem.flags.writeable:

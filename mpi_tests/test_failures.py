@@ -208,6 +208,33 @@ def test_hints_differ_between_ranks(comm, shared_path):
     )
 
 
+@pytest.mark.mpi
+def test_backend_options_bad_on_one_rank(comm, shared_path):
+    """Backend options are not compared at open: a bad one on one rank is agreed, not a hang."""
+    holes = "sometimes" if comm.rank == comm.size - 1 else "auto"
+    _raises_everywhere(
+        comm,
+        collio.ModeError,
+        lambda: collio.open(shared_path, "w", comm=comm, holes=holes),
+        match="holes='sometimes' must be auto, rmw or runs",
+    )
+    _still_works(comm, shared_path)
+
+
+@pytest.mark.mpi
+def test_view_offset_not_an_integer_on_one_rank(comm, shared_path):
+    with collio.open(shared_path, "w", comm=comm) as f:
+        f.set_view(8 * comm.rank, MPI.DOUBLE, MPI.DOUBLE)
+        offset = "far" if comm.rank == 0 else 0
+        _raises_everywhere(
+            comm,
+            collio.LayoutError,
+            lambda: f.write_at_all(offset, np.zeros(1, "f8")),
+            match="offset 'far' is not an integer",
+        )
+    _still_works(comm, shared_path)
+
+
 class FailingPosix(PosixBackend):
     """A real POSIX file whose k-th large write on one rank fails with EIO (fault injection)."""
 

@@ -62,6 +62,8 @@ def test_one_rank_changing_its_layout_is_never_served_a_kept_plan(comm, shared_p
         glob = _global(7 if swap else 8)
         with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
             f.write_all(np.ascontiguousarray(glob[mine]).view(np.uint8).reshape(-1), seg)
+            if swap and p >= 2:  # two ranks changed their runs: nobody may reuse
+                assert not f.stats.last_call["plan_reused"]
         comm.Barrier()
         assert np.array_equal(_on_disk(shared_path), glob)
 
@@ -70,12 +72,15 @@ def test_changed_window_or_data_in_place(comm, shared_path):
     lay = layouts.block_cyclic((N, N), "<f8", block=(8, 8), grid=_grid(comm.size), comm=comm)
     glob = _global(3)
     local = np.ascontiguousarray(glob[np.ix_(*lay.indices)])
-    for size in (4096, 4096, 16384, 4096):
+    for call, size in enumerate((4096, 4096, 16384, 4096)):
         local += 1.0  # new values each call, same buffer
         glob[np.ix_(*lay.indices)] = local
         full = comm.allreduce(np.where(_mask(lay), glob, 0.0), op=MPI.SUM)
         with collio.open(shared_path, "w", comm=comm, hints={"cb_buffer_size": size}) as f:
             f.write_all(local, lay)
+            # the repeat reuses the plan with new data in the same buffer; a new window cannot
+            if not f.stats.last_call["direct"]:  # (one rank holding everything goes direct)
+                assert f.stats.last_call["plan_reused"] == (call in (1, 3))
         comm.Barrier()
         assert np.array_equal(_on_disk(shared_path), full)
 

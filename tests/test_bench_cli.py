@@ -72,6 +72,7 @@ def test_ior_pattern_transfers_and_hints(tmp_path):
     assert doc["hints_used"]["mpiio"]["cb_buffer_size"] == "4096"
     assert doc["hints_used"]["mpiio"]["romio_ds_write"] == "disable"
     assert [r["api"] for r in doc["rows"]] == ["posix"] * 2 + ["collio"] * 2 + ["mpiio"] * 2
+    assert all(r["errors"] == 0 for r in doc["rows"])  # every row verified (-1: unchecked)
 
 
 @needs_mpiexec
@@ -176,6 +177,7 @@ def test_plan_speed_counts():
     t = plan_speed(nruns=20_000, repeat=1)
     assert t["runs"] == 20_000 and t["pieces_at_aggregator"] == 20_000
     assert t["total"] == pytest.approx(t["flatten"] + t["plan_sender"] + t["plan_aggregator"])
+    assert all(t[k] > 0 for k in ("flatten", "plan_sender", "plan_aggregator"))  # measured
 
 
 def test_split_runs_cuts_at_transfer_size():

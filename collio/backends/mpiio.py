@@ -119,6 +119,7 @@ class MpiioBackend(Backend):
         extra = options.pop("info", None)
         writeback = bool(options.pop("writeback", True))
         path = os.fspath(target)
+        info: MPI.Info | None = None
         step = Attempt()
         with step:
             if options:
@@ -127,13 +128,16 @@ class MpiioBackend(Backend):
                 raise ModeError("mpiio backend: atomic_commit is not supported")
             if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
                 raise BackendError("mpiio backend needs MPI initialised with THREAD_MULTIPLE")
+            info = info_from_hints(hints, extra)  # info= may be bad on one rank only
+        if step.error is not None and info is not None:
+            info.Free()
         agree(comm, step.error, what=f"open {path!r}")
+        assert info is not None
         amode = {
             "r": MPI.MODE_RDONLY,
             "r+": MPI.MODE_RDWR,
             "w": MPI.MODE_RDWR | MPI.MODE_CREATE,
         }[mode]
-        info = info_from_hints(hints, extra)
         step = Attempt()
         fh = MPI.FILE_NULL
         try:

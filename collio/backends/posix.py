@@ -77,11 +77,14 @@ class PosixBackend(Backend):
         """Collective over `comm`: rank 0 creates or truncates, then every rank opens."""
         writeback = bool(options.pop("writeback", True))
         holes = str(options.pop("holes", "auto"))
-        if holes not in ("auto", "rmw", "runs"):
-            raise ModeError(f"posix backend: holes={holes!r} must be auto, rmw or runs")
-        if options:
-            raise ModeError(f"posix backend: unknown options {sorted(options)}")
         path = os.fspath(target)
+        step = Attempt()
+        with step:  # options may differ between ranks: agree before rank 0 touches the file
+            if holes not in ("auto", "rmw", "runs"):
+                raise ModeError(f"posix backend: holes={holes!r} must be auto, rmw or runs")
+            if options:
+                raise ModeError(f"posix backend: unknown options {sorted(options)}")
+        agree(comm, step.error, what=f"open {path!r}")
         atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
         step = Attempt()
         name = None

@@ -10,8 +10,6 @@ both use it (they never touch the same chunk).
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
 from collections.abc import Coroutine
 from typing import Any
 
@@ -19,6 +17,7 @@ import numpy as np
 from zarr.core.sync import sync as zarr_sync
 
 from ..errors import BackendError
+from .fsync import fsync_path
 
 __all__ = ["fsync_path", "load_regions", "store_regions"]
 
@@ -69,19 +68,3 @@ def load_regions(
         await asyncio.gather(*(one(r, d) for r, d in zip(regions, dests, strict=True)))
 
     _run(all_of())
-
-
-def fsync_path(path: str) -> bool:
-    """fsync a file or directory; False when it does not exist (an unstored chunk)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-    return True

@@ -32,13 +32,13 @@ import numpy.typing as npt
 import collio.h5
 from collio.h5.session import session_of
 
-from ..collective import Attempt, agree
+from ..backends.fsync import fsync_path
 from ..layouts import Subarray
 from .apis import Api, Job
 from .builtin import CollioApi
 from .options import HDF5, parse_shape
 from .patterns import Workload
-from .rootio import gather_whole, scatter_whole
+from .rootio import gather_whole, read_on_root
 
 __all__ = ["CollioHdf5Api", "H5pyMpioApi", "Hdf5GatherApi", "dataset_options"]
 
@@ -106,14 +106,6 @@ class _H5Target:
                 "h5_compression": c.get("compression")}  # fmt: skip
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class CollioHdf5Api(_H5Target, CollioApi):
     """collio.h5: metadata on every rank alike, raw data through the two-phase engine."""
 
@@ -170,16 +162,14 @@ class Hdf5GatherApi(_H5Target, Api):
                 with h5py.File(self.file_path, "w") as f:
                     f.create_dataset(_DSET, data=whole, **self.create)
                 if j.fsync:
-                    _fsync(self.file_path)
+                    fsync_path(self.file_path)
             return
-        step = Attempt()
-        whole = None
-        if j.comm.rank == 0:
-            with step:
-                with h5py.File(self.file_path, "r") as f:
-                    whole = f[_DSET][...]
-        agree(j.comm, step.error, what="hdf5-gather read on rank 0")
-        scatter_whole(j, whole)
+
+        def read() -> npt.NDArray[Any]:
+            with h5py.File(self.file_path, "r") as f:
+                return np.asarray(f[_DSET][...])
+
+        read_on_root(j, read, "hdf5-gather read on rank 0")
 
     def close(self) -> None:
         pass

@@ -9,6 +9,7 @@ gather costs one copy of the array on rank 0 and nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from ..collective import Attempt, agree
 from ..testing.romio import filetype
 from .apis import Job
 
-__all__ = ["gather_whole", "scatter_whole"]
+__all__ = ["gather_whole", "read_on_root", "scatter_whole"]
 
 _TAG = 0x4B1
 
@@ -78,3 +79,14 @@ def scatter_whole(job: Job, whole: npt.NDArray[Any] | None) -> None:
     assert whole is not None
     job.out[...] = work.piece(whole, 0)
     _exchange(job, whole, receive=False)
+
+
+def read_on_root(job: Job, read: Callable[[], npt.NDArray[Any]], what: str) -> None:
+    """Collective over ``job.comm``: rank 0 reads the whole array, all agree, then it scatters."""
+    whole = None
+    step = Attempt()
+    if job.comm.rank == 0:
+        with step:
+            whole = read()
+    agree(job.comm, step.error, what=what)
+    scatter_whole(job, whole)

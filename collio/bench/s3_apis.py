@@ -35,14 +35,14 @@ import collio
 from ..backends.s3 import upload
 from ..backends.s3.client import client_for, get_into, public_url
 from ..backends.s3.plan import S3Target, plan_part_size
-from ..collective import Attempt, agree, bcast_outcome, sleep_until_done
+from ..collective import Attempt, bcast_outcome, sleep_until_done
 from ..hints import Hints
 from ..testing.s3 import fake_credentials, serve_moto
 from .apis import Api, Job
 from .builtin import CollioApi
 from .options import S3, size_option
 from .patterns import Workload
-from .rootio import gather_whole, scatter_whole
+from .rootio import gather_whole, read_on_root
 
 __all__ = ["CollioS3Api", "S3CeilingApi", "S3GatherApi", "read_ranged", "upload_parts"]
 
@@ -249,14 +249,13 @@ class S3GatherApi(_S3Target, Api):
             if whole is not None:
                 upload_parts(self.client, self.t, _raw(whole), self.part, self.pool)
             return
-        step = Attempt()
-        whole = None
-        if j.comm.rank == 0:
-            with step:
-                whole = np.empty(j.work.shape, j.work.dtype)
-                read_ranged(self.client, self.t, _raw(whole), self.get_size, self.get_pool)
-        agree(j.comm, step.error, what="s3-gather read on rank 0")
-        scatter_whole(j, whole)
+
+        def read() -> npt.NDArray[Any]:
+            whole = np.empty(j.work.shape, j.work.dtype)
+            read_ranged(self.client, self.t, _raw(whole), self.get_size, self.get_pool)
+            return whole
+
+        read_on_root(j, read, "s3-gather read on rank 0")
 
     def close(self) -> None:
         pass

@@ -25,7 +25,6 @@ Options (``-O key=value,...``, the same for all three so they compare alike):
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shutil
@@ -37,6 +36,7 @@ import zarr
 import zarr.codecs
 
 import collio
+from collio.backends.fsync import fsync_path
 
 from .apis import Api, Job
 from .builtin import CollioApi
@@ -162,19 +162,10 @@ def fsync_units(arr: Any, root: str, units: list[tuple[int, ...]]) -> None:
     dirs = set()
     for c in units:
         path = os.path.join(root, arr.metadata.encode_chunk_key(c))
-        with contextlib.suppress(FileNotFoundError):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        if fsync_path(path):  # False: a chunk never stored
             dirs.add(os.path.dirname(path))
     for d in sorted(dirs):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(d)
 
 
 class CollioZarrApi(_ZarrTarget, CollioApi):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ..runs import Runs
+from ..runs import Runs, merge
 from .arrays import DimSet, numroc
 
 __all__ = [
@@ -81,19 +81,9 @@ class Flat:
 
 
 def merge_runs(off: I64, length: I64) -> Pair:
-    """Drop empty runs; merge each run with the next when it continues it."""
-    off = np.asarray(off, np.int64)
-    length = np.asarray(length, np.int64)
-    keep = length > 0
-    if not keep.all():
-        off, length = off[keep], length[keep]
-    if len(off) < 2:
-        return off, length
-    joined = off[1:] == off[:-1] + length[:-1]
-    if not joined.any():
-        return off, length
-    starts = np.flatnonzero(np.concatenate(([True], ~joined)))
-    return off[starts], np.add.reduceat(length, starts).astype(np.int64)
+    """Drop empty runs; merge each run with the next when it continues it (:func:`merge`)."""
+    r = merge(Runs.sequential(np.asarray(off, np.int64), np.asarray(length, np.int64)))
+    return r.file, r.length
 
 
 def _ramp(counts: I64) -> I64:
