@@ -10,6 +10,13 @@ ahead.
 Status is agreed one round behind with a non-blocking allreduce: a rank that
 fails still takes part in the round's messages (so nobody waits for a message
 that will not come) and every rank stops at the same round.
+
+With a remote backend (``Backend.remote``: object stores) the round's status is
+agreed before its messages, sleeping: an aggregator first waits for the request
+that frees its buffer (an upload or a GET of seconds), and ranks that entered the
+messages meanwhile would poll MPI for all that time, on cores that the uploads,
+and a server on the node, need.  The data messages themselves must poll (a
+sleeping test loop starves MPICH's large-message protocol).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ I64 = npt.NDArray[np.int64]
 _TAG = 0x0C01
 #: Round buffers per aggregator (the I/O of round k overlaps the exchange of k+1).
 DEPTH = 2
+MEET = True  # (for measurements: False keeps the lagged agreement for remote backends too)
 
 Future = concurrent.futures.Future[None]
 
@@ -141,6 +149,7 @@ def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Ca
     # and a rank that spins in MPI takes the core that thread needs (4 ranks on 2 cores:
     # 650-750 -> 720-820 MiB/s for 128 MiB column blocks, same job, alternating)
     pool, status = io_executor(), _Lagged(comm, patient=True)
+    meet = be.remote and MEET  # see module doc
     error: BaseException | None = None
     for k in range(plan.nrounds):
         step = Attempt()
@@ -158,6 +167,8 @@ def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Ca
         if status.failed():
             break
         status.post(error is not None)
+        if meet and status.failed():
+            break
         t = time.perf_counter()
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             if ap is not None and k < mine:
@@ -187,6 +198,7 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
     pending: list[Future | None] = [None] * DEPTH
     reqs: list[tuple[int, int]] = [(0, 0)] * DEPTH
     pool, status = io_executor(), _Lagged(comm, be.remote)
+    meet = be.remote and MEET  # see module doc
 
     def prefetch(k: int) -> None:
         if ap is not None and k < mine:
@@ -215,6 +227,8 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
         if status.failed():
             break
         status.post(error is not None)
+        if meet and status.failed():
+            break
         t = time.perf_counter()
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             for g in _my_groups(order, starts, k):
