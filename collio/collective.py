@@ -133,9 +133,19 @@ def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:
     return bool(out[0])
 
 
+#: sleep_until_done: tests before the first sleep, first sleep, longest sleep (seconds).
+#: A 1 ms cap made every sleeping agreement cost ~4 ms even with all ranks present
+#: (a nonblocking allreduce needs several tests per step); 200 us: ~0.7 ms, and the
+#: 128 MiB writes got 3-10% faster (same job, alternating, 13 iterations).
+WAIT_SPIN, WAIT_FIRST, WAIT_CAP = 0, 1e-5, 2e-4
+
+
 def sleep_until_done(req: MPI.Request) -> None:
-    """Complete a request by testing with growing sleeps (10 us to 1 ms) between tests."""
-    delay = 1e-5
+    """Complete a request by testing with growing sleeps (10 us to 200 us) between tests."""
+    for _ in range(WAIT_SPIN):
+        if req.Test():
+            return
+    delay = WAIT_FIRST
     while not req.Test():
         time.sleep(delay)
-        delay = min(2 * delay, 1e-3)
+        delay = min(2 * delay, WAIT_CAP)

@@ -10,14 +10,13 @@ anything failed: the object appears whole or not at all.
 from __future__ import annotations
 
 import errno
-import time
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ...collective import Attempt, agree, raise_agreed
+from ...collective import Attempt, agree, raise_agreed, sleep_until_done
 from ...errors import CommitError
 from . import upload
 from .client import Requests, s3_error
@@ -33,11 +32,7 @@ def quiet_barrier(comm: Any) -> None:
     others wait: MPI's blocking calls keep a core busy polling, a core that a
     server on the same node (or an oversubscribed node) needs.
     """
-    req = comm.Ibarrier()
-    delay = 1e-5
-    while not req.Test():
-        time.sleep(delay)
-        delay = min(2 * delay, 1e-3)
+    sleep_until_done(comm.Ibarrier())
 
 
 class Multipart:
