@@ -317,7 +317,9 @@ def _own_first(
 
 def _direct(ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool) -> None:
     """Collective: every rank does its own (large, disjoint) I/O, then all agree."""
-    ctx.stats.local = {"domain": -1, "direct": True, "requests": runs.length.tolist()}
+    lengths = runs.length.view()  # as it is, not a list of (up to millions of) Python ints
+    lengths.flags.writeable = False  # read-only: a caller cannot change the runs
+    ctx.stats.local = {"domain": -1, "direct": True, "requests": lengths}
     step = Attempt()
     t = time.perf_counter()
     with step:

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .aggregators.plan import AggregatorPlan
+from .aggregators.plan import AggregatorPlan, round_requests
 from .backends.base import Backend
 from .buffers import io_executor, round_buffers
 from .collective import Attempt, any_flag, raise_agreed, sleep_until_done
@@ -89,16 +89,13 @@ def _my_groups(order: I64, starts: I64, k: int) -> list[int]:
     return order[starts[k] : starts[k + 1]].tolist() if k + 1 < len(starts) else []
 
 
-def _window_request(ctx: Context, plan: Plan, k: int) -> tuple[int, int]:
-    """(offset, length) of the backend request of this aggregator's round k."""
-    ap = plan.agg
-    assert ap is not None
-    if ctx.backend.partial_write:
-        return int(ap.rlo[k]), int(ap.rhi[k] - ap.rlo[k])
-    d = ctx.my_domain
-    start = int(plan.bounds[d]) + int(ap.rwin[k]) * plan.window
-    end = min(start + plan.window, int(plan.bounds[d + 1]))
-    return start, end - start
+def _requests(ctx: Context, plan: Plan) -> tuple[I64, I64]:
+    """(offsets, lengths) of the backend requests of this aggregator's rounds."""
+    ap, d = plan.agg, ctx.my_domain
+    if ap is None:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lo, hi = int(plan.bounds[d]), int(plan.bounds[d + 1])
+    return round_requests(ap, lo, hi, plan.window, ctx.backend.partial_write)
 
 
 def _whole(req: tuple[int, int]) -> Runs:
@@ -144,6 +141,7 @@ def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Ca
     order, starts = _round_groups(plan.sround)
     mine = ap.nrounds if ap is not None else 0
     bufs = round_buffers(plan.window, DEPTH) if mine else []
+    offs, lens = _requests(ctx, plan)
     pending: list[Future | None] = [None] * DEPTH
     # writes wait for each other sleeping: an aggregator's request runs in its I/O thread
     # and a rank that spins in MPI takes the core that thread needs (4 ranks on 2 cores:
@@ -153,7 +151,7 @@ def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Ca
     error: BaseException | None = None
     for k in range(plan.nrounds):
         step = Attempt()
-        req = _window_request(ctx, plan, k) if ap is not None and k < mine else (0, 0)
+        req = (int(offs[k]), int(lens[k])) if ap is not None and k < mine else (0, 0)
         with step:
             if ap is not None and k < mine:
                 b = k % DEPTH
@@ -195,6 +193,7 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
     order, starts = _round_groups(plan.sround)
     mine = ap.nrounds if ap is not None else 0
     bufs = round_buffers(plan.window, DEPTH) if mine else []
+    offs, lens = _requests(ctx, plan)
     pending: list[Future | None] = [None] * DEPTH
     reqs: list[tuple[int, int]] = [(0, 0)] * DEPTH
     pool, status = io_executor(), _Lagged(comm, be.remote)
@@ -203,7 +202,7 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
     def prefetch(k: int) -> None:
         if ap is not None and k < mine:
             b = k % DEPTH
-            reqs[b] = req = _window_request(ctx, plan, k)
+            reqs[b] = req = (int(offs[k]), int(lens[k]))
             pending[b] = pool.submit(
                 _read_window, be, req[0], bufs[b][: req[1]], _cover(ap, k, req), c
             )

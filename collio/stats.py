@@ -72,7 +72,9 @@ class Stats:
     #: This rank's own figures of the last call, not reduced (so not in ``as_dict``,
     #: which is the same on every rank): its file domain (-1 if it does not
     #: aggregate), bytes, rounds, messages per round, backend request sizes (see
-    #: :func:`collio.aggregators.summary.aggregator_summary`).
+    #: :func:`collio.aggregators.summary.aggregator_summary`). A direct call gives
+    #: ``{"domain": -1, "direct": True, "requests": sizes}``, ``sizes`` a read-only
+    #: int64 array of this rank's run lengths.
     local: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def add_writes(self, sizes: npt.ArrayLike) -> None:

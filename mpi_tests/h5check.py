@@ -15,9 +15,11 @@ from mpi4py import MPI
 H5DUMP = shutil.which("h5dump")
 
 VERIFY = r"""
-import json, sys
+import importlib, json, sys
 import h5py, numpy as np
 path, npz, attrs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+for module in json.loads(sys.argv[4]):  # e.g. hdf5plugin: registers its filters with HDF5
+    importlib.import_module(module)
 ref = np.load(npz)
 with h5py.File(path, "r") as f:
     for key in ref.files:
@@ -41,12 +43,15 @@ def check_file(
     attrs: dict[str, dict[str, Any]] | None = None,
     *,
     h5dump: bool = True,
+    plugins: tuple[str, ...] = (),
 ) -> None:
     """Collective: rank 0 opens ``path`` with stock h5py in a fresh process and with h5dump.
 
     Every rank asserts on rank 0's findings, so all pass or fail together.
     ``h5dump=False`` for files in HDF5 2.0's newest format, which Debian's h5dump 1.10
     cannot read (nor files that h5py itself writes with ``libver='latest'``).
+    ``plugins`` are modules the reader imports first, as a user of such a file would
+    (``"hdf5plugin"`` for Zstd, Blosc, ...).
     """
     comm.Barrier()  # every rank closed its file
     result: tuple[int, str] | None = None
@@ -55,7 +60,7 @@ def check_file(
         np.savez(npz, **{k.replace("/", "|"): v for k, v in expected.items()})
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "HYDRA", "MPI"))}
         proc = subprocess.run(
-            [sys.executable, "-c", VERIFY, path, npz, json.dumps(attrs or {})],
+            [sys.executable, "-c", VERIFY, path, npz, json.dumps(attrs or {}), json.dumps(plugins)],
             capture_output=True, text=True, timeout=120, env=env,
         )  # fmt: skip
         code, text = proc.returncode, proc.stdout + proc.stderr

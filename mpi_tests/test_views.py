@@ -208,12 +208,14 @@ def test_bad_view_on_one_rank_raises_everywhere(comm, shared_path, kind):
         assert texts == [texts[0]] * comm.size
         assert texts[0].startswith(f"set_view: rank {bad}: ") and BAD[kind] in texts[0]
         assert info.value.ranks == (bad,)
-        # the file stays usable: a good view, then a collective write
+        # the file stays usable: a good view, then a collective write of data no
+        # other outcome produces (element i of rank r is i*size + r + 1, never 0)
         f.set_view(4 * comm.rank, MPI.INT, t(MPI.INT.Create_resized(0, 4 * comm.size)).Commit())
-        f.write_all(np.full(3, comm.rank, "i4"))
+        f.write_all(np.arange(3, dtype="<i4") * comm.size + comm.rank + 1)
     comm.Barrier()
-    got = np.fromfile(shared_path, "i4")
-    np.testing.assert_array_equal(got, np.tile(np.arange(comm.size), 3))
+    with open(shared_path, "rb") as fh:
+        got = fh.read()
+    assert got == np.arange(1, 3 * comm.size + 1, dtype="<i4").tobytes()
 
 
 @pytest.mark.mpi
@@ -236,8 +238,13 @@ def test_bad_buffer_on_one_rank_raises_everywhere(comm, shared_path, kind):
         texts = comm.allgather(str(info.value))
         assert texts == [texts[0]] * comm.size and match in texts[0]
         assert f.position == 0
-        f.write_all(good)  # still usable
+        # still usable: element i of rank r is i*size + r + 1, never 0 (a no-op leaves 0)
+        f.write_all(np.arange(4, dtype="<f8") * comm.size + comm.rank + 1)
         assert f.position == 4
+    comm.Barrier()
+    with open(shared_path, "rb") as fh:
+        got = fh.read()
+    assert got == np.arange(1, 4 * comm.size + 1, dtype="<f8").tobytes()
 
 
 @pytest.mark.mpi

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from ..runs import Runs, first_overlap, group_bounds, split_at, split_grid
 
-__all__ = ["SenderPlan", "AggregatorPlan", "plan_sender", "plan_aggregator"]
+__all__ = ["SenderPlan", "AggregatorPlan", "plan_sender", "plan_aggregator", "round_requests"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -144,3 +144,19 @@ def plan_aggregator(
         wins.astype(np.int64),
     )
     return plan, overlap
+
+
+def round_requests(
+    ap: AggregatorPlan, dom_lo: int, dom_hi: int, window: int, partial_write: bool
+) -> tuple[I64, I64]:
+    """(offsets, lengths) of the backend request of each of an aggregator's rounds.
+
+    The round's data extent ``[rlo, rhi)`` when the backend writes part of a window
+    (``partial_write``); otherwise its whole window, clipped to the domain
+    ``[dom_lo, dom_hi)``.
+    """
+    if partial_write:
+        out: I64 = ap.rhi - ap.rlo
+        return ap.rlo, out
+    start: I64 = dom_lo + ap.rwin * window
+    return start, np.minimum(start + window, dom_hi) - start
