@@ -10,6 +10,7 @@ calls whatever happened locally, nothing hangs and the communicator stays usable
 
 from __future__ import annotations
 
+import hashlib
 import time
 import types
 from typing import Any
@@ -19,7 +20,16 @@ from mpi4py import MPI
 
 from .errors import classify, make_error
 
-__all__ = ["Attempt", "agree", "any_flag", "bcast_outcome", "raise_agreed", "sleep_until_done"]
+__all__ = [
+    "Attempt",
+    "agree",
+    "agree_same",
+    "any_flag",
+    "bcast_outcome",
+    "digest",
+    "raise_agreed",
+    "sleep_until_done",
+]
 
 
 class Attempt:
@@ -73,6 +83,43 @@ def agree(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> Non
     failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
     if failed:
         raise_agreed(comm, error, what=what)
+
+
+_NONE = np.int64(-(2**62))
+
+
+def digest(value: Any) -> int:
+    """A 56-bit hash of ``repr(value)`` (the same on every rank for equal values); -1 for None."""
+    if value is None:
+        return -1
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=7).digest(), "little")
+
+
+def agree_same(
+    comm: MPI.Comm, error: BaseException | None, value: Any, *, what: str, describe: Any = repr
+) -> None:
+    """Collective over `comm`: one allreduce agrees on errors and on ``value`` being equal.
+
+    Ranks passing ``value`` None (they failed) are not compared.  On a mismatch
+    (rare: then rank 0's value is broadcast) every rank raises the same
+    :class:`~collio.errors.MismatchError`, naming the ranks whose value differs
+    from rank 0's.
+    """
+    h = digest(value)
+    vec = np.array([1 if error is not None else 0, h if h >= 0 else _NONE, -h if h >= 0 else _NONE])
+    out = np.empty_like(vec)
+    comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+    if out[0]:
+        raise_agreed(comm, error, what=what)
+    if out[1] == _NONE or out[1] == -out[2]:
+        return
+    ref = comm.bcast(value, root=0)
+    mine = None
+    if value is not None and ref is not None and value != ref:
+        mine = make_error(
+            "MismatchError", f"{describe(value)} differs from rank 0's {describe(ref)}"
+        )
+    raise_agreed(comm, mine, what=what)
 
 
 def bcast_outcome(

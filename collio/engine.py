@@ -15,7 +15,6 @@ Flow of one call (every rank runs every step, so nothing hangs):
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any
 
@@ -27,7 +26,7 @@ from .aggregators import plan_aggregator, plan_sender, window_size
 from .aggregators.domains import alignment
 from .aggregators.plan import AggregatorPlan
 from .aggregators.summary import aggregator_summary
-from .collective import Attempt, any_flag, raise_agreed
+from .collective import Attempt, any_flag, digest, raise_agreed
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
@@ -42,13 +41,6 @@ I64 = npt.NDArray[np.int64]
 _BIG = np.int64(2**62)
 #: A rank with at most this many runs may skip the shuffle whatever their size.
 _DIRECT_MAX_RUNS = 16
-
-
-def _sig_hash(sig: tuple[Any, ...] | None) -> int:
-    if sig is None:
-        return -1
-    digest = hashlib.blake2b(repr(sig).encode(), digest_size=7).digest()
-    return int.from_bytes(digest, "little")
 
 
 def _check(
@@ -86,7 +78,7 @@ def _check(
     lo, hi = runs.extent() if len(runs) else (int(_BIG), 0)
     # the shuffle may be skipped only if every rank has a few runs or large ones
     small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
-    h = _sig_hash(sig)
+    h = digest(sig)
     vec = np.array(
         [1 if step.error else 0, h if h >= 0 else -_BIG, -h if h >= 0 else -_BIG, -lo, hi, small],
         np.int64,

@@ -14,9 +14,9 @@ from . import engine, view
 from .aggregators import choose_aggregators
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
-from .collective import Attempt, agree, any_flag, raise_agreed
+from .collective import Attempt, agree, agree_same, any_flag, raise_agreed
 from .comms import Private, private
-from .errors import MismatchError, ModeError
+from .errors import ModeError
 from .hints import Hints
 from .layouts.base import Layout
 from .stats import Stats
@@ -77,6 +77,8 @@ class File:
         self._ctx = ctx
         self.target = target
         self._aborted = False
+        # a write_all since the last agreed sync (collective state: the same on every rank)
+        self._unsynced = False
         self._view = view.DEFAULT_VIEW
         self._position = 0  # this rank's file pointer, in etypes of the view
 
@@ -101,11 +103,8 @@ class File:
             name = backend or infer_backend(target)
             bcls = get_backend(name)
             mine = (mode, parsed, name)
-        # one bcast and one allreduce: rank 0's arguments, then agreement
-        ref = comm.bcast(mine, root=0)
-        if step.error is None and ref is not None and ref != mine:
-            step.fail(MismatchError(f"open arguments {mine!r} differ from rank 0's {ref!r}"))
-        agree(comm, step.error, what="open")
+        # one allreduce agrees on errors and on every rank passing the same arguments
+        agree_same(comm, step.error, mine, what="open", describe=lambda v: f"open arguments {v!r}")
         be: Backend = bcls.open(target, mode, comm=comm, hints=parsed, **options)
         aggs = choose_aggregators(priv.nodes, cb_nodes=parsed.cb_nodes, per_node=parsed.per_node())
         stats = Stats(aggregators=tuple(aggs.tolist()))
@@ -188,6 +187,7 @@ class File:
         if self._aborted:
             agree(self.comm, ModeError("an earlier write failed; atomic commit was aborted"))
         lay = view.BufferLayout(self._view, self._position, data, writing=True)
+        self._unsynced = True
         try:
             engine.write(self._ctx, data, lay if layout is _VIEW else layout)
         except BaseException:
@@ -232,12 +232,18 @@ class File:
             self.backend.sync()
         if any_flag(self.comm, step.error is not None, patient=True):
             raise_agreed(self.comm, step.error, what="sync")
+        self._unsynced = False
 
     def close(self) -> None:
         """Collective over `comm`: sync, commit (atomic targets), release.  Idempotent."""
         if self.closed:
             return
         ctx = self._ctx
+        if not (self._unsynced or self._aborted or ctx.backend.commits):
+            # nothing written since an agreed sync, nothing to commit: every rank knows
+            # it (write_all and sync are collective), so no agreement is needed
+            self._release()
+            return
         step = Attempt()
         with step:
             ctx.backend.sync()
@@ -249,10 +255,14 @@ class File:
             if not ok:
                 agree(ctx.comm, step.error, what="close")
         finally:
-            ctx.backend.close()
-            ctx.mode = "closed"
-            if os.environ.get("COLLIO_STATS") and ctx.comm.Get_rank() == 0:
-                print(ctx.stats.summary(), file=sys.stderr, flush=True)
+            self._release()
+
+    def _release(self) -> None:
+        ctx = self._ctx
+        ctx.backend.close()
+        ctx.mode = "closed"
+        if os.environ.get("COLLIO_STATS") and ctx.comm.Get_rank() == 0:
+            print(ctx.stats.summary(), file=sys.stderr, flush=True)
 
     def _check_open(self) -> None:
         # close() is collective, so every rank sees the same state: no agreement needed

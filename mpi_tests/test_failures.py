@@ -203,9 +203,15 @@ def test_hints_differ_between_ranks(comm, shared_path):
     if comm.size < 2:
         pytest.skip("needs two ranks")
     hints = {"cb_buffer_size": 4096 if comm.rank == 1 else 8192}
-    _raises_everywhere(
-        comm, collio.MismatchError, lambda: collio.open(shared_path, "w", comm=comm, hints=hints)
+    err = _raises_everywhere(
+        comm,
+        collio.MismatchError,
+        lambda: collio.open(shared_path, "w", comm=comm, hints=hints),
+        match="rank 1: open arguments",
     )
+    assert err.ranks == (1,)
+    assert "cb_buffer_size=4096" in str(err) and "cb_buffer_size=8192" in str(err)
+    _still_works(comm, shared_path)
 
 
 @pytest.mark.mpi

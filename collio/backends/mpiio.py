@@ -24,7 +24,7 @@ from mpi4py import MPI
 from ..collective import Attempt, agree
 from ..errors import BackendError, ModeError
 from .base import Backend
-from .posix import _SYNC_FILE_RANGE_WRITE, _sync_file_range
+from .fsync import SYNC_FILE_RANGE_WRITE, sync_file_range
 
 __all__ = ["MpiioBackend", "info_from_hints"]
 
@@ -77,7 +77,7 @@ def _mpi_error(exc: MPI.Exception, what: str) -> BackendError:
 def _local_fd(path: str) -> int:
     """A read-only descriptor of ``path`` if it is a POSIX-visible file (ROMIO's driver
     prefix such as ``ufs:`` or ``lustre:`` stripped), for writeback hints only; else -1."""
-    if _sync_file_range is None:
+    if sync_file_range is None:
         return -1
     local = _POSIX_PREFIX.sub("", path)
     try:
@@ -175,7 +175,7 @@ class MpiioBackend(Backend):
             except MPI.Exception as exc:
                 raise _mpi_error(exc, f"write at {offset + s} of {self.path!r}") from None
         if self.wb_fd >= 0 and len(buf) >= (1 << 20):
-            _sync_file_range(self.wb_fd, offset, len(buf), _SYNC_FILE_RANGE_WRITE)
+            sync_file_range(self.wb_fd, offset, len(buf), SYNC_FILE_RANGE_WRITE)
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         status = MPI.Status()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import shutil
 import uuid
@@ -16,28 +14,14 @@ from ..collective import Attempt, agree, bcast_outcome
 from ..errors import BackendError, CommitError, ModeError
 from ..runs import Runs
 from .base import Backend
+from .fsync import SYNC_FILE_RANGE_WRITE, sync_file_range
 
 __all__ = ["PosixBackend"]
 
 _MAX_IO = 0x7FFFF000  # Linux caps one read/write at this many bytes
 _O_BINARY = getattr(os, "O_BINARY", 0)
-_SYNC_FILE_RANGE_WRITE = 2
 #: With holes="auto", a round with at most this many covered ranges skips the read.
 _FEW_RUNS = 16
-
-
-def _libc_sync_file_range() -> Any:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_sync_file_range = _libc_sync_file_range()
 
 
 class PosixBackend(Backend):
@@ -66,7 +50,7 @@ class PosixBackend(Backend):
         self.fd = fd
         self.mode = mode
         self.final = final  # the target when writing to a temporary (atomic_commit)
-        self.writeback = writeback and _sync_file_range is not None
+        self.writeback = writeback and sync_file_range is not None
         self.dirty = False
         self.readable = True
         self.writable = mode != "r"
@@ -120,7 +104,7 @@ class PosixBackend(Backend):
             done += n
         self.dirty = True
         if self.writeback and total >= (1 << 20):
-            _sync_file_range(self.fd, offset, total, _SYNC_FILE_RANGE_WRITE)
+            sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         view = memoryview(buf).cast("B")  # type: ignore[arg-type]
@@ -178,6 +162,10 @@ class PosixBackend(Backend):
             return
         if step.error is not None:  # pragma: no cover - agree raised already
             raise CommitError(str(step.error))
+
+    @property
+    def commits(self) -> bool:
+        return self.final is not None  # atomic_commit: the rename
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -29,13 +29,14 @@ import numpy.typing as npt
 import zarr
 from mpi4py import MPI
 
-from ..collective import Attempt, agree
+from ..collective import Attempt, agree, raise_agreed
 from ..errors import BackendError, LayoutError, MismatchError
 from ..layouts.arrays import ArrayLayout
 from ..runs import Runs
 from .base import Backend
 from .chunkspace import ChunkSpace, keep_own
-from .zarr_io import fsync_path, load_regions, store_regions
+from .fsync import fsync_path, start_writeback
+from .zarr_io import load_regions, store_regions
 from .zarr_open import OpenSpec, array_facts
 
 __all__ = ["ZarrBackend"]
@@ -131,8 +132,11 @@ class ZarrBackend(Backend):
             if spec is not None and step.error is None:
                 array = spec.open()
                 facts = array_facts(array).key()
-        agree(comm, step.error, what="open zarr array")
-        every = comm.allgather(facts)
+        # one allgather: who failed, and what each rank opened
+        every = comm.allgather(("failed", None) if step.error is not None else ("ok", facts))
+        if any(state != "ok" for state, _ in every):
+            raise_agreed(comm, step.error, what="open zarr array")
+        every = [f for _, f in every]
         bad = [r for r, f in enumerate(every) if f != every[0]]
         if bad:  # every rank sees the same list: they all raise
             raise MismatchError(
@@ -258,9 +262,29 @@ class ZarrBackend(Backend):
         return self._load_into(buf, offset, ids[got > 0])
 
     def _stored(self, ids: I64) -> None:
-        """Remember the grid coordinates of stored units (for :meth:`sync`)."""
-        if self._fsync and len(ids):
-            self._written.update(map(tuple, np.stack(self.space.coords(ids), axis=1).tolist()))
+        """Remember the grid coordinates of stored units (for :meth:`sync`), start writeback.
+
+        In a local directory each stored chunk file starts going to disk at once
+        (``sync_file_range``), as the posix backend does with its rounds: the disk
+        works while this rank goes on, and ``sync`` has little left to do.
+        """
+        if not self._fsync or not len(ids):
+            return
+        coords = list(map(tuple, np.stack(self.space.coords(ids), axis=1).tolist()))
+        self._written.update(coords)
+        root = self._root()
+        if root is not None:
+            for c in coords:
+                start_writeback(self._unit_path(root, c))
+
+    def _root(self) -> str | None:
+        """The local directory of the store, or None (memory, object stores)."""
+        root = getattr(self.array.store, "root", None)
+        return os.fspath(root) if isinstance(root, os.PathLike) else None
+
+    def _unit_path(self, root: str, coords: tuple[int, ...]) -> str:
+        key = self.array.metadata.encode_chunk_key(coords)
+        return os.path.join(root, str(self.array.path), key)
 
     def _unit(self, buf: npt.NDArray[np.uint8], offset: int, uid: int) -> np.ndarray[Any, Any]:
         ub = self.space.unit_nbytes
@@ -354,14 +378,12 @@ class ZarrBackend(Backend):
     def sync(self) -> None:
         """Make the chunk files this rank stored durable (local directories: fsync)."""
         written, self._written = self._written, set()
-        root = getattr(self.array.store, "root", None)
-        if not written or not self._fsync or not isinstance(root, os.PathLike):
+        root = self._root()
+        if not written or not self._fsync or root is None:
             return
-        meta = self.array.metadata
         dirs: set[str] = set()
         for c in sorted(written):
-            key = meta.encode_chunk_key(c)
-            path = os.path.join(os.fspath(root), str(self.array.path), key)
+            path = self._unit_path(root, c)
             if fsync_path(path):
                 dirs.add(os.path.dirname(path))
         for d in dirs:

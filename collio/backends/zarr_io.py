@@ -17,9 +17,8 @@ import numpy as np
 from zarr.core.sync import sync as zarr_sync
 
 from ..errors import BackendError
-from .fsync import fsync_path
 
-__all__ = ["fsync_path", "load_regions", "store_regions"]
+__all__ = ["load_regions", "store_regions"]
 
 Region = tuple[slice, ...]
 

@@ -1,0 +1,101 @@
+"""Completion: sync and close agree on errors; a close with nothing left to do is local.
+
+``write_all`` and ``sync`` are collective, so every rank knows alike whether a
+``write_all`` happened since the last agreed ``sync``.  When none did (and the
+backend has nothing to commit), ``close`` needs no agreement: one rank may close
+while the others do something else.  Otherwise ``close`` syncs and agrees.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import numpy as np
+import pytest
+from helpers import local_piece, reference
+
+import collio
+from collio import layouts
+from collio.backends import register_backend
+from collio.backends.posix import PosixBackend
+
+SHAPE = (64, 48)
+
+
+class FailingSync(PosixBackend):
+    """fsync fails with EIO on one rank while ``fail`` is set."""
+
+    fail_rank = -1
+    fail = False
+
+    def sync(self) -> None:
+        from mpi4py import MPI
+
+        if FailingSync.fail and MPI.COMM_WORLD.rank == FailingSync.fail_rank and self.dirty:
+            raise OSError(errno.EIO, "injected fsync error")
+        super().sync()
+
+
+register_backend("failing-sync", FailingSync)
+
+
+def _lay(comm):
+    return layouts.block(SHAPE, "<f8", comm=comm, grid=(1, comm.size))
+
+
+def _raises_everywhere(comm, fn, match):
+    with pytest.raises(collio.BackendError) as info:
+        fn()
+    msgs = comm.allgather(str(info.value))
+    assert msgs == [msgs[0]] * comm.size, msgs
+    assert match in msgs[0], msgs[0]
+    return info.value
+
+
+@pytest.mark.mpi
+def test_close_after_sync_is_local(comm, shared_path):
+    glob = reference(SHAPE, "<f8", seed=11)
+    lay = _lay(comm)
+    f = collio.open(shared_path, "w", comm=comm)
+    f.write_all(local_piece(glob, lay), lay)
+    f.sync()
+    if comm.rank == 0:
+        f.close()  # alone: were close collective, rank 0 would wait here forever
+        assert f.closed
+    comm.Barrier()
+    f.close()  # the others (and rank 0 again: idempotent)
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi
+def test_close_after_write_syncs_and_agrees(comm, shared_path):
+    glob = reference(SHAPE, "<f8", seed=12)
+    lay = _lay(comm)
+    FailingSync.fail_rank, FailingSync.fail = comm.size - 1, True
+    try:
+        f = collio.open(shared_path, "w", comm=comm, backend="failing-sync")
+        f.write_all(local_piece(glob, lay), lay)
+        # the last rank's fsync fails inside close: every rank raises, naming it
+        err = _raises_everywhere(comm, f.close, f"rank {comm.size - 1}: ")
+        assert err.errno == errno.EIO
+        assert f.closed
+    finally:
+        FailingSync.fail = False
+
+
+@pytest.mark.mpi
+def test_failed_sync_leaves_close_collective(comm, shared_path):
+    glob = reference(SHAPE, "<f8", seed=13)
+    lay = _lay(comm)
+    FailingSync.fail_rank, FailingSync.fail = comm.size - 1, True
+    try:
+        f = collio.open(shared_path, "w", comm=comm, backend="failing-sync")
+        f.write_all(local_piece(glob, lay), lay)
+        _raises_everywhere(comm, f.sync, "injected fsync error")
+        # still unsynced after the failed sync: close syncs again, fails again, agrees
+        _raises_everywhere(comm, f.close, "injected fsync error")
+        assert f.closed
+    finally:
+        FailingSync.fail = False
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
