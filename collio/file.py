@@ -107,6 +107,7 @@ class File:
         agree_same(comm, step.error, mine, what="open", describe=lambda v: f"open arguments {v!r}")
         be: Backend = bcls.open(target, mode, comm=comm, hints=parsed, **options)
         aggs = choose_aggregators(priv.nodes, cb_nodes=parsed.cb_nodes, per_node=parsed.per_node())
+        be.aggregators = aggs
         stats = Stats(aggregators=tuple(aggs.tolist()))
         stats.hints = _used_hints(parsed, aggs)
         stats.backend = be.describe()

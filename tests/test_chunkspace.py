@@ -192,8 +192,26 @@ def test_keep_own_unless_one_rank_would_carry_too_much():
     from collio.backends.chunkspace import keep_own
 
     quarter = np.array([25, 25, 25, 25])
-    assert keep_own(quarter, 100, 4)  # an even, chunk-aligned cut: no shuffle at all
-    assert keep_own(np.array([20, 20, 20, 20]), 100, 4)  # 20 shared bytes shuffled
-    assert not keep_own(np.array([4, 9, 16, 36]), 100, 4)  # 333/667-like skew
-    assert not keep_own(np.zeros(4, np.int64), 100, 4)  # nothing to keep
-    assert keep_own(np.array([100]), 100, 1)  # one rank
+    np.testing.assert_array_equal(keep_own(quarter, 100, 4), 0)  # aligned: no shuffle at all
+    np.testing.assert_array_equal(keep_own(np.array([20] * 4), 100, 4), 5)  # 20 shared, even
+    assert keep_own(np.array([4, 9, 16, 36]), 100, 4) is None  # 333/667-like skew
+    assert keep_own(np.zeros(4, np.int64), 100, 4) is None  # nothing to keep
+    np.testing.assert_array_equal(keep_own(np.array([100]), 100, 1), 0)  # one rank
+
+
+def test_keep_own_gives_the_shared_units_to_the_least_loaded_aggregators():
+    from collio.backends.chunkspace import keep_own
+
+    # column blocks of 1024 over chunks of 768: rank 1 touches no chunk alone
+    caps = keep_own(np.array([24, 0, 24, 32]), 128, 4)
+    np.testing.assert_allclose(caps, [8, 32, 8, 0])  # every rank ends at 32 (an even share)
+    # water filling: the load (own + cap) is level for every aggregator that gets a share
+    own = np.array([3, 17, 0, 40, 11])
+    caps = keep_own(own, 120, 5, slack=10)
+    assert caps is not None and abs(caps.sum() - (120 - own.sum())) < 1e-9
+    load = own + caps
+    np.testing.assert_allclose(load[caps > 0], load[caps > 0].max())
+    assert (own[caps == 0] >= load[caps > 0].max() - 1e-9).all()
+    # aggregators are not ranks 0..n-1: agg_own says what each domain's owner keeps
+    caps = keep_own(np.array([0, 30, 0, 30]), 100, 2, agg_own=np.array([30, 30]))
+    np.testing.assert_allclose(caps, [20, 20])

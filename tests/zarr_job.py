@@ -35,6 +35,8 @@ for name in names:
     results[name] = {
         "readback": all(comm.allgather(ok)),
         "domains": stats["backend"]["domains"],
+        "kept": stats["backend"].get("kept"),
+        "aggregators": list(stats["aggregators"]),
         "write_ops": written["write_ops"],
         "fill_reads": written["read_ops"],
         "read_ops": stats["read_ops"] - written["read_ops"],

@@ -240,15 +240,22 @@ class ChunkSpace:
         return w
 
     def domain_bounds(
-        self, lo: int, hi: int, naggs: int, align: int, only: npt.NDArray[np.bool_] | None = None
+        self,
+        lo: int,
+        hi: int,
+        naggs: int,
+        align: int,
+        only: npt.NDArray[np.bool_] | None = None,
+        shares: npt.NDArray[np.float64] | None = None,
     ) -> I64:
-        """Cut ``[lo, hi)`` at multiples of ``align`` into ``naggs`` equal shares of real bytes.
+        """Cut ``[lo, hi)`` at multiples of ``align`` into ``naggs`` shares of real bytes.
 
         Padded edge units weigh what they hold, so the aggregator owning the last
         row of units is not short of work; with ``only`` (a flag per unit), only the
-        flagged units weigh (e.g. those some rank touches).  Falls back to even byte
-        shares when ``align`` is not a whole number of units, the extent has very
-        many units or nothing weighs.
+        flagged units weigh (e.g. those some rank touches).  ``shares`` (one weight
+        per domain) makes the shares unequal; default equal.  Falls back to even
+        byte shares when ``align`` is not a whole number of units, the extent has
+        very many units or nothing weighs.
         """
         ub = self.unit_nbytes
         if naggs < 2 or hi <= lo or align % ub or (hi - lo) // ub > MAX_WEIGHED_UNITS:
@@ -263,7 +270,11 @@ class ChunkSpace:
         if not len(cand):
             return np.array([lo] + [hi] * naggs, np.int64)
         wc = cum[cand // ub - first]
-        targets = (int(cum[-1]) * np.arange(1, naggs, dtype=np.int64)) // naggs
+        if shares is not None and float(shares.sum()) > 0:
+            frac = np.cumsum(shares)[:-1] / float(shares.sum())
+            targets = np.floor(int(cum[-1]) * frac).astype(np.int64)
+        else:
+            targets = (int(cum[-1]) * np.arange(1, naggs, dtype=np.int64)) // naggs
         j = np.searchsorted(wc, targets)
         jl = np.maximum(j - 1, 0)
         jr = np.minimum(j, len(cand) - 1)
@@ -293,19 +304,35 @@ class ChunkSpace:
         ]
 
 
-def keep_own(own: I64, total: int, naggs: int, slack: float = 1.25) -> bool:
-    """Should ranks keep the units they alone touch (True) or shuffle everything (False)?
+def keep_own(
+    own: I64, total: int, naggs: int, slack: float = 1.25, agg_own: I64 | None = None
+) -> npt.NDArray[np.float64] | None:
+    """Should ranks keep the units they alone touch?  The aggregators' shares if so, else None.
 
-    ``own[r]`` is the bytes rank ``r`` alone touches, ``total`` the call's bytes.
-    Kept, the slowest rank does ``max(own)`` itself and the aggregators share the
-    rest; shuffled, the aggregators share everything evenly but all of it crosses
-    MPI.  Keep unless that makes the slowest rank's work exceed an even share by
-    more than ``slack`` (a skewed decomposition; codecs make balance matter most).
+    ``own[r]`` is the bytes rank ``r`` alone touches, ``total`` the call's bytes,
+    ``agg_own[d]`` what the rank owning domain ``d`` keeps (default: ``own[d]``).
+    Kept, each rank stores its own units and the shared rest is cut so that
+    aggregators with less of their own take more (water filling: every
+    aggregator ends at the same load ``T`` or above it with no share); shuffled,
+    the aggregators share everything evenly but all of it crosses MPI.  Keep
+    unless the slowest rank's work would exceed an even share by more than
+    ``slack`` (a skewed decomposition; codecs make balance matter most).
     """
-    if total <= 0 or not int(own.sum()):
-        return False
-    share = total / max(naggs, 1)
-    return bool(int(own.max()) + (total - int(own.sum())) / max(naggs, 1) <= slack * share)
+    if total <= 0 or not int(own.sum()) or naggs < 1:
+        return None
+    a = (own[:naggs] if agg_own is None else agg_own).astype(np.float64)
+    shared = float(total - int(own.sum()))
+    order = np.sort(a)
+    # the level T with sum(max(0, T - a)) == shared: try filling the k lightest
+    k = np.arange(1, len(order) + 1)
+    levels = (shared + np.cumsum(order)) / k
+    fits = levels >= order
+    level = float(levels[np.flatnonzero(fits)[-1]])
+    caps = np.maximum(level - a, 0.0)
+    share = total / naggs
+    if max(float(own.max()), level) > slack * share:
+        return None
+    return caps
 
 
 def _merge_within(runs: Runs, unit_nbytes: int) -> Runs:

@@ -85,6 +85,7 @@ class ZarrBackend(Backend):
         self._written: set[tuple[int, ...]] = set()  # grid coordinates of stored units
         self._layout: ArrayLayout | None = None  # this call's, set by check_layout
         self._shared: npt.NDArray[np.bool_] | None = None  # units that aggregators store
+        self._shares: npt.NDArray[np.float64] | None = None  # per domain (keep_own)
         self._naggs: int | None = None  # the cb_nodes hint
         self._limit = max(1, int(zarr.config.get("async.concurrency") or 10))
         self._info: dict[str, Any] = {
@@ -175,6 +176,7 @@ class ZarrBackend(Backend):
             self.space = ChunkSpace(shape, self.space.unit, self.space.itemsize, layout.order)
         self._layout = layout
         self._shared = None
+        self._shares = None
         self._info["last_call"] = None
 
     def runs_for(self, layout: Any) -> Runs:
@@ -196,7 +198,8 @@ class ZarrBackend(Backend):
         needs no shuffle at all, a misaligned one shuffles only its border units,
         unless keeping would leave one rank far more work than an even share
         (:func:`~collio.backends.chunkspace.keep_own`; one allgather decides), when
-        every unit goes through the aggregators, which balance them.
+        every unit goes through the aggregators, which balance them.  Kept, the
+        shared units go mostly to aggregators with little of their own to store.
         """
         if self.space.nunits > MAX_DIRECT_UNITS:
             return None
@@ -211,8 +214,13 @@ class ZarrBackend(Backend):
         mine = np.array([runs.length[keep].sum(), runs.nbytes], np.int64)
         every = np.empty(2 * comm.Get_size(), np.int64)
         comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
-        naggs = min(self._naggs or comm.Get_size(), comm.Get_size())
-        if not keep_own(every[0::2], int(every[1::2].sum()), naggs):
+        own = every[0::2]
+        aggs = self.aggregators
+        naggs = len(aggs) if aggs is not None else min(self._naggs or comm.size, comm.size)
+        agg_own = own[aggs] if aggs is not None else None
+        self._shares = keep_own(own, int(every[1::2].sum()), naggs, agg_own=agg_own)
+        self._info["kept"] = own.tolist() if self._shares is not None else [0] * len(own)
+        if self._shares is None:
             self._shared = counts >= 1  # every touched unit goes through an aggregator
             return None
         self._shared = counts >= 2
@@ -228,7 +236,8 @@ class ZarrBackend(Backend):
         When :meth:`own_runs` counted the ranks per unit, only the units that go
         through the aggregators weigh; the assignment is recorded for statistics.
         """
-        bounds = self.space.domain_bounds(lo, hi, naggs, align, self._shared)
+        shares = self._shares if self._shares is not None and len(self._shares) == naggs else None
+        bounds = self.space.domain_bounds(lo, hi, naggs, align, self._shared, shares)
         if self._info.get("last_call") != "mixed":
             self._info["last_call"] = "two-phase"
         self._info["order"] = self.space.order
