@@ -14,10 +14,11 @@ import threading
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["round_buffers", "release_buffers", "io_executor"]
+__all__ = ["round_buffers", "scratch_buffer", "release_buffers", "io_executor"]
 
 _lock = threading.Lock()
 _buffers: list[npt.NDArray[np.uint8]] = []
+_scratch: list[npt.NDArray[np.uint8]] = []
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 
 
@@ -37,11 +38,22 @@ def round_buffers(nbytes: int, count: int = 2) -> list[npt.NDArray[np.uint8]]:
         return [whole[i * nbytes : (i + 1) * nbytes] for i in range(count)]
 
 
+def scratch_buffer(nbytes: int) -> npt.NDArray[np.uint8]:
+    """A kept buffer of at least ``nbytes`` for packing a round's sends (see exchange)."""
+    global _scratch
+    with _lock:
+        if not _scratch or len(_scratch[0]) < nbytes:
+            _scratch = []
+            _scratch = [np.empty(nbytes, np.uint8)]
+        return _scratch[0][:nbytes]
+
+
 def release_buffers() -> None:
-    """Free the cached round buffers."""
-    global _buffers
+    """Free the cached round buffers (and the packing buffer)."""
+    global _buffers, _scratch
     with _lock:
         _buffers = []
+        _scratch = []
 
 
 def io_executor() -> concurrent.futures.ThreadPoolExecutor:

@@ -68,6 +68,27 @@ def byte_view(
     return [buf[first:], 1, dtype], dtype
 
 
+#: Sends of equal runs up to this many bytes are packed with numpy (see Messages.send).
+PACK_MAX_RUN = 4096
+
+
+def pack_uniform(
+    buf: npt.NDArray[np.uint8], offsets: I64, length: int, out: npt.NDArray[np.uint8]
+) -> npt.NDArray[np.uint8]:
+    """Copy the runs ``buf[o:o+length]`` one after another into ``out`` (a numpy gather)."""
+    first = int(offsets.min())  # (offsets need not be sorted)
+    rel = offsets - first
+    dest = out[: len(offsets) * length].reshape(len(offsets), length)
+    if not bool((rel % length).any()):
+        rows = (len(buf) - first) // length
+        mat = buf[first : first + rows * length].reshape(rows, length)
+        np.take(mat, rel // length, axis=0, out=dest)
+    else:
+        win = np.lib.stride_tricks.sliding_window_view(buf[first:], length)
+        dest[...] = win[rel]
+    return dest.reshape(-1)
+
+
 class Messages:
     """The point-to-point messages of one round; frees its datatypes when done."""
 
@@ -79,13 +100,46 @@ class Messages:
         self.types: list[MPI.Datatype] = []
         self.tag = tag
 
-    def send(self, dest: int, buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64) -> None:
+    def send(
+        self,
+        dest: int,
+        buf: npt.NDArray[np.uint8],
+        offsets: I64,
+        lengths: I64,
+        scratch: npt.NDArray[np.uint8] | None = None,
+    ) -> int:
+        """Send the runs; small equal runs are first packed into ``scratch`` (if given).
+
+        Returns the bytes of ``scratch`` used (kept until the messages complete).
+
+        MPICH sends a datatype of many small blocks slowly (it packs them through its
+        shared-memory cells); numpy packs them at copy speed into a kept buffer and
+        the packed message then goes in one copy (CMA).  Block-cyclic 64 x 64 reads
+        (512-byte runs), same job: 1197-1224 -> 1423-1428 MiB/s.  Runs of 8 KiB
+        (column blocks) gain nothing (2233-2428 MiB/s either way), so only runs up
+        to :data:`PACK_MAX_RUN` are packed.  (A fresh buffer per round costs more than
+        it saves: page faults.)
+        """
+        n = len(lengths)
+        if scratch is not None and n > 1 and int(lengths[0]) <= PACK_MAX_RUN:
+            if bool((lengths == lengths[0]).all()) and int(lengths.sum()) <= len(scratch):
+                packed = pack_uniform(buf, offsets, int(lengths[0]), scratch)
+                self.requests.append(self.comm.Isend([packed, MPI.BYTE], dest, self.tag))
+                return len(packed)
         spec, dtype = byte_view(buf, offsets, lengths)
         if dtype is not None:
             self.types.append(dtype)
         self.requests.append(self.comm.Isend(spec, dest, self.tag))
+        return 0
 
     def recv(self, source: int, buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64) -> None:
+        """Receive the runs straight into ``buf`` (a datatype when they are apart).
+
+        The mirror of :meth:`send`'s packing was measured and not kept: receiving
+        512-byte runs packed and spreading them with numpy made block-cyclic writes
+        slower (1118-1186 -> 1012-1089 MiB/s, same job); MPICH with CMA fills the
+        datatype well.
+        """
         spec, dtype = byte_view(buf, offsets, lengths)
         if dtype is not None:
             self.types.append(dtype)

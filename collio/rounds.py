@@ -30,10 +30,10 @@ from mpi4py import MPI
 
 from .aggregators.plan import AggregatorPlan, round_requests
 from .backends.base import Backend
-from .buffers import io_executor, round_buffers
+from .buffers import io_executor, round_buffers, scratch_buffer
 from .collective import Attempt, any_flag, raise_agreed, sleep_until_done
 from .context import Call, Context, Plan
-from .exchange import messages
+from .exchange import PACK_MAX_RUN, messages
 from .runs import Runs, merge
 from .stats import Stats
 
@@ -43,6 +43,9 @@ I64 = npt.NDArray[np.int64]
 _TAG = 0x0C01
 #: Round buffers per aggregator (the I/O of round k overlaps the exchange of k+1).
 DEPTH = 2
+#: Most bytes an aggregator packs per round for its sends (a third buffer, kept).
+PACK_SCRATCH = 16 << 20
+_NO_SCRATCH = np.zeros(0, np.uint8)
 MEET = True  # (for measurements: False keeps the lagged agreement for remote backends too)
 
 Future = concurrent.futures.Future[None]
@@ -198,6 +201,9 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
     reqs: list[tuple[int, int]] = [(0, 0)] * DEPTH
     pool, status = io_executor(), _Lagged(comm, be.remote)
     meet = be.remote and MEET  # see module doc
+    # small equal runs are packed with numpy before sending (Messages.send)
+    small = mine and int(ap.length.min()) <= PACK_MAX_RUN  # type: ignore[union-attr]
+    scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
 
     def prefetch(k: int) -> None:
         if ap is not None and k < mine:
@@ -235,10 +241,12 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
                 msgs.recv(int(ctx.aggregators[sp.gdom[g]]), out, piece.mem, piece.length)
                 c.exchanged_bytes += piece.nbytes
             if ap is not None and k < mine:
-                rbuf, base = bufs[k % DEPTH], reqs[k % DEPTH][0]
+                rbuf, base, used = bufs[k % DEPTH], reqs[k % DEPTH][0], 0
                 for g in ap.groups_of_round(k).tolist():
                     s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
-                    msgs.send(int(ap.gsrc[g]), rbuf, ap.file[s:e] - base, ap.length[s:e])
+                    used += msgs.send(
+                        int(ap.gsrc[g]), rbuf, ap.file[s:e] - base, ap.length[s:e], scratch[used:]
+                    )
                     c.messages += 1
         c.time_exchange += time.perf_counter() - t
     status.failed()
