@@ -30,6 +30,7 @@ class Context:
     stats: Stats
     mode: str
     plans: PlanCache | None = None  # plans of earlier calls on this communicator
+    read_aggregators: I64 | None = None  # when reads use other aggregators (see Backend)
 
     @property
     def rank(self) -> int:

@@ -15,6 +15,7 @@ Flow of one call (every rank runs every step, so nothing hangs):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -254,6 +255,8 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
 def read(ctx: Context, layout: Any, out: Any) -> Any:
     """Collective over ``ctx.comm``: two-phase read; returns the rank's piece."""
     t0 = time.perf_counter()
+    if ctx.read_aggregators is not None:  # the backend reads with other aggregators
+        ctx = dataclasses.replace(ctx, aggregators=ctx.read_aggregators)
 
     def prepare(lay: Layout) -> tuple[npt.NDArray[np.uint8], Any]:
         arr, view = lay.allocate(out)

@@ -110,8 +110,12 @@ class File:
         be.aggregators = aggs
         stats = Stats(aggregators=tuple(aggs.tolist()))
         stats.hints = _used_hints(parsed, aggs)
+        read_aggs = None
+        if bcls.read_per_node is not None and parsed.cb_nodes is None and not parsed.cb_config_list:
+            read_aggs = choose_aggregators(priv.nodes, per_node=bcls.read_per_node)
+            stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
         stats.backend = be.describe()
-        ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans)
+        ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans, read_aggs)
         return cls(ctx, target)
 
     # -- properties -----------------------------------------------------------

@@ -123,6 +123,27 @@ def test_array_bytes_equal_reference(server, key, kind, hints, nparts):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("hints", [{}, {"cb_nodes": 2}, {"cb_config_list": "*:*"}])
+def test_reads_use_one_aggregator_per_node_unless_the_hints_choose(server, key, hints):
+    shape = (64, 96)
+    glob = reference(shape, "<f8", seed=21)
+    lay = _layout("cyclic", shape)
+    with collio.open(f"s3://{BUCKET}/{key}", "w", **_opts(server)) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        assert f.aggregators == tuple(range(COMM.size))  # uploads: every rank
+    with collio.open(f"s3://{BUCKET}/{key}", "r", hints=hints, **_opts(server)) as f:
+        back = f.read_all(lay, out=None)
+        used = f.stats.hints
+        local = f.stats.local
+    np.testing.assert_array_equal(back, local_piece(glob, lay))
+    if hints:  # the user's choice holds for reads too
+        assert "read_aggregator_ranks" not in used
+    else:  # one node here: rank 0 reads the whole object and sends the pieces
+        assert used["read_aggregator_ranks"] == [0]
+        assert (local["domain"] == 0) == (COMM.rank == 0)
+
+
+@pytest.mark.mpi
 def test_segments_with_an_empty_rank(server, key):
     size = 20_011
     raw = reference((size,), np.uint8, seed=4)

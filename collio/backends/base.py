@@ -90,6 +90,8 @@ class Backend(abc.ABC):
     needs_flush: ClassVar[bool] = False  # call flush(comm) after every write_all
     atomic: ClassVar[bool] = False
     remote: ClassVar[bool] = False
+    #: Aggregators per node for reads when the hints choose none (None: as for writes).
+    read_per_node: ClassVar[int | None] = None
     #: Ranks owning file domains, in domain order (set by :func:`collio.open`).
     aggregators: npt.NDArray[np.int64] | None = None
 
