@@ -82,7 +82,7 @@ def pack_uniform(
     if not bool((rel % length).any()):
         rows = (len(buf) - first) // length
         mat = buf[first : first + rows * length].reshape(rows, length)
-        np.take(mat, rel // length, axis=0, out=dest)
+        np.take(mat, rel // length, axis=0, out=dest, mode="clip")  # (in range: no buffering)
     else:
         win = np.lib.stride_tricks.sliding_window_view(buf[first:], length)
         dest[...] = win[rel]
@@ -122,7 +122,9 @@ class Messages:
         """
         n = len(lengths)
         if scratch is not None and n > 1 and int(lengths[0]) <= PACK_MAX_RUN:
-            if bool((lengths == lengths[0]).all()) and int(lengths.sum()) <= len(scratch):
+            apart = not bool((offsets[1:] == (offsets + lengths)[:-1]).all())  # else one slice
+            equal = bool((lengths == lengths[0]).all()) and int(lengths.sum()) <= len(scratch)
+            if apart and equal:
                 packed = pack_uniform(buf, offsets, int(lengths[0]), scratch)
                 self.requests.append(self.comm.Isend([packed, MPI.BYTE], dest, self.tag))
                 return len(packed)

@@ -99,3 +99,21 @@ def test_failed_sync_leaves_close_collective(comm, shared_path):
         FailingSync.fail = False
     comm.Barrier()
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi
+def test_close_after_sync_still_commits_an_atomic_write(comm, shared_path):
+    """A backend with something to commit (the rename of atomic_commit) never skips close."""
+    glob = reference(SHAPE, "<f8", seed=14)
+    lay = _lay(comm)
+    hints = {"atomic_commit": True}
+    f = collio.open(shared_path, "w", comm=comm, hints=hints)
+    f.write_all(local_piece(glob, lay), lay)
+    f.sync()
+    comm.Barrier()
+    import os
+
+    assert not os.path.exists(shared_path)  # still the temporary beside it
+    f.close()
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
