@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from .aggregators.select import choose_aggregators
 from .plancache import PlanCache
 
 __all__ = ["Private", "private"]
@@ -36,6 +37,20 @@ class Private:
     comm: MPI.Intracomm
     nodes: npt.NDArray[np.int64]  # nodes[r]: world-unique id of rank r's node
     plans: PlanCache = dataclasses.field(default_factory=PlanCache)  # kept plans
+    # aggregator ranks by (cb_nodes, per_node): a pure function of ``nodes``, kept
+    aggregators: dict[tuple[int | None, int | None], npt.NDArray[np.int64]] = dataclasses.field(
+        default_factory=dict
+    )
+
+    def choose(self, cb_nodes: int | None, per_node: int | None) -> npt.NDArray[np.int64]:
+        """:func:`~collio.aggregators.choose_aggregators` for this communicator, kept."""
+        key = (cb_nodes, per_node)
+        got = self.aggregators.get(key)
+        if got is None:
+            got = choose_aggregators(self.nodes, cb_nodes=cb_nodes, per_node=per_node)
+            got.setflags(write=False)
+            self.aggregators[key] = got
+        return got
 
 
 def _delete(comm: Any, keyval: int, value: Any) -> None:

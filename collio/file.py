@@ -11,7 +11,6 @@ import numpy as np
 from mpi4py import MPI
 
 from . import engine, view
-from .aggregators import choose_aggregators
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
 from .collective import Attempt, agree, agree_same, any_flag, raise_agreed
@@ -106,13 +105,13 @@ class File:
         # one allreduce agrees on errors and on every rank passing the same arguments
         agree_same(comm, step.error, mine, what="open", describe=lambda v: f"open arguments {v!r}")
         be: Backend = bcls.open(target, mode, comm=comm, hints=parsed, **options)
-        aggs = choose_aggregators(priv.nodes, cb_nodes=parsed.cb_nodes, per_node=parsed.per_node())
+        aggs = priv.choose(parsed.cb_nodes, parsed.per_node())
         be.aggregators = aggs
         stats = Stats(aggregators=tuple(aggs.tolist()))
         stats.hints = _used_hints(parsed, aggs)
         read_aggs = None
         if bcls.read_per_node is not None and parsed.cb_nodes is None and not parsed.cb_config_list:
-            read_aggs = choose_aggregators(priv.nodes, per_node=bcls.read_per_node)
+            read_aggs = priv.choose(None, bcls.read_per_node)
             stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
         stats.backend = be.describe()
         ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans, read_aggs)
