@@ -17,9 +17,19 @@ import numpy.typing as npt
 __all__ = ["round_buffers", "scratch_buffer", "release_buffers", "io_executor"]
 
 _lock = threading.Lock()
-_buffers: list[npt.NDArray[np.uint8]] = []
-_scratch: list[npt.NDArray[np.uint8]] = []
+#: Kept allocations by use ("rounds", "scratch"); each reused while big enough.
+_kept: dict[str, npt.NDArray[np.uint8]] = {}
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _keep(name: str, nbytes: int) -> npt.NDArray[np.uint8]:
+    """The kept allocation ``name``, grown to at least ``nbytes`` (old one freed first)."""
+    with _lock:
+        got = _kept.get(name)
+        if got is None or len(got) < nbytes:
+            _kept.pop(name, None)  # free the old one before allocating the new one
+            got = _kept[name] = np.empty(nbytes, np.uint8)
+        return got
 
 
 def round_buffers(nbytes: int, count: int = 2) -> list[npt.NDArray[np.uint8]]:
@@ -28,32 +38,19 @@ def round_buffers(nbytes: int, count: int = 2) -> list[npt.NDArray[np.uint8]]:
     The allocation is reused while it is big enough; so memory stays at what the
     largest call needed (two rounds of ``cb_buffer_size`` by default).
     """
-    global _buffers
-    need = nbytes * count
-    with _lock:
-        if not _buffers or len(_buffers[0]) < need:
-            _buffers = []  # free the old one before allocating the new one
-            _buffers = [np.empty(need, np.uint8)]
-        whole = _buffers[0]
-        return [whole[i * nbytes : (i + 1) * nbytes] for i in range(count)]
+    whole = _keep("rounds", nbytes * count)
+    return [whole[i * nbytes : (i + 1) * nbytes] for i in range(count)]
 
 
 def scratch_buffer(nbytes: int) -> npt.NDArray[np.uint8]:
     """A kept buffer of at least ``nbytes`` for packing a round's sends (see exchange)."""
-    global _scratch
-    with _lock:
-        if not _scratch or len(_scratch[0]) < nbytes:
-            _scratch = []
-            _scratch = [np.empty(nbytes, np.uint8)]
-        return _scratch[0][:nbytes]
+    return _keep("scratch", nbytes)[:nbytes]
 
 
 def release_buffers() -> None:
     """Free the cached round buffers (and the packing buffer)."""
-    global _buffers, _scratch
     with _lock:
-        _buffers = []
-        _scratch = []
+        _kept.clear()
 
 
 def io_executor() -> concurrent.futures.ThreadPoolExecutor:

@@ -27,6 +27,7 @@ __all__ = [
     "any_flag",
     "bcast_outcome",
     "digest",
+    "quiet_barrier",
     "raise_agreed",
     "sleep_until_done",
 ]
@@ -197,3 +198,13 @@ def sleep_until_done(req: MPI.Request) -> None:
     while not req.Test():
         time.sleep(delay)
         delay = min(2 * delay, WAIT_CAP)
+
+
+def quiet_barrier(comm: MPI.Comm) -> None:
+    """Collective over `comm`: a barrier that sleeps while it waits.
+
+    For where one rank works (talks to a server, runs a baseline) while the others
+    wait: MPI's blocking calls keep a core busy polling, a core that the working
+    rank, or a server on the same node, needs.
+    """
+    sleep_until_done(comm.Ibarrier())

@@ -9,6 +9,7 @@ while the others do something else.  Otherwise ``close`` syncs and agrees.
 from __future__ import annotations
 
 import errno
+import os
 
 import numpy as np
 import pytest
@@ -37,6 +38,14 @@ class FailingSync(PosixBackend):
 
 
 register_backend("failing-sync", FailingSync)
+
+
+@pytest.fixture
+def failing_sync(comm):
+    """The last rank's fsync fails (backend "failing-sync") until the test turns it off."""
+    FailingSync.fail_rank, FailingSync.fail = comm.size - 1, True
+    yield FailingSync
+    FailingSync.fail = False
 
 
 def _lay(comm):
@@ -68,35 +77,29 @@ def test_close_after_sync_is_local(comm, shared_path):
 
 
 @pytest.mark.mpi
-def test_close_after_write_syncs_and_agrees(comm, shared_path):
+def test_close_after_write_syncs_and_agrees(comm, shared_path, failing_sync):
     glob = reference(SHAPE, "<f8", seed=12)
     lay = _lay(comm)
-    FailingSync.fail_rank, FailingSync.fail = comm.size - 1, True
-    try:
-        f = collio.open(shared_path, "w", comm=comm, backend="failing-sync")
-        f.write_all(local_piece(glob, lay), lay)
-        # the last rank's fsync fails inside close: every rank raises, naming it
-        err = _raises_everywhere(comm, f.close, f"rank {comm.size - 1}: ")
-        assert err.errno == errno.EIO
-        assert f.closed
-    finally:
-        FailingSync.fail = False
+    f = collio.open(shared_path, "w", comm=comm, backend="failing-sync")
+    f.write_all(local_piece(glob, lay), lay)
+    # the last rank's fsync fails inside close: every rank raises, naming it
+    err = _raises_everywhere(comm, f.close, f"rank {comm.size - 1}: ")
+    assert err.errno == errno.EIO
+    assert f.closed
+    comm.Barrier()  # the bytes were written before the failing fsync
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
 
 
 @pytest.mark.mpi
-def test_failed_sync_leaves_close_collective(comm, shared_path):
+def test_failed_sync_leaves_close_collective(comm, shared_path, failing_sync):
     glob = reference(SHAPE, "<f8", seed=13)
     lay = _lay(comm)
-    FailingSync.fail_rank, FailingSync.fail = comm.size - 1, True
-    try:
-        f = collio.open(shared_path, "w", comm=comm, backend="failing-sync")
-        f.write_all(local_piece(glob, lay), lay)
-        _raises_everywhere(comm, f.sync, "injected fsync error")
-        # still unsynced after the failed sync: close syncs again, fails again, agrees
-        _raises_everywhere(comm, f.close, "injected fsync error")
-        assert f.closed
-    finally:
-        FailingSync.fail = False
+    f = collio.open(shared_path, "w", comm=comm, backend="failing-sync")
+    f.write_all(local_piece(glob, lay), lay)
+    _raises_everywhere(comm, f.sync, "injected fsync error")
+    # still unsynced after the failed sync: close syncs again, fails again, agrees
+    _raises_everywhere(comm, f.close, "injected fsync error")
+    assert f.closed
     comm.Barrier()
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
 
@@ -111,8 +114,6 @@ def test_close_after_sync_still_commits_an_atomic_write(comm, shared_path):
     f.write_all(local_piece(glob, lay), lay)
     f.sync()
     comm.Barrier()
-    import os
-
     assert not os.path.exists(shared_path)  # still the temporary beside it
     f.close()
     comm.Barrier()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 from typing import Any
+
+from .._libc import libc
 
 __all__ = ["fsync_path", "start_writeback", "sync_file_range", "SYNC_FILE_RANGE_WRITE"]
 
@@ -14,10 +15,8 @@ SYNC_FILE_RANGE_WRITE = 2
 
 
 def _libc_sync_file_range() -> Any:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
+    fn = getattr(libc(), "sync_file_range", None)
+    if fn is None:
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     fn.restype = ctypes.c_int

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..collective import Attempt, agree, raise_agreed, sleep_until_done
+from ..collective import Attempt, agree, quiet_barrier, raise_agreed
 from .apis import Api, Job, get_api
 from .patterns import Workload
 
@@ -108,7 +108,7 @@ def _timed(comm: MPI.Intracomm, api: Api, writing: bool) -> tuple[float, float, 
     A rank whose phase fails still reaches the barrier; then every rank raises the
     same :class:`~collio.CollioError` naming the failing ranks (nobody hangs).
     """
-    wait = _quiet_barrier if api.quiet else _barrier
+    wait = quiet_barrier if api.quiet else _barrier
     wait(comm)
     t0 = time.perf_counter()
     t = [t0, t0, t0]
@@ -132,11 +132,6 @@ def _timed(comm: MPI.Intracomm, api: Api, writing: bool) -> tuple[float, float, 
 
 def _barrier(comm: MPI.Intracomm) -> None:
     comm.Barrier()
-
-
-def _quiet_barrier(comm: MPI.Intracomm) -> None:
-    """A barrier that sleeps while it waits (MPI's polls a core a local server needs)."""
-    sleep_until_done(comm.Ibarrier())
 
 
 def _untimed(comm: MPI.Intracomm, api: Api, writing: bool, step: str) -> None:

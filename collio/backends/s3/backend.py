@@ -20,13 +20,13 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ...collective import Attempt, agree
+from ...collective import Attempt, agree, quiet_barrier
 from ...errors import BackendError, HintError, LayoutError, MismatchError, ModeError
 from ...runs import Runs, group_bounds, split_grid
 from ..base import Backend
 from . import upload
 from .client import RangeStream, Requests, client_for, get_into, public_url, s3_error
-from .multipart import Multipart, quiet_barrier
+from .multipart import Multipart
 from .options import S3Options
 from .plan import MAX_PART_SIZE, MIN_PART_SIZE, PartPlan, S3Target, coalesce, holes, parse_target
 from .plan import split_ranges as _split

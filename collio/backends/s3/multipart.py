@@ -16,23 +16,13 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ...collective import Attempt, agree, raise_agreed, sleep_until_done
+from ...collective import Attempt, agree, quiet_barrier, raise_agreed
 from ...errors import CommitError
 from . import upload
 from .client import Requests, s3_error
 from .plan import PartPlan, S3Target
 
-__all__ = ["Multipart", "quiet_barrier"]
-
-
-def quiet_barrier(comm: Any) -> None:
-    """Collective over `comm`: a barrier that sleeps while it waits.
-
-    Used where one rank talks to the server (create, complete, abort) while the
-    others wait: MPI's blocking calls keep a core busy polling, a core that a
-    server on the same node (or an oversubscribed node) needs.
-    """
-    sleep_until_done(comm.Ibarrier())
+__all__ = ["Multipart"]
 
 
 class Multipart:

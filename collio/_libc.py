@@ -1,0 +1,15 @@
+"""The C library collio calls through ctypes (no MPI here: ``_mpienv`` runs before MPI)."""
+
+from __future__ import annotations
+
+import ctypes
+
+__all__ = ["libc"]
+
+
+def libc() -> ctypes.CDLL | None:
+    """The C library already loaded into this process (no ``ldconfig`` subprocess), or None."""
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
