@@ -53,6 +53,7 @@ class Call:
     counters: Stats
     own: npt.NDArray[np.bool_] | None = None  # runs this rank does itself before the shuffle
     reused: bool = False  # the plan of an earlier, identical call was used
+    window: int = 0  # bytes per round (0: no two-phase round)
 
 
 @dataclasses.dataclass(slots=True)

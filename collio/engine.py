@@ -142,7 +142,10 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
     align = alignment(ctx.backend.alignment, ctx.hints.striping_unit)
     bounds = ctx.backend.domain_bounds(lo, hi, len(aggs), align)
-    window = window_size(min(ctx.hints.cb_buffer_size, 1 << 30), align)
+    largest = int(np.diff(bounds).max(initial=0))
+    cap = min(ctx.hints.cb_buffer_size, 1 << 30)
+    window = window_size(cap, align, largest, ctx.hints.min_rounds)
+    call.window = window
     key = (writing, window, tuple(aggs.tolist()))
     if ctx.plans is not None:  # the same call as before on every rank: the same plan
         kept = ctx.plans.lookup(comm, key, bounds, runs)
@@ -223,6 +226,7 @@ def _complete(
         "rounds": int(rm[0]),
         "extent": [call.lo, call.hi] if call.hi > call.lo else [0, 0],
         "plan_reused": call.reused,
+        "window": call.window,
     }
 
 

@@ -29,6 +29,7 @@ KNOWN = (
     "romio_cb_read",
     "atomic_commit",
     "direct_threshold",
+    "min_rounds",
 )
 #: Names backends may consume (passed through, not reported as unknown).
 PASS_THROUGH = re.compile(r"^(romio_|ind_|cb_|striping_|collective_buffering|s3_|zarr_|h5_)")
@@ -94,6 +95,11 @@ class Hints:
         Write to a temporary beside the target, made visible only on agreed success.
     direct_threshold
         With ``automatic``: mean run length (bytes) from which the shuffle is skipped.
+    min_rounds
+        Rounds an aggregator's domain is cut into at least (8): rounds shrink below
+        ``cb_buffer_size`` (not below 1 MiB) so that the first round's shuffle and the
+        last round's write and sync, which nothing overlaps, stay short.  1 gives
+        ROMIO's rule, one ``cb_buffer_size`` per round.
     extra
         Unrecognised or pass-through hints, as strings.
     """
@@ -107,6 +113,7 @@ class Hints:
     romio_cb_read: str = "automatic"
     atomic_commit: bool = False
     direct_threshold: int = 4 * MiB
+    min_rounds: int = 8
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -114,6 +121,8 @@ class Hints:
             raise HintError(f"hint cb_nodes={self.cb_nodes} must be >= 1")
         if self.cb_buffer_size < 1:
             raise HintError(f"hint cb_buffer_size={self.cb_buffer_size} must be >= 1")
+        if self.min_rounds < 1:
+            raise HintError(f"hint min_rounds={self.min_rounds} must be >= 1")
         if self.striping_unit is not None and self.striping_unit < 1:
             raise HintError(f"hint striping_unit={self.striping_unit} must be >= 1")
         if self.cb_config_list is not None:
@@ -133,7 +142,7 @@ class Hints:
         extra: list[tuple[str, str]] = []
         unknown: list[str] = []
         for key, value in items:
-            if key in ("cb_nodes", "striping_factor"):
+            if key in ("cb_nodes", "striping_factor", "min_rounds"):
                 values[key] = int(parse_size(value, key))
             elif key in ("cb_buffer_size", "striping_unit", "direct_threshold"):
                 values[key] = parse_size(value, key)

@@ -15,6 +15,7 @@ from collio.aggregators import (
     plan_sender,
     window_size,
 )
+from collio.aggregators.domains import MIN_WINDOW
 from collio.runs import Runs, first_overlap, merge, split_at, split_grid
 
 
@@ -85,6 +86,34 @@ def test_file_domains(lo, span, n, align):
     if align == 1 and span >= n:
         sizes = np.diff(b)
         assert sizes.max() - sizes.min() <= 1
+
+
+def test_window_shrinks_to_min_rounds_within_its_bounds():
+    MiB = 1 << 20
+    # ROMIO's rule: one cb_buffer_size per round, rounded down to the alignment
+    assert window_size(16 * MiB, 1) == 16 * MiB
+    assert window_size(16 * MiB, 1, 32 * MiB, min_rounds=1) == 16 * MiB
+    assert window_size(10 * MiB, 4 * MiB) == 8 * MiB
+    # a 32 MiB domain in 8 rounds: 4 MiB windows
+    assert window_size(16 * MiB, 1, 32 * MiB, 8) == 4 * MiB
+    # never above cb_buffer_size, never below 1 MiB (unless cb_buffer_size is)
+    assert window_size(16 * MiB, 1, 1 << 40, 8) == 16 * MiB
+    assert window_size(16 * MiB, 1, 2 * MiB, 8) == MIN_WINDOW
+    assert window_size(256 * 1024, 1, 2 * MiB, 8) == 256 * 1024
+    # whole 64 KiB units, rounded up so the domain takes at most min_rounds rounds
+    w = window_size(16 * MiB, 1, 30 * MiB + 5, 8)
+    assert w % (1 << 16) == 0 and -(-(30 * MiB + 5) // w) <= 8
+    # an alignment larger than the shrunk window wins (one unit per round)
+    assert window_size(16 * MiB, 5 * MiB, 32 * MiB, 8) == 5 * MiB
+    assert window_size(16 * MiB, 3 * MiB, 48 * MiB, 8) == 6 * MiB
+
+
+@given(st.integers(1, 1 << 26), st.integers(1, 1 << 22), st.integers(0, 1 << 32), st.integers(1, 64))
+def test_window_is_aligned_and_bounded(cb, align, largest, rounds):
+    w = window_size(cb, align, largest, rounds)
+    assert w % align == 0 and w >= align
+    assert w <= max(cb, align)
+    assert w == window_size(cb, align) or w >= min(MIN_WINDOW, cb) // align * align
 
 
 def test_file_domains_huge_extent_no_overflow():

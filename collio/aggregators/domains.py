@@ -20,9 +20,29 @@ def alignment(backend_alignment: int, striping_unit: int | None) -> int:
     return a
 
 
-def window_size(cb_buffer_size: int, align: int) -> int:
-    """Bytes per round: ``cb_buffer_size`` rounded down to the alignment (at least one unit)."""
-    return max(align, (int(cb_buffer_size) // align) * align)
+#: Smallest window that ``min_rounds`` shrinks rounds to: below it the fixed cost of a
+#: round (its agreement and messages, ~0.2-1 ms here) would outweigh what overlap gains.
+MIN_WINDOW = 1 << 20
+_GRAIN = 1 << 16  # shrunk windows are whole 64 KiB units (page- and stripe-friendly)
+
+
+def window_size(
+    cb_buffer_size: int, align: int, largest_domain: int = 0, min_rounds: int = 1
+) -> int:
+    """Bytes per round, a multiple of ``align`` (at least one unit).
+
+    ``cb_buffer_size`` is the largest round.  With ``min_rounds > 1`` the window
+    shrinks (not below :data:`MIN_WINDOW`) until the largest domain takes that many
+    rounds: the first round's shuffle and the last round's write and sync are the
+    parts of a call that nothing overlaps, so they must be a small share of it.
+    ``min_rounds=1`` is ROMIO's rule (one ``cb_buffer_size`` per round).
+    """
+    w = int(cb_buffer_size)
+    if min_rounds > 1 and largest_domain > 0:
+        want = -(-int(largest_domain) // int(min_rounds))
+        want = -(-want // _GRAIN) * _GRAIN
+        w = min(w, max(MIN_WINDOW, want))
+    return max(align, (w // align) * align)
 
 
 def file_domains(lo: int, hi: int, naggs: int, align: int = 1) -> I64:

@@ -205,7 +205,8 @@ def _two_phase(
     naggs = len(choose_aggregators(nodes, cb_nodes=h.cb_nodes, per_node=h.per_node()))
     align = alignment(cfg.backend_alignment, h.striping_unit)
     bounds = file_domains(ext[0], ext[1], naggs, align)
-    window = window_size(min(h.cb_buffer_size, _MAX_WINDOW), align)
+    largest = int(np.diff(bounds).max(initial=0))
+    window = window_size(min(h.cb_buffer_size, _MAX_WINDOW), align, largest, h.min_rounds)
     nwin = int((-(-np.diff(bounds) // window)).sum())
     if nwin > _MAX_WINDOWS:
         raise ValueError(

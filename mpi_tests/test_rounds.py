@@ -1,0 +1,52 @@
+"""Round windows: ``min_rounds`` cuts a domain into at least that many rounds.
+
+The window each call used is in ``stats.last_call["window"]``; the file is checked
+byte for byte and read back through the same rounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collio
+from collio import layouts
+from collio.aggregators import window_size
+
+pytestmark = pytest.mark.mpi(min_size=1)
+MiB = 1 << 20
+N = 1024  # 8 MiB of float64
+
+
+@pytest.mark.parametrize("min_rounds", [None, 1, 3, 64])
+def test_window_follows_min_rounds(comm, shared_path, min_rounds):
+    glob = np.random.default_rng(5).random((N, N))
+    lay = layouts.block((N, N), "<f8", comm=comm, grid=(1, comm.size))
+    hints: dict = {"romio_cb_write": "enable", "romio_cb_read": "enable"}  # 1 rank: no direct
+    if min_rounds is not None:
+        hints["min_rounds"] = min_rounds
+    with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+        f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
+        naggs = len(f.stats.aggregators)
+        window, rounds = f.stats.last_call["window"], f.stats.last_call["rounds"]
+        assert f.stats.hints["min_rounds"] == (min_rounds or 8)
+    largest = -(-N * N * 8 // naggs)
+    want = window_size(16 * MiB, 1, largest, min_rounds or 8)
+    assert window == want
+    assert rounds == -(-largest // window)
+    if min_rounds == 1:
+        assert window == 16 * MiB and rounds == 1
+    else:  # shrunk to whole 64 KiB units, never below 1 MiB
+        share = -(-largest // (min_rounds or 8))
+        assert window == max(MiB, -(-share // 65536) * 65536)
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(N, N), glob)
+    with collio.open(shared_path, "r", comm=comm, hints=hints) as f:
+        back = f.read_all(lay)
+        assert f.stats.last_call["window"] == window
+    assert np.array_equal(back, glob[lay.slices])
+
+
+def test_min_rounds_must_be_positive(comm, shared_path):
+    with pytest.raises(collio.HintError, match="min_rounds=0"):
+        collio.open(shared_path, "w", comm=comm, hints={"min_rounds": 0})
