@@ -1,7 +1,11 @@
 """Run APIs side by side under mpiexec: alternating iterations, IOR's phases, verification.
 
-Every iteration runs every API once, in a rotated order (so no API always goes
-first after a cold cache), writing then reading the same file; the file is
+Every iteration runs every API once, writing then reading the same file, in an
+order that changes so that every API follows every other equally often (a
+Williams design, :func:`balanced_orders`): rotating one order would keep each
+API's predecessor fixed, and what the previous writer left behind (here: the
+ceiling's burst, still being absorbed by the virtual disk after its fsync) would
+always fall on the same API.  The file is
 removed before each write.  Phases (open, transfer, close) are timed per rank
 and the slowest rank's time is kept; bandwidth is the bytes over the
 barrier-to-barrier time, as IOR reports it.  An API's ``prepare`` / ``finish``
@@ -26,7 +30,7 @@ from ..collective import Attempt, agree, quiet_barrier, raise_agreed
 from .apis import Api, Job, get_api
 from .patterns import Workload
 
-__all__ = ["BenchConfig", "Row", "run_bench", "peak_rss"]
+__all__ = ["BenchConfig", "Row", "balanced_orders", "run_bench", "peak_rss"]
 
 MiB = 1 << 20
 
@@ -163,6 +167,27 @@ def _count_errors(comm: MPI.Intracomm, api: Api, job: Job, writing: bool) -> int
     return int(comm.allreduce(mine, op=MPI.SUM))
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of ``n`` APIs in which each API directly follows each other equally often.
+
+    Williams' design: the sequence 0, 1, n-1, 2, n-2, ... shifted by every i (and,
+    for odd ``n``, the same orders reversed).  Over a cycle of ``n`` (odd: ``2n``)
+    iterations every ordered pair of APIs is adjacent the same number of times and
+    every API comes first equally often; the first order starts with API 0.
+    """
+    first, lo, hi = [0], 1, n - 1
+    while lo <= hi:
+        first.append(lo)
+        lo += 1
+        if lo <= hi:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return rows
+
+
 class Runner:
     """The iteration loop; rank 0 collects rows and prints progress through ``emit``."""
 
@@ -179,9 +204,9 @@ class Runner:
         cfg = self.cfg
         for it in range(cfg.iterations):
             t = time.perf_counter()
-            shift = it % len(apis)
-            for api in apis[shift:] + apis[:shift]:
-                self._one(api, job, it, transfers)
+            orders = balanced_orders(len(apis))
+            for i in orders[it % len(orders)]:
+                self._one(apis[i], job, it, transfers)
             line = self._progress(it, time.perf_counter() - t)
             self.emit(line)
 
