@@ -97,7 +97,8 @@ class Hints:
         With ``automatic``: mean run length (bytes) from which the shuffle is skipped.
     min_rounds
         Rounds an aggregator's domain is cut into at least (8): rounds shrink below
-        ``cb_buffer_size`` (not below 1 MiB) so that the first round's shuffle and the
+        ``cb_buffer_size`` (not below 1 MiB nor 64 KiB per rank of the communicator)
+        so that the first round's shuffle and the
         last round's write and sync, which nothing overlaps, stay short.  1 gives
         ROMIO's rule, one ``cb_buffer_size`` per round.
     extra

@@ -31,7 +31,7 @@ def test_window_follows_min_rounds(comm, shared_path, min_rounds):
         window, rounds = f.stats.last_call["window"], f.stats.last_call["rounds"]
         assert f.stats.hints["min_rounds"] == (min_rounds or 8)
     largest = -(-N * N * 8 // naggs)
-    want = window_size(16 * MiB, 1, largest, min_rounds or 8)
+    want = window_size(16 * MiB, 1, largest, min_rounds or 8, comm.size)
     assert window == want
     assert rounds == -(-largest // window)
     if min_rounds == 1:

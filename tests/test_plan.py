@@ -103,6 +103,10 @@ def test_window_shrinks_to_min_rounds_within_its_bounds():
     # whole 64 KiB units, rounded up so the domain takes at most min_rounds rounds
     w = window_size(16 * MiB, 1, 30 * MiB + 5, 8)
     assert w % (1 << 16) == 0 and -(-(30 * MiB + 5) // w) <= 8
+    # not below 64 KiB per rank: 64 ranks keep 4 MiB, 65,536 ranks keep cb_buffer_size
+    assert window_size(16 * MiB, 1, 32 * MiB, 8, nranks=64) == 4 * MiB
+    assert window_size(16 * MiB, 1, 32 * MiB, 8, nranks=128) == 8 * MiB
+    assert window_size(16 * MiB, 1, 16 * MiB, 8, nranks=65536) == 16 * MiB
     # an alignment larger than the shrunk window wins (one unit per round)
     assert window_size(16 * MiB, 5 * MiB, 32 * MiB, 8) == 5 * MiB
     assert window_size(16 * MiB, 3 * MiB, 48 * MiB, 8) == 6 * MiB

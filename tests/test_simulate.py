@@ -26,7 +26,8 @@ def reference(work, hints, backend_alignment=1, partial_write=True, idle=()):
     aggs = choose_aggregators(np.zeros(work.nranks), cb_nodes=hints.cb_nodes)
     align = alignment(backend_alignment, hints.striping_unit)
     bounds = file_domains(lo, hi, len(aggs), align)
-    window = window_size(hints.cb_buffer_size, align, int(np.diff(bounds).max()), hints.min_rounds)
+    largest = int(np.diff(bounds).max())
+    window = window_size(hints.cb_buffer_size, align, largest, hints.min_rounds, work.nranks)
     senders = [plan_sender(r, bounds, window) for r in runs]
     out = {"bytes": [], "rounds": [], "msgs": [], "requests": [], "holes": []}
     for d in range(len(aggs)):

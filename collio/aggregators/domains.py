@@ -23,25 +23,35 @@ def alignment(backend_alignment: int, striping_unit: int | None) -> int:
 #: Smallest window that ``min_rounds`` shrinks rounds to: below it the fixed cost of a
 #: round (its agreement and messages, ~0.2-1 ms here) would outweigh what overlap gains.
 MIN_WINDOW = 1 << 20
+#: ... and not below this many bytes per rank of the communicator: when every rank has
+#: bytes in every window (column blocks), each extra round is one more message from
+#: each rank to each aggregator, and messages must stay large.  (At 65,536 ranks no
+#: shrinking happens: 1 TiB of column blocks keeps 16 MiB rounds.)
+MIN_SHARE = 1 << 16
 _GRAIN = 1 << 16  # shrunk windows are whole 64 KiB units (page- and stripe-friendly)
 
 
 def window_size(
-    cb_buffer_size: int, align: int, largest_domain: int = 0, min_rounds: int = 1
+    cb_buffer_size: int,
+    align: int,
+    largest_domain: int = 0,
+    min_rounds: int = 1,
+    nranks: int = 1,
 ) -> int:
     """Bytes per round, a multiple of ``align`` (at least one unit).
 
     ``cb_buffer_size`` is the largest round.  With ``min_rounds > 1`` the window
-    shrinks (not below :data:`MIN_WINDOW`) until the largest domain takes that many
-    rounds: the first round's shuffle and the last round's write and sync are the
-    parts of a call that nothing overlaps, so they must be a small share of it.
-    ``min_rounds=1`` is ROMIO's rule (one ``cb_buffer_size`` per round).
+    shrinks until the largest domain takes that many rounds, but not below
+    :data:`MIN_WINDOW` nor ``nranks`` x :data:`MIN_SHARE`: the first round's
+    shuffle and the last round's write and sync are the parts of a call that
+    nothing overlaps, so they must be a small share of it.  ``min_rounds=1`` is
+    ROMIO's rule (one ``cb_buffer_size`` per round).
     """
     w = int(cb_buffer_size)
     if min_rounds > 1 and largest_domain > 0:
         want = -(-int(largest_domain) // int(min_rounds))
         want = -(-want // _GRAIN) * _GRAIN
-        w = min(w, max(MIN_WINDOW, want))
+        w = min(w, max(MIN_WINDOW, int(nranks) * MIN_SHARE, want))
     return max(align, (w // align) * align)
 
 

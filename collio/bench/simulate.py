@@ -206,7 +206,8 @@ def _two_phase(
     align = alignment(cfg.backend_alignment, h.striping_unit)
     bounds = file_domains(ext[0], ext[1], naggs, align)
     largest = int(np.diff(bounds).max(initial=0))
-    window = window_size(min(h.cb_buffer_size, _MAX_WINDOW), align, largest, h.min_rounds)
+    cap = min(h.cb_buffer_size, _MAX_WINDOW)
+    window = window_size(cap, align, largest, h.min_rounds, work.nranks)
     nwin = int((-(-np.diff(bounds) // window)).sum())
     if nwin > _MAX_WINDOWS:
         raise ValueError(
