@@ -144,7 +144,9 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     bounds = ctx.backend.domain_bounds(lo, hi, len(aggs), align)
     largest = int(np.diff(bounds).max(initial=0))
     cap = min(ctx.hints.cb_buffer_size, 1 << 30)
-    window = window_size(cap, align, largest, ctx.hints.min_rounds, comm.Get_size())
+    window = window_size(
+        cap, align, largest, ctx.hints.min_rounds, comm.Get_size(), ctx.backend.min_window
+    )
     call.window = window
     key = (writing, window, tuple(aggs.tolist()))
     if ctx.plans is not None:  # the same call as before on every rank: the same plan

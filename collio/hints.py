@@ -54,6 +54,15 @@ def parse_size(value: Any, name: str = "size") -> int:
     return int(m.group(1)) * scale
 
 
+def _parse_int(value: Any, name: str) -> int:
+    if isinstance(value, bool):
+        raise HintError(f"hint {name}={value!r} is not an integer")
+    try:
+        return int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise HintError(f"hint {name}={value!r} is not an integer") from None
+
+
 def _parse_bool(value: Any, name: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -96,9 +105,9 @@ class Hints:
     direct_threshold
         With ``automatic``: mean run length (bytes) from which the shuffle is skipped.
     min_rounds
-        Rounds an aggregator's domain is cut into at least (8): rounds shrink below
-        ``cb_buffer_size`` (not below 1 MiB nor 64 KiB per rank of the communicator)
-        so that the first round's shuffle and the
+        Rounds to cut the largest domain into (8): rounds shrink below
+        ``cb_buffer_size`` (not below 1 MiB, 64 KiB per rank of the communicator or
+        the backend's ``min_window``) so that the first round's shuffle and the
         last round's write and sync, which nothing overlaps, stay short.  1 gives
         ROMIO's rule, one ``cb_buffer_size`` per round.
     extra
@@ -143,8 +152,10 @@ class Hints:
         extra: list[tuple[str, str]] = []
         unknown: list[str] = []
         for key, value in items:
-            if key in ("cb_nodes", "striping_factor", "min_rounds"):
+            if key in ("cb_nodes", "striping_factor"):
                 values[key] = int(parse_size(value, key))
+            elif key == "min_rounds":
+                values[key] = _parse_int(value, key)
             elif key in ("cb_buffer_size", "striping_unit", "direct_threshold"):
                 values[key] = parse_size(value, key)
             elif key == "cb_config_list":

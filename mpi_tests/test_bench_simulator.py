@@ -29,6 +29,11 @@ CASES = [
     ("ior", None, {"cb_nodes": 2, "cb_buffer_size": 3333}),
     ("colblock", "48x50", {"striping_unit": 4096, "cb_buffer_size": 1000, "cb_nodes": 8}),
     ("cyclic", "48x50", {"striping_unit": 16384, "cb_buffer_size": 5000}),
+    # 8 MiB: min_rounds shrinks the windows below cb_buffer_size (several rounds) ...
+    ("colblock", "1024x1024", {}),
+    ("cyclic", "1024", {"min_rounds": 4}),
+    # ... unless the alignment is larger than the shrunk window
+    ("colblock", "1024x1024", {"striping_unit": 3 << 20}),
 ]  # fmt: skip
 
 

@@ -38,7 +38,7 @@ def test_window_follows_min_rounds(comm, shared_path, min_rounds):
         assert window == 16 * MiB and rounds == 1
     else:  # shrunk to whole 64 KiB units, never below 1 MiB
         share = -(-largest // (min_rounds or 8))
-        assert window == max(MiB, -(-share // 65536) * 65536)
+        assert window == min(16 * MiB, max(MiB, comm.size * 65536, -(-share // 65536) * 65536))
     comm.Barrier()
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(N, N), glob)
     with collio.open(shared_path, "r", comm=comm, hints=hints) as f:

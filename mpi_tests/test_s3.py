@@ -123,6 +123,22 @@ def test_array_bytes_equal_reference(server, key, kind, hints, nparts):
 
 
 @pytest.mark.mpi
+def test_rounds_keep_the_parts_uploaded_at_once(server, key):
+    """min_rounds does not shrink a round below cb_buffer_size's worth of parts."""
+    shape = (512, 1024)  # 4 MiB: min_rounds alone would give 1 MiB rounds
+    glob = reference(shape, "<f8", seed=5)
+    lay = _layout("colblock", shape)
+    hints = {"cb_buffer_size": 2 << 20}
+    with collio.open(f"s3://{BUCKET}/{key}", "w", hints=hints, **_opts(server)) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        part = dict(f.backend.describe())["part_size"]
+        window = f.stats.last_call["window"]
+    assert part < (1 << 20) and window == (2 << 20) // part * part
+    data, _ = _stored(server, key)
+    assert data == glob.tobytes()
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("hints", [{}, {"cb_nodes": 2}, {"cb_config_list": "*:*"}])
 def test_reads_use_one_aggregator_per_node_unless_the_hints_choose(server, key, hints):
     shape = (64, 96)

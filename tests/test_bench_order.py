@@ -20,6 +20,8 @@ def test_orders_balance_predecessors_and_first_place(n):
     assert len(set(pairs.values())) <= 1  # ... equally often
     firsts = Counter(r[0] for r in rows)
     assert set(firsts) == set(range(n)) and len(set(firsts.values())) == 1
+    if n >= 3:  # no API runs twice in a row across iterations (cyclically) either
+        assert all(rows[k][-1] != rows[(k + 1) % len(rows)][0] for k in range(len(rows)))
 
 
 def test_rotation_would_fix_each_predecessor():

@@ -15,7 +15,7 @@ from collio.aggregators import (
     plan_sender,
     window_size,
 )
-from collio.aggregators.domains import MIN_WINDOW
+from collio.aggregators.domains import MIN_SHARE, MIN_WINDOW
 from collio.runs import Runs, first_overlap, merge, split_at, split_grid
 
 
@@ -112,12 +112,34 @@ def test_window_shrinks_to_min_rounds_within_its_bounds():
     assert window_size(16 * MiB, 3 * MiB, 48 * MiB, 8) == 6 * MiB
 
 
-@given(st.integers(1, 1 << 26), st.integers(1, 1 << 22), st.integers(0, 1 << 32), st.integers(1, 64))
-def test_window_is_aligned_and_bounded(cb, align, largest, rounds):
-    w = window_size(cb, align, largest, rounds)
-    assert w % align == 0 and w >= align
-    assert w <= max(cb, align)
-    assert w == window_size(cb, align) or w >= min(MIN_WINDOW, cb) // align * align
+@given(
+    st.integers(1, 1 << 26),
+    st.integers(1, 1 << 22),
+    st.integers(0, 1 << 32),
+    st.integers(1, 64),
+    st.integers(1, 1 << 17),
+    st.sampled_from([0, 3 << 20, 12 << 20]),
+)
+def test_window_is_aligned_and_bounded(cb, align, largest, rounds, nranks, floor):
+    w = window_size(cb, align, largest, rounds, nranks, floor)
+    base = window_size(cb, align)
+    assert w % align == 0 and align <= w <= base
+    if rounds == 1 or largest == 0:
+        assert w == base
+        return
+    low = max(MIN_WINDOW, nranks * MIN_SHARE, floor)
+    share = -(-largest // rounds)
+    # never larger than needed for `rounds` rounds (up to the 64 KiB unit and the floors)
+    assert w <= max(align, low, share + (1 << 16) - 1)
+    # never smaller than the floors allow
+    assert w >= min(base, max(align, min(cb, max(low, share)) // align * align))
+
+
+def test_backend_floor_keeps_whole_upload_windows():
+    MiB = 1 << 20
+    # S3 with 5 MiB parts and cb 16 MiB: 3 parts per round, whatever min_rounds says
+    assert window_size(16 * MiB, 5 * MiB, 64 * MiB, 8, 4, floor=15 * MiB) == 15 * MiB
+    assert window_size(16 * MiB, 5 * MiB, 64 * MiB, 8, 4) == 5 * MiB
 
 
 def test_file_domains_huge_extent_no_overflow():

@@ -37,21 +37,23 @@ def window_size(
     largest_domain: int = 0,
     min_rounds: int = 1,
     nranks: int = 1,
+    floor: int = 0,
 ) -> int:
     """Bytes per round, a multiple of ``align`` (at least one unit).
 
     ``cb_buffer_size`` is the largest round.  With ``min_rounds > 1`` the window
-    shrinks until the largest domain takes that many rounds, but not below
-    :data:`MIN_WINDOW` nor ``nranks`` x :data:`MIN_SHARE`: the first round's
-    shuffle and the last round's write and sync are the parts of a call that
-    nothing overlaps, so they must be a small share of it.  ``min_rounds=1`` is
-    ROMIO's rule (one ``cb_buffer_size`` per round).
+    shrinks until the largest domain takes about that many rounds, but not below
+    :data:`MIN_WINDOW`, ``nranks`` x :data:`MIN_SHARE` or the backend's ``floor``
+    (``Backend.min_window``): the first round's shuffle and the last round's write
+    and sync are the parts of a call that nothing overlaps, so they must be a
+    small share of it.  ``min_rounds=1`` is ROMIO's rule (one ``cb_buffer_size``
+    per round).  Rounding to 64 KiB units and to ``align`` may leave fewer rounds.
     """
     w = int(cb_buffer_size)
     if min_rounds > 1 and largest_domain > 0:
         want = -(-int(largest_domain) // int(min_rounds))
         want = -(-want // _GRAIN) * _GRAIN
-        w = min(w, max(MIN_WINDOW, int(nranks) * MIN_SHARE, want))
+        w = min(w, max(MIN_WINDOW, int(nranks) * MIN_SHARE, int(floor), want))
     return max(align, (w // align) * align)
 
 

@@ -56,6 +56,10 @@ class Backend(abc.ABC):
         File-domain boundaries and round windows are multiples of this.  May be
         set per instance, at open or in :meth:`domain_extent` (which the engine
         calls first), e.g. to a multipart part size planned from the object size.
+    ``min_window``
+        Rounds are not shrunk below this (``min_rounds`` hint), e.g. an object
+        store whose window holds the parts it uploads at once.  0: no floor.  May
+        be set per instance, like ``alignment``.
     ``min_request``, ``max_request``
         Smallest request except the last one; largest single request (larger ones
         are split by :meth:`write_at` itself).
@@ -82,6 +86,7 @@ class Backend(abc.ABC):
     writable: bool = True
     partial_write: ClassVar[bool] = True
     alignment: int = 1  # may be set per instance (see above)
+    min_window: int = 0  # may be set per instance (see above)
     min_request: ClassVar[int] = 1
     max_request: ClassVar[int] = 0x7FFFF000
     collective_open: ClassVar[bool] = False

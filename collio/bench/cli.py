@@ -110,6 +110,8 @@ def _sim_options(sim: argparse._ArgumentGroup) -> None:
     sim.add_argument("--cb-buffer-size", help="hint cb_buffer_size")
     sim.add_argument("--striping-unit", help="hint striping_unit")
     sim.add_argument("--alignment", type=_size, default=1, help="backend alignment (1)")
+    sim.add_argument("--min-window", type=_size, default=0,
+                     help="backend's smallest round (0; S3: its parts per round)")  # fmt: skip
     sim.add_argument("--whole-windows", action="store_true",
                      help="backend cannot write partial ranges (whole windows)")  # fmt: skip
     sim.add_argument("--budget", type=int, default=10_000_000, help="pairs before sampling (1e7)")
@@ -177,8 +179,9 @@ def _simulate(args: argparse.Namespace) -> int:
     work = _workload(args, args.ranks)
     hints = Hints.coerce(dict(_all_hints(args)))
     cfg = SimConfig(
-        hints=hints, backend_alignment=args.alignment, partial_write=not args.whole_windows,
-        ppn=args.ppn, budget=args.budget, writing=not (args.read and not args.write),
+        hints=hints, backend_alignment=args.alignment, backend_min_window=args.min_window,
+        partial_write=not args.whole_windows, ppn=args.ppn, budget=args.budget,
+        writing=not (args.read and not args.write),
     )  # fmt: skip
     res = simulate(work, cfg)
     print(format_sim(work, res, args.ppn), flush=True)

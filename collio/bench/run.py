@@ -173,7 +173,9 @@ def balanced_orders(n: int) -> list[list[int]]:
     Williams' design: the sequence 0, 1, n-1, 2, n-2, ... shifted by every i (and,
     for odd ``n``, the same orders reversed).  Over a cycle of ``n`` (odd: ``2n``)
     iterations every ordered pair of APIs is adjacent the same number of times and
-    every API comes first equally often; the first order starts with API 0.
+    every API comes first equally often; the first order starts with API 0.  The
+    orders are chained so that no API runs twice in a row across iterations either
+    (possible from three APIs on; with two, every other boundary repeats one).
     """
     first, lo, hi = [0], 1, n - 1
     while lo <= hi:
@@ -185,7 +187,26 @@ def balanced_orders(n: int) -> list[list[int]]:
     rows = [[(x + i) % n for x in first] for i in range(n)]
     if n % 2:
         rows += [row[::-1] for row in rows]
-    return rows
+    return _chain(rows)
+
+
+def _chain(rows: list[list[int]]) -> list[list[int]]:
+    """``rows`` reordered so that no iteration starts with the API the previous one ended
+    with (cyclically, from row 0); as given when that is impossible (two APIs)."""
+    n = len(rows)
+
+    def extend(path: list[int], left: set[int]) -> list[int] | None:
+        if not left:
+            return path if rows[path[-1]][-1] != rows[path[0]][0] else None
+        for j in sorted(left):
+            if rows[j][0] != rows[path[-1]][-1]:
+                found = extend([*path, j], left - {j})
+                if found is not None:
+                    return found
+        return None
+
+    order = extend([0], set(range(1, n))) if n > 2 else None
+    return rows if order is None else [rows[j] for j in order]
 
 
 class Runner:

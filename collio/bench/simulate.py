@@ -51,6 +51,7 @@ class SimConfig:
 
     hints: Hints = dataclasses.field(default_factory=Hints)
     backend_alignment: int = 1
+    backend_min_window: int = 0  # ``Backend.min_window``: rounds do not shrink below it
     partial_write: bool = True
     ppn: int = 0
     budget: int = 10_000_000
@@ -180,6 +181,7 @@ def _used(cfg: SimConfig, res: SimResult) -> dict[str, Any]:
     used = cfg.hints.as_dict()
     used["cb_nodes"] = res.naggs
     used["backend_alignment"] = cfg.backend_alignment
+    used["backend_min_window"] = cfg.backend_min_window
     used["window"] = res.window
     return used
 
@@ -207,7 +209,7 @@ def _two_phase(
     bounds = file_domains(ext[0], ext[1], naggs, align)
     largest = int(np.diff(bounds).max(initial=0))
     cap = min(h.cb_buffer_size, _MAX_WINDOW)
-    window = window_size(cap, align, largest, h.min_rounds, work.nranks)
+    window = window_size(cap, align, largest, h.min_rounds, work.nranks, cfg.backend_min_window)
     nwin = int((-(-np.diff(bounds) // window)).sum())
     if nwin > _MAX_WINDOWS:
         raise ValueError(

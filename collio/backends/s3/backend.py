@@ -141,6 +141,9 @@ class S3Backend(Backend):
         """Fix the parts (and so the alignment) for an object of ``size`` bytes."""
         self.parts = self.opts.plan(size, self.buffer)
         self.alignment = self.parts.part_size
+        # a round uploads the parts of its window at once: keep cb_buffer_size's worth
+        # (the parts were sized for that), whatever min_rounds asks
+        self.min_window = max(self.alignment, self.buffer // self.alignment * self.alignment)
         if self.upload is not None:
             self.upload.start(self.parts.nparts)
         self._info.update(
