@@ -22,10 +22,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from mpi4py import MPI
 
 import collio  # noqa: F401  (before mpi4py: MPICH's single-copy messages, as collio runs)
 from collio.backends.fsync import SYNC_FILE_RANGE_WRITE, sync_file_range
-from mpi4py import MPI
 
 
 def main() -> None:
@@ -48,8 +48,9 @@ def main() -> None:
     data = local.view(np.uint8).reshape(-1)  # rank r's rows of its column block
     rows_per_win = window // row
     types = [
-        MPI.BYTE.Create_hindexed_block(run, (np.arange(rows_per_win) * row + s * run).tolist())
-        .Commit()
+        MPI.BYTE.Create_hindexed_block(
+            run, (np.arange(rows_per_win) * row + s * run).tolist()
+        ).Commit()
         for s in range(p)
     ]
     bufs = [np.empty(window, np.uint8) for _ in range(2)]
@@ -98,9 +99,13 @@ def main() -> None:
     def ceiling() -> float:
         nonlocal whole
         if whole is None:  # the same bytes, rank r's 1/p share of the file
-            whole = np.ascontiguousarray(
-                (glob_rows[r * n // p : (r + 1) * n // p] + np.arange(n)[None, :])
-            ).view(np.uint8).reshape(-1)
+            whole = (
+                np.ascontiguousarray(
+                    glob_rows[r * n // p : (r + 1) * n // p] + np.arange(n)[None, :]
+                )
+                .view(np.uint8)
+                .reshape(-1)
+            )
         t0 = fresh()
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         os.pwrite(fd, whole, r * share)
@@ -129,7 +134,8 @@ def main() -> None:
         )
         for k, v in med.items():
             print(f"{k:<14} {1e3 * v:7.1f} ms  {mib / v:7.0f} MiB/s")
-        print(f"bare pipeline / ceiling: {med['ceiling'] / med['bare pipeline']:.2f}  file ok: {ok}")
+        ratio = med["ceiling"] / med["bare pipeline"]
+        print(f"bare pipeline / ceiling: {ratio:.2f}  file ok: {ok}")
         if tmp:
             os.unlink(path)
             os.rmdir(tmp)
