@@ -133,7 +133,13 @@ def test_simulator_equals_real_stats_at_8_ranks():
     args = ["-n", "8", sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", test, "-q"]
     proc = run_job(args, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "11 passed" in proc.stdout
+    # every case ran on all 8 ranks (none skipped): the CASES plus the direct-path test
+    sys.path.insert(0, os.path.join(ROOT, "mpi_tests"))
+    try:
+        import test_bench_simulator as cases
+    finally:
+        sys.path.pop(0)
+    assert f"{len(cases.CASES) + 1} passed" in proc.stdout
 
 
 def test_simulate_command_line(tmp_path):
