@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +55,8 @@ class Call:
     own: npt.NDArray[np.bool_] | None = None  # runs this rank does itself before the shuffle
     reused: bool = False  # the plan of an earlier, identical call was used
     window: int = 0  # bytes per round (0: no two-phase round)
+    plan_epoch: int = -1  # the kept plan every rank's check found for these runs (-1: none)
+    prekey: tuple[Any, ...] = ()  # what the plan depends on besides runs and extent
 
 
 @dataclasses.dataclass(slots=True)

@@ -80,8 +80,12 @@ def _check(
     # the shuffle may be skipped only if every rank has a few runs or large ones
     small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
     h = digest(sig)
+    # a kept plan for exactly these runs (every rank must find the same one: see plancache)
+    prekey = _prekey(ctx, writing)
+    cand = ctx.plans.candidate(prekey, runs) if ctx.plans is not None and not step.error else -1
     vec = np.array(
-        [1 if step.error else 0, h if h >= 0 else -_BIG, -h if h >= 0 else -_BIG, -lo, hi, small],
+        [1 if step.error else 0, h if h >= 0 else -_BIG, -h if h >= 0 else -_BIG, -lo, hi, small]
+        + [cand, -cand],
         np.int64,
     )
     out = np.empty_like(vec)
@@ -101,7 +105,19 @@ def _check(
         split = ctx.backend.own_runs(ctx.comm, runs, writing=writing)
         if split is not None:
             own, direct = split
-    return runs, buf, extra, Call(glo, ghi, direct, Stats(), None if direct else own)
+    call = Call(glo, ghi, direct, Stats(), None if direct else own, prekey=prekey)
+    if out[6] == -out[7]:  # every rank found the plan of the same earlier call (or none)
+        call.plan_epoch = int(out[6])
+    return runs, buf, extra, call
+
+
+def _prekey(ctx: Context, writing: bool) -> tuple[Any, ...]:
+    """What a call's plan depends on besides its runs and their global extent."""
+    be, h = ctx.backend, ctx.hints
+    return (
+        writing, tuple(ctx.aggregators.tolist()), type(be).__name__, be.alignment, be.min_window,
+        h.cb_buffer_size, h.min_rounds, h.striping_unit,
+    )  # fmt: skip
 
 
 def _raise_mismatch(comm: MPI.Comm, sig: tuple[Any, ...] | None) -> None:
@@ -150,7 +166,10 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     call.window = window
     key = (writing, window, tuple(aggs.tolist()))
     if ctx.plans is not None:  # the same call as before on every rank: the same plan
-        kept = ctx.plans.lookup(comm, key, bounds, runs)
+        if call.own is None:  # the check agreed on the candidate: no allreduce here
+            kept = ctx.plans.take(call.plan_epoch, key, bounds) if call.plan_epoch >= 0 else None
+        else:  # the runs were split after the check (kept by their ranks): agree now
+            kept = ctx.plans.lookup(comm, key, bounds, runs)
         if kept is not None:
             call.reused = True
             call.counters.time_plan += time.perf_counter() - t0
@@ -187,7 +206,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         sround = sp.gwin.copy()
     plan = Plan(bounds, window, sp, sround, ap, int(out[1]))
     if ctx.plans is not None:
-        ctx.plans.store(key, bounds, runs, plan, plan.nbytes())
+        ctx.plans.store(key, bounds, runs, plan, plan.nbytes(), call.prekey)
     call.counters.time_plan += time.perf_counter() - t0
     return plan
 

@@ -5,8 +5,11 @@ aggregators (30 ms for 65,536 runs per rank at 4 ranks here, a fifth of a 128 Mi
 block-cyclic write).  When every rank repeats a call it made before (same runs,
 same file domains and window, same aggregators, same direction), the plan is the
 same, so it is kept.  A rank finds its own candidate locally; the ranks then agree
-in one small allreduce that they all found the entry made by the same earlier
-collective call (its epoch), and only then is it used.  Entries are made by
+that they all found the entry made by the same earlier collective call (its epoch),
+and only then is it used.  The agreement rides in the call's check allreduce
+(:meth:`PlanCache.candidate`, :meth:`PlanCache.take`); calls whose runs a backend
+splits after the check (zarr's own chunks) agree in a small allreduce of their own
+(:meth:`PlanCache.lookup`).  Entries are made by
 collective calls in the same order on every rank, so epochs match across ranks.
 
 At most :data:`KEEP` plans are kept per communicator (a write and a read of one
@@ -35,6 +38,7 @@ MAX_BYTES = 32 << 20
 class _Entry:
     epoch: int
     key: tuple[Any, ...]
+    prekey: tuple[Any, ...]  # what decides the key besides the runs (see PlanCache.candidate)
     bounds: I64
     runs: Runs
     plan: Any
@@ -83,13 +87,49 @@ class PlanCache:
         self.misses += 1
         return None
 
-    def store(self, key: tuple[Any, ...], bounds: I64, runs: Runs, plan: Any, nbytes: int) -> None:
+    def candidate(self, prekey: tuple[Any, ...], runs: Runs) -> int:
+        """Local: the epoch of this rank's latest plan made with ``prekey`` and these runs, or -1.
+
+        ``prekey`` holds what the plan's key depends on besides the global extent
+        (direction, aggregators, hints, the backend's units); with the same runs on
+        every rank the extent is the same too.  The ranks agree on the epoch inside
+        the call's check allreduce (no allreduce of its own); then :meth:`take`
+        confirms it against the call's domains and window.
+        """
+        found = next(
+            (e for e in reversed(self.entries) if e.prekey == prekey and _same_runs(e.runs, runs)),
+            None,
+        )
+        return found.epoch if found is not None else -1
+
+    def take(self, epoch: int, key: tuple[Any, ...], bounds: I64) -> Any:
+        """Local: the plan stored at ``epoch`` (agreed by every rank) if it was made with the
+        same ``key`` and ``bounds``, else None.  Entries of one epoch are equal on every
+        rank and ``key``/``bounds`` come from agreed values, so the answer is too."""
+        found = next((e for e in self.entries if e.epoch == epoch), None)
+        if found is None or found.key != key or not np.array_equal(found.bounds, bounds):
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.entries.remove(found)
+        self.entries.append(found)  # most recently used last
+        return found.plan
+
+    def store(
+        self,
+        key: tuple[Any, ...],
+        bounds: I64,
+        runs: Runs,
+        plan: Any,
+        nbytes: int,
+        prekey: tuple[Any, ...] = (),
+    ) -> None:
         """Collective in effect: every rank stores after the same planning call."""
         self.epoch += 1
         if nbytes > MAX_BYTES:
             return
         kept = Runs(runs.file.copy(), runs.length.copy(), runs.mem.copy())  # a snapshot
-        self.entries.append(_Entry(self.epoch, key, bounds.copy(), kept, plan, nbytes))
+        self.entries.append(_Entry(self.epoch, key, prekey, bounds.copy(), kept, plan, nbytes))
         del self.entries[:-KEEP]
 
     def clear(self) -> None:
