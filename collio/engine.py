@@ -54,6 +54,7 @@ def _check(
     buf: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
     extra: Any = None
     sig = None
+    prekey, cand = _prekey(ctx, writing), -1
     with step:
         if ctx.mode == "closed":
             raise ModeError("the file is closed")
@@ -76,13 +77,13 @@ def _check(
                 f"are written twice by this rank"
             )
         sig = layout.signature()
+        # a kept plan for exactly these runs (every rank must find the same one: plancache)
+        if ctx.plans is not None:
+            cand = ctx.plans.candidate(prekey, runs)
     lo, hi = runs.extent() if len(runs) else (int(_BIG), 0)
     # the shuffle may be skipped only if every rank has a few runs or large ones
     small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
     h = digest(sig)
-    # a kept plan for exactly these runs (every rank must find the same one: see plancache)
-    prekey = _prekey(ctx, writing)
-    cand = ctx.plans.candidate(prekey, runs) if ctx.plans is not None and not step.error else -1
     vec = np.array(
         [1 if step.error else 0, h if h >= 0 else -_BIG, -h if h >= 0 else -_BIG, -lo, hi, small]
         + [cand, -cand],
