@@ -5,10 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 from collio import layouts
 from collio.layouts import BlockCyclic, Layout, Segments, Subarray
+
+
+def raises_everywhere(comm: MPI.Comm, exc_type: Any, fn: Any, *, match: str | None = None) -> Any:
+    """Run fn on every rank; all must raise exc_type with the same type and message."""
+    with pytest.raises(exc_type) as info:
+        fn()
+    msgs = comm.allgather((type(info.value).__name__, str(info.value)))
+    assert msgs == [msgs[0]] * comm.size, msgs
+    if match:
+        assert match in str(info.value), str(info.value)
+    return info.value
 
 
 def reference(shape: tuple[int, ...], dtype: Any, seed: int = 7) -> np.ndarray[Any, Any]:

@@ -93,6 +93,7 @@ def test_simulated_counts_equal_real_stats(comm, shared_dir, pattern, size, hint
             assert stats.messages == 0
         else:
             _check_two_phase(sim, locals_, stats, writing)
+            assert stats.last_call["window"] == sim.window  # the same round size
     comm.Barrier()
 
 

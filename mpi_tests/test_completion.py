@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import local_piece, reference
+from helpers import local_piece, raises_everywhere, reference
 
 import collio
 from collio import layouts
@@ -53,20 +53,21 @@ def _lay(comm):
 
 
 def _raises_everywhere(comm, fn, match):
-    with pytest.raises(collio.BackendError) as info:
-        fn()
-    msgs = comm.allgather(str(info.value))
-    assert msgs == [msgs[0]] * comm.size, msgs
-    assert match in msgs[0], msgs[0]
-    return info.value
+    return raises_everywhere(comm, collio.BackendError, fn, match=match)
+
+
+def _written(comm, path, seed, **open_kw):
+    """Open ``path`` for writing and write_all the reference array; (file, array)."""
+    glob = reference(SHAPE, "<f8", seed=seed)
+    lay = _lay(comm)
+    f = collio.open(path, "w", comm=comm, **open_kw)
+    f.write_all(local_piece(glob, lay), lay)
+    return f, glob
 
 
 @pytest.mark.mpi
 def test_close_after_sync_is_local(comm, shared_path):
-    glob = reference(SHAPE, "<f8", seed=11)
-    lay = _lay(comm)
-    f = collio.open(shared_path, "w", comm=comm)
-    f.write_all(local_piece(glob, lay), lay)
+    f, glob = _written(comm, shared_path, 11)
     f.sync()
     if comm.rank == 0:
         f.close()  # alone: were close collective, rank 0 would wait here forever
@@ -78,10 +79,7 @@ def test_close_after_sync_is_local(comm, shared_path):
 
 @pytest.mark.mpi
 def test_close_after_write_syncs_and_agrees(comm, shared_path, failing_sync):
-    glob = reference(SHAPE, "<f8", seed=12)
-    lay = _lay(comm)
-    f = collio.open(shared_path, "w", comm=comm, backend="failing-sync")
-    f.write_all(local_piece(glob, lay), lay)
+    f, glob = _written(comm, shared_path, 12, backend="failing-sync")
     # the last rank's fsync fails inside close: every rank raises, naming it
     err = _raises_everywhere(comm, f.close, f"rank {comm.size - 1}: ")
     assert err.errno == errno.EIO
@@ -92,10 +90,7 @@ def test_close_after_write_syncs_and_agrees(comm, shared_path, failing_sync):
 
 @pytest.mark.mpi
 def test_failed_sync_leaves_close_collective(comm, shared_path, failing_sync):
-    glob = reference(SHAPE, "<f8", seed=13)
-    lay = _lay(comm)
-    f = collio.open(shared_path, "w", comm=comm, backend="failing-sync")
-    f.write_all(local_piece(glob, lay), lay)
+    f, glob = _written(comm, shared_path, 13, backend="failing-sync")
     _raises_everywhere(comm, f.sync, "injected fsync error")
     # still unsynced after the failed sync: close syncs again, fails again, agrees
     _raises_everywhere(comm, f.close, "injected fsync error")
@@ -107,11 +102,7 @@ def test_failed_sync_leaves_close_collective(comm, shared_path, failing_sync):
 @pytest.mark.mpi
 def test_close_after_sync_still_commits_an_atomic_write(comm, shared_path):
     """A backend with something to commit (the rename of atomic_commit) never skips close."""
-    glob = reference(SHAPE, "<f8", seed=14)
-    lay = _lay(comm)
-    hints = {"atomic_commit": True}
-    f = collio.open(shared_path, "w", comm=comm, hints=hints)
-    f.write_all(local_piece(glob, lay), lay)
+    f, glob = _written(comm, shared_path, 14, hints={"atomic_commit": True})
     f.sync()
     comm.Barrier()
     assert not os.path.exists(shared_path)  # still the temporary beside it

@@ -12,6 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 from helpers import local_piece, reference
+from helpers import raises_everywhere as _raises_everywhere
 from mpi4py import MPI
 
 import collio
@@ -24,17 +25,6 @@ SHAPE = (16, 12)
 
 def _col(comm, **kw):
     return layouts.block(SHAPE, "<f8", comm=comm, grid=(1, comm.size), **kw)
-
-
-def _raises_everywhere(comm, exc_type, fn, *, match=None):
-    """Run fn on every rank; all must raise exc_type with the same message."""
-    with pytest.raises(exc_type) as info:
-        fn()
-    msgs = comm.allgather((type(info.value).__name__, str(info.value)))
-    assert msgs == [msgs[0]] * comm.size, msgs
-    if match:
-        assert match in str(info.value), str(info.value)
-    return info.value
 
 
 def _still_works(comm, path):

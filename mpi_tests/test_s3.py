@@ -151,9 +151,11 @@ def test_reads_use_one_aggregator_per_node_unless_the_hints_choose(server, key, 
         back = f.read_all(lay, out=None)
         used = f.stats.hints
         local = f.stats.local
+        aggs = f.aggregators
     np.testing.assert_array_equal(back, local_piece(glob, lay))
     if hints:  # the user's choice holds for reads too
         assert "read_aggregator_ranks" not in used
+        assert (local["domain"] >= 0) == (COMM.rank in aggs)  # ... and those ranks read
     else:  # one node here: rank 0 reads the whole object and sends the pieces
         assert used["read_aggregator_ranks"] == [0]
         assert (local["domain"] == 0) == (COMM.rank == 0)

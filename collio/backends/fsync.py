@@ -5,11 +5,18 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from .._libc import libc
 
-__all__ = ["fsync_path", "start_writeback", "sync_file_range", "SYNC_FILE_RANGE_WRITE"]
+__all__ = [
+    "fsync_files",
+    "fsync_path",
+    "start_writeback",
+    "sync_file_range",
+    "SYNC_FILE_RANGE_WRITE",
+]
 
 SYNC_FILE_RANGE_WRITE = 2
 
@@ -59,3 +66,11 @@ def fsync_path(path: str) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def fsync_files(paths: Iterable[str]) -> None:
+    """fsync the files that exist among ``paths``, then the directories holding them
+    (so new files' names are durable too); missing files (never stored) are skipped."""
+    dirs = {os.path.dirname(p) for p in paths if fsync_path(p)}
+    for d in sorted(dirs):
+        fsync_path(d)

@@ -35,7 +35,7 @@ from ..layouts.arrays import ArrayLayout
 from ..runs import Runs
 from .base import Backend
 from .chunkspace import ChunkSpace, keep_own
-from .fsync import fsync_path, start_writeback
+from .fsync import fsync_files, start_writeback
 from .zarr_io import load_regions, store_regions
 from .zarr_open import OpenSpec, array_facts
 
@@ -390,13 +390,7 @@ class ZarrBackend(Backend):
         root = self._root()
         if not written or not self._fsync or root is None:
             return
-        dirs: set[str] = set()
-        for c in sorted(written):
-            path = self._unit_path(root, c)
-            if fsync_path(path):
-                dirs.add(os.path.dirname(path))
-        for d in dirs:
-            fsync_path(d)
+        fsync_files(self._unit_path(root, c) for c in sorted(written))
 
     def close(self) -> None:
         self._written = set()

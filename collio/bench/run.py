@@ -223,9 +223,9 @@ class Runner:
 
     def run(self, apis: list[Api], job: Job, transfers: int) -> None:
         cfg = self.cfg
+        orders = balanced_orders(len(apis))
         for it in range(cfg.iterations):
             t = time.perf_counter()
-            orders = balanced_orders(len(apis))
             for i in orders[it % len(orders)]:
                 self._one(apis[i], job, it, transfers)
             line = self._progress(it, time.perf_counter() - t)

@@ -36,7 +36,7 @@ import zarr
 import zarr.codecs
 
 import collio
-from collio.backends.fsync import fsync_path
+from collio.backends.fsync import fsync_files
 
 from .apis import Api, Job
 from .builtin import CollioApi
@@ -159,13 +159,7 @@ def read_boxes(arr: Any, lay: Any, like: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 def fsync_units(arr: Any, root: str, units: list[tuple[int, ...]]) -> None:
     """fsync the stored chunk (shard) files and their directories (as collio's backend does)."""
-    dirs = set()
-    for c in units:
-        path = os.path.join(root, arr.metadata.encode_chunk_key(c))
-        if fsync_path(path):  # False: a chunk never stored
-            dirs.add(os.path.dirname(path))
-    for d in sorted(dirs):
-        fsync_path(d)
+    fsync_files(os.path.join(root, arr.metadata.encode_chunk_key(c)) for c in units)
 
 
 class CollioZarrApi(_ZarrTarget, CollioApi):
