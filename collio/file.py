@@ -101,6 +101,7 @@ class File:
             parsed = Hints.coerce(hints, warn=comm.Get_rank() == 0)
             name = backend or infer_backend(target)
             bcls = get_backend(name)
+            bcls.check_options(mode, options)
             mine = (mode, parsed, name)
         # one allreduce agrees on errors and on every rank passing the same arguments
         agree_same(comm, step.error, mine, what="open", describe=lambda v: f"open arguments {v!r}")

@@ -103,6 +103,16 @@ class Backend(abc.ABC):
     mode: str = "r"
 
     @classmethod
+    def check_options(cls, mode: str, options: dict[str, Any]) -> None:
+        """Local: raise if ``options`` (``collio.open``'s extra keywords) are invalid.
+
+        ``collio.open`` calls it on every rank inside its first agreement, so
+        :meth:`open` may touch the target knowing every rank's options passed.
+        The default accepts anything (:meth:`open` then checks, and agrees).
+        """
+        return None
+
+    @classmethod
     @abc.abstractmethod
     def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> Backend:
         """Collective over `comm`: open (or create, in 'w') the target on every rank.

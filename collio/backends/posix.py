@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
 from typing import Any, ClassVar
 
@@ -57,32 +58,38 @@ class PosixBackend(Backend):
 
     # -- open ---------------------------------------------------------------
     @classmethod
+    def check_options(cls, mode: str, options: dict[str, Any]) -> None:
+        holes = str(options.get("holes", "auto"))
+        if holes not in ("auto", "rmw", "runs"):
+            raise ModeError(f"posix backend: holes={holes!r} must be auto, rmw or runs")
+        unknown = sorted(set(options) - {"writeback", "holes"})
+        if unknown:
+            raise ModeError(f"posix backend: unknown options {unknown}")
+
+    @classmethod
     def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> PosixBackend:
-        """Collective over `comm`: rank 0 creates or truncates, then every rank opens."""
-        writeback = bool(options.pop("writeback", True))
-        holes = str(options.pop("holes", "auto"))
+        """Collective over `comm`: every rank opens (rank 0 truncates in 'w'); one agreement.
+
+        ``collio.open`` agreed on :meth:`check_options` before, so bad input never
+        reaches the file.  With ``atomic_commit`` rank 0 first makes the temporary
+        (and broadcasts its name), then every rank opens it.
+        """
+        writeback = bool(options.get("writeback", True))
+        holes = str(options.get("holes", "auto"))
         path = os.fspath(target)
-        step = Attempt()
-        with step:  # options may differ between ranks: agree before rank 0 touches the file
-            if holes not in ("auto", "rmw", "runs"):
-                raise ModeError(f"posix backend: holes={holes!r} must be auto, rmw or runs")
-            if options:
-                raise ModeError(f"posix backend: unknown options {sorted(options)}")
-        agree(comm, step.error, what=f"open {path!r}")
         atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
-        step = Attempt()
-        name = None
-        if comm.Get_rank() == 0:
-            with step:
-                name = _prepare(path, mode, atomic)
-        name = bcast_outcome(comm, name, step.error, what=f"open {path!r}")
+        name = path
+        if atomic:
+            step = Attempt()
+            tmp = None
+            if comm.Get_rank() == 0:
+                with step:
+                    tmp = _prepare(path, mode)
+            name = bcast_outcome(comm, tmp, step.error, what=f"open {path!r}")
         step = Attempt()
         fd = -1
         with step:
-            flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
-            fd = os.open(name, flags)
-        if step.error is not None and fd >= 0:
-            os.close(fd)
+            fd = _open_rank(name, "r+" if atomic else mode, comm.Get_rank() == 0)
         try:
             agree(comm, step.error, what=f"open {path!r}")
         except BaseException:
@@ -178,23 +185,41 @@ class PosixBackend(Backend):
         return out
 
 
-def _prepare(path: str, mode: str, atomic: bool) -> str:
-    """On rank 0: create/truncate (or check) the file; returns the name ranks open."""
-    if mode == "r":
-        if not os.path.isfile(path):
-            raise FileNotFoundError(2, "no such file", path)
-        return path
-    if mode == "r+" and not os.path.isfile(path):
-        raise FileNotFoundError(2, "no such file", path)
-    target = path
-    if atomic:
-        d, base = os.path.split(os.path.abspath(path))
-        target = os.path.join(d, f".{base}.collio-{uuid.uuid4().hex[:12]}.tmp")
-        if mode == "r+":
-            shutil.copyfile(path, target)
-    if mode == "w" or atomic:
-        fd = os.open(target, os.O_CREAT | os.O_WRONLY | (os.O_TRUNC if mode == "w" else 0), 0o666)
+def _open_rank(path: str, mode: str, first: bool) -> int:
+    """One rank's descriptor of a regular file.
+
+    In 'w' every rank may create the file (``O_CREAT``, so nobody waits for rank 0)
+    and rank 0 (``first``) truncates it; no data moves before the next collective
+    call, which every rank enters after this open was agreed.
+    """
+    flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
+    if mode == "w":
+        flags |= os.O_CREAT | (os.O_TRUNC if first else 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        if mode == "w":
+            raise
+        raise FileNotFoundError(2, "no such file", path) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileNotFoundError(2, "no such file (not a regular file)", path)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def _prepare(path: str, mode: str) -> str:
+    """On rank 0, for ``atomic_commit``: make the temporary the ranks open; its name."""
+    if not os.path.isfile(path) and mode == "r+":
+        raise FileNotFoundError(2, "no such file", path)
+    d, base = os.path.split(os.path.abspath(path))
+    target = os.path.join(d, f".{base}.collio-{uuid.uuid4().hex[:12]}.tmp")
+    if mode == "r+":
+        shutil.copyfile(path, target)
+    fd = os.open(target, os.O_CREAT | os.O_WRONLY | (os.O_TRUNC if mode == "w" else 0), 0o666)
+    os.close(fd)
     return target
 
 
