@@ -189,13 +189,20 @@ def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:
 WAIT_SPIN, WAIT_FIRST, WAIT_CAP = 0, 1e-5, 2e-4
 
 
-def sleep_until_done(req: MPI.Request) -> None:
-    """Complete a request by testing with growing sleeps (10 us to 200 us) between tests."""
+def sleep_until_done(req: MPI.Request | list[MPI.Request]) -> None:
+    """Complete a request (or all of a list) by testing with growing sleeps (10 us to 200 us)."""
+    if isinstance(req, list):
+        reqs = req
+
+        def test() -> bool:
+            return bool(MPI.Request.Testall(reqs))
+    else:
+        test = req.Test
     for _ in range(WAIT_SPIN):
-        if req.Test():
+        if test():
             return
     delay = WAIT_FIRST
-    while not req.Test():
+    while not test():
         time.sleep(delay)
         delay = min(2 * delay, WAIT_CAP)
 

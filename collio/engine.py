@@ -10,7 +10,8 @@ Flow of one call (every rank runs every step, so nothing hangs):
 3. *rounds*: per round, an allreduce of a status flag, then point-to-point
    messages straight into the round buffer; the backend request of round k runs
    in the I/O thread while round k+1 is exchanged (double buffering);
-4. *complete*: wait for the I/O, agree on errors, reduce statistics.
+4. *complete*: wait for the I/O, then one sync point agrees on errors and reduces
+   the statistics.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .aggregators import plan_aggregator, plan_sender, window_size
 from .aggregators.domains import alignment
 from .aggregators.plan import AggregatorPlan
 from .aggregators.summary import aggregator_summary
-from .collective import Attempt, any_flag, digest, raise_agreed
+from .collective import Attempt, any_flag, digest, raise_agreed, sleep_until_done
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
@@ -224,18 +225,37 @@ def _overlap_error(file: I64, length: I64, src: I64, bad: int) -> OverlapError:
 
 # ------------------------------------------------------------- entry points
 def _complete(
-    ctx: Context, call: Call, t0: float, error: BaseException | None = None, what: str = ""
+    ctx: Context,
+    call: Call,
+    t0: float,
+    error: BaseException | None = None,
+    what: str = "",
+    *,
+    patient: bool = False,
 ) -> None:
-    """Collective: agree on a last error and reduce this call's counters into the stats."""
+    """Collective: agree on the call's errors and reduce its counters into the stats.
+
+    The sums (with the error flag) and the maxima are reduced by two non-blocking
+    allreduces completed together: the call's last sync point.  ``patient`` waits
+    sleeping (writes: a rank done early must not spin on a core that another rank's
+    I/O thread still needs).
+    """
     c = call.counters
     c.time_total = time.perf_counter() - t0
     sums, maxes = c.pack()
     sums = np.append(sums, 1 if error else 0)
     rs, rm = np.empty_like(sums), np.empty_like(maxes)
-    ctx.comm.Allreduce([sums, MPI.INT64_T], [rs, MPI.INT64_T], op=MPI.SUM)
+    comm = ctx.comm
+    reqs = [
+        comm.Iallreduce([sums, MPI.INT64_T], [rs, MPI.INT64_T], op=MPI.SUM),
+        comm.Iallreduce([maxes, MPI.DOUBLE], [rm, MPI.DOUBLE], op=MPI.MAX),
+    ]
+    if patient:
+        sleep_until_done(reqs)
+    else:
+        MPI.Request.Waitall(reqs)
     if rs[-1]:
-        raise_agreed(ctx.comm, error, what=what)
-    ctx.comm.Allreduce([maxes, MPI.DOUBLE], [rm, MPI.DOUBLE], op=MPI.MAX)
+        raise_agreed(comm, error, what=what)
     ctx.stats.absorb(rs[:-1], rm)
     # calls are collective: count each once, not once per rank
     if call.hi > call.lo:
@@ -270,12 +290,16 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
 
     runs, buf, _, call = _check(ctx, layout, prepare, writing=True)
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
-    _transfer(ctx, call, runs, buf, writing=True)
-    step = Attempt()
-    if active and ctx.backend.needs_flush:
+    error = _transfer(ctx, call, runs, buf, writing=True)
+    what = "backend I/O"
+    if active and ctx.backend.needs_flush:  # flush may be collective: agree on the I/O first
+        if any_flag(ctx.comm, error is not None, patient=True):
+            raise_agreed(ctx.comm, error, what=what)
+        step = Attempt()
         with step:
             ctx.backend.flush(ctx.comm)
-    _complete(ctx, call, t0, step.error, what="backend flush")
+        error, what = step.error, "backend flush"
+    _complete(ctx, call, t0, error, what, patient=True)
 
 
 def read(ctx: Context, layout: Any, out: Any) -> Any:
@@ -289,28 +313,32 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
         return view, arr
 
     runs, buf, arr, call = _check(ctx, layout, prepare, writing=False)
-    _transfer(ctx, call, runs, buf, writing=False)
-    _complete(ctx, call, t0)
+    error = _transfer(ctx, call, runs, buf, writing=False)
+    # reads wait polling (sleeping measured no better), except on remote backends
+    _complete(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote)
     return arr
 
 
 def _transfer(
     ctx: Context, call: Call, runs: Runs, buf: npt.NDArray[np.uint8], *, writing: bool
-) -> None:
-    """Collective: the direct path, or (kept runs first, then) plan and rounds."""
+) -> BaseException | None:
+    """Collective: the direct path, or (kept runs first, then) plan and rounds.
+
+    Returns this rank's I/O error, not yet agreed (``_complete`` agrees on it).
+    """
     if call.hi <= call.lo:
-        return
+        return None
     be = ctx.backend
     if call.direct:
         action = be.write_runs if writing else be.read_runs
-        _direct(ctx, call, lambda: action(runs, buf), runs, writing=writing)
-        return
+        return _direct(ctx, call, lambda: action(runs, buf), runs, writing=writing)
     runs = _own_first(ctx, call, runs, buf, writing=writing)
     if call.hi > call.lo:
         plan = _plan(ctx, runs, call, writing=writing)
         call.counters.rounds = plan.nrounds
         ctx.stats.local = _local_summary(ctx, plan)
-        (write_rounds if writing else read_rounds)(ctx, plan, buf, call)
+        return (write_rounds if writing else read_rounds)(ctx, plan, buf, call)
+    return None
 
 
 def _own_first(
@@ -327,7 +355,10 @@ def _own_first(
     own, rest = runs.take(np.flatnonzero(call.own)), runs.take(np.flatnonzero(~call.own))
     be = ctx.backend
     do = be.write_runs if writing else be.read_runs
-    _direct(ctx, call, lambda: do(own, buf), own, writing=writing)
+    error = _direct(ctx, call, lambda: do(own, buf), own, writing=writing)
+    # ranks finish their own I/O at different times: wait sleeping (see engine.write)
+    if any_flag(ctx.comm, error is not None, patient=True):
+        raise_agreed(ctx.comm, error, what="backend I/O")
     lo, hi = rest.extent() if len(rest) else (int(_BIG), 0)
     ext = np.array([-lo, hi], np.int64)
     out = np.empty_like(ext)
@@ -336,8 +367,10 @@ def _own_first(
     return rest
 
 
-def _direct(ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool) -> None:
-    """Collective: every rank does its own (large, disjoint) I/O, then all agree."""
+def _direct(
+    ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool
+) -> BaseException | None:
+    """Local: this rank does its own (large, disjoint) I/O; returns its error, not agreed."""
     lengths = runs.length.view()  # as it is, not a list of (up to millions of) Python ints
     lengths.flags.writeable = False  # read-only: a caller cannot change the runs
     ctx.stats.local = {"domain": -1, "direct": True, "requests": lengths}
@@ -352,7 +385,4 @@ def _direct(ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool)
             else:
                 call.counters.add_reads(sizes)
     call.counters.time_io += time.perf_counter() - t
-    # ranks finish their own I/O at different times: wait sleeping, so that a rank done
-    # early does not spin in MPI on a core the others need to finish theirs
-    if any_flag(ctx.comm, step.error is not None, patient=True):
-        raise_agreed(ctx.comm, step.error, what="backend I/O")
+    return step.error

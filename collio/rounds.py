@@ -31,7 +31,7 @@ from mpi4py import MPI
 from .aggregators.plan import AggregatorPlan, round_requests
 from .backends.base import Backend
 from .buffers import io_executor, round_buffers, scratch_buffer
-from .collective import Attempt, any_flag, raise_agreed, sleep_until_done
+from .collective import Attempt, sleep_until_done
 from .context import Call, Context, Plan
 from .exchange import PACK_MAX_RUN, messages
 from .runs import Runs, merge
@@ -138,8 +138,14 @@ def _read_window(
     c.add_reads(be.read_window(offset, buf, need))
 
 
-def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Call) -> None:
-    """Collective over ``ctx.comm``: every round of a two-phase write."""
+def write_rounds(
+    ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Call
+) -> BaseException | None:
+    """Collective over ``ctx.comm``: every round of a two-phase write.
+
+    Returns this rank's first error, not yet agreed: the call's completion agrees
+    on it together with the statistics (one sync point instead of two).
+    """
     comm, be, ap, sp, c = ctx.comm, ctx.backend, plan.agg, plan.sender, call.counters
     order, starts = _round_groups(plan.sround)
     mine = ap.nrounds if ap is not None else 0
@@ -187,11 +193,16 @@ def write_rounds(ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Ca
             buf = bufs[k % DEPTH][: req[1]]
             pending[k % DEPTH] = pool.submit(_write_window, be, req[0], buf, _cover(ap, k, req), c)
     status.failed()
-    _finish(pending, c, error, comm, patient=True)
+    return _drain(pending, c, error)
 
 
-def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call) -> None:
-    """Collective over ``ctx.comm``: every round of a two-phase read (next window read ahead)."""
+def read_rounds(
+    ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
+) -> BaseException | None:
+    """Collective over ``ctx.comm``: every round of a two-phase read (next window read ahead).
+
+    Returns this rank's first error, not yet agreed (see :func:`write_rounds`).
+    """
     comm, be, ap, sp, c = ctx.comm, ctx.backend, plan.agg, plan.sender, call.counters
     order, starts = _round_groups(plan.sround)
     mine = ap.nrounds if ap is not None else 0
@@ -250,25 +261,20 @@ def read_rounds(ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
                     c.messages += 1
         c.time_exchange += time.perf_counter() - t
     status.failed()
-    _finish(pending, c, error, comm, be.remote)  # reads: polling measured no worse
+    return _drain(pending, c, error)
 
 
-def _finish(
-    pending: list[Future | None],
-    c: Stats,
-    error: BaseException | None,
-    comm: MPI.Comm,
-    patient: bool = False,
-) -> None:
-    """Collective: wait for outstanding I/O, then agree on every error of the rounds."""
+def _drain(
+    pending: list[Future | None], c: Stats, error: BaseException | None
+) -> BaseException | None:
+    """Wait for outstanding I/O; the first error of the rounds (agreed by the caller)."""
     t = time.perf_counter()
     for fut in pending:
         if fut is None:
             continue
         try:
             fut.result()
-        except Exception as exc:  # noqa: BLE001 - agreed below
+        except Exception as exc:  # noqa: BLE001 - agreed by the caller
             error = error or exc
     c.time_io += time.perf_counter() - t
-    if any_flag(comm, error is not None, patient=patient):
-        raise_agreed(comm, error, what="backend I/O")
+    return error
