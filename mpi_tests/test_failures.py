@@ -160,6 +160,11 @@ def test_missing_file_for_reading(comm, shared_dir):
     assert err.errno == errno.ENOENT
     err = _raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "r+", comm=comm))
     assert isinstance(err, FileNotFoundError) or err.errno == errno.ENOENT
+    # a directory opens on Linux (read-only): every rank checks that it is a regular file
+    err = _raises_everywhere(
+        comm, collio.BackendError, lambda: collio.open(shared_dir, "r", comm=comm)
+    )
+    assert "not a regular file" in str(err) and "rank 0:" in str(err)
 
 
 @pytest.mark.mpi
@@ -206,7 +211,13 @@ def test_hints_differ_between_ranks(comm, shared_path):
 
 @pytest.mark.mpi
 def test_backend_options_bad_on_one_rank(comm, shared_path):
-    """Backend options are not compared at open: a bad one on one rank is agreed, not a hang."""
+    """Backend options are not compared at open: a bad one on one rank is agreed, not a hang,
+    and agreed before any rank touches the target (mode 'w' would truncate it)."""
+    before = bytes(range(256)) * 4
+    if comm.rank == 0:
+        with open(shared_path, "wb") as fh:
+            fh.write(before)
+    comm.Barrier()
     holes = "sometimes" if comm.rank == comm.size - 1 else "auto"
     _raises_everywhere(
         comm,
@@ -214,6 +225,9 @@ def test_backend_options_bad_on_one_rank(comm, shared_path):
         lambda: collio.open(shared_path, "w", comm=comm, holes=holes),
         match="holes='sometimes' must be auto, rmw or runs",
     )
+    with open(shared_path, "rb") as fh:
+        assert fh.read() == before
+    comm.Barrier()
     _still_works(comm, shared_path)
 
 
