@@ -46,7 +46,6 @@ DEPTH = 2
 #: Most bytes an aggregator packs per round for its sends (a third buffer, kept).
 PACK_SCRATCH = 16 << 20
 _NO_SCRATCH = np.zeros(0, np.uint8)
-MEET = True  # (for measurements: False keeps the lagged agreement for remote backends too)
 
 Future = concurrent.futures.Future[None]
 
@@ -156,7 +155,7 @@ def write_rounds(
     # and a rank that spins in MPI takes the core that thread needs (4 ranks on 2 cores:
     # 650-750 -> 720-820 MiB/s for 128 MiB column blocks, same job, alternating)
     pool, status = io_executor(), _Lagged(comm, patient=True)
-    meet = be.remote and MEET  # see module doc
+    meet = be.remote  # see module doc
     error: BaseException | None = None
     for k in range(plan.nrounds):
         step = Attempt()
@@ -211,7 +210,7 @@ def read_rounds(
     pending: list[Future | None] = [None] * DEPTH
     reqs: list[tuple[int, int]] = [(0, 0)] * DEPTH
     pool, status = io_executor(), _Lagged(comm, be.remote)
-    meet = be.remote and MEET  # see module doc
+    meet = be.remote  # see module doc
     # small equal runs are packed with numpy before sending (Messages.send)
     small = mine and int(ap.length.min()) <= PACK_MAX_RUN  # type: ignore[union-attr]
     scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH

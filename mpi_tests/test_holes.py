@@ -98,7 +98,8 @@ def test_hole_policies_agree(comm, shared_path, policy):
     offs, lens = runs_of(comm.rank)
     lay = layouts.Segments(offs, lens)
     new = np.arange(lay.nbytes, dtype=np.uint8)
-    with collio.open(shared_path, "r+", comm=comm, hints={"cb_buffer_size": 65536}, holes=policy) as f:
+    hints = {"cb_buffer_size": 65536}
+    with collio.open(shared_path, "r+", comm=comm, hints=hints, holes=policy) as f:
         f.write_all(new, lay)
     comm.Barrier()
     got = np.fromfile(shared_path, np.uint8)

@@ -7,7 +7,6 @@ import os
 import numpy as np
 import pytest
 from helpers import all_layouts, file_image, local_piece, reference, segments_for
-from mpi4py import MPI
 
 import collio
 import collio.aggregators

@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import local_piece, reference, segments_for
+from helpers import local_piece, raises_everywhere, reference, segments_for
 from mpi4py import MPI
 
 import collio
@@ -69,11 +69,7 @@ def _put(url, key, data):
 
 
 def _raises_everywhere(exc_type, fn):
-    with pytest.raises(exc_type) as info:
-        fn()
-    texts = COMM.allgather((type(info.value).__name__, str(info.value)))
-    assert texts == [texts[0]] * COMM.size, texts
-    return info.value
+    return raises_everywhere(COMM, exc_type, fn)
 
 
 @pytest.mark.mpi

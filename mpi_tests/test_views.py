@@ -19,7 +19,8 @@ from collio.testing.views import datatype_cases, romio_view_read, romio_view_wri
 
 NAMES = [
     "contiguous", "vector", "hvector", "indexed", "hindexed", "indexed_block", "hindexed_block",
-    "struct", "resized-lb", "resized-neg-lb", "dup", "nested3", "subarray", "subarray-F", "darray", "darray-F",
+    "struct", "resized-lb", "resized-neg-lb", "dup", "nested3", "subarray", "subarray-F",
+    "darray", "darray-F",
 ]  # fmt: skip
 DISP = 100
 

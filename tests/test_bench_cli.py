@@ -48,7 +48,8 @@ def test_compare_all_apis_verifies_and_saves(tmp_path):
     assert doc["hints_used"]["mpiio-tuned"]["cb_config_list"] == "*:*"
     assert doc["hints_used"]["collio"]["cb_nodes"] == 3
     assert len(doc["peak_rss"]) == 3 and all(r["collio"] > 0 for r in doc["peak_rss"])
-    assert all(0 <= e["posix"] <= p["posix"] for e, p in zip(doc["extra_rss"], doc["peak_rss"]))
+    pairs = zip(doc["extra_rss"], doc["peak_rss"], strict=True)
+    assert all(0 <= e["posix"] <= p["posix"] for e, p in pairs)
     assert doc["data_bytes"] == [192 * 64 * 8] * 3 and doc["collio_aggregators"] == [0, 1, 2]
     assert "Peak RSS per rank" in proc.stdout and "Hints used" in proc.stdout
     check = doc["memory_check"]

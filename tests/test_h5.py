@@ -166,8 +166,9 @@ def test_bad_selection_and_unknown_file(tmp_path) -> None:
         with pytest.raises(collio.LayoutError, match="step 1"):
             collio.h5.collective(d)[::2, :] = 1.0
         with pytest.raises(collio.LayoutError, match="dtype"):
-            collio.h5.write_all(d, np.zeros((4, 4), "<f4"), layouts.Subarray((4, 4), (0, 0),
-                                                                              (4, 4), "<f4"))
+            collio.h5.write_all(
+                d, np.zeros((4, 4), "<f4"), layouts.Subarray((4, 4), (0, 0), (4, 4), "<f4")
+            )
 
 
 def test_partial_chunks_get_the_fill_value_and_1d(tmp_path) -> None:

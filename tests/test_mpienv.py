@@ -1,4 +1,4 @@
-"""collio turns on MPICH's single-copy messages (CMA) only before MPI starts, and only if allowed."""
+"""collio turns on MPICH's single-copy messages (CMA) only before MPI starts, if allowed."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def _read_parent() -> bool:
         "libc.process_vm_readv.restype = ctypes.c_ssize_t\n"
         "dst = ctypes.create_string_buffer(8)\n"
         "local, remote = _IOVec(ctypes.addressof(dst), 8), _IOVec(int(sys.argv[1]), 8)\n"
-        "n = libc.process_vm_readv(os.getppid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)\n"
+        "n = libc.process_vm_readv(\n"
+        "    os.getppid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)\n"
         "print(int(n == 8 and dst.raw == b'sibling!'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "COLLIO_MPI_CMA"}

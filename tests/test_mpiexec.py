@@ -41,11 +41,13 @@ EFBIG_JOB = textwrap.dedent(
     lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
     glob = np.arange(shape[0] * shape[1], dtype="<f8").reshape(shape)
     out = {}
-    with collio.open(os.path.join(d, "big.bin"), "w", comm=comm, hints={"cb_buffer_size": 1 << 22}) as f:
+    hints = {"cb_buffer_size": 1 << 22}
+    with collio.open(os.path.join(d, "big.bin"), "w", comm=comm, hints=hints) as f:
         try:
             f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
         except collio.BackendError as exc:
-            out = {"cls": type(exc).__name__, "errno": exc.errno, "msg": str(exc), "ranks": list(exc.ranks)}
+            out = {"cls": type(exc).__name__, "errno": exc.errno, "msg": str(exc)}
+            out["ranks"] = list(exc.ranks)
     small = layouts.block((64, 64), "<f8", comm=comm)
     with collio.open(os.path.join(d, "small.bin"), "w", comm=comm) as f:
         f.write_all(np.full(small.shape, comm.rank, "<f8"), small)

@@ -200,7 +200,6 @@ def jobs(draw):
 @given(jobs())
 def test_sender_and_aggregator_plans_agree(job):
     lays, naggs, align, window = job
-    p = len(lays)
     runs = [lay.runs() for lay in lays]
     nonempty = [r for r in runs if len(r)]
     if not nonempty:
@@ -270,5 +269,7 @@ def test_run_across_an_empty_domain_goes_to_the_right_aggregator():
     sp = plan_sender(runs, bounds, 64)
     for g in range(sp.ngroups):
         piece, d = sp.group(g), int(sp.gdom[g])
-        assert (piece.file >= bounds[d]).all() and (piece.file + piece.length <= bounds[d + 1]).all()
+        assert (piece.file >= bounds[d]).all() and (
+            piece.file + piece.length <= bounds[d + 1]
+        ).all()
     assert sp.per_dom.tolist() == [0, 1, 0, 3]

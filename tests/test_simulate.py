@@ -5,16 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collio.aggregators import choose_aggregators, file_domains, plan_aggregator, plan_sender
-from collio.aggregators import window_size
+from collio.aggregators import (
+    choose_aggregators,
+    file_domains,
+    plan_aggregator,
+    plan_sender,
+    window_size,
+)
 from collio.aggregators.domains import alignment
+from collio.bench import simulate as simulate_module
 from collio.bench.batch import batched_blocks, select
-from collio.layouts.strided import Blocks, flatten
 from collio.bench.patterns import make_workload
 from collio.bench.simulate import SimConfig, simulate
 from collio.hints import Hints
-from collio.bench import simulate as simulate_module
 from collio.layouts import count_below
+from collio.layouts.strided import Blocks, flatten
 from collio.runs import Runs
 
 

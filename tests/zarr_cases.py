@@ -96,9 +96,7 @@ def _codecs(kind: str) -> list[Any]:
 
 
 def _cyclic(rank: int, size: int) -> layouts.Layout:
-    return layouts.block_cyclic(
-        (600, 500), "<f4", block=(7, 5), grid=(2, 2), rank=rank, size=size
-    )
+    return layouts.block_cyclic((600, 500), "<f4", block=(7, 5), grid=(2, 2), rank=rank, size=size)
 
 
 def _empty_rank(rank: int, size: int) -> layouts.Layout:

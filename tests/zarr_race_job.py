@@ -38,9 +38,13 @@ while not lost and trials < 8:
         strip = slice(r0, min(r0 + CHUNKS[0], rows.stop))
         arr[strip, lay.slices[1]] = glob[strip, lay.slices[1]]
     comm.Barrier()
-    lost = bool(comm.bcast(
-        not np.array_equal(zarr.open_array(path, mode="r")[...], glob) if comm.rank == 0 else None
-    ))
+    lost = bool(
+        comm.bcast(
+            not np.array_equal(zarr.open_array(path, mode="r")[...], glob)
+            if comm.rank == 0
+            else None
+        )
+    )
     trials += 1
 
 path = os.path.join(outdir, "collio.zarr")
