@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -69,9 +68,10 @@ class Setup:
     @property
     def aligned(self) -> bool:
         """Every rank's box starts and ends on unit boundaries (or the array's end)."""
+        lay = self.lay
         ok = all(
             s % u == 0 and ((s + n) % u == 0 or s + n == g)
-            for s, n, u, g in zip(self.lay.start, self.lay.shape, self.unit, self.shape)
+            for s, n, u, g in zip(lay.start, lay.shape, self.unit, self.shape, strict=True)
         )
         return bool(self.comm.allreduce(int(ok), op=MPI.MIN))
 
@@ -107,7 +107,7 @@ def setup(
         grid = layouts.dims_create(comm.size, 2)
         coords = np.unravel_index(comm.rank, grid)
         start, ext = [], []
-        for n, p, c in zip(shape, grid, coords):
+        for n, p, c in zip(shape, grid, coords, strict=True):
             edges = [0] + [(3 * k + 2) * n // (3 * p) for k in range(p - 1)] + [n]
             start.append(edges[c])
             ext.append(edges[c + 1] - edges[c])
@@ -140,7 +140,7 @@ def _units(s: Setup) -> Iterator[tuple[int, int]]:
     """Grid coordinates of the units (chunks or shards) this rank's box meets."""
     ranges = [
         range(st // u, -(-(st + n) // u)) if n else range(0)
-        for st, n, u in zip(s.lay.start, s.lay.shape, s.unit)
+        for st, n, u in zip(s.lay.start, s.lay.shape, s.unit, strict=True)
     ]
     yield from itertools.product(*ranges)
 
@@ -168,10 +168,13 @@ def write_locked(s: Setup, path: str) -> None:
     for c in _units(s):
         reg = tuple(
             slice(max(i * u, b.start), min((i + 1) * u, b.stop))
-            for i, u, b in zip(c, s.unit, box)
+            for i, u, b in zip(c, s.unit, box, strict=True)
         )
-        part = s.local[tuple(slice(r.start - b.start, r.stop - b.start) for r, b in zip(reg, box))]
-        with open(os.path.join(path + ".locks", "%d.%d" % c), "a") as lock:
+        within = tuple(
+            slice(r.start - b.start, r.stop - b.start) for r, b in zip(reg, box, strict=True)
+        )
+        part = s.local[within]
+        with open(os.path.join(path + ".locks", f"{c[0]}.{c[1]}"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 arr[reg] = part
