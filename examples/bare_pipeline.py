@@ -1,6 +1,7 @@
 """What two-phase writing can reach on this machine, without collio: the bare pipeline.
 
     mpiexec -n 4 python examples/bare_pipeline.py [--size 4096] [--window 4] [-i 12]
+    mpiexec -n 4 python examples/bare_pipeline.py --with-collio -i 40
 
 An N x N float64 matrix in column blocks is written by raw mpi4py and os calls only:
 each rank is the aggregator of a contiguous quarter of the file; in each round every
@@ -11,6 +12,11 @@ exchanged (two buffers); then ``fsync``.  No checks, no agreement, no planning, 
 error handling: a floor for any two-phase library's overhead, measured in the same
 job as the ceiling (each rank's share as one ``pwrite`` + ``fsync``), alternating.
 The file is checked against the matrix once at the end.
+
+``--with-collio`` adds collio's ``open`` / ``write_all`` / ``sync`` / ``close`` of the
+same matrix to the job (the three run in balanced orders, as ``collio-bench`` does) and
+prints the medians of each phase, the slowest rank's: where collio's time goes beyond
+the bare pipeline's.
 """
 
 from __future__ import annotations
@@ -22,10 +28,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+import collio  # first: it turns on MPICH's single-copy messages before mpi4py starts MPI
+
+# isort: split
 from mpi4py import MPI
 
-import collio  # noqa: F401  (before mpi4py: MPICH's single-copy messages, as collio runs)
+import collio.layouts
 from collio.backends.fsync import SYNC_FILE_RANGE_WRITE, sync_file_range
+from collio.bench.run import balanced_orders
 
 
 def main() -> None:
@@ -34,6 +45,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=4, help="MiB per aggregator per round")
     ap.add_argument("-i", "--iterations", type=int, default=12)
     ap.add_argument("-o", "--path", default=None, help="test file (default: a temporary)")
+    ap.add_argument("--with-collio", action="store_true", help="run collio in the same job")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
     r, p, n = comm.rank, comm.size, a.size
@@ -114,11 +126,33 @@ def main() -> None:
         comm.Barrier()
         return time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {"bare pipeline": [], "ceiling": []}
+    phases: list[list[float]] = []  # collio: open, write_all, sync, close + barrier
+
+    def with_collio() -> float:
+        lay = collio.layouts.block((n, n), "<f8", comm=comm, grid=(1, p))
+        t0 = fresh()
+        f = collio.open(path, "w", comm=comm)
+        t1 = time.perf_counter()
+        f.write_all(local, lay)
+        t2 = time.perf_counter()
+        f.sync()
+        t3 = time.perf_counter()
+        f.close()
+        comm.Barrier()
+        t4 = time.perf_counter()
+        phases.append([t1 - t0, t2 - t1, t3 - t2, t4 - t3])
+        return t4 - t0
+
+    runs = {"bare pipeline": pipeline, "ceiling": ceiling}
+    if a.with_collio:
+        runs["collio"] = with_collio
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    names = list(runs)
+    orders = balanced_orders(len(names))
     for it in range(a.iterations):
-        order = [pipeline, ceiling] if it % 2 == 0 else [ceiling, pipeline]
-        for fn in order:
-            times["bare pipeline" if fn is pipeline else "ceiling"].append(fn())
+        for i in orders[it % len(orders)]:
+            times[names[i]].append(runs[names[i]]())
+    slowest = np.max(comm.gather(np.array(phases), root=0) or [np.zeros((0, 4))], axis=0)
     pipeline()  # leave the pipeline's file, then check it
     ok = True
     if r == 0:
@@ -136,6 +170,13 @@ def main() -> None:
             print(f"{k:<14} {1e3 * v:7.1f} ms  {mib / v:7.0f} MiB/s")
         ratio = med["ceiling"] / med["bare pipeline"]
         print(f"bare pipeline / ceiling: {ratio:.2f}  file ok: {ok}")
+        if a.with_collio:
+            print(f"collio / ceiling: {med['ceiling'] / med['collio']:.2f}")
+            o, w, y, c = (1e3 * np.median(slowest, axis=0)).tolist()
+            print(
+                f"collio phases, slowest rank, ms: open {o:.1f}  write_all {w:.1f}  "
+                f"sync {y:.1f}  close+barrier {c:.1f}"
+            )
         if tmp:
             os.unlink(path)
             os.rmdir(tmp)

@@ -28,6 +28,10 @@ from typing import Any
 
 import h5py
 import numpy as np
+
+import collio  # first: it turns on MPICH's single-copy messages before mpi4py starts MPI
+
+# isort: split
 from mpi4py import MPI
 
 import collio.h5

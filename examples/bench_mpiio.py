@@ -23,9 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+import collio  # first: it turns on MPICH's single-copy messages before mpi4py starts MPI
+
+# isort: split
 from mpi4py import MPI
 
-import collio
 from collio import datatypes, layouts
 
 

@@ -35,9 +35,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+import collio  # first: it turns on MPICH's single-copy messages before mpi4py starts MPI
+
+# isort: split
 from mpi4py import MPI
 
-import collio
 from collio import layouts
 from collio.backends.s3.client import client_for, get_into
 from collio.backends.s3.plan import S3Target

@@ -38,9 +38,12 @@ from typing import Any
 
 import numpy as np
 import zarr
+
+import collio  # first: it turns on MPICH's single-copy messages before mpi4py starts MPI
+
+# isort: split
 from mpi4py import MPI
 
-import collio
 from collio import layouts
 
 MiB = 1 << 20

@@ -17,9 +17,12 @@ import tempfile
 import time
 
 import numpy as np
+
+import collio  # first: it turns on MPICH's single-copy messages before mpi4py starts MPI
+
+# isort: split
 from mpi4py import MPI
 
-import collio
 from collio import layouts
 from collio.testing.romio import filetype
 

@@ -145,3 +145,15 @@ def test_example_matrix_runs(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "verified" in proc.stdout and "MiB/s" in proc.stdout
+
+
+def test_example_bare_pipeline_with_collio_runs(tmp_path):
+    """The bare pipeline writes the right file, and --with-collio times collio's phases."""
+    proc = run_job(
+        ["-n", "2", sys.executable, os.path.join(ROOT, "examples", "bare_pipeline.py"),
+         "--size", "1024", "--window", "1", "-i", "3", "--with-collio",
+         "-o", str(tmp_path / "m.bin")]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "file ok: True" in proc.stdout, proc.stdout
+    assert "collio / ceiling:" in proc.stdout and "collio phases" in proc.stdout
