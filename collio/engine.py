@@ -314,8 +314,10 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
 
     runs, buf, arr, call = _check(ctx, layout, prepare, writing=False)
     error = _transfer(ctx, call, runs, buf, writing=False)
-    # reads wait polling (sleeping measured no better), except on remote backends
-    _complete(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote)
+    # after rounds reads wait polling (sleeping measured no better); after each rank's own
+    # I/O (direct path: it takes each rank its own time, e.g. decoding zarr chunks) and on
+    # remote backends a rank done early sleeps instead of taking a core the others need
+    _complete(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote or call.direct)
     return arr
 
 
