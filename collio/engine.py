@@ -11,7 +11,8 @@ Flow of one call (every rank runs every step, so nothing hangs):
    messages straight into the round buffer; the backend request of round k runs
    in the I/O thread while round k+1 is exchanged (double buffering);
 4. *complete*: wait for the I/O, then one sync point agrees on errors and reduces
-   the statistics.
+   the statistics (backends that flush after a write, and zarr's own runs done
+   before the shuffle, agree once more before that).
 """
 
 from __future__ import annotations
@@ -237,13 +238,14 @@ def _complete(
 
     The sums (with the error flag) and the maxima are reduced by two non-blocking
     allreduces completed together: the call's last sync point.  ``patient`` waits
-    sleeping (writes: a rank done early must not spin on a core that another rank's
-    I/O thread still needs).
+    sleeping: after writes, after each rank's own I/O (direct path) and on remote
+    backends, a rank done early must not spin on a core that another rank's I/O (or
+    its I/O thread, or a server on the node) still needs.
     """
     c = call.counters
     c.time_total = time.perf_counter() - t0
     sums, maxes = c.pack()
-    sums = np.append(sums, 1 if error else 0)
+    sums = np.append(sums, 0 if error is None else 1)
     rs, rm = np.empty_like(sums), np.empty_like(maxes)
     comm = ctx.comm
     reqs = [
@@ -358,7 +360,7 @@ def _own_first(
     be = ctx.backend
     do = be.write_runs if writing else be.read_runs
     error = _direct(ctx, call, lambda: do(own, buf), own, writing=writing)
-    # ranks finish their own I/O at different times: wait sleeping (see engine.write)
+    # ranks finish their own I/O at different times: wait sleeping (see _complete)
     if any_flag(ctx.comm, error is not None, patient=True):
         raise_agreed(ctx.comm, error, what="backend I/O")
     lo, hi = rest.extent() if len(rest) else (int(_BIG), 0)

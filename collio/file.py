@@ -102,7 +102,9 @@ class File:
             name = backend or infer_backend(target)
             bcls = get_backend(name)
             bcls.check_options(mode, options)
-            mine = (mode, parsed, name)
+            # a path or URL must be the same on every rank (as MPI_File_open's filename)
+            path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else None
+            mine = (mode, parsed, name, path)
         # one allreduce agrees on errors and on every rank passing the same arguments
         agree_same(comm, step.error, mine, what="open", describe=lambda v: f"open arguments {v!r}")
         be: Backend = bcls.open(target, mode, comm=comm, hints=parsed, **options)
@@ -252,7 +254,7 @@ class File:
         step = Attempt()
         with step:
             ctx.backend.sync()
-        # fsync takes each rank its own time: wait sleeping (see engine._direct)
+        # fsync takes each rank its own time: wait sleeping (see engine._complete)
         ok = not self._aborted and not any_flag(ctx.comm, step.error is not None, patient=True)
         try:
             if not self._aborted:

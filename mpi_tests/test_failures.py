@@ -160,11 +160,11 @@ def test_missing_file_for_reading(comm, shared_dir):
     assert err.errno == errno.ENOENT
     err = _raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "r+", comm=comm))
     assert isinstance(err, FileNotFoundError) or err.errno == errno.ENOENT
-    # a directory opens on Linux (read-only): every rank checks that it is a regular file
+    # a directory (or a FIFO, whose open would block every rank) is not a file to read
     err = _raises_everywhere(
         comm, collio.BackendError, lambda: collio.open(shared_dir, "r", comm=comm)
     )
-    assert "not a regular file" in str(err) and "rank 0:" in str(err)
+    assert "rank 0: no such file" in str(err) and err.ranks == (0,)
 
 
 @pytest.mark.mpi
@@ -383,3 +383,23 @@ def test_aggregator_read_fails_mid_round(comm, shared_path, fail_after):
         assert err.errno == errno.EIO and "injected read error" in str(err)
         FailingReads.fail_after = 10**9
         np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
+
+
+@pytest.mark.mpi
+def test_different_path_on_one_rank(comm, shared_dir):
+    """Ranks naming different files is refused everywhere, before any file is touched."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    paths = [os.path.join(shared_dir, f"mine-{r}.bin") for r in range(2)]
+    if comm.rank == 0:
+        with open(paths[0], "wb") as fh:
+            fh.write(b"keep me")
+    comm.Barrier()
+    path = paths[1] if comm.rank == comm.size - 1 else paths[0]
+    err = _raises_everywhere(comm, collio.MismatchError, lambda: collio.open(path, "w", comm=comm))
+    assert f"rank {comm.size - 1}: open arguments" in str(err) and "mine-1.bin" in str(err)
+    with open(paths[0], "rb") as fh:
+        assert fh.read() == b"keep me"
+    assert not os.path.exists(paths[1])
+    comm.Barrier()
+    _still_works(comm, paths[0])

@@ -6,7 +6,8 @@ never ``isinstance`` against a concrete backend.
 
 Required: :meth:`Backend.open` (a classmethod, called by *every* rank),
 :meth:`write_at`, :meth:`read_at`, :meth:`size`, :meth:`sync`, :meth:`close`.
-Optional hooks with defaults: :meth:`runs_for` (map a layout into the backend's
+Optional hooks with defaults: :meth:`check_options` (validate ``collio.open``'s
+backend options inside its first agreement), :meth:`runs_for` (map a layout into the backend's
 byte space, e.g. chunk-major for zarr), :meth:`domain_extent` (e.g. S3 objects
 always start at 0), :meth:`domain_bounds` (cut the domains, e.g. by real bytes),
 :meth:`commit` / :meth:`abort` (atomic completion).
@@ -108,7 +109,8 @@ class Backend(abc.ABC):
 
         ``collio.open`` calls it on every rank inside its first agreement, so
         :meth:`open` may touch the target knowing every rank's options passed.
-        The default accepts anything (:meth:`open` then checks, and agrees).
+        The default accepts anything (:meth:`open` then checks, and agrees).  A
+        subclass that adds options of its own must accept them here too.
         """
         return None
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import uuid
 from typing import Any, ClassVar
 
@@ -59,37 +58,41 @@ class PosixBackend(Backend):
     # -- open ---------------------------------------------------------------
     @classmethod
     def check_options(cls, mode: str, options: dict[str, Any]) -> None:
-        holes = str(options.get("holes", "auto"))
+        holes = options.get("holes", "auto")
         if holes not in ("auto", "rmw", "runs"):
             raise ModeError(f"posix backend: holes={holes!r} must be auto, rmw or runs")
+        writeback = options.get("writeback", True)
+        if not isinstance(writeback, (bool, np.bool_)) and writeback not in (0, 1):
+            raise ModeError(f"posix backend: writeback={writeback!r} must be True or False")
         unknown = sorted(set(options) - {"writeback", "holes"})
         if unknown:
             raise ModeError(f"posix backend: unknown options {unknown}")
 
     @classmethod
     def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> PosixBackend:
-        """Collective over `comm`: every rank opens (rank 0 truncates in 'w'); one agreement.
+        """Collective over `comm`: rank 0 creates or truncates (or checks) the file and
+        broadcasts its name, then every rank opens that name and one allreduce agrees.
 
-        ``collio.open`` agreed on :meth:`check_options` before, so bad input never
-        reaches the file.  With ``atomic_commit`` rank 0 first makes the temporary
-        (and broadcasts its name), then every rank opens it.
+        Every rank uses rank 0's path, and other ranks open only a file rank 0 has
+        made (a node-local path fails on the other nodes instead of making one file
+        per node).  ``collio.open`` agreed on :meth:`check_options` before, so bad
+        options on any rank never reach the file.
         """
         writeback = bool(options.get("writeback", True))
         holes = str(options.get("holes", "auto"))
-        path = os.fspath(target)
         atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
-        name = path
-        if atomic:
-            step = Attempt()
-            tmp = None
-            if comm.Get_rank() == 0:
-                with step:
-                    tmp = _prepare(path, mode)
-            name = bcast_outcome(comm, tmp, step.error, what=f"open {path!r}")
+        step = Attempt()
+        shared = None
+        if comm.Get_rank() == 0:
+            with step:
+                path = os.fspath(target)
+                shared = (_prepare(path, mode, atomic), path)
+        name, path = bcast_outcome(comm, shared, step.error, what="open")
         step = Attempt()
         fd = -1
         with step:
-            fd = _open_rank(name, "r+" if atomic else mode, comm.Get_rank() == 0)
+            flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
+            fd = os.open(name, flags)
         try:
             agree(comm, step.error, what=f"open {path!r}")
         except BaseException:
@@ -185,41 +188,19 @@ class PosixBackend(Backend):
         return out
 
 
-def _open_rank(path: str, mode: str, first: bool) -> int:
-    """One rank's descriptor of a regular file.
-
-    In 'w' every rank may create the file (``O_CREAT``, so nobody waits for rank 0)
-    and rank 0 (``first``) truncates it; no data moves before the next collective
-    call, which every rank enters after this open was agreed.
-    """
-    flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
-    if mode == "w":
-        flags |= os.O_CREAT | (os.O_TRUNC if first else 0)
-    try:
-        fd = os.open(path, flags, 0o666)
-    except FileNotFoundError:
-        if mode == "w":
-            raise
-        raise FileNotFoundError(2, "no such file", path) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise FileNotFoundError(2, "no such file (not a regular file)", path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _prepare(path: str, mode: str) -> str:
-    """On rank 0, for ``atomic_commit``: make the temporary the ranks open; its name."""
-    if not os.path.isfile(path) and mode == "r+":
+def _prepare(path: str, mode: str, atomic: bool) -> str:
+    """On rank 0: create/truncate (or check) the file; returns the name ranks open."""
+    if mode in ("r", "r+") and not os.path.isfile(path):  # (also no FIFO: it would block)
         raise FileNotFoundError(2, "no such file", path)
-    d, base = os.path.split(os.path.abspath(path))
-    target = os.path.join(d, f".{base}.collio-{uuid.uuid4().hex[:12]}.tmp")
-    if mode == "r+":
-        shutil.copyfile(path, target)
-    fd = os.open(target, os.O_CREAT | os.O_WRONLY | (os.O_TRUNC if mode == "w" else 0), 0o666)
-    os.close(fd)
+    target = path
+    if atomic:
+        d, base = os.path.split(os.path.abspath(path))
+        target = os.path.join(d, f".{base}.collio-{uuid.uuid4().hex[:12]}.tmp")
+        if mode == "r+":
+            shutil.copyfile(path, target)
+    if mode == "w" or atomic:
+        fd = os.open(target, os.O_CREAT | os.O_WRONLY | (os.O_TRUNC if mode == "w" else 0), 0o666)
+        os.close(fd)
     return target
 
 
