@@ -403,3 +403,15 @@ def test_different_path_on_one_rank(comm, shared_dir):
     assert not os.path.exists(paths[1])
     comm.Barrier()
     _still_works(comm, paths[0])
+
+
+@pytest.mark.mpi
+def test_writeback_option_bad_on_one_rank(comm, shared_path):
+    writeback = "yes" if comm.rank == comm.size - 1 else True
+    _raises_everywhere(
+        comm,
+        collio.ModeError,
+        lambda: collio.open(shared_path, "w", comm=comm, writeback=writeback),
+        match="writeback='yes' must be True or False",
+    )
+    _still_works(comm, shared_path)
