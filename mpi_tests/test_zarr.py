@@ -99,7 +99,8 @@ def test_ranks_opening_different_arrays_fail_together(comm, shared_dir):
     comm.Barrier()
     with pytest.raises(collio.MismatchError) as info:
         collio.open(arr, "r+", comm=comm, backend="zarr")
-    assert "rank 1 ((8, 9)" in same_everywhere(comm, info.value)
+    text = same_everywhere(comm, info.value)
+    assert "rank 1 (zarr target" in text and "own-1.zarr" in text and "((8, 9)," in text
 
 
 @pytest.mark.mpi
@@ -195,3 +196,70 @@ def test_random_decompositions_and_updates_match_plain_zarr(comm, shared_dir, se
     if comm.rank == 0:
         np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
     comm.Barrier()
+
+
+def _existing(comm, path):
+    """A small zarr array with known content, made by rank 0 with plain zarr."""
+    import zarr
+
+    if comm.rank == 0:
+        a = zarr.create_array(path, shape=(6,), dtype="<i4", chunks=(2,), overwrite=True)
+        a[:] = np.arange(1, 7, dtype="<i4")
+    comm.Barrier()
+
+
+def _content(path):
+    import zarr
+
+    return zarr.open_array(path, mode="r")[:].tolist()
+
+
+@pytest.mark.mpi
+def test_creation_options_differ_on_one_rank_leaves_the_array(comm, shared_dir):
+    """Mode 'w' overwrites: every rank's creation options are agreed before rank 0 does."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path = os.path.join(shared_dir, "keep.zarr")
+    _existing(comm, path)
+    shape = (7,) if comm.rank == comm.size - 1 else (6,)
+    with pytest.raises(collio.MismatchError) as info:
+        collio.open(path, "w", comm=comm, backend="zarr", shape=shape, dtype="<i4", chunks=(2,))
+    text = same_everywhere(comm, info.value)
+    assert f"rank {comm.size - 1}:" in text and "(7,)" in text
+    assert _content(path) == [1, 2, 3, 4, 5, 6]
+    comm.Barrier()
+
+
+@pytest.mark.mpi
+def test_arrays_at_different_paths_in_one_store(comm, shared_dir):
+    """Ranks naming different arrays (path=) fail everywhere instead of splitting the data."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    store = os.path.join(shared_dir, "group.zarr")
+    if comm.rank == 0:
+        import zarr
+
+        for name in ("x", "y"):
+            zarr.create_array(store, name=name, shape=(6,), dtype="<i4", chunks=(2,))
+    comm.Barrier()
+    name = "y" if comm.rank == comm.size - 1 else "x"
+    with pytest.raises(collio.MismatchError) as info:
+        collio.open(store, "r+", comm=comm, backend="zarr", path=name)
+    text = same_everywhere(comm, info.value)
+    assert f"rank {comm.size - 1}" in text and "'y'" in text
+
+
+@pytest.mark.mpi
+def test_big_endian_dtype(comm, shared_dir):
+    """zarr v3 keeps byte order in its codecs: an array made with '>i2' holds int16."""
+    path = os.path.join(shared_dir, "be.zarr")
+    n = 4 * comm.size
+    with collio.open(path, "w", comm=comm, backend="zarr", shape=(n,), dtype=">i2",
+                     chunks=(4,)) as f:  # fmt: skip
+        lay = layouts.block((n,), "<i2", comm=comm)
+        f.write_all(np.arange(lay.start[0], lay.start[0] + lay.shape[0], dtype="<i2"), lay)
+    with collio.open(path, "r+", comm=comm, backend="zarr", dtype=">i2") as f:
+        got = f.read_all(layouts.block((n,), "<i2", comm=comm))
+        assert got.tolist() == list(range(lay.start[0], lay.start[0] + lay.shape[0]))
+    comm.Barrier()
+    assert _content(path) == list(range(n))

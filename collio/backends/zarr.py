@@ -29,7 +29,7 @@ import numpy.typing as npt
 import zarr
 from mpi4py import MPI
 
-from ..collective import Attempt, agree, raise_agreed
+from ..collective import Attempt, agree, agree_same, raise_agreed
 from ..errors import BackendError, LayoutError, MismatchError
 from ..layouts.arrays import ArrayLayout
 from ..runs import Runs
@@ -120,7 +120,14 @@ class ZarrBackend(Backend):
         with step:
             spec = OpenSpec.parse(target, mode, options, nranks=comm.Get_size(), hints=hints)
         if mode == "w":  # (mode is the same on every rank) nothing is created unless all agree
-            agree(comm, step.error, what="open zarr array")
+            # on the options too: rank 0 creates (overwrites) with its own
+            agree_same(
+                comm,
+                step.error,
+                None if spec is None or step.error else spec.identity(),
+                what="open zarr array",
+                describe=_describe_identity,
+            )
             if comm.Get_rank() == 0:
                 with step:
                     assert spec is not None
@@ -132,7 +139,7 @@ class ZarrBackend(Backend):
         with step:
             if spec is not None and step.error is None:
                 array = spec.open()
-                facts = array_facts(array).key()
+                facts = (spec.identity(), array_facts(array).key())
         # one allgather: who failed, and what each rank opened
         every = comm.allgather(("failed", None) if step.error is not None else ("ok", facts))
         if any(state != "ok" for state, _ in every):
@@ -140,9 +147,13 @@ class ZarrBackend(Backend):
         every = [f for _, f in every]
         bad = [r for r, f in enumerate(every) if f != every[0]]
         if bad:  # every rank sees the same list: they all raise
+
+            def show(f: Any) -> str:
+                return f"({_describe_identity(f[0])}; shape, dtype, chunks, shards {f[1]})"
+
             raise MismatchError(
-                f"ranks opened different zarr arrays (shape, dtype, chunks, shards): rank 0 "
-                f"{every[0]}; " + "; ".join(f"rank {r} {every[r]}" for r in bad[:8]),
+                f"ranks opened different zarr arrays: rank 0 {show(every[0])}; "
+                + "; ".join(f"rank {r} {show(every[r])}" for r in bad[:8]),
                 ranks=tuple(bad),
             )
         assert spec is not None
@@ -407,3 +418,13 @@ class ZarrBackend(Backend):
 def _one_run(offset: int, nbytes: int) -> Runs:
     z = np.zeros(1, np.int64)
     return Runs(z + offset, z + nbytes, z)
+
+
+def _describe_identity(ident: Any) -> str:
+    where, made, expect, secret = ident
+    text = f"zarr target {where}"
+    if made:
+        text += f", creation options {dict(made)}"
+    if expect:
+        text += f", expected {dict(expect)}"
+    return text + (" (storage_options not shown)" if secret is not None else "")

@@ -16,6 +16,7 @@ import zarr
 from zarr.abc.store import Store
 from zarr.storage import MemoryStore, StorePath
 
+from ..collective import digest
 from ..errors import BackendError, MismatchError, ModeError
 
 __all__ = ["ArrayFacts", "OpenSpec", "array_facts"]
@@ -60,7 +61,7 @@ class ArrayFacts:
 
     def get(self, name: str) -> Any:
         value = getattr(self, name)
-        return value.str if name == "dtype" else value
+        return _plain_dtype(value) if name == "dtype" else value
 
 
 def array_facts(array: Any) -> ArrayFacts:
@@ -74,11 +75,17 @@ def array_facts(array: Any) -> ArrayFacts:
     )
 
 
+def _plain_dtype(value: Any) -> str:
+    """A dtype without its byte order: zarr v3 keeps that in the codecs (an array created
+    with ``dtype=">i2"`` reports ``int16``)."""
+    return str(np.dtype(value).newbyteorder("=").str)
+
+
 def _normal(name: str, value: Any) -> Any:
     """A comparable form of an expected value; None when it cannot be checked ("auto")."""
     try:
         if name == "dtype":
-            return np.dtype(value).str
+            return _plain_dtype(value)
         if isinstance(value, (int, np.integer)):
             return int(value)
         return tuple(int(v) for v in value)
@@ -156,6 +163,14 @@ class OpenSpec:
     @property
     def creates(self) -> bool:
         return bool(self.create_options)
+
+    def identity(self) -> tuple[Any, ...]:
+        """What must be the same on every rank: where the array is, how it is created and
+        what it is expected to be (storage options only as a digest: they may hold
+        credentials)."""
+        where = digest(self.storage_options) if self.storage_options else None
+        made = tuple(sorted((k, repr(v)) for k, v in self.create_options.items()))
+        return (self.label, made, tuple(sorted(self.expect.items())), where)
 
     @property
     def label(self) -> str:

@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ...collective import Attempt, agree, quiet_barrier
-from ...errors import BackendError, HintError, LayoutError, MismatchError, ModeError
+from ...collective import Attempt, agree, agree_same, quiet_barrier
+from ...errors import BackendError, HintError, LayoutError, ModeError
 from ...runs import Runs, group_bounds, split_grid
 from ..base import Backend
 from . import upload
@@ -113,12 +113,14 @@ class S3Backend(Backend):
                 )
             if opts.size is not None and mode != "r":
                 opts.plan(opts.size, buffer)
-        agree(comm, step.error, what="open s3")
-        ref = comm.bcast((t, opts), root=0)
-        differs = MismatchError(
-            f"rank {comm.Get_rank()}: s3 target or options differ from rank 0's"
+        # one allreduce: errors, and the same target and options on every rank
+        agree_same(
+            comm,
+            step.error,
+            None if step.error else (t, opts),
+            what="open s3",
+            describe=lambda v: f"s3 target {v[0].url} with {v[1]}",
         )
-        agree(comm, None if ref == (t, opts) else differs, what="open s3")
         step = Attempt()
         client = None
         with step:
