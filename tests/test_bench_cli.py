@@ -112,6 +112,55 @@ PLUGIN_JOB = textwrap.dedent(
 )
 
 
+BROKEN_JOB = textwrap.dedent(
+    """
+    import os
+    import sys
+    from collio.bench.apis import register_api
+    from collio.bench.builtin import PosixApi
+    from collio.bench.cli import main
+
+    class BrokenApi(PosixApi):
+        name = "broken"
+
+        def transfer(self, writing):
+            if writing:  # the right size, one wrong byte per rank (in its own element)
+                super().transfer(True)
+                os.pwrite(self.fd, b"\\xff", 8 * self.job.comm.rank)
+            # reading: nothing is read at all
+
+    register_api("broken", BrokenApi)
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@needs_mpiexec
+def test_wrong_bytes_and_missed_reads_are_counted_and_fail_the_job(tmp_path):
+    """-W and -R see a changed byte and a read that never happened; the exit status says so."""
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN_JOB)
+    out = tmp_path / "b.json"
+    args = ["-n", "2", sys.executable, str(script), "-a", "broken", "-W", "-R", "--size", "64"]
+    proc = run_job([*args, "-i", "1", "--json", str(out), "-o", str(tmp_path / "f")])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    errors = {r["op"]: r["errors"] for r in doc["rows"]}
+    assert errors == {"write": 2, "read": 64 * 64}  # (a zero-filled buffer would pass at 0)
+
+
+def test_default_iterations_are_whole_balanced_cycles():
+    from collio.bench.cli import _workload, build_parser
+    from collio.bench.main import _config
+
+    for apis, want in (("collio,mpiio,mpiio-tuned,posix,ceiling", 10), ("collio,posix", 6)):
+        args = build_parser().parse_args(["--compare", apis, "--size", "64"])
+        cfg = _config(args, _workload, [], apis, 2)
+        assert cfg.iterations == want
+    args = build_parser().parse_args(["--compare", "collio,posix", "-i", "3", "--size", "64"])
+    assert _config(args, _workload, [], "collio,posix", 2).iterations == 3
+
+
 @needs_mpiexec
 def test_an_api_plugs_in_with_one_module(tmp_path):
     """Another backend's API: a subclass registered by name, run, verified and compared."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,6 +23,26 @@ __all__ = [
     "PosixApi",
     "CeilingApi",
 ]
+
+
+def _pwrite_rest(fd: int, view: memoryview, offset: int) -> None:
+    """Write all of ``view`` at ``offset`` (Linux moves at most 0x7ffff000 bytes a call)."""
+    done = 0
+    while done < len(view):
+        n = os.pwrite(fd, view[done:], offset + done)
+        if n <= 0:
+            raise OSError(f"pwrite wrote nothing at offset {offset + done}")
+        done += n
+
+
+def _pread_rest(fd: int, view: memoryview, offset: int) -> None:
+    """Fill all of ``view`` from ``offset``; a file that ends first is an error."""
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"the file ends at {offset + done}, {len(view) - done} bytes short")
+        done += n
 
 
 def _bytes(arr: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
@@ -145,22 +166,19 @@ class PosixApi(Api):
         self.fd = open_fd(self.job.path, writing)
 
     def transfer(self, writing: bool) -> None:
-        import os
-
         j = self.job
         p = j.pieces
         buf = memoryview(_bytes(j.data if writing else j.out))  # type: ignore[arg-type]
         for f, n, m in zip(p.file.tolist(), p.length.tolist(), p.mem.tolist(), strict=True):
             if writing:
-                os.pwrite(self.fd, buf[m : m + n], f)
-            else:
-                os.preadv(self.fd, [buf[m : m + n]], f)
+                if os.pwrite(self.fd, buf[m : m + n], f) != n:
+                    _pwrite_rest(self.fd, buf[m : m + n], f)
+            elif os.preadv(self.fd, [buf[m : m + n]], f) != n:
+                _pread_rest(self.fd, buf[m : m + n], f)
         if writing and j.fsync:
             os.fsync(self.fd)
 
     def close(self) -> None:
-        import os
-
         os.close(self.fd)
 
     def hints_used(self) -> dict[str, Any]:
@@ -181,11 +199,10 @@ class CeilingApi(PosixApi):
         self.buf = np.resize(_bytes(j.data), self.length) if self.length else np.zeros(0, np.uint8)
 
     def transfer(self, writing: bool) -> None:
-        import os
-
+        view = memoryview(self.buf)  # type: ignore[arg-type]
         if writing:
-            os.pwrite(self.fd, memoryview(self.buf), self.offset)  # type: ignore[arg-type]
+            _pwrite_rest(self.fd, view, self.offset)
             if self.job.fsync:
                 os.fsync(self.fd)
         else:
-            os.preadv(self.fd, [memoryview(self.buf)], self.offset)  # type: ignore[arg-type]
+            _pread_rest(self.fd, view, self.offset)

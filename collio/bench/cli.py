@@ -72,7 +72,10 @@ def _ior_options(io: argparse._ArgumentGroup) -> None:
         "-e", "--fsync", action="store_true", default=True, help="fsync after write (on)"
     )
     io.add_argument("--no-fsync", dest="fsync", action="store_false", help="no fsync")
-    io.add_argument("-i", "--iterations", type=int, default=5, help="iterations (5)")
+    io.add_argument(
+        "-i", "--iterations", type=int, default=None,
+        help="iterations (default: whole cycles of the balanced orders, at least 5)",
+    )  # fmt: skip
     io.add_argument("-o", "--test-file", help="test file (default: in a temporary directory)")
     io.add_argument("-k", "--keep-file", action="store_true", help="keep the test file")
     io.add_argument(

@@ -22,7 +22,7 @@ from .report import (
     summarize,
     write_json,
 )
-from .run import BenchConfig, Runner, run_bench
+from .run import BenchConfig, Runner, balanced_orders, run_bench
 from .simreport import human
 
 __all__ = ["bench"]
@@ -73,8 +73,12 @@ def _config(
         raise ValueError("; ".join(f"{n} is unavailable: {why}" for n, why in skipped.items()))
     for name in run:
         classes[name].check(work, options, write)
+    cycle = len(balanced_orders(len(run)))  # every API follows every other equally often
+    iterations = args.iterations or cycle * -(-5 // cycle)
+    if iterations < 1:
+        raise ValueError(f"-i {iterations}: at least one iteration")
     return BenchConfig(
-        work, run, args.iterations, write, read, args.fsync, args.check_write, args.check_read,
+        work, run, iterations, write, read, args.fsync, args.check_write, args.check_read,
         args.test_file, tuple(hints), args.keep_file, tuple(options.items()),
         tuple(skipped.items()),
     )  # fmt: skip
@@ -108,6 +112,14 @@ def bench(
     )
     for name, why in cfg.skipped:
         emit(f"# {name}: not run: {why}")
+    cycle = len(balanced_orders(len(names)))
+    if cfg.iterations % cycle:
+        emit(
+            f"# note: the orders balance over multiples of {cycle} iterations; with "
+            f"{cfg.iterations} some APIs follow others more often"
+        )
+    if not cfg.fsync and any(n.startswith("collio") for n in names):
+        emit("# note: collio's close always syncs (its durability contract), fsync off or not")
     opts = _shown(dict(cfg.options))
     if opts:
         emit("# options: " + ", ".join(f"{k}={v}" for k, v in opts.items()))
@@ -123,7 +135,8 @@ def bench(
     facts["data_bytes"] = comm.gather(facts["data_bytes"], root=0)
     if rank0:
         _finish(args, cfg, runner, facts, time.perf_counter() - t0, comm.size)
-    return 0
+    # verification errors are summed over ranks: every rank returns the same status
+    return 1 if any(row.errors > 0 for row in runner.rows) else 0
 
 
 def _finish(

@@ -100,6 +100,15 @@ def _shared_path(comm: MPI.Intracomm, path: str | None) -> tuple[str, str | None
     return os.path.join(tmp, "testFile"), tmp
 
 
+def _sentinel(dtype: np.dtype[Any]) -> Any:
+    """NaN for floats, the largest value for integers (the ior bytes stop at 250)."""
+    if dtype.kind in "fc":
+        return np.nan
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).max
+    return 0
+
+
 def _fresh(comm: MPI.Intracomm, path: str) -> None:
     if comm.rank == 0 and os.path.exists(path):
         os.unlink(path)
@@ -238,8 +247,8 @@ class Runner:
         for op, writing in ops:
             if writing:
                 _fresh(comm, job.path)
-            else:
-                job.out[...] = 0
+            else:  # a value the data never holds, so a byte not read shows in -R
+                job.out[...] = _sentinel(job.out.dtype)
             _untimed(comm, api, writing, "prepare")
             base = peak_rss(reset=True)
             o, x, c, total = _timed(comm, api, writing)
