@@ -72,8 +72,10 @@ def format_rss(facts: dict[str, Any], aggs: list[int], apis: list[str]) -> str:
             f"{peak.get(a, 0) / MiB:>8.1f} (+{extra.get(a, 0) / MiB:>6.1f})" for a in apis
         )
         lines.append(f"{r:>4} {nbytes / MiB:>7.1f} {'yes' if r in aggs else 'no':>4} {cells}")
-    held = "three times (and the ceiling's share)" if "ceiling" in apis else "twice"
-    lines.append(f"(data: the rank's piece; the benchmark holds it {held}, to write and to read)")
+    extra = ", and the ceiling's share of the same size" if "ceiling" in apis else ""
+    lines.append(
+        f"(data: the rank's piece; the benchmark holds it twice, to write and to read{extra})"
+    )
     return "\n".join(lines)
 
 
