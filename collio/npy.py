@@ -26,6 +26,18 @@ from .layouts.base import Segments
 __all__ = ["save_npy", "load_npy", "npy_header"]
 
 _fmt = np.lib.format
+
+
+def _private(name: str) -> Any:
+    """numpy's own writer/reader of any format version (3.0: utf-8 field names), which
+    np.save and np.load use; private (numpy.lib._format_impl in numpy 2, .format before)."""
+    impl = getattr(np.lib, "_format_impl", _fmt)
+    fn = getattr(impl, name, None)
+    if fn is None:  # pragma: no cover - a numpy without it
+        raise LayoutError(f"this numpy ({np.__version__}) offers no {name} for .npy format 3.0")
+    return fn
+
+
 #: magic (6) + version (2) + header length (2 in version 1.0, 4 in 2.0 and 3.0)
 _PREFIX = 12
 
@@ -39,9 +51,16 @@ def npy_header(shape: tuple[int, ...], dtype: Any, order: str = "C") -> bytes:
     buf = io.BytesIO()
     try:
         _fmt.write_array_header_1_0(buf, d)
+    except UnicodeEncodeError:  # field names beyond latin-1: version 3.0 (utf-8), as np.save
+        buf = io.BytesIO()
+        _private("_write_array_header")(buf, d, (3, 0))
     except ValueError:  # too long for version 1.0
         buf = io.BytesIO()
-        _fmt.write_array_header_2_0(buf, d)
+        try:
+            _fmt.write_array_header_2_0(buf, d)
+        except UnicodeEncodeError:
+            buf = io.BytesIO()
+            _private("_write_array_header")(buf, d, (3, 0))
     return buf.getvalue()
 
 
@@ -147,10 +166,9 @@ def _read_header(f: File) -> tuple[tuple[int, ...], np.dtype[Any], bool, int]:
         if root:
             fp = io.BytesIO(head.tobytes())
             version = _fmt.read_magic(fp)
-            if version not in ((1, 0), (2, 0)):
+            if version not in ((1, 0), (2, 0), (3, 0)):
                 raise LayoutError(f".npy format version {version} is not supported")
-            reader = _fmt.read_array_header_1_0 if version == (1, 0) else _fmt.read_array_header_2_0
-            shape, fortran, dtype = reader(fp)
+            shape, fortran, dtype = _private("_read_array_header")(fp, version)
             need = total + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             if f.backend.size() < need:
                 raise LayoutError(f"file has {f.backend.size()} bytes; header says {need}")

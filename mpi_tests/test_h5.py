@@ -259,3 +259,111 @@ def test_sub_communicators_write_their_own_files(comm: MPI.Comm, shared_dir: str
     if comm.size > 1:
         expected = {"x": reference((12, 10), "<f8", seed=21)}
         check_file(comm, os.path.join(shared_dir, "sub1.h5"), expected, {"x": {"color": 1}})
+
+
+def test_different_path_on_one_rank_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
+    """The file, mode and hints are agreed before rank 0 creates or truncates anything."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    name = "other.h5" if comm.rank == comm.size - 1 else "mine.h5"
+    with pytest.raises(collio.MismatchError) as info:
+        collio.h5.File(os.path.join(shared_dir, name), "w", comm=comm)
+    texts = comm.allgather(str(info.value))
+    assert texts == [texts[0]] * comm.size and f"rank {comm.size - 1}: h5 open" in texts[0]
+    assert "other.h5" in texts[0]
+    assert not os.path.exists(os.path.join(shared_dir, "mine.h5"))
+
+
+@pytest.mark.parametrize("how", ["data", "fill-at-alloc"])
+def test_plain_reads_see_what_write_all_wrote(comm: MPI.Comm, shared_dir: str, how: str) -> None:
+    """Raw data HDF5 wrote itself (data=, fill values) must not shadow later collective writes
+    on any rank."""
+    path = os.path.join(shared_dir, f"shadow-{how}.h5")
+    n = comm.size
+    with collio.h5.File(path, "w", comm=comm) as f:
+        if how == "data":
+            ds = f.create_dataset("x", data=np.zeros((n, 4)))
+        else:
+            ds = f.create_dataset("x", (n, 4), "<f8", fillvalue=-1.0, fill_time="alloc")
+        lay = layouts.Subarray((n, 4), (comm.rank, 0), (1, 4), "<f8")
+        collio.h5.write_all(ds, np.full((1, 4), comm.rank + 1.0), lay)
+        got = ds[:, 0]  # plain h5py, on every rank
+        assert got.tolist() == [r + 1.0 for r in range(n)]
+    check_file(comm, path, {"x": np.repeat(np.arange(1.0, n + 1)[:, None], 4, axis=1)})
+
+
+@pytest.mark.parametrize("codec", [None, "gzip"])
+def test_resize_between_collective_writes(comm: MPI.Comm, shared_dir: str, codec: Any) -> None:
+    """Shrinking rewrites edge chunks on every rank; a later write_all must not diverge."""
+    path = os.path.join(shared_dir, f"resize-{codec}.h5")
+    rows = 4 * comm.size
+    with collio.h5.File(path, "w", comm=comm) as f:
+        ds = collio.h5.create_dataset(
+            f, "x", (rows, 8), "<f8", chunks=(4, 8), maxshape=(None, 8), compression=codec
+        )
+
+        def put(value: float) -> None:
+            m = ds.shape[0]
+            lo, hi = min(m, 4 * comm.rank), min(m, 4 * comm.rank + 4)
+            lay = layouts.Subarray(ds.shape, (lo, 0), (hi - lo, 8), "<f8")
+            collio.h5.write_all(ds, np.full((hi - lo, 8), value), lay)
+
+        put(1.0)
+        ds.resize((rows - 2, 8))
+        collio.h5.flush(f)
+        put(2.0)
+        assert ds[:, 0].tolist() == [2.0] * (rows - 2)  # plain h5py, on every rank
+        ds.resize((rows - 3, 8))
+        collio.h5.flush(f)
+    check_file(comm, path, {"x": np.full((rows - 3, 8), 2.0)})
+
+
+def test_value_that_does_not_convert_on_one_rank(comm: MPI.Comm, shared_dir: str) -> None:
+    path = os.path.join(shared_dir, "convert.h5")
+    with collio.h5.File(path, "w", comm=comm) as f:
+        ds = collio.h5.create_dataset(f, "x", (comm.size, 4), "<f8")
+        c = collio.h5.collective(ds)
+        bad = comm.rank == comm.size - 1
+        with pytest.raises(collio.LayoutError) as info:
+            c[comm.rank : comm.rank + 1, :] = "oops" if bad else np.ones((1, 4))
+        texts = comm.allgather(str(info.value))
+        assert texts == [texts[0]] * comm.size and f"rank {comm.size - 1}: value 'oops'" in texts[0]
+        c[comm.rank : comm.rank + 1, :] = 3.0  # usable afterwards
+    check_file(comm, path, {"x": np.full((comm.size, 4), 3.0)})
+
+
+def test_failed_chunk_write_keeps_the_file_readable(comm: MPI.Comm, shared_dir: str) -> None:
+    """An aggregator's chunk write fails (EFBIG): the same error everywhere, the session
+    refuses more, and the file keeps its last agreed metadata (stock h5py reads it)."""
+    import resource
+    import signal
+
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path = os.path.join(shared_dir, "efbig.h5")
+    f = collio.h5.File(path, "w", comm=comm)
+    good = collio.h5.create_dataset(f, "good", (4,), "<i4")
+    mine = 4 if comm.rank == 0 else 0
+    collio.h5.write_all(
+        good, np.arange(mine, dtype="<i4"), layouts.Subarray((4,), (0,), (mine,), "<i4")
+    )
+    ds = collio.h5.create_dataset(f, "x", (192, 192), "<f8", chunks=(64, 64), compression="gzip")
+    collio.h5.flush(f)
+    lay = layouts.block((192, 192), "<f8", grid=(1, comm.size), comm=comm)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if comm.rank == 1:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(path) + 4096, hard))
+    try:
+        with pytest.raises(collio.BackendError) as info:
+            collio.h5.write_all(ds, np.random.default_rng(comm.rank).random(lay.shape), lay)
+    finally:
+        if comm.rank == 1:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    texts = comm.allgather(str(info.value))
+    assert texts == [texts[0]] * comm.size and "rank 1: file too large" in texts[0]
+    with pytest.raises(collio.MismatchError, match="close it and open it again"):
+        collio.h5.write_all(good, np.zeros(0, "<i4"), layouts.Subarray((4,), (0,), (0,), "<i4"))
+    collio.h5.close(f)
+    check_file(comm, path, {"good": np.arange(4, dtype="<i4"), "x": np.zeros((192, 192))})

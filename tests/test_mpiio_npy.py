@@ -46,13 +46,14 @@ def test_mpiio_reads_past_the_end_as_zeros(tmp_path):
 @pytest.mark.parametrize(
     "shape,dtype,order",
     [((3, 4), "<f8", "C"), ((3, 4), ">i2", "F"), ((), "<c16", "C"), ((5,), [("x", "<f4")], "C"),
-     ((2,), [(f"field_with_a_long_name_{i}", "<f8") for i in range(3000)], "C")],
+     ((2,), [(f"field_with_a_long_name_{i}", "<f8") for i in range(3000)], "C"),
+     ((3,), [("温度", "<f4"), ("x", "<i2")], "C")],  # utf-8 field names: format 3.0
 )  # fmt: skip
 def test_header_is_numpys_own(shape, dtype, order):
     arr = np.zeros(shape, dtype, order=order)
     buf = io.BytesIO()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "stored array in format 2.0"
+        warnings.simplefilter("ignore", UserWarning)  # "stored array in format 2.0" (3.0)
         np.save(buf, arr)
     head = npy_header(shape, dtype, order)
     assert buf.getvalue()[: len(head)] == head
@@ -74,3 +75,19 @@ def test_save_and_load_one_rank(tmp_path):
         fh.truncate(200)
     with pytest.raises(collio.LayoutError, match="file has 200 bytes"):
         collio.load_npy(path, lay)
+
+
+def test_utf8_field_names_format_3(tmp_path):
+    """Field names beyond latin-1 need .npy format 3.0 both ways, as np.save / np.load."""
+    dt = np.dtype([("温度", "<f4"), ("x", "<i2")])
+    glob = np.zeros(6, dt)
+    glob["温度"], glob["x"] = np.arange(6) / 2, np.arange(6)
+    lay = layouts.block(glob.shape, dt)
+    path, theirs = str(tmp_path / "t.npy"), str(tmp_path / "theirs.npy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "stored array in format 3.0"
+        collio.save_npy(path, glob, lay)
+        np.save(theirs, glob)
+    with open(path, "rb") as a, open(theirs, "rb") as b:
+        assert a.read() == b.read()
+    np.testing.assert_array_equal(collio.load_npy(theirs, lay), glob)

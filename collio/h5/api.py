@@ -239,7 +239,12 @@ class Collective:
 
     def __setitem__(self, sel: Any, value: Any) -> None:
         lay = _box(self.dset, sel)
-        data = np.asarray(value, dtype=self.dset.dtype)
+        try:
+            data = np.asarray(value, dtype=self.dset.dtype)
+        except (TypeError, ValueError) as exc:  # raised inside write_all, on every rank
+            bad = _Invalid(f"value {value!r:.60} for dtype {self.dset.dtype}: {exc}")
+            write_all(self.dset, np.zeros(0, np.uint8), bad)
+            return
         if isinstance(lay, Subarray) and data.shape != lay.local_shape:
             try:
                 data = np.broadcast_to(data, lay.local_shape)

@@ -189,7 +189,7 @@ class ChunkedBackend(Backend):
         step = Attempt()
         with step:
             allocate(self.vf, self.dset, self.grid, every)
-        agree(comm, step.error, what="allocate chunks")
+        self._agree_or_freeze(comm, step.error, "allocate chunks")
         t1 = time.perf_counter()
         step = Attempt()
         with step:
@@ -198,9 +198,25 @@ class ChunkedBackend(Backend):
                 _pwrite(self.fd, np.frombuffer(data, np.uint8), int(info.byte_offset))
                 self.dirty = True
         self.out = []
-        agree(comm, step.error, what="write chunks")
+        self._agree_or_freeze(comm, step.error, "write chunks")
         timings["allocate_chunks"] = timings.get("allocate_chunks", 0.0) + t1 - t0
         timings["write_chunks"] = timings.get("write_chunks", 0.0) + time.perf_counter() - t1
+
+    def _agree_or_freeze(self, comm: Any, error: BaseException | None, what: str) -> None:
+        """Collective: agree on ``error``; after a failure the file keeps its last agreed
+        metadata (the chunk index would point at chunks never written) and the session
+        refuses further calls, on every rank alike."""
+        try:
+            agree(comm, error, what=what)
+        except BaseException as exc:
+            self.vf.frozen = True  # rank 0 publishes nothing more
+            session = getattr(self.vf, "session", None)
+            if session is not None:
+                session.diverged = (
+                    f"{what} failed ({exc}); the file keeps its metadata from before that "
+                    f"write_all: close it and open it again"
+                )
+            raise
 
     # -- completion -----------------------------------------------------------------
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..aggregators import choose_aggregators
-from ..collective import Attempt, agree, raise_agreed
+from ..collective import Attempt, agree, agree_same, raise_agreed
 from ..comms import private
 from ..errors import MismatchError, ModeError
 from ..hints import Hints
@@ -105,6 +105,12 @@ class Session:
             vf.new_epoch()
             vf.publish()
         agree(self.comm, step.error, what=f"{what}: write metadata")
+        # rank 0 wrote every byte of the overlay (the same on every rank: the digests
+        # matched) and all ranks are past that: replicas read it from the disk from now on,
+        # so raw data HDF5 wrote itself (fill values, data=, edge chunks on resize) can no
+        # longer shadow what the aggregators write there later
+        assert vf is not None
+        vf.pages.clear()
 
     def _diverge(self, obj: Any, what: str, key: tuple[Any, ...]) -> None:
         """Collective: name what differs from rank 0, remember it, raise everywhere."""
@@ -208,11 +214,14 @@ def set_fapl(
     path = os.fsdecode(path)
     step = Attempt()
     parsed = Hints()
+    mine = None
     with step:
         if mode not in _MODES:
             raise ModeError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
         parsed = Hints.coerce(hints, warn=fcomm.Get_rank() == 0)
-    agree(fcomm, step.error, what=f"open {path!r}")
+        mine = (mode, parsed, path)
+    # the same file, mode and hints on every rank (rank 0 alone creates or truncates)
+    agree_same(fcomm, step.error, mine, what="open", describe=lambda v: f"h5 open arguments {v!r}")
     size = 0
     step = Attempt()
     if fcomm.Get_rank() == 0:
