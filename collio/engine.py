@@ -198,7 +198,15 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     # an aggregator is dense when its non-empty windows are 0..n-1: then a sender's
     # round is its window index and the round numbers need not be sent back
     sparse = ap is not None and ap.nrounds and int(ap.rwin[-1]) != ap.nrounds - 1
-    vec = np.array([1 if step.error else 0, ap.nrounds if ap else 0, int(bool(sparse))], np.int64)
+    # whether to keep the plan is agreed too: a plan kept by only some ranks (an
+    # aggregator's is larger) could never be reused, and would only hold memory
+    big = 0
+    if ctx.plans is not None:
+        est = Plan(bounds, window, sp, sp.gwin, ap, 0).nbytes() + 3 * runs.length.nbytes
+        big = int(est > ctx.plans.max_bytes)
+    vec = np.array(
+        [1 if step.error else 0, ap.nrounds if ap else 0, int(bool(sparse)), big], np.int64
+    )
     out = np.empty_like(vec)
     comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
     if out[0]:
@@ -209,7 +217,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         sround = sp.gwin.copy()
     plan = Plan(bounds, window, sp, sround, ap, int(out[1]))
     if ctx.plans is not None:
-        ctx.plans.store(key, bounds, runs, plan, plan.nbytes(), call.prekey)
+        ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=not out[3])
     call.counters.time_plan += time.perf_counter() - t0
     return plan
 

@@ -13,7 +13,9 @@ splits after the check (zarr's own chunks) agree in a small allreduce of their o
 collective calls in the same order on every rank, so epochs match across ranks.
 
 At most :data:`KEEP` plans are kept per communicator (a write and a read of one
-layout), and none whose metadata exceeds :data:`MAX_BYTES`.
+layout), and none that would hold more than :data:`MAX_BYTES` (the plan and the snapshot
+of its runs) on any rank: that is agreed, since an entry only some ranks hold could never
+be reused.
 """
 
 from __future__ import annotations
@@ -115,20 +117,35 @@ class PlanCache:
         self.entries.append(found)  # most recently used last
         return found.plan
 
+    @property
+    def max_bytes(self) -> int:
+        """The most a kept entry may hold: its plan and the snapshot of its runs."""
+        return MAX_BYTES
+
     def store(
         self,
         key: tuple[Any, ...],
         bounds: I64,
         runs: Runs,
         plan: Any,
-        nbytes: int,
         prekey: tuple[Any, ...] = (),
+        *,
+        keep: bool = True,
     ) -> None:
-        """Collective in effect: every rank stores after the same planning call."""
+        """Collective in effect: every rank stores after the same planning call.
+
+        ``keep`` must be agreed (every rank's entry under :attr:`max_bytes`): an entry
+        only some ranks hold can never be reused.  An older entry for the same runs is
+        replaced (a repeated call that could not reuse it plans again).
+        """
         self.epoch += 1
-        if nbytes > MAX_BYTES:
+        if not keep:
             return
+        self.entries = [
+            e for e in self.entries if not (e.prekey == prekey and _same_runs(e.runs, runs))
+        ]
         kept = Runs(runs.file.copy(), runs.length.copy(), runs.mem.copy())  # a snapshot
+        nbytes = int(plan.nbytes()) + kept.file.nbytes * 3
         self.entries.append(_Entry(self.epoch, key, prekey, bounds.copy(), kept, plan, nbytes))
         del self.entries[:-KEEP]
 

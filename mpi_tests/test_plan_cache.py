@@ -112,3 +112,23 @@ def _mask(lay) -> np.ndarray:
     m = np.zeros((N, N), bool)
     m[np.ix_(*lay.indices)] = True
     return m
+
+
+def test_a_plan_too_big_on_one_rank_is_kept_by_none(comm, shared_path, monkeypatch):
+    """Keeping is agreed: a plan that one rank cannot keep (an aggregator's is larger)
+    is kept by no rank, instead of holding memory on the others that no call can reuse."""
+    from collio import plancache
+    from collio.comms import private
+
+    private(comm).plans.clear()
+    if comm.rank == 0:
+        monkeypatch.setattr(plancache, "MAX_BYTES", 0)
+    lay = layouts.block((N, N), "<f8", comm=comm, grid=(1, comm.size))
+    hints = {"cb_buffer_size": 4096, "romio_cb_write": "enable"}
+    for it in range(3):
+        glob = _global(it)
+        assert not _write(shared_path, comm, glob, lay, hints)
+        assert not private(comm).plans.entries  # on every rank
+        comm.Barrier()
+        np.testing.assert_array_equal(_on_disk(shared_path), glob)
+        comm.Barrier()
