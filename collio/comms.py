@@ -41,6 +41,24 @@ class Private:
     aggregators: dict[tuple[int | None, int | None], npt.NDArray[np.int64]] = dataclasses.field(
         default_factory=dict
     )
+    # files open on ``comm``; a user communicator freed meanwhile (legal with MPI-IO, whose
+    # files keep their own) leaves the duplicate to the last of them to close
+    users: int = 0
+    orphaned: bool = False
+
+    def acquire(self) -> None:
+        """A file starts using the duplicate."""
+        self.users += 1
+
+    def release(self) -> None:
+        """A file is done with the duplicate: free it if the user's communicator is gone."""
+        self.users -= 1
+        if self.orphaned and self.users <= 0:
+            self._free()
+
+    def _free(self) -> None:
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
 
     def choose(self, cb_nodes: int | None, per_node: int | None) -> npt.NDArray[np.int64]:
         """:func:`~collio.aggregators.choose_aggregators` for this communicator, kept."""
@@ -55,8 +73,10 @@ class Private:
 
 def _delete(comm: Any, keyval: int, value: Any) -> None:
     try:
-        if isinstance(value, Private) and value.comm != MPI.COMM_NULL:
-            value.comm.Free()
+        if isinstance(value, Private):
+            value.orphaned = True
+            if value.users <= 0:  # else the last open file frees it at close
+                value._free()
     except Exception:  # noqa: BLE001 - never raise from an MPI callback
         pass
 

@@ -80,6 +80,7 @@ class File:
         self._unsynced = False
         self._view = view.DEFAULT_VIEW
         self._position = 0  # this rank's file pointer, in etypes of the view
+        self._priv: Private | None = None  # the duplicate's owner, told when we close
 
     @classmethod
     def _open(
@@ -118,7 +119,10 @@ class File:
             stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
         stats.backend = be.describe()
         ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans, read_aggs)
-        return cls(ctx, target)
+        f = cls(ctx, target)
+        f._priv = priv
+        priv.acquire()
+        return f
 
     # -- properties -----------------------------------------------------------
     @property
@@ -266,10 +270,15 @@ class File:
 
     def _release(self) -> None:
         ctx = self._ctx
-        ctx.backend.close()
-        ctx.mode = "closed"
-        if os.environ.get("COLLIO_STATS") and ctx.comm.Get_rank() == 0:
-            print(ctx.stats.summary(), file=sys.stderr, flush=True)
+        try:
+            ctx.backend.close()
+            ctx.mode = "closed"
+            if os.environ.get("COLLIO_STATS") and ctx.comm.Get_rank() == 0:
+                print(ctx.stats.summary(), file=sys.stderr, flush=True)
+        finally:
+            priv, self._priv = self._priv, None
+            if priv is not None:
+                priv.release()
 
     def _check_open(self) -> None:
         # close() is collective, so every rank sees the same state: no agreement needed

@@ -415,3 +415,21 @@ def test_writeback_option_bad_on_one_rank(comm, shared_path):
         match="writeback='yes' must be True or False",
     )
     _still_works(comm, shared_path)
+
+
+@pytest.mark.mpi
+def test_user_communicator_freed_while_a_file_is_open(comm, shared_path):
+    """As with MPI-IO, a file stays usable after the communicator it was opened on is freed."""
+    sub = comm.Dup()
+    lay = _col(comm)
+    glob = reference(lay.global_shape, lay.dtype)
+    f = collio.open(shared_path, "w", comm=sub)
+    f.write_all(np.zeros(lay.shape), lay)
+    sub.Free()
+    f.write_all(local_piece(glob, lay), lay)
+    np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
+    f.close()
+    comm.Barrier()
+    got = np.fromfile(shared_path, lay.dtype).reshape(lay.global_shape)
+    np.testing.assert_array_equal(got, glob)
+    comm.Barrier()
