@@ -48,9 +48,12 @@ def scratch_buffer(nbytes: int) -> npt.NDArray[np.uint8]:
 
 
 def release_buffers() -> None:
-    """Free the cached round buffers (and the packing buffer)."""
+    """Free the cached round buffers, the packing buffer and the kept plans (local)."""
+    from .plancache import clear_all  # (plancache imports nothing of ours but runs)
+
     with _lock:
         _kept.clear()
+    clear_all()
 
 
 def io_executor() -> concurrent.futures.ThreadPoolExecutor:

@@ -21,6 +21,7 @@ be reused.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,11 @@ from mpi4py import MPI
 
 from .runs import Runs
 
-__all__ = ["PlanCache"]
+__all__ = ["PlanCache", "clear_all"]
 
 I64 = npt.NDArray[np.int64]
 KEEP = 2
+_ALL: weakref.WeakSet[PlanCache] = weakref.WeakSet()  # every cache, for clear_all
 MAX_BYTES = 32 << 20
 
 
@@ -59,13 +61,14 @@ def _same_runs(a: Runs, b: Runs) -> bool:
 class PlanCache:
     """Plans of earlier calls on one communicator, reused only when every rank agrees."""
 
-    __slots__ = ("entries", "epoch", "hits", "misses")
+    __slots__ = ("entries", "epoch", "hits", "misses", "__weakref__")
 
     def __init__(self) -> None:
         self.entries: list[_Entry] = []
         self.epoch = 0  # advanced by every collective store, so equal on every rank
         self.hits = 0
         self.misses = 0
+        _ALL.add(self)
 
     def lookup(self, comm: MPI.Comm, key: tuple[Any, ...], bounds: I64, runs: Runs) -> Any:
         """Collective over ``comm``: the plan every rank made in one earlier call, or None."""
@@ -151,3 +154,12 @@ class PlanCache:
 
     def clear(self) -> None:
         self.entries.clear()
+
+
+def clear_all() -> None:
+    """Local: drop every kept plan of this process (the next calls plan again).
+
+    Safe on some ranks only: a plan is reused only when every rank still holds it.
+    """
+    for cache in list(_ALL):
+        cache.clear()

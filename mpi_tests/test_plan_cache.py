@@ -132,3 +132,20 @@ def test_a_plan_too_big_on_one_rank_is_kept_by_none(comm, shared_path, monkeypat
         comm.Barrier()
         np.testing.assert_array_equal(_on_disk(shared_path), glob)
         comm.Barrier()
+
+
+def test_release_buffers_drops_kept_plans(comm, shared_path):
+    from collio.comms import private
+
+    lay = layouts.block((N, N), "<f8", comm=comm, grid=(1, comm.size))
+    hints = {"cb_buffer_size": 4096, "romio_cb_write": "enable"}
+    _write(shared_path, comm, _global(0), lay, hints)
+    assert _write(shared_path, comm, _global(1), lay, hints)  # kept and reused
+    assert private(comm).plans.entries
+    collio.release_buffers()
+    assert not private(comm).plans.entries
+    glob = _global(2)
+    assert not _write(shared_path, comm, glob, lay, hints)  # planned again, still right
+    comm.Barrier()
+    np.testing.assert_array_equal(_on_disk(shared_path), glob)
+    comm.Barrier()
