@@ -16,12 +16,36 @@ from ..runs import Runs
 from .base import Backend
 from .fsync import SYNC_FILE_RANGE_WRITE, sync_file_range
 
-__all__ = ["PosixBackend"]
+__all__ = ["PosixBackend", "pread_full", "pwrite_full"]
 
 _MAX_IO = 0x7FFFF000  # Linux caps one read/write at this many bytes
 _O_BINARY = getattr(os, "O_BINARY", 0)
 #: With holes="auto", a round with at most this many covered ranges skips the read.
 _FEW_RUNS = 16
+
+
+def pwrite_full(fd: int, view: memoryview, offset: int) -> int:
+    """``pwrite`` all of ``view`` at ``offset`` in calls of at most 0x7ffff000 bytes (Linux's
+    cap); the bytes written, less than ``len(view)`` only if a call wrote nothing."""
+    done, total = 0, len(view)
+    while done < total:
+        n = os.pwrite(fd, view[done : done + _MAX_IO], offset + done)
+        if n <= 0:
+            break
+        done += n
+    return done
+
+
+def pread_full(fd: int, view: memoryview, offset: int) -> int:
+    """Fill ``view`` from ``offset`` in calls of at most 0x7ffff000 bytes; the bytes read,
+    less than ``len(view)`` only where the file ends."""
+    done, total = 0, len(view)
+    while done < total:
+        n = os.preadv(fd, [view[done : done + _MAX_IO]], offset + done)
+        if n <= 0:
+            break
+        done += n
+    return done
 
 
 class PosixBackend(Backend):
@@ -106,25 +130,19 @@ class PosixBackend(Backend):
     # -- data ---------------------------------------------------------------
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         view = memoryview(buf).cast("B")  # type: ignore[arg-type]
-        done, total = 0, len(view)
-        while done < total:
-            n = os.pwrite(self.fd, view[done : done + _MAX_IO], offset + done)
-            if n <= 0:
-                raise BackendError(f"short write at offset {offset + done} of {self.path!r}")
-            done += n
+        total = len(view)
+        done = pwrite_full(self.fd, view, offset)
+        if done < total:
+            raise BackendError(f"short write at offset {offset + done} of {self.path!r}")
         self.dirty = True
         if self.writeback and total >= (1 << 20):
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         view = memoryview(buf).cast("B")  # type: ignore[arg-type]
-        done, total = 0, len(view)
-        while done < total:
-            n = os.preadv(self.fd, [view[done : done + _MAX_IO]], offset + done)
-            if n == 0:  # end of file: the rest reads as zeros
-                buf[done:] = 0
-                return
-            done += n
+        done = pread_full(self.fd, view, offset)
+        if done < len(view):  # end of file: the rest reads as zeros
+            buf[done:] = 0
 
     def _by_runs(self, cover: Runs) -> bool:
         return self.holes == "runs" or (self.holes == "auto" and len(cover) <= _FEW_RUNS)

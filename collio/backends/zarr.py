@@ -117,17 +117,13 @@ class ZarrBackend(Backend):
         fsync = bool(options.pop("fsync", True))
         step = Attempt()
         spec: OpenSpec | None = None
-        with step:
+        ident: tuple[Any, ...] | None = None
+        with step:  # (identity() reprs the user's options: a failure is agreed too)
             spec = OpenSpec.parse(target, mode, options, nranks=comm.Get_size(), hints=hints)
+            ident = spec.identity()
         if mode == "w":  # (mode is the same on every rank) nothing is created unless all agree
             # on the options too: rank 0 creates (overwrites) with its own
-            agree_same(
-                comm,
-                step.error,
-                None if spec is None or step.error else spec.identity(),
-                what="open zarr array",
-                describe=_describe_identity,
-            )
+            agree_same(comm, step.error, ident, what="open zarr array", describe=_describe_identity)
             if comm.Get_rank() == 0:
                 with step:
                     assert spec is not None
@@ -139,7 +135,7 @@ class ZarrBackend(Backend):
         with step:
             if spec is not None and step.error is None:
                 array = spec.open()
-                facts = (spec.identity(), array_facts(array).key())
+                facts = (ident, array_facts(array).key())
         # one allgather: who failed, and what each rank opened
         every = comm.allgather(("failed", None) if step.error is not None else ("ok", facts))
         if any(state != "ok" for state, _ in every):

@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import collio
 
+from ..backends.posix import pread_full, pwrite_full
 from ..testing.romio import filetype
 from .apis import Api, _info, open_fd
 
@@ -26,23 +27,17 @@ __all__ = [
 
 
 def _pwrite_rest(fd: int, view: memoryview, offset: int) -> None:
-    """Write all of ``view`` at ``offset`` (Linux moves at most 0x7ffff000 bytes a call)."""
-    done = 0
-    while done < len(view):
-        n = os.pwrite(fd, view[done:], offset + done)
-        if n <= 0:
-            raise OSError(f"pwrite wrote nothing at offset {offset + done}")
-        done += n
+    """Write all of ``view`` at ``offset`` (as the posix backend does), or raise."""
+    done = pwrite_full(fd, view, offset)
+    if done < len(view):
+        raise OSError(f"pwrite wrote nothing at offset {offset + done}")
 
 
 def _pread_rest(fd: int, view: memoryview, offset: int) -> None:
     """Fill all of ``view`` from ``offset``; a file that ends first is an error."""
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"the file ends at {offset + done}, {len(view) - done} bytes short")
-        done += n
+    done = pread_full(fd, view, offset)
+    if done < len(view):
+        raise OSError(f"the file ends at {offset + done}, {len(view) - done} bytes short")
 
 
 def _bytes(arr: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
