@@ -14,8 +14,10 @@ import threading
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["round_buffers", "scratch_buffer", "release_buffers", "io_executor"]
+__all__ = ["PAGE", "round_buffers", "window_of", "scratch_buffer", "release_buffers", "io_executor"]
 
+#: Alignment of kept buffers (and of direct I/O requests, see the posix backend).
+PAGE = 4096
 _lock = threading.Lock()
 #: Kept allocations by use ("rounds", "scratch"); each reused while big enough.
 _kept: dict[str, npt.NDArray[np.uint8]] = {}
@@ -28,18 +30,31 @@ def _keep(name: str, nbytes: int) -> npt.NDArray[np.uint8]:
         got = _kept.get(name)
         if got is None or len(got) < nbytes:
             _kept.pop(name, None)  # free the old one before allocating the new one
-            got = _kept[name] = np.empty(nbytes, np.uint8)
+            raw = np.empty(nbytes + PAGE, np.uint8)
+            skip = -raw.ctypes.data % PAGE  # page-aligned start: direct I/O can use it
+            got = _kept[name] = raw[skip : skip + nbytes]
         return got
 
 
 def round_buffers(nbytes: int, count: int = 2) -> list[npt.NDArray[np.uint8]]:
-    """``count`` buffers of ``nbytes`` carved from one cached allocation.
+    """``count`` page-aligned buffers of ``nbytes + PAGE`` carved from one cached allocation.
 
-    The allocation is reused while it is big enough; so memory stays at what the
-    largest call needed (two rounds of ``cb_buffer_size`` by default).
+    The extra page lets a round start at the same offset within a page as its
+    file offset (:func:`window_of`), so that direct I/O can write its aligned
+    middle from the buffer.  The allocation is reused while it is big enough; so
+    memory stays at what the largest call needed (two rounds of
+    ``cb_buffer_size`` by default).
     """
-    whole = _keep("rounds", nbytes * count)
-    return [whole[i * nbytes : (i + 1) * nbytes] for i in range(count)]
+    step = -(-nbytes // PAGE) * PAGE + PAGE
+    whole = _keep("rounds", step * count)
+    return [whole[i * step : (i + 1) * step] for i in range(count)]
+
+
+def window_of(buf: npt.NDArray[np.uint8], offset: int, nbytes: int) -> npt.NDArray[np.uint8]:
+    """The ``nbytes`` of a round buffer that hold file bytes from ``offset``: the byte for
+    file offset ``o`` sits at an address congruent to ``o`` modulo :data:`PAGE`."""
+    skip = offset % PAGE
+    return buf[skip : skip + nbytes]
 
 
 def scratch_buffer(nbytes: int) -> npt.NDArray[np.uint8]:
