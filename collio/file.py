@@ -118,6 +118,11 @@ class File:
             read_aggs = priv.choose(None, bcls.read_per_node)
             stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
         stats.backend = be.describe()
+        # O_DIRECT where the backend could use it (posix on a file system that allows it)
+        if mode != "r":  # (reads go through the page cache either way)
+            stats.hints["direct_write"] = parsed.direct_write and bool(
+                stats.backend.get("direct_write", False)
+            )
         ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans, read_aggs)
         f = cls(ctx, target)
         f._priv = priv

@@ -30,6 +30,7 @@ KNOWN = (
     "atomic_commit",
     "direct_threshold",
     "min_rounds",
+    "direct_write",
 )
 #: Names backends may consume (passed through, not reported as unknown).
 PASS_THROUGH = re.compile(r"^(romio_|ind_|cb_|striping_|collective_buffering|s3_|zarr_|h5_)")
@@ -124,6 +125,7 @@ class Hints:
     atomic_commit: bool = False
     direct_threshold: int = 4 * MiB
     min_rounds: int = 8
+    direct_write: bool = False
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -162,7 +164,7 @@ class Hints:
                 values[key] = str(value)
             elif key in ("romio_cb_write", "romio_cb_read"):
                 values[key] = _parse_tri(value, key)
-            elif key == "atomic_commit":
+            elif key in ("atomic_commit", "direct_write"):
                 values[key] = _parse_bool(value, key)
             else:
                 extra.append((key, str(value)))

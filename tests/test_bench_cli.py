@@ -271,3 +271,29 @@ def test_api_registry_is_lazy_and_extensible():
     assert get_api("fake2").__name__ == "PosixApi"
     with pytest.raises(ValueError, match="unknown API 'nope'"):
         get_api("nope")
+
+
+@needs_mpiexec
+def test_direct_apis_verify_and_report_the_hint(tmp_path):
+    """``collio-direct`` (hint direct_write) writes the layout's bytes; ``ceiling-direct``
+    writes its shares with O_DIRECT; both read back right (-W -R)."""
+    out = tmp_path / "d.json"
+    args = ["-n", "2", *BENCH, "-i", "2", "--size", "1024", "-W", "-R"]
+    args += ["--compare", "collio-direct,ceiling-direct,collio", "--hints", "min_rounds=1"]
+    proc = run_job([*args, "--json", str(out), "-o", str(tmp_path / "f")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == 0
+    checked = [r for r in doc["rows"] if r["api"] != "ceiling-direct"]
+    assert checked and all(r["errors"] == 0 for r in checked)
+    probe = tmp_path / "probe"
+    probe.touch()
+    from collio.backends.posix import open_direct
+
+    fd = open_direct(str(probe))
+    if fd >= 0:
+        os.close(fd)
+    used = doc["hints_used"]
+    assert used["collio-direct"]["direct_write"] is (fd >= 0)
+    assert used["collio"]["direct_write"] is False
+    assert "direct_write=" in proc.stdout  # in the text summary's hints

@@ -11,6 +11,8 @@ plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 ``mpiio-indep``   ``MPI.File.Write_at`` per piece (independent)
 ``posix``         ``os.pwrite`` per piece (independent)
 ``ceiling``       each rank writes its 1/p share of the bytes with one ``pwrite``
+``collio-direct`` ``collio`` with hint ``direct_write=true`` (``O_DIRECT``)
+``ceiling-direct`` the ceiling written with ``O_DIRECT``
 
 and, imported only when asked for (zarr, boto3, h5py are optional):
 
@@ -221,6 +223,8 @@ _KNOWN: dict[str, str] = {
     "mpiio-indep": "collio.bench.builtin:MpiioIndepApi",
     "posix": "collio.bench.builtin:PosixApi",
     "ceiling": "collio.bench.builtin:CeilingApi",
+    "collio-direct": "collio.bench.builtin:CollioDirectApi",
+    "ceiling-direct": "collio.bench.builtin:CeilingDirectApi",
     "collio-zarr": "collio.bench.zarr_apis:CollioZarrApi",
     "zarr-plain": "collio.bench.zarr_apis:ZarrPlainApi",
     "zarr-locked": "collio.bench.zarr_apis:ZarrLockedApi",
@@ -240,6 +244,8 @@ ABOUT: dict[str, str] = {
     "mpiio-indep": "MPI.File.Write_at/Read_at per piece",
     "posix": "os.pwrite/preadv per piece",
     "ceiling": "each rank's 1/p share as one contiguous pwrite (not the layout)",
+    "collio-direct": "collio with hint direct_write=true (O_DIRECT around the page cache)",
+    "ceiling-direct": "the ceiling with O_DIRECT writes (around the page cache)",
     "collio-zarr": "collio's zarr backend [zarr]",
     "zarr-plain": "plain zarr, each rank its own region; chunk-aligned only [zarr]",
     "zarr-locked": "plain zarr chunk by chunk under a flock per chunk [zarr]",

@@ -11,7 +11,8 @@ from mpi4py import MPI
 
 import collio
 
-from ..backends.posix import pread_full, pwrite_full
+from ..backends.posix import open_direct, pread_full, pwrite_full, write_split
+from ..buffers import PAGE
 from ..testing.romio import filetype
 from .apis import Api, _info, open_fd
 
@@ -23,6 +24,8 @@ __all__ = [
     "MpiioIndepApi",
     "PosixApi",
     "CeilingApi",
+    "CollioDirectApi",
+    "CeilingDirectApi",
 ]
 
 
@@ -84,6 +87,13 @@ class CollioMpiioApi(CollioApi):
 
     name: ClassVar[str] = "collio-mpiio"
     backend: ClassVar[str | None] = "mpiio"
+
+
+class CollioDirectApi(CollioApi):
+    """collio with hint ``direct_write``: aggregators write around the page cache (O_DIRECT)."""
+
+    name: ClassVar[str] = "collio-direct"
+    extra_hints: ClassVar[dict[str, str]] = {"direct_write": "true"}
 
 
 class MpiioApi(Api):
@@ -201,3 +211,34 @@ class CeilingApi(PosixApi):
                 os.fsync(self.fd)
         else:
             _pread_rest(self.fd, view, self.offset)
+
+
+class CeilingDirectApi(CeilingApi):
+    """The ceiling written around the page cache: each rank's share with one ``O_DIRECT``
+    pwrite (from a page-aligned buffer; unaligned edges through the page cache) + fsync."""
+
+    name: ClassVar[str] = "ceiling-direct"
+
+    def setup(self) -> None:
+        super().setup()
+        raw = np.empty(self.length + PAGE, np.uint8)  # the share, at its offset within a page
+        skip = (self.offset - raw.ctypes.data) % PAGE
+        self.buf = raw[skip : skip + self.length]
+        self.buf[:] = np.resize(_bytes(self.job.data), self.length) if self.length else 0
+
+    def open(self, writing: bool) -> None:
+        super().open(writing)
+        self.dfd = open_direct(self.job.path) if writing else -1
+
+    def transfer(self, writing: bool) -> None:
+        if not writing:
+            super().transfer(writing)
+            return
+        write_split(self.fd, self.dfd, self.buf, self.offset)
+        if self.job.fsync:
+            os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.dfd >= 0:
+            os.close(self.dfd)
+        super().close()
