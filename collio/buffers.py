@@ -57,9 +57,10 @@ def window_of(buf: npt.NDArray[np.uint8], offset: int, nbytes: int) -> npt.NDArr
     return buf[skip : skip + nbytes]
 
 
-def scratch_buffer(nbytes: int) -> npt.NDArray[np.uint8]:
-    """A kept buffer of at least ``nbytes`` for packing a round's sends (see exchange)."""
-    return _keep("scratch", nbytes)[:nbytes]
+def scratch_buffer(nbytes: int, use: str = "scratch") -> npt.NDArray[np.uint8]:
+    """A kept, page-aligned buffer of ``nbytes`` for ``use``: packing a round's sends
+    (``"scratch"``, see exchange) or direct writes from unaligned memory (``"bounce"``)."""
+    return _keep(use, nbytes)[:nbytes]
 
 
 def release_buffers() -> None:

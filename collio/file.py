@@ -119,10 +119,11 @@ class File:
             stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
         stats.backend = be.describe()
         # O_DIRECT where the backend could use it (posix on a file system that allows it)
-        if mode != "r":  # (reads go through the page cache either way)
-            stats.hints["direct_write"] = parsed.direct_write and bool(
-                stats.backend.get("direct_write", False)
-            )
+        # O_DIRECT where this rank's backend could open it (never in 'r': reads go
+        # through the page cache); f.stats.direct_io_bytes counts what went that way
+        stats.hints["direct_write"] = parsed.direct_write and bool(
+            stats.backend.get("direct_write", False)
+        )
         ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans, read_aggs)
         f = cls(ctx, target)
         f._priv = priv

@@ -216,9 +216,12 @@ def _write_streamed(
                         msgs.recv(int(ap.gsrc[g]), wbuf, ap.file[s:e] - req[0], ap.length[s:e])
                         c.messages += 1
                 c.time_exchange += time.perf_counter() - t
-                if error is None:
-                    cover = _cover(ap, k, req)
-                    pending[b] = pool.submit(_write_window, be, req[0], wbuf, cover, c)
+                step = Attempt()
+                with step:  # (an error here must not leave sends and receives behind)
+                    if error is None:
+                        cover = _cover(ap, k, req)
+                        pending[b] = pool.submit(_write_window, be, req[0], wbuf, cover, c)
+                error = error or step.error
             if k + AHEAD < plan.nrounds:  # at most AHEAD rounds of sends outstanding
                 t = time.perf_counter()
                 sends.pop(k).wait()

@@ -27,6 +27,7 @@ _SUMS = (
     "exchanged_bytes",
     "direct_calls",
     "collective_calls",
+    "direct_io_bytes",
 )
 _MAXES = ("rounds", "time_plan", "time_exchange", "time_io", "time_total")
 
@@ -54,6 +55,8 @@ class Stats:
     exchanged_bytes: int = 0
     direct_calls: int = 0
     collective_calls: int = 0
+    #: Bytes written around the page cache (hint ``direct_write``), summed over ranks.
+    direct_io_bytes: int = 0
     rounds: int = 0
     time_plan: float = 0.0
     time_exchange: float = 0.0

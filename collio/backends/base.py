@@ -224,6 +224,11 @@ class Backend(abc.ABC):
         """The byte range the file domains split (default: the data's own extent)."""
         return lo, hi
 
+    def take_direct_bytes(self) -> int:
+        """Bytes written with ``O_DIRECT`` since the last call (hint ``direct_write``); 0
+        for backends that never write around the page cache."""
+        return 0
+
     def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> npt.NDArray[np.int64]:
         """``naggs + 1`` domain bounds over ``[lo, hi)``, interior ones multiples of ``align``.
 

@@ -74,8 +74,10 @@ class CollioApi(Api):
             self.f.read_all(j.layout, out=j.out)
 
     def close(self) -> None:
+        writing = self.f.mode != "r"
         self.f.close()
-        self.used = self.f.stats.hints
+        if writing or not hasattr(self, "used"):
+            self.used = self.f.stats.hints  # a write's (reads never use direct_write)
         self.stats = self.f.stats
 
     def hints_used(self) -> dict[str, Any]:
