@@ -85,7 +85,8 @@ def _check(
     lo, hi = runs.extent() if len(runs) else (int(_BIG), 0)
     # the shuffle may be skipped only if every rank has a few runs or large ones
     small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
-    h = digest(sig)
+    call_name = "write_all" if writing else "read_all"
+    h = digest((call_name, sig)) if sig is not None else -1  # a read beside a write: refused
     vec = np.array(
         [1 if step.error else 0, h if h >= 0 else -_BIG, -h if h >= 0 else -_BIG, -lo, hi, small]
         + [cand, -cand],
@@ -96,7 +97,7 @@ def _check(
     if out[0]:
         raise_agreed(ctx.comm, step.error, what="write_all" if writing else "read_all")
     if out[1] != -_BIG and out[1] != -out[2]:
-        _raise_mismatch(ctx.comm, sig)
+        _raise_mismatch(ctx.comm, sig, call_name)
     glo, ghi, any_small = int(-out[3]), int(out[4]), bool(out[5])
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
     direct = False
@@ -123,14 +124,22 @@ def _prekey(ctx: Context, writing: bool) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def _raise_mismatch(comm: MPI.Comm, sig: tuple[Any, ...] | None) -> None:
-    sigs = comm.allgather(sig)
-    ref_rank = next(r for r, s in enumerate(sigs) if s is not None)
-    ref = sigs[ref_rank]
-    bad = [r for r, s in enumerate(sigs) if s is not None and s != ref]
-    shown = ", ".join(f"rank {r}: {_describe(sigs[r])}" for r in bad[:8])
+def _raise_mismatch(comm: MPI.Comm, sig: tuple[Any, ...] | None, call: str) -> None:
+    every = comm.allgather(None if sig is None else (call, sig))
+    ref_rank = next(r for r, s in enumerate(every) if s is not None)
+    ref = every[ref_rank]
+    if any(e is not None and e[0] != ref[0] for e in every):
+        bad = [r for r, e in enumerate(every) if e is not None and e[0] != ref[0]]
+        shown = ", ".join(f"rank {r}: {every[r][0]}" for r in bad[:8])  # type: ignore[index]
+        raise MismatchError(
+            f"ranks called different collective operations: rank {ref_rank} {ref[0]}; "
+            f"{shown} (every rank must make the same call)",
+            ranks=tuple(bad),
+        )
+    bad = [r for r, e in enumerate(every) if e is not None and e != ref]
+    shown = ", ".join(f"rank {r}: {_describe(every[r][1])}" for r in bad[:8])  # type: ignore[index]
     raise MismatchError(
-        f"ranks disagree on the global array: rank {ref_rank} has {_describe(ref)}; {shown}",
+        f"ranks disagree on the global array: rank {ref_rank} has {_describe(ref[1])}; {shown}",
         ranks=tuple(bad),
     )
 

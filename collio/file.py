@@ -224,11 +224,20 @@ class File:
         """
         self._check_open()
         if isinstance(layout, Layout):
-            return engine.read(self._ctx, layout, out)
+            return self._read(layout, out)
         lay = view.BufferLayout(self._view, self._position, layout, writing=False)
-        engine.read(self._ctx, lay, None)
+        self._read(lay, None)
         self._position += lay.etypes
         return lay.buffer
+
+    def _read(self, layout: Any, out: Any) -> Any:
+        try:
+            return engine.read(self._ctx, layout, out)
+        except BaseException:
+            # failures are agreed: if some ranks called write_all meanwhile (a
+            # MismatchError), they count on close() agreeing; so must this rank
+            self._unsynced = True
+            raise
 
     def write_at_all(self, offset: int, buf: Any) -> None:
         """Collective over `comm`: write ``buf`` through the view from etype ``offset``."""
@@ -238,7 +247,7 @@ class File:
         """Collective over `comm`: fill ``buf`` through the view from etype ``offset``."""
         self._check_open()
         lay = view.BufferLayout(self._view, offset, buf, writing=False)
-        engine.read(self._ctx, lay, None)
+        self._read(lay, None)
         return lay.buffer
 
     def sync(self) -> None:

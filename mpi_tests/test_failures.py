@@ -407,6 +407,12 @@ def test_different_path_on_one_rank(comm, shared_dir):
 
 @pytest.mark.mpi
 def test_writeback_option_bad_on_one_rank(comm, shared_path):
+    """A bad backend option on one rank: the same error everywhere, before rank 0
+    truncates the existing target ('w')."""
+    if comm.rank == 0:
+        with open(shared_path, "wb") as fh:
+            fh.write(b"keep me")
+    comm.Barrier()
     writeback = "yes" if comm.rank == comm.size - 1 else True
     _raises_everywhere(
         comm,
@@ -414,6 +420,9 @@ def test_writeback_option_bad_on_one_rank(comm, shared_path):
         lambda: collio.open(shared_path, "w", comm=comm, writeback=writeback),
         match="writeback='yes' must be True or False",
     )
+    with open(shared_path, "rb") as fh:
+        assert fh.read() == b"keep me"
+    comm.Barrier()
     _still_works(comm, shared_path)
 
 
@@ -433,3 +442,29 @@ def test_user_communicator_freed_while_a_file_is_open(comm, shared_path):
     got = np.fromfile(shared_path, lay.dtype).reshape(lay.global_shape)
     np.testing.assert_array_equal(got, glob)
     comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_read_beside_write_fails_everywhere_and_closes(comm, shared_path):
+    """One rank calls read_all where the others call write_all (same layout): the same
+    MismatchError everywhere before any byte moves, and close() still agrees."""
+    lay = _col(comm)
+    old = reference(SHAPE, "<f8", seed=3)
+    with collio.open(shared_path, "w", comm=comm) as f:
+        f.write_all(local_piece(old, lay), lay)
+    with collio.open(shared_path, "r+", comm=comm) as f:
+        last = comm.rank == comm.size - 1
+        err = _raises_everywhere(
+            comm,
+            collio.MismatchError,
+            (lambda: f.read_all(lay)) if last else (lambda: f.write_all(np.zeros(lay.shape), lay)),
+            match=f"rank {comm.size - 1}: read_all",
+        )
+        assert "ranks called different collective operations" in str(err)
+        assert err.ranks == (comm.size - 1,)
+        np.testing.assert_array_equal(f.read_all(lay), local_piece(old, lay))  # untouched
+    comm.Barrier()
+    got = np.fromfile(shared_path, "<f8").reshape(SHAPE)
+    np.testing.assert_array_equal(got, old)
+    comm.Barrier()
+    _still_works(comm, shared_path)

@@ -367,3 +367,47 @@ def test_failed_chunk_write_keeps_the_file_readable(comm: MPI.Comm, shared_dir: 
         collio.h5.write_all(good, np.zeros(0, "<i4"), layouts.Subarray((4,), (0,), (0,), "<i4"))
     collio.h5.close(f)
     check_file(comm, path, {"good": np.arange(4, dtype="<i4"), "x": np.zeros((192, 192))})
+
+
+def test_user_communicator_freed_while_the_file_is_open(comm: MPI.Comm, shared_dir: str) -> None:
+    """As with collio.open (and MPI-IO): the file keeps collio's duplicate of the
+    communicator after the user frees theirs, until the file closes."""
+    path = os.path.join(shared_dir, "freed.h5")
+    sub = comm.Dup()
+    glob = reference((4 * comm.size, 6), "<f8")
+    lay = layouts.block(glob.shape, "<f8", grid=(comm.size, 1), comm=comm)
+    f = collio.h5.File(path, "w", comm=sub)
+    ds = collio.h5.create_dataset(f, "x", glob.shape, "<f8")
+    sub.Free()
+    collio.h5.write_all(ds, local_piece(glob, lay), lay)
+    np.testing.assert_array_equal(collio.h5.read_all(ds, lay), local_piece(glob, lay))
+    collio.h5.close(f)
+    check_file(comm, path, {"x": glob})
+    # a new file on the same ranks still works (the freed duplicate is not reused)
+    again = os.path.join(shared_dir, "again.h5")
+    with collio.h5.File(again, "w", comm=comm) as g:
+        ds = collio.h5.create_dataset(g, "x", glob.shape, "<f8")
+        collio.h5.write_all(ds, local_piece(glob, lay), lay)
+    check_file(comm, again, {"x": glob})
+
+
+def test_read_beside_write_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
+    """read_all on one rank beside write_all on the others: one message on every rank
+    (rank 0's call names it), the dataset keeps its bytes."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path = os.path.join(shared_dir, "rw.h5")
+    lay = layouts.block((8, 8), "<f8", comm=comm)
+    with collio.h5.File(path, "w", comm=comm) as f:
+        d = collio.h5.create_dataset(f, "x", (8, 8), "<f8")
+        collio.h5.write_all(d, np.ones(lay.shape), lay)
+        with pytest.raises(collio.MismatchError) as info:
+            if comm.rank == comm.size - 1:
+                collio.h5.read_all(d, lay)
+            else:
+                collio.h5.write_all(d, np.zeros(lay.shape), lay)
+        texts = comm.allgather(str(info.value))
+        assert texts == [texts[0]] * comm.size
+        assert f"rank {comm.size - 1} called read_all" in texts[0]
+        assert texts[0].startswith("write_all: ")
+    check_file(comm, path, {"x": np.ones((8, 8))})

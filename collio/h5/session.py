@@ -91,7 +91,7 @@ class Session:
                 h5py.h5f.flush(obj.id)
             finally:
                 vf.in_sync = False
-            h = _hash63(repr((vf.hash63(), k)))
+            h = _hash63(repr((vf.hash63(), k, what)))  # (a read beside a write differs)
         vec = np.array([1 if step.error else 0, h, -h], np.int64)
         out = np.empty_like(vec)
         self.comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
@@ -115,15 +115,16 @@ class Session:
     def _diverge(self, obj: Any, what: str, key: tuple[Any, ...]) -> None:
         """Collective: name what differs from rank 0, remember it, raise everywhere."""
         vf = self._vfile()
-        mine = (vf.hash63() if vf else -1, key, _inventory(obj))
+        mine = (vf.hash63() if vf else -1, key, _inventory(obj), what)
         every = self.comm.allgather(mine)
         ref = every[0]
-        bad = [r for r, e in enumerate(every) if (e[0], e[1]) != (ref[0], ref[1])]
+        what = ref[3]  # rank 0's call names the error on every rank (the same message)
+        bad = [r for r, e in enumerate(every) if (e[0], e[1], e[3]) != (ref[0], ref[1], ref[3])]
         parts = []
         for r in bad[:4]:
-            h, k, inv = every[r]
-            if k != ref[1]:
-                parts.append(f"rank {r} called {what} with {k}, rank 0 with {ref[1]}")
+            h, k, inv, call = every[r]
+            if (k, call) != (ref[1], ref[3]):
+                parts.append(f"rank {r} called {call} with {k}, rank 0 {what} with {ref[1]}")
                 continue
             extra = sorted(set(inv.items()) - set(ref[2].items()))
             missing = sorted(set(ref[2].items()) - set(inv.items()))
@@ -245,6 +246,8 @@ def set_fapl(
         priv.nodes, cb_nodes=parsed.cb_nodes, per_node=parsed.per_node()
     )
     vf.session = session  # type: ignore[attr-defined]  # the VFile owns its session
+    vf.owner = priv  # the file keeps collio's duplicate alive, as collio.File does
+    priv.acquire()
     refs = _PENDING.setdefault(os.path.realpath(path), [])
     refs[:] = [r for r in refs if r() is not None]
     refs.append(weakref.ref(session))
