@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import raises_everywhere
 
 import collio
 from collio import layouts
@@ -47,9 +48,22 @@ def test_window_follows_min_rounds(comm, shared_path, min_rounds):
     assert np.array_equal(back, glob[lay.slices])
 
 
-def test_min_rounds_must_be_positive(comm, shared_path):
-    with pytest.raises(collio.HintError, match="min_rounds=0"):
-        collio.open(shared_path, "w", comm=comm, hints={"min_rounds": 0})
+@pytest.mark.parametrize("everywhere", [True, False])
+def test_min_rounds_must_be_positive(comm, shared_path, everywhere):
+    """min_rounds=0 (on every rank, or on the last only): the same HintError everywhere,
+    and the existing target is not truncated."""
+    if comm.rank == 0:
+        with open(shared_path, "wb") as fh:
+            fh.write(b"old")
+    comm.Barrier()
+    bad = everywhere or comm.rank == comm.size - 1
+    hints = {"min_rounds": 0 if bad else 8}
+    err = raises_everywhere(
+        comm, collio.HintError, lambda: collio.open(shared_path, "w", comm=comm, hints=hints)
+    )
+    assert "min_rounds=0" in str(err) and f"rank {comm.size - 1}" in str(err)
+    with open(shared_path, "rb") as fh:
+        assert fh.read() == b"old"
 
 
 def _direct_possible(comm, path: str) -> bool:

@@ -164,7 +164,12 @@ def test_data_checks():
     assert lay.as_bytes(big[::2]).tobytes() == big[::2].tobytes()
     f = layouts.Subarray((4, 4), (0, 0), (2, 4), "<f8", order="F")
     assert f.as_bytes(a).tobytes() == a.tobytes(order="F")
-    seg = layouts.Segments([0, 10], [3, 2])
+    offs = np.array([0, 10])
+    seg = layouts.Segments(offs, [3, 2])
+    offs[0] = 99  # the caller's array: copied
+    assert seg.runs().file.tolist() == [0, 10]
+    with pytest.raises(ValueError, match="read-only"):
+        seg.offsets[0] = 99  # the layout's own: frozen (its runs and kept plans stay right)
     assert seg.as_bytes(b"abcde").tobytes() == b"abcde"
     with pytest.raises(collio.LayoutError, match="data has 4 bytes but the segments hold 5"):
         seg.as_bytes(b"abcd")

@@ -53,6 +53,7 @@ class VFile:
         self.frozen = False  # ranks diverged: never publish again
         self.dirty = False
         self.error: BaseException | None = None  # a failure inside a callback
+        self.owner: Any = None  # collio's communicator duplicate (comms.Private), told at release
 
     # -- the file-object protocol h5py's fileobj driver uses ---------------
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -190,6 +191,9 @@ class VFile:
         finally:
             os.close(self.fd)
             self.fd = -1
+            owner, self.owner = self.owner, None
+            if owner is not None:
+                owner.release()  # (frees the duplicate if the user freed their communicator)
 
     def __del__(self) -> None:  # the HDF5 library closed the file and let go of us
         try:

@@ -124,6 +124,9 @@ class Segments(Layout):
         # make its cached runs (or a plan kept for them) stale
         self.offsets = np.array(as_i64(offsets), np.int64)
         self.lengths = np.array(as_i64(lengths), np.int64)
+        # ... and read-only, so the layout's own arrays cannot change under them either
+        self.offsets.flags.writeable = False
+        self.lengths.flags.writeable = False
 
     def __repr__(self) -> str:
         return f"Segments(<{len(self.offsets)} runs, {int(self.lengths.sum())} bytes>)"
