@@ -86,17 +86,18 @@ def _check(
     # the shuffle may be skipped only if every rank has a few runs or large ones
     small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
     call_name = "write_all" if writing else "read_all"
-    h = digest((call_name, sig)) if sig is not None else -1  # a read beside a write: refused
+    h = digest(sig)  # None (Segments, views, ...): not compared
+    w = 1 if writing else 0  # the call itself is compared whatever the layout
     vec = np.array(
         [1 if step.error else 0, h if h >= 0 else -_BIG, -h if h >= 0 else -_BIG, -lo, hi, small]
-        + [cand, -cand],
+        + [cand, -cand, w, -w],
         np.int64,
     )
     out = np.empty_like(vec)
     ctx.comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
     if out[0]:
         raise_agreed(ctx.comm, step.error, what="write_all" if writing else "read_all")
-    if out[1] != -_BIG and out[1] != -out[2]:
+    if out[8] != -out[9] or (out[1] != -_BIG and out[1] != -out[2]):
         _raise_mismatch(ctx.comm, sig, call_name)
     glo, ghi, any_small = int(-out[3]), int(out[4]), bool(out[5])
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
@@ -125,21 +126,25 @@ def _prekey(ctx: Context, writing: bool) -> tuple[Any, ...]:
 
 
 def _raise_mismatch(comm: MPI.Comm, sig: tuple[Any, ...] | None, call: str) -> None:
-    every = comm.allgather(None if sig is None else (call, sig))
-    ref_rank = next(r for r, s in enumerate(every) if s is not None)
-    ref = every[ref_rank]
-    if any(e is not None and e[0] != ref[0] for e in every):
-        bad = [r for r, e in enumerate(every) if e is not None and e[0] != ref[0]]
-        shown = ", ".join(f"rank {r}: {every[r][0]}" for r in bad[:8])  # type: ignore[index]
-        raise MismatchError(
-            f"ranks called different collective operations: rank {ref_rank} {ref[0]}; "
+    every = comm.allgather((call, sig))
+    calls = [e[0] for e in every]
+    if len(set(calls)) > 1:
+        bad = [r for r, c in enumerate(calls) if c != calls[0]]
+        shown = ", ".join(f"rank {r}: {calls[r]}" for r in bad[:8])
+        err = MismatchError(
+            f"ranks called different collective operations: rank 0 {calls[0]}; "
             f"{shown} (every rank must make the same call)",
             ranks=tuple(bad),
         )
-    bad = [r for r, e in enumerate(every) if e is not None and e != ref]
-    shown = ", ".join(f"rank {r}: {_describe(every[r][1])}" for r in bad[:8])  # type: ignore[index]
+        err.call_mismatch = True  # type: ignore[attr-defined]
+        raise err
+    sigs = [e[1] for e in every]
+    ref_rank = next(r for r, s in enumerate(sigs) if s is not None)
+    ref = sigs[ref_rank]
+    bad = [r for r, s in enumerate(sigs) if s is not None and s != ref]
+    shown = ", ".join(f"rank {r}: {_describe(sigs[r])}" for r in bad[:8])  # type: ignore[arg-type]
     raise MismatchError(
-        f"ranks disagree on the global array: rank {ref_rank} has {_describe(ref[1])}; {shown}",
+        f"ranks disagree on the global array: rank {ref_rank} has {_describe(ref)}; {shown}",
         ranks=tuple(bad),
     )
 

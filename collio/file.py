@@ -233,10 +233,12 @@ class File:
     def _read(self, layout: Any, out: Any) -> Any:
         try:
             return engine.read(self._ctx, layout, out)
-        except BaseException:
+        except BaseException as exc:
             # failures are agreed: if some ranks called write_all meanwhile (a
             # MismatchError), they count on close() agreeing; so must this rank
             self._unsynced = True
+            if getattr(exc, "call_mismatch", False) and self._atomic():
+                self._abort()  # as the ranks in write_all do: the same collective calls
             raise
 
     def write_at_all(self, offset: int, buf: Any) -> None:
