@@ -95,9 +95,11 @@ def _check(
     )
     out = np.empty_like(vec)
     ctx.comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+    if out[8] != -out[9]:  # a read beside a write: before any rank's own error
+        _raise_mismatch(ctx.comm, sig, call_name)
     if out[0]:
         raise_agreed(ctx.comm, step.error, what="write_all" if writing else "read_all")
-    if out[8] != -out[9] or (out[1] != -_BIG and out[1] != -out[2]):
+    if out[1] != -_BIG and out[1] != -out[2]:
         _raise_mismatch(ctx.comm, sig, call_name)
     glo, ghi, any_small = int(-out[3]), int(out[4]), bool(out[5])
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
