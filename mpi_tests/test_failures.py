@@ -445,26 +445,44 @@ def test_user_communicator_freed_while_a_file_is_open(comm, shared_path):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_read_beside_write_fails_everywhere_and_closes(comm, shared_path):
-    """One rank calls read_all where the others call write_all (same layout): the same
-    MismatchError everywhere before any byte moves, and close() still agrees."""
-    lay = _col(comm)
+@pytest.mark.parametrize("kind", ["subarray", "segments", "view", "at"])
+@pytest.mark.parametrize("atomic", [False, True])
+def test_read_beside_write_fails_everywhere_and_closes(comm, shared_path, kind, atomic):
+    """One rank reads where the others write (array layouts, byte segments, a file view,
+    explicit offsets): the same MismatchError everywhere before any byte moves; with
+    atomic_commit every rank aborts alike; close() still agrees."""
+    n, r = SHAPE[0], comm.rank
+    rows = -(-n // comm.size)
+    a, b = min(r * rows, n), min(n, (r + 1) * rows)
     old = reference(SHAPE, "<f8", seed=3)
+    mine = np.ascontiguousarray(old[a:b])
+    box = layouts.Subarray(SHAPE, (a, 0), (b - a, SHAPE[1]), "<f8")
     with collio.open(shared_path, "w", comm=comm) as f:
-        f.write_all(local_piece(old, lay), lay)
-    with collio.open(shared_path, "r+", comm=comm) as f:
-        last = comm.rank == comm.size - 1
+        f.write_all(mine, box)
+    lay = layouts.Segments([a * SHAPE[1] * 8], [mine.nbytes]) if kind == "segments" else box
+    hints = {"atomic_commit": atomic}
+    with collio.open(shared_path, "r+", comm=comm, hints=hints) as f:
+        if kind in ("view", "at"):
+            f.set_view(a * SHAPE[1] * 8, MPI.DOUBLE)
+        zeros = np.zeros_like(mine)
+        if comm.rank == comm.size - 1:
+            call = {
+                "view": lambda: f.read_all(np.empty_like(mine)),
+                "at": lambda: f.read_at_all(0, np.empty_like(mine)),
+            }.get(kind, lambda: f.read_all(lay))
+        else:
+            call = {
+                "view": lambda: f.write_all(zeros),
+                "at": lambda: f.write_at_all(0, zeros),
+            }.get(kind, lambda: f.write_all(zeros, lay))
         err = _raises_everywhere(
-            comm,
-            collio.MismatchError,
-            (lambda: f.read_all(lay)) if last else (lambda: f.write_all(np.zeros(lay.shape), lay)),
-            match=f"rank {comm.size - 1}: read_all",
+            comm, collio.MismatchError, call, match=f"rank {comm.size - 1}: read_all"
         )
         assert "ranks called different collective operations" in str(err)
         assert err.ranks == (comm.size - 1,)
-        np.testing.assert_array_equal(f.read_all(lay), local_piece(old, lay))  # untouched
+        if not atomic:
+            np.testing.assert_array_equal(f.read_all(box), mine)  # untouched, still usable
     comm.Barrier()
-    got = np.fromfile(shared_path, "<f8").reshape(SHAPE)
-    np.testing.assert_array_equal(got, old)
+    np.testing.assert_array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), old)
     comm.Barrier()
     _still_works(comm, shared_path)
