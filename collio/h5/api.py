@@ -14,7 +14,7 @@ from ..errors import LayoutError, ModeError
 from ..layouts import Layout, Subarray
 from ..layouts.base import Segments
 from ..stats import Stats
-from .backends import ChunkedBackend, ContiguousBackend, check_dataset_layout, chunked_backend
+from .backends import ContiguousBackend, check_dataset_layout, chunked_backend
 from .session import Session, session_of
 
 __all__ = [
@@ -165,8 +165,7 @@ def write_all(dset: Any, data: Any, layout: Layout) -> None:
     try:
         engine.write(ctx, data, layout)
     finally:
-        if isinstance(ctx.backend, ChunkedBackend):
-            ctx.backend.close()
+        ctx.backend.close()  # (chunked: its buffers; contiguous: the dataset it was bound to)
 
 
 def read_all(dset: Any, layout: Layout, out: Any = None) -> Any:
@@ -191,8 +190,7 @@ def read_all(dset: Any, layout: Layout, out: Any = None) -> Any:
     try:
         return engine.read(ctx, layout, out)
     finally:
-        if isinstance(ctx.backend, ChunkedBackend):
-            ctx.backend.close()
+        ctx.backend.close()  # (chunked: its buffers; contiguous: the dataset it was bound to)
 
 
 class _Invalid(Segments):

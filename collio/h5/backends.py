@@ -72,7 +72,10 @@ class ContiguousBackend(PosixBackend):
         return Runs(r.file + self.offset, r.length, r.mem)
 
     def close(self) -> None:
-        """The descriptor belongs to the session's VFile."""
+        """Let go of the dataset (the descriptor belongs to the session's VFile): a
+        dataset held between calls keeps its file open in HDF5 after the user drops
+        it, until HDF5's own exit handler, which then calls into a finalized Python."""
+        self.dset = None
 
 
 class ChunkedBackend(Backend):
