@@ -213,22 +213,30 @@ def test_hints_differ_between_ranks(comm, shared_path):
 def test_backend_options_bad_on_one_rank(comm, shared_path):
     """Backend options are not compared at open: a bad one on one rank is agreed, not a hang,
     and agreed before any rank touches the target (mode 'w' would truncate it)."""
-    before = bytes(range(256)) * 4
+    _bad_option_on_last_rank(
+        comm, shared_path, bytes(range(256)) * 4, "holes", "sometimes", "auto",
+        "holes='sometimes' must be auto, rmw or runs",
+    )  # fmt: skip
+
+
+def _bad_option_on_last_rank(comm, path, before, name, bad, good, match):
+    """Open ``path`` in 'w' with backend option ``name`` bad on the last rank only: the
+    same ModeError everywhere, the existing bytes ``before`` untouched, then usable."""
     if comm.rank == 0:
-        with open(shared_path, "wb") as fh:
+        with open(path, "wb") as fh:
             fh.write(before)
     comm.Barrier()
-    holes = "sometimes" if comm.rank == comm.size - 1 else "auto"
+    value = bad if comm.rank == comm.size - 1 else good
     _raises_everywhere(
         comm,
         collio.ModeError,
-        lambda: collio.open(shared_path, "w", comm=comm, holes=holes),
-        match="holes='sometimes' must be auto, rmw or runs",
+        lambda: collio.open(path, "w", comm=comm, **{name: value}),
+        match=match,
     )
-    with open(shared_path, "rb") as fh:
+    with open(path, "rb") as fh:
         assert fh.read() == before
     comm.Barrier()
-    _still_works(comm, shared_path)
+    _still_works(comm, path)
 
 
 @pytest.mark.mpi
@@ -409,21 +417,10 @@ def test_different_path_on_one_rank(comm, shared_dir):
 def test_writeback_option_bad_on_one_rank(comm, shared_path):
     """A bad backend option on one rank: the same error everywhere, before rank 0
     truncates the existing target ('w')."""
-    if comm.rank == 0:
-        with open(shared_path, "wb") as fh:
-            fh.write(b"keep me")
-    comm.Barrier()
-    writeback = "yes" if comm.rank == comm.size - 1 else True
-    _raises_everywhere(
-        comm,
-        collio.ModeError,
-        lambda: collio.open(shared_path, "w", comm=comm, writeback=writeback),
-        match="writeback='yes' must be True or False",
-    )
-    with open(shared_path, "rb") as fh:
-        assert fh.read() == b"keep me"
-    comm.Barrier()
-    _still_works(comm, shared_path)
+    _bad_option_on_last_rank(
+        comm, shared_path, b"keep me", "writeback", "yes", True,
+        "writeback='yes' must be True or False",
+    )  # fmt: skip
 
 
 @pytest.mark.mpi

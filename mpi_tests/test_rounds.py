@@ -67,17 +67,12 @@ def test_min_rounds_must_be_positive(comm, shared_path, everywhere):
 
 
 def _direct_possible(comm, path: str) -> bool:
-    from collio.backends.posix import open_direct
+    from collio.backends.posix import direct_possible
 
     ok = False
     if comm.rank == 0:
         open(path, "ab").close()
-        fd = open_direct(path)
-        ok = fd >= 0
-        if ok:
-            import os
-
-            os.close(fd)
+        ok = direct_possible(path)
     return bool(comm.bcast(ok, root=0))
 
 

@@ -17,7 +17,14 @@ from ..runs import Runs
 from .base import Backend
 from .fsync import SYNC_FILE_RANGE_WRITE, sync_file_range
 
-__all__ = ["PosixBackend", "open_direct", "pread_full", "pwrite_full", "write_split"]
+__all__ = [
+    "PosixBackend",
+    "direct_possible",
+    "open_direct",
+    "pread_full",
+    "pwrite_full",
+    "write_split",
+]
 
 _MAX_IO = 0x7FFFF000  # Linux caps one read/write at this many bytes
 _O_BINARY = getattr(os, "O_BINARY", 0)
@@ -292,6 +299,14 @@ def open_direct(name: str) -> int:
         return os.open(name, os.O_WRONLY | flag)
     except OSError:  # (tmpfs and some FUSE file systems refuse O_DIRECT)
         return -1
+
+
+def direct_possible(name: str) -> bool:
+    """Whether the existing file ``name`` can be opened with ``O_DIRECT`` here."""
+    fd = open_direct(name)
+    if fd >= 0:
+        os.close(fd)
+    return fd >= 0
 
 
 def _unlink_quietly(path: str | None) -> None:
