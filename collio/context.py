@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import Backend
+from .exchange import Shapes, group_shapes
 from .hints import Hints
 from .plancache import PlanCache
 from .stats import Stats
@@ -69,6 +70,35 @@ class Plan:
     sround: I64  # round of each sender group
     agg: AggregatorPlan | None
     nrounds: int
+    # derived once, on first use (a kept plan serves later calls): see exchange.Shapes
+    _agg_shapes: Shapes | None = None
+    _sender_shapes: Shapes | None = None
+    _by_round: tuple[I64, I64] | None = None
+
+    def agg_shapes(self) -> Shapes:
+        """Shapes of the aggregator's groups over file offsets (this rank aggregates)."""
+        if self._agg_shapes is None:
+            ap = self.agg
+            assert ap is not None
+            self._agg_shapes = group_shapes(ap.file, ap.length, ap.gstart)
+        return self._agg_shapes
+
+    def sender_shapes(self) -> Shapes:
+        """Shapes of this rank's send groups over its buffer's offsets."""
+        if self._sender_shapes is None:
+            sp = self.sender
+            self._sender_shapes = group_shapes(sp.pieces.mem, sp.pieces.length, sp.gstart)
+        return self._sender_shapes
+
+    def by_round(self) -> tuple[I64, I64]:
+        """This rank's send groups ordered by round, and where each round's start."""
+        if self._by_round is None:
+            sround = self.sround
+            order = np.argsort(sround, kind="stable").astype(np.int64)
+            nr = int(sround.max()) + 1 if len(sround) else 0
+            counts = np.bincount(sround, minlength=nr)
+            self._by_round = order, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        return self._by_round
 
     def nbytes(self) -> int:
         """Bytes of the plan's arrays (what keeping it costs)."""

@@ -8,7 +8,8 @@ bytes to their file positions.  Every datatype made here is freed (habit 9).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-__all__ = ["alltoallv_i64", "byte_view", "Messages"]
+__all__ = ["alltoallv_i64", "byte_view", "Messages", "Shapes", "group_shapes"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -70,6 +71,103 @@ def byte_view(
 
 #: Sends of equal runs up to this many bytes are packed with numpy (see Messages.send).
 PACK_MAX_RUN = 4096
+
+#: The three buffer shapes of a message's runs (:class:`Shapes`).
+CONTIG, VECTOR, OTHER = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shapes:
+    """The runs of each message group as a buffer shape, found once per plan.
+
+    Group ``g`` is a slice of ``total[g]`` bytes from ``first[g]`` (``CONTIG``),
+    ``count[g]`` runs of ``block[g]`` bytes every ``stride[g]`` bytes (``VECTOR``: one
+    hvector), or anything else (``OTHER``: built from the run arrays per message).
+    A kept plan reuses them, so a round posts its messages without a numpy pass over
+    each group's runs (block-cyclic 64 x 64 on 4 ranks: 32 groups of ~2048 runs per
+    call, ~0.1 ms of numpy each).
+    """
+
+    first: I64
+    total: I64
+    count: I64
+    block: I64
+    stride: I64
+    kind: I64
+
+
+def _within(flags: npt.NDArray[np.bool_], lo: I64, hi: I64) -> I64:
+    """How many of ``flags[lo[g]:hi[g]]`` are set, for every g (empty when hi <= lo)."""
+    c = np.zeros(len(flags) + 1, np.int64)
+    np.cumsum(flags, out=c[1:])
+    lo = np.clip(lo, 0, len(flags))
+    return c[np.clip(hi, lo, len(flags))] - c[lo]
+
+
+def group_shapes(offsets: I64, lengths: I64, gstart: I64) -> Shapes:
+    """:class:`Shapes` of the groups ``offsets[gstart[g]:gstart[g+1]]`` (vectorised)."""
+    starts, ends = gstart[:-1], gstart[1:]
+    count = ends - starts
+    n = len(offsets)
+    if n == 0:
+        z = np.zeros(len(starts), np.int64)
+        return Shapes(z, z, count, z, z, np.full(len(starts), CONTIG, np.int64))
+    head = np.minimum(starts, n - 1)
+    csum = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=csum[1:])
+    total = csum[ends] - csum[starts]
+    # pairs (i, i+1) inside a group: i in [start, end - 2]
+    gaps = _within(offsets[1:] != (offsets + lengths)[:-1], starts, ends - 1)
+    uneven = _within(lengths[1:] != lengths[:-1], starts, ends - 1)
+    step = np.diff(offsets)
+    turns = _within(step[1:] != step[:-1], starts, ends - 2)
+    stride = np.zeros(len(starts), np.int64)
+    two = count > 1
+    stride[two] = step[head[two]]
+    block = lengths[head]
+    kind = np.full(len(starts), OTHER, np.int64)
+    kind[(uneven == 0) & (turns == 0) & two & (stride >= block)] = VECTOR
+    kind[gaps == 0] = CONTIG
+    return Shapes(offsets[head], total, count, block, stride, kind)
+
+
+def pack_vector(
+    buf: npt.NDArray[np.uint8],
+    first: int,
+    count: int,
+    block: int,
+    stride: int,
+    out: npt.NDArray[np.uint8],
+) -> npt.NDArray[np.uint8]:
+    """Copy ``count`` runs of ``block`` bytes every ``stride`` from ``buf[first:]`` into ``out``."""
+    if first < 0 or block < 1 or stride < block or first + (count - 1) * stride + block > len(buf):
+        raise ValueError(
+            f"runs of {block} bytes every {stride} from {first} ({count} of them) "
+            f"do not fit a buffer of {len(buf)} bytes"
+        )
+    src = np.lib.stride_tricks.as_strided(
+        buf[first:], shape=(count, block), strides=(stride, 1), writeable=False
+    )
+    dest = out[: count * block].reshape(count, block)
+    np.copyto(dest, src)
+    return dest.reshape(-1)
+
+
+def shaped(
+    buf: npt.NDArray[np.uint8], sh: Shapes, g: int, base: int
+) -> tuple[Any, MPI.Datatype | None] | None:
+    """The mpi4py buffer spec of group ``g`` over ``buf`` (offsets less ``base``), or
+    None for an ``OTHER`` group.  A ``VECTOR`` group gets a committed hvector (freed
+    by the caller)."""
+    kind = int(sh.kind[g])
+    if kind == OTHER:
+        return None
+    first = int(sh.first[g]) - base
+    if kind == CONTIG:
+        return [buf[first : first + int(sh.total[g])], MPI.BYTE], None
+    dtype = MPI.BYTE.Create_hvector(int(sh.count[g]), int(sh.block[g]), int(sh.stride[g]))
+    dtype.Commit()
+    return [buf[first:], 1, dtype], dtype
 
 
 def pack_uniform(
@@ -133,6 +231,55 @@ class Messages:
             self.types.append(dtype)
         self.requests.append(self.comm.Isend(spec, dest, self.tag))
         return 0
+
+    def send_group(
+        self,
+        dest: int,
+        buf: npt.NDArray[np.uint8],
+        sh: Shapes,
+        g: int,
+        base: int,
+        runs: Callable[[], tuple[I64, I64]],
+        scratch: npt.NDArray[np.uint8] | None = None,
+    ) -> int:
+        """:meth:`send` of group ``g`` of a plan's :class:`Shapes` (``runs()`` gives the
+        group's offsets and lengths, less ``base``, when its shape is ``OTHER``)."""
+        kind, block, total = int(sh.kind[g]), int(sh.block[g]), int(sh.total[g])
+        if kind == VECTOR and scratch is not None and block <= PACK_MAX_RUN:
+            if total <= len(scratch):
+                first, count, stride = int(sh.first[g]) - base, int(sh.count[g]), int(sh.stride[g])
+                packed = pack_vector(buf, first, count, block, stride, scratch)
+                self.requests.append(self.comm.Isend([packed, MPI.BYTE], dest, self.tag))
+                return total
+        got = shaped(buf, sh, g, base)
+        if got is None:
+            offsets, lengths = runs()
+            return self.send(dest, buf, offsets, lengths, scratch)
+        spec, dtype = got
+        if dtype is not None:
+            self.types.append(dtype)
+        self.requests.append(self.comm.Isend(spec, dest, self.tag))
+        return 0
+
+    def recv_group(
+        self,
+        source: int,
+        buf: npt.NDArray[np.uint8],
+        sh: Shapes,
+        g: int,
+        base: int,
+        runs: Callable[[], tuple[I64, I64]],
+    ) -> None:
+        """:meth:`recv` of group ``g`` of a plan's :class:`Shapes` (see :meth:`send_group`)."""
+        got = shaped(buf, sh, g, base)
+        if got is None:
+            offsets, lengths = runs()
+            self.recv(source, buf, offsets, lengths)
+            return
+        spec, dtype = got
+        if dtype is not None:
+            self.types.append(dtype)
+        self.requests.append(self.comm.Irecv(spec, source, self.tag))
 
     def recv(self, source: int, buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64) -> None:
         """Receive the runs straight into ``buf`` (a datatype when they are apart).

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .aggregators.plan import AggregatorPlan, round_requests
+from .aggregators.plan import AggregatorPlan, SenderPlan, round_requests
 from .backends.base import Backend
 from .buffers import io_executor, round_buffers, scratch_buffer, window_of
 from .collective import Attempt, sleep_until_done
@@ -91,13 +92,6 @@ class _Lagged:
         self.req = self.comm.Iallreduce(
             [np.array([int(bad)], np.int64), MPI.INT64_T], [self.out, MPI.INT64_T], op=MPI.MAX
         )
-
-
-def _round_groups(sround: I64) -> tuple[I64, I64]:
-    order = np.argsort(sround, kind="stable").astype(np.int64)
-    nr = int(sround.max()) + 1 if len(sround) else 0
-    starts = np.concatenate(([0], np.cumsum(np.bincount(sround, minlength=nr)))).astype(np.int64)
-    return order, starts
 
 
 def _my_groups(order: I64, starts: I64, k: int) -> list[int]:
@@ -172,13 +166,20 @@ def _reuse_buffer(
         c.time_io += time.perf_counter() - t
 
 
+def _agg_runs(ap: AggregatorPlan, g: int, base: int) -> Callable[[], tuple[I64, I64]]:
+    """Group g's (file offsets less ``base``, lengths), made only when asked for."""
+    s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
+    return lambda: (ap.file[s:e] - base, ap.length[s:e])
+
+
 def _post_recvs(
-    msgs: Messages, ap: AggregatorPlan, k: int, wbuf: npt.NDArray[np.uint8], base: int, c: Stats
+    msgs: Messages, plan: Plan, k: int, wbuf: npt.NDArray[np.uint8], base: int, c: Stats
 ) -> None:
     """An aggregator's receives of round k, each source's bytes at their file positions."""
+    ap, sh = plan.agg, plan.agg_shapes()
+    assert ap is not None
     for g in ap.groups_of_round(k).tolist():
-        s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
-        msgs.recv(int(ap.gsrc[g]), wbuf, ap.file[s:e] - base, ap.length[s:e])
+        msgs.recv_group(int(ap.gsrc[g]), wbuf, sh, g, base, _agg_runs(ap, g, base))
         c.messages += 1
 
 
@@ -191,11 +192,21 @@ def _post_sends(
     c: Stats,
 ) -> None:
     """This rank's sends of one round (``groups``: its send groups of that round)."""
-    sp = plan.sender
+    sp, sh = plan.sender, plan.sender_shapes()
     for g in groups:
+        dest = int(ctx.aggregators[sp.gdom[g]])
+        msgs.send_group(dest, data, sh, g, 0, _sender_runs(sp, g))
+        c.exchanged_bytes += int(sh.total[g])
+
+
+def _sender_runs(sp: SenderPlan, g: int) -> Callable[[], tuple[I64, I64]]:
+    """Group g's (memory offsets, lengths), made only when asked for."""
+
+    def runs() -> tuple[I64, I64]:
         piece = sp.group(g)
-        msgs.send(int(ctx.aggregators[sp.gdom[g]]), data, piece.mem, piece.length)
-        c.exchanged_bytes += piece.nbytes
+        return piece.mem, piece.length
+
+    return runs
 
 
 def write_rounds(
@@ -224,7 +235,7 @@ def _write_streamed(
     the call's completion agrees on the error.
     """
     comm, be, ap, c = ctx.comm, ctx.backend, plan.agg, call.counters
-    order, starts = _round_groups(plan.sround)
+    order, starts = plan.by_round()
     mine = ap.nrounds if ap is not None else 0
     bufs = round_buffers(plan.window, DEPTH) if mine else []
     offs, lens = _requests(ctx, plan)
@@ -251,7 +262,7 @@ def _write_streamed(
                 t = time.perf_counter()
                 wbuf = window_of(bufs[b], *req)
                 with messages(comm, _TAG + (k & 0x3FF)) as msgs:
-                    _post_recvs(msgs, ap, k, wbuf, req[0], c)
+                    _post_recvs(msgs, plan, k, wbuf, req[0], c)
                 c.time_exchange += time.perf_counter() - t
                 step = Attempt()
                 with step:  # (an error here must not leave sends and receives behind)
@@ -278,7 +289,7 @@ def _write_lockstep(
     ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Call
 ) -> BaseException | None:
     comm, be, ap, c = ctx.comm, ctx.backend, plan.agg, call.counters
-    order, starts = _round_groups(plan.sround)
+    order, starts = plan.by_round()
     mine = ap.nrounds if ap is not None else 0
     bufs = round_buffers(plan.window, DEPTH) if mine else []
     offs, lens = _requests(ctx, plan)
@@ -304,7 +315,7 @@ def _write_lockstep(
         t = time.perf_counter()
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             if ap is not None and k < mine:
-                _post_recvs(msgs, ap, k, window_of(bufs[k % DEPTH], *req), req[0], c)
+                _post_recvs(msgs, plan, k, window_of(bufs[k % DEPTH], *req), req[0], c)
             _post_sends(msgs, ctx, plan, _my_groups(order, starts, k), data, c)
         c.time_exchange += time.perf_counter() - t
         if error is None and ap is not None and k < mine:
@@ -322,7 +333,7 @@ def read_rounds(
     Returns this rank's first error, not yet agreed (see :func:`write_rounds`).
     """
     comm, be, ap, sp, c = ctx.comm, ctx.backend, plan.agg, plan.sender, call.counters
-    order, starts = _round_groups(plan.sround)
+    order, starts = plan.by_round()
     mine = ap.nrounds if ap is not None else 0
     bufs = round_buffers(plan.window, DEPTH) if mine else []
     offs, lens = _requests(ctx, plan)
@@ -333,6 +344,8 @@ def read_rounds(
     # small equal runs are packed with numpy before sending (Messages.send)
     small = mine and int(ap.length.min()) <= PACK_MAX_RUN  # type: ignore[union-attr]
     scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
+    ssh = plan.sender_shapes()
+    ash = plan.agg_shapes() if mine else ssh  # (ash only used by an aggregator)
 
     def prefetch(k: int) -> None:
         if ap is not None and k < mine:
@@ -366,17 +379,15 @@ def read_rounds(
         t = time.perf_counter()
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             for g in _my_groups(order, starts, k):
-                piece = sp.group(g)
-                msgs.recv(int(ctx.aggregators[sp.gdom[g]]), out, piece.mem, piece.length)
-                c.exchanged_bytes += piece.nbytes
+                src = int(ctx.aggregators[sp.gdom[g]])
+                msgs.recv_group(src, out, ssh, g, 0, _sender_runs(sp, g))
+                c.exchanged_bytes += int(ssh.total[g])
             if ap is not None and k < mine:
                 base, used = reqs[k % DEPTH][0], 0
                 rbuf = window_of(bufs[k % DEPTH], *reqs[k % DEPTH])
                 for g in ap.groups_of_round(k).tolist():
-                    s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
-                    used += msgs.send(
-                        int(ap.gsrc[g]), rbuf, ap.file[s:e] - base, ap.length[s:e], scratch[used:]
-                    )
+                    dest, runs = int(ap.gsrc[g]), _agg_runs(ap, g, base)
+                    used += msgs.send_group(dest, rbuf, ash, g, base, runs, scratch[used:])
                     c.messages += 1
         c.time_exchange += time.perf_counter() - t
     status.failed()
