@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .runs import Runs
+from .runs import Runs, is_read_only
 
 __all__ = ["PlanCache", "clear_all"]
 
@@ -47,6 +47,7 @@ class _Entry:
     runs: Runs
     plan: Any
     nbytes: int
+    source: Runs | None = None  # the caller's runs object when read-only (a layout's)
 
 
 def _same_runs(a: Runs, b: Runs) -> bool:
@@ -102,7 +103,11 @@ class PlanCache:
         confirms it against the call's domains and window.
         """
         found = next(
-            (e for e in reversed(self.entries) if e.prekey == prekey and _same_runs(e.runs, runs)),
+            (
+                e
+                for e in reversed(self.entries)
+                if e.prekey == prekey and (e.source is runs or _same_runs(e.runs, runs))
+            ),
             None,
         )
         return found.epoch if found is not None else -1
@@ -147,9 +152,13 @@ class PlanCache:
         self.entries = [
             e for e in self.entries if not (e.prekey == prekey and _same_runs(e.runs, runs))
         ]
-        kept = Runs(runs.file.copy(), runs.length.copy(), runs.mem.copy())  # a snapshot
+        if is_read_only(runs):  # a layout's own runs: kept as they are, found by identity
+            kept, source = runs, runs
+        else:
+            kept, source = Runs(runs.file.copy(), runs.length.copy(), runs.mem.copy()), None
         nbytes = int(plan.nbytes()) + kept.file.nbytes * 3
-        self.entries.append(_Entry(self.epoch, key, prekey, bounds.copy(), kept, plan, nbytes))
+        entry = _Entry(self.epoch, key, prekey, bounds.copy(), kept, plan, nbytes, source)
+        self.entries.append(entry)
         del self.entries[:-KEEP]
 
     def clear(self) -> None:

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Runs", "merge", "split_at", "split_grid", "group_bounds", "as_i64"]
+__all__ = ["Runs", "merge", "split_at", "split_grid", "group_bounds", "as_i64", "read_only"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -21,6 +21,20 @@ def as_i64(values: object) -> I64:
     if arr.dtype != np.int64:
         arr = arr.astype(np.int64)
     return np.ascontiguousarray(arr.reshape(-1))
+
+
+def read_only(runs: Runs) -> Runs:
+    """``runs`` with its arrays made read-only, as a layout keeps them for every call
+    (so a check or a kept plan may trust the same object to hold the same runs)."""
+    for a in (runs.file, runs.length, runs.mem):
+        a.flags.writeable = False
+    return runs
+
+
+def is_read_only(runs: Runs) -> bool:
+    return not (
+        runs.file.flags.writeable or runs.length.flags.writeable or runs.mem.flags.writeable
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

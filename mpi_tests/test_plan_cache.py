@@ -48,6 +48,19 @@ def test_repeated_write_and_read_reuse_the_plan(comm, shared_path):
     assert seen == [False, False, True, True, True, True]
 
 
+def test_an_equal_layout_made_again_reuses_the_plan(comm, shared_path):
+    """The kept plan is found by its runs' values, not only by the same layout object."""
+    small = {"cb_buffer_size": 12288, "romio_cb_write": "enable"}  # (no other test's plan)
+    seen = []
+    for it in range(3):
+        lay = layouts.block((N, N), "<f8", comm=comm, grid=(comm.size, 1))  # a new object
+        glob = _global(10 + it)
+        seen.append(_write(shared_path, comm, glob, lay, small))
+        comm.Barrier()
+        assert np.array_equal(_on_disk(shared_path), glob)
+    assert seen == [False, True, True]
+
+
 def test_one_rank_changing_its_layout_is_never_served_a_kept_plan(comm, shared_path):
     p = comm.size
     hints = {"cb_buffer_size": 8192, "romio_cb_write": "enable"}

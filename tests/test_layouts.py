@@ -69,6 +69,16 @@ def test_runs_are_sorted_and_merged(lay):
     assert not merged_both.any()
 
 
+@given(any_layout)
+def test_kept_runs_are_read_only(lay):
+    """A layout's runs serve every call (the check and a kept plan trust the same object)."""
+    r = lay.runs()
+    assert r is lay.runs()
+    for a in (r.file, r.length, r.mem):
+        with pytest.raises(ValueError, match="read-only"):
+            a[...] = 0
+
+
 @given(any_layout, st.data())
 def test_count_below_is_arithmetic_truth(lay, data):
     b = lay.blocks()

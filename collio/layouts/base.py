@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import LayoutError
-from ..runs import Runs, as_i64, merge, sort
+from ..runs import Runs, as_i64, merge, read_only, sort
 from .strided import Blocks
 
 __all__ = ["Layout", "Segments"]
@@ -22,10 +22,12 @@ class Layout(abc.ABC):
     Layouts are immutable value objects and know nothing of MPI.
     """
 
-    __slots__ = ("_runs",)
+    __slots__ = ("_runs", "_overlap")
 
     def __init__(self) -> None:
         self._runs: Runs | None = None
+        # (runs, index of a run overlapping an earlier one or -1): see engine._check
+        self._overlap: tuple[Runs, int] | None = None
 
     # -- description -----------------------------------------------------
     @property
@@ -65,7 +67,7 @@ class Layout(abc.ABC):
         if self._runs is None:
             from .strided import flatten
 
-            self._runs = flatten(self.blocks())
+            self._runs = read_only(flatten(self.blocks()))
         return self._runs
 
     def as_bytes(self, data: Any) -> npt.NDArray[np.uint8]:
@@ -165,7 +167,7 @@ class Segments(Layout):
             mem = np.zeros(len(self.lengths), np.int64)
             if len(mem) > 1:
                 np.cumsum(self.lengths[:-1], out=mem[1:])
-            self._runs = merge(sort(Runs(self.offsets, self.lengths, mem)))
+            self._runs = read_only(merge(sort(Runs(self.offsets, self.lengths, mem))))
         return self._runs
 
     def as_bytes(self, data: Any) -> npt.NDArray[np.uint8]:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LayoutError
-from ..runs import Runs, merge, sort
+from ..runs import Runs, merge, read_only, sort
 from .base import Layout
 from .strided import Blocks
 from .typemap import Flat, regular, stream_runs
@@ -83,7 +83,7 @@ class TypedLayout(Layout):
     def runs(self) -> Runs:
         if self._runs is None:
             off, length = self._file_runs()
-            self._runs = merge(sort(Runs.sequential(off, length)))
+            self._runs = read_only(merge(sort(Runs.sequential(off, length))))
         return self._runs
 
     def blocks(self) -> Blocks:
