@@ -59,6 +59,13 @@ def plan_sender(runs: Runs, bounds: I64, window: int) -> SenderPlan:
     # split (side="right" picks the non-empty domain among equal bounds)
     dom = np.searchsorted(bounds[1:-1], pieces.file, side="right").astype(np.int64)
     key = dom * (np.int64(1) << 40) + win
+    if len(key) > 1 and not bool((key[1:] >= key[:-1]).all()):
+        # runs that overlap (a read may name a byte twice): a long run's pieces in later
+        # windows come before a short run's piece in an earlier one; each message and
+        # the metadata to each aggregator need their pieces together (stable: by run
+        # start within a window, so still sorted by file there)
+        order = np.argsort(key, kind="stable")
+        pieces, dom, win, key = pieces.take(order), dom[order], win[order], key[order]
     gstart, _ = group_bounds(key)
     firsts = gstart[:-1]
     per_dom = np.bincount(dom, minlength=naggs).astype(np.int64)
