@@ -84,8 +84,9 @@ class Shapes:
     ``count[g]`` runs of ``block[g]`` bytes every ``stride[g]`` bytes (``VECTOR``: one
     hvector), or anything else (``OTHER``: built from the run arrays per message).
     A kept plan reuses them, so a round posts its messages without a numpy pass over
-    each group's runs (block-cyclic 64 x 64 on 4 ranks: 32 groups of ~2048 runs per
-    call, ~0.1 ms of numpy each).
+    each group's runs (block-cyclic 64 x 64 on 4 ranks: 32 received and 32 sent groups
+    of ~2048 runs per call; the rounds' main-thread CPU per rank fell from 18 to 15 ms
+    per call).
     """
 
     first: I64
@@ -198,6 +199,13 @@ class Messages:
         self.types: list[MPI.Datatype] = []
         self.tag = tag
 
+    def _post(self, start: Any, spec: Any, dtype: MPI.Datatype | None, peer: int) -> None:
+        """Start one message (``start``: ``comm.Isend`` or ``comm.Irecv``); its datatype,
+        if any, is kept first so that it is freed even if starting fails."""
+        if dtype is not None:
+            self.types.append(dtype)
+        self.requests.append(start(spec, peer, self.tag))
+
     def send(
         self,
         dest: int,
@@ -224,12 +232,9 @@ class Messages:
             equal = bool((lengths == lengths[0]).all()) and int(lengths.sum()) <= len(scratch)
             if apart and equal:
                 packed = pack_uniform(buf, offsets, int(lengths[0]), scratch)
-                self.requests.append(self.comm.Isend([packed, MPI.BYTE], dest, self.tag))
+                self._post(self.comm.Isend, [packed, MPI.BYTE], None, dest)
                 return len(packed)
-        spec, dtype = byte_view(buf, offsets, lengths)
-        if dtype is not None:
-            self.types.append(dtype)
-        self.requests.append(self.comm.Isend(spec, dest, self.tag))
+        self._post(self.comm.Isend, *byte_view(buf, offsets, lengths), dest)
         return 0
 
     def send_group(
@@ -249,16 +254,13 @@ class Messages:
             if total <= len(scratch):
                 first, count, stride = int(sh.first[g]) - base, int(sh.count[g]), int(sh.stride[g])
                 packed = pack_vector(buf, first, count, block, stride, scratch)
-                self.requests.append(self.comm.Isend([packed, MPI.BYTE], dest, self.tag))
+                self._post(self.comm.Isend, [packed, MPI.BYTE], None, dest)
                 return total
         got = shaped(buf, sh, g, base)
         if got is None:
             offsets, lengths = runs()
             return self.send(dest, buf, offsets, lengths, scratch)
-        spec, dtype = got
-        if dtype is not None:
-            self.types.append(dtype)
-        self.requests.append(self.comm.Isend(spec, dest, self.tag))
+        self._post(self.comm.Isend, *got, dest)
         return 0
 
     def recv_group(
@@ -276,10 +278,7 @@ class Messages:
             offsets, lengths = runs()
             self.recv(source, buf, offsets, lengths)
             return
-        spec, dtype = got
-        if dtype is not None:
-            self.types.append(dtype)
-        self.requests.append(self.comm.Irecv(spec, source, self.tag))
+        self._post(self.comm.Irecv, *got, source)
 
     def recv(self, source: int, buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64) -> None:
         """Receive the runs straight into ``buf`` (a datatype when they are apart).
@@ -289,10 +288,7 @@ class Messages:
         slower (1118-1186 -> 1012-1089 MiB/s, same job); MPICH with CMA fills the
         datatype well.
         """
-        spec, dtype = byte_view(buf, offsets, lengths)
-        if dtype is not None:
-            self.types.append(dtype)
-        self.requests.append(self.comm.Irecv(spec, source, self.tag))
+        self._post(self.comm.Irecv, *byte_view(buf, offsets, lengths), source)
 
     def wait(self) -> None:
         try:
