@@ -27,13 +27,14 @@ from mpi4py import MPI
 
 from .aggregators import plan_aggregator, plan_sender, window_size
 from .aggregators.domains import alignment
-from .aggregators.plan import AggregatorPlan
+from .aggregators.plan import AggregatorPlan, SenderPlan
 from .aggregators.summary import aggregator_summary
 from .collective import Attempt, any_flag, digest, raise_agreed, sleep_until_done
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
 from .layouts.base import Layout
+from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
 from .runs import Runs, first_overlap, is_read_only
 from .stats import Stats
@@ -82,6 +83,9 @@ def _check(
         # a kept plan for exactly these runs (every rank must find the same one: plancache)
         if ctx.plans is not None:
             cand = ctx.plans.candidate(prekey, runs)
+            kept = ctx.plans.peek(cand) if cand >= 0 else None
+            if kept is not None:  # (allocations fail here, agreed, not in the rounds)
+                prepare_rounds(kept, writing=writing)
     lo, hi = runs.extent() if len(runs) else (int(_BIG), 0)
     # the shuffle may be skipped only if every rank has a few runs or large ones
     small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
@@ -212,33 +216,41 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
             call.reused = True
             call.counters.time_plan += time.perf_counter() - t0
             return kept  # type: ignore[no-any-return]
-    sp = plan_sender(runs, bounds, window)
+    # every step a rank could fail alone in is inside ``step``, agreed before the rounds
+    step = Attempt()
+    sp: SenderPlan | None = None
+    with step:
+        sp = plan_sender(runs, bounds, window)
     counts = np.zeros(comm.Get_size(), np.int64)
-    counts[aggs] = 2 * sp.per_dom
-    meta = np.empty(2 * len(sp.pieces), np.int64)
-    meta[0::2], meta[1::2] = sp.pieces.file, sp.pieces.length
+    meta = np.zeros(0, np.int64)
+    if sp is not None:
+        counts[aggs] = 2 * sp.per_dom
+        meta = np.empty(2 * len(sp.pieces), np.int64)
+        meta[0::2], meta[1::2] = sp.pieces.file, sp.pieces.length
     recv, rcounts = alltoallv_i64(comm, meta, counts)
     d = ctx.my_domain
-    step = Attempt()
     ap: AggregatorPlan | None = None
+    draft: Plan | None = None
     replies = np.zeros(0, np.int64)
     rep_counts = np.zeros(comm.Get_size(), np.int64)
+    big = 0
     with step:
-        if d >= 0:
+        if sp is not None and d >= 0:
             src = np.repeat(np.arange(comm.Get_size(), dtype=np.int64), rcounts // 2)
             ap, bad = plan_aggregator(recv[0::2], recv[1::2], src, int(bounds[d]), window)
             if bad >= 0 and writing:
                 raise _overlap_error(recv[0::2], recv[1::2], src, bad)
             replies, rep_counts = ap.replies(comm.Get_size())
+        if sp is not None:
+            draft = Plan(bounds, window, sp, sp.gwin, ap, 0)
+            prepare_rounds(draft, writing=writing)
+            # whether to keep the plan is agreed too: a plan kept by only some ranks (an
+            # aggregator's is larger) could never be reused, and would only hold memory
+            est = draft.nbytes() + 3 * runs.length.nbytes
+            big = int(ctx.plans is not None and est > ctx.plans.max_bytes)
     # an aggregator is dense when its non-empty windows are 0..n-1: then a sender's
     # round is its window index and the round numbers need not be sent back
     sparse = ap is not None and ap.nrounds and int(ap.rwin[-1]) != ap.nrounds - 1
-    # whether to keep the plan is agreed too: a plan kept by only some ranks (an
-    # aggregator's is larger) could never be reused, and would only hold memory
-    big = 0
-    if ctx.plans is not None:
-        est = Plan(bounds, window, sp, sp.gwin, ap, 0).nbytes() + 3 * runs.length.nbytes
-        big = int(est > ctx.plans.max_bytes)
     vec = np.array(
         [1 if step.error else 0, ap.nrounds if ap else 0, int(bool(sparse)), big], np.int64
     )
@@ -246,11 +258,13 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
     if out[0]:
         raise_agreed(comm, step.error, what="write_all" if writing else "read_all")
+    assert draft is not None  # (no rank failed)
     if out[2]:
         sround, _ = alltoallv_i64(comm, replies, rep_counts)
     else:
-        sround = sp.gwin.copy()
-    plan = Plan(bounds, window, sp, sround, ap, int(out[1]))
+        sround = draft.sender.gwin.copy()
+    # (the draft's shapes, made by prepare, are kept; the rounds' order is made anew)
+    plan = dataclasses.replace(draft, sround=sround, nrounds=int(out[1]), _by_round=None)
     if ctx.plans is not None:
         ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=not out[3])
     call.counters.time_plan += time.perf_counter() - t0

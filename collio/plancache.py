@@ -112,6 +112,10 @@ class PlanCache:
         )
         return found.epoch if found is not None else -1
 
+    def peek(self, epoch: int) -> Any:
+        """Local: the plan stored at ``epoch``, or None (nothing is counted or reordered)."""
+        return next((e.plan for e in self.entries if e.epoch == epoch), None)
+
     def take(self, epoch: int, key: tuple[Any, ...], bounds: I64) -> Any:
         """Local: the plan stored at ``epoch`` (agreed by every rank) if it was made with the
         same ``key`` and ``bounds``, else None.  Entries of one epoch are equal on every

@@ -48,7 +48,7 @@ from .exchange import PACK_MAX_RUN, Messages, messages
 from .runs import Runs, merge
 from .stats import Stats
 
-__all__ = ["write_rounds", "read_rounds"]
+__all__ = ["write_rounds", "read_rounds", "prepare"]
 
 I64 = npt.NDArray[np.int64]
 _TAG = 0x0C01
@@ -92,6 +92,31 @@ class _Lagged:
         self.req = self.comm.Iallreduce(
             [np.array([int(bad)], np.int64), MPI.INT64_T], [self.out, MPI.INT64_T], op=MPI.MAX
         )
+
+
+def prepare(plan: Plan, *, writing: bool) -> None:
+    """Local: make what this rank's rounds of ``plan`` allocate, so the rounds allocate
+    nothing: the plan's message shapes and the kept round (and, for reads, packing)
+    buffers.  Mostly a no-op (a kept plan has its shapes, the buffers are kept).
+
+    Call it inside the step that the last agreement before the rounds covers (the
+    check of a call with a kept plan, the planning of a new one).  A rank that runs
+    out of memory there makes every rank raise the same error; in the rounds it would
+    leave its peers waiting for messages it never posts.
+    """
+    plan.sender_shapes()
+    ap = plan.agg
+    if ap is None or not ap.nrounds:
+        return
+    plan.agg_shapes()
+    round_buffers(plan.window, DEPTH)
+    if not writing and _packs(ap):
+        scratch_buffer(min(plan.window, PACK_SCRATCH))
+
+
+def _packs(ap: AggregatorPlan) -> bool:
+    """Does a read's aggregator pack its sends (small equal runs, see Messages.send)?"""
+    return int(ap.length.min()) <= PACK_MAX_RUN
 
 
 def _my_groups(order: I64, starts: I64, k: int) -> list[int]:
@@ -342,7 +367,7 @@ def read_rounds(
     pool, status = io_executor(), _Lagged(comm, be.remote)
     meet = be.remote  # see module doc
     # small equal runs are packed with numpy before sending (Messages.send)
-    small = mine and int(ap.length.min()) <= PACK_MAX_RUN  # type: ignore[union-attr]
+    small = ap is not None and mine and _packs(ap)
     scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
     ssh = plan.sender_shapes()
     ash = plan.agg_shapes() if mine else ssh  # (ash only used by an aggregator)

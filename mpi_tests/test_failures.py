@@ -5,8 +5,10 @@ pytest-timeout (``timeout`` in pyproject, thread method) turns a hang into a fai
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import resource
 import subprocess
 
 import numpy as np
@@ -486,3 +488,67 @@ def test_read_beside_write_fails_everywhere_and_closes(comm, shared_path, kind, 
     np.testing.assert_array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), old)
     comm.Barrier()
     _still_works(comm, shared_path)
+
+
+def _address_space() -> int:
+    with open("/proc/self/status") as status:
+        line = next(s for s in status if s.startswith("VmSize:"))
+    return int(line.split()[1]) * 1024
+
+
+@contextlib.contextmanager
+def _little_memory(on: bool):
+    """On this rank (if ``on``), allocations beyond 256 MiB more fail (RLIMIT_AS)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if on:
+        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + (256 << 20), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kept", [False, True], ids=["new-plan", "kept-plan"])
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_round_buffers_out_of_memory_on_one_rank(comm, shared_path, op, kept):
+    """An aggregator that cannot allocate its round buffers fails before any message.
+
+    In the rounds it would raise alone and leave the others waiting for its messages
+    (a hang before this was agreed).  With a kept plan, the buffers are made in the
+    call's check (here one rank dropped its kept buffers, as ``release_buffers`` or a
+    larger call's failed growth would), else in the planning.
+    """
+    shape = (64, 64)
+    glob = reference(shape, "<f8", seed=11)
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
+    last = comm.size - 1
+    # 2 x 1 GiB round buffers (address space only: untouched pages cost nothing)
+    hints = {"cb_buffer_size": 1 << 30, "min_rounds": 1}
+    hints.update(romio_cb_write="enable", romio_cb_read="enable")  # (shuffle at 1 rank too)
+    try:
+        with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+            f.write_all(local_piece(glob, lay), lay)
+            if op == "read" or kept:  # the plan of the call below is kept
+                np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
+            if kept:
+                if comm.rank == last:
+                    collio.buffers._kept.clear()  # this rank's kept buffers are gone
+            else:
+                collio.release_buffers()  # plans and buffers: planned and made anew
+            call = (
+                (lambda: f.write_all(local_piece(glob, lay) + 1, lay))
+                if op == "write"
+                else (lambda: f.read_all(lay))
+            )
+            with _little_memory(comm.rank == last):
+                err = _raises_everywhere(comm, collio.CollioError, call)
+            assert f"rank {last}: MemoryError" in str(err)
+            assert err.ranks == (last,)
+            # the file is untouched and usable: the same call works with memory back
+            np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
+            f.write_all(local_piece(glob, lay) * 2, lay)
+        comm.Barrier()
+        assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(shape), glob * 2)
+    finally:
+        collio.release_buffers()
