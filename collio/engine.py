@@ -217,6 +217,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
             call.counters.time_plan += time.perf_counter() - t0
             return kept  # type: ignore[no-any-return]
     # every step a rank could fail alone in is inside ``step``, agreed before the rounds
+    call_name = "write_all" if writing else "read_all"
     step = Attempt()
     sp: SenderPlan | None = None
     with step:
@@ -227,7 +228,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         counts[aggs] = 2 * sp.per_dom
         meta = np.empty(2 * len(sp.pieces), np.int64)
         meta[0::2], meta[1::2] = sp.pieces.file, sp.pieces.length
-    recv, rcounts = alltoallv_i64(comm, meta, counts)
+    recv, rcounts = alltoallv_i64(comm, meta, counts, what=call_name)
     d = ctx.my_domain
     ap: AggregatorPlan | None = None
     draft: Plan | None = None
@@ -257,10 +258,10 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     out = np.empty_like(vec)
     comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
     if out[0]:
-        raise_agreed(comm, step.error, what="write_all" if writing else "read_all")
+        raise_agreed(comm, step.error, what=call_name)
     assert draft is not None  # (no rank failed)
     if out[2]:
-        sround, _ = alltoallv_i64(comm, replies, rep_counts)
+        sround, _ = alltoallv_i64(comm, replies, rep_counts, what=call_name)
     else:
         sround = draft.sender.gwin.copy()
     # (the draft's shapes, made by prepare, are kept; the rounds' order is made anew)

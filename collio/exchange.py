@@ -17,15 +17,20 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from .collective import Attempt, raise_agreed
+
 __all__ = ["alltoallv_i64", "byte_view", "Messages", "Shapes", "group_shapes"]
 
 I64 = npt.NDArray[np.int64]
 
 
-def alltoallv_i64(comm: MPI.Comm, send: I64, counts: I64) -> tuple[I64, I64]:
+def alltoallv_i64(comm: MPI.Comm, send: I64, counts: I64, *, what: str = "") -> tuple[I64, I64]:
     """Collective over `comm`: send ``counts[r]`` consecutive int64 values to rank r.
 
     Returns the received values (grouped by source) and the count from each source.
+    A rank that cannot allocate what it receives (an aggregator gets the metadata of
+    every rank's pieces in its domain) makes every rank raise the same error (``what``
+    in front), instead of leaving the others in the exchange.
     """
     send = np.ascontiguousarray(send, np.int64)
     counts = np.ascontiguousarray(counts, np.int64)
@@ -33,7 +38,14 @@ def alltoallv_i64(comm: MPI.Comm, send: I64, counts: I64) -> tuple[I64, I64]:
     comm.Alltoall([counts, MPI.INT64_T], [rcounts, MPI.INT64_T])
     sdispl = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
     rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
-    recv = np.empty(int(rcounts.sum()), np.int64)
+    step = Attempt()
+    recv = np.zeros(0, np.int64)
+    with step:
+        recv = np.empty(int(rcounts.sum()), np.int64)
+    flag = np.array([int(step.error is not None)], np.int64)
+    comm.Allreduce(MPI.IN_PLACE, [flag, MPI.INT64_T], op=MPI.MAX)
+    if flag[0]:
+        raise_agreed(comm, step.error, what=what)
     # mpi4py 4 switches to MPI-4 large-count calls by itself when counts exceed int
     comm.Alltoallv([send, (counts, sdispl), MPI.INT64_T], [recv, (rcounts, rdispl), MPI.INT64_T])
     return recv, rcounts

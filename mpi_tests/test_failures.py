@@ -497,11 +497,11 @@ def _address_space() -> int:
 
 
 @contextlib.contextmanager
-def _little_memory(on: bool):
-    """On this rank (if ``on``), allocations beyond 256 MiB more fail (RLIMIT_AS)."""
+def _little_memory(on: bool, more: int = 256 << 20):
+    """On this rank (if ``on``), allocations beyond ``more`` bytes more fail (RLIMIT_AS)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if on:
-        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + (256 << 20), hard))
+        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + more, hard))
     try:
         yield
     finally:
@@ -552,3 +552,29 @@ def test_round_buffers_out_of_memory_on_one_rank(comm, shared_path, op, kept):
         assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(shape), glob * 2)
     finally:
         collio.release_buffers()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_metadata_out_of_memory_on_one_aggregator(comm, shared_path):
+    """An aggregator that cannot hold the metadata of its domain's pieces fails in the
+    planning's exchange, on every rank (before, the others waited in ``Alltoallv``)."""
+    last, m = comm.size - 1, 1 << 22
+    if comm.rank == last:  # no data of its own, but a domain of 8-byte pieces
+        offsets = np.zeros(0, np.int64)
+    else:
+        offsets = (np.arange(m, dtype=np.int64) * comm.size + comm.rank) * 8
+    lay = collio.layouts.Segments(offsets, np.full(len(offsets), 8, np.int64))
+    data = np.arange(len(offsets) * 8, dtype=np.int64).astype(np.uint8) + comm.rank
+    with collio.open(shared_path, "w", comm=comm, hints={"romio_cb_write": "enable"}) as f:
+        collio.release_buffers()  # planned anew, as in a first call
+        with _little_memory(comm.rank == last, 16 << 20):
+            err = _raises_everywhere(comm, collio.CollioError, lambda: f.write_all(data, lay))
+        assert f"write_all: rank {last}: MemoryError" in str(err)
+        f.write_all(data, lay)  # the same call works with memory back
+    comm.Barrier()
+    got = np.zeros(m * comm.size * 8, np.uint8)
+    raw = np.fromfile(shared_path, np.uint8)
+    got[: len(raw)] = raw  # (the file ends with the last piece written)
+    got = got.reshape(m, comm.size, 8)
+    if comm.rank != last:
+        assert np.array_equal(got[:, comm.rank, :].reshape(-1), data)
