@@ -220,14 +220,13 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     call_name = "write_all" if writing else "read_all"
     step = Attempt()
     sp: SenderPlan | None = None
-    with step:
-        sp = plan_sender(runs, bounds, window)
     counts = np.zeros(comm.Get_size(), np.int64)
     meta = np.zeros(0, np.int64)
-    if sp is not None:
-        counts[aggs] = 2 * sp.per_dom
+    with step:  # (a rank that fails here sends nothing: counts are set last)
+        sp = plan_sender(runs, bounds, window)
         meta = np.empty(2 * len(sp.pieces), np.int64)
         meta[0::2], meta[1::2] = sp.pieces.file, sp.pieces.length
+        counts[aggs] = 2 * sp.per_dom
     recv, rcounts = alltoallv_i64(comm, meta, counts, what=call_name)
     d = ctx.my_domain
     ap: AggregatorPlan | None = None
@@ -236,13 +235,13 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     rep_counts = np.zeros(comm.Get_size(), np.int64)
     big = 0
     with step:
-        if sp is not None and d >= 0:
+        if step.error is None and d >= 0:
             src = np.repeat(np.arange(comm.Get_size(), dtype=np.int64), rcounts // 2)
             ap, bad = plan_aggregator(recv[0::2], recv[1::2], src, int(bounds[d]), window)
             if bad >= 0 and writing:
                 raise _overlap_error(recv[0::2], recv[1::2], src, bad)
             replies, rep_counts = ap.replies(comm.Get_size())
-        if sp is not None:
+        if step.error is None and sp is not None:
             draft = Plan(bounds, window, sp, sp.gwin, ap, 0)
             prepare_rounds(draft, writing=writing)
             # whether to keep the plan is agreed too: a plan kept by only some ranks (an

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .collective import Attempt, raise_agreed
+from .collective import Attempt, agree
 
 __all__ = ["alltoallv_i64", "byte_view", "Messages", "Shapes", "group_shapes"]
 
@@ -42,10 +42,7 @@ def alltoallv_i64(comm: MPI.Comm, send: I64, counts: I64, *, what: str = "") -> 
     recv = np.zeros(0, np.int64)
     with step:
         recv = np.empty(int(rcounts.sum()), np.int64)
-    flag = np.array([int(step.error is not None)], np.int64)
-    comm.Allreduce(MPI.IN_PLACE, [flag, MPI.INT64_T], op=MPI.MAX)
-    if flag[0]:
-        raise_agreed(comm, step.error, what=what)
+    agree(comm, step.error, what=what)
     # mpi4py 4 switches to MPI-4 large-count calls by itself when counts exceed int
     comm.Alltoallv([send, (counts, sdispl), MPI.INT64_T], [recv, (rcounts, rdispl), MPI.INT64_T])
     return recv, rcounts

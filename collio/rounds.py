@@ -95,9 +95,10 @@ class _Lagged:
 
 
 def prepare(plan: Plan, *, writing: bool) -> None:
-    """Local: make what this rank's rounds of ``plan`` allocate, so the rounds allocate
-    nothing: the plan's message shapes and the kept round (and, for reads, packing)
-    buffers.  Mostly a no-op (a kept plan has its shapes, the buffers are kept).
+    """Local: make the large things this rank's rounds of ``plan`` need, so the rounds
+    allocate only small ones (the order of the rounds, request lists): the plan's message
+    shapes and the kept round (and, for reads, packing) buffers.  Mostly a no-op (a kept
+    plan has its shapes, the buffers are kept).
 
     Call it inside the step that the last agreement before the rounds covers (the
     check of a call with a kept plan, the planning of a new one).  A rank that runs
