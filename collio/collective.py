@@ -13,22 +13,28 @@ from __future__ import annotations
 import hashlib
 import time
 import types
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import numpy as np
+import numpy.typing as npt
 from mpi4py import MPI
 
-from .errors import classify, make_error
+from .errors import MismatchError, classify, make_error
 
 __all__ = [
+    "CALLS",
     "Attempt",
     "agree",
     "agree_same",
     "any_flag",
     "bcast_outcome",
+    "call_head",
     "digest",
     "quiet_barrier",
     "raise_agreed",
+    "same_slots",
+    "settle_same",
     "sleep_until_done",
 ]
 
@@ -106,13 +112,30 @@ def agree_same(
     :class:`~collio.errors.MismatchError`, naming the ranks whose value differs
     from rank 0's.
     """
-    h = digest(value)
-    vec = np.array([1 if error is not None else 0, h if h >= 0 else _NONE, -h if h >= 0 else _NONE])
+    vec = np.array([1 if error is not None else 0, *same_slots(value)], np.int64)
     out = np.empty_like(vec)
     comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
     if out[0]:
         raise_agreed(comm, error, what=what)
-    if out[1] == _NONE or out[1] == -out[2]:
+    settle_same(comm, value, out[1:3], what=what, describe=describe)
+
+
+def same_slots(value: Any) -> tuple[int, int]:
+    """Two int64 slots that, reduced with MAX, tell whether every rank has an equal ``value``.
+
+    The :func:`digest` and its negation (ranks passing None: neither, so not compared).
+    """
+    h = digest(value)
+    return (h, -h) if h >= 0 else (int(_NONE), int(_NONE))
+
+
+def settle_same(
+    comm: MPI.Comm, value: Any, maxima: Any, *, what: str, describe: Any = repr
+) -> None:
+    """Collective over `comm`: after an allreduce (MAX) of :func:`same_slots`, given its
+    ``maxima``, raise the same :class:`~collio.errors.MismatchError` on every rank if
+    the values differ (see :func:`agree_same`); return at once if they do not."""
+    if maxima[0] == _NONE or maxima[0] == -maxima[1]:
         return
     ref = comm.bcast(value, root=0)
     mine = None
@@ -122,6 +145,74 @@ def agree_same(
         )
     # equal values may print differently (np.int64(2) and 2): then nobody differs
     agree(comm, mine, what=what)
+
+
+#: The collective calls of a file, numbered in the code that each one's first agreement
+#: carries (:func:`call_head`).
+CALLS = ("write_all", "read_all", "sync", "close", "set_view", "open")
+#: int64 slots of that agreement: error flag, call code and its negation, the call's own.
+HEAD_SLOTS = 10
+_OWN = 3
+
+
+def call_head(
+    comm: MPI.Comm,
+    call: str,
+    file: tuple[int, str],
+    failed: bool,
+    own: Sequence[int] = (),
+    *,
+    patient: bool = False,
+) -> tuple[bool, npt.NDArray[np.int64]]:
+    """Collective over `comm`: the first operation of every collective call on a file.
+
+    Always one ``Iallreduce`` (MAX) of :data:`HEAD_SLOTS` int64: this rank's error flag;
+    a code naming ``call`` (one of :data:`CALLS`) and ``file`` (its serial number on the
+    communicator, agreed at open, and its name for messages), then the code negated, so
+    that the two maxima differ unless every rank passed the same code; then up to seven
+    slots of the call's own.  Since every call starts with the same operation, ranks that
+    make different calls meet in it (rather than in operations that never match: a
+    blocking and a nonblocking allreduce, or two of different lengths) and learn of it
+    before any other step; every rank then raises the same
+    :class:`~collio.errors.MismatchError` (``call_mismatch``) after one allgather of the
+    calls.  ``patient`` waits sleeping (see :func:`any_flag`), else polling as MPI does.
+
+    Returns whether any rank failed, and the maxima of the call's own slots.
+    """
+    code = file[0] * 8 + CALLS.index(call) + 1
+    vec = np.full(HEAD_SLOTS, _NONE, np.int64)
+    vec[:_OWN] = (1 if failed else 0, code, -code)
+    vec[_OWN : _OWN + len(own)] = own
+    out = np.empty_like(vec)
+    req = comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+    if patient:
+        sleep_until_done(req)
+    else:
+        req.Wait()
+    if out[1] != -out[2]:
+        _raise_call_mismatch(comm, call, file)
+    return bool(out[0]), out[_OWN:]
+
+
+def _raise_call_mismatch(comm: MPI.Comm, call: str, file: tuple[int, str]) -> NoReturn:
+    """Collective over `comm`: every rank raises the same error naming each rank's call."""
+    every: list[tuple[str, tuple[int, str]]] = comm.allgather((call, file))
+    one_file = len({f[0] for _, f in every}) == 1
+    names = [c if one_file else f"{c} of {f[1]}" for c, f in every]
+    keys = [(c, f[0]) for c, f in every]
+    bad = [r for r, k in enumerate(keys) if k != keys[0]]
+    shown = ", ".join(f"rank {r}: {names[r]}" for r in bad[:8])
+    if len(bad) > 8:
+        shown += f", and {len(bad) - 8} more ranks"
+    what = "different collective operations" if one_file else "operations on different files"
+    err = MismatchError(
+        f"ranks called {what}: rank 0 {names[0]}; {shown} (every rank must make the same call)",
+        ranks=tuple(bad),
+    )
+    err.call_mismatch = True
+    err.calls = tuple(c for c, _ in every)
+    err.one_file = one_file
+    raise err
 
 
 def bcast_outcome(

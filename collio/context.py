@@ -33,6 +33,8 @@ class Context:
     mode: str
     plans: PlanCache | None = None  # plans of earlier calls on this communicator
     read_aggregators: I64 | None = None  # when reads use other aggregators (see Backend)
+    file: tuple[int, str] = (0, "")  # serial on the communicator, name: see call_head
+    aborted: bool = False  # an atomic commit was dropped: writes are refused (collective)
 
     @property
     def rank(self) -> int:

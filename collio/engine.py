@@ -3,8 +3,9 @@
 Flow of one call (every rank runs every step, so nothing hangs):
 
 1. *check*: validate the layout and data locally, then one allreduce agrees on
-   errors, the shared signature (global shape, dtype), the global extent and
-   whether the shuffle can be skipped;
+   the call itself (the first operation of every collective call on a file,
+   :func:`~collio.collective.call_head`), errors, the shared signature (global
+   shape, dtype), the global extent and whether the shuffle can be skipped;
 2. *plan*: cut runs at file domains and round windows; send (offset, length)
    lists to the aggregators, which check overlaps and number their rounds;
 3. *rounds*: per round, an allreduce of a status flag, then point-to-point
@@ -29,7 +30,14 @@ from .aggregators import plan_aggregator, plan_sender, window_size
 from .aggregators.domains import alignment
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .aggregators.summary import aggregator_summary
-from .collective import Attempt, any_flag, digest, raise_agreed, sleep_until_done
+from .collective import (
+    Attempt,
+    any_flag,
+    call_head,
+    raise_agreed,
+    same_slots,
+    sleep_until_done,
+)
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
@@ -63,6 +71,8 @@ def _check(
             raise ModeError("the file is closed")
         if writing and ctx.mode == "r":
             raise ModeError("write_all on a file opened in mode 'r'")
+        if writing and ctx.aborted:
+            raise ModeError("an earlier error aborted the atomic commit: nothing more is written")
         if not writing and not ctx.backend.readable:
             raise ModeError(
                 f"read_all is not possible on this {ctx.backend.name} target in mode {ctx.mode!r}"
@@ -90,22 +100,16 @@ def _check(
     # the shuffle may be skipped only if every rank has a few runs or large ones
     small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
     call_name = "write_all" if writing else "read_all"
-    h = digest(sig)  # None (Segments, views, ...): not compared
-    w = 1 if writing else 0  # the call itself is compared whatever the layout
-    vec = np.array(
-        [1 if step.error else 0, h if h >= 0 else -_BIG, -h if h >= 0 else -_BIG, -lo, hi, small]
-        + [cand, -cand, w, -w],
-        np.int64,
-    )
-    out = np.empty_like(vec)
-    ctx.comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
-    if out[8] != -out[9]:  # a read beside a write: before any rank's own error
-        _raise_mismatch(ctx.comm, sig, call_name)
-    if out[0]:
-        raise_agreed(ctx.comm, step.error, what="write_all" if writing else "read_all")
-    if out[1] != -_BIG and out[1] != -out[2]:
-        _raise_mismatch(ctx.comm, sig, call_name)
-    glo, ghi, any_small = int(-out[3]), int(out[4]), bool(out[5])
+    # the call's first operation, as of every collective call on a file: a call mismatch
+    # (a read beside a write, a sync, ...) is raised first, before any rank's own error;
+    # a signature None (Segments, views, ...) is not compared
+    slots = [*same_slots(sig), -lo, hi, int(small), cand, -cand]
+    failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, slots)
+    if failed:
+        raise_agreed(ctx.comm, step.error, what=call_name)
+    if out[0] != -_BIG and out[0] != -out[1]:
+        _raise_mismatch(ctx.comm, sig)
+    glo, ghi, any_small = int(-out[2]), int(out[3]), bool(out[4])
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
     direct = False
     own = None
@@ -117,8 +121,8 @@ def _check(
         if split is not None:
             own, direct = split
     call = Call(glo, ghi, direct, Stats(), None if direct else own, prekey=prekey)
-    if out[6] == -out[7]:  # every rank found the plan of the same earlier call (or none)
-        call.plan_epoch = int(out[6])
+    if out[5] == -out[6]:  # every rank found the plan of the same earlier call (or none)
+        call.plan_epoch = int(out[5])
     return runs, buf, extra, call
 
 
@@ -150,20 +154,9 @@ def _prekey(ctx: Context, writing: bool) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def _raise_mismatch(comm: MPI.Comm, sig: tuple[Any, ...] | None, call: str) -> None:
-    every = comm.allgather((call, sig))
-    calls = [e[0] for e in every]
-    if len(set(calls)) > 1:
-        bad = [r for r, c in enumerate(calls) if c != calls[0]]
-        shown = ", ".join(f"rank {r}: {calls[r]}" for r in bad[:8])
-        err = MismatchError(
-            f"ranks called different collective operations: rank 0 {calls[0]}; "
-            f"{shown} (every rank must make the same call)",
-            ranks=tuple(bad),
-        )
-        err.call_mismatch = True  # type: ignore[attr-defined]
-        raise err
-    sigs = [e[1] for e in every]
+def _raise_mismatch(comm: MPI.Comm, sig: tuple[Any, ...] | None) -> None:
+    """Collective over `comm`: every rank raises the same error naming the differing arrays."""
+    sigs = comm.allgather(sig)
     ref_rank = next(r for r, s in enumerate(sigs) if s is not None)
     ref = sigs[ref_rank]
     bad = [r for r, s in enumerate(sigs) if s is not None and s != ref]

@@ -37,7 +37,16 @@ class LayoutError(CollioError, ValueError):
 
 
 class MismatchError(LayoutError):
-    """Ranks disagree on something they must share (global shape, dtype, order, mode)."""
+    """Ranks disagree on something they must share (global shape, dtype, order, mode).
+
+    ``call_mismatch`` is True when the ranks called different collective operations
+    (or operations on different files); then ``calls`` holds each rank's call, and
+    ``one_file`` says whether all of them were calls on the same file.
+    """
+
+    call_mismatch: bool = False
+    calls: tuple[str, ...] = ()
+    one_file: bool = True
 
 
 class OverlapError(CollioError, ValueError):

@@ -13,9 +13,9 @@ from mpi4py import MPI
 from . import engine, view
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
-from .collective import Attempt, agree, agree_same, any_flag, raise_agreed
+from .collective import Attempt, call_head, raise_agreed, same_slots, settle_same
 from .comms import Private, private
-from .errors import ModeError
+from .errors import MismatchError, ModeError
 from .hints import Hints
 from .layouts.base import Layout
 from .stats import Stats
@@ -67,17 +67,22 @@ def open(  # noqa: A001 - the natural name, like io.open / h5py.File
 class File:
     """A target open on every rank of a communicator.
 
-    ``write_all``, ``read_all``, ``sync`` and ``close`` are collective: every
-    rank calls them, in the same order, even with nothing to write.  Errors are
+    ``set_view``, ``write_all``, ``read_all``, ``sync`` and ``close`` are collective:
+    every rank calls them, in the same order, even with nothing to write.  Errors are
     raised on every rank alike, and the file stays usable after them.
+
+    Each of them starts with the same operation (:func:`~collio.collective.call_head`),
+    so ranks making different calls (one rank in ``sync`` or ``close`` while the others
+    are in ``write_all``) all raise the same :class:`~collio.MismatchError` instead of
+    hanging.  Then, on every rank alike: an atomic target is aborted (as after a failed
+    write); if some rank called ``close``, the file is closed on every rank, its commit
+    dropped, since that rank will not call again (the others' later ``close()`` finds it
+    closed); otherwise the file stays open and usable.
     """
 
     def __init__(self, ctx: engine.Context, target: Any) -> None:
         self._ctx = ctx
         self.target = target
-        self._aborted = False
-        # a write_all since the last agreed sync (collective state: the same on every rank)
-        self._unsynced = False
         self._view = view.DEFAULT_VIEW
         self._position = 0  # this rank's file pointer, in etypes of the view
         self._priv: Private | None = None  # the duplicate's owner, told when we close
@@ -106,8 +111,14 @@ class File:
             # a path or URL must be the same on every rank (as MPI_File_open's filename)
             path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else None
             mine = (mode, parsed, name, path)
-        # one allreduce agrees on errors and on every rank passing the same arguments
-        agree_same(comm, step.error, mine, what="open", describe=lambda v: f"open arguments {v!r}")
+        # one allreduce agrees on errors and on every rank passing the same arguments;
+        # it is the first operation of a file's calls, so a rank opening a file beside
+        # the others' calls on an open one raises (as they do) instead of hanging
+        file = (priv.files + 1, repr(target))
+        failed, out = call_head(comm, "open", file, step.error is not None, same_slots(mine))
+        if failed:
+            raise_agreed(comm, step.error, what="open")
+        settle_same(comm, mine, out, what="open", describe=lambda v: f"open arguments {v!r}")
         be: Backend = bcls.open(target, mode, comm=comm, hints=parsed, **options)
         aggs = priv.choose(parsed.cb_nodes, parsed.per_node())
         be.aggregators = aggs
@@ -124,10 +135,11 @@ class File:
         stats.hints["direct_write"] = parsed.direct_write and bool(
             stats.backend.get("direct_write", False)
         )
-        ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans, read_aggs)
+        ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans, read_aggs, file)
         f = cls(ctx, target)
         f._priv = priv
         priv.acquire()
+        priv.files = file[0]
         return f
 
     # -- properties -----------------------------------------------------------
@@ -182,7 +194,11 @@ class File:
         ``Set_view``'s signature and ignored: hints go to :func:`collio.open`.
         """
         self._check_open()
-        self._view = view.make_view(self.comm, disp, etype, filetype, datarep)
+        try:
+            self._view = view.make_view(self.comm, self._ctx.file, disp, etype, filetype, datarep)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
         self._position = 0
 
     @property
@@ -201,15 +217,11 @@ class File:
         which then moves on.
         """
         self._check_open()
-        if self._aborted:
-            agree(self.comm, ModeError("an earlier write failed; atomic commit was aborted"))
         lay = view.BufferLayout(self._view, self._position, data, writing=True)
-        self._unsynced = True
         try:
             engine.write(self._ctx, data, lay if layout is _VIEW else layout)
-        except BaseException:
-            if self._atomic():
-                self._abort()
+        except BaseException as exc:
+            self._failed(exc, writing=True)
             raise
         if layout is _VIEW:
             self._position += lay.etypes
@@ -234,11 +246,7 @@ class File:
         try:
             return engine.read(self._ctx, layout, out)
         except BaseException as exc:
-            # failures are agreed: if some ranks called write_all meanwhile (a
-            # MismatchError), they count on close() agreeing; so must this rank
-            self._unsynced = True
-            if getattr(exc, "call_mismatch", False) and self._atomic():
-                self._abort()  # as the ranks in write_all do: the same collective calls
+            self._failed(exc)  # as the ranks in write_all do, when some are (a mismatch)
             raise
 
     def write_at_all(self, offset: int, buf: Any) -> None:
@@ -258,32 +266,64 @@ class File:
         step = Attempt()
         with step:
             self.backend.sync()
-        if any_flag(self.comm, step.error is not None, patient=True):
+        if self._head("sync", step.error):
             raise_agreed(self.comm, step.error, what="sync")
-        self._unsynced = False
 
     def close(self) -> None:
-        """Collective over `comm`: sync, commit (atomic targets), release.  Idempotent."""
+        """Collective over `comm`: sync, commit (atomic targets), release.  Idempotent.
+
+        Always one agreement, even with nothing written: a rank closing alone would
+        leave the others waiting in their next call on the file.
+        """
         if self.closed:
-            return
-        ctx = self._ctx
-        if not (self._unsynced or self._aborted or ctx.backend.commits):
-            # nothing written since an agreed sync, nothing to commit: every rank knows
-            # it (write_all and sync are collective), so no agreement is needed
-            self._release()
             return
         step = Attempt()
         with step:
-            ctx.backend.sync()
-        # fsync takes each rank its own time: wait sleeping (see engine._complete)
-        ok = not self._aborted and not any_flag(ctx.comm, step.error is not None, patient=True)
+            self.backend.sync()
+        failed = self._head("close", step.error)  # a mismatch: _failed closed the file
+        self._finish(failed, step.error)
+
+    def _head(self, call: str, error: BaseException | None) -> bool:
+        """Collective over `comm`: ``sync``'s or ``close``'s first agreement; True if any
+        rank failed.  fsync takes each rank its own time: it waits sleeping (see
+        engine._complete)."""
         try:
-            if not self._aborted:
-                ctx.backend.commit(ctx.comm, ok)
-            if not ok:
-                agree(ctx.comm, step.error, what="close")
+            failed, _ = call_head(self.comm, call, self._ctx.file, error is not None, patient=True)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        return failed
+
+    def _finish(self, failed: bool, error: BaseException | None) -> None:
+        """Collective over `comm`: commit (drop, if anything failed or was aborted), release."""
+        ctx = self._ctx
+        try:
+            ctx.backend.commit(ctx.comm, not (failed or ctx.aborted))
+            if failed:
+                raise_agreed(ctx.comm, error, what="close")
         finally:
             self._release()
+
+    def _failed(self, exc: BaseException, *, writing: bool = False) -> None:
+        """Collective over `comm`: what every rank that raised the agreed ``exc`` does next.
+
+        The same on every rank, whichever call it was in: a failed write to an atomic
+        target is aborted, and so is any call mismatch on this file.  When some rank
+        called ``close`` the file is closed on every rank, its commit dropped: that rank
+        will not call again.  After calls on different files (or an ``open``) nothing
+        is done: the ranks do not share this file.
+        """
+        if isinstance(exc, MismatchError) and exc.call_mismatch:
+            if not exc.one_file:
+                return
+            if "close" in exc.calls:
+                self._abort()
+                self._finish(False, None)
+                return
+        elif not writing:
+            return
+        if self._atomic():
+            self._abort()
 
     def _release(self) -> None:
         ctx = self._ctx
@@ -308,9 +348,13 @@ class File:
         return atomic and self.mode in ("w", "r+")
 
     def _abort(self) -> None:
-        """Collective: drop an atomic write (the temporary goes, the target stays)."""
-        self._aborted = True
-        self.backend.commit(self.comm, False)
+        """Local (the same on every rank): drop the writes; ``close`` will not commit them.
+
+        Later writes are refused (``ModeError`` on every rank); ``close`` calls
+        ``commit(ok=False)`` (the temporary goes, the previous target stays).  Nothing
+        collective here, so a rank may abort whatever call the others were in.
+        """
+        self._ctx.aborted = True
 
     def __enter__(self) -> File:
         return self
@@ -321,7 +365,7 @@ class File:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
-        if exc is not None and not self._aborted and not self.closed and self._atomic():
+        if exc is not None and not self.closed and self._atomic():
             self._abort()
         self.close()
 

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from . import datatypes
-from .collective import Attempt, agree
+from .collective import Attempt, call_head, raise_agreed
 from .errors import LayoutError, MismatchError
 from .layouts.base import Layout
 from .layouts.strided import Blocks
@@ -71,8 +71,14 @@ def check_filetype(ft: Flat) -> str | None:
     return None
 
 
-def make_view(comm: MPI.Comm, disp: Any, etype: Any, filetype: Any, datarep: str) -> FileView:
-    """Collective over `comm`: check and flatten a view; the same error on every rank."""
+def make_view(
+    comm: MPI.Comm, file: tuple[int, str], disp: Any, etype: Any, filetype: Any, datarep: str
+) -> FileView:
+    """Collective over `comm`: check and flatten a view; the same error on every rank.
+
+    One agreement (:func:`~collio.collective.call_head`, as ``set_view`` of ``file``)
+    carries the errors and the etype sizes, which must be equal.
+    """
     step = Attempt()
     view = DEFAULT_VIEW
     with step:
@@ -94,18 +100,14 @@ def make_view(comm: MPI.Comm, disp: Any, etype: Any, filetype: Any, datarep: str
         if bad:
             raise LayoutError(bad)
         view = FileView(int(disp), et.size, ft)
-    agree(comm, step.error, what="set_view")
-    sizes = np.array([view.etype_size, -view.etype_size], np.int64)
-    out = np.empty_like(sizes)
-    comm.Allreduce([sizes, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
-    if out[0] != -out[1]:
-        agree(
-            comm,
-            MismatchError(
-                f"etype sizes differ between ranks: from {int(-out[1])} to {int(out[0])} bytes"
-            ),
-            what="set_view",
-        )
+    size = view.etype_size
+    failed, out = call_head(comm, "set_view", file, step.error is not None, [size, -size])
+    if failed:
+        raise_agreed(comm, step.error, what="set_view")
+    if out[0] != -out[1]:  # every rank knows: each names itself, as agree() would
+        low, high = int(-out[1]), int(out[0])
+        msg = f"etype sizes differ between ranks: from {low} to {high} bytes"
+        raise_agreed(comm, MismatchError(msg), what="set_view")
     return view
 
 

@@ -1,9 +1,9 @@
-"""Completion: sync and close agree on errors; a close with nothing left to do is local.
+"""Completion: sync and close agree on errors; close always agrees, even with nothing to do.
 
-``write_all`` and ``sync`` are collective, so every rank knows alike whether a
-``write_all`` happened since the last agreed ``sync``.  When none did (and the
-backend has nothing to commit), ``close`` needs no agreement: one rank may close
-while the others do something else.  Otherwise ``close`` syncs and agrees.
+A rank that closed without an agreement (once the ranks had synced) would leave the
+others waiting forever in their next call on the file; since every close agrees, a
+rank closing alone meets the others' call there and every rank raises the same
+``MismatchError`` (more pairs of calls in ``test_mismatch.py``).
 """
 
 from __future__ import annotations
@@ -65,15 +65,20 @@ def _written(comm, path, seed, **open_kw):
     return f, glob
 
 
-@pytest.mark.mpi
-def test_close_after_sync_is_local(comm, shared_path):
+@pytest.mark.mpi(min_size=2)
+def test_close_after_sync_is_collective(comm, shared_path):
+    """Rank 0 closes alone after an agreed sync while the others sync again: once a
+    local close, which left the others waiting; now every rank raises and the file is
+    closed on every rank (what was written and synced stays)."""
     f, glob = _written(comm, shared_path, 11)
     f.sync()
-    if comm.rank == 0:
-        f.close()  # alone: were close collective, rank 0 would wait here forever
-        assert f.closed
+    err = raises_everywhere(
+        comm, collio.MismatchError, f.close if comm.rank == 0 else f.sync, match="rank 0 close; "
+    )
+    assert err.call_mismatch and err.calls == ("close",) + ("sync",) * (comm.size - 1)
+    assert f.closed
+    f.close()  # idempotent
     comm.Barrier()
-    f.close()  # the others (and rank 0 again: idempotent)
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
 
 

@@ -1,0 +1,220 @@
+"""Ranks calling different collective methods of a file: the same error everywhere, no hang.
+
+Rank 0 makes one call while the other ranks make another.  Every collective call on a
+file starts with the same nonblocking allreduce, so they all meet there and raise the
+same ``MismatchError`` naming each rank's call.  Afterwards the file is in the same
+state on every rank: closed everywhere when some rank called ``close`` (its commit
+dropped), else open and usable, with an atomic target aborted (its writes refused,
+the previous content kept at close).  On the code before that allreduce these tests
+hung (pytest-timeout fails them) or raised different errors on different ranks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from helpers import raises_everywhere, reference
+from mpi4py import MPI
+
+import collio
+from collio import layouts
+
+SHAPE = (16, 12)
+ROW = SHAPE[1] * 8  # bytes per row of <f8
+
+
+def _rows(comm):
+    """This rank's rows [a, b) of SHAPE (block rows; empty on ranks past the end)."""
+    n = SHAPE[0]
+    per = -(-n // comm.size)
+    return min(comm.rank * per, n), min(n, (comm.rank + 1) * per)
+
+
+def _box(comm):
+    a, b = _rows(comm)
+    return layouts.Subarray(SHAPE, (a, 0), (b - a, SHAPE[1]), "<f8")
+
+
+def _piece(comm, glob):
+    a, b = _rows(comm)
+    return np.ascontiguousarray(glob[a:b])
+
+
+def _message(comm, first, rest):
+    shown = ", ".join(f"rank {r}: {rest}" for r in range(1, min(comm.size, 9)))
+    return (
+        f"ranks called different collective operations: rank 0 {first}; {shown} "
+        "(every rank must make the same call)"
+    )
+
+
+def _call(name, f, comm, data):
+    """The call ``name`` on ``f`` as a test program would make it."""
+    box = _box(comm)
+    if name == "write_all":
+        return lambda: f.write_all(data, box)
+    if name == "read_all":
+        return lambda: f.read_all(box)
+    if name == "set_view":
+        return lambda: f.set_view(_rows(comm)[0] * ROW, MPI.DOUBLE)
+    return getattr(f, name)  # sync, close
+
+
+def _mismatch(comm, f, first, rest, data):
+    """Rank 0 calls ``first``, the others ``rest``: the same MismatchError everywhere."""
+    call = _call(first if comm.rank == 0 else rest, f, comm, data)
+    err = raises_everywhere(comm, collio.MismatchError, call)
+    assert str(err) == _message(comm, first, rest)
+    assert err.call_mismatch and err.one_file
+    assert err.calls == (first,) + (rest,) * (comm.size - 1)
+    assert err.ranks == tuple(range(1, comm.size))
+    return err
+
+
+def _on_disk(comm, path):
+    comm.Barrier()
+    got = np.fromfile(path, "<f8").reshape(SHAPE)
+    comm.Barrier()
+    return got
+
+
+PAIRS = [
+    ("sync", "write_all"),
+    ("write_all", "sync"),
+    ("close", "write_all"),
+    ("write_all", "close"),
+    ("close", "read_all"),
+    ("set_view", "write_all"),
+    ("write_all", "set_view"),
+    ("sync", "read_all"),
+    ("read_all", "set_view"),
+    ("close", "sync"),
+    ("set_view", "close"),
+]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("atomic", [False, True], ids=["plain", "atomic"])
+@pytest.mark.parametrize(("first", "rest"), PAIRS, ids=[f"{a}-vs-{b}" for a, b in PAIRS])
+def test_different_calls_raise_everywhere_and_the_file_goes_on(
+    comm, shared_dir, first, rest, atomic
+):
+    path = os.path.join(shared_dir, "target.bin")
+    old, new, newer = (reference(SHAPE, "<f8", seed=s) for s in (1, 2, 3))
+    box = _box(comm)
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(_piece(comm, old), box)
+    with collio.open(path, "r+", comm=comm, hints={"atomic_commit": atomic}) as f:
+        f.write_all(_piece(comm, new), box)  # written before the mismatch
+        _mismatch(comm, f, first, rest, np.zeros_like(_piece(comm, new)))
+        closing = "close" in (first, rest)
+        assert comm.allgather(f.closed) == [closing] * comm.size
+        if closing:
+            f.close()  # idempotent, local: every rank is closed
+            with pytest.raises(collio.ModeError, match="is closed"):
+                f.write_all(_piece(comm, newer), box)
+        else:
+            # nothing moved; the view, the file pointer and the file go on
+            np.testing.assert_array_equal(f.read_all(box), _piece(comm, new))
+            assert f.position == 0
+            f.set_view(_rows(comm)[0] * ROW, MPI.DOUBLE)
+            if atomic:  # aborted as after a failed write, on every rank alike
+                raises_everywhere(comm, collio.ModeError, lambda: f.write_all(_piece(comm, newer)))
+            else:
+                f.write_all(_piece(comm, newer))
+                got = f.read_at_all(0, np.empty_like(_piece(comm, newer)))
+                np.testing.assert_array_equal(got, _piece(comm, newer))
+    # atomic: the previous content stays and no temporary is left; else what was written
+    want = old if atomic else (new if closing else newer)
+    np.testing.assert_array_equal(_on_disk(comm, path), want)
+    assert sorted(os.listdir(shared_dir)) == ["target.bin"]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize(("first", "rest"), [("close", "read_all"), ("sync", "read_all")])
+def test_read_only_file(comm, shared_path, first, rest):
+    """A file opened in 'r': the same error everywhere; closed everywhere, or still read."""
+    old = reference(SHAPE, "<f8", seed=4)
+    if comm.rank == 0:
+        old.tofile(shared_path)
+    comm.Barrier()
+    with collio.open(shared_path, "r", comm=comm) as f:
+        _mismatch(comm, f, first, rest, None)
+        assert comm.allgather(f.closed) == [first == "close"] * comm.size
+        if not f.closed:
+            np.testing.assert_array_equal(f.read_all(_box(comm)), _piece(comm, old))
+    np.testing.assert_array_equal(_on_disk(comm, shared_path), old)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("atomic", [False, True], ids=["plain", "atomic"])
+def test_one_rank_leaves_a_with_block_early(comm, shared_dir, atomic):
+    """Rank 0 leaves the ``with`` block (its close) while the others still write: every
+    rank raises, the others' own close (their ``with``) finds the file closed."""
+    path = os.path.join(shared_dir, "target.bin")
+    old, new = reference(SHAPE, "<f8", seed=5), reference(SHAPE, "<f8", seed=6)
+    box = _box(comm)
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(_piece(comm, old), box)
+
+    def program():
+        with collio.open(path, "r+", comm=comm, hints={"atomic_commit": atomic}) as g:
+            g.write_all(_piece(comm, new), box)
+            if comm.rank != 0:
+                g.write_all(np.zeros_like(_piece(comm, new)), box)
+
+    err = raises_everywhere(comm, collio.MismatchError, program)
+    assert str(err) == _message(comm, "close", "write_all")
+    np.testing.assert_array_equal(_on_disk(comm, path), old if atomic else new)
+    assert sorted(os.listdir(shared_dir)) == ["target.bin"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_open_beside_a_call_on_an_open_file(comm, shared_dir):
+    """Rank 0 opens another file on the communicator while the others write: every rank
+    raises (calls on different files) before anything is created, and goes on."""
+    path, other = (os.path.join(shared_dir, n) for n in ("target.bin", "other.bin"))
+    new = reference(SHAPE, "<f8", seed=7)
+    box = _box(comm)
+    with collio.open(path, "w", comm=comm) as f:
+        if comm.rank == 0:
+            call = lambda: collio.open(other, "w", comm=comm)  # noqa: E731
+        else:
+            call = lambda: f.write_all(np.zeros_like(_piece(comm, new)), box)  # noqa: E731
+        err = raises_everywhere(comm, collio.MismatchError, call)
+        shown = ", ".join(f"rank {r}: write_all of {path!r}" for r in range(1, min(comm.size, 9)))
+        assert str(err) == (
+            f"ranks called operations on different files: rank 0 open of {other!r}; {shown} "
+            "(every rank must make the same call)"
+        )
+        assert err.call_mismatch and not err.one_file
+        assert not f.closed
+        f.write_all(_piece(comm, new), box)
+    np.testing.assert_array_equal(_on_disk(comm, path), new)
+    assert sorted(os.listdir(shared_dir)) == ["target.bin"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_calls_on_two_files(comm, shared_dir):
+    """Rank 0 syncs one file while the others write another (open on the same
+    communicator): every rank raises; neither file is aborted or closed."""
+    paths = [os.path.join(shared_dir, n) for n in ("a.bin", "b.bin")]
+    new = [reference(SHAPE, "<f8", seed=s) for s in (8, 9)]
+    box = _box(comm)
+    with (
+        collio.open(paths[0], "w", comm=comm, hints={"atomic_commit": True}) as a,
+        collio.open(paths[1], "w", comm=comm) as b,
+    ):
+        if comm.rank == 0:
+            call = a.sync
+        else:
+            call = lambda: b.write_all(_piece(comm, new[1]), box)  # noqa: E731
+        err = raises_everywhere(comm, collio.MismatchError, call)
+        assert "ranks called operations on different files: rank 0 sync of " in str(err)
+        assert not err.one_file
+        a.write_all(_piece(comm, new[0]), box)  # not aborted
+        b.write_all(_piece(comm, new[1]), box)
+    for path, want in zip(paths, new, strict=True):
+        np.testing.assert_array_equal(_on_disk(comm, path), want)
