@@ -153,6 +153,7 @@ CALLS = ("write_all", "read_all", "sync", "close", "set_view", "open")
 #: int64 slots of that agreement: error flag, call code and its negation, the call's own.
 HEAD_SLOTS = 10
 _OWN = 3
+_PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
 
 
 def call_head(
@@ -180,9 +181,7 @@ def call_head(
     Returns whether any rank failed, and the maxima of the call's own slots.
     """
     code = file[0] * 8 + CALLS.index(call) + 1
-    vec = np.full(HEAD_SLOTS, _NONE, np.int64)
-    vec[:_OWN] = (1 if failed else 0, code, -code)
-    vec[_OWN : _OWN + len(own)] = own
+    vec = np.array([1 if failed else 0, code, -code, *own, *_PAD[len(own) :]], np.int64)
     out = np.empty_like(vec)
     req = comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
     if patient:
