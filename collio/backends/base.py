@@ -78,8 +78,9 @@ class Backend(abc.ABC):
         leaving the CPU to the ranks still doing I/O (and to a server on the node).
     ``atomic``
         Writes become visible only at :meth:`commit` (an S3 multipart upload):
-        :class:`collio.File` then treats every write as ``atomic_commit`` does, so
-        a failed ``write_all`` calls ``commit(comm, ok=False)`` at once.
+        :class:`collio.File` then treats every write as ``atomic_commit`` does: after
+        a failed ``write_all`` later writes are refused and ``close`` calls
+        ``commit(comm, ok=False)``.
     """
 
     name: ClassVar[str] = "abstract"
