@@ -58,7 +58,11 @@ _DIRECT_MAX_RUNS = 16
 def _check(
     ctx: Context, layout: Any, prepare: Any, *, writing: bool
 ) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:
-    """Collective over ``ctx.comm``: local checks, then one agreement (see module doc)."""
+    """Collective over ``ctx.comm``: local checks, then one agreement (see module doc).
+
+    Nothing before that agreement communicates (the checks, the runs, the kept plan's
+    lookup): ranks in different calls must meet there first.
+    """
     ctx.stats.local = {}
     step = Attempt()
     runs = Runs.empty()

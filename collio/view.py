@@ -77,7 +77,8 @@ def make_view(
     """Collective over `comm`: check and flatten a view; the same error on every rank.
 
     One agreement (:func:`~collio.collective.call_head`, as ``set_view`` of ``file``)
-    carries the errors and the etype sizes, which must be equal.
+    carries the errors and the etype sizes, which must be equal; the checks before it
+    are local (decoding a datatype asks MPI only about the type).
     """
     step = Attempt()
     view = DEFAULT_VIEW

@@ -7,6 +7,11 @@ state on every rank: closed everywhere when some rank called ``close`` (its comm
 dropped), else open and usable, with an atomic target aborted (its writes refused,
 the previous content kept at close).  On the code before that allreduce these tests
 hung (pytest-timeout fails them) or raised different errors on different ranks.
+
+Nothing collective may come before that allreduce: with the ``mpiio`` backend the
+fsync of ``sync`` and ``close`` is ``MPI_File_sync``, a collective call, so a rank
+that synced before agreeing sat in it while the others sat in ``write_all``'s
+allreduce.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
+from collio.backends import register_backend
+from collio.backends.mpiio import MpiioBackend
 
 SHAPE = (16, 12)
 ROW = SHAPE[1] * 8  # bytes per row of <f8
@@ -91,22 +98,62 @@ PAIRS = [
     ("sync", "read_all"),
     ("read_all", "set_view"),
     ("close", "sync"),
+    ("sync", "close"),
     ("set_view", "close"),
 ]
 
 
+class BcastSyncMpiio(MpiioBackend):
+    """The mpiio backend on a file system whose ``MPI_File_sync`` communicates.
+
+    ``MPI_File_sync`` is collective, and ROMIO's PVFS2 driver makes it so: a reduce to
+    rank 0, which flushes, then a broadcast of its result.  Its UFS driver (this
+    machine's) only fsyncs, so a rank syncing while the others wait elsewhere goes
+    unnoticed there; this backend adds the reduce and the broadcast, on the file's
+    communicator, after the fsync.
+    """
+
+    name = "mpiio-bcast-sync"
+
+    @classmethod
+    def open(cls, target, mode, *, comm, hints, **options):
+        be = super().open(target, mode, comm=comm, hints=hints, **options)
+        be.comm = comm
+        return be
+
+    def sync(self):
+        super().sync()
+        if self.mode != "r":
+            self.comm.reduce(0, root=0)  # as ADIOI_PVFS2_Flush: every rank meets rank 0
+            self.comm.bcast(0, root=0)  # which then sends its flush's result
+
+
+register_backend(BcastSyncMpiio.name, BcastSyncMpiio)
+
+#: the targets each pair runs on: hints and backend of the second open
+TARGETS = {
+    "plain": {},
+    "atomic": {"hints": {"atomic_commit": True}},
+    # MPI_File_sync and MPI_File_close are collective: a rank in close or sync must not
+    # enter them while the others are still in write_all's first agreement
+    "mpiio": {"backend": "mpiio"},
+    "mpiio-bcast-sync": {"backend": BcastSyncMpiio.name},
+}
+
+
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("atomic", [False, True], ids=["plain", "atomic"])
+@pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize(("first", "rest"), PAIRS, ids=[f"{a}-vs-{b}" for a, b in PAIRS])
 def test_different_calls_raise_everywhere_and_the_file_goes_on(
-    comm, shared_dir, first, rest, atomic
+    comm, shared_dir, first, rest, target
 ):
     path = os.path.join(shared_dir, "target.bin")
     old, new, newer = (reference(SHAPE, "<f8", seed=s) for s in (1, 2, 3))
     box = _box(comm)
+    atomic = target == "atomic"
     with collio.open(path, "w", comm=comm) as f:
         f.write_all(_piece(comm, old), box)
-    with collio.open(path, "r+", comm=comm, hints={"atomic_commit": atomic}) as f:
+    with collio.open(path, "r+", comm=comm, **TARGETS[target]) as f:
         f.write_all(_piece(comm, new), box)  # written before the mismatch
         _mismatch(comm, f, first, rest, np.zeros_like(_piece(comm, new)))
         closing = "close" in (first, rest)
@@ -126,6 +173,7 @@ def test_different_calls_raise_everywhere_and_the_file_goes_on(
                 f.write_all(_piece(comm, newer))
                 got = f.read_at_all(0, np.empty_like(_piece(comm, newer)))
                 np.testing.assert_array_equal(got, _piece(comm, newer))
+                f.sync()
     # atomic: the previous content stays and no temporary is left; else what was written
     want = old if atomic else (new if closing else newer)
     np.testing.assert_array_equal(_on_disk(comm, path), want)
@@ -149,18 +197,19 @@ def test_read_only_file(comm, shared_path, first, rest):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("atomic", [False, True], ids=["plain", "atomic"])
-def test_one_rank_leaves_a_with_block_early(comm, shared_dir, atomic):
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_one_rank_leaves_a_with_block_early(comm, shared_dir, target):
     """Rank 0 leaves the ``with`` block (its close) while the others still write: every
     rank raises, the others' own close (their ``with``) finds the file closed."""
     path = os.path.join(shared_dir, "target.bin")
     old, new = reference(SHAPE, "<f8", seed=5), reference(SHAPE, "<f8", seed=6)
     box = _box(comm)
+    atomic = target == "atomic"
     with collio.open(path, "w", comm=comm) as f:
         f.write_all(_piece(comm, old), box)
 
     def program():
-        with collio.open(path, "r+", comm=comm, hints={"atomic_commit": atomic}) as g:
+        with collio.open(path, "r+", comm=comm, **TARGETS[target]) as g:
             g.write_all(_piece(comm, new), box)
             if comm.rank != 0:
                 g.write_all(np.zeros_like(_piece(comm, new)), box)
