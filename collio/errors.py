@@ -41,12 +41,16 @@ class MismatchError(LayoutError):
 
     ``call_mismatch`` is True when the ranks called different collective operations
     (or operations on different files); then ``calls`` holds each rank's call, and
-    ``one_file`` says whether all of them were calls on the same file.
+    ``one_file`` says whether all of them were calls on the same file.  When one of
+    them was ``close`` the file is closed on every rank (synced, not committed), and
+    ``close_error`` holds that close's error, if it failed (agreed: the same on every
+    rank), else None.
     """
 
     call_mismatch: bool = False
     calls: tuple[str, ...] = ()
     one_file: bool = True
+    close_error: Exception | None = None
 
 
 class OverlapError(CollioError, ValueError):

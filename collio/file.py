@@ -79,9 +79,9 @@ class File:
     so ranks making different calls (one rank in ``sync`` or ``close`` while the others
     are in ``write_all``) all raise the same :class:`~collio.MismatchError` instead of
     hanging.  Then, on every rank alike: an atomic target is aborted (as after a failed
-    write); if some rank called ``close``, the file is closed on every rank, its commit
-    dropped, since that rank will not call again (the others' later ``close()`` finds it
-    closed); otherwise the file stays open and usable.
+    write); if some rank called ``close``, the file is closed on every rank (synced as
+    ``close()`` syncs), its commit dropped, since that rank will not call again (the
+    others' later ``close()`` finds it closed); otherwise the file stays open and usable.
     """
 
     def __init__(self, ctx: engine.Context, target: Any) -> None:
@@ -327,13 +327,24 @@ class File:
             if not exc.one_file:
                 return
             if "close" in exc.calls:
-                self._abort()
-                self._finish(False, None)
+                self._close_after(exc)
                 return
         elif not writing:
             return
         if self._atomic():
             self._abort()
+
+    def _close_after(self, exc: MismatchError) -> None:
+        """Collective over `comm`: close as ``close()`` does after its agreement (sync on
+        every rank, agree on it, commit, release), the commit dropped, so what earlier
+        calls wrote is as durable as after a normal close.  Every rank still raises
+        ``exc``; a failure of this close (agreed, so the same everywhere) goes into
+        ``exc.close_error``."""
+        self._abort()
+        try:
+            self._finish(*self._synced())
+        except Exception as later:  # exc is the error every rank raises
+            exc.close_error = later
 
     def _release(self) -> None:
         ctx = self._ctx

@@ -82,6 +82,26 @@ def test_close_after_sync_is_collective(comm, shared_path):
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_close_after_a_mismatch_syncs_and_agrees(comm, shared_path, failing_sync):
+    """Rank 0 closes while the others write again: the file is closed on every rank as
+    close() closes it, its fsync and the agreement on it included.  The last rank's
+    fsync fails there; every rank still raises the same MismatchError, which carries
+    that failure, agreed."""
+    f, glob = _written(comm, shared_path, 15, backend="failing-sync")
+    lay = _lay(comm)
+    call = f.close if comm.rank == 0 else lambda: f.write_all(local_piece(glob, lay), lay)
+    err = raises_everywhere(comm, collio.MismatchError, call, match="rank 0 close; ")
+    assert isinstance(err.close_error, collio.BackendError)
+    assert err.close_error.errno == errno.EIO
+    msgs = comm.allgather(str(err.close_error))
+    assert msgs == [msgs[0]] * comm.size
+    assert f"close: rank {comm.size - 1}: " in msgs[0] and "injected fsync error" in msgs[0]
+    assert f.closed
+    comm.Barrier()  # the bytes were written before the mismatch
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+
+
 @pytest.mark.mpi
 def test_close_after_write_syncs_and_agrees(comm, shared_path, failing_sync):
     f, glob = _written(comm, shared_path, 12, backend="failing-sync")

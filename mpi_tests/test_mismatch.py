@@ -11,7 +11,8 @@ hung (pytest-timeout fails them) or raised different errors on different ranks.
 Nothing collective may come before that allreduce: with the ``mpiio`` backend the
 fsync of ``sync`` and ``close`` is ``MPI_File_sync``, a collective call, so a rank
 that synced before agreeing sat in it while the others sat in ``write_all``'s
-allreduce.
+allreduce.  A close after a mismatch syncs on every rank as ``close()`` does, so what
+was written before it is on disk.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def _mismatch(comm, f, first, rest, data):
     assert err.call_mismatch and err.one_file
     assert err.calls == (first,) + (rest,) * (comm.size - 1)
     assert err.ranks == tuple(range(1, comm.size))
+    assert err.close_error is None
     return err
 
 
@@ -158,6 +160,10 @@ def test_different_calls_raise_everywhere_and_the_file_goes_on(
         _mismatch(comm, f, first, rest, np.zeros_like(_piece(comm, new)))
         closing = "close" in (first, rest)
         assert comm.allgather(f.closed) == [closing] * comm.size
+        if closing and target == "plain":
+            # closed as close() closes, its sync on every rank: this rank's writes were
+            # fsynced (the bytes themselves are checked below)
+            assert comm.allgather(f.backend.dirty) == [False] * comm.size
         if closing:
             f.close()  # idempotent, local: every rank is closed
             with pytest.raises(collio.ModeError, match="is closed"):
