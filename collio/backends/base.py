@@ -252,11 +252,6 @@ class Backend(abc.ABC):
     def commit(self, comm: Any, ok: bool) -> None:  # noqa: B027 - optional hook
         """Collective over `comm`: make the writes visible (``ok``) or drop them."""
 
-    @property
-    def commits(self) -> bool:
-        """Whether :meth:`commit` has work to do (else a clean close needs no agreement)."""
-        return type(self).commit is not Backend.commit
-
     @abc.abstractmethod
     def close(self) -> None:
         """Release resources on this rank (after :meth:`commit`)."""

@@ -255,10 +255,6 @@ class PosixBackend(Backend):
         if step.error is not None:  # pragma: no cover - agree raised already
             raise CommitError(str(step.error))
 
-    @property
-    def commits(self) -> bool:
-        return self.final is not None  # atomic_commit: the rename
-
     def close(self) -> None:
         if self.dfd >= 0:
             os.close(self.dfd)
