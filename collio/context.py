@@ -35,6 +35,9 @@ class Context:
     read_aggregators: I64 | None = None  # when reads use other aggregators (see Backend)
     file: tuple[int, str] = (0, "")  # serial on the communicator, name: see call_head
     aborted: bool = False  # an atomic commit was dropped: writes are refused (collective)
+    # this rank's (lo, hi) when the ranks last compared extents on this file, and whether
+    # they were disjoint then (collective: the same on every rank); see engine._check
+    extents: tuple[int, int, bool] | None = None
 
     @property
     def rank(self) -> int:

@@ -107,7 +107,9 @@ def _check(
     # the call's first operation, as of every collective call on a file: a call mismatch
     # (a read beside a write, a sync, ...) is raised first, before any rank's own error;
     # a signature None (Segments, views, ...) is not compared
-    slots = [*same_slots(sig), -lo, hi, int(small), cand, -cand]
+    # whether any rank's extent moved since the ranks last compared extents (_disjoint)
+    moved = ctx.extents is None or ctx.extents[:2] != (lo, hi)
+    slots = [*same_slots(sig), -lo, hi, int(small), cand, -cand, int(moved)]
     failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, slots)
     if failed:
         raise_agreed(ctx.comm, step.error, what=call_name)
@@ -119,7 +121,11 @@ def _check(
     own = None
     if ctx.backend.independent and ghi > glo:
         if mode == "disable" or (mode == "automatic" and not any_small):
-            direct = _disjoint(ctx.comm, lo, hi)
+            if out[7] or ctx.extents is None:
+                # (ctx.extents is the same on every rank but for its (lo, hi), so is None
+                # on all of them or none)
+                ctx.extents = (lo, hi, _disjoint(ctx.comm, lo, hi))
+            direct = ctx.extents[2]  # no rank's extent moved: the same answer as then
     elif ghi > glo and mode != "enable":
         split = ctx.backend.own_runs(ctx.comm, runs, writing=writing)
         if split is not None:
