@@ -260,10 +260,10 @@ def raise_agreed(comm: MPI.Comm, error: BaseException | None, *, what: str = "")
 def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:
     """Collective over `comm`: True when any rank passes a true ``flag``.
 
-    With ``patient`` the ranks wait for each other in a sleeping ``Iallreduce``/
-    ``Test`` loop instead of MPI's polling: for backends whose requests take
-    milliseconds (object stores), where a polling rank would take a core from the
-    ranks still doing I/O, or from a server on the same node.
+    With ``patient`` the ranks wait for each other in an ``Iallreduce``/``Test`` loop
+    that yields the core, then sleeps (:func:`sleep_until_done`), instead of MPI's
+    polling: for waits that may last (fsync, object stores), where a polling rank
+    would take a core from the ranks still doing I/O, or from a server on the node.
     """
     if not patient:
         return bool(comm.allreduce(1 if flag else 0, op=MPI.MAX))

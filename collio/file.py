@@ -287,8 +287,8 @@ class File:
         """Collective over `comm`: ``sync``'s or ``close``'s first agreement, before the
         backend's sync, which may be collective (``MPI_File_sync``): a rank must not
         enter it while another is in a different call.  Nothing has run yet, so it
-        waits polling, as ``write_all``'s does (sleeping cost a close ~0.7 ms more on 4
-        ranks sharing 2 cores); the agreement after the fsync sleeps."""
+        waits polling, as ``write_all``'s does; the agreement after the fsync waits as
+        :func:`~collio.collective.sleep_until_done` does (yielding, then sleeping)."""
         try:
             call_head(self.comm, call, self._ctx.file, False)
         except BaseException as exc:
