@@ -149,12 +149,13 @@ def settle_same(
 
 
 #: The collective calls of a file, numbered in the code that each one's first agreement
-#: carries (:func:`call_head`).
-CALLS = ("write_all", "read_all", "sync", "close", "set_view", "open")
+#: carries (:func:`call_head`); ``flush`` is :mod:`collio.h5`'s.
+CALLS = ("write_all", "read_all", "sync", "close", "set_view", "open", "flush")
 #: int64 slots of that agreement: error flag, call code and its negation, the call's own.
 HEAD_SLOTS = 11
 _OWN = 3
 _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
+_SUBJECT = 1 << 57  # set in the code of a call on a part of a file: never a plain code
 
 
 def call_head(
@@ -165,6 +166,7 @@ def call_head(
     own: Sequence[int] = (),
     *,
     patient: bool = False,
+    subject: str | None = None,
 ) -> tuple[bool, npt.NDArray[np.int64]]:
     """Collective over `comm`: the first operation of every collective call on a file.
 
@@ -178,10 +180,15 @@ def call_head(
     before any other step; every rank then raises the same
     :class:`~collio.errors.MismatchError` (``call_mismatch``) after one allgather of the
     calls.  ``patient`` waits sleeping (see :func:`any_flag`), else polling as MPI does.
+    ``subject`` names the part of the file the call is on (``"dataset '/x'"``): it goes
+    into the code (then a :func:`digest` of it with the call and the file) and into the
+    message, so a write of one dataset beside a write of another is a mismatch too.
 
     Returns whether any rank failed, and the maxima of the call's own slots.
     """
     code = file[0] * 8 + CALLS.index(call) + 1
+    if subject is not None:
+        code = _SUBJECT | digest((code, subject))
     vec = np.array([1 if failed else 0, code, -code, *own, *_PAD[len(own) :]], np.int64)
     out = np.empty_like(vec)
     req = comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
@@ -190,16 +197,18 @@ def call_head(
     else:
         req.Wait()
     if out[1] != -out[2]:
-        _raise_call_mismatch(comm, call, file)
+        _raise_call_mismatch(comm, call, file, subject)
     return bool(out[0]), out[_OWN:]
 
 
-def _raise_call_mismatch(comm: MPI.Comm, call: str, file: tuple[int, str]) -> NoReturn:
+def _raise_call_mismatch(
+    comm: MPI.Comm, call: str, file: tuple[int, str], subject: str | None
+) -> NoReturn:
     """Collective over `comm`: every rank raises the same error naming each rank's call."""
-    every: list[tuple[str, tuple[int, str]]] = comm.allgather((call, file))
-    one_file = len({f[0] for _, f in every}) == 1
-    names = [c if one_file else f"{c} of {f[1]}" for c, f in every]
-    keys = [(c, f[0]) for c, f in every]
+    every: list[tuple[str, tuple[int, str], str | None]] = comm.allgather((call, file, subject))
+    one_file = len({f[0] for _, f, _ in every}) == 1
+    names = [_name(c, f[1], s, one_file) for c, f, s in every]
+    keys = [(c, f[0], s) for c, f, s in every]
     bad = [r for r, k in enumerate(keys) if k != keys[0]]
     shown = ", ".join(f"rank {r}: {names[r]}" for r in bad[:8])
     if len(bad) > 8:
@@ -210,9 +219,18 @@ def _raise_call_mismatch(comm: MPI.Comm, call: str, file: tuple[int, str]) -> No
         ranks=tuple(bad),
     )
     err.call_mismatch = True
-    err.calls = tuple(c for c, _ in every)
+    err.calls = tuple(c for c, _, _ in every)
     err.one_file = one_file
     raise err
+
+
+def _name(call: str, file: str, subject: str | None, one_file: bool) -> str:
+    """``write_all``, ``write_all of dataset '/x'``; on different files ``sync of 'a.bin'``,
+    ``write_all of dataset '/x' in 'a.h5'``."""
+    name = call if subject is None else f"{call} of {subject}"
+    if one_file:
+        return name
+    return f"{name} of {file}" if subject is None else f"{name} in {file}"
 
 
 def bcast_outcome(
