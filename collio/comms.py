@@ -45,8 +45,9 @@ class Private:
     # files keep their own) leaves the duplicate to the last of them to close
     users: int = 0
     orphaned: bool = False
-    # files opened on ``comm`` so far (by collective calls, so equal on every rank): each
-    # file's serial number, which the first agreement of its calls carries (call_head)
+    # files opened on ``comm`` so far (by collective calls, so equal on every rank), by
+    # collio.open and collio.h5 alike: each file's serial number, which the first
+    # agreement of its calls carries (call_head)
     files: int = 0
 
     def acquire(self) -> None:

@@ -13,8 +13,9 @@ Importing this module registers the h5py driver ``"collio"``::
 Metadata operations (groups, datasets, attributes) are collective in the sense of
 parallel HDF5: every rank makes the same calls in the same order.  Rank 0's library
 writes the real file; the others keep replicas in memory built by the same calls.
-Every collective collio call first checks that all ranks wrote the same metadata
-(a digest of every byte each library wrote) and raises the same
+Every collective collio call starts with one agreement, as :class:`collio.File`'s do,
+that checks that all ranks made the same call (on the same file and dataset) and wrote
+the same metadata (a digest of every byte each library wrote), and raises the same
 :class:`~collio.errors.MismatchError` on every rank when they did not.
 ``import collio`` does not import h5py; ``import collio.h5`` does.
 """

@@ -52,15 +52,10 @@ class File(h5py.File):  # type: ignore[misc]  # h5py has no type stubs
         )
 
     def close(self) -> None:
-        """Collective over `comm`: agree, write the metadata, fsync, close."""
+        """Collective over `comm`: agree, write the metadata, fsync, close.  Idempotent."""
         if not self.id.valid:
             return
-        s = session_of(self)
-        try:
-            if s.diverged is None:
-                s.sync(self)
-        finally:
-            super().close()
+        session_of(self).close(self)
 
 
 def create_dataset(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any) -> Any:
@@ -108,31 +103,38 @@ def _allocate_contiguous(dset: Any) -> None:
 
 
 def _prepare(s: Session, dset: Any, *, writing: bool) -> tuple[str, int | None]:
-    """Local and identical on every rank: storage kind, allocation, offset."""
+    """Local, changes nothing: storage kind and offset (None: not allocated yet)."""
     if writing and s.mode == "r":
         raise ModeError(f"write_all on {s.path!r} opened read-only")
     kind = _kind(dset)
-    offset = None
-    if kind == "contiguous":
-        offset = dset.id.get_offset()
-        if offset is None and writing:
-            _allocate_contiguous(dset)
-            offset = dset.id.get_offset()
-            if offset is not None:  # the element written to allocate is not metadata
-                s.vfile.forget(offset, offset + dset.dtype.itemsize)
-    return kind, offset
+    return kind, dset.id.get_offset() if kind == "contiguous" else None
 
 
 def _call(s: Session, dset: Any, what: str, writing: bool) -> tuple[str, int | None]:
-    """Collective: prepare, then the metadata checkpoint with the call's key."""
+    """Collective: the metadata checkpoint with the call's key (see Session.checkpoint).
+
+    A contiguous dataset HDF5 allocates late is allocated after the call's first
+    agreement, by every rank alike: before it, a rank allocating alone (its call a
+    write, another rank's a flush) would change its library's metadata, and every
+    later call would find the ranks' metadata different.
+    """
     box: list[tuple[str, int | None]] = []
 
     def key() -> tuple[Any, ...]:
         box.append(_prepare(s, dset, writing=writing))
         kind, offset = box[0]
-        return (dset.name, kind, offset, tuple(dset.shape), dset.dtype.str)
+        return (kind, offset, tuple(dset.shape), dset.dtype.str)
 
-    s.checkpoint(dset, what=what, key=key)
+    def allocate() -> None:
+        kind, offset = box[0]
+        if writing and kind == "contiguous" and offset is None:
+            _allocate_contiguous(dset)
+            offset = dset.id.get_offset()
+            if offset is not None:  # the element written to allocate is not metadata
+                s.vfile.forget(offset, offset + dset.dtype.itemsize)
+            box[0] = kind, offset
+
+    s.checkpoint(dset, call=what, subject=f"dataset {dset.name!r}", key=key, then=allocate)
     return box[0]
 
 
@@ -148,7 +150,7 @@ def _context(s: Session, dset: Any, kind: str, offset: int | None) -> engine.Con
         cls = chunked_backend(int(np.prod(dset.chunks)) * dset.dtype.itemsize)
         be = cls(vf, dset, s.mode)
         be.load_table()
-    return engine.Context(s.comm, be, s.hints, s.aggregators, s.stats, mode)
+    return engine.Context(s.comm, be, s.hints, s.aggregators, s.stats, mode, file=s.file)
 
 
 def write_all(dset: Any, data: Any, layout: Layout) -> None:
@@ -271,16 +273,15 @@ def flush(obj: Any) -> None:
 
 
 def close(f: Any) -> None:
-    """Collective over `comm`: :func:`flush`, then close the h5py file on every rank."""
-    if isinstance(f, File):
-        f.close()
+    """Collective over `comm`: :func:`flush`, then close the h5py file on every rank.
+
+    Idempotent.  A rank calling it beside another call of the others (a flush, a
+    write_all) makes every rank raise the same :class:`~collio.MismatchError` and
+    closes the file on every rank, as this close would.
+    """
+    if not f.id.valid:
         return
-    s = session_of(f)
-    try:
-        if s.diverged is None:
-            s.sync(f)
-    finally:
-        f.close()
+    session_of(f).close(f)
 
 
 def stats(obj: Any) -> Stats:

@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..aggregators import choose_aggregators
-from ..collective import Attempt, agree, agree_same, raise_agreed
+from ..collective import Attempt, agree, call_head, raise_agreed, same_slots, settle_same
 from ..comms import private
 from ..errors import MismatchError, ModeError
 from ..hints import Hints
@@ -40,8 +40,11 @@ _PENDING: dict[str, list[weakref.ref[Session]]] = {}
 class Session:
     """What collio keeps for one open file on one rank (owned by its VFile)."""
 
-    def __init__(self, comm: MPI.Comm, hints: Hints, mode: str, path: str, vf: VFile) -> None:
+    def __init__(
+        self, comm: MPI.Comm, hints: Hints, mode: str, path: str, vf: VFile, file: tuple[int, str]
+    ) -> None:
         self.comm = comm
+        self.file = file  # serial on the communicator (as collio.File's) and name: call_head
         self.hints = hints
         self.mode = mode  # 'r' or 'r+' (writes allowed)
         self.path = path
@@ -66,17 +69,45 @@ class Session:
 
     # -- collective points ------------------------------------------------------
     def checkpoint(
-        self, obj: Any, *, what: str, key: Callable[[], tuple[Any, ...]] | None = None
+        self,
+        obj: Any,
+        *,
+        call: str,
+        subject: str | None = None,
+        key: Callable[[], tuple[Any, ...]] | None = None,
+        then: Callable[[], None] | None = None,
     ) -> None:
-        """Collective over `comm`: flush metadata, check every rank made the same calls.
+        """Collective over `comm`: the first agreement of a call, then the metadata written.
 
-        The digest covers what each library wrote since the previous checkpoint.
-        Then rank 0 writes the agreed metadata to the real file.  Raises
-        :class:`~collio.errors.MismatchError` on every rank when the metadata
-        digests (or the call's ``key``: dataset, offset, shape) differ.
+        Locally, each rank flushes its library and digests what it wrote since the
+        previous checkpoint, with the call's ``key`` (offset, shape, ...).  Then one
+        :func:`~collio.collective.call_head` (``call`` on ``subject``, a dataset, of this
+        file) carries the error flag and the digest: ranks in different calls raise the
+        same call :class:`~collio.errors.MismatchError` (see :meth:`_after_mismatch`),
+        differing digests the same metadata one (the session then refuses more calls).
+        Then ``then`` runs (an allocation every rank makes alike) and rank 0 writes the
+        agreed metadata to the real file.  Nothing before the head communicates or
+        changes what a rank's library holds, so after a mismatch every rank's replica
+        is as before the call.
         """
         if self.diverged is not None:  # set collectively: every rank raises alike
             raise MismatchError(self.diverged)
+        step, vf, k, h = self._flushed(obj, key)
+        try:
+            failed, out = call_head(
+                self.comm, call, self.file, step.error is not None, (h, -h), subject=subject
+            )
+        except MismatchError as exc:
+            if exc.call_mismatch:
+                self._after_mismatch(obj, exc)
+            raise
+        self._publish(obj, call, step, vf, k, failed, bool(out[0] != -out[1]), then)
+
+    def _flushed(
+        self, obj: Any, key: Callable[[], tuple[Any, ...]] | None
+    ) -> tuple[Attempt, VFile | None, tuple[Any, ...], int]:
+        """Local: flush this rank's library into its overlay and digest what it wrote
+        since the last checkpoint, with the call's key; the error (if any) is recorded."""
         step = Attempt()
         h = -1
         vf: VFile | None = None
@@ -91,26 +122,69 @@ class Session:
                 h5py.h5f.flush(obj.id)
             finally:
                 vf.in_sync = False
-            h = _hash63(repr((vf.hash63(), k, what)))  # (a read beside a write differs)
-        vec = np.array([1 if step.error else 0, h, -h], np.int64)
-        out = np.empty_like(vec)
-        self.comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
-        if out[0]:
-            raise_agreed(self.comm, step.error, what=what)
-        if out[1] != -out[2]:
-            self._diverge(obj, what, k)
+            h = _hash63(repr((vf.hash63(), k)))
+        return step, vf, k, h
+
+    def _publish(
+        self,
+        obj: Any,
+        call: str,
+        step: Attempt,
+        vf: VFile | None,
+        key: tuple[Any, ...],
+        failed: bool,
+        differ: bool,
+        then: Callable[[], None] | None,
+    ) -> None:
+        """Collective over `comm`, after the agreement on errors and digests: raise what it
+        found on every rank, else run ``then`` and let rank 0 write the metadata."""
+        if failed:
+            raise_agreed(self.comm, step.error, what=call)
+        if differ:
+            self._diverge(obj, call, key)
         step = Attempt()
         with step:
             assert vf is not None
             vf.new_epoch()
+            if then is not None:  # its metadata: written now, digested at the next call
+                then()
+                vf.in_sync = True
+                try:
+                    h5py.h5f.flush(obj.id)
+                finally:
+                    vf.in_sync = False
             vf.publish()
-        agree(self.comm, step.error, what=f"{what}: write metadata")
+        agree(self.comm, step.error, what=f"{call}: write metadata")
         # rank 0 wrote every byte of the overlay (the same on every rank: the digests
         # matched) and all ranks are past that: replicas read it from the disk from now on,
         # so raw data HDF5 wrote itself (fill values, data=, edge chunks on resize) can no
         # longer shadow what the aggregators write there later
         assert vf is not None
         vf.pages.clear()
+
+    def _after_mismatch(self, obj: Any, exc: MismatchError) -> None:
+        """Collective over `comm`: what every rank does after the same call mismatch.
+
+        Calls on different files (or an open beside a call) change nothing here.  On
+        this file, nothing was written yet and every replica is as before its call:
+        the file stays usable, unless some rank called ``close``, which will not call
+        again; then the file is closed on every rank as ``close`` closes it (metadata
+        checked and written, data and metadata fsynced), and a failure of that goes
+        into ``exc.close_error`` (agreed: the same everywhere).
+        """
+        if not exc.one_file or "close" not in exc.calls:
+            return
+        try:
+            step, vf, k, h = self._flushed(obj, None)  # again: a rank may have failed before
+            vec = np.array([1 if step.error else 0, h, -h], np.int64)
+            out = np.empty_like(vec)
+            self.comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+            self._publish(obj, "close", step, vf, k, bool(out[0]), bool(out[1] != -out[2]), None)
+            self._synced("close")
+        except Exception as later:  # exc is the error every rank raises
+            exc.close_error = later
+        finally:
+            self._close_file(obj)
 
     def _diverge(self, obj: Any, what: str, key: tuple[Any, ...]) -> None:
         """Collective: name what differs from rank 0, remember it, raise everywhere."""
@@ -154,13 +228,52 @@ class Session:
 
     def sync(self, obj: Any) -> None:
         """Collective over `comm`: checkpoint, then fsync rank 0's metadata and the data."""
-        self.checkpoint(obj, what="flush")
+        self.checkpoint(obj, call="flush")
+        self._synced("flush")
+
+    def close(self, obj: Any) -> None:
+        """Collective over `comm`: as :meth:`sync`, then close the file on every rank.
+
+        A session whose ranks diverged closes locally (every rank refuses its calls
+        alike, and rank 0 publishes its own metadata as it lets go of the file).
+        """
+        if self.diverged is not None:
+            self._close_file(obj)
+            return
+        try:
+            self.checkpoint(obj, call="close")
+        except MismatchError as exc:
+            if not exc.call_mismatch:  # (a call mismatch: _after_mismatch closed it, or not)
+                self._close_file(obj)
+            raise
+        except BaseException:
+            self._close_file(obj)
+            raise
+        try:
+            self._synced("close")
+        finally:
+            self._close_file(obj)
+
+    def _synced(self, what: str) -> None:
+        """Collective over `comm`: fsync rank 0's metadata and the data written, agree."""
         step = Attempt()
         with step:
             self.vfile.sync()
             for be in self.backends.values():
                 be.sync()
-        agree(self.comm, step.error, what="flush")
+        agree(self.comm, step.error, what=what)
+
+    def _close_file(self, obj: Any) -> None:
+        """Local: close the h5py file ``obj`` lives in (every object of it, on this rank),
+        then let go of the descriptor: rank 0 publishes what HDF5 wrote at close and
+        fsyncs, now rather than whenever Python frees the file object."""
+        vf = self._vfile()
+        try:
+            if obj.id.valid:
+                obj.file.close()
+        finally:
+            if vf is not None:
+                vf.release()
 
 
 def _hash63(text: str) -> int:
@@ -205,50 +318,61 @@ def set_fapl(
     taken from the calling ``h5py.File`` when not given.
     """
     base = MPI.COMM_WORLD if comm is None else comm
+    # collective the first time collio sees `base` only (as in collio.open): then no file
+    # is open on it anywhere, so no rank can be in another call on it
     priv = private(base)  # type: ignore[arg-type]
     fcomm = priv.comm
-    if path is None or access is None:
-        found = _open_args()
-        path = found[0] if path is None else path
-        access = found[1] if access is None else access
-    mode = str(access)
-    path = os.fsdecode(path)
     step = Attempt()
     parsed = Hints()
     mine = None
-    with step:
+    mode, name = "", ""
+    with step:  # (a rank failing here raises with the others, after the first agreement)
+        if path is None or access is None:
+            found = _open_args()
+            path = found[0] if path is None else path
+            access = found[1] if access is None else access
+        mode, name = str(access), os.fsdecode(path)  # type: ignore[arg-type]
         if mode not in _MODES:
             raise ModeError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
         parsed = Hints.coerce(hints, warn=fcomm.Get_rank() == 0)
-        mine = (mode, parsed, path)
-    # the same file, mode and hints on every rank (rank 0 alone creates or truncates)
-    agree_same(fcomm, step.error, mine, what="open", describe=lambda v: f"h5 open arguments {v!r}")
+        mine = (mode, parsed, name)
+    # the same file, mode and hints on every rank (rank 0 alone creates or truncates), in
+    # the first agreement of every call on a file: a rank opening a file beside the
+    # others' calls on an open one raises (as they do) instead of hanging.  Files of
+    # collio.open and collio.h5 on a communicator share the serial numbers.
+    file = (priv.files + 1, repr(name))
+    failed, out = call_head(fcomm, "open", file, step.error is not None, same_slots(mine))
+    if failed:
+        raise_agreed(fcomm, step.error, what="open")
+    describe = lambda v: f"h5 open arguments {v!r}"  # noqa: E731
+    settle_same(fcomm, mine, out, what="open", describe=describe)
     size = 0
     step = Attempt()
     if fcomm.Get_rank() == 0:
         with step:
-            size = _prepare(path, mode)
-    agree(fcomm, step.error, what=f"open {path!r}")
+            size = _prepare(name, mode)
+    agree(fcomm, step.error, what=f"open {name!r}")
     size = fcomm.bcast(size, root=0)
     step = Attempt()
     fd = -1
     with step:
-        fd = os.open(path, os.O_RDONLY if mode == "r" else os.O_RDWR)
+        fd = os.open(name, os.O_RDONLY if mode == "r" else os.O_RDWR)
     try:
-        agree(fcomm, step.error, what=f"open {path!r}")
+        agree(fcomm, step.error, what=f"open {name!r}")
     except BaseException:
         if fd >= 0:
             os.close(fd)
         raise
-    vf = VFile(path, fd, size, root=fcomm.Get_rank() == 0)
-    session = Session(fcomm, parsed, "r" if mode == "r" else "r+", path, vf)
+    vf = VFile(name, fd, size, root=fcomm.Get_rank() == 0)
+    session = Session(fcomm, parsed, "r" if mode == "r" else "r+", name, vf, file)
     session.aggregators = choose_aggregators(
         priv.nodes, cb_nodes=parsed.cb_nodes, per_node=parsed.per_node()
     )
     vf.session = session  # type: ignore[attr-defined]  # the VFile owns its session
     vf.owner = priv  # the file keeps collio's duplicate alive, as collio.File does
     priv.acquire()
-    refs = _PENDING.setdefault(os.path.realpath(path), [])
+    priv.files = file[0]
+    refs = _PENDING.setdefault(os.path.realpath(name), [])
     refs[:] = [r for r in refs if r() is not None]
     refs.append(weakref.ref(session))
     plist.set_fileobj_driver(h5py.h5fd.fileobj_driver, vf)
