@@ -125,14 +125,16 @@ def _call(s: Session, dset: Any, what: str, writing: bool) -> tuple[str, int | N
         kind, offset = box[0]
         return (kind, offset, tuple(dset.shape), dset.dtype.str)
 
-    def allocate() -> None:
+    def allocate() -> bool:
         kind, offset = box[0]
-        if writing and kind == "contiguous" and offset is None:
-            _allocate_contiguous(dset)
-            offset = dset.id.get_offset()
-            if offset is not None:  # the element written to allocate is not metadata
-                s.vfile.forget(offset, offset + dset.dtype.itemsize)
-            box[0] = kind, offset
+        if not writing or kind != "contiguous" or offset is not None:
+            return False
+        _allocate_contiguous(dset)
+        offset = dset.id.get_offset()
+        if offset is not None:  # the element written to allocate is not metadata
+            s.vfile.forget(offset, offset + dset.dtype.itemsize)
+        box[0] = kind, offset
+        return True
 
     s.checkpoint(dset, call=what, subject=f"dataset {dset.name!r}", key=key, then=allocate)
     return box[0]

@@ -75,7 +75,7 @@ class Session:
         call: str,
         subject: str | None = None,
         key: Callable[[], tuple[Any, ...]] | None = None,
-        then: Callable[[], None] | None = None,
+        then: Callable[[], bool] | None = None,
     ) -> None:
         """Collective over `comm`: the first agreement of a call, then the metadata written.
 
@@ -85,10 +85,10 @@ class Session:
         file) carries the error flag and the digest: ranks in different calls raise the
         same call :class:`~collio.errors.MismatchError` (see :meth:`_after_mismatch`),
         differing digests the same metadata one (the session then refuses more calls).
-        Then ``then`` runs (an allocation every rank makes alike) and rank 0 writes the
-        agreed metadata to the real file.  Nothing before the head communicates or
-        changes what a rank's library holds, so after a mismatch every rank's replica
-        is as before the call.
+        Then ``then`` runs (an allocation every rank makes alike; it returns whether it
+        changed the metadata) and rank 0 writes the agreed metadata to the real file.
+        Nothing before the head communicates or changes what a rank's library holds, so
+        after a mismatch every rank's replica is as before the call.
         """
         if self.diverged is not None:  # set collectively: every rank raises alike
             raise MismatchError(self.diverged)
@@ -134,7 +134,7 @@ class Session:
         key: tuple[Any, ...],
         failed: bool,
         differ: bool,
-        then: Callable[[], None] | None,
+        then: Callable[[], bool] | None,
     ) -> None:
         """Collective over `comm`, after the agreement on errors and digests: raise what it
         found on every rank, else run ``then`` and let rank 0 write the metadata."""
@@ -146,8 +146,7 @@ class Session:
         with step:
             assert vf is not None
             vf.new_epoch()
-            if then is not None:  # its metadata: written now, digested at the next call
-                then()
+            if then is not None and then():  # written now, digested at the next call
                 vf.in_sync = True
                 try:
                     h5py.h5f.flush(obj.id)
