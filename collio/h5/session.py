@@ -268,8 +268,8 @@ class Session:
         fsyncs, now rather than whenever Python frees the file object."""
         vf = self._vfile()
         try:
-            if obj.id.valid:
-                obj.file.close()
+            if obj.id.valid:  # (h5py.File.close: a File's super().close(), not collio's)
+                h5py.File.close(obj if isinstance(obj, h5py.File) else obj.file)
         finally:
             if vf is not None:
                 vf.release()
