@@ -44,6 +44,13 @@ def local_piece(glob: np.ndarray[Any, Any], lay: Layout) -> np.ndarray[Any, Any]
     return np.asfortranarray(piece) if lay.order == "F" else np.ascontiguousarray(piece)
 
 
+def mismatch_message(comm: MPI.Comm, first: str, rest: str, *, files: bool = False) -> str:
+    """The MismatchError of rank 0 calling ``first`` while every other rank calls ``rest``."""
+    shown = ", ".join(f"rank {r}: {rest}" for r in range(1, min(comm.size, 9)))
+    what = "operations on different files" if files else "different collective operations"
+    return f"ranks called {what}: rank 0 {first}; {shown} (every rank must make the same call)"
+
+
 def file_image(glob: np.ndarray[Any, Any], order: str, offset: int = 0) -> bytes:
     """The bytes a file holding ``glob`` in ``order`` from ``offset`` must have."""
     return b"\0" * offset + glob.tobytes(order=order)

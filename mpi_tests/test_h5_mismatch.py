@@ -26,7 +26,7 @@ from collio.hints import Hints
 
 h5py = pytest.importorskip("h5py")
 from h5check import check_file  # noqa: E402
-from helpers import raises_everywhere, reference  # noqa: E402
+from helpers import local_piece, mismatch_message, raises_everywhere, reference  # noqa: E402
 
 import collio.h5  # noqa: E402  - after the importorskip
 from collio.h5.session import session_of  # noqa: E402
@@ -42,26 +42,13 @@ LABELS = {
 }
 
 
-def _rows(comm):
-    """This rank's rows [a, b) of SHAPE (block rows; empty on ranks past the end)."""
-    per = -(-SHAPE[0] // comm.size)
-    return min(comm.rank * per, SHAPE[0]), min(SHAPE[0], (comm.rank + 1) * per)
-
-
 def _box(comm):
-    a, b = _rows(comm)
-    return layouts.Subarray(SHAPE, (a, 0), (b - a, SHAPE[1]), "<f8")
+    """This rank's block of rows of SHAPE (empty on ranks past the end)."""
+    return layouts.block(SHAPE, "<f8", comm=comm, grid=(comm.size, 1))
 
 
 def _piece(comm, glob):
-    a, b = _rows(comm)
-    return np.ascontiguousarray(glob[a:b])
-
-
-def _message(comm, first, rest, *, files=False):
-    shown = ", ".join(f"rank {r}: {rest}" for r in range(1, min(comm.size, 9)))
-    what = "operations on different files" if files else "different collective operations"
-    return f"ranks called {what}: rank 0 {first}; {shown} (every rank must make the same call)"
+    return local_piece(glob, _box(comm))
 
 
 def _call(name, f, comm):
@@ -83,7 +70,7 @@ def _mismatch(comm, f, first, rest):
     err = raises_everywhere(
         comm, collio.MismatchError, _call(first if comm.rank == 0 else rest, f, comm)
     )
-    assert str(err) == _message(comm, LABELS[first], LABELS[rest])
+    assert str(err) == mismatch_message(comm, LABELS[first], LABELS[rest])
     assert err.call_mismatch and err.one_file
     calls = tuple(LABELS[c].split()[0] for c in (first,) + (rest,) * (comm.size - 1))
     assert err.calls == calls
@@ -192,7 +179,7 @@ def test_one_rank_leaves_a_with_block_early(comm, shared_dir):
                 collio.h5.write_all(d, np.zeros_like(_piece(comm, old)), box)
 
     err = raises_everywhere(comm, collio.MismatchError, program)
-    assert str(err) == _message(comm, "close", LABELS["write_x"])
+    assert str(err) == mismatch_message(comm, "close", LABELS["write_x"])
     check_file(comm, path, {"x": old}, {"x": {"units": "m"}})
 
 
@@ -255,7 +242,7 @@ def test_open_beside_a_call_on_an_open_file(comm, shared_dir, opener, call):
         labels = [f"open of {other!r}", _labelled(call, path)]
         if opener != 0:
             labels.reverse()
-        assert str(err) == _message(comm, *labels, files=True)
+        assert str(err) == mismatch_message(comm, *labels, files=True)
         assert err.call_mismatch and not err.one_file
         assert comm.allgather(bool(f.id.valid)) == [True] * comm.size
         collio.h5.write_all(d, _piece(comm, new), box)
@@ -279,7 +266,7 @@ def test_h5_write_beside_a_collio_file_write(comm, shared_dir):
             fn = lambda: collio.h5.write_all(d, _piece(comm, new), box)  # noqa: E731
         err = raises_everywhere(comm, collio.MismatchError, fn)
         shown = f"write_all of {binpath!r}", _labelled("write_x", h5path)
-        assert str(err) == _message(comm, *shown, files=True)
+        assert str(err) == mismatch_message(comm, *shown, files=True)
         collio.h5.write_all(d, _piece(comm, new), box)
         b.write_all(_piece(comm, 2 * new), box)
     comm.Barrier()

@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import raises_everywhere, reference
+from helpers import local_piece, mismatch_message, raises_everywhere, reference
 from mpi4py import MPI
 
 import collio
@@ -33,29 +33,13 @@ SHAPE = (16, 12)
 ROW = SHAPE[1] * 8  # bytes per row of <f8
 
 
-def _rows(comm):
-    """This rank's rows [a, b) of SHAPE (block rows; empty on ranks past the end)."""
-    n = SHAPE[0]
-    per = -(-n // comm.size)
-    return min(comm.rank * per, n), min(n, (comm.rank + 1) * per)
-
-
 def _box(comm):
-    a, b = _rows(comm)
-    return layouts.Subarray(SHAPE, (a, 0), (b - a, SHAPE[1]), "<f8")
+    """This rank's block of rows of SHAPE (empty on ranks past the end)."""
+    return layouts.block(SHAPE, "<f8", comm=comm, grid=(comm.size, 1))
 
 
 def _piece(comm, glob):
-    a, b = _rows(comm)
-    return np.ascontiguousarray(glob[a:b])
-
-
-def _message(comm, first, rest):
-    shown = ", ".join(f"rank {r}: {rest}" for r in range(1, min(comm.size, 9)))
-    return (
-        f"ranks called different collective operations: rank 0 {first}; {shown} "
-        "(every rank must make the same call)"
-    )
+    return local_piece(glob, _box(comm))
 
 
 def _call(name, f, comm, data):
@@ -66,7 +50,7 @@ def _call(name, f, comm, data):
     if name == "read_all":
         return lambda: f.read_all(box)
     if name == "set_view":
-        return lambda: f.set_view(_rows(comm)[0] * ROW, MPI.DOUBLE)
+        return lambda: f.set_view(_box(comm).start[0] * ROW, MPI.DOUBLE)
     return getattr(f, name)  # sync, close
 
 
@@ -74,7 +58,7 @@ def _mismatch(comm, f, first, rest, data):
     """Rank 0 calls ``first``, the others ``rest``: the same MismatchError everywhere."""
     call = _call(first if comm.rank == 0 else rest, f, comm, data)
     err = raises_everywhere(comm, collio.MismatchError, call)
-    assert str(err) == _message(comm, first, rest)
+    assert str(err) == mismatch_message(comm, first, rest)
     assert err.call_mismatch and err.one_file
     assert err.calls == (first,) + (rest,) * (comm.size - 1)
     assert err.ranks == tuple(range(1, comm.size))
@@ -172,7 +156,7 @@ def test_different_calls_raise_everywhere_and_the_file_goes_on(
             # nothing moved; the view, the file pointer and the file go on
             np.testing.assert_array_equal(f.read_all(box), _piece(comm, new))
             assert f.position == 0
-            f.set_view(_rows(comm)[0] * ROW, MPI.DOUBLE)
+            f.set_view(_box(comm).start[0] * ROW, MPI.DOUBLE)
             if atomic:  # aborted as after a failed write, on every rank alike
                 raises_everywhere(comm, collio.ModeError, lambda: f.write_all(_piece(comm, newer)))
             else:
@@ -221,7 +205,7 @@ def test_one_rank_leaves_a_with_block_early(comm, shared_dir, target):
                 g.write_all(np.zeros_like(_piece(comm, new)), box)
 
     err = raises_everywhere(comm, collio.MismatchError, program)
-    assert str(err) == _message(comm, "close", "write_all")
+    assert str(err) == mismatch_message(comm, "close", "write_all")
     np.testing.assert_array_equal(_on_disk(comm, path), old if atomic else new)
     assert sorted(os.listdir(shared_dir)) == ["target.bin"]
 

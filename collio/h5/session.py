@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import h5py
-import numpy as np
 from mpi4py import MPI
 
 from ..aggregators import choose_aggregators
@@ -175,10 +174,9 @@ class Session:
             return
         try:
             step, vf, k, h = self._flushed(obj, None)  # again: a rank may have failed before
-            vec = np.array([1 if step.error else 0, h, -h], np.int64)
-            out = np.empty_like(vec)
-            self.comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
-            self._publish(obj, "close", step, vf, k, bool(out[0]), bool(out[1] != -out[2]), None)
+            # every rank is in this close now: the agreement a close starts with
+            failed, out = call_head(self.comm, "close", self.file, step.error is not None, (h, -h))
+            self._publish(obj, "close", step, vf, k, failed, bool(out[0] != -out[1]), None)
             self._synced("close")
         except Exception as later:  # exc is the error every rank raises
             exc.close_error = later
