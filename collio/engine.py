@@ -305,6 +305,7 @@ def _complete(
     c = call.counters
     c.time_total = time.perf_counter() - t0
     c.direct_io_bytes += ctx.backend.take_direct_bytes()  # (its I/O is done by now)
+    c.early_flushes += ctx.backend.take_flushes()
     sums, maxes = c.pack()
     sums = np.append(sums, 0 if error is None else 1)
     rs, rm = np.empty_like(sums), np.empty_like(maxes)

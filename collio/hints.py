@@ -31,6 +31,7 @@ KNOWN = (
     "direct_threshold",
     "min_rounds",
     "direct_write",
+    "early_flush",
 )
 #: Names backends may consume (passed through, not reported as unknown).
 PASS_THROUGH = re.compile(r"^(romio_|ind_|cb_|striping_|collective_buffering|s3_|zarr_|h5_)")
@@ -111,6 +112,13 @@ class Hints:
         the backend's ``min_window``) so that the first round's shuffle and the
         last round's write and sync, which nothing overlaps, stay short.  1 gives
         ROMIO's rule, one ``cb_buffer_size`` per round.
+    direct_write
+        Aggregators write the page-aligned middle of large requests with ``O_DIRECT``.
+    early_flush
+        While a write call still runs, ``fdatasync`` the file in a background thread
+        after each large backend request (one flush at a time), so ``sync()`` and
+        ``close()`` find little left to flush (posix backend, with its ``writeback``
+        option; see :class:`~collio.backends.fsync.EarlyFlush`).  Default true.
     extra
         Unrecognised or pass-through hints, as strings.
     """
@@ -126,6 +134,7 @@ class Hints:
     direct_threshold: int = 4 * MiB
     min_rounds: int = 8
     direct_write: bool = False
+    early_flush: bool = True
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -164,7 +173,7 @@ class Hints:
                 values[key] = str(value)
             elif key in ("romio_cb_write", "romio_cb_read"):
                 values[key] = _parse_tri(value, key)
-            elif key in ("atomic_commit", "direct_write"):
+            elif key in ("atomic_commit", "direct_write", "early_flush"):
                 values[key] = _parse_bool(value, key)
             else:
                 extra.append((key, str(value)))

@@ -28,6 +28,7 @@ _SUMS = (
     "direct_calls",
     "collective_calls",
     "direct_io_bytes",
+    "early_flushes",
 )
 _MAXES = ("rounds", "time_plan", "time_exchange", "time_io", "time_total")
 
@@ -57,6 +58,8 @@ class Stats:
     collective_calls: int = 0
     #: Bytes written around the page cache (hint ``direct_write``), summed over ranks.
     direct_io_bytes: int = 0
+    #: ``fdatasync`` calls started while writing (hint ``early_flush``), summed over ranks.
+    early_flushes: int = 0
     rounds: int = 0
     time_plan: float = 0.0
     time_exchange: float = 0.0

@@ -111,12 +111,14 @@ def test_direct_write_from_an_unaligned_user_buffer(tmp_path, start):
 def test_mpiio_backend_keeps_collio_only_hints_from_romio():
     from collio.backends.mpiio import info_from_hints
 
-    info = info_from_hints(collio.Hints.coerce({"direct_write": True, "cb_nodes": 2}))
+    hints = {"direct_write": True, "early_flush": False, "cb_nodes": 2}
+    info = info_from_hints(collio.Hints.coerce(hints))
     try:
         keys = {info.Get_nthkey(i) for i in range(info.Get_nkeys())}
     finally:
         info.Free()
-    assert "cb_nodes" in keys and not keys & {"direct_write", "min_rounds", "atomic_commit"}
+    collio_only = {"direct_write", "early_flush", "min_rounds", "atomic_commit"}
+    assert "cb_nodes" in keys and not keys & collio_only
 
 
 def test_direct_write_where_the_file_system_refuses_it(tmp_path, monkeypatch):

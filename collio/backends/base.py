@@ -230,6 +230,11 @@ class Backend(abc.ABC):
         for backends that never write around the page cache."""
         return 0
 
+    def take_flushes(self) -> int:
+        """Early flushes started since the last call (hint ``early_flush``); 0 for
+        backends that never flush while writing."""
+        return 0
+
     def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> npt.NDArray[np.int64]:
         """``naggs + 1`` domain bounds over ``[lo, hi)``, interior ones multiples of ``align``.
 

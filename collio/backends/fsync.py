@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import errno
 import os
+import threading
 from collections.abc import Iterable
 from typing import Any
 
 from .._libc import libc
 
 __all__ = [
+    "EarlyFlush",
+    "fdatasync",
     "fsync_files",
     "fsync_path",
     "start_writeback",
@@ -32,6 +36,87 @@ def _libc_sync_file_range() -> Any:
 
 #: Linux's sync_file_range(fd, offset, nbytes, flags), or None where libc lacks it.
 sync_file_range = _libc_sync_file_range()
+
+
+#: What :class:`EarlyFlush` calls (``os.fdatasync``, ``os.fsync`` where there is none);
+#: a module attribute so that fault-injection tests can make it fail on one rank.
+fdatasync = getattr(os, "fdatasync", os.fsync)
+
+_flusher: concurrent.futures.ThreadPoolExecutor | None = None
+_flusher_lock = threading.Lock()
+
+
+def _flush_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's flush thread (one fdatasync at a time, whichever file)."""
+    global _flusher
+    with _flusher_lock:
+        if _flusher is None:
+            _flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="collio-flush")
+        return _flusher
+
+
+def _fdatasync(fd: int) -> None:
+    fdatasync(fd)
+
+
+class EarlyFlush:
+    """Make a file durable while it is still being written: ``fdatasync`` in a background
+    thread, started after a large write whenever the previous one has finished.
+
+    Where the storage keeps written data in a volatile cache (a virtual disk's host,
+    a drive's write cache), a flush takes time in proportion to what reached the
+    cache since the last one.  A single fsync at the end (``sync()``, ``close()``)
+    starts that work only when every byte is written; flushing while the call still
+    shuffles and writes overlaps most of it with the call.  Measured here (4 ranks,
+    128 MiB, fsync, same job, alternating, medians of 12): column blocks 509 -> 575
+    MiB/s, block-cyclic 496 -> 530, the one-pwrite ceiling 611 and 592 in those jobs;
+    a flush after 128 MiB on this virtual disk takes ~150 ms when nothing was flushed
+    before it.
+
+    An error of a flush is raised (once) by the next :meth:`kick` (the next large
+    write fails) or by :meth:`wait` (``sync()``), so no failure goes unreported:
+    the kernel tells each file descriptor of a writeback error only once, and the
+    flush may be the call it tells.
+    """
+
+    __slots__ = ("fd", "future", "count", "halted")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.future: concurrent.futures.Future[None] | None = None
+        #: Flushes started since the last :meth:`take_count`.
+        self.count = 0
+        #: A flush failed: start none until the next :meth:`wait` (``sync()``), so a
+        #: write already past the failed one does not start another that fails the
+        #: next call as well.
+        self.halted = False
+
+    def kick(self) -> None:
+        """Start a flush unless one is running; raise the error of one that failed."""
+        fut = self.future
+        if fut is not None:
+            if not fut.done():
+                return
+            self.future = None
+            exc = fut.exception()
+            if exc is not None:
+                self.halted = True
+                raise exc
+        if not self.halted:
+            self.future = _flush_thread().submit(_fdatasync, self.fd)
+            self.count += 1
+
+    def wait(self) -> BaseException | None:
+        """Wait for the running flush, if any; its error (reported once), else None.
+        Flushes start again after it."""
+        fut, self.future = self.future, None
+        self.halted = False
+        return fut.exception() if fut is not None else None
+
+    def take_count(self) -> int:
+        """Flushes started since the last call (for the statistics)."""
+        n, self.count = self.count, 0
+        return n
 
 
 def start_writeback(path: str) -> None:

@@ -24,13 +24,13 @@ from mpi4py import MPI
 from ..collective import Attempt, agree
 from ..errors import BackendError, ModeError
 from .base import Backend
-from .fsync import SYNC_FILE_RANGE_WRITE, sync_file_range
+from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
 
 __all__ = ["MpiioBackend", "info_from_hints"]
 
 _POSIX_PREFIX = re.compile(r"^(ufs|nfs|lustre|gpfs|xfs|panfs|testfs):")
 #: collio's own hints, not ROMIO's: kept out of the MPI.Info.
-_COLLIO_ONLY = ("atomic_commit", "direct_threshold", "direct_write", "min_rounds")
+_COLLIO_ONLY = ("atomic_commit", "direct_threshold", "direct_write", "early_flush", "min_rounds")
 
 
 def info_from_hints(hints: Any, extra: Any = None) -> MPI.Info:
@@ -98,20 +98,23 @@ class MpiioBackend(Backend):
         writeback of each written round at once (``sync_file_range`` on a
         read-only descriptor of the same file), as the posix backend does, so
         that ``sync()`` has less left to flush.  The data itself still goes
-        through ``MPI.File``.  Default True where Linux offers it.
+        through ``MPI.File``; with the hint ``early_flush`` (default true) that
+        descriptor is also flushed in the background while the call goes on, as
+        the posix backend does.  Default True where Linux offers it.
     """
 
     name: ClassVar[str] = "mpiio"
     collective_open: ClassVar[bool] = True
     max_request: ClassVar[int] = 1 << 30
 
-    def __init__(self, fh: MPI.File, path: str, mode: str, writeback: bool) -> None:
+    def __init__(self, fh: MPI.File, path: str, mode: str, writeback: bool, early: bool) -> None:
         self.fh = fh
         self.path = path
         self.mode = mode
         self.readable = True
         self.writable = mode != "r"
         self.wb_fd = _local_fd(path) if writeback and self.writable else -1
+        self.flusher = EarlyFlush(self.wb_fd) if early and self.wb_fd >= 0 else None
 
     @classmethod
     def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> MpiioBackend:
@@ -154,7 +157,7 @@ class MpiioBackend(Backend):
             if fh != MPI.FILE_NULL:  # pragma: no cover - ROMIO fails everywhere or nowhere
                 fh.Close()
             agree(comm, step.error, what=f"open {path!r}")
-        be = cls(fh, path, mode, writeback)
+        be = cls(fh, path, mode, writeback, bool(getattr(hints, "early_flush", True)))
         if mode == "w":
             step = Attempt()
             with step:
@@ -176,6 +179,8 @@ class MpiioBackend(Backend):
                 raise _mpi_error(exc, f"write at {offset + s} of {self.path!r}") from None
         if self.wb_fd >= 0 and len(buf) >= (1 << 20):
             sync_file_range(self.wb_fd, offset, len(buf), SYNC_FILE_RANGE_WRITE)
+            if self.flusher is not None:
+                self.flusher.kick()  # (raises a failed earlier flush's error)
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         status = MPI.Status()
@@ -195,11 +200,19 @@ class MpiioBackend(Backend):
 
     def sync(self) -> None:
         """Collective (``MPI_File_sync``): every rank calls it, as ``File.sync``/``close`` do."""
+        early = self.flusher.wait() if self.flusher is not None else None
         if self.fh != MPI.FILE_NULL and self.mode != "r":
             self.fh.Sync()
+        if early is not None:
+            raise early
+
+    def take_flushes(self) -> int:
+        return self.flusher.take_count() if self.flusher is not None else 0
 
     def close(self) -> None:
         """Collective (``MPI_File_close``)."""
+        if self.flusher is not None:  # (it must not outlive the descriptor)
+            self.flusher.wait()  # (its error: sync() before close reported it)
         if self.wb_fd >= 0:
             os.close(self.wb_fd)
             self.wb_fd = -1

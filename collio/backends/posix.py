@@ -15,7 +15,7 @@ from ..collective import Attempt, agree, bcast_outcome
 from ..errors import BackendError, CommitError, ModeError
 from ..runs import Runs
 from .base import Backend
-from .fsync import SYNC_FILE_RANGE_WRITE, sync_file_range
+from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
 
 __all__ = [
     "PosixBackend",
@@ -113,8 +113,10 @@ class PosixBackend(Backend):
     -------
     writeback : bool
         Start writeback of each written round right away (``sync_file_range``),
-        so a later ``sync()`` has less left to flush.  Default True where Linux
-        offers it.
+        so a later ``sync()`` has less left to flush, and, with the hint
+        ``early_flush`` (default true), ``fdatasync`` in a background thread
+        while the call goes on (:class:`~collio.backends.fsync.EarlyFlush`).
+        Default True where Linux offers it.
     holes : {"auto", "rmw", "runs"}
         How a round with holes keeps the bytes no rank writes: ``rmw`` reads the
         round's extent, merges and writes it back in one request; ``runs`` writes
@@ -138,6 +140,7 @@ class PosixBackend(Backend):
         self.writable = mode != "r"
         self.dfd = -1  # O_DIRECT descriptor (hint direct_write)
         self.direct_bytes = 0  # written through it
+        self.flusher: EarlyFlush | None = None  # hint early_flush
 
     # -- open ---------------------------------------------------------------
     @classmethod
@@ -188,6 +191,8 @@ class PosixBackend(Backend):
         self = cls(name, fd, mode, path if atomic else None, writeback, holes)
         if mode != "r" and bool(getattr(hints, "direct_write", False)):
             self.dfd = open_direct(name)
+        if mode != "r" and self.writeback and bool(getattr(hints, "early_flush", True)):
+            self.flusher = EarlyFlush(fd)
         return self
 
     # -- data ---------------------------------------------------------------
@@ -195,12 +200,17 @@ class PosixBackend(Backend):
         n, self.direct_bytes = self.direct_bytes, 0
         return n
 
+    def take_flushes(self) -> int:
+        return self.flusher.take_count() if self.flusher is not None else 0
+
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
         self.dirty = True
         self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
         if self.writeback and total >= (1 << 20):  # (direct parts are written already)
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
+            if self.flusher is not None:
+                self.flusher.kick()  # (raises a failed earlier flush's error)
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         view = memoryview(buf).cast("B")  # type: ignore[arg-type]
@@ -233,9 +243,13 @@ class PosixBackend(Backend):
         return os.fstat(self.fd).st_size
 
     def sync(self) -> None:
+        """fsync, after the early flush still running (whose error is raised after it)."""
+        early = self.flusher.wait() if self.flusher is not None else None
         if self.dirty and self.fd >= 0:
             os.fsync(self.fd)
             self.dirty = False
+        if early is not None:
+            raise early
 
     def commit(self, comm: Any, ok: bool) -> None:
         """Collective over `comm`: with ``atomic_commit``, rename the temporary on success."""
@@ -256,6 +270,8 @@ class PosixBackend(Backend):
             raise CommitError(str(step.error))
 
     def close(self) -> None:
+        if self.flusher is not None:  # (it must not outlive the descriptor)
+            self.flusher.wait()  # (its error: sync() before close reported it)
         if self.dfd >= 0:
             os.close(self.dfd)
             self.dfd = -1

@@ -1,0 +1,76 @@
+"""Hint ``early_flush`` under MPI: aggregators flush while the rounds go on.
+
+The bytes must not change (numpy reference, read back after close), every rank
+counts in ``stats.early_flushes``, and a flush that fails on one rank makes every
+rank raise the same error in the same call, after which the file goes on.  The
+failure is injected where the flush calls the system
+(``collio.backends.fsync.fdatasync``), on the last rank only.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import numpy as np
+import pytest
+from helpers import local_piece, raises_everywhere, reference
+from mpi4py import MPI
+
+import collio
+from collio import layouts
+from collio.backends import fsync
+
+SHAPE = (2048, 1024)  # 16 MiB: rounds of 1 MiB and more, which start flushes
+
+
+def _lay(comm, pattern):
+    if pattern == "colblock":
+        return layouts.block(SHAPE, "<f8", comm=comm, grid=(1, comm.size))
+    grid = MPI.Compute_dims(comm.size, 2)
+    return layouts.block_cyclic(SHAPE, "<f8", block=64, grid=grid, comm=comm)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["posix", "mpiio"])
+@pytest.mark.parametrize("pattern", ["colblock", "cyclic"])
+@pytest.mark.parametrize("early", [True, False])
+def test_early_flush_keeps_the_bytes(comm, shared_path, backend, pattern, early):
+    glob = reference(SHAPE, "<f8", seed=31)
+    lay = _lay(comm, pattern)
+    hints = {"early_flush": early, "cb_buffer_size": "4m"}
+    with collio.open(shared_path, "w", comm=comm, hints=hints, backend=backend) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        flushes = f.stats.early_flushes  # summed over ranks, the same on every rank
+    assert comm.allgather(flushes) == [flushes] * comm.size
+    assert (flushes > 0) is early, flushes
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("pattern", ["colblock", "cyclic"])
+def test_a_failed_early_flush_is_raised_everywhere(comm, shared_path, monkeypatch, pattern):
+    glob = reference(SHAPE, "<f8", seed=32)
+    lay = _lay(comm, pattern)
+    piece = local_piece(glob, lay)
+
+    def failing(fd):
+        raise OSError(errno.EIO, "injected fdatasync error")
+
+    f = collio.open(shared_path, "w", comm=comm, hints={"cb_buffer_size": "4m"})
+    if comm.rank == comm.size - 1:
+        monkeypatch.setattr(fsync, "fdatasync", failing)
+
+    def write_and_sync():
+        f.write_all(piece, lay)  # a later round's flush raises, or sync() does
+        f.sync()
+
+    err = raises_everywhere(comm, collio.BackendError, write_and_sync)
+    assert err.errno == errno.EIO
+    assert f"rank {comm.size - 1}: " in str(err) and "injected fdatasync error" in str(err)
+    monkeypatch.undo()
+    f.write_all(piece, lay)  # the file goes on: the same call, now flushed without error
+    f.sync()
+    f.close()
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
