@@ -276,10 +276,12 @@ def test_api_registry_is_lazy_and_extensible():
 @needs_mpiexec
 def test_direct_apis_verify_and_report_the_hint(tmp_path):
     """``collio-direct`` (hint direct_write) writes the layout's bytes; ``ceiling-direct``
-    writes its shares with O_DIRECT; both read back right (-W -R)."""
+    writes its shares with O_DIRECT; ``collio-noflush`` (hint early_flush=false) the
+    layout's bytes; all read back right (-W -R)."""
     out = tmp_path / "d.json"
     args = ["-n", "2", *BENCH, "-i", "2", "--size", "1024", "-W", "-R"]
-    args += ["--compare", "collio-direct,ceiling-direct,collio", "--hints", "min_rounds=1"]
+    args += ["--compare", "collio-direct,ceiling-direct,collio,collio-noflush"]
+    args += ["--hints", "min_rounds=1"]
     proc = run_job([*args, "--json", str(out), "-o", str(tmp_path / "f")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -293,4 +295,5 @@ def test_direct_apis_verify_and_report_the_hint(tmp_path):
     used = doc["hints_used"]
     assert used["collio-direct"]["direct_write"] is direct_possible(str(probe))
     assert used["collio"]["direct_write"] is False
+    assert used["collio"]["early_flush"] is True and used["collio-noflush"]["early_flush"] is False
     assert "direct_write=" in proc.stdout  # in the text summary's hints

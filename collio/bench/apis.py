@@ -12,6 +12,7 @@ plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 ``posix``         ``os.pwrite`` per piece (independent)
 ``ceiling``       each rank writes its 1/p share of the bytes with one ``pwrite``
 ``collio-direct`` ``collio`` with hint ``direct_write=true`` (``O_DIRECT``)
+``collio-noflush`` ``collio`` with hint ``early_flush=false`` (flushed only at ``sync()``)
 ``ceiling-direct`` the ceiling written with ``O_DIRECT``
 
 and, imported only when asked for (zarr, boto3, h5py are optional):
@@ -224,6 +225,7 @@ _KNOWN: dict[str, str] = {
     "posix": "collio.bench.builtin:PosixApi",
     "ceiling": "collio.bench.builtin:CeilingApi",
     "collio-direct": "collio.bench.builtin:CollioDirectApi",
+    "collio-noflush": "collio.bench.builtin:CollioNoflushApi",
     "ceiling-direct": "collio.bench.builtin:CeilingDirectApi",
     "collio-zarr": "collio.bench.zarr_apis:CollioZarrApi",
     "zarr-plain": "collio.bench.zarr_apis:ZarrPlainApi",
@@ -245,6 +247,7 @@ ABOUT: dict[str, str] = {
     "posix": "os.pwrite/preadv per piece",
     "ceiling": "each rank's 1/p share as one contiguous pwrite (not the layout)",
     "collio-direct": "collio with hint direct_write=true (O_DIRECT around the page cache)",
+    "collio-noflush": "collio with hint early_flush=false (no fdatasync before sync())",
     "ceiling-direct": "the ceiling with O_DIRECT writes (around the page cache)",
     "collio-zarr": "collio's zarr backend [zarr]",
     "zarr-plain": "plain zarr, each rank its own region; chunk-aligned only [zarr]",

@@ -25,6 +25,7 @@ __all__ = [
     "PosixApi",
     "CeilingApi",
     "CollioDirectApi",
+    "CollioNoflushApi",
     "CeilingDirectApi",
 ]
 
@@ -96,6 +97,13 @@ class CollioDirectApi(CollioApi):
 
     name: ClassVar[str] = "collio-direct"
     extra_hints: ClassVar[dict[str, str]] = {"direct_write": "true"}
+
+
+class CollioNoflushApi(CollioApi):
+    """collio with hint ``early_flush=false``: nothing flushed before ``sync()``."""
+
+    name: ClassVar[str] = "collio-noflush"
+    extra_hints: ClassVar[dict[str, str]] = {"early_flush": "false"}
 
 
 class MpiioApi(Api):
