@@ -10,6 +10,7 @@ failure is injected where the flush calls the system
 from __future__ import annotations
 
 import errno
+import os
 
 import numpy as np
 import pytest
@@ -74,3 +75,25 @@ def test_a_failed_early_flush_is_raised_everywhere(comm, shared_path, monkeypatc
     f.close()
     comm.Barrier()
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("early", [True, False])
+def test_hdf5_contiguous_dataset_flushes_early(comm, shared_dir, early):
+    """collio.h5 writes a contiguous dataset through the posix path, so the hint applies
+    there too; the file reads back right with stock h5py in another process."""
+    pytest.importorskip("h5py")
+    from h5check import check_file
+
+    import collio.h5
+
+    path = os.path.join(shared_dir, "early.h5")
+    glob = reference(SHAPE, "<f8", seed=33)
+    lay = _lay(comm, "colblock")
+    hints = {"early_flush": early, "cb_buffer_size": "4m"}
+    with collio.h5.File(path, "w", comm=comm, hints=hints) as f:
+        d = collio.h5.create_dataset(f, "m", SHAPE, "<f8")
+        collio.h5.write_all(d, local_piece(glob, lay), lay)
+        flushes = collio.h5.stats(f).early_flushes
+    assert (flushes > 0) is early, flushes
+    check_file(comm, path, {"m": glob})

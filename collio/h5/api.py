@@ -146,7 +146,8 @@ def _context(s: Session, dset: Any, kind: str, offset: int | None) -> engine.Con
     if kind == "contiguous":
         be = s.backends.get("contiguous")
         if be is None:
-            be = s.backends["contiguous"] = ContiguousBackend(s.path, vf.fd, s.mode)
+            early = vf.early_flush() if s.hints.early_flush and s.mode != "r" else None
+            be = s.backends["contiguous"] = ContiguousBackend(s.path, vf.fd, s.mode, early)
         be.bind(dset, int(offset or 0))
     else:
         cls = chunked_backend(int(np.prod(dset.chunks)) * dset.dtype.itemsize)

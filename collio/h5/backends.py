@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..backends.base import Backend
+from ..backends.fsync import EarlyFlush
 from ..backends.posix import PosixBackend
 from ..collective import Attempt, agree
 from ..errors import BackendError, LayoutError, ModeError
@@ -56,10 +57,12 @@ class ContiguousBackend(PosixBackend):
 
     name: ClassVar[str] = "hdf5-contiguous"
 
-    def __init__(self, path: str, fd: int, mode: str) -> None:
+    def __init__(self, path: str, fd: int, mode: str, flusher: EarlyFlush | None = None) -> None:
         super().__init__(path, fd, "r" if mode == "r" else "r+", None, True)
         self.dset: Any = None
         self.offset = 0
+        if mode != "r" and self.writeback:
+            self.flusher = flusher  # (the VFile's: it outlives this backend with the fd)
 
     def bind(self, dset: Any, offset: int) -> None:
         self.dset, self.offset = dset, offset

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..backends.fsync import EarlyFlush
+
 __all__ = ["VFile", "PAGE"]
 
 PAGE = 4096
@@ -54,6 +56,7 @@ class VFile:
         self.dirty = False
         self.error: BaseException | None = None  # a failure inside a callback
         self.owner: Any = None  # collio's communicator duplicate (comms.Private), told at release
+        self.flusher: EarlyFlush | None = None  # contiguous datasets' early flush (hint)
 
     # -- the file-object protocol h5py's fileobj driver uses ---------------
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -180,10 +183,19 @@ class VFile:
             os.fsync(self.fd)
             self.dirty = False
 
+    def early_flush(self) -> EarlyFlush:
+        """The file's :class:`~collio.backends.fsync.EarlyFlush` (made once); it belongs to
+        this descriptor, so :meth:`release` waits for it before closing."""
+        if self.flusher is None:
+            self.flusher = EarlyFlush(self.fd)
+        return self.flusher
+
     def release(self) -> None:
         """Publish what is left (rank 0), make it durable, close the descriptor."""
         if self.fd < 0:
             return
+        if self.flusher is not None:  # (its error: the session's sync reported it)
+            self.flusher.wait()
         try:
             if self.root and not self.frozen:
                 self.publish()
