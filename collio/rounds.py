@@ -151,6 +151,26 @@ def _cover(ap: AggregatorPlan, k: int, req: tuple[int, int]) -> Runs:
     return round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
 
 
+def _inline(fn: Callable[..., None], *args: object) -> Future:
+    """Run ``fn`` here and now; its outcome as a finished Future.
+
+    For requests the main thread would hand to the I/O thread only to wait for them
+    at once (a read's first window, an aggregator's last write): waking the I/O thread
+    and the main thread again costs most where it matters least, in small calls, with
+    more ranks than cores busy in MPI.  Same job, alternating, 400 calls each, 4 ranks:
+    block-cyclic 512 KiB ``read_all`` 2.46 -> 2.21 ms, ``write_all`` 2.31 -> 2.06 ms;
+    8 MiB 10.9 -> 10.6 and 9.8 -> 8.8 ms; 128 MiB unchanged (0.96-1.03).
+    """
+    fut: Future = concurrent.futures.Future()
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - delivered through the Future, as the pool does
+        fut.set_exception(exc)
+    else:
+        fut.set_result(None)
+    return fut
+
+
 def _wait(fut: Future | None, c: Stats) -> None:
     if fut is not None:
         t = time.perf_counter()
@@ -293,8 +313,12 @@ def _write_streamed(
                 step = Attempt()
                 with step:  # (an error here must not leave sends and receives behind)
                     if error is None:
-                        cover = _cover(ap, k, req)
-                        pending[b] = pool.submit(_write_window, be, req[0], wbuf, cover, c)
+                        args = (be, req[0], wbuf, _cover(ap, k, req), c)
+                        # the last round with nothing left to post is drained right after
+                        # the loop: write it here
+                        last = k == mine - 1 and k + AHEAD >= plan.nrounds
+                        go = _inline if last else pool.submit
+                        pending[b] = go(_write_window, *args)
                 error = error or step.error
             if k + AHEAD < plan.nrounds:  # at most AHEAD rounds of sends outstanding
                 t = time.perf_counter()
@@ -377,9 +401,9 @@ def read_rounds(
         if ap is not None and k < mine:
             b = k % DEPTH
             reqs[b] = req = (int(offs[k]), int(lens[k]))
-            pending[b] = pool.submit(
-                _read_window, be, req[0], window_of(bufs[b], *req), _cover(ap, k, req), c
-            )
+            args = (be, req[0], window_of(bufs[b], *req), _cover(ap, k, req), c)
+            go = _inline if k == 0 else pool.submit  # (round 0 is waited for at once)
+            pending[b] = go(_read_window, *args)
 
     error: BaseException | None = None
     step = Attempt()
