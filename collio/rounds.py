@@ -158,9 +158,10 @@ def _inline(fn: Callable[..., None], *args: object) -> Future:
     at once (a read's first window, an aggregator's last write, each when the I/O
     thread has nothing left to do, see :func:`_settle`): waking the I/O thread
     and the main thread again costs most where it matters least, in small calls, with
-    more ranks than cores busy in MPI.  Same job, alternating, 400 calls each, 4 ranks:
-    block-cyclic 512 KiB ``read_all`` 2.46 -> 2.21 ms, ``write_all`` 2.31 -> 2.06 ms;
-    8 MiB 10.9 -> 10.6 and 9.8 -> 8.8 ms; 128 MiB unchanged (0.96-1.03).
+    more ranks than cores busy in MPI.  Same job, alternating, 400 calls each, 4 ranks,
+    the slowest rank's time: block-cyclic 512 KiB ``read_all`` 2.63 -> 2.35 ms,
+    ``write_all`` 2.42 -> 2.22 ms; 8 MiB 13.1 -> 12.5 and 11.8 -> 11.1 ms; 128 MiB
+    unchanged (0.96-1.03 in four jobs).
     """
     fut: Future = concurrent.futures.Future()
     try:
