@@ -14,14 +14,22 @@ import threading
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["PAGE", "round_buffers", "window_of", "scratch_buffer", "release_buffers", "io_executor"]
+__all__ = [
+    "PAGE",
+    "round_buffers",
+    "window_of",
+    "scratch_buffer",
+    "release_buffers",
+    "io_executor",
+    "flush_executor",
+]
 
 #: Alignment of kept buffers (and of direct I/O requests, see the posix backend).
 PAGE = 4096
 _lock = threading.Lock()
 #: Kept allocations by use ("rounds", "scratch"); each reused while big enough.
 _kept: dict[str, npt.NDArray[np.uint8]] = {}
-_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 
 
 def _keep(name: str, nbytes: int) -> npt.NDArray[np.uint8]:
@@ -72,10 +80,23 @@ def release_buffers() -> None:
     clear_all()
 
 
+def _thread(name: str) -> concurrent.futures.ThreadPoolExecutor:
+    """The process's single thread ``collio-<name>``, made when first asked for."""
+    with _lock:
+        pool = _executors.get(name)
+        if pool is None:
+            pool = _executors[name] = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"collio-{name}"
+            )
+        return pool
+
+
 def io_executor() -> concurrent.futures.ThreadPoolExecutor:
     """The process's single I/O thread (backend calls release the GIL)."""
-    global _executor
-    with _lock:
-        if _executor is None:
-            _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="collio-io")
-        return _executor
+    return _thread("io")
+
+
+def flush_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's flush thread: one early ``fdatasync`` at a time, whichever file
+    (:class:`~collio.backends.fsync.EarlyFlush`)."""
+    return _thread("flush")

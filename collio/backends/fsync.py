@@ -6,11 +6,11 @@ import concurrent.futures
 import ctypes
 import errno
 import os
-import threading
 from collections.abc import Iterable
 from typing import Any
 
 from .._libc import libc
+from ..buffers import flush_executor
 
 __all__ = [
     "EarlyFlush",
@@ -41,18 +41,6 @@ sync_file_range = _libc_sync_file_range()
 #: What :class:`EarlyFlush` calls (``os.fdatasync``, ``os.fsync`` where there is none);
 #: a module attribute so that fault-injection tests can make it fail on one rank.
 fdatasync = getattr(os, "fdatasync", os.fsync)
-
-_flusher: concurrent.futures.ThreadPoolExecutor | None = None
-_flusher_lock = threading.Lock()
-
-
-def _flush_thread() -> concurrent.futures.ThreadPoolExecutor:
-    """The process's flush thread (one fdatasync at a time, whichever file)."""
-    global _flusher
-    with _flusher_lock:
-        if _flusher is None:
-            _flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="collio-flush")
-        return _flusher
 
 
 def _fdatasync(fd: int) -> None:
@@ -103,7 +91,7 @@ class EarlyFlush:
                 self.halted = True
                 raise exc
         if not self.halted:
-            self.future = _flush_thread().submit(_fdatasync, self.fd)
+            self.future = flush_executor().submit(_fdatasync, self.fd)
             self.count += 1
 
     def wait(self) -> BaseException | None:
