@@ -299,6 +299,11 @@ class Messages:
         """
         self._post(self.comm.Irecv, *byte_view(buf, offsets, lengths), source)
 
+    def done(self) -> bool:
+        """Whether every message has completed (``Testall``: MPI progresses meanwhile);
+        :meth:`wait` still frees the datatypes."""
+        return not self.requests or bool(MPI.Request.Testall(self.requests))
+
     def wait(self) -> None:
         try:
             if self.requests:

@@ -151,8 +151,8 @@ def _cover(ap: AggregatorPlan, k: int, req: tuple[int, int]) -> Runs:
     return round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
 
 
-def _inline(fn: Callable[..., None], *args: object) -> Future:
-    """Run ``fn`` here and now; its outcome as a finished Future.
+def _inline(c: Stats, fn: Callable[..., None], *args: object) -> Future:
+    """Run ``fn`` here and now (its time counted as I/O); its outcome as a finished Future.
 
     For requests the main thread would hand to the I/O thread only to wait for them
     at once (a read's first window, an aggregator's last write, each when the I/O
@@ -164,12 +164,14 @@ def _inline(fn: Callable[..., None], *args: object) -> Future:
     unchanged (0.96-1.03 in four jobs).
     """
     fut: Future = concurrent.futures.Future()
+    t = time.perf_counter()
     try:
         fn(*args)
     except BaseException as exc:  # noqa: BLE001 - delivered through the Future, as the pool does
         fut.set_exception(exc)
     else:
         fut.set_result(None)
+    c.time_io += time.perf_counter() - t
     return fut
 
 
@@ -326,16 +328,21 @@ def _write_streamed(
                 with messages(comm, _TAG + (k & 0x3FF)) as msgs:
                     _post_recvs(msgs, plan, k, wbuf, req[0], c)
                 c.time_exchange += time.perf_counter() - t
-                # the last round, with nothing left to post, is drained right after the
-                # loop: write it here, once the I/O thread is done (one request at a time)
+                # the last round is drained right after the loop: write it here, once the
+                # I/O thread is done (one request at a time), if this rank's sends are
+                # complete (a rank in pwrite drives no MPI progress for peers' receives)
                 last = k == mine - 1 and k + AHEAD >= plan.nrounds
+                last = last and all(m.done() for m in sends.values())
                 if last:
                     error = _settle(pending, c, error)
                 step = Attempt()
                 with step:  # (an error here must not leave sends and receives behind)
                     if error is None:
                         args = (be, req[0], wbuf, _cover(ap, k, req), c)
-                        pending[b] = (_inline if last else pool.submit)(_write_window, *args)
+                        if last:
+                            pending[b] = _inline(c, _write_window, *args)
+                        else:
+                            pending[b] = pool.submit(_write_window, *args)
                 error = error or step.error
             if k + AHEAD < plan.nrounds:  # at most AHEAD rounds of sends outstanding
                 t = time.perf_counter()
@@ -419,8 +426,10 @@ def read_rounds(
             b = k % DEPTH
             reqs[b] = req = (int(offs[k]), int(lens[k]))
             args = (be, req[0], window_of(bufs[b], *req), _cover(ap, k, req), c)
-            go = _inline if k == 0 else pool.submit  # (round 0 is waited for at once)
-            pending[b] = go(_read_window, *args)
+            if k == 0:  # (waited for at once)
+                pending[b] = _inline(c, _read_window, *args)
+            else:
+                pending[b] = pool.submit(_read_window, *args)
 
     error: BaseException | None = None
     step = Attempt()

@@ -48,30 +48,34 @@ def test_early_flush_keeps_the_bytes(comm, shared_path, backend, pattern, early)
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
 
 
+def _failing(fd):
+    raise OSError(errno.EIO, "injected fdatasync error")
+
+
 @pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["posix", "mpiio"])
 @pytest.mark.parametrize("pattern", ["colblock", "cyclic"])
-def test_a_failed_early_flush_is_raised_everywhere(comm, shared_path, monkeypatch, pattern):
+def test_a_failed_early_flush_is_raised_everywhere_by_sync(
+    comm, shared_path, monkeypatch, backend, pattern
+):
+    """The write itself succeeds everywhere (the flush covers data written before);
+    the sync after it raises on every rank, naming the last rank, once; then the
+    file goes on."""
     glob = reference(SHAPE, "<f8", seed=32)
     lay = _lay(comm, pattern)
     piece = local_piece(glob, lay)
-
-    def failing(fd):
-        raise OSError(errno.EIO, "injected fdatasync error")
-
-    f = collio.open(shared_path, "w", comm=comm, hints={"cb_buffer_size": "4m"})
+    hints = {"cb_buffer_size": "4m"}
+    f = collio.open(shared_path, "w", comm=comm, hints=hints, backend=backend)
     if comm.rank == comm.size - 1:
-        monkeypatch.setattr(fsync, "fdatasync", failing)
-
-    def write_and_sync():
-        f.write_all(piece, lay)  # a later round's flush raises, or sync() does
-        f.sync()
-
-    err = raises_everywhere(comm, collio.BackendError, write_and_sync)
+        monkeypatch.setattr(fsync, "fdatasync", _failing)
+    f.write_all(piece, lay)
+    err = raises_everywhere(comm, collio.BackendError, f.sync)
     assert err.errno == errno.EIO
-    assert f"rank {comm.size - 1}: " in str(err) and "injected fdatasync error" in str(err)
+    assert f"rank {comm.size - 1}: early flush (fdatasync) of " in str(err)
+    assert "injected fdatasync error" in str(err) and "may not be durable" in str(err)
     monkeypatch.undo()
-    f.write_all(piece, lay)  # the file goes on: the same call, now flushed without error
-    f.sync()
+    f.sync()  # reported once
+    f.write_all(piece, lay)  # the file goes on
     f.close()
     comm.Barrier()
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
@@ -97,3 +101,24 @@ def test_hdf5_contiguous_dataset_flushes_early(comm, shared_dir, early):
         flushes = collio.h5.stats(f).early_flushes
     assert (flushes > 0) is early, flushes
     check_file(comm, path, {"m": glob})
+
+
+@pytest.mark.mpi
+def test_a_failed_hdf5_early_flush_is_raised_everywhere_by_close(comm, shared_dir, monkeypatch):
+    pytest.importorskip("h5py")
+    from h5check import check_file
+
+    import collio.h5
+
+    path = os.path.join(shared_dir, "early-fail.h5")
+    glob = reference(SHAPE, "<f8", seed=34)
+    lay = _lay(comm, "colblock")
+    f = collio.h5.File(path, "w", comm=comm, hints={"cb_buffer_size": "4m"})
+    d = collio.h5.create_dataset(f, "m", SHAPE, "<f8")
+    if comm.rank == comm.size - 1:
+        monkeypatch.setattr(fsync, "fdatasync", _failing)
+    collio.h5.write_all(d, local_piece(glob, lay), lay)
+    err = raises_everywhere(comm, collio.BackendError, f.close)
+    assert f"rank {comm.size - 1}: early flush (fdatasync) of " in str(err)
+    monkeypatch.undo()
+    check_file(comm, path, {"m": glob})  # (the injected failure lost nothing)

@@ -48,26 +48,50 @@ def test_kick_starts_one_flush_at_a_time(tmp_path, monkeypatch):
     os.close(fd)
 
 
-def test_a_failed_flush_is_raised_once_and_halts_flushes_until_wait(tmp_path, monkeypatch):
+def test_a_failed_flush_is_kept_for_wait_and_halts_flushes(tmp_path, monkeypatch):
     fd = _fd(tmp_path)
 
     def failing(fd_):
         raise OSError(errno.EIO, "injected fdatasync error")
 
     monkeypatch.setattr(fsync, "fdatasync", failing)
-    flush = EarlyFlush(fd)
+    flush = EarlyFlush(fd, "x.bin")
     flush.kick()
     flush.future.exception()  # (let it fail first)
-    with pytest.raises(OSError, match="injected fdatasync error"):
-        flush.kick()
-    flush.kick()  # halted until the next wait (sync): a write already past the
-    assert flush.future is None and flush.take_count() == 1  # failure starts none
-    assert flush.wait() is None  # reported once
+    flush.kick()  # not raised here: it is about data of earlier writes
     flush.kick()
+    assert flush.future is None and flush.take_count() == 1  # halted: none started
     err = flush.wait()
-    assert isinstance(err, OSError) and err.errno == errno.EIO
-    assert flush.wait() is None
+    assert isinstance(err, collio.BackendError) and err.errno == errno.EIO
+    assert "early flush (fdatasync) of 'x.bin' failed: injected fdatasync error" in str(err)
+    assert "may not be durable" in str(err)
+    assert flush.wait() is None  # reported once
+    flush.kick()  # flushes start again after the report
+    assert isinstance(flush.wait(), collio.BackendError) and flush.take_count() == 1
     os.close(fd)
+
+
+def test_close_waits_for_the_running_flush(tmp_path, monkeypatch):
+    """The backend's close (also on error paths, without sync) must not close the
+    descriptor under a running flush: the flush still sees its file."""
+    from mpi4py import MPI
+
+    from collio.backends.posix import PosixBackend
+
+    gate, seen = threading.Event(), []
+
+    def held(fd_):
+        gate.wait(10)
+        seen.append(os.fstat(fd_).st_size)  # EBADF if the descriptor were closed
+
+    monkeypatch.setattr(fsync, "fdatasync", held)
+    path = str(tmp_path / "c.bin")
+    be = PosixBackend.open(path, "w", comm=MPI.COMM_SELF, hints=collio.Hints())
+    be.write_at(0, np.ones(2 * MiB, np.uint8))
+    assert be.flusher is not None and be.flusher.future is not None
+    threading.Timer(0.2, gate.set).start()
+    be.close()
+    assert seen == [2 * MiB]
 
 
 def _matrix(n=2048):
@@ -101,12 +125,40 @@ def test_a_failed_early_flush_fails_sync_and_the_file_goes_on(tmp_path, monkeypa
 
     f = collio.open(path, "w")
     monkeypatch.setattr(fsync, "fdatasync", failing)
+    f.write_all(glob, lay)  # the flush fails in the background: not this call's error
     with pytest.raises(collio.BackendError, match="injected fdatasync error") as info:
-        f.write_all(glob, lay)  # one request: its flush fails after the call returned
         f.sync()
-    assert info.value.errno == errno.EIO
+    assert info.value.errno == errno.EIO and "may not be durable" in str(info.value)
     monkeypatch.setattr(fsync, "fdatasync", real)
     f.write_all(glob[::-1].copy(), lay)
     f.sync()
     f.close()
     assert np.array_equal(np.fromfile(path, "<f8").reshape(glob.shape), glob[::-1])
+
+
+def test_a_flush_failing_after_its_call_is_reported_by_sync_not_the_next_write(
+    tmp_path, monkeypatch
+):
+    """The flush of call 1's data fails after call 1 returned: calls 2 and 3 write
+    fine, and the sync after them reports it (the kernel reports a writeback error to a
+    descriptor once: the flush took that report, so sync's own fsync would succeed)."""
+    glob = _matrix()
+    lay = layouts.block(glob.shape, "<f8")
+    gate = threading.Event()
+
+    def late(fd_):
+        gate.wait(10)
+        raise OSError(errno.EIO, "injected late fdatasync error")
+
+    monkeypatch.setattr(fsync, "fdatasync", late)
+    f = collio.open(str(tmp_path / "m.bin"), "w")
+    f.write_all(glob, lay)  # call 1: its flush is held, then fails
+    f.write_all(glob, lay)  # call 2: a flush is running, none started
+    gate.set()
+    f.backend.flusher.future.exception()  # (call 1's flush has failed now)
+    f.write_all(glob, lay)  # call 3: finds the failure, keeps it, starts none
+    assert f.stats.early_flushes == 1
+    with pytest.raises(collio.BackendError, match="injected late fdatasync error"):
+        f.sync()
+    f.sync()  # reported once
+    f.close()

@@ -11,6 +11,7 @@ from typing import Any
 
 from .._libc import libc
 from ..buffers import flush_executor
+from ..errors import BackendError
 
 __all__ = [
     "EarlyFlush",
@@ -61,45 +62,52 @@ class EarlyFlush:
     a flush after 128 MiB on this virtual disk takes ~150 ms when nothing was flushed
     before it.
 
-    An error of a flush is raised (once) by the next :meth:`kick` (the next large
-    write fails) or by :meth:`wait` (``sync()``), so no failure goes unreported:
-    the kernel tells each file descriptor of a writeback error only once, and the
-    flush may be the call it tells.
+    A flush's error is kept and reported by :meth:`wait`, that is by the next
+    ``sync()`` (or ``close()``), as a :class:`~collio.errors.BackendError` saying that
+    data written before it may not be durable; no flush starts after a failed one
+    until then.  It is not raised by a later write: the failed flush covered earlier
+    calls' data, and the kernel tells each descriptor of a writeback error only once,
+    so the fsync of that ``sync()`` would otherwise report success.
     """
 
-    __slots__ = ("fd", "future", "count", "halted")
+    __slots__ = ("fd", "path", "future", "count", "error")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, path: str = "") -> None:
         self.fd = fd
+        self.path = path
         self.future: concurrent.futures.Future[None] | None = None
         #: Flushes started since the last :meth:`take_count`.
         self.count = 0
-        #: A flush failed: start none until the next :meth:`wait` (``sync()``), so a
-        #: write already past the failed one does not start another that fails the
-        #: next call as well.
-        self.halted = False
+        #: The first failed flush since the last :meth:`wait`: none starts while set.
+        self.error: BaseException | None = None
 
     def kick(self) -> None:
-        """Start a flush unless one is running; raise the error of one that failed."""
+        """Start a flush unless one is running or one failed (kept for :meth:`wait`)."""
         fut = self.future
         if fut is not None:
             if not fut.done():
                 return
             self.future = None
-            exc = fut.exception()
-            if exc is not None:
-                self.halted = True
-                raise exc
-        if not self.halted:
+            self.error = self.error or fut.exception()
+        if self.error is None:
             self.future = flush_executor().submit(_fdatasync, self.fd)
             self.count += 1
 
-    def wait(self) -> BaseException | None:
-        """Wait for the running flush, if any; its error (reported once), else None.
-        Flushes start again after it."""
+    def wait(self) -> BackendError | None:
+        """Wait for the running flush, if any; the error of a failed one since the last
+        call (reported once), as a BackendError, else None.  Flushes start again."""
         fut, self.future = self.future, None
-        self.halted = False
-        return fut.exception() if fut is not None else None
+        exc = self.error or (fut.exception() if fut is not None else None)
+        self.error = None
+        if exc is None:
+            return None
+        code = getattr(exc, "errno", None)
+        why = getattr(exc, "strerror", None) or str(exc)
+        return BackendError(
+            f"early flush (fdatasync) of {self.path or 'the file'!r} failed: {why}; data "
+            "written before this sync may not be durable",
+            errno=code if isinstance(code, int) else errno.EIO,
+        )
 
     def take_count(self) -> int:
         """Flushes started since the last call (for the statistics)."""

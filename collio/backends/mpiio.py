@@ -114,7 +114,7 @@ class MpiioBackend(Backend):
         self.readable = True
         self.writable = mode != "r"
         self.wb_fd = _local_fd(path) if writeback and self.writable else -1
-        self.flusher = EarlyFlush(self.wb_fd) if early and self.wb_fd >= 0 else None
+        self.flusher = EarlyFlush(self.wb_fd, path) if early and self.wb_fd >= 0 else None
 
     @classmethod
     def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> MpiioBackend:
@@ -180,7 +180,7 @@ class MpiioBackend(Backend):
         if self.wb_fd >= 0 and len(buf) >= (1 << 20):
             sync_file_range(self.wb_fd, offset, len(buf), SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
-                self.flusher.kick()  # (raises a failed earlier flush's error)
+                self.flusher.kick()
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         status = MPI.Status()

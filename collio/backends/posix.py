@@ -192,7 +192,7 @@ class PosixBackend(Backend):
         if mode != "r" and bool(getattr(hints, "direct_write", False)):
             self.dfd = open_direct(name)
         if mode != "r" and self.writeback and bool(getattr(hints, "early_flush", True)):
-            self.flusher = EarlyFlush(fd)
+            self.flusher = EarlyFlush(fd, self.final or name)
         return self
 
     # -- data ---------------------------------------------------------------
@@ -210,7 +210,7 @@ class PosixBackend(Backend):
         if self.writeback and total >= (1 << 20):  # (direct parts are written already)
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
-                self.flusher.kick()  # (raises a failed earlier flush's error)
+                self.flusher.kick()
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         view = memoryview(buf).cast("B")  # type: ignore[arg-type]

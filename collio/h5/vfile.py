@@ -187,7 +187,7 @@ class VFile:
         """The file's :class:`~collio.backends.fsync.EarlyFlush` (made once); it belongs to
         this descriptor, so :meth:`release` waits for it before closing."""
         if self.flusher is None:
-            self.flusher = EarlyFlush(self.fd)
+            self.flusher = EarlyFlush(self.fd, self.path)
         return self.flusher
 
     def release(self) -> None:
