@@ -57,10 +57,10 @@ class EarlyFlush:
     cache since the last one.  A single fsync at the end (``sync()``, ``close()``)
     starts that work only when every byte is written; flushing while the call still
     shuffles and writes overlaps most of it with the call.  Measured here (4 ranks,
-    128 MiB, fsync, same job, alternating, medians of 12): column blocks 509 -> 575
-    MiB/s, block-cyclic 496 -> 530, the one-pwrite ceiling 611 and 592 in those jobs;
-    a flush after 128 MiB on this virtual disk takes ~150 ms when nothing was flushed
-    before it.
+    128 MiB, fsync, same job as the hint turned off, alternating, medians of 12):
+    1.10 and 1.11x for column blocks, 1.22 and 1.18x block-cyclic, 1.03x IOR's pattern;
+    a flush after 128 MiB on this virtual disk takes 150-210 ms when nothing was
+    flushed before it (``examples/flush_cost.py``).
 
     A flush's error is kept and reported by :meth:`wait`, that is by the next
     ``sync()`` (or ``close()``), as a :class:`~collio.errors.BackendError` saying that
