@@ -117,8 +117,9 @@ class Hints:
     early_flush
         While a write call still runs, ``fdatasync`` the file in a background thread
         after each large backend request (one flush at a time), so ``sync()`` and
-        ``close()`` find little left to flush (posix backend, with its ``writeback``
-        option; see :class:`~collio.backends.fsync.EarlyFlush`).  Default true.
+        ``close()`` find little left to flush (posix and mpiio backends with their
+        ``writeback`` option, and contiguous datasets of :mod:`collio.h5`; see
+        :class:`~collio.backends.fsync.EarlyFlush`).  Default true.
     extra
         Unrecognised or pass-through hints, as strings.
     """

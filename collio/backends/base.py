@@ -31,13 +31,16 @@ How the planned backends fit:
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ..aggregators.domains import file_domains
 from ..runs import Runs
+
+if TYPE_CHECKING:
+    from .fsync import EarlyFlush
 
 __all__ = ["Backend"]
 
@@ -103,6 +106,9 @@ class Backend(abc.ABC):
     aggregators: npt.NDArray[np.int64] | None = None
 
     mode: str = "r"
+    #: This file's early flush (hint ``early_flush``), for backends that flush while
+    #: writing (posix, mpiio, contiguous HDF5 datasets); None: no flush before ``sync()``.
+    flusher: EarlyFlush | None = None
 
     @classmethod
     def check_options(cls, mode: str, options: dict[str, Any]) -> None:
@@ -233,7 +239,7 @@ class Backend(abc.ABC):
     def take_flushes(self) -> int:
         """Early flushes started since the last call (hint ``early_flush``); 0 for
         backends that never flush while writing."""
-        return 0
+        return self.flusher.take_count() if self.flusher is not None else 0
 
     def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> npt.NDArray[np.int64]:
         """``naggs + 1`` domain bounds over ``[lo, hi)``, interior ones multiples of ``align``.

@@ -206,9 +206,6 @@ class MpiioBackend(Backend):
         if early is not None:
             raise early
 
-    def take_flushes(self) -> int:
-        return self.flusher.take_count() if self.flusher is not None else 0
-
     def close(self) -> None:
         """Collective (``MPI_File_close``)."""
         if self.flusher is not None:  # (it must not outlive the descriptor)

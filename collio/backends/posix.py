@@ -200,9 +200,6 @@ class PosixBackend(Backend):
         n, self.direct_bytes = self.direct_bytes, 0
         return n
 
-    def take_flushes(self) -> int:
-        return self.flusher.take_count() if self.flusher is not None else 0
-
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
         self.dirty = True
