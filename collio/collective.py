@@ -152,7 +152,7 @@ def settle_same(
 #: carries (:func:`call_head`); ``flush`` is :mod:`collio.h5`'s.
 CALLS = ("write_all", "read_all", "sync", "close", "set_view", "open", "flush")
 #: int64 slots of that agreement: error flag, call code and its negation, the call's own.
-HEAD_SLOTS = 11
+HEAD_SLOTS = 12
 _OWN = 3
 _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
 _SUBJECT = 1 << 57  # set in the code of a call on a part of a file: never a plain code
@@ -173,7 +173,7 @@ def call_head(
     Always one ``Iallreduce`` (MAX) of :data:`HEAD_SLOTS` int64: this rank's error flag;
     a code naming ``call`` (one of :data:`CALLS`) and ``file`` (its serial number on the
     communicator, agreed at open, and its name for messages), then the code negated, so
-    that the two maxima differ unless every rank passed the same code; then up to eight
+    that the two maxima differ unless every rank passed the same code; then up to nine
     slots of the call's own.  Since every call starts with the same operation, ranks that
     make different calls meet in it (rather than in operations that never match: a
     blocking and a nonblocking allreduce, or two of different lengths) and learn of it

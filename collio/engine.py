@@ -109,7 +109,10 @@ def _check(
     # a signature None (Segments, views, ...) is not compared
     # whether any rank's extent moved since the ranks last compared extents (_disjoint)
     moved = ctx.extents is None or ctx.extents[:2] != (lo, hi)
-    slots = [*same_slots(sig), -lo, hi, int(small), cand, -cand, int(moved)]
+    # a read that every rank would rather copy from the mapped file (hint mapped_reads)
+    mapped = not writing and ctx.hints.romio_cb_read == "automatic"
+    mapped = mapped and ctx.backend.maps_reads(runs)
+    slots = [*same_slots(sig), -lo, hi, int(small), cand, -cand, int(moved), int(not mapped)]
     failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, slots)
     if failed:
         raise_agreed(ctx.comm, step.error, what=call_name)
@@ -119,7 +122,9 @@ def _check(
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
     direct = False
     own = None
-    if ctx.backend.independent and ghi > glo:
+    if ctx.backend.independent and ghi > glo and not out[8]:
+        direct = True  # (reads only: each rank copies its own runs out of the page cache)
+    elif ctx.backend.independent and ghi > glo:
         if mode == "disable" or (mode == "automatic" and not any_small):
             if out[7] or ctx.extents is None:
                 # (ctx.extents is the same on every rank but for its (lo, hi), so is None
@@ -306,6 +311,7 @@ def _complete(
     c.time_total = time.perf_counter() - t0
     c.direct_io_bytes += ctx.backend.take_direct_bytes()  # (its I/O is done by now)
     c.early_flushes += ctx.backend.take_flushes()
+    c.mapped_bytes += ctx.backend.take_mapped_bytes()
     sums, maxes = c.pack()
     sums = np.append(sums, 0 if error is None else 1)
     rs, rm = np.empty_like(sums), np.empty_like(maxes)

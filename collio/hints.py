@@ -32,6 +32,7 @@ KNOWN = (
     "min_rounds",
     "direct_write",
     "early_flush",
+    "mapped_reads",
 )
 #: Names backends may consume (passed through, not reported as unknown).
 PASS_THROUGH = re.compile(r"^(romio_|ind_|cb_|striping_|collective_buffering|s3_|zarr_|h5_)")
@@ -120,6 +121,12 @@ class Hints:
         ``close()`` find little left to flush (posix and mpiio backends with their
         ``writeback`` option, and contiguous datasets of :mod:`collio.h5`; see
         :class:`~collio.backends.fsync.EarlyFlush`).  Default true.
+    mapped_reads
+        ``automatic`` (default): with ``romio_cb_read=automatic``, a read of a posix
+        file on a local file system (ext4, xfs, btrfs, tmpfs, ...: one node's page
+        cache) skips the shuffle: each rank maps the file and copies its own pieces
+        (:mod:`collio.backends.mapped`).  ``enable`` maps on any file system,
+        ``disable`` never.
     extra
         Unrecognised or pass-through hints, as strings.
     """
@@ -136,6 +143,7 @@ class Hints:
     min_rounds: int = 8
     direct_write: bool = False
     early_flush: bool = True
+    mapped_reads: str = "automatic"
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -172,7 +180,7 @@ class Hints:
                 values[key] = parse_size(value, key)
             elif key == "cb_config_list":
                 values[key] = str(value)
-            elif key in ("romio_cb_write", "romio_cb_read"):
+            elif key in ("romio_cb_write", "romio_cb_read", "mapped_reads"):
                 values[key] = _parse_tri(value, key)
             elif key in ("atomic_commit", "direct_write", "early_flush"):
                 values[key] = _parse_bool(value, key)

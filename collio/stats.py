@@ -29,6 +29,7 @@ _SUMS = (
     "collective_calls",
     "direct_io_bytes",
     "early_flushes",
+    "mapped_bytes",
 )
 _MAXES = ("rounds", "time_plan", "time_exchange", "time_io", "time_total")
 
@@ -60,6 +61,8 @@ class Stats:
     direct_io_bytes: int = 0
     #: ``fdatasync`` calls started while writing (hint ``early_flush``), summed over ranks.
     early_flushes: int = 0
+    #: Bytes read by copying from the mapped file (hint ``mapped_reads``), summed over ranks.
+    mapped_bytes: int = 0
     rounds: int = 0
     time_plan: float = 0.0
     time_exchange: float = 0.0

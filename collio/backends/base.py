@@ -236,6 +236,17 @@ class Backend(abc.ABC):
         for backends that never write around the page cache."""
         return 0
 
+    def take_mapped_bytes(self) -> int:
+        """Bytes :meth:`read_runs` copied from a mapped file since the last call (hint
+        ``mapped_reads``); 0 for backends that never map."""
+        return 0
+
+    def maps_reads(self, runs: Runs) -> bool:
+        """Whether this rank would read ``runs`` itself from a mapped file (hint
+        ``mapped_reads``) rather than through the shuffle.  The engine skips the shuffle
+        of a read when every rank says yes.  Local, cheap; default False."""
+        return False
+
     def take_flushes(self) -> int:
         """Early flushes started since the last call (hint ``early_flush``); 0 for
         backends that never flush while writing."""

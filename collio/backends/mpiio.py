@@ -30,7 +30,10 @@ __all__ = ["MpiioBackend", "info_from_hints"]
 
 _POSIX_PREFIX = re.compile(r"^(ufs|nfs|lustre|gpfs|xfs|panfs|testfs):")
 #: collio's own hints, not ROMIO's: kept out of the MPI.Info.
-_COLLIO_ONLY = ("atomic_commit", "direct_threshold", "direct_write", "early_flush", "min_rounds")
+_COLLIO_ONLY = (
+    "atomic_commit", "direct_threshold", "direct_write", "early_flush", "mapped_reads",
+    "min_rounds",
+)  # fmt: skip
 
 
 def info_from_hints(hints: Any, extra: Any = None) -> MPI.Info:

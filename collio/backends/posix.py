@@ -16,6 +16,7 @@ from ..errors import BackendError, CommitError, ModeError
 from ..runs import Runs
 from .base import Backend
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
+from .mapped import FEW, copyable, fs_name, read_mapped
 
 __all__ = [
     "PosixBackend",
@@ -141,6 +142,8 @@ class PosixBackend(Backend):
         self.dfd = -1  # O_DIRECT descriptor (hint direct_write)
         self.direct_bytes = 0  # written through it
         self.flusher: EarlyFlush | None = None  # hint early_flush
+        self.maps = False  # reads copy many small runs from a mapped file (mapped_reads)
+        self.mapped_bytes = 0  # read that way
 
     # -- open ---------------------------------------------------------------
     @classmethod
@@ -193,6 +196,8 @@ class PosixBackend(Backend):
             self.dfd = open_direct(name)
         if mode != "r" and self.writeback and bool(getattr(hints, "early_flush", True)):
             self.flusher = EarlyFlush(fd, self.final or name)
+        maps = str(getattr(hints, "mapped_reads", "automatic"))
+        self.maps = maps == "enable" or (maps == "automatic" and fs_name(fd) is not None)
         return self
 
     # -- data ---------------------------------------------------------------
@@ -214,6 +219,28 @@ class PosixBackend(Backend):
         done = pread_full(self.fd, view, offset)
         if done < len(view):  # end of file: the rest reads as zeros
             buf[done:] = 0
+
+    def maps_reads(self, runs: Runs) -> bool:
+        """On a local file system (or with ``mapped_reads=enable``): runs that end within
+        the file (a mapped page past its end faults) and that numpy copies in a few passes."""
+        if not self.maps:
+            return False
+        if not len(runs):
+            return True
+        return runs.extent()[1] <= self.size() and copyable(runs)
+
+    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
+        """Many small runs: copied from the mapped file when :meth:`maps_reads` allows;
+        else (and for a few large ones, where ``preadv`` is the cheaper copy) one read each."""
+        if len(runs) > FEW and self.maps_reads(runs):
+            read_mapped(self.fd, runs, out)
+            self.mapped_bytes += runs.nbytes
+            return len(runs)
+        return super().read_runs(runs, out)
+
+    def take_mapped_bytes(self) -> int:
+        n, self.mapped_bytes = self.mapped_bytes, 0
+        return n
 
     def _by_runs(self, cover: Runs) -> bool:
         return self.holes == "runs" or (self.holes == "auto" and len(cover) <= _FEW_RUNS)
@@ -279,7 +306,7 @@ class PosixBackend(Backend):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(path=self.final or self.path, atomic=self.final is not None)
-        out.update(direct_write=self.dfd >= 0)
+        out.update(direct_write=self.dfd >= 0, mapped_reads=self.maps)
         return out
 
 

@@ -117,6 +117,9 @@ def _sim_options(sim: argparse._ArgumentGroup) -> None:
                      help="backend's smallest round (0; S3: its parts per round)")  # fmt: skip
     sim.add_argument("--whole-windows", action="store_true",
                      help="backend cannot write partial ranges (whole windows)")  # fmt: skip
+    sim.add_argument("--local-fs", action="store_true",
+                     help="a posix file on a local file system: reads copy from the mapped "
+                          "file (hint mapped_reads)")  # fmt: skip
     sim.add_argument("--budget", type=int, default=10_000_000, help="pairs before sampling (1e7)")
     sim.add_argument(
         "--plan-speed", action="store_true", help="time planning 10^6 runs on one rank"
@@ -184,7 +187,7 @@ def _simulate(args: argparse.Namespace) -> int:
     cfg = SimConfig(
         hints=hints, backend_alignment=args.alignment, backend_min_window=args.min_window,
         partial_write=not args.whole_windows, ppn=args.ppn, budget=args.budget,
-        writing=not (args.read and not args.write),
+        writing=not (args.read and not args.write), local_fs=args.local_fs,
     )  # fmt: skip
     res = simulate(work, cfg)
     print(format_sim(work, res, args.ppn), flush=True)

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from ..aggregators import choose_aggregators, file_domains, window_size
 from ..aggregators.domains import alignment
+from ..backends.mapped import FEW, MAX_LENGTHS
 from ..hints import Hints
 from ..layouts.strided import Blocks
 from ..rounds import DEPTH
@@ -47,6 +48,8 @@ class SimConfig:
     ``ppn`` ranks share a node (aggregators are spread over nodes); ``budget`` caps
     the (box, window) or (sub-box, domain) pairs evaluated before sampling;
     ``method`` forces ``explicit``, ``interval`` or ``sampled`` (tests) instead of ``auto``.
+    ``local_fs``: the target is a posix file on a local file system, whose reads skip the
+    shuffle (hint ``mapped_reads``); a cluster's parallel file system is not.
     """
 
     hints: Hints = dataclasses.field(default_factory=Hints)
@@ -57,6 +60,7 @@ class SimConfig:
     budget: int = 10_000_000
     writing: bool = True
     method: str = "auto"
+    local_fs: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -117,11 +121,29 @@ def _per_rank(values: I64, owner: I64, nranks: int) -> I64:
     return np.bincount(owner, weights=values, minlength=nranks).astype(np.int64)
 
 
-def _direct_path(blocks: Blocks, owner: I64, work: Workload, hints: Hints, writing: bool) -> bool:
-    """The engine's choice: skip the shuffle when extents do not interleave and runs are big."""
+def _mapped(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> bool:
+    """A read every rank copies from the mapped file (``PosixBackend.maps_reads``)."""
+    h = cfg.hints
+    if cfg.writing or h.romio_cb_read != "automatic":
+        return False
+    if not (h.mapped_reads == "enable" or (h.mapped_reads == "automatic" and cfg.local_fs)):
+        return False
+    # copyable: at most 16 runs, or at most MAX_LENGTHS distinct run lengths, per rank
+    pairs = np.unique(np.stack([owner, blocks.runlen]), axis=1)
+    lengths = np.bincount(pairs[0], minlength=work.nranks)
+    nruns = _per_rank(blocks.nruns(), owner, work.nranks)
+    return bool(((nruns <= FEW) | (lengths <= MAX_LENGTHS)).all())
+
+
+def _direct_path(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> bool:
+    """The engine's choice: skip the shuffle when extents do not interleave and runs are
+    big, or for a read that every rank copies from the mapped file."""
+    hints, writing = cfg.hints, cfg.writing
     mode = hints.romio_cb_write if writing else hints.romio_cb_read
     if mode == "enable" or not len(blocks):
         return False
+    if _mapped(blocks, owner, work, cfg):
+        return True
     nruns = _per_rank(blocks.nruns(), owner, work.nranks)
     nbytes = _per_rank(blocks.nbytes(), owner, work.nranks)
     small = bool(((nruns > _DIRECT_MAX_RUNS) & (nbytes < nruns * hints.direct_threshold)).any())
@@ -165,8 +187,7 @@ def simulate(work: Workload, cfg: SimConfig) -> SimResult:
     lo, hi = int(lo_b.min(initial=0)), int(hi_b.max(initial=0))
     total = int(blocks.nbytes().sum())
     rank_runs = _per_rank(blocks.nruns(), owner, work.nranks)
-    h = cfg.hints
-    if _direct_path(blocks, owner, work, h, cfg.writing):
+    if _direct_path(blocks, owner, work, cfg):
         res = _direct_result(blocks, work, (lo, hi), total, rank_runs)
     else:
         res = _two_phase(blocks, owner, work, cfg, (lo, hi), total)

@@ -1,0 +1,139 @@
+"""Reads straight out of the page cache: each rank copies its own runs from a mapped file.
+
+On a local file system one node's page cache holds the file, and every rank on the node
+shares it: the two-phase read only adds copies to it (the aggregator's buffer, a message,
+the rank's array) and makes the ranks wait for each other.  Mapping the file and copying
+the rank's runs with numpy is one copy, with no messages and no waiting.  Measured on
+this machine (4 ranks, a 4096 x 4096 float64 file, same job, medians of 10): column
+blocks 2.7 GiB/s mapped against 1.5 GiB/s two-phase and 1.0 GiB/s ROMIO tuned; 2-D
+block-cyclic 64 x 64 3.6 against 1.0 GiB/s; with the cache dropped before each read,
+column blocks 1.2 GiB/s against 0.48 (the kernel's read-ahead serves the faults).
+
+Network and parallel file systems (NFS, Lustre, GPFS, BeeGFS, CephFS, FUSE mounts)
+keep the shuffle: there the page cache is per node and small reads are expensive, which
+is what the two-phase read is for.  The hint ``mapped_reads`` (``automatic`` /
+``enable`` / ``disable``) overrides the choice.
+
+The copy is vectorised: runs are grouped by length (a handful of distinct lengths for
+any array layout: full blocks and edge blocks), and each group is one numpy gather and
+one scatter, or a single ``np.take`` into the array when memory follows the file.  The
+file is mapped in windows of :data:`WINDOW` bytes, so a rank's resident file pages stay
+bounded whatever the file's size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import numpy as np
+import numpy.typing as npt
+
+from .._libc import libc
+from ..runs import Runs
+
+__all__ = ["FEW", "LOCAL_FS", "MAX_LENGTHS", "WINDOW", "copyable", "fs_name", "read_mapped"]
+
+#: File systems whose page cache is the file (one node): f_type from statfs(2).
+LOCAL_FS = {
+    0xEF53: "ext2/3/4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0x01021994: "tmpfs",
+    0x858458F6: "ramfs",
+    0xF2F52010: "f2fs",
+    0x2FC12FC1: "zfs",
+    0x794C7630: "overlayfs",
+    0xCA451A4E: "bcachefs",
+    0x3153464A: "jfs",
+    0x52654973: "reiserfs",
+}
+#: Bytes of the file mapped at once (the resident file pages a rank adds).
+WINDOW = 16 << 20
+#: Most distinct run lengths copied group by group; more go through the shuffle.
+MAX_LENGTHS = 8
+#: Runs this few are copied one by one (as the direct path's preads are).
+FEW = 16
+
+
+def fs_name(fd: int) -> str | None:
+    """The local file system holding ``fd`` (a :data:`LOCAL_FS` name), or None when the
+    file system is another kind or cannot be told (no ``fstatfs``)."""
+    fn = getattr(libc(), "fstatfs", None)
+    if fn is None:
+        return None
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    if fn(ctypes.c_int(fd), buf) != 0:
+        return None
+    f_type = ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # (__fsword_t, first field)
+    return LOCAL_FS.get(f_type)
+
+
+def copyable(runs: Runs) -> bool:
+    """Whether :func:`read_mapped` copies these runs in a few numpy passes."""
+    n = len(runs)
+    if n <= FEW or bool((runs.length == runs.length[0]).all()):
+        return True
+    return len(np.unique(runs.length)) <= MAX_LENGTHS
+
+
+def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = WINDOW) -> None:
+    """Copy the bytes of ``runs`` (sorted by file offset, all below the file's end) from
+    the file ``fd`` into ``out[mem : mem + length]``, mapping ``window`` bytes at a time."""
+    f, n = runs.file, runs.length
+    end = f + n
+    i, total = 0, len(runs)
+    while i < total:
+        j = max(int(np.searchsorted(f, f[i] + window, side="left")), i + 1)
+        base = int(f[i]) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        stop = int(end[i:j].max())
+        mm = mmap.mmap(fd, stop - base, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=base)
+        try:
+            _copy(mm, runs.take(slice(i, j)), base, out)
+        finally:
+            mm.close()  # (no view of it is left: _copy returned)
+        i = j
+
+
+def _copy(mm: mmap.mmap, runs: Runs, base: int, out: npt.NDArray[np.uint8]) -> None:
+    src = np.frombuffer(mm, np.uint8)
+    rel = runs.file - base
+    if len(runs) <= FEW:
+        for s, k, m in zip(rel.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True):
+            out[m : m + k] = src[s : s + k]
+        return
+    first = int(runs.length[0])
+    if bool((runs.length == first).all()):
+        _copy_uniform(src, rel, first, runs.mem, out)
+        return
+    lengths, which = np.unique(runs.length, return_inverse=True)
+    for g, size in enumerate(lengths.tolist()):
+        pick = np.flatnonzero(which == g)
+        _copy_uniform(src, rel[pick], size, runs.mem[pick], out)
+
+
+def _copy_uniform(
+    src: npt.NDArray[np.uint8], rel: npt.NDArray[np.int64], size: int,
+    mem: npt.NDArray[np.int64], out: npt.NDArray[np.uint8],
+) -> None:  # fmt: skip
+    """Copy runs of ``size`` bytes from ``src[rel]`` to ``out[mem]``: one ``np.take`` when
+    both sides are rows of ``size`` bytes in order, else a gather and a scatter."""
+    k = len(rel)
+    m0 = int(mem[0])
+    follows = bool((np.diff(mem) == size).all())
+    if follows and not bool((rel % size).any()):
+        rows = len(src) // size
+        mat = src[: rows * size].reshape(rows, size)
+        dest = out[m0 : m0 + k * size].reshape(k, size)
+        np.take(mat, rel // size, axis=0, out=dest, mode="clip")  # (in range: no buffering)
+        return
+    got = np.lib.stride_tricks.sliding_window_view(src, size)[rel]  # (k, size), a copy
+    if follows:
+        out[m0 : m0 + k * size] = got.reshape(-1)
+        return
+    # each run's own bytes of `out`: rows of a view whose rows overlap, written where
+    # the runs' memory lies (runs never share a byte of memory, so no write aliases)
+    slots = np.lib.stride_tricks.as_strided(
+        out, shape=(len(out) - size + 1, size), strides=(out.strides[0], out.strides[0])
+    )
+    slots[mem] = got

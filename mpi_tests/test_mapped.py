@@ -1,0 +1,134 @@
+"""Hint ``mapped_reads`` under MPI: on a local file system each rank copies its own pieces
+out of the mapped file instead of the shuffle.
+
+Bytes equal the numpy reference and ROMIO's own read of the same file view; every rank
+agrees on the path (``stats.last_call["direct"]``, the same on every rank); a rank whose
+runs pass the file's end sends the whole call through the shuffle; a failure on one rank
+is raised by every rank, and the file goes on.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+from helpers import local_piece, raises_everywhere, reference
+from mpi4py import MPI
+
+import collio
+from collio import layouts
+from collio.backends import posix
+from collio.backends.mapped import FEW, fs_name
+from collio.testing.romio import romio_read
+
+pytestmark = pytest.mark.mpi(min_size=1)
+
+
+def _local(path: str) -> bool:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return fs_name(fd) is not None
+    finally:
+        os.close(fd)
+
+
+def _lay(comm, pattern):
+    grid = MPI.Compute_dims(comm.size, 2)
+    if pattern == "colblock":
+        return (512, 384), layouts.block((512, 384), "<f8", comm=comm, grid=(1, comm.size))
+    if pattern == "cyclic":
+        return (512, 512), layouts.block_cyclic((512, 512), "<f8", block=64, grid=grid, comm=comm)
+    if pattern == "ragged":  # edge blocks shorter than the rest: two or more run lengths
+        shape = (301, 299)
+        return shape, layouts.block_cyclic(shape, "<f4", block=(16, 20), grid=grid, comm=comm)
+    if pattern == "fortran":  # memory in another order than the file
+        shape = (96, 80)
+        return shape, layouts.block(shape, "<i8", comm=comm, grid=(comm.size, 1), order="F")
+    shape = (24, 20, 36)  # cube
+    return shape, layouts.block(shape, "<f8", comm=comm)
+
+
+@pytest.mark.parametrize("pattern", ["colblock", "cyclic", "ragged", "fortran", "cube"])
+@pytest.mark.parametrize("mode", ["automatic", "enable", "disable"])
+def test_mapped_reads_equal_numpy_and_romio(comm, shared_path, pattern, mode):
+    shape, lay = _lay(comm, pattern)
+    glob = reference(shape, lay.dtype, seed=41)
+    if comm.rank == 0:
+        with open(shared_path, "wb") as out:
+            out.write(glob.tobytes(order=lay.order))  # (the file holds the array in its order)
+    comm.Barrier()
+    want = local_piece(glob, lay)
+    with collio.open(shared_path, "r", comm=comm, hints={"mapped_reads": mode}) as f:
+        got = f.read_all(lay)
+        stats = f.stats
+    assert np.array_equal(got, want)
+    assert np.array_equal(romio_read(shared_path, lay, comm), want)
+    mapped = mode == "enable" or (mode == "automatic" and _local(shared_path))
+    # the path: direct on every rank when mapped (two-phase, or direct for disjoint
+    # extents, otherwise: row blocks at one rank)
+    assert comm.allgather(stats.last_call["direct"]) == [stats.last_call["direct"]] * comm.size
+    if mapped:
+        assert stats.last_call["direct"] and stats.messages == 0
+    nruns = len(lay.runs())
+    many = comm.allreduce(got.nbytes if nruns > FEW else 0)
+    assert stats.mapped_bytes == (many if mapped else 0)
+
+
+def test_a_rank_past_the_end_keeps_the_shuffle(comm, shared_path):
+    """The last rank's last run lies past the file's end (a mapped page there would
+    fault): every rank takes the shuffle, and that byte reads as zero."""
+    p, k = comm.size, 256
+    n = k * p
+    data = np.random.default_rng(5).integers(1, 256, n, dtype=np.uint8)
+    if comm.rank == 0:
+        data[: n - 1].tofile(shared_path)  # the last byte missing
+    comm.Barrier()
+    offsets = np.arange(k) * p + comm.rank  # every p-th byte: k runs of one byte
+    lay = layouts.Segments(offsets, np.ones(k, np.int64))
+    with collio.open(shared_path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        got = f.read_all(lay)
+        assert f.stats.mapped_bytes == 0
+        assert f.stats.last_call["direct"] is (p == 1)  # (one rank: disjoint, preads)
+    want = data[offsets]
+    if comm.rank == p - 1:
+        want[-1] = 0
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("direct_write", [False, True])
+def test_read_after_write_sees_the_data(comm, shared_path, direct_write):
+    """A read in the same file right after a write (no sync): the map shows what the
+    ranks wrote through the page cache or around it (``O_DIRECT``)."""
+    shape, lay = _lay(comm, "cyclic")
+    glob = reference(shape, lay.dtype, seed=42)
+    hints = {"direct_write": direct_write, "mapped_reads": "enable"}
+    with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        got = f.read_all(lay)
+        assert f.stats.last_call["direct"]
+    assert np.array_equal(got, local_piece(glob, lay))
+
+
+def _failing(*args, **kwargs):
+    raise OSError(errno.EIO, "injected read error")
+
+
+def test_a_failed_mapped_read_is_raised_everywhere(comm, shared_path, monkeypatch):
+    """Every rank, at any size, copies 512 runs (32 of the 32p + 8 columns)."""
+    shape = (512, 32 * comm.size + 8)
+    lay = layouts.Subarray(shape, (0, 32 * comm.rank), (512, 32), "<f8")
+    glob = reference(shape, "<f8", seed=43)
+    if comm.rank == 0:
+        glob.tofile(shared_path)
+    comm.Barrier()
+    f = collio.open(shared_path, "r", comm=comm, hints={"mapped_reads": "enable"})
+    if comm.rank == comm.size - 1:
+        monkeypatch.setattr(posix, "read_mapped", _failing)
+    err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay))
+    assert f"rank {comm.size - 1}" in str(err) and "injected read error" in str(err)
+    monkeypatch.undo()
+    assert np.array_equal(f.read_all(lay), glob[:, 32 * comm.rank : 32 * comm.rank + 32])
+    assert f.stats.mapped_bytes == 512 * 32 * 8 * comm.size  # (the failed call counts none)
+    f.close()

@@ -1,0 +1,151 @@
+"""Hint ``mapped_reads``: :func:`collio.backends.mapped.read_mapped` copies a rank's runs
+out of the mapped file; every shape of runs must land byte for byte where a loop of
+slices would put it (one rank, no mpiexec)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import collio
+from collio import layouts
+from collio.backends.mapped import FEW, copyable, fs_name, read_mapped
+from collio.runs import Runs
+
+SIZE = 1 << 20
+
+
+@pytest.fixture
+def blob(tmp_path):
+    """A 1 MiB file of random bytes: (fd, its bytes)."""
+    data = np.random.default_rng(7).integers(0, 256, SIZE, dtype=np.uint8)
+    path = tmp_path / "blob.bin"
+    data.tofile(path)
+    fd = os.open(path, os.O_RDONLY)
+    yield fd, data
+    os.close(fd)
+
+
+def _reference(data: np.ndarray, runs: Runs, nbytes: int) -> np.ndarray:
+    out = np.full(nbytes, 0xEE, np.uint8)
+    for f, n, m in zip(runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True):
+        out[m : m + n] = data[f : f + n]
+    return out
+
+
+def _runs(file, length, mem) -> Runs:
+    f, n, m = (np.asarray(a, np.int64) for a in (file, length, mem))
+    order = np.argsort(f, kind="stable")
+    return Runs(f[order], n[order], m[order])
+
+
+def _cases():
+    rng = np.random.default_rng(3)
+    k = 3000
+    # rows of 96 bytes every 320 (column blocks), memory in file order
+    yield "aligned-rows", _runs(np.arange(k) * 320 + 32, np.full(k, 96), np.arange(k) * 96)
+    # offsets that are not multiples of the length (a header before the array)
+    yield "unaligned", _runs(np.arange(k) * 300 + 7, np.full(k, 40), np.arange(k) * 40)
+    # memory in another order than the file (a Fortran-order piece)
+    perm = rng.permutation(k)
+    yield "scattered-mem", _runs(np.arange(k) * 256, np.full(k, 64), perm * 64)
+    # memory with gaps, offsets not multiples of the length
+    yield "gapped-mem", _runs(np.arange(k) * 200 + 3, np.full(k, 24), np.arange(k) * 31 + 5)
+    # full blocks and edge blocks (block-cyclic with a ragged edge): two lengths
+    lens = np.where(np.arange(k) % 5 == 4, 24, 64)
+    file = np.cumsum(np.full(k, 300)) - 300
+    mem = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    yield "two-lengths", _runs(file, lens, mem)
+    # a few runs of any length
+    yield "few", _runs([5, 70_000, 500_000], [10, 60_000, 200_000], [0, 10, 60_010])
+    # runs reaching the file's last byte, memory reversed
+    yield (
+        "to-the-end",
+        _runs(SIZE - 64 * np.arange(1, 41), np.full(40, 64), np.arange(40)[::-1] * 64),
+    )
+
+
+@pytest.mark.parametrize("window", [1 << 20, 4096, 10_000])
+@pytest.mark.parametrize(("name", "runs"), list(_cases()), ids=[c[0] for c in _cases()])
+def test_read_mapped_equals_slices(blob, name, runs, window):
+    fd, data = blob
+    assert copyable(runs)
+    nbytes = int((runs.mem + runs.length).max()) + 100
+    out = np.full(nbytes, 0xEE, np.uint8)
+    read_mapped(fd, runs, out, window=window)
+    np.testing.assert_array_equal(out, _reference(data, runs, nbytes))
+
+
+def test_too_many_lengths_are_not_copyable():
+    k = 200
+    lens = 8 + np.arange(k) % 20  # 20 distinct lengths
+    runs = _runs(np.arange(k) * 64, lens, np.arange(k) * 64)
+    assert not copyable(runs)
+    assert copyable(runs.take(slice(0, FEW)))  # a few runs are always copyable
+
+
+_KERNEL_NAMES = {
+    "ext2": "ext2/3/4", "ext3": "ext2/3/4", "ext4": "ext2/3/4", "xfs": "xfs", "btrfs": "btrfs",
+    "tmpfs": "tmpfs", "overlay": "overlayfs", "zfs": "zfs", "f2fs": "f2fs", "ramfs": "ramfs",
+}  # fmt: skip
+
+
+def _mount_type(path: str) -> str:
+    """The type /proc/mounts gives the mount holding ``path`` (the longest mount point)."""
+    best, kind = "", ""
+    real = os.path.realpath(path)
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            point, fstype = line.split()[1:3]
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best, kind = point, fstype
+    return kind
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/mounts"), reason="Linux only")
+def test_fs_name_agrees_with_proc_mounts(tmp_path):
+    path = tmp_path / "x"
+    path.write_bytes(b"x")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        name = fs_name(fd)
+    finally:
+        os.close(fd)
+    assert name == _KERNEL_NAMES.get(_mount_type(str(path)))
+
+
+@pytest.mark.parametrize("mode", ["automatic", "enable", "disable"])
+def test_single_rank_read_maps_per_hint(tmp_path, mode):
+    """Column pieces of a 2-D array read by one rank: bytes equal, and the hint decides
+    whether they were copied from the map (stats.mapped_bytes)."""
+    path = str(tmp_path / "m.bin")
+    full = np.random.default_rng(1).random((300, 64))
+    full.tofile(path)
+    lay = layouts.Subarray((300, 64), (0, 8), (300, 40), "f8")
+    with collio.open(path, "r", hints={"mapped_reads": mode}) as f:
+        got = f.read_all(lay)
+        stats = f.stats
+        local = fs_name(f.backend.fd) is not None
+    np.testing.assert_array_equal(got, full[:, 8:48])
+    if mode == "disable":
+        assert stats.mapped_bytes == 0
+    elif mode == "enable" or local:
+        assert stats.mapped_bytes == got.nbytes
+
+
+def test_beyond_the_end_is_not_mapped(tmp_path):
+    """Runs past the file's end would fault in a map: they are read (zeros) instead."""
+    path = str(tmp_path / "short.bin")
+    np.arange(100, dtype=np.uint8).tofile(path)
+    lay = layouts.Segments(np.arange(40) * 4, np.full(40, 2))  # bytes up to 158 of a 100-byte file
+    with collio.open(path, "r", hints={"mapped_reads": "enable"}) as f:
+        got = f.read_all(lay)
+        assert f.stats.mapped_bytes == 0
+    want = np.zeros(80, np.uint8)
+    idx = (np.arange(40) * 4)[:, None] + np.arange(2)
+    src = np.concatenate((np.arange(100, dtype=np.uint8), np.zeros(100, np.uint8)))
+    want[:] = src[idx.reshape(-1)]
+    np.testing.assert_array_equal(got, want)
