@@ -277,10 +277,11 @@ def test_api_registry_is_lazy_and_extensible():
 def test_direct_apis_verify_and_report_the_hint(tmp_path):
     """``collio-direct`` (hint direct_write) writes the layout's bytes; ``ceiling-direct``
     writes its shares with O_DIRECT; ``collio-noflush`` (hint early_flush=false) the
-    layout's bytes; all read back right (-W -R)."""
+    layout's bytes; ``collio-shuffle`` (hint mapped_reads=disable) reads through the
+    shuffle; all read back right (-W -R)."""
     out = tmp_path / "d.json"
     args = ["-n", "2", *BENCH, "-i", "2", "--size", "1024", "-W", "-R"]
-    args += ["--compare", "collio-direct,ceiling-direct,collio,collio-noflush"]
+    args += ["--compare", "collio-direct,ceiling-direct,collio,collio-noflush,collio-shuffle"]
     args += ["--hints", "min_rounds=1"]
     proc = run_job([*args, "--json", str(out), "-o", str(tmp_path / "f")])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -296,4 +297,6 @@ def test_direct_apis_verify_and_report_the_hint(tmp_path):
     assert used["collio-direct"]["direct_write"] is direct_possible(str(probe))
     assert used["collio"]["direct_write"] is False
     assert used["collio"]["early_flush"] is True and used["collio-noflush"]["early_flush"] is False
+    assert used["collio"]["mapped_reads"] == "automatic"
+    assert used["collio-shuffle"]["mapped_reads"] == "disable"
     assert "direct_write=" in proc.stdout  # in the text summary's hints

@@ -4,7 +4,8 @@ An API is a small class: ``open`` / ``transfer`` / ``close`` (each timed by the
 runner; ``transfer`` writes or reads the rank's piece, with fsync when asked),
 plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 
-``collio``        collio's two-phase ``write_all`` / ``read_all`` (posix backend)
+``collio``        collio's ``write_all`` / ``read_all`` (posix backend; two-phase, but reads
+                  on a local file system copy from the mapped file: hint ``mapped_reads``)
 ``collio-mpiio``  the same, aggregators writing through ``MPI.File`` (mpiio backend)
 ``mpiio``         ROMIO collective: ``MPI.File`` with a file view, ``Write_all``
 ``mpiio-tuned``   the same with ``cb_nodes`` = ranks and ``cb_config_list`` = ``*:*``
@@ -13,6 +14,7 @@ plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 ``ceiling``       each rank writes its 1/p share of the bytes with one ``pwrite``
 ``collio-direct`` ``collio`` with hint ``direct_write=true`` (``O_DIRECT``)
 ``collio-noflush`` ``collio`` with hint ``early_flush=false`` (flushed only at ``sync()``)
+``collio-shuffle`` ``collio`` with hint ``mapped_reads=disable`` (two-phase reads everywhere)
 ``ceiling-direct`` the ceiling written with ``O_DIRECT``
 
 and, imported only when asked for (zarr, boto3, h5py are optional):
@@ -226,6 +228,7 @@ _KNOWN: dict[str, str] = {
     "ceiling": "collio.bench.builtin:CeilingApi",
     "collio-direct": "collio.bench.builtin:CollioDirectApi",
     "collio-noflush": "collio.bench.builtin:CollioNoflushApi",
+    "collio-shuffle": "collio.bench.builtin:CollioShuffleApi",
     "ceiling-direct": "collio.bench.builtin:CeilingDirectApi",
     "collio-zarr": "collio.bench.zarr_apis:CollioZarrApi",
     "zarr-plain": "collio.bench.zarr_apis:ZarrPlainApi",
@@ -239,7 +242,7 @@ _KNOWN: dict[str, str] = {
 }
 #: What each built-in measures (``--list-apis``), without importing anything.
 ABOUT: dict[str, str] = {
-    "collio": "collio two-phase write_all/read_all, posix backend",
+    "collio": "collio write_all/read_all, posix backend (reads mapped on a local fs)",
     "collio-mpiio": "collio two-phase, aggregators write through MPI.File",
     "mpiio": "ROMIO collective: file view + Write_all/Read_all",
     "mpiio-tuned": "ROMIO collective, cb_nodes = ranks, cb_config_list = *:*",
@@ -248,6 +251,7 @@ ABOUT: dict[str, str] = {
     "ceiling": "each rank's 1/p share as one contiguous pwrite (not the layout)",
     "collio-direct": "collio with hint direct_write=true (O_DIRECT around the page cache)",
     "collio-noflush": "collio with hint early_flush=false (no fdatasync before sync())",
+    "collio-shuffle": "collio with hint mapped_reads=disable (reads shuffle on local disks too)",
     "ceiling-direct": "the ceiling with O_DIRECT writes (around the page cache)",
     "collio-zarr": "collio's zarr backend [zarr]",
     "zarr-plain": "plain zarr, each rank its own region; chunk-aligned only [zarr]",

@@ -106,6 +106,14 @@ class CollioNoflushApi(CollioApi):
     extra_hints: ClassVar[dict[str, str]] = {"early_flush": "false"}
 
 
+class CollioShuffleApi(CollioApi):
+    """collio with hint ``mapped_reads=disable``: reads keep the two-phase shuffle on a
+    local file system too (writes are ``collio``'s)."""
+
+    name: ClassVar[str] = "collio-shuffle"
+    extra_hints: ClassVar[dict[str, str]] = {"mapped_reads": "disable"}
+
+
 class MpiioApi(Api):
     """ROMIO collective I/O: a file view from the layout, then ``Write_all`` / ``Read_all``."""
 
