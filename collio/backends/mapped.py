@@ -4,15 +4,18 @@ On a local file system one node's page cache holds the file, and every rank on t
 shares it: the two-phase read only adds copies to it (the aggregator's buffer, a message,
 the rank's array) and makes the ranks wait for each other.  Mapping the file and copying
 the rank's runs with numpy is one copy, with no messages and no waiting.  Measured on
-this machine (4 ranks, a 4096 x 4096 float64 file, same job, medians of 10): column
-blocks 2.7 GiB/s mapped against 1.5 GiB/s two-phase and 1.0 GiB/s ROMIO tuned; 2-D
-block-cyclic 64 x 64 3.6 against 1.0 GiB/s; with the cache dropped before each read,
-column blocks 1.2 GiB/s against 0.48 (the kernel's read-ahead serves the faults).
+this machine (4 ranks, a 4096 x 4096 float64 file, same job, medians of 12, two jobs):
+column blocks 2328 · 2188 MiB/s mapped against 1546 · 1414 two-phase and 1260 · 980
+ROMIO tuned; 2-D block-cyclic 64 x 64 4101 · 4056 against 1002 · 1251 and 923 · 1161;
+with the cache dropped before each read, column blocks 1228 against 598 and 615 (the
+kernel's read-ahead serves the faults).
 
 Network and parallel file systems (NFS, Lustre, GPFS, BeeGFS, CephFS, FUSE mounts)
 keep the shuffle: there the page cache is per node and small reads are expensive, which
 is what the two-phase read is for.  The hint ``mapped_reads`` (``automatic`` /
-``enable`` / ``disable``) overrides the choice.
+``enable`` / ``disable``) overrides the choice.  As with any map, a file truncated by
+another program while a rank copies from it faults (SIGBUS); collio itself never
+shrinks a file it has open.
 
 The copy is vectorised: runs are grouped by length (a handful of distinct lengths for
 any array layout: full blocks and edge blocks), and each group is one numpy gather and
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import sys
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +63,8 @@ FEW = 16
 def fs_name(fd: int) -> str | None:
     """The local file system holding ``fd`` (a :data:`LOCAL_FS` name), or None when the
     file system is another kind or cannot be told (no ``fstatfs``)."""
+    if not sys.platform.startswith("linux"):  # (struct statfs differs elsewhere)
+        return None
     fn = getattr(libc(), "fstatfs", None)
     if fn is None:
         return None
@@ -79,7 +85,10 @@ def copyable(runs: Runs) -> bool:
 
 def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = WINDOW) -> None:
     """Copy the bytes of ``runs`` (sorted by file offset, all below the file's end) from
-    the file ``fd`` into ``out[mem : mem + length]``, mapping ``window`` bytes at a time."""
+    the file ``fd`` into ``out[mem : mem + length]``, mapping ``window`` bytes at a time
+    (runs longer than that are cut)."""
+    if len(runs) and int(runs.length.max()) > window:
+        runs = _cut(runs, window)
     f, n = runs.file, runs.length
     end = f + n
     i, total = 0, len(runs)
@@ -93,6 +102,17 @@ def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = W
         finally:
             mm.close()  # (no view of it is left: _copy returned)
         i = j
+
+
+def _cut(runs: Runs, window: int) -> Runs:
+    """The runs cut into pieces of at most ``window`` bytes, in file order."""
+    pieces = -(-runs.length // window)
+    idx = np.repeat(np.arange(len(runs)), pieces)
+    first = np.zeros(len(runs), np.int64)
+    np.cumsum(pieces[:-1], out=first[1:])
+    k = (np.arange(len(idx), dtype=np.int64) - first[idx]) * window
+    length = np.minimum(runs.length[idx] - k, window)
+    return Runs(runs.file[idx] + k, length, runs.mem[idx] + k)
 
 
 def _copy(mm: mmap.mmap, runs: Runs, base: int, out: npt.NDArray[np.uint8]) -> None:

@@ -16,7 +16,7 @@ from ..errors import BackendError, CommitError, ModeError
 from ..runs import Runs
 from .base import Backend
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
-from .mapped import FEW, copyable, fs_name, read_mapped
+from .mapped import copyable, fs_name, read_mapped
 
 __all__ = [
     "PosixBackend",
@@ -230,9 +230,10 @@ class PosixBackend(Backend):
         return runs.extent()[1] <= self.size() and copyable(runs)
 
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
-        """Many small runs: copied from the mapped file when :meth:`maps_reads` allows;
-        else (and for a few large ones, where ``preadv`` is the cheaper copy) one read each."""
-        if len(runs) > FEW and self.maps_reads(runs):
+        """Copied from the mapped file when :meth:`maps_reads` allows (also a few large
+        runs: numpy's copy out of the map beat ``preadv`` into the array here, 4 ranks
+        reading 32 MiB each 4986 against 2305 MiB/s), else one ``preadv`` each."""
+        if self.maps_reads(runs):
             read_mapped(self.fd, runs, out)
             self.mapped_bytes += runs.nbytes
             return len(runs)
