@@ -177,3 +177,29 @@ def test_interval_method_equals_explicit_for_many_windows(pattern):
             np.testing.assert_array_equal(a.agg_bytes, b.agg_bytes)
             np.testing.assert_array_equal(a.requests, b.requests)
             assert (b.agg_pieces >= 0).all()
+
+
+@pytest.mark.parametrize("pattern", ["colblock", "cyclic", "cube"])
+def test_mapped_reads_follow_the_file_system_and_the_hints(pattern):
+    """A read of a local file goes direct, mapped (each rank's own runs, no aggregator);
+    a write, a read on a parallel file system, or hints that keep the shuffle do not."""
+    from collio.bench.simreport import format_sim
+
+    work = make_workload(pattern, 8, size="64" if pattern != "colblock" else "64x80")
+    runs = [work.layout(r).runs() for r in range(8)]
+
+    def sim(writing=False, local=True, **hints):
+        return simulate(work, SimConfig(hints=Hints(**hints), writing=writing, local_fs=local))
+
+    res = sim()
+    assert res.direct and res.mapped and res.naggs == 0
+    want = np.sort(np.concatenate([r.length for r in runs]))
+    assert int(res.req_count.sum()) >= len(want)  # (the layout's runs, before merging)
+    assert int((res.requests * res.req_count).sum()) == int(want.sum())
+    assert "copies its own runs from the mapped file" in format_sim(work, res, 64)
+    # otherwise the extents decide, for reads as for writes
+    extents = sim(writing=True).direct
+    for other in (sim(local=False), sim(mapped_reads="disable")):
+        assert not other.mapped and other.direct is extents
+    assert not sim(romio_cb_read="enable").direct
+    assert sim(local=False, mapped_reads="enable").mapped

@@ -90,10 +90,17 @@ def format_sim(work: Workload, res: SimResult, ppn: int) -> str:
     """The simulator's report (every figure the real engine's stats would show)."""
     lines = _header(work, res, ppn)
     if res.direct:
-        sizes = np.repeat(res.requests, res.req_count)
+        why = (
+            "a read of a file on a local file system: each rank copies its own runs from "
+            "the mapped file, hint mapped_reads"
+            if res.mapped
+            else "rank extents do not interleave and runs are large"
+        )
+        # (distinct sizes and their counts: 2*10^9 requests are not listed)
+        sizes = res.requests[res.req_count > 0]
         lines += [
-            "path: direct (rank extents do not interleave and runs are large: no shuffle)",
-            f"backend requests          {len(sizes)}: {_extremes(sizes)}; "
+            f"path: direct ({why}: no shuffle)",
+            f"backend requests          {int(res.req_count.sum())}: {_extremes(sizes)}; "
             f"at most {res.rank_runs_max} per rank",
         ]
     else:
@@ -115,7 +122,7 @@ def sim_json(work: Workload, res: SimResult) -> dict[str, Any]:
     return {
         "pattern": work.pattern, "shape": list(work.shape), "dtype": work.dtype,
         "grid": list(work.grid), "nranks": work.nranks, "bytes": res.nbytes,
-        "direct": res.direct, "aggregators": res.naggs, "window": res.window,
+        "direct": res.direct, "mapped": res.mapped, "aggregators": res.naggs, "window": res.window,
         "bounds": res.bounds.tolist(), "agg_bytes": res.agg_bytes.tolist(),
         "agg_rounds": res.agg_rounds.tolist(), "rounds": res.rounds,
         "messages_per_round": res.msgs.tolist(), "round_start": res.rstart.tolist(),

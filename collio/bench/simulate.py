@@ -98,6 +98,8 @@ class SimResult:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The direct path of a read copied from the mapped file (``SimConfig.local_fs``).
+    mapped: bool = False
 
     @property
     def sampled(self) -> bool:
@@ -136,14 +138,11 @@ def _mapped(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> bool:
 
 
 def _direct_path(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> bool:
-    """The engine's choice: skip the shuffle when extents do not interleave and runs are
-    big, or for a read that every rank copies from the mapped file."""
+    """The engine's choice: skip the shuffle when extents do not interleave and runs are big."""
     hints, writing = cfg.hints, cfg.writing
     mode = hints.romio_cb_write if writing else hints.romio_cb_read
     if mode == "enable" or not len(blocks):
         return False
-    if _mapped(blocks, owner, work, cfg):
-        return True
     nruns = _per_rank(blocks.nruns(), owner, work.nranks)
     nbytes = _per_rank(blocks.nbytes(), owner, work.nranks)
     small = bool(((nruns > _DIRECT_MAX_RUNS) & (nbytes < nruns * hints.direct_threshold)).any())
@@ -187,8 +186,10 @@ def simulate(work: Workload, cfg: SimConfig) -> SimResult:
     lo, hi = int(lo_b.min(initial=0)), int(hi_b.max(initial=0))
     total = int(blocks.nbytes().sum())
     rank_runs = _per_rank(blocks.nruns(), owner, work.nranks)
-    if _direct_path(blocks, owner, work, cfg):
+    mapped = len(blocks) > 0 and _mapped(blocks, owner, work, cfg)
+    if mapped or _direct_path(blocks, owner, work, cfg):
         res = _direct_result(blocks, work, (lo, hi), total, rank_runs)
+        res.mapped = mapped
     else:
         res = _two_phase(blocks, owner, work, cfg, (lo, hi), total)
         res.rank_runs_max = int(rank_runs.max(initial=0))
