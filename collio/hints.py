@@ -125,8 +125,9 @@ class Hints:
         ``automatic`` (default): with ``romio_cb_read=automatic``, a read of a posix
         file on a local file system (ext4, xfs, btrfs, tmpfs, ...: one node's page
         cache) skips the shuffle: each rank maps the file and copies its own pieces
-        (:mod:`collio.backends.mapped`).  ``enable`` maps on any file system,
-        ``disable`` never.
+        (:mod:`collio.backends.mapped`); reads that skip the shuffle for another
+        reason (disjoint extents, ``romio_cb_read=disable``) copy from the map too.
+        ``enable`` maps on any file system, ``disable`` never.
     extra
         Unrecognised or pass-through hints, as strings.
     """

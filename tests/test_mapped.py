@@ -149,3 +149,50 @@ def test_beyond_the_end_is_not_mapped(tmp_path):
     src = np.concatenate((np.arange(100, dtype=np.uint8), np.zeros(100, np.uint8)))
     want[:] = src[idx.reshape(-1)]
     np.testing.assert_array_equal(got, want)
+
+
+# ------------------------------------------------ found by review (helper, session 23)
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("offs", "lens"), [([0, 20 * MIB], [48 * MIB, 100]), ([0, 20 * MIB], [40 * MIB, 8])]
+)
+def test_overlapping_read_with_a_run_longer_than_the_window(tmp_path, offs, lens):
+    """Reads may overlap: the long run's pieces after cutting must be sorted again with
+    the run inside it, or a window's base lies past that run (wrong bytes, silently)."""
+    data = np.random.default_rng(0).integers(0, 256, 48 * MIB, dtype=np.uint8)
+    path = str(tmp_path / "f.bin")
+    data.tofile(path)
+    want = np.concatenate([data[o : o + n] for o, n in zip(offs, lens, strict=True)])
+    with collio.open(path, "r", hints={"mapped_reads": "enable"}) as f:
+        got = f.read_all(layouts.Segments(offs, lens))
+        assert f.stats.mapped_bytes == sum(lens)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_an_error_in_the_copy_is_the_one_raised_and_the_map_is_closed(blob, monkeypatch):
+    """The traceback's frames hold views of the map: they are cleared, so the map
+    closes and the copy's own error is raised (not a BufferError from close)."""
+    from collio.backends import mapped
+
+    def boom(*args, **kwargs):
+        raise MemoryError("boom")
+
+    fd, _ = blob
+    monkeypatch.setattr(mapped, "_copy_uniform", boom)
+    runs = _runs(np.arange(40) * 1000, np.full(40, 10), np.arange(40) * 10)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(MemoryError, match="boom"):
+        read_mapped(fd, runs, np.zeros(400, np.uint8))
+    assert len(os.listdir("/proc/self/fd")) == before  # (mmap's duplicate closed)
+
+
+def test_zero_length_runs_are_skipped(blob):
+    """A user layout may give empty runs (the built-in ones merge them away): they
+    copy nothing, even at the file's end."""
+    fd, data = blob
+    runs = _runs([8] * 20 + [SIZE, 100], [0] * 21 + [30], [0] * 21 + [5])
+    out = np.full(40, 0xEE, np.uint8)
+    read_mapped(fd, runs, out)
+    np.testing.assert_array_equal(out, _reference(data, runs, 40))

@@ -29,12 +29,13 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+import traceback
 
 import numpy as np
 import numpy.typing as npt
 
 from .._libc import libc
-from ..runs import Runs
+from ..runs import Runs, sort
 
 __all__ = ["FEW", "LOCAL_FS", "MAX_LENGTHS", "WINDOW", "copyable", "fs_name", "read_mapped"]
 
@@ -87,8 +88,12 @@ def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = W
     """Copy the bytes of ``runs`` (sorted by file offset, all below the file's end) from
     the file ``fd`` into ``out[mem : mem + length]``, mapping ``window`` bytes at a time
     (runs longer than that are cut)."""
+    if len(runs) and not bool((runs.length > 0).all()):  # (a map of 0 bytes maps it all)
+        runs = runs.take(np.flatnonzero(runs.length > 0))
     if len(runs) and int(runs.length.max()) > window:
-        runs = _cut(runs, window)
+        # a long run's later pieces may start past a later run that overlaps it (reads
+        # may overlap): sort again, so no run of a window starts before its base
+        runs = sort(_cut(runs, window))
     f, n = runs.file, runs.length
     end = f + n
     i, total = 0, len(runs)
@@ -99,6 +104,11 @@ def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = W
         mm = mmap.mmap(fd, stop - base, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=base)
         try:
             _copy(mm, runs.take(slice(i, j)), base, out)
+        except BaseException as exc:
+            # the traceback's frames hold numpy views of the map: drop them, or close()
+            # raises BufferError in place of this error and the map stays open
+            traceback.clear_frames(exc.__traceback__)
+            raise
         finally:
             mm.close()  # (no view of it is left: _copy returned)
         i = j

@@ -124,7 +124,11 @@ def _per_rank(values: I64, owner: I64, nranks: int) -> I64:
 
 
 def _mapped(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> bool:
-    """A read every rank copies from the mapped file (``PosixBackend.maps_reads``)."""
+    """A read every rank copies from the mapped file (``PosixBackend.maps_reads``).
+
+    Distinct run lengths are counted per box, before runs merge, and the file is taken
+    to hold every byte read (the engine also shuffles when a rank reads past its end).
+    """
     h = cfg.hints
     if cfg.writing or h.romio_cb_read != "automatic":
         return False
