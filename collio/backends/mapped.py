@@ -27,9 +27,11 @@ bounded whatever the file's size.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import sys
 import traceback
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -64,9 +66,7 @@ FEW = 16
 def fs_name(fd: int) -> str | None:
     """The local file system holding ``fd`` (a :data:`LOCAL_FS` name), or None when the
     file system is another kind or cannot be told (no ``fstatfs``)."""
-    if not sys.platform.startswith("linux"):  # (struct statfs differs elsewhere)
-        return None
-    fn = getattr(libc(), "fstatfs", None)
+    fn = _fstatfs()
     if fn is None:
         return None
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
@@ -74,6 +74,13 @@ def fs_name(fd: int) -> str | None:
         return None
     f_type = ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # (__fsword_t, first field)
     return LOCAL_FS.get(f_type)
+
+
+@functools.cache
+def _fstatfs() -> Any:
+    if not sys.platform.startswith("linux"):  # (struct statfs differs elsewhere)
+        return None
+    return getattr(libc(), "fstatfs", None)
 
 
 def copyable(runs: Runs) -> bool:
