@@ -130,3 +130,29 @@ def test_a_failed_mapped_read_is_raised_everywhere(comm, shared_path, monkeypatc
     assert np.array_equal(f.read_all(lay), glob[:, 32 * comm.rank : 32 * comm.rank + 32])
     assert f.stats.mapped_bytes == 512 * 32 * 8 * comm.size  # (the failed call counts none)
     f.close()
+
+
+@pytest.mark.parametrize("mode", ["automatic", "disable"])
+def test_hdf5_contiguous_dataset_reads_map(comm, shared_dir, mode):
+    """collio.h5 reads a contiguous dataset through the same posix path: on a local
+    file system its pieces come from the map (the file written by collio.h5 and read
+    back right by stock h5py in another process, as in test_h5)."""
+    pytest.importorskip("h5py")
+    from h5check import check_file
+
+    import collio.h5
+
+    path = os.path.join(shared_dir, "mapped.h5")
+    shape, lay = _lay(comm, "cyclic")
+    glob = reference(shape, lay.dtype, seed=44)
+    hints = {"mapped_reads": mode}
+    with collio.h5.File(path, "w", comm=comm, hints=hints) as f:
+        d = collio.h5.create_dataset(f, "m", shape, lay.dtype)
+        collio.h5.write_all(d, local_piece(glob, lay), lay)
+    check_file(comm, path, {"m": glob})
+    with collio.h5.File(path, "r", comm=comm, hints=hints) as f:
+        got = collio.h5.read_all(f["m"], lay)
+        stats = collio.h5.stats(f)
+    assert np.array_equal(got, local_piece(glob, lay))
+    mapped = mode == "automatic" and _local(path)
+    assert stats.mapped_bytes == (comm.allreduce(got.nbytes) if mapped else 0)

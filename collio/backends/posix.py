@@ -21,6 +21,7 @@ from .mapped import copyable, fs_name, read_mapped
 __all__ = [
     "PosixBackend",
     "direct_possible",
+    "maps_for",
     "open_direct",
     "pread_full",
     "pwrite_full",
@@ -197,8 +198,7 @@ class PosixBackend(Backend):
             self.dfd = open_direct(name)
         if mode != "r" and self.writeback and bool(getattr(hints, "early_flush", True)):
             self.flusher = EarlyFlush(fd, self.final or name)
-        maps = str(getattr(hints, "mapped_reads", "automatic"))
-        self.maps = maps == "enable" or (maps == "automatic" and fs_name(fd) is not None)
+        self.maps = maps_for(hints, fd)
         return self
 
     # -- data ---------------------------------------------------------------
@@ -316,6 +316,12 @@ class PosixBackend(Backend):
         out.update(path=self.final or self.path, atomic=self.final is not None)
         out.update(direct_write=self.dfd >= 0, mapped_reads=self.maps)
         return out
+
+
+def maps_for(hints: Any, fd: int) -> bool:
+    """Whether reads of the file ``fd`` copy from a map, per the hint ``mapped_reads``."""
+    maps = str(getattr(hints, "mapped_reads", "automatic"))
+    return maps == "enable" or (maps == "automatic" and fs_name(fd) is not None)
 
 
 def _prepare(path: str, mode: str, atomic: bool) -> str:

@@ -9,6 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import engine
+from ..backends.posix import maps_for
 from ..collective import Attempt, agree
 from ..errors import LayoutError, ModeError
 from ..layouts import Layout, Subarray
@@ -147,7 +148,9 @@ def _context(s: Session, dset: Any, kind: str, offset: int | None) -> engine.Con
         be = s.backends.get("contiguous")
         if be is None:
             early = vf.early_flush() if s.hints.early_flush and s.mode != "r" else None
-            be = s.backends["contiguous"] = ContiguousBackend(s.path, vf.fd, s.mode, early)
+            maps = maps_for(s.hints, vf.fd)
+            be = ContiguousBackend(s.path, vf.fd, s.mode, early, maps)
+            s.backends["contiguous"] = be
         be.bind(dset, int(offset or 0))
     else:
         cls = chunked_backend(int(np.prod(dset.chunks)) * dset.dtype.itemsize)

@@ -57,10 +57,13 @@ class ContiguousBackend(PosixBackend):
 
     name: ClassVar[str] = "hdf5-contiguous"
 
-    def __init__(self, path: str, fd: int, mode: str, flusher: EarlyFlush | None = None) -> None:
+    def __init__(
+        self, path: str, fd: int, mode: str, flusher: EarlyFlush | None = None, maps: bool = False
+    ) -> None:
         super().__init__(path, fd, "r" if mode == "r" else "r+", None, True)
         self.dset: Any = None
         self.offset = 0
+        self.maps = maps  # reads copy from the mapped file (hint mapped_reads)
         if mode != "r" and self.writeback:
             self.flusher = flusher  # (the VFile's: it outlives this backend with the fd)
 
