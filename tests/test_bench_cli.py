@@ -299,4 +299,15 @@ def test_direct_apis_verify_and_report_the_hint(tmp_path):
     assert used["collio"]["early_flush"] is True and used["collio-noflush"]["early_flush"] is False
     assert used["collio"]["mapped_reads"] == "automatic"
     assert used["collio-shuffle"]["mapped_reads"] == "disable"
+    from collio.backends.posix import maps_for
+    from collio.hints import Hints
+
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        local = maps_for(Hints(), fd)  # (the bench's file sits beside the probe)
+    finally:
+        os.close(fd)
+    assert used["collio"]["reads_mapped"] is local
+    assert used["collio-shuffle"]["reads_mapped"] is False
+    assert f"reads_mapped={local}" in proc.stdout
     assert "direct_write=" in proc.stdout  # in the text summary's hints

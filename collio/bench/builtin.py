@@ -79,10 +79,15 @@ class CollioApi(Api):
         self.f.close()
         if writing or not hasattr(self, "used"):
             self.used = self.f.stats.hints  # a write's (reads never use direct_write)
+        if not writing:  # whether the read copied from the map (hint mapped_reads)
+            self.reads_mapped = self.f.stats.mapped_bytes > 0
         self.stats = self.f.stats
 
     def hints_used(self) -> dict[str, Any]:
-        return dict(getattr(self, "used", self.hints()))
+        used = dict(getattr(self, "used", self.hints()))
+        if hasattr(self, "reads_mapped"):
+            used["reads_mapped"] = self.reads_mapped
+        return used
 
 
 class CollioMpiioApi(CollioApi):

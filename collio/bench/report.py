@@ -97,7 +97,7 @@ def memory_check(
 #: Hints shown in the text summary (the JSON file has all of them).
 _SHOWN = re.compile(
     r"^(cb_\w+|striping_\w+|romio_cb_(read|write)|romio_ds_\w+|direct_\w+"
-    r"|zarr_\w+|h5_\w+|s3_\w+)$"
+    r"|early_flush|mapped_reads|reads_mapped|zarr_\w+|h5_\w+|s3_\w+)$"
 )
 
 
