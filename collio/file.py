@@ -133,9 +133,9 @@ class File:
             read_aggs = priv.choose(None, bcls.read_per_node)
             stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
         stats.backend = be.describe()
-        # O_DIRECT where the backend could use it (posix on a file system that allows it)
-        # O_DIRECT where this rank's backend could open it (never in 'r': reads go
-        # through the page cache); f.stats.direct_io_bytes counts what went that way
+        # O_DIRECT where the backend uses it (posix, when every rank could open the file
+        # so, agreed at open; never in 'r': reads go through the page cache);
+        # f.stats.direct_io_bytes counts what went that way
         stats.hints["direct_write"] = parsed.direct_write and bool(
             stats.backend.get("direct_write", False)
         )

@@ -136,3 +136,23 @@ def test_read_of_overlapping_runs_across_domains_and_windows(comm, shared_path, 
     with collio.open(shared_path, "r", comm=comm, hints=hints) as f:
         for _ in range(2):  # the second read reuses the kept plan
             np.testing.assert_array_equal(f.read_all(lay), want)
+
+
+def test_direct_write_is_agreed_at_open(comm, shared_path, monkeypatch):
+    """One rank cannot open the file with O_DIRECT (as on a mount that refuses it): no
+    rank writes around the page cache, and every rank's stats say so alike."""
+    from collio.backends import posix as posix_backend
+
+    if comm.rank == comm.size - 1:
+        monkeypatch.setattr(posix_backend, "open_direct", lambda name: -1)
+    shape = (N, N)
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
+    glob = np.random.default_rng(45).random(shape)
+    with collio.open(shared_path, "w", comm=comm, hints={"direct_write": True}) as f:
+        f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
+        flags = comm.allgather((f.stats.hints["direct_write"], f.backend.dfd >= 0))
+        direct = f.stats.direct_io_bytes
+    assert flags == [(False, False)] * comm.size
+    assert direct == 0
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(shape), glob)

@@ -195,7 +195,12 @@ class PosixBackend(Backend):
             raise
         self = cls(name, fd, mode, path if atomic else None, writeback, holes)
         if mode != "r" and bool(getattr(hints, "direct_write", False)):
+            # (the hints are the same on every rank, so every rank makes this allreduce)
             self.dfd = open_direct(name)
+            if not all(comm.allgather(self.dfd >= 0)):  # all or none: the stats agree
+                if self.dfd >= 0:
+                    os.close(self.dfd)
+                self.dfd = -1
         if mode != "r" and self.writeback and bool(getattr(hints, "early_flush", True)):
             self.flusher = EarlyFlush(fd, self.final or name)
         self.maps = maps_for(hints, fd)
