@@ -8,6 +8,7 @@ and counts wrong elements; the job's JSON must show every row checked and no err
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from test_bench_cli import BENCH, needs_mpiexec
@@ -63,5 +64,14 @@ def test_hdf5_apis_verified(tmp_path):
     pytest.importorskip("h5py")
     doc = _run(tmp_path, "collio-hdf5,hdf5-gather", "--size", "256", "--pattern", "block2d")
     assert doc["hints_used"]["collio-hdf5"]["h5_layout"] == "contiguous"
+    # contiguous datasets read through the map where the file system is local
+    from collio.backends.mapped import fs_name
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        local = fs_name(fd) is not None
+    finally:
+        os.close(fd)
+    assert doc["hints_used"]["collio-hdf5"]["reads_mapped"] is local
     doc = _run(tmp_path, "collio-hdf5,hdf5-gather", "--size", "256", "-O", "codec=gzip,chunks=64")
     assert doc["hints_used"]["collio-hdf5"]["h5_compression"] == "gzip"

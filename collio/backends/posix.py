@@ -194,16 +194,24 @@ class PosixBackend(Backend):
                 _unlink_quietly(name)
             raise
         self = cls(name, fd, mode, path if atomic else None, writeback, holes)
-        if mode != "r" and bool(getattr(hints, "direct_write", False)):
-            # (the hints are the same on every rank, so every rank makes this allreduce)
-            self.dfd = open_direct(name)
-            if not all(comm.allgather(self.dfd >= 0)):  # all or none: the stats agree
-                if self.dfd >= 0:
-                    os.close(self.dfd)
-                self.dfd = -1
-        if mode != "r" and self.writeback and bool(getattr(hints, "early_flush", True)):
-            self.flusher = EarlyFlush(fd, self.final or name)
-        self.maps = maps_for(hints, fd)
+        try:
+            if mode != "r" and bool(getattr(hints, "direct_write", False)):
+                # (mode and hints were settled equal at open: every rank makes this
+                # allgather, whatever open_direct did)
+                try:
+                    self.dfd = open_direct(name)
+                except Exception:
+                    self.dfd = -1
+                if not all(comm.allgather(self.dfd >= 0)):  # all or none: the stats agree
+                    if self.dfd >= 0:
+                        os.close(self.dfd)
+                    self.dfd = -1
+            if mode != "r" and self.writeback and bool(getattr(hints, "early_flush", True)):
+                self.flusher = EarlyFlush(fd, self.final or name)
+            self.maps = maps_for(hints, fd)
+        except BaseException:
+            self.close()  # (no descriptor left behind)
+            raise
         return self
 
     # -- data ---------------------------------------------------------------
@@ -246,6 +254,7 @@ class PosixBackend(Backend):
         numpy's copy out of the map beat ``preadv`` into the array here, 4 ranks reading
         32 MiB each 4986 against 2305 MiB/s), else one ``preadv`` each."""
         if self.maps_reads(runs):
+            self._copyable = None  # (do not keep the runs beyond the call)
             read_mapped(self.fd, runs, out)
             self.mapped_bytes += runs.nbytes
             return len(runs)

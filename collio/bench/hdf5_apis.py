@@ -137,6 +137,8 @@ class CollioHdf5Api(_H5Target, CollioApi):
         s = session_of(self.f)
         aggs = tuple(int(a) for a in np.asarray(s.aggregators).reshape(-1))
         self.stats = dataclasses.replace(s.stats, aggregators=aggs)
+        if self.f.mode == "r":  # whether the read copied from the map (hint mapped_reads)
+            self.reads_mapped = s.stats.mapped_bytes > 0
         self.used = {**s.hints.as_dict(), "cb_nodes": len(aggs),
                      "cb_config_list": s.hints.cb_config_list or "*:*"}  # fmt: skip
         self.d = None
