@@ -70,6 +70,7 @@ def _check(
     extra: Any = None
     sig = None
     prekey, cand = _prekey(ctx, writing), -1
+    mapped = False  # a read every rank would rather copy from the mapped file (mapped_reads)
     with step:
         if ctx.mode == "closed":
             raise ModeError("the file is closed")
@@ -100,6 +101,8 @@ def _check(
             kept = ctx.plans.peek(cand) if cand >= 0 else None
             if kept is not None:  # (allocations fail here, agreed, not in the rounds)
                 prepare_rounds(kept, writing=writing)
+        if not writing and ctx.hints.romio_cb_read == "automatic":
+            mapped = ctx.backend.maps_reads(runs)  # (its fstat may fail: agreed below)
     lo, hi = runs.extent() if len(runs) else (int(_BIG), 0)
     # the shuffle may be skipped only if every rank has a few runs or large ones
     small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
@@ -109,9 +112,6 @@ def _check(
     # a signature None (Segments, views, ...) is not compared
     # whether any rank's extent moved since the ranks last compared extents (_disjoint)
     moved = ctx.extents is None or ctx.extents[:2] != (lo, hi)
-    # a read that every rank would rather copy from the mapped file (hint mapped_reads)
-    mapped = not writing and ctx.hints.romio_cb_read == "automatic"
-    mapped = mapped and ctx.backend.maps_reads(runs)
     slots = [*same_slots(sig), -lo, hi, int(small), cand, -cand, int(moved), int(not mapped)]
     failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, slots)
     if failed:

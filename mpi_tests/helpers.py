@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,18 @@ import pytest
 from mpi4py import MPI
 
 from collio import layouts
+from collio.backends.mapped import fs_name
 from collio.layouts import BlockCyclic, Layout, Segments, Subarray
+
+
+def on_local_fs(path: str) -> bool:
+    """Whether ``path`` (a file or directory) is on a file system collio maps reads from
+    (hint ``mapped_reads=automatic``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return fs_name(fd) is not None
+    finally:
+        os.close(fd)
 
 
 def raises_everywhere(comm: MPI.Comm, exc_type: Any, fn: Any, *, match: str | None = None) -> Any:

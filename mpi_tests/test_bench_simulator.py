@@ -9,10 +9,10 @@ import os
 
 import numpy as np
 import pytest
+from helpers import on_local_fs
 from mpi4py import MPI
 
 import collio
-from collio.backends.mapped import fs_name
 from collio.bench.patterns import make_workload
 from collio.bench.simulate import SimConfig, simulate
 from collio.hints import Hints
@@ -53,14 +53,6 @@ def _real(comm, path, work, hints, writing):
     return comm.allgather(stats.local), stats
 
 
-def _local_fs(directory):
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        return fs_name(fd) is not None
-    finally:
-        os.close(fd)
-
-
 def _check_two_phase(sim, locals_, stats, writing):
     aggs = sorted((d for d in locals_ if d.get("domain", -1) >= 0), key=lambda d: d["domain"])
     busy = np.flatnonzero(sim.agg_rounds > 0)
@@ -91,7 +83,7 @@ def test_simulated_counts_equal_real_stats(comm, shared_dir, pattern, size, hint
         pattern, comm.size, size=size, block_size=1000, transfer=500, segments=16, cyclic_block=4
     )
     path = os.path.join(shared_dir, f"{pattern}.bin")
-    local = _local_fs(shared_dir)
+    local = on_local_fs(shared_dir)
     # a write; a read as the hints choose (mapped on a local file system); a read that
     # keeps the shuffle
     for writing, more in ((True, {}), (False, {}), (False, {"mapped_reads": "disable"})):

@@ -14,24 +14,15 @@ import os
 
 import numpy as np
 import pytest
-from helpers import local_piece, raises_everywhere, reference
+from helpers import local_piece, on_local_fs, raises_everywhere, reference
 from mpi4py import MPI
 
 import collio
 from collio import layouts
 from collio.backends import posix
-from collio.backends.mapped import fs_name
 from collio.testing.romio import romio_read
 
 pytestmark = pytest.mark.mpi(min_size=1)
-
-
-def _local(path: str) -> bool:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return fs_name(fd) is not None
-    finally:
-        os.close(fd)
 
 
 def _lay(comm, pattern):
@@ -65,7 +56,7 @@ def test_mapped_reads_equal_numpy_and_romio(comm, shared_path, pattern, mode):
         stats = f.stats
     assert np.array_equal(got, want)
     assert np.array_equal(romio_read(shared_path, lay, comm), want)
-    mapped = mode == "enable" or (mode == "automatic" and _local(shared_path))
+    mapped = mode == "enable" or (mode == "automatic" and on_local_fs(shared_path))
     # the path: direct on every rank when mapped (two-phase, or direct for disjoint
     # extents, otherwise: row blocks at one rank)
     assert comm.allgather(stats.last_call["direct"]) == [stats.last_call["direct"]] * comm.size
@@ -154,5 +145,24 @@ def test_hdf5_contiguous_dataset_reads_map(comm, shared_dir, mode):
         got = collio.h5.read_all(f["m"], lay)
         stats = collio.h5.stats(f)
     assert np.array_equal(got, local_piece(glob, lay))
-    mapped = mode == "automatic" and _local(path)
+    mapped = mode == "automatic" and on_local_fs(path)
     assert stats.mapped_bytes == (comm.allreduce(got.nbytes) if mapped else 0)
+
+
+def test_a_failing_mapping_check_is_raised_everywhere(comm, shared_path, monkeypatch):
+    """The question "may this rank copy from the map?" (an fstat) is asked before the
+    call's first agreement: if it fails on one rank, every rank raises it there, rather
+    than that rank alone while the others wait in the agreement; then the file goes on."""
+    shape, lay = _lay(comm, "cyclic")
+    glob = reference(shape, lay.dtype, seed=46)
+    if comm.rank == 0:
+        glob.tofile(shared_path)
+    comm.Barrier()
+    f = collio.open(shared_path, "r", comm=comm, hints={"mapped_reads": "enable"})
+    if comm.rank == comm.size - 1:
+        monkeypatch.setattr(f.backend, "maps_reads", _failing)
+    err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay))
+    assert f"rank {comm.size - 1}" in str(err) and "injected read error" in str(err)
+    monkeypatch.undo()
+    assert np.array_equal(f.read_all(lay), local_piece(glob, lay))
+    f.close()

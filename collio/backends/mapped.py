@@ -37,7 +37,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .._libc import libc
-from ..runs import Runs, sort
+from ..exchange import pack_uniform
+from ..runs import Runs, sort, split_grid
 
 __all__ = ["FEW", "LOCAL_FS", "MAX_LENGTHS", "WINDOW", "copyable", "fs_name", "read_mapped"]
 
@@ -100,7 +101,7 @@ def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = W
     if len(runs) and int(runs.length.max()) > window:
         # a long run's later pieces may start past a later run that overlaps it (reads
         # may overlap): sort again, so no run of a window starts before its base
-        runs = sort(_cut(runs, window))
+        runs = sort(split_grid(runs, runs.file, window)[0])
     f, n = runs.file, runs.length
     end = f + n
     i, total = 0, len(runs)
@@ -119,17 +120,6 @@ def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = W
         finally:
             mm.close()  # (no view of it is left: _copy returned)
         i = j
-
-
-def _cut(runs: Runs, window: int) -> Runs:
-    """The runs cut into pieces of at most ``window`` bytes, in file order."""
-    pieces = -(-runs.length // window)
-    idx = np.repeat(np.arange(len(runs)), pieces)
-    first = np.zeros(len(runs), np.int64)
-    np.cumsum(pieces[:-1], out=first[1:])
-    k = (np.arange(len(idx), dtype=np.int64) - first[idx]) * window
-    length = np.minimum(runs.length[idx] - k, window)
-    return Runs(runs.file[idx] + k, length, runs.mem[idx] + k)
 
 
 def _copy(mm: mmap.mmap, runs: Runs, base: int, out: npt.NDArray[np.uint8]) -> None:
@@ -153,21 +143,14 @@ def _copy_uniform(
     src: npt.NDArray[np.uint8], rel: npt.NDArray[np.int64], size: int,
     mem: npt.NDArray[np.int64], out: npt.NDArray[np.uint8],
 ) -> None:  # fmt: skip
-    """Copy runs of ``size`` bytes from ``src[rel]`` to ``out[mem]``: one ``np.take`` when
-    both sides are rows of ``size`` bytes in order, else a gather and a scatter."""
-    k = len(rel)
-    m0 = int(mem[0])
-    follows = bool((np.diff(mem) == size).all())
-    if follows and not bool((rel % size).any()):
-        rows = len(src) // size
-        mat = src[: rows * size].reshape(rows, size)
-        dest = out[m0 : m0 + k * size].reshape(k, size)
-        np.take(mat, rel // size, axis=0, out=dest, mode="clip")  # (in range: no buffering)
+    """Copy runs of ``size`` bytes from ``src[rel]`` to ``out[mem]``: when memory follows
+    the runs, the shuffle's own gather (:func:`~collio.exchange.pack_uniform`: one
+    ``np.take`` when they are rows of ``size`` bytes) straight into ``out``; else a
+    gather and a scatter."""
+    if bool((np.diff(mem) == size).all()):
+        pack_uniform(src, rel, size, out[int(mem[0]) :])
         return
     got = np.lib.stride_tricks.sliding_window_view(src, size)[rel]  # (k, size), a copy
-    if follows:
-        out[m0 : m0 + k * size] = got.reshape(-1)
-        return
     # each run's own bytes of `out`: rows of a view whose rows overlap, written where
     # the runs' memory lies (runs never share a byte of memory, so no write aliases)
     slots = np.lib.stride_tricks.as_strided(

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..buffers import PAGE, scratch_buffer
-from ..collective import Attempt, agree, bcast_outcome
+from ..collective import Attempt, agree, any_flag, bcast_outcome
 from ..errors import BackendError, CommitError, ModeError
 from ..runs import Runs
 from .base import Backend
@@ -197,12 +197,12 @@ class PosixBackend(Backend):
         try:
             if mode != "r" and bool(getattr(hints, "direct_write", False)):
                 # (mode and hints were settled equal at open: every rank makes this
-                # allgather, whatever open_direct did)
+                # allreduce, whatever open_direct did)
                 try:
                     self.dfd = open_direct(name)
                 except Exception:
                     self.dfd = -1
-                if not all(comm.allgather(self.dfd >= 0)):  # all or none: the stats agree
+                if any_flag(comm, self.dfd < 0):  # all or none: the stats agree
                     if self.dfd >= 0:
                         os.close(self.dfd)
                     self.dfd = -1

@@ -26,6 +26,7 @@ __all__ = [
     "CeilingApi",
     "CollioDirectApi",
     "CollioNoflushApi",
+    "CollioShuffleApi",
     "CeilingDirectApi",
 ]
 

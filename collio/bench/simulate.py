@@ -123,7 +123,7 @@ def _per_rank(values: I64, owner: I64, nranks: int) -> I64:
     return np.bincount(owner, weights=values, minlength=nranks).astype(np.int64)
 
 
-def _mapped(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> bool:
+def _mapped(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig, nruns: I64) -> bool:
     """A read every rank copies from the mapped file (``PosixBackend.maps_reads``).
 
     Distinct run lengths are counted per box, before runs merge, and the file is taken
@@ -137,7 +137,6 @@ def _mapped(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> bool:
     # copyable: at most 16 runs, or at most MAX_LENGTHS distinct run lengths, per rank
     pairs = np.unique(np.stack([owner, blocks.runlen]), axis=1)
     lengths = np.bincount(pairs[0], minlength=work.nranks)
-    nruns = _per_rank(blocks.nruns(), owner, work.nranks)
     return bool(((nruns <= FEW) | (lengths <= MAX_LENGTHS)).all())
 
 
@@ -190,7 +189,7 @@ def simulate(work: Workload, cfg: SimConfig) -> SimResult:
     lo, hi = int(lo_b.min(initial=0)), int(hi_b.max(initial=0))
     total = int(blocks.nbytes().sum())
     rank_runs = _per_rank(blocks.nruns(), owner, work.nranks)
-    mapped = len(blocks) > 0 and _mapped(blocks, owner, work, cfg)
+    mapped = len(blocks) > 0 and _mapped(blocks, owner, work, cfg, rank_runs)
     if mapped or _direct_path(blocks, owner, work, cfg):
         res = _direct_result(blocks, work, (lo, hi), total, rank_runs)
         res.mapped = mapped
