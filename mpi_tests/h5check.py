@@ -6,11 +6,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
+
+from collio.testing.jobs import python
 
 H5DUMP = shutil.which("h5dump")
 
@@ -58,11 +59,7 @@ def check_file(
     if comm.rank == 0:
         npz = path + ".expected.npz"
         np.savez(npz, **{k.replace("/", "|"): v for k, v in expected.items()})
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "HYDRA", "MPI"))}
-        proc = subprocess.run(
-            [sys.executable, "-c", VERIFY, path, npz, json.dumps(attrs or {}), json.dumps(plugins)],
-            capture_output=True, text=True, timeout=120, env=env,
-        )  # fmt: skip
+        proc = python(VERIFY, path, npz, json.dumps(attrs or {}), json.dumps(plugins))
         code, text = proc.returncode, proc.stdout + proc.stderr
         if code == 0 and H5DUMP is not None and h5dump:
             dump = subprocess.run([H5DUMP, "-H", path], capture_output=True, text=True, timeout=60)

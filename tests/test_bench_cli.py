@@ -10,7 +10,6 @@ import textwrap
 
 import numpy as np
 import pytest
-from test_mpiexec import MPIEXEC, ROOT, run_job
 
 from collio.bench.apis import Api, get_api, known_apis, register_api, split_runs
 from collio.bench.patterns import make_workload
@@ -20,7 +19,9 @@ from collio.bench.simreport import plan_speed
 from collio.bench.simulate import SimConfig, simulate
 from collio.hints import Hints
 from collio.runs import Runs
+from collio.testing.jobs import MPIEXEC, mpiexec
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = [sys.executable, "-m", "collio.bench"]
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
 ALL = "collio,mpiio,mpiio-tuned,mpiio-indep,posix,ceiling,collio-mpiio"
@@ -30,7 +31,7 @@ ALL = "collio,mpiio,mpiio-tuned,mpiio-indep,posix,ceiling,collio-mpiio"
 def test_compare_all_apis_verifies_and_saves(tmp_path):
     out, png = tmp_path / "b.json", tmp_path / "b.png"
     args = ["-n", "3", *BENCH, "-i", "2", "--size", "192", "-W", "-R", "--compare", ALL]
-    proc = run_job([*args, "--json", str(out), "--plot", str(png), "-o", str(tmp_path / "f")])
+    proc = mpiexec([*args, "--json", str(out), "--plot", str(png), "-o", str(tmp_path / "f")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Summary of all tests:" in proc.stdout and "# iteration 2/2" in proc.stdout
     doc = json.loads(out.read_text())
@@ -65,7 +66,7 @@ def test_ior_pattern_transfers_and_hints(tmp_path):
     args = ["-n", "2", *BENCH, "--pattern", "ior", "-s", "8", "-b", "8k", "-t", "4k", "-i", "1"]
     args += ["--compare", "posix,collio,mpiio", "-W", "-R", "-w", "-r"]
     args += ["--hints", "cb_buffer_size=4k,romio_ds_write=disable"]
-    proc = run_job([*args, "--json", str(out)])
+    proc = mpiexec([*args, "--json", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["shape"] == [8, 2, 8192] and doc["transfers"] == 2 * 8 * 2
@@ -81,7 +82,7 @@ def test_failure_on_every_rank_is_reported_not_hung(tmp_path):
     target = tmp_path / "not-a-dir"
     target.write_text("a file where a directory should be")
     args = ["-n", "2", *BENCH, "-a", "posix", "-i", "1", "-o", str(target / "f"), "-w"]
-    proc = run_job(args, timeout=120)
+    proc = mpiexec(args, timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "collio-bench: error: posix write: rank 0:" in proc.stderr
     assert "rank 1: not a directory" in proc.stderr
@@ -142,7 +143,7 @@ def test_wrong_bytes_and_missed_reads_are_counted_and_fail_the_job(tmp_path):
     script.write_text(BROKEN_JOB)
     out = tmp_path / "b.json"
     args = ["-n", "2", sys.executable, str(script), "-a", "broken", "-W", "-R", "--size", "64"]
-    proc = run_job([*args, "-i", "1", "--json", str(out), "-o", str(tmp_path / "f")])
+    proc = mpiexec([*args, "-i", "1", "--json", str(out), "-o", str(tmp_path / "f")])
     assert proc.returncode == 1, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     errors = {r["op"]: r["errors"] for r in doc["rows"]}
@@ -168,7 +169,7 @@ def test_an_api_plugs_in_with_one_module(tmp_path):
     script.write_text(PLUGIN_JOB)
     out = tmp_path / "p.json"
     args = ["-n", "2", sys.executable, str(script), "--compare", "collio-memory,collio"]
-    proc = run_job([*args, "-i", "2", "--size", "96", "-W", "-R", "--json", str(out)])
+    proc = mpiexec([*args, "-i", "2", "--size", "96", "-W", "-R", "--json", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["apis"] == ["collio-memory", "collio"] and doc["errors"] == 0
@@ -181,7 +182,7 @@ def test_an_api_plugs_in_with_one_module(tmp_path):
 def test_simulator_equals_real_stats_at_8_ranks():
     test = os.path.join(ROOT, "mpi_tests", "test_bench_simulator.py")
     args = ["-n", "8", sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", test, "-q"]
-    proc = run_job(args, timeout=300)
+    proc = mpiexec(args, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     # every case ran on all 8 ranks (none skipped): the CASES plus the direct-path test
     sys.path.insert(0, os.path.join(ROOT, "mpi_tests"))
@@ -283,7 +284,7 @@ def test_direct_apis_verify_and_report_the_hint(tmp_path):
     args = ["-n", "2", *BENCH, "-i", "2", "--size", "1024", "-W", "-R"]
     args += ["--compare", "collio-direct,ceiling-direct,collio,collio-noflush,collio-shuffle"]
     args += ["--hints", "min_rounds=1"]
-    proc = run_job([*args, "--json", str(out), "-o", str(tmp_path / "f")])
+    proc = mpiexec([*args, "--json", str(out), "-o", str(tmp_path / "f")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["errors"] == 0

@@ -12,13 +12,14 @@ import os
 
 import pytest
 from test_bench_cli import BENCH, needs_mpiexec
-from test_mpiexec import run_job
+
+from collio.testing.jobs import mpiexec
 
 
 def _run(tmp_path, apis: str, *extra: str, n: int = 3) -> dict:
     out = tmp_path / "b.json"
     args = ["-n", str(n), *BENCH, "-i", "2", "-W", "-R", "--compare", apis, *extra]
-    proc = run_job([*args, "--json", str(out), "-o", str(tmp_path / "f")])
+    proc = mpiexec([*args, "--json", str(out), "-o", str(tmp_path / "f")])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     names = apis.split(",")
@@ -43,7 +44,7 @@ def test_zarr_apis_verified(tmp_path):
 def test_zarr_plain_refuses_shared_chunks_before_any_io(tmp_path):
     pytest.importorskip("zarr")
     args = ["-n", "3", *BENCH, "-i", "1", "--compare", "collio-zarr,zarr-plain", "--size", "256"]
-    proc = run_job([*args, "-O", "chunks=128", "-o", str(tmp_path / "f")])
+    proc = mpiexec([*args, "-O", "chunks=128", "-o", str(tmp_path / "f")])
     assert proc.returncode != 0
     assert "zarr-plain refuses this decomposition" in proc.stderr
     assert not (tmp_path / "f").exists()

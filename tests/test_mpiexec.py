@@ -1,31 +1,21 @@
-"""Jobs launched under a real mpiexec from here: faults set per rank, >2 GiB pieces, stats.
+"""Jobs that start their own processes (``collio.testing.jobs``), each under a timeout.
 
-Each job runs with a timeout, so a hang is a failure.
+A rank with a file-size limit set before MPI starts (MPMD), pieces over 2 GiB, a variable
+read at import, the process's exit: what the suite's own ranks cannot arrange.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
-MPIEXEC = shutil.which("mpiexec")
+from collio.testing.jobs import MPIEXEC, mpiexec, python
+
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_job(args, timeout=240, env=None):
-    full_env = dict(os.environ, **(env or {}))
-    full_env.setdefault("PYTHONPATH", ROOT)
-    proc = subprocess.run(
-        [MPIEXEC, *args], capture_output=True, text=True, timeout=timeout, env=full_env
-    )
-    return proc
 
 
 EFBIG_JOB = textwrap.dedent(
@@ -66,7 +56,7 @@ def test_efbig_on_one_aggregator_raises_everywhere(tmp_path):
         "-n", "3", py, str(script), str(tmp_path), ":",
         "-n", "1", "bash", "-c", f"ulimit -f 20000; exec {py} {script} {tmp_path}",
     ]  # fmt: skip
-    proc = run_job(args)
+    proc = mpiexec(args, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(4)]
     assert len(results) == 4
@@ -110,7 +100,7 @@ def test_more_than_2gib_on_one_rank(tmp_path, mode):
     script = tmp_path / "big.py"
     script.write_text(BIG_JOB)
     target = tmp_path / "big.bin"
-    proc = run_job(["-n", "2", sys.executable, str(script), str(target), mode], timeout=600)
+    proc = mpiexec([sys.executable, str(script), str(target), mode], n=2, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [(tmp_path / f"big.bin.{r}.txt").read_text().split() for r in range(2)]
     n = (2 << 30) + (160 << 20) + 7
@@ -131,29 +121,45 @@ def test_collio_stats_prints_summary_at_close(tmp_path):
             f.write_all(np.zeros(lay.shape), lay)
         """
     )
-    proc = run_job(["-n", "2", sys.executable, "-c", code], env={"COLLIO_STATS": "1"})
+    proc = mpiexec([sys.executable, "-c", code], n=2, env={"COLLIO_STATS": "1"})
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("collio stats:")]
     assert len(lines) == 1, proc.stderr
     assert "MiB written in 2 ops" in lines[0] and "2 aggregators" in lines[0]
 
 
-def test_example_matrix_runs(tmp_path):
-    proc = run_job(
-        ["-n", "3", sys.executable, os.path.join(ROOT, "examples", "matrix.py"),
-         "--size", "256", "--repeat", "2", "--dir", str(tmp_path)]
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "verified" in proc.stdout and "MiB/s" in proc.stdout
+_LEFT_OPEN = """
+import gc, sys
+import numpy as np
+from mpi4py import MPI
+import collio.h5 as ch5
+from collio import layouts
+from collio.comms import private
+
+path, how = sys.argv[1], sys.argv[2]
+glob = np.arange(64.0).reshape(8, 8)
+lay = layouts.block((8, 8), "<f8")
+f = ch5.File(path, "w")
+ds = ch5.create_dataset(f, "x", (8, 8), "<f8")
+ch5.write_all(ds, glob, lay)
+assert np.array_equal(ch5.read_all(ds, lay), glob)
+if how == "drop":
+    del f, ds
+    gc.collect()
+    assert private(MPI.COMM_WORLD).users == 0, "the dropped file still holds the duplicate"
+print("end of script", flush=True)
+"""
 
 
-def test_example_bare_pipeline_with_collio_runs(tmp_path):
-    """The bare pipeline writes the right file, and --with-collio times collio's phases."""
-    proc = run_job(
-        ["-n", "2", sys.executable, os.path.join(ROOT, "examples", "bare_pipeline.py"),
-         "--size", "1024", "--window", "1", "-i", "3", "--with-collio",
-         "-o", str(tmp_path / "m.bin")]
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "file ok: True" in proc.stdout, proc.stdout
-    assert "collio / ceiling:" in proc.stdout and "collio phases" in proc.stdout
+@pytest.mark.parametrize("how", ["open", "drop"])
+def test_hdf5_file_left_open_at_exit(tmp_path, how):
+    """A collio HDF5 file still open at exit (or dropped without close after I/O): the
+    process exits cleanly (HDF5's exit handler must not call into a finalized Python)
+    and stock h5py reads what was written."""
+    h5py = pytest.importorskip("h5py")
+    path = str(tmp_path / "left.h5")
+    proc = python(_LEFT_OPEN, path, how)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert "end of script" in proc.stdout
+    with h5py.File(path, "r") as f:
+        assert np.array_equal(f["x"][...], np.arange(64.0).reshape(8, 8))
