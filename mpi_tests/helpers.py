@@ -24,6 +24,14 @@ def on_local_fs(path: str) -> bool:
         os.close(fd)
 
 
+def read_file(path: str) -> bytes | None:
+    """A plain read of the whole file, bypassing collio (None if there is none)."""
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
 def raises_everywhere(comm: MPI.Comm, exc_type: Any, fn: Any, *, match: str | None = None) -> Any:
     """Run fn on every rank; all must raise exc_type with the same type and message."""
     with pytest.raises(exc_type) as info:

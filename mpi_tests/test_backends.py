@@ -1,35 +1,45 @@
-"""The shared backend conformance suite, at many ranks."""
+"""The shared backend conformance suite for the posix and memory backends."""
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
+from helpers import read_file
 
-from collio.testing.backend_suite import BackendTests
+from collio.backends import memory
+from collio.testing.backend_suite import ByteBackendTests
 
 
-@pytest.mark.mpi
-class TestPosix(BackendTests):
+class TestPosix(ByteBackendTests):
     backend = "posix"
 
     @pytest.fixture
-    def target(self, shared_dir):
-        return os.path.join(shared_dir, "conformance.bin")
+    def target(self, mpi_tmp_path):
+        return str(mpi_tmp_path / "conformance.bin")
+
+    def stored(self, target, open_options):
+        return read_file(target)
 
 
-@pytest.mark.mpi
 class TestPosixNoWriteback(TestPosix):
     @pytest.fixture
     def open_options(self):
         return {"writeback": False}
 
 
-@pytest.mark.mpi
-class TestMemory(BackendTests):
+class TestMemory(ByteBackendTests):
     backend = "memory"
 
     @pytest.fixture
     def target(self, comm):
-        return "mem://" + comm.bcast(uuid.uuid4().hex if comm.rank == 0 else None, root=0)
+        name = "mem://" + comm.bcast(uuid.uuid4().hex if comm.rank == 0 else None, root=0)
+        yield name
+        if comm.rank == 0:
+            memory.drop(name)
+
+    def stored(self, target, open_options):
+        try:
+            return memory.contents(target)
+        except KeyError:
+            return None

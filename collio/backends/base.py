@@ -15,17 +15,17 @@ always start at 0), :meth:`domain_bounds` (cut the domains, e.g. by real bytes),
 How the planned backends fit:
 
 * ``posix``: byte-addressable; ``partial_write``; alignment = ``striping_unit``.
-* ``mpiio``: same as posix, requests go to ``MPI.File.Write_at`` on the
-  aggregators' communicator; ``collective_open``.
+* ``mpiio``: same as posix, requests go to ``MPI.File.Write_at`` on a file every
+  rank opened.
 * ``hdf5`` (contiguous dataset): posix at the dataset's file offset; chunked:
   ``runs_for`` maps to chunk-major space, ``alignment`` = chunk bytes, the
   aggregator compresses whole chunks.
 * ``zarr``: ``runs_for`` maps to chunk- (shard-) major space, ``alignment`` = chunk
   (shard) bytes, ``write_at`` stores whole chunks through zarr's codecs;
-  ``partial_write`` True (the owner reads, merges and rewrites a partial chunk).
+  ``partial_write`` False (the owner reads, merges and rewrites a partial chunk).
 * ``s3``: ``partial_write`` False (holes are zeros), ``alignment`` = part size,
-  ``min_request`` 5 MiB, ``max_parts`` 10,000, ``collective_open`` (rank 0
-  creates the multipart upload), ``commit`` completes it, ``abort`` aborts it.
+  ``min_request`` 5 MiB, ``max_parts`` 10,000 (rank 0 creates the multipart
+  upload), ``commit`` completes it, ``abort`` aborts it.
 """
 
 from __future__ import annotations
@@ -67,8 +67,6 @@ class Backend(abc.ABC):
     ``min_request``, ``max_request``
         Smallest request except the last one; largest single request (larger ones
         are split by :meth:`write_at` itself).
-    ``collective_open``
-        ``open``/``close``/``commit`` need every rank (e.g. an upload id is shared).
     ``independent``
         Any rank may write its own ranges directly (the shuffle can be skipped).
     ``sparse``
@@ -94,7 +92,6 @@ class Backend(abc.ABC):
     min_window: int = 0  # may be set per instance (see above)
     min_request: ClassVar[int] = 1
     max_request: ClassVar[int] = 0x7FFFF000
-    collective_open: ClassVar[bool] = False
     independent: ClassVar[bool] = True
     sparse: ClassVar[bool] = True
     needs_flush: ClassVar[bool] = False  # call flush(comm) after every write_all

@@ -46,7 +46,6 @@ class MemoryBackend(Backend):
     """Bytes in rank 0's memory; options: ``capacity`` (bytes, default 256 MiB) in 'w'."""
 
     name: ClassVar[str] = "memory"
-    collective_open: ClassVar[bool] = True
 
     def __init__(self, key: str, win: MPI.Win, size: int, capacity: int, mode: str) -> None:
         self.key = key
@@ -65,6 +64,9 @@ class MemoryBackend(Backend):
         capacity = int(options.pop("capacity", 256 << 20))
         if options:
             raise ModeError(f"memory backend: unknown options {sorted(options)}")
+        if getattr(hints, "atomic_commit", False) and mode != "r":
+            # writes land in rank 0's memory as they happen: nothing could be discarded
+            raise ModeError("memory backend: atomic_commit is not supported")
         key = _name(target)
         step = Attempt()
         info = (0, 0)

@@ -107,7 +107,6 @@ class MpiioBackend(Backend):
     """
 
     name: ClassVar[str] = "mpiio"
-    collective_open: ClassVar[bool] = True
     max_request: ClassVar[int] = 1 << 30
 
     def __init__(self, fh: MPI.File, path: str, mode: str, writeback: bool, early: bool) -> None:

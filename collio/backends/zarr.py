@@ -65,7 +65,6 @@ class ZarrBackend(Backend):
 
     name: ClassVar[str] = "zarr"
     partial_write: ClassVar[bool] = False  # whole chunks only; holes filled per chunk
-    collective_open: ClassVar[bool] = True  # rank 0 creates the metadata
     independent: ClassVar[bool] = False  # ranks sharing a chunk would lose data
     sparse: ClassVar[bool] = False  # untouched elements read as the fill value
 

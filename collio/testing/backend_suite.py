@@ -1,21 +1,43 @@
 """The conformance suite every collio backend passes (zarr's ``StoreTests`` habit).
 
-A backend's test module subclasses :class:`BackendTests` and provides the
-``target`` fixture (a fresh target name every rank agrees on) and, if it needs
-them, ``open_options``.  The tests run under plain pytest (one rank) and under
-``mpiexec ... pytest --with-mpi`` (many ranks) alike::
+A backend's test module subclasses :class:`ByteBackendTests` (targets that hold bytes:
+files, memory, objects) or :class:`ArrayBackendTests` (targets that hold an array: zarr,
+an HDF5 dataset), names the backend, and supplies two fixtures and one hook:
 
-    class TestPosix(BackendTests):
+``target``
+    A fresh target, absent until the test writes it, named alike on every rank.
+``open_options``
+    ``collio.open``'s extra keywords for the backend (default none).
+``stored(target, open_options)``
+    Called on rank 0 only: what the target holds, read WITHOUT collio (a plain file
+    read, boto3 GET, zarr, h5py), or None when there is no target.  Byte targets return
+    ``bytes``, array targets the global array.  The suite checks collio against it.
+
+The tests run under ``mpiexec -n N python -m mpi4py -m pytest --with-mpi`` at any N
+(1 included)::
+
+    class TestPosix(ByteBackendTests):
         backend = "posix"
 
         @pytest.fixture
-        def target(self, tmp_target):
-            return tmp_target
+        def target(self, mpi_tmp_path):
+            return str(mpi_tmp_path / "conformance.bin")
+
+        def stored(self, target, open_options):
+            return pathlib.Path(target).read_bytes() if os.path.exists(target) else None
+
+What each capability promises (:class:`collio.backends.Backend`) is tested where the
+backend declares it: ``partial_write`` (holes in a round keep the bytes written
+before), ``sparse`` (bytes never written read as zeros), ``atomic`` or an accepted
+``atomic_commit`` hint (nothing visible before close; a failed call leaves the old
+target).  Byte targets also read zeros past their end and hold exactly the bytes ROMIO
+(mpi4py's ``MPI.File``) writes for the same decomposition.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -23,23 +45,63 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
+from collio.backends import Backend
 
-__all__ = ["BackendTests"]
+from .romio import romio_write
 
+__all__ = ["SHAPE", "ArrayBackendTests", "BackendTests", "ByteBackendTests", "global_array"]
+
+#: The suite's global array: float64, rows and columns that no rank count divides.
 SHAPE = (48, 40)
+F8 = "<f8"
 
 
-def _global(dtype: str = "<f8", seed: int = 3) -> np.ndarray[Any, Any]:
+def global_array(seed: int = 3) -> np.ndarray[Any, Any]:
+    """A deterministic global array every rank can build (distinct values, no NaNs)."""
     rng = np.random.default_rng(seed)
-    return rng.standard_normal(int(np.prod(SHAPE))).astype(dtype).reshape(SHAPE)
+    return rng.standard_normal(int(np.prod(SHAPE))).reshape(SHAPE)
 
 
+def _layout(kind: str, comm: MPI.Intracomm, order: str = "C") -> Any:
+    if kind == "colblock":
+        return layouts.block(SHAPE, F8, comm=comm, grid=(1, comm.size), order=order)
+    if kind == "block":
+        return layouts.block(SHAPE, F8, comm=comm, order=order)
+    grid = layouts.dims_create(comm.size, 2)
+    return layouts.block_cyclic(SHAPE, F8, block=(5, 3), grid=grid, comm=comm, order=order)
+
+
+def _piece(glob: np.ndarray[Any, Any], lay: Any) -> np.ndarray[Any, Any]:
+    """The rank's piece of ``glob``, in the layout's memory order."""
+    if isinstance(lay, layouts.BlockCyclic):
+        piece = glob[np.ix_(*lay.indices)]
+    else:
+        piece = glob[lay.slices]
+    return np.asfortranarray(piece) if lay.order == "F" else np.ascontiguousarray(piece)
+
+
+def _rows(comm: MPI.Intracomm, first: int, step: int) -> Any:
+    """Rows ``first, first + step, ...`` of the global array, dealt round robin to the ranks."""
+    count = len(range(first, SHAPE[0], step))
+    mine = len(range(comm.rank, count, comm.size))
+    dims = [
+        layouts.DimSet(first + step * comm.rank, 1, step * comm.size, mine),
+        layouts.DimSet.interval(0, SHAPE[1]),
+    ]
+    return layouts.ArrayLayout(SHAPE, dims, F8)
+
+
+def _same_everywhere(comm: MPI.Intracomm, exc: BaseException) -> str:
+    texts = comm.allgather((type(exc).__name__, str(exc)))
+    assert texts == [texts[0]] * comm.size, texts
+    return texts[0][1]
+
+
+@pytest.mark.mpi
 class BackendTests:
-    """Behaviour shared by all backends; subclasses set ``backend`` and fixtures."""
+    """What every backend does with array layouts; use a subclass below."""
 
-    backend: str = "posix"
-    #: Layout kinds the backend accepts in ``write_all`` (byte targets accept all).
-    byte_addressable: bool = True
+    backend: ClassVar[str] = ""
 
     @pytest.fixture
     def comm(self) -> MPI.Intracomm:
@@ -51,92 +113,276 @@ class BackendTests:
 
     @pytest.fixture
     def target(self) -> Any:  # pragma: no cover - subclasses provide it
+        raise NotImplementedError("a backend's test class provides the target fixture")
+
+    def stored(self, target: Any, open_options: dict[str, Any]) -> Any:
+        """Rank 0 only: the target's content read without collio, or None if absent."""
+        raise NotImplementedError("a backend's test class reads the target without collio")
+
+    def as_array(self, content: Any) -> np.ndarray[Any, Any]:
+        """The global array in what :meth:`stored` returned."""
         raise NotImplementedError
+
+    # -- helpers --------------------------------------------------------------
+    def backend_class(self) -> type[Backend]:
+        return collio.get_backend(self.backend)
 
     def open(
         self, target: Any, mode: str, comm: MPI.Intracomm, opts: dict[str, Any], **kw: Any
     ) -> Any:
         return collio.open(target, mode, comm=comm, backend=self.backend, **opts, **kw)
 
-    def read_whole(
-        self, target: Any, comm: MPI.Intracomm, opts: dict[str, Any]
-    ) -> np.ndarray[Any, Any]:
-        """The whole global array, read back through collio by rank-0-only layout."""
-        lay = layouts.Subarray(SHAPE, (0, 0), SHAPE if comm.rank == 0 else (0, 0), "<f8")
-        with self.open(target, "r", comm, opts) as f:
-            whole: np.ndarray[Any, Any] = f.read_all(lay)
-        out: np.ndarray[Any, Any] = comm.bcast(whole if comm.rank == 0 else None, root=0)
-        return out
+    def bypass(self, target: Any, comm: MPI.Intracomm, opts: dict[str, Any]) -> Any:
+        """Collective: :meth:`stored` on rank 0, seen by every rank (its error too)."""
+        got: tuple[Any, str | None] = (None, None)
+        if comm.rank == 0:
+            try:
+                got = (self.stored(target, opts), None)
+            except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+                got = (None, f"{type(exc).__name__}: {exc}")
+        content, error = comm.bcast(got, root=0)
+        assert error is None, f"reading the target without collio failed: {error}"
+        return content
 
-    # -- capabilities -------------------------------------------------------
-    def test_capabilities_are_declared(
-        self, comm: MPI.Intracomm, target: Any, open_options: Any
+    def assert_stored(
+        self, target: Any, comm: MPI.Intracomm, opts: dict[str, Any], want: Any
     ) -> None:
-        cls = collio.get_backend(self.backend)
-        assert cls.alignment >= 1
-        assert 1 <= cls.min_request <= cls.max_request
-        assert isinstance(cls.partial_write, bool) and isinstance(cls.collective_open, bool)
-        with self.open(target, "w", comm, open_options) as f:
-            desc = f.backend.describe()
-            assert desc["backend"] == cls.name
+        """The target holds the global array ``want`` (read without collio)."""
+        content = self.bypass(target, comm, opts)
+        assert content is not None, "the target does not exist"
+        np.testing.assert_array_equal(self.as_array(content), want)
 
-    # -- round trips --------------------------------------------------------
+    def write(
+        self, target: Any, comm: MPI.Intracomm, opts: dict[str, Any], glob: Any, **kw: Any
+    ) -> None:
+        lay = _layout("block", comm)
+        with self.open(target, "w", comm, opts, **kw) as f:
+            f.write_all(_piece(glob, lay), lay)
+
+    # -- round trips ----------------------------------------------------------
     @pytest.mark.parametrize("kind", ["colblock", "block", "cyclic"])
     @pytest.mark.parametrize("hints", [{}, {"cb_buffer_size": 2048, "romio_cb_write": "enable"}])
     def test_write_read_roundtrip(
-        self, comm: MPI.Intracomm, target: Any, open_options: Any, kind: str, hints: dict[str, Any]
+        self, comm: MPI.Intracomm, target: Any, open_options: Any, kind: str, hints: Any
     ) -> None:
-        glob = _global()
-        if kind == "colblock":
-            lay: Any = layouts.block(SHAPE, "<f8", comm=comm, grid=(1, comm.size))
-            local = glob[lay.slices]
-        elif kind == "block":
-            lay = layouts.block(SHAPE, "<f8", comm=comm)
-            local = glob[lay.slices]
-        else:
-            lay = layouts.block_cyclic(
-                SHAPE, "<f8", block=(5, 3), grid=layouts.dims_create(comm.size, 2), comm=comm
-            )
-            local = glob[np.ix_(*lay.indices)]
+        glob = global_array()
+        lay = _layout(kind, comm)
         with self.open(target, "w", comm, open_options, hints=hints) as f:
-            f.write_all(np.ascontiguousarray(local), lay)
+            f.write_all(_piece(glob, lay), lay)
+        self.assert_stored(target, comm, open_options, glob)
+        other = _layout("colblock" if kind != "colblock" else "cyclic", comm)
         with self.open(target, "r", comm, open_options, hints=hints) as f:
-            back = f.read_all(lay)
-        np.testing.assert_array_equal(back, local)
-        np.testing.assert_array_equal(self.read_whole(target, comm, open_options), glob)
+            np.testing.assert_array_equal(f.read_all(lay), _piece(glob, lay))
+            np.testing.assert_array_equal(f.read_all(other), _piece(glob, other))
 
     def test_empty_ranks_take_part(
         self, comm: MPI.Intracomm, target: Any, open_options: Any
     ) -> None:
-        glob = _global(seed=4)
+        glob = global_array(seed=4)
         full = comm.rank == comm.size - 1
-        lay = layouts.Subarray(SHAPE, (0, 0), SHAPE if full else (0, 0), "<f8")
+        lay = layouts.Subarray(SHAPE, (0, 0), SHAPE if full else (0, 0), F8)
         with self.open(target, "w", comm, open_options) as f:
             f.write_all(glob if full else np.zeros((0, 0)), lay)
-        np.testing.assert_array_equal(self.read_whole(target, comm, open_options), glob)
+        self.assert_stored(target, comm, open_options, glob)
 
     def test_update_in_place_keeps_the_rest(
         self, comm: MPI.Intracomm, target: Any, open_options: Any
     ) -> None:
-        glob = _global(seed=5)
-        lay = layouts.block(SHAPE, "<f8", comm=comm)
-        with self.open(target, "w", comm, open_options) as f:
-            f.write_all(np.ascontiguousarray(glob[lay.slices]), lay)
-        # rewrite every third row only, through a cyclic layout over rows
-        rows = np.arange(0, SHAPE[0], 3)
-        mine = rows[comm.rank :: comm.size]
+        """'r+' rewrites every third row; the other rows keep what the first open wrote."""
+        glob = global_array(seed=5)
+        self.write(target, comm, open_options, glob)
+        lay = _rows(comm, 0, 3)
         new = glob.copy()
-        new[rows] = -1.0
+        new[0::3] = -1.0
         with self.open(target, "r+", comm, open_options, hints={"cb_buffer_size": 4096}) as f:
-            offs = mine * SHAPE[1] * 8
-            lay2 = layouts.Segments(offs, np.full(len(mine), SHAPE[1] * 8))
-            f.write_all(np.full(len(mine) * SHAPE[1], -1.0).view(np.uint8), lay2)
-        np.testing.assert_array_equal(self.read_whole(target, comm, open_options), new)
+            f.write_all(np.full(lay.local_shape, -1.0), lay)
+        self.assert_stored(target, comm, open_options, new)
 
     def test_missing_target_fails_everywhere(
         self, comm: MPI.Intracomm, target: Any, open_options: Any
     ) -> None:
         with pytest.raises(collio.CollioError) as info:
             self.open(target, "r", comm, open_options)
-        texts = comm.allgather(str(info.value))
-        assert texts == [texts[0]] * comm.size
+        _same_everywhere(comm, info.value)
+        assert self.bypass(target, comm, open_options) is None  # nor was it created
+
+    # -- what the capabilities promise ----------------------------------------
+    def test_partial_write_keeps_the_bytes_in_holes(
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
+    ) -> None:
+        """``partial_write``: a later call in the same open writes rows with holes between
+        them, through small two-phase rounds; the holes keep the first call's bytes."""
+        if not self.backend_class().partial_write:
+            pytest.skip("partial_write is False: later calls may not write into earlier windows")
+        glob = global_array(seed=6)
+        first, later = _layout("colblock", comm), _rows(comm, 1, 4)
+        new = glob.copy()
+        new[1::4] = 7.0
+        hints = {"cb_buffer_size": 4096, "romio_cb_write": "enable"}
+        with self.open(target, "w", comm, open_options, hints=hints) as f:
+            f.write_all(_piece(glob, first), first)
+            f.write_all(np.full(later.local_shape, 7.0), later)
+            np.testing.assert_array_equal(f.read_all(first), _piece(new, first))
+        self.assert_stored(target, comm, open_options, new)
+
+    def test_sparse_never_written_bytes_read_as_zeros(
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
+    ) -> None:
+        """``sparse``: only rows from 20 on are written; rows 0-19 read as zeros, through
+        collio and without it."""
+        if not self.backend_class().sparse:
+            pytest.skip("sparse is False: never-written elements read as the fill value")
+        glob = global_array(seed=7)
+        lower = layouts.block((SHAPE[0] - 20, SHAPE[1]), F8, comm=comm, grid=(comm.size, 1))
+        lay = layouts.Subarray(SHAPE, (20 + lower.start[0], 0), lower.shape, F8)
+        want = glob.copy()
+        want[:20] = 0.0
+        with self.open(target, "w", comm, open_options) as f:
+            f.write_all(_piece(glob, lay), lay)
+        self.assert_stored(target, comm, open_options, want)
+        whole = _layout("cyclic", comm)
+        with self.open(target, "r", comm, open_options) as f:
+            np.testing.assert_array_equal(f.read_all(whole), _piece(want, whole))
+
+    def test_atomic_commit_is_invisible_until_close(
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
+    ) -> None:
+        """``atomic`` backends, or the hint ``atomic_commit`` where accepted: before close
+        the target is absent (then the old version); a failed call discards the open's
+        writes.  A backend that refuses the hint refuses it on every rank, creating nothing."""
+        cls = self.backend_class()
+        hints = {} if cls.atomic else {"atomic_commit": True}
+        lay = _layout("colblock", comm)
+        old, new = global_array(seed=8), global_array(seed=9)
+        try:
+            f = self.open(target, "w", comm, open_options, hints=hints)
+        except collio.ModeError as exc:
+            assert not cls.atomic and "atomic_commit" in _same_everywhere(comm, exc)
+            assert self.bypass(target, comm, open_options) is None
+            return
+        with f:
+            f.write_all(_piece(old, lay), lay)
+            assert self.bypass(target, comm, open_options) is None
+        self.assert_stored(target, comm, open_options, old)
+        with self.open(target, "w", comm, open_options, hints=hints) as f:
+            f.write_all(_piece(new, lay), lay)
+            self.assert_stored(target, comm, open_options, old)
+        self.assert_stored(target, comm, open_options, new)
+        with self.open(target, "w", comm, open_options, hints=hints) as f:
+            f.write_all(_piece(old, lay), lay)
+            bad = comm.rank == comm.size - 1
+            with pytest.raises(collio.LayoutError) as info:
+                f.write_all(np.zeros((1, 1)) if bad else _piece(old, lay), lay)
+            _same_everywhere(comm, info.value)
+        self.assert_stored(target, comm, open_options, new)
+
+
+class ByteBackendTests(BackendTests):
+    """Backends whose target holds bytes: ``stored`` returns ``bytes``."""
+
+    def as_array(self, content: Any) -> np.ndarray[Any, Any]:
+        assert isinstance(content, bytes), type(content)
+        assert len(content) == 8 * SHAPE[0] * SHAPE[1], len(content)
+        return np.frombuffer(content, F8).reshape(SHAPE)
+
+    @pytest.mark.parametrize("order", ["C", "F"])
+    def test_same_bytes_as_romio(
+        self,
+        comm: MPI.Intracomm,
+        target: Any,
+        open_options: Any,
+        mpi_tmp_path: Path,
+        order: str,
+    ) -> None:
+        """Every decomposition: the target holds exactly what ``MPI.File.Write_all``
+        (ROMIO) writes into a file for the same layout and data."""
+        glob = global_array(seed=10)
+        for kind in ("colblock", "block", "cyclic"):
+            lay = _layout(kind, comm, order)
+            theirs = str(mpi_tmp_path / f"romio-{kind}-{order}.bin")
+            romio_write(theirs, _piece(glob, lay), lay, comm)
+            with self.open(target, "w", comm, open_options) as f:
+                f.write_all(_piece(glob, lay), lay)
+            comm.Barrier()
+            with open(theirs, "rb") as fh:
+                romio = fh.read()
+            assert romio == glob.tobytes(order=order)
+            assert self.bypass(target, comm, open_options) == romio, (kind, order)
+
+    def test_byte_runs_and_update(
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
+    ) -> None:
+        """Raw byte runs (``Segments``), unsorted and of uneven lengths, some empty: the
+        target holds them in place; a later 'r+' rewrites a few and keeps the rest."""
+        size = 8 * SHAPE[0] * SHAPE[1]
+        image = np.random.default_rng(11).integers(0, 256, size, np.uint8)
+        cuts = np.sort(np.random.default_rng(12).choice(np.arange(1, size), 90, replace=False))
+        starts, ends = np.r_[0, cuts], np.r_[cuts, size]
+        mine = np.random.default_rng(comm.rank).permutation(
+            np.arange(comm.rank, len(starts), comm.size)
+        )
+        offs = np.r_[starts[mine], 0, size // 2]  # two empty runs as well
+        lens = np.r_[ends[mine] - starts[mine], 0, 0]
+        data = np.concatenate([image[a:b] for a, b in zip(offs, offs + lens, strict=True)])
+        with self.open(target, "w", comm, open_options) as f:
+            f.write_all(data, layouts.Segments(offs, lens))
+        assert self.bypass(target, comm, open_options) == image.tobytes()
+        offs2 = np.arange(comm.rank, size // 100, comm.size) * 100 + 3
+        with self.open(target, "r+", comm, open_options, hints={"cb_buffer_size": 4096}) as f:
+            f.write_all(
+                np.full(len(offs2) * 10, 0xAB, np.uint8),
+                layouts.Segments(offs2, np.full(len(offs2), 10)),
+            )
+        everyone = np.arange(size // 100) * 100 + 3
+        image[(everyone[:, None] + np.arange(10)).ravel()] = 0xAB
+        assert self.bypass(target, comm, open_options) == image.tobytes()
+        with self.open(target, "r", comm, open_options) as f:
+            back = f.read_all(layouts.Segments(offs, lens))
+        np.testing.assert_array_equal(back, image[_byte_index(offs, lens)])
+
+    def test_reads_past_the_end_are_zeros(
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
+    ) -> None:
+        glob = global_array(seed=13)
+        size = glob.nbytes
+        self.write(target, comm, open_options, glob)
+        raw = np.frombuffer(glob.tobytes(), np.uint8)
+        offs = np.array([size - 100, size + 50 + 10 * comm.rank])
+        lens = np.array([300, 20])
+        with self.open(target, "r", comm, open_options, hints={"romio_cb_read": "enable"}) as f:
+            two_phase = f.read_all(layouts.Segments(offs, lens))
+        with self.open(target, "r", comm, open_options, hints={"romio_cb_read": "disable"}) as f:
+            direct = f.read_all(layouts.Segments(offs, lens))
+        want = np.zeros(320, np.uint8)
+        want[:100] = raw[-100:]
+        np.testing.assert_array_equal(two_phase, want)
+        np.testing.assert_array_equal(direct, want)
+        assert self.bypass(target, comm, open_options) == glob.tobytes()  # nothing grew
+
+
+def _byte_index(offs: Any, lens: Any) -> np.ndarray[Any, Any]:
+    """File offset of every byte of the runs, in the order given."""
+    offs, lens = np.asarray(offs, np.int64), np.asarray(lens, np.int64)
+    first = np.repeat(offs - np.r_[0, np.cumsum(lens)[:-1]], lens)
+    return np.asarray(first + np.arange(int(lens.sum())), np.int64)
+
+
+class ArrayBackendTests(BackendTests):
+    """Backends whose target holds an array (zarr, HDF5): ``stored`` returns the array."""
+
+    def as_array(self, content: Any) -> np.ndarray[Any, Any]:
+        arr = np.asarray(content)
+        assert arr.shape == SHAPE and arr.dtype == np.dtype(F8), (arr.shape, arr.dtype)
+        return arr
+
+    def test_byte_segments_are_refused_on_every_rank(
+        self, comm: MPI.Intracomm, target: Any, open_options: Any
+    ) -> None:
+        glob = global_array(seed=14)
+        lay = _layout("block", comm)
+        with self.open(target, "w", comm, open_options) as f:
+            with pytest.raises(collio.LayoutError, match="array layout") as info:
+                f.write_all(np.zeros(8, np.uint8), layouts.Segments([8 * comm.rank], [8]))
+            _same_everywhere(comm, info.value)
+            f.write_all(_piece(glob, lay), lay)  # the file goes on
+        self.assert_stored(target, comm, open_options, glob)

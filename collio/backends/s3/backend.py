@@ -49,7 +49,6 @@ class S3Backend(Backend):
     partial_write: ClassVar[bool] = False
     min_request: ClassVar[int] = MIN_PART_SIZE
     max_request: ClassVar[int] = MAX_PART_SIZE
-    collective_open: ClassVar[bool] = True
     independent: ClassVar[bool] = False
     atomic: ClassVar[bool] = True
     remote: ClassVar[bool] = True
