@@ -16,6 +16,7 @@ plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 ``collio-noflush`` ``collio`` with hint ``early_flush=false`` (flushed only at ``sync()``)
 ``collio-shuffle`` ``collio`` with hint ``mapped_reads=disable`` (two-phase reads everywhere)
 ``ceiling-direct`` the ceiling written with ``O_DIRECT``
+``bare``          two-phase with raw mpi4py and ``pwrite``, no collio (:mod:`collio.bench.bare`)
 
 and, imported only when asked for (zarr, boto3, h5py are optional):
 
@@ -230,6 +231,7 @@ _KNOWN: dict[str, str] = {
     "collio-noflush": "collio.bench.builtin:CollioNoflushApi",
     "collio-shuffle": "collio.bench.builtin:CollioShuffleApi",
     "ceiling-direct": "collio.bench.builtin:CeilingDirectApi",
+    "bare": "collio.bench.bare:BareApi",
     "collio-zarr": "collio.bench.zarr_apis:CollioZarrApi",
     "zarr-plain": "collio.bench.zarr_apis:ZarrPlainApi",
     "zarr-locked": "collio.bench.zarr_apis:ZarrLockedApi",
@@ -253,6 +255,7 @@ ABOUT: dict[str, str] = {
     "collio-noflush": "collio with hint early_flush=false (no fdatasync before sync())",
     "collio-shuffle": "collio with hint mapped_reads=disable (reads shuffle on local disks too)",
     "ceiling-direct": "the ceiling with O_DIRECT writes (around the page cache)",
+    "bare": "two-phase with raw mpi4py + pwrite, no collio (colblock only): a floor",
     "collio-zarr": "collio's zarr backend [zarr]",
     "zarr-plain": "plain zarr, each rank its own region; chunk-aligned only [zarr]",
     "zarr-locked": "plain zarr chunk by chunk under a flock per chunk [zarr]",

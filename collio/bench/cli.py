@@ -8,6 +8,7 @@ mpiexec -n 4 collio-bench --size 256MiB --compare collio-s3,s3-gather,s3-ceiling
 mpiexec -n 4 collio-bench --compare collio-hdf5,hdf5-gather,h5py-mpio
 collio-bench --simulate --ranks 65536 --pattern colblock --size 1TiB --cb-nodes 512
 collio-bench --plan-speed
+collio-bench --flatten-speed
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ def _sim_options(sim: argparse._ArgumentGroup) -> None:
     sim.add_argument(
         "--plan-speed", action="store_true", help="time planning 10^6 runs on one rank"
     )
+    sim.add_argument(
+        "--flatten-speed", action="store_true",
+        help="time decoding MPI datatypes of 10^6 runs into byte runs (one process)",
+    )  # fmt: skip
 
 
 def _workload(args: argparse.Namespace, nranks: int) -> Any:
@@ -155,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.plan_speed:
             return _plan_speed(args)
+        if args.flatten_speed:
+            return _flatten_speed(args)
         if args.simulate:
             return _simulate(args)
     except ValueError as exc:
@@ -206,6 +213,20 @@ def _plan_speed(args: argparse.Namespace) -> int:
         f"planning {int(t['runs'])} runs on one rank (medians of 3): flatten {t['flatten']:.3f} s, "
         f"plan_sender {t['plan_sender']:.3f} s, plan_aggregator ({int(t['pieces_at_aggregator'])} "
         f"pieces) {t['plan_aggregator']:.3f} s; total {t['total']:.3f} s"
+    )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(t, fh, indent=1)
+    return 0
+
+
+def _flatten_speed(args: argparse.Namespace) -> int:
+    from .flatten import flatten_speed
+
+    t = flatten_speed()
+    print(
+        f"flattening (medians of 5): a subarray of {int(t['subarray_runs'])} runs "
+        f"{t['subarray_s']:.3f} s, a darray of {int(t['darray_runs'])} runs {t['darray_s']:.3f} s"
     )
     if args.json:
         with open(args.json, "w") as fh:
