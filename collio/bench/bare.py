@@ -22,6 +22,7 @@ from mpi4py import MPI
 from ..backends.fsync import SYNC_FILE_RANGE_WRITE, sync_file_range
 from ..hints import parse_size
 from .apis import Api, open_fd
+from .options import BARE
 from .patterns import Workload
 
 __all__ = ["BareApi"]
@@ -47,7 +48,7 @@ class BareApi(Api):
     """The two-phase pipeline with nothing else (see the module docstring)."""
 
     name: ClassVar[str] = "bare"
-    option_help: ClassVar[dict[str, str]] = {"window": "bare: bytes per aggregator round (4m)"}
+    option_help: ClassVar[dict[str, str]] = BARE
 
     @classmethod
     def check(cls, work: Workload, options: dict[str, str], writing: bool) -> None:
@@ -79,12 +80,12 @@ class BareApi(Api):
         return mem[first * self.run : (first + self.per_window) * self.run]
 
     def _write_window(self, buf: np.ndarray[Any, Any], off: int) -> None:
-        os.pwrite(self.fd, buf, off)
+        os.pwrite(self.fd, memoryview(buf), off)  # type: ignore[arg-type]
         if sync_file_range is not None:
             sync_file_range(self.fd, off, len(buf), SYNC_FILE_RANGE_WRITE)
 
     def _read_window(self, buf: np.ndarray[Any, Any], off: int) -> None:
-        os.preadv(self.fd, [buf], off)
+        os.preadv(self.fd, [memoryview(buf)], off)  # type: ignore[arg-type]
 
     def transfer(self, writing: bool) -> None:
         j = self.job

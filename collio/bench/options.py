@@ -1,4 +1,4 @@
-"""The ``-O key=value`` options of the zarr, S3 and HDF5 APIs (no optional imports here).
+"""The ``-O key=value`` options of the zarr, S3, HDF5 and bare APIs (no optional imports here).
 
 One namespace for all APIs of a run, so that ``--compare collio-zarr,zarr-plain
 -O chunks=256,codec=zstd`` gives both the same array; each API reads the keys it
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..hints import parse_size
 
-__all__ = ["ARRAY", "HDF5", "OPTION_HELP", "S3", "ZARR", "parse_shape", "size_option"]
+__all__ = ["ARRAY", "BARE", "HDF5", "OPTION_HELP", "S3", "ZARR", "parse_shape", "size_option"]
 
 ARRAY = {
     "chunks": "chunk edge or shape, e.g. 512 or 512x256 (zarr: 512 in 2-D, 64 in 3-D; "
@@ -27,7 +27,8 @@ S3 = {
     "get_size": "one-process reads: bytes per ranged GET (64m)",
     "get_threads": "one-process reads: GETs at once (4)",
 }
-OPTION_HELP = {**ZARR, **S3}
+BARE = {"window": "bare: bytes per aggregator per round (4m)"}
+OPTION_HELP = {**ZARR, **S3, **BARE}
 
 
 def parse_shape(text: str, ndim: int, what: str) -> tuple[int, ...]:
