@@ -5,8 +5,6 @@ Run at 4, 1 and 3 ranks by ./run-tests, and at 8 ranks from tests/test_bench_cli
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from helpers import on_local_fs
@@ -78,12 +76,12 @@ def _check_two_phase(sim, locals_, stats, writing):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(("pattern", "size", "hints"), CASES)
-def test_simulated_counts_equal_real_stats(comm, shared_dir, pattern, size, hints):
+def test_simulated_counts_equal_real_stats(comm, mpi_tmp_path, pattern, size, hints):
     work = make_workload(
         pattern, comm.size, size=size, block_size=1000, transfer=500, segments=16, cyclic_block=4
     )
-    path = os.path.join(shared_dir, f"{pattern}.bin")
-    local = on_local_fs(shared_dir)
+    path = str(mpi_tmp_path / f"{pattern}.bin")
+    local = on_local_fs(mpi_tmp_path)
     # a write; a read as the hints choose (mapped on a local file system); a read that
     # keeps the shuffle
     for writing, more in ((True, {}), (False, {}), (False, {"mapped_reads": "disable"})):
@@ -114,11 +112,11 @@ def test_simulated_counts_equal_real_stats(comm, shared_dir, pattern, size, hint
 
 
 @pytest.mark.mpi
-def test_direct_choice_matches(comm, shared_dir):
+def test_direct_choice_matches(comm, mpi_tmp_path):
     """Row blocks go direct on the real engine exactly when the simulator says so."""
     work = make_workload("rowblock", comm.size, size="32x64")
     sim = simulate(work, SimConfig(ppn=comm.size))
-    path = os.path.join(shared_dir, "rows.bin")
+    path = str(mpi_tmp_path / "rows.bin")
     with collio.open(path, "w", comm=comm) as f:
         f.write_all(work.data(comm.rank), work.layout(comm.rank))
         direct = f.stats.direct_calls == 1

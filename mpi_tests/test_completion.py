@@ -66,11 +66,12 @@ def _written(comm, path, seed, **open_kw):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_close_after_sync_is_collective(comm, shared_path):
+def test_close_after_sync_is_collective(comm, mpi_tmp_path):
     """Rank 0 closes alone after an agreed sync while the others sync again: once a
     local close, which left the others waiting; now every rank raises and the file is
     closed on every rank (what was written and synced stays)."""
-    f, glob = _written(comm, shared_path, 11)
+    path = str(mpi_tmp_path / "target.bin")
+    f, glob = _written(comm, path, 11)
     f.sync()
     err = raises_everywhere(
         comm, collio.MismatchError, f.close if comm.rank == 0 else f.sync, match="rank 0 close; "
@@ -79,16 +80,17 @@ def test_close_after_sync_is_collective(comm, shared_path):
     assert f.closed
     f.close()  # idempotent
     comm.Barrier()
-    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
 
 
 @pytest.mark.mpi(min_size=2)
-def test_close_after_a_mismatch_syncs_and_agrees(comm, shared_path, failing_sync):
+def test_close_after_a_mismatch_syncs_and_agrees(comm, mpi_tmp_path, failing_sync):
     """Rank 0 closes while the others write again: the file is closed on every rank as
     close() closes it, its fsync and the agreement on it included.  The last rank's
     fsync fails there; every rank still raises the same MismatchError, which carries
     that failure, agreed."""
-    f, glob = _written(comm, shared_path, 15, backend="failing-sync")
+    path = str(mpi_tmp_path / "target.bin")
+    f, glob = _written(comm, path, 15, backend="failing-sync")
     lay = _lay(comm)
     call = f.close if comm.rank == 0 else lambda: f.write_all(local_piece(glob, lay), lay)
     err = raises_everywhere(comm, collio.MismatchError, call, match="rank 0 close; ")
@@ -99,38 +101,41 @@ def test_close_after_a_mismatch_syncs_and_agrees(comm, shared_path, failing_sync
     assert f"close: rank {comm.size - 1}: " in msgs[0] and "injected fsync error" in msgs[0]
     assert f.closed
     comm.Barrier()  # the bytes were written before the mismatch
-    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
 
 
 @pytest.mark.mpi
-def test_close_after_write_syncs_and_agrees(comm, shared_path, failing_sync):
-    f, glob = _written(comm, shared_path, 12, backend="failing-sync")
+def test_close_after_write_syncs_and_agrees(comm, mpi_tmp_path, failing_sync):
+    path = str(mpi_tmp_path / "target.bin")
+    f, glob = _written(comm, path, 12, backend="failing-sync")
     # the last rank's fsync fails inside close: every rank raises, naming it
     err = _raises_everywhere(comm, f.close, f"rank {comm.size - 1}: ")
     assert err.errno == errno.EIO
     assert f.closed
     comm.Barrier()  # the bytes were written before the failing fsync
-    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
 
 
 @pytest.mark.mpi
-def test_failed_sync_leaves_close_collective(comm, shared_path, failing_sync):
-    f, glob = _written(comm, shared_path, 13, backend="failing-sync")
+def test_failed_sync_leaves_close_collective(comm, mpi_tmp_path, failing_sync):
+    path = str(mpi_tmp_path / "target.bin")
+    f, glob = _written(comm, path, 13, backend="failing-sync")
     _raises_everywhere(comm, f.sync, "injected fsync error")
     # still unsynced after the failed sync: close syncs again, fails again, agrees
     _raises_everywhere(comm, f.close, "injected fsync error")
     assert f.closed
     comm.Barrier()
-    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
 
 
 @pytest.mark.mpi
-def test_close_after_sync_still_commits_an_atomic_write(comm, shared_path):
+def test_close_after_sync_still_commits_an_atomic_write(comm, mpi_tmp_path):
     """A backend with something to commit (the rename of atomic_commit) never skips close."""
-    f, glob = _written(comm, shared_path, 14, hints={"atomic_commit": True})
+    path = str(mpi_tmp_path / "target.bin")
+    f, glob = _written(comm, path, 14, hints={"atomic_commit": True})
     f.sync()
     comm.Barrier()
-    assert not os.path.exists(shared_path)  # still the temporary beside it
+    assert not os.path.exists(path)  # still the temporary beside it
     f.close()
     comm.Barrier()
-    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)

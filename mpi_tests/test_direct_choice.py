@@ -33,14 +33,15 @@ def _disjoint(extents: list[tuple[int, int]]) -> bool:
     return all(b[0] >= a[1] for a, b in zip(ext, ext[1:], strict=False))
 
 
-def test_direct_choice_follows_the_extents(comm, shared_path):
+def test_direct_choice_follows_the_extents(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     p = comm.size
     rng = np.random.default_rng(7)
     want = np.zeros(3 * p * K, np.uint8)
     plan = [False, False, True, True, False, True]  # the last rank moved, call by call
     seen = []
     # (reads on a local file system would go direct whatever the extents: mapped_reads)
-    with collio.open(shared_path, "w", comm=comm, hints={"mapped_reads": "disable"}) as f:
+    with collio.open(path, "w", comm=comm, hints={"mapped_reads": "disable"}) as f:
         for it, moved in enumerate(plan):
             chunks = _chunks(comm, moved)
             lay = layouts.Segments([c * K for c in chunks], [K] * len(chunks))
@@ -55,7 +56,7 @@ def test_direct_choice_follows_the_extents(comm, shared_path):
             seen.append(expect)
             assert f.stats.last_call["direct"] is expect, (it, moved, extents)
             comm.Barrier()
-            np.testing.assert_array_equal(np.fromfile(shared_path, np.uint8), want)
+            np.testing.assert_array_equal(np.fromfile(path, np.uint8), want)
             comm.Barrier()
             got = f.read_all(lay)
             assert f.stats.last_call["direct"] is expect, (it, moved, extents)

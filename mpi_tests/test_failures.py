@@ -41,9 +41,10 @@ def _still_works(comm, path):
 
 
 @pytest.mark.mpi
-def test_region_outside_global_shape(comm, shared_path):
+def test_region_outside_global_shape(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     last = comm.size - 1
-    with collio.open(shared_path, "w", comm=comm) as f:
+    with collio.open(path, "w", comm=comm) as f:
 
         def bad():
             if comm.rank == last:
@@ -56,12 +57,13 @@ def test_region_outside_global_shape(comm, shared_path):
         assert isinstance(err, ValueError)
         assert f"rank {last}: region (0, 9)+(16, 4) exceeds global shape (16, 12)" in str(err)
         assert err.ranks == (last,)
-    _still_works(comm, shared_path)
+    _still_works(comm, path)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("what", ["dtype", "shape", "none-layout", "not-an-array"])
-def test_bad_data_on_one_rank(comm, shared_path, what):
+def test_bad_data_on_one_rank(comm, mpi_tmp_path, what):
+    path = str(mpi_tmp_path / "target.bin")
     lay = _col(comm)
     data = np.zeros(lay.shape)
     layout = lay
@@ -74,66 +76,64 @@ def test_bad_data_on_one_rank(comm, shared_path, what):
             layout = None
         else:
             data = object()
-    with collio.open(shared_path, "w", comm=comm) as f:
+    with collio.open(path, "w", comm=comm) as f:
         err = _raises_everywhere(comm, collio.LayoutError, lambda: f.write_all(data, layout))
         assert "rank 0:" in str(err)
         # the same file takes a correct write afterwards
         glob = reference(SHAPE, "<f8", seed=9)
         f.write_all(local_piece(glob, lay), lay)
     comm.Barrier()
-    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
 
 
-@pytest.mark.mpi
-def test_global_shape_differs(comm, shared_path):
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
+@pytest.mark.mpi(min_size=2)
+def test_global_shape_differs(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     shape = (16, 12) if comm.rank != 1 else (16, 13)
     lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
-    with collio.open(shared_path, "w", comm=comm) as f:
+    with collio.open(path, "w", comm=comm) as f:
         err = _raises_everywhere(
             comm, collio.MismatchError, lambda: f.write_all(np.zeros(lay.shape), lay)
         )
         assert "rank 1: global shape (16, 13)" in str(err)
         assert "(16, 12)" in str(err)
-    _still_works(comm, shared_path)
+    _still_works(comm, path)
 
 
-@pytest.mark.mpi
-def test_dtype_differs(comm, shared_path):
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
+@pytest.mark.mpi(min_size=2)
+def test_dtype_differs(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     dt = "<f8" if comm.rank != 1 else "<i8"
     lay = layouts.block(SHAPE, dt, comm=comm, grid=(1, comm.size))
-    with collio.open(shared_path, "w", comm=comm) as f:
+    with collio.open(path, "w", comm=comm) as f:
         err = _raises_everywhere(
             comm, collio.MismatchError, lambda: f.write_all(np.zeros(lay.shape, dt), lay)
         )
         assert "<i8" in str(err)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("hints", [{}, {"cb_nodes": 1}, {"romio_cb_write": "disable"}])
-def test_overlapping_writes(comm, shared_path, hints):
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
+def test_overlapping_writes(comm, mpi_tmp_path, hints):
     # every rank writes its own row; ranks 0 and 1 both also write byte range [40, 48)
+    path = str(mpi_tmp_path / "target.bin")
     offs = [comm.rank * 1000]
     if comm.rank in (0, 1):
         offs.append(40 + 2000 * 0)
     lay = layouts.Segments(offs, [8] * len(offs))
-    with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
         err = _raises_everywhere(
             comm, collio.OverlapError, lambda: f.write_all(np.ones(lay.local_shape, np.uint8), lay)
         )
         assert "bytes [40, 48) are written by ranks 0 and 1" in str(err)
-    _still_works(comm, shared_path)
+    _still_works(comm, path)
 
 
 @pytest.mark.mpi
-def test_one_rank_overlaps_itself(comm, shared_path):
+def test_one_rank_overlaps_itself(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     lay = layouts.Segments([0, 4], [8, 8]) if comm.rank == 0 else layouts.Segments([], [])
-    with collio.open(shared_path, "w", comm=comm) as f:
+    with collio.open(path, "w", comm=comm) as f:
         for _ in range(2):  # the second call finds the check kept on the layout: same error
             err = _raises_everywhere(
                 comm,
@@ -144,8 +144,8 @@ def test_one_rank_overlaps_itself(comm, shared_path):
 
 
 @pytest.mark.mpi
-def test_target_cannot_be_created(comm, shared_dir):
-    blocker = os.path.join(shared_dir, "plain-file")
+def test_target_cannot_be_created(comm, mpi_tmp_path):
+    blocker = str(mpi_tmp_path / "plain-file")
     if comm.rank == 0:
         with open(blocker, "w") as fh:
             fh.write("x")
@@ -155,28 +155,29 @@ def test_target_cannot_be_created(comm, shared_dir):
     assert isinstance(err, OSError)
     assert err.errno == errno.ENOTDIR
     assert "rank 0:" in str(err) and "plain-file" in str(err)
-    _still_works(comm, os.path.join(shared_dir, "ok.bin"))
+    _still_works(comm, str(mpi_tmp_path / "ok.bin"))
 
 
 @pytest.mark.mpi
-def test_missing_file_for_reading(comm, shared_dir):
-    path = os.path.join(shared_dir, "absent.bin")
+def test_missing_file_for_reading(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "absent.bin")
     err = _raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "r", comm=comm))
     assert err.errno == errno.ENOENT
     err = _raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "r+", comm=comm))
     assert isinstance(err, FileNotFoundError) or err.errno == errno.ENOENT
     # a directory (or a FIFO, whose open would block every rank) is not a file to read
     err = _raises_everywhere(
-        comm, collio.BackendError, lambda: collio.open(shared_dir, "r", comm=comm)
+        comm, collio.BackendError, lambda: collio.open(str(mpi_tmp_path), "r", comm=comm)
     )
     assert "rank 0: no such file" in str(err) and err.ranks == (0,)
 
 
 @pytest.mark.mpi
-def test_write_in_read_mode_and_after_close(comm, shared_path):
-    _still_works(comm, shared_path)
+def test_write_in_read_mode_and_after_close(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
+    _still_works(comm, path)
     lay = _col(comm)
-    f = collio.open(shared_path, "r", comm=comm)
+    f = collio.open(path, "r", comm=comm)
     _raises_everywhere(comm, collio.ModeError, lambda: f.write_all(np.zeros(lay.shape), lay))
     f.close()
     f.close()  # idempotent
@@ -184,42 +185,43 @@ def test_write_in_read_mode_and_after_close(comm, shared_path):
 
 
 @pytest.mark.mpi
-def test_bad_mode_and_hints(comm, shared_path):
-    _raises_everywhere(comm, collio.ModeError, lambda: collio.open(shared_path, "a", comm=comm))
+def test_bad_mode_and_hints(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
+    _raises_everywhere(comm, collio.ModeError, lambda: collio.open(path, "a", comm=comm))
     _raises_everywhere(
         comm,
         collio.HintError,
-        lambda: collio.open(shared_path, "w", comm=comm, hints={"cb_nodes": 0}),
+        lambda: collio.open(path, "w", comm=comm, hints={"cb_nodes": 0}),
     )
     _raises_everywhere(
         comm,
         collio.HintError,
-        lambda: collio.open(shared_path, "w", comm=comm, hints={"romio_cb_write": "sometimes"}),
+        lambda: collio.open(path, "w", comm=comm, hints={"romio_cb_write": "sometimes"}),
     )
 
 
-@pytest.mark.mpi
-def test_hints_differ_between_ranks(comm, shared_path):
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
+@pytest.mark.mpi(min_size=2)
+def test_hints_differ_between_ranks(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     hints = {"cb_buffer_size": 4096 if comm.rank == 1 else 8192}
     err = _raises_everywhere(
         comm,
         collio.MismatchError,
-        lambda: collio.open(shared_path, "w", comm=comm, hints=hints),
+        lambda: collio.open(path, "w", comm=comm, hints=hints),
         match="rank 1: open arguments",
     )
     assert err.ranks == (1,)
     assert "cb_buffer_size=4096" in str(err) and "cb_buffer_size=8192" in str(err)
-    _still_works(comm, shared_path)
+    _still_works(comm, path)
 
 
 @pytest.mark.mpi
-def test_backend_options_bad_on_one_rank(comm, shared_path):
+def test_backend_options_bad_on_one_rank(comm, mpi_tmp_path):
     """Backend options are not compared at open: a bad one on one rank is agreed, not a hang,
     and agreed before any rank touches the target (mode 'w' would truncate it)."""
+    path = str(mpi_tmp_path / "target.bin")
     _bad_option_on_last_rank(
-        comm, shared_path, bytes(range(256)) * 4, "holes", "sometimes", "auto",
+        comm, path, bytes(range(256)) * 4, "holes", "sometimes", "auto",
         "holes='sometimes' must be auto, rmw or runs",
     )  # fmt: skip
 
@@ -245,8 +247,9 @@ def _bad_option_on_last_rank(comm, path, before, name, bad, good, match):
 
 
 @pytest.mark.mpi
-def test_view_offset_not_an_integer_on_one_rank(comm, shared_path):
-    with collio.open(shared_path, "w", comm=comm) as f:
+def test_view_offset_not_an_integer_on_one_rank(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
+    with collio.open(path, "w", comm=comm) as f:
         f.set_view(8 * comm.rank, MPI.DOUBLE, MPI.DOUBLE)
         offset = "far" if comm.rank == 0 else 0
         _raises_everywhere(
@@ -255,7 +258,7 @@ def test_view_offset_not_an_integer_on_one_rank(comm, shared_path):
             lambda: f.write_at_all(offset, np.zeros(1, "f8")),
             match="offset 'far' is not an integer",
         )
-    _still_works(comm, shared_path)
+    _still_works(comm, path)
 
 
 class FailingPosix(PosixBackend):
@@ -294,7 +297,8 @@ register_backend("failing-reads", FailingReads)
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("fail_after", [0, 1, 3])
-def test_aggregator_write_fails_mid_round(comm, shared_path, fail_after):
+def test_aggregator_write_fails_mid_round(comm, mpi_tmp_path, fail_after):
+    path = str(mpi_tmp_path / "target.bin")
     shape = (256, 256)
     glob = reference(shape, "<f8")
     lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
@@ -302,7 +306,7 @@ def test_aggregator_write_fails_mid_round(comm, shared_path, fail_after):
     FailingPosix.fail_after = fail_after
     # many rounds (the others must not wait for the next one); shuffle even at one rank
     hints = {"cb_buffer_size": 16384, "romio_cb_write": "enable"}
-    with collio.open(shared_path, "w", comm=comm, hints=hints, backend="failing-posix") as f:
+    with collio.open(path, "w", comm=comm, hints=hints, backend="failing-posix") as f:
         err = _raises_everywhere(
             comm, collio.BackendError, lambda: f.write_all(local_piece(glob, lay), lay)
         )
@@ -311,12 +315,12 @@ def test_aggregator_write_fails_mid_round(comm, shared_path, fail_after):
         FailingPosix.fail_after = 10**9
         f.write_all(local_piece(glob, lay), lay)  # the file is usable after the error
     comm.Barrier()
-    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(shape), glob)
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(shape), glob)
 
 
 @pytest.mark.mpi
-def test_enospc_on_a_small_tmpfs(comm, shared_dir):
-    mnt = os.path.join(shared_dir, "small")
+def test_enospc_on_a_small_tmpfs(comm, mpi_tmp_path):
+    mnt = str(mpi_tmp_path / "small")
     ok = 0
     if comm.rank == 0:
         os.mkdir(mnt)
@@ -337,7 +341,7 @@ def test_enospc_on_a_small_tmpfs(comm, shared_dir):
                 comm, collio.BackendError, lambda: f.write_all(local_piece(glob, lay), lay)
             )
             assert err.errno in (errno.ENOSPC, errno.EFBIG)
-        _still_works(comm, os.path.join(shared_dir, "after.bin"))
+        _still_works(comm, str(mpi_tmp_path / "after.bin"))
     finally:
         comm.Barrier()
         if comm.rank == 0:
@@ -345,8 +349,8 @@ def test_enospc_on_a_small_tmpfs(comm, shared_dir):
 
 
 @pytest.mark.mpi
-def test_atomic_commit_failure_keeps_previous_file(comm, shared_dir):
-    path = os.path.join(shared_dir, "atomic.bin")
+def test_atomic_commit_failure_keeps_previous_file(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "atomic.bin")
     _still_works(comm, path)
     with open(path, "rb") as fh:
         before = fh.read()
@@ -365,7 +369,7 @@ def test_atomic_commit_failure_keeps_previous_file(comm, shared_dir):
     comm.Barrier()
     with open(path, "rb") as fh:
         assert fh.read() == before
-    assert sorted(os.listdir(shared_dir)) == ["atomic.bin"]
+    assert sorted(os.listdir(mpi_tmp_path)) == ["atomic.bin"]
     # success: the new content appears only at close, in one rename
     FailingPosix.fail_after = 10**9
     with collio.open(path, "w", comm=comm, hints=hints) as f:
@@ -376,34 +380,33 @@ def test_atomic_commit_failure_keeps_previous_file(comm, shared_dir):
         comm.Barrier()
     comm.Barrier()
     assert np.array_equal(np.fromfile(path, "<f8").reshape(shape), glob)
-    assert sorted(os.listdir(shared_dir)) == ["atomic.bin"]
+    assert sorted(os.listdir(mpi_tmp_path)) == ["atomic.bin"]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("fail_after", [0, 2])
-def test_aggregator_read_fails_mid_round(comm, shared_path, fail_after):
+def test_aggregator_read_fails_mid_round(comm, mpi_tmp_path, fail_after):
+    path = str(mpi_tmp_path / "target.bin")
     shape = (256, 256)
     glob = reference(shape, "<f8", seed=4)
     lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
     if comm.rank == 0:
-        glob.tofile(shared_path)
+        glob.tofile(path)
     comm.Barrier()
     FailingReads.fail_rank = comm.size - 1
     FailingReads.fail_after = fail_after
     hints = {"cb_buffer_size": 16384, "romio_cb_read": "enable"}
-    with collio.open(shared_path, "r", comm=comm, hints=hints, backend="failing-reads") as f:
+    with collio.open(path, "r", comm=comm, hints=hints, backend="failing-reads") as f:
         err = _raises_everywhere(comm, collio.BackendError, lambda: f.read_all(lay))
         assert err.errno == errno.EIO and "injected read error" in str(err)
         FailingReads.fail_after = 10**9
         np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
 
 
-@pytest.mark.mpi
-def test_different_path_on_one_rank(comm, shared_dir):
+@pytest.mark.mpi(min_size=2)
+def test_different_path_on_one_rank(comm, mpi_tmp_path):
     """Ranks naming different files is refused everywhere, before any file is touched."""
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
-    paths = [os.path.join(shared_dir, f"mine-{r}.bin") for r in range(2)]
+    paths = [str(mpi_tmp_path / f"mine-{r}.bin") for r in range(2)]
     if comm.rank == 0:
         with open(paths[0], "wb") as fh:
             fh.write(b"keep me")
@@ -419,29 +422,31 @@ def test_different_path_on_one_rank(comm, shared_dir):
 
 
 @pytest.mark.mpi
-def test_writeback_option_bad_on_one_rank(comm, shared_path):
+def test_writeback_option_bad_on_one_rank(comm, mpi_tmp_path):
     """A bad backend option on one rank: the same error everywhere, before rank 0
     truncates the existing target ('w')."""
+    path = str(mpi_tmp_path / "target.bin")
     _bad_option_on_last_rank(
-        comm, shared_path, b"keep me", "writeback", "yes", True,
+        comm, path, b"keep me", "writeback", "yes", True,
         "writeback='yes' must be True or False",
     )  # fmt: skip
 
 
 @pytest.mark.mpi
-def test_user_communicator_freed_while_a_file_is_open(comm, shared_path):
+def test_user_communicator_freed_while_a_file_is_open(comm, mpi_tmp_path):
     """As with MPI-IO, a file stays usable after the communicator it was opened on is freed."""
+    path = str(mpi_tmp_path / "target.bin")
     sub = comm.Dup()
     lay = _col(comm)
     glob = reference(lay.global_shape, lay.dtype)
-    f = collio.open(shared_path, "w", comm=sub)
+    f = collio.open(path, "w", comm=sub)
     f.write_all(np.zeros(lay.shape), lay)
     sub.Free()
     f.write_all(local_piece(glob, lay), lay)
     np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
     f.close()
     comm.Barrier()
-    got = np.fromfile(shared_path, lay.dtype).reshape(lay.global_shape)
+    got = np.fromfile(path, lay.dtype).reshape(lay.global_shape)
     np.testing.assert_array_equal(got, glob)
     comm.Barrier()
 
@@ -449,21 +454,22 @@ def test_user_communicator_freed_while_a_file_is_open(comm, shared_path):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kind", ["subarray", "segments", "view", "at"])
 @pytest.mark.parametrize("atomic", [False, True])
-def test_read_beside_write_fails_everywhere_and_closes(comm, shared_path, kind, atomic):
+def test_read_beside_write_fails_everywhere_and_closes(comm, mpi_tmp_path, kind, atomic):
     """One rank reads where the others write (array layouts, byte segments, a file view,
     explicit offsets): the same MismatchError everywhere before any byte moves; with
     atomic_commit every rank aborts alike; close() still agrees."""
+    path = str(mpi_tmp_path / "target.bin")
     n, r = SHAPE[0], comm.rank
     rows = -(-n // comm.size)
     a, b = min(r * rows, n), min(n, (r + 1) * rows)
     old = reference(SHAPE, "<f8", seed=3)
     mine = np.ascontiguousarray(old[a:b])
     box = layouts.Subarray(SHAPE, (a, 0), (b - a, SHAPE[1]), "<f8")
-    with collio.open(shared_path, "w", comm=comm) as f:
+    with collio.open(path, "w", comm=comm) as f:
         f.write_all(mine, box)
     lay = layouts.Segments([a * SHAPE[1] * 8], [mine.nbytes]) if kind == "segments" else box
     hints = {"atomic_commit": atomic}
-    with collio.open(shared_path, "r+", comm=comm, hints=hints) as f:
+    with collio.open(path, "r+", comm=comm, hints=hints) as f:
         if kind in ("view", "at"):
             f.set_view(a * SHAPE[1] * 8, MPI.DOUBLE)
         zeros = np.zeros_like(mine)
@@ -485,9 +491,9 @@ def test_read_beside_write_fails_everywhere_and_closes(comm, shared_path, kind, 
         if not atomic:
             np.testing.assert_array_equal(f.read_all(box), mine)  # untouched, still usable
     comm.Barrier()
-    np.testing.assert_array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), old)
+    np.testing.assert_array_equal(np.fromfile(path, "<f8").reshape(SHAPE), old)
     comm.Barrier()
-    _still_works(comm, shared_path)
+    _still_works(comm, path)
 
 
 def _address_space() -> int:
@@ -511,7 +517,7 @@ def _little_memory(on: bool, more: int = 256 << 20):
 @pytest.mark.mpi
 @pytest.mark.parametrize("kept", [False, True], ids=["new-plan", "kept-plan"])
 @pytest.mark.parametrize("op", ["write", "read"])
-def test_round_buffers_out_of_memory_on_one_rank(comm, shared_path, op, kept):
+def test_round_buffers_out_of_memory_on_one_rank(comm, mpi_tmp_path, op, kept):
     """An aggregator that cannot allocate its round buffers fails before any message.
 
     In the rounds it would raise alone and leave the others waiting for its messages
@@ -519,6 +525,7 @@ def test_round_buffers_out_of_memory_on_one_rank(comm, shared_path, op, kept):
     call's check (here one rank dropped its kept buffers, as ``release_buffers`` or a
     larger call's failed growth would), else in the planning.
     """
+    path = str(mpi_tmp_path / "target.bin")
     shape = (64, 64)
     glob = reference(shape, "<f8", seed=11)
     lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
@@ -527,7 +534,7 @@ def test_round_buffers_out_of_memory_on_one_rank(comm, shared_path, op, kept):
     hints = {"cb_buffer_size": 1 << 30, "min_rounds": 1}
     hints.update(romio_cb_write="enable", romio_cb_read="enable")  # (shuffle at 1 rank too)
     try:
-        with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+        with collio.open(path, "w", comm=comm, hints=hints) as f:
             f.write_all(local_piece(glob, lay), lay)
             if op == "read" or kept:  # the plan of the call below is kept
                 np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
@@ -550,15 +557,16 @@ def test_round_buffers_out_of_memory_on_one_rank(comm, shared_path, op, kept):
             f.write_all(local_piece(glob, lay) * 2, lay)
             assert f.stats.last_call["plan_reused"] == kept  # (the path the test meant)
         comm.Barrier()
-        assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(shape), glob * 2)
+        assert np.array_equal(np.fromfile(path, "<f8").reshape(shape), glob * 2)
     finally:
         collio.release_buffers()
 
 
 @pytest.mark.mpi(min_size=2)
-def test_metadata_out_of_memory_on_one_aggregator(comm, shared_path):
+def test_metadata_out_of_memory_on_one_aggregator(comm, mpi_tmp_path):
     """An aggregator that cannot hold the metadata of its domain's pieces fails in the
     planning's exchange, on every rank (before, the others waited in ``Alltoallv``)."""
+    path = str(mpi_tmp_path / "target.bin")
     last, m = comm.size - 1, 1 << 22
     if comm.rank == last:  # no data of its own, but a domain of 8-byte pieces
         offsets = np.zeros(0, np.int64)
@@ -566,7 +574,7 @@ def test_metadata_out_of_memory_on_one_aggregator(comm, shared_path):
         offsets = (np.arange(m, dtype=np.int64) * comm.size + comm.rank) * 8
     lay = collio.layouts.Segments(offsets, np.full(len(offsets), 8, np.int64))
     data = np.random.default_rng(comm.rank).integers(0, 256, len(offsets) * 8, dtype=np.uint8)
-    with collio.open(shared_path, "w", comm=comm, hints={"romio_cb_write": "enable"}) as f:
+    with collio.open(path, "w", comm=comm, hints={"romio_cb_write": "enable"}) as f:
         collio.release_buffers()  # planned anew, as in a first call
         with _little_memory(comm.rank == last, 16 << 20):
             err = _raises_everywhere(comm, collio.CollioError, lambda: f.write_all(data, lay))
@@ -574,7 +582,7 @@ def test_metadata_out_of_memory_on_one_aggregator(comm, shared_path):
         f.write_all(data, lay)  # the same call works with memory back
     comm.Barrier()
     got = np.zeros(m * comm.size * 8, np.uint8)
-    raw = np.fromfile(shared_path, np.uint8)
+    raw = np.fromfile(path, np.uint8)
     got[: len(raw)] = raw  # (the file ends with the last piece written)
     got = got.reshape(m, comm.size, 8)
     if comm.rank != last:

@@ -108,9 +108,9 @@ PAIRS = [
 @pytest.mark.parametrize("storage", list(STORAGE))
 @pytest.mark.parametrize(("first", "rest"), PAIRS, ids=[f"{a}-vs-{b}" for a, b in PAIRS])
 def test_different_calls_raise_everywhere_and_the_file_goes_on(
-    comm, shared_dir, first, rest, storage
+    comm, mpi_tmp_path, first, rest, storage
 ):
-    path = os.path.join(shared_dir, "m.h5")
+    path = str(mpi_tmp_path / "m.h5")
     old_x, old_y, newer = (reference(SHAPE, "<f8", seed=s) for s in (1, 2, 3))
     box = _box(comm)
     f = collio.h5.File(path, "w", comm=comm)
@@ -142,9 +142,9 @@ def test_different_calls_raise_everywhere_and_the_file_goes_on(
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize(("first", "rest"), [("close", "read_x"), ("flush", "read_x")])
-def test_read_only_file(comm, shared_dir, first, rest):
+def test_read_only_file(comm, mpi_tmp_path, first, rest):
     """A file opened in 'r': the same error everywhere; closed everywhere, or still read."""
-    path = os.path.join(shared_dir, "r.h5")
+    path = str(mpi_tmp_path / "r.h5")
     old = reference(SHAPE, "<f8", seed=4)
     if comm.rank == 0:
         with h5py.File(path, "w") as g:
@@ -162,11 +162,11 @@ def test_read_only_file(comm, shared_dir, first, rest):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_one_rank_leaves_a_with_block_early(comm, shared_dir):
+def test_one_rank_leaves_a_with_block_early(comm, mpi_tmp_path):
     """Rank 0 leaves the ``with`` block (its close) while the others still write: every
     rank raises; the others' own close (their ``with``) finds the file closed, with what
     was written and declared before the mismatch in it."""
-    path = os.path.join(shared_dir, "early.h5")
+    path = str(mpi_tmp_path / "early.h5")
     old = reference(SHAPE, "<f8", seed=5)
     box = _box(comm)
 
@@ -184,10 +184,10 @@ def test_one_rank_leaves_a_with_block_early(comm, shared_dir):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_plain_h5py_file_closed_by_collio_h5_close(comm, shared_dir):
+def test_plain_h5py_file_closed_by_collio_h5_close(comm, mpi_tmp_path):
     """A plain ``h5py.File(..., driver='collio')``: ``collio.h5.close`` on rank 0 beside
     ``collio.h5.flush`` on the others closes it everywhere."""
-    path = os.path.join(shared_dir, "plain.h5")
+    path = str(mpi_tmp_path / "plain.h5")
     old = reference(SHAPE, "<f8", seed=6)
     f = h5py.File(path, "w", driver="collio", comm=comm)
     session = session_of(f)
@@ -200,11 +200,11 @@ def test_plain_h5py_file_closed_by_collio_h5_close(comm, shared_dir):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_late_allocation_beside_flush(comm, shared_dir):
+def test_late_allocation_beside_flush(comm, mpi_tmp_path):
     """A dataset h5py allocates at its first write (not collio.h5.create_dataset's): the
     ranks writing it must not allocate it alone before learning that rank 0 flushes,
     or their metadata would differ from rank 0's at every later call."""
-    path = os.path.join(shared_dir, "late.h5")
+    path = str(mpi_tmp_path / "late.h5")
     new = reference(SHAPE, "<f8", seed=7)
     with collio.h5.File(path, "w", comm=comm) as f:
         f.create_dataset("x", SHAPE, "<f8")
@@ -224,11 +224,11 @@ def _labelled(name, path):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("opener", [0, 1])
 @pytest.mark.parametrize("call", ["write_x", "flush", "close"])
-def test_open_beside_a_call_on_an_open_file(comm, shared_dir, opener, call):
+def test_open_beside_a_call_on_an_open_file(comm, mpi_tmp_path, opener, call):
     """One side opens another HDF5 file on the communicator while the other side calls
     on an open one: every rank raises (calls on different files) before anything is
     created, and both sides go on; the open file is not closed, even beside a close."""
-    path, other = (os.path.join(shared_dir, n) for n in ("open.h5", "other.h5"))
+    path, other = (str(mpi_tmp_path / n) for n in ("open.h5", "other.h5"))
     new = reference(SHAPE, "<f8", seed=8)
     box = _box(comm)
     with collio.h5.File(path, "w", comm=comm) as f:
@@ -251,11 +251,11 @@ def test_open_beside_a_call_on_an_open_file(comm, shared_dir, opener, call):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_h5_write_beside_a_collio_file_write(comm, shared_dir):
+def test_h5_write_beside_a_collio_file_write(comm, mpi_tmp_path):
     """Files of collio.open and collio.h5 on one communicator are numbered by the same
     counter: rank 0 writing one beside the others writing the other is a call on
     different files, and both files go on."""
-    h5path, binpath = (os.path.join(shared_dir, n) for n in ("a.h5", "b.bin"))
+    h5path, binpath = (str(mpi_tmp_path / n) for n in ("a.h5", "b.bin"))
     new = reference(SHAPE, "<f8", seed=9)
     box = _box(comm)
     with collio.h5.File(h5path, "w", comm=comm) as f, collio.open(binpath, "w", comm=comm) as b:
@@ -275,11 +275,11 @@ def test_h5_write_beside_a_collio_file_write(comm, shared_dir):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_h5_open_beside_a_collio_open(comm, shared_dir):
+def test_h5_open_beside_a_collio_open(comm, mpi_tmp_path):
     """Rank 0 opens a file with collio.open while the others open one with collio.h5:
     the same first agreement (an open, the same serial), then different arguments:
     every rank raises the same error, nothing is created, and both open after."""
-    h5path, binpath = (os.path.join(shared_dir, n) for n in ("o.h5", "o.bin"))
+    h5path, binpath = (str(mpi_tmp_path / n) for n in ("o.h5", "o.bin"))
     if comm.rank == 0:
         fn = lambda: collio.open(binpath, "w", comm=comm)  # noqa: E731
     else:
@@ -293,7 +293,7 @@ def test_h5_open_beside_a_collio_open(comm, shared_dir):
         for r in range(1, min(comm.size, 9))
     )
     assert not err.call_mismatch
-    assert sorted(os.listdir(shared_dir)) == []
+    assert sorted(os.listdir(mpi_tmp_path)) == []
     new = reference(SHAPE, "<f8", seed=11)
     with collio.h5.File(h5path, "w", comm=comm) as f, collio.open(binpath, "w", comm=comm) as b:
         collio.h5.write_all(
@@ -306,11 +306,11 @@ def test_h5_open_beside_a_collio_open(comm, shared_dir):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_same_call_still_compares_metadata(comm, shared_dir):
+def test_same_call_still_compares_metadata(comm, mpi_tmp_path):
     """The same call on every rank after different metadata calls is not a call
     mismatch: the digest of the metadata, carried by the same first allreduce, still
     names what differs (and the file keeps rank 0's metadata)."""
-    path = os.path.join(shared_dir, "meta.h5")
+    path = str(mpi_tmp_path / "meta.h5")
     with collio.h5.File(path, "w", comm=comm) as f:
         d = collio.h5.create_dataset(f, "x", SHAPE, "<f8")
         if comm.rank == comm.size - 1:
@@ -334,13 +334,13 @@ def test_same_call_still_compares_metadata(comm, shared_dir):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_mismatch_on_a_sub_communicator(comm, shared_dir):
+def test_mismatch_on_a_sub_communicator(comm, mpi_tmp_path):
     """Each half of the ranks has its own file: a mismatch on one half leaves the other
     half's calls untouched."""
     color = comm.rank % 2
     sub = comm.Split(color, comm.rank)
     try:
-        path = os.path.join(shared_dir, f"half{color}.h5")
+        path = str(mpi_tmp_path / f"half{color}.h5")
         glob = reference(SHAPE, "<f8", seed=10 + color)
         lay = layouts.block(SHAPE, "<f8", comm=sub, grid=(sub.size, 1))
         f = collio.h5.File(path, "w", comm=sub)
@@ -360,7 +360,7 @@ def test_mismatch_on_a_sub_communicator(comm, shared_dir):
     for c in range(min(2, comm.size)):
         check_file(
             comm,
-            os.path.join(shared_dir, f"half{c}.h5"),
+            str(mpi_tmp_path / f"half{c}.h5"),
             {"x": reference(SHAPE, "<f8", seed=10 + c)},
         )
 

@@ -21,17 +21,18 @@ def _every_other(comm, n_elems, phase):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("hints", HINTS, ids=[str(h) for h in HINTS])
-def test_update_keeps_untouched_bytes(comm, shared_path, hints):
+def test_update_keeps_untouched_bytes(comm, mpi_tmp_path, hints):
+    path = str(mpi_tmp_path / "target.bin")
     old = reference((5000,), "<f8", seed=1)
     if comm.rank == 0:
-        old.tofile(shared_path)
+        old.tofile(path)
     comm.Barrier()
     lay, mine = _every_other(comm, 5000, 1)
     new = -np.arange(5000, dtype="<f8")
-    with collio.open(shared_path, "r+", comm=comm, hints=hints) as f:
+    with collio.open(path, "r+", comm=comm, hints=hints) as f:
         f.write_all(new[mine].view(np.uint8), lay)
     comm.Barrier()
-    got = np.fromfile(shared_path, "<f8")
+    got = np.fromfile(path, "<f8")
     want = old.copy()
     want[1::2] = new[1::2]
     np.testing.assert_array_equal(got, want)
@@ -39,9 +40,10 @@ def test_update_keeps_untouched_bytes(comm, shared_path, hints):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("hints", HINTS, ids=[str(h) for h in HINTS])
-def test_two_calls_fill_each_others_holes(comm, shared_path, hints):
+def test_two_calls_fill_each_others_holes(comm, mpi_tmp_path, hints):
+    path = str(mpi_tmp_path / "target.bin")
     vals = reference((3001,), "<f8", seed=2)
-    with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
         for phase in (0, 1):
             lay, mine = _every_other(comm, 3001, phase)
             f.write_all(vals[mine].view(np.uint8), lay)
@@ -49,20 +51,21 @@ def test_two_calls_fill_each_others_holes(comm, shared_path, hints):
         back = f.read_all(whole)
     if comm.rank == 0:
         np.testing.assert_array_equal(back, vals)
-    np.testing.assert_array_equal(np.fromfile(shared_path, "<f8"), vals)
+    np.testing.assert_array_equal(np.fromfile(path, "<f8"), vals)
 
 
 @pytest.mark.mpi
-def test_write_past_the_end_leaves_zeros(comm, shared_path):
+def test_write_past_the_end_leaves_zeros(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     if comm.rank == 0:
-        with open(shared_path, "wb") as fh:
+        with open(path, "wb") as fh:
             fh.write(b"\x07" * 100)
     comm.Barrier()
     lay = layouts.Segments([1000 + 10 * comm.rank], [10])
-    with collio.open(shared_path, "r+", comm=comm, hints={"cb_nodes": 1}) as f:
+    with collio.open(path, "r+", comm=comm, hints={"cb_nodes": 1}) as f:
         f.write_all(np.full(10, 9, np.uint8), lay)
     comm.Barrier()
-    with open(shared_path, "rb") as fh:
+    with open(path, "rb") as fh:
         data = fh.read()
     assert data[:100] == b"\x07" * 100
     assert data[100:1000] == b"\0" * 900
@@ -70,12 +73,13 @@ def test_write_past_the_end_leaves_zeros(comm, shared_path):
 
 
 @pytest.mark.mpi
-def test_read_holes_and_past_the_end(comm, shared_path):
+def test_read_holes_and_past_the_end(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     if comm.rank == 0:
-        np.arange(100, dtype=np.uint8).tofile(shared_path)
+        np.arange(100, dtype=np.uint8).tofile(path)
     comm.Barrier()
     lay = layouts.Segments([50 + comm.rank, 95, 120], [1, 10, 4])
-    with collio.open(shared_path, "r", comm=comm) as f:
+    with collio.open(path, "r", comm=comm) as f:
         got = f.read_all(lay)
     want = np.concatenate(([50 + comm.rank], np.arange(95, 100), np.zeros(5 + 4))).astype(np.uint8)
     np.testing.assert_array_equal(got, want)
@@ -83,11 +87,12 @@ def test_read_holes_and_past_the_end(comm, shared_path):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("policy", ["auto", "rmw", "runs"])
-def test_hole_policies_agree(comm, shared_path, policy):
+def test_hole_policies_agree(comm, mpi_tmp_path, policy):
     """Writing only the covered ranges and read-modify-write leave the same bytes."""
+    path = str(mpi_tmp_path / "target.bin")
     old = reference((40_000,), "<f8", seed=3)
     if comm.rank == 0:
-        old.tofile(shared_path)
+        old.tofile(path)
     comm.Barrier()
     # large runs with gaps: few covered ranges per round, so "auto" skips the read
 
@@ -99,10 +104,10 @@ def test_hole_policies_agree(comm, shared_path, policy):
     lay = layouts.Segments(offs, lens)
     new = np.arange(lay.nbytes, dtype=np.uint8)
     hints = {"cb_buffer_size": 65536}
-    with collio.open(shared_path, "r+", comm=comm, hints=hints, holes=policy) as f:
+    with collio.open(path, "r+", comm=comm, hints=hints, holes=policy) as f:
         f.write_all(new, lay)
     comm.Barrier()
-    got = np.fromfile(shared_path, np.uint8)
+    got = np.fromfile(path, np.uint8)
     want = old.view(np.uint8).copy()
     for rank in range(comm.size):
         o, n = runs_of(rank)

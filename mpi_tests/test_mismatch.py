@@ -131,9 +131,9 @@ TARGETS = {
 @pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize(("first", "rest"), PAIRS, ids=[f"{a}-vs-{b}" for a, b in PAIRS])
 def test_different_calls_raise_everywhere_and_the_file_goes_on(
-    comm, shared_dir, first, rest, target
+    comm, mpi_tmp_path, first, rest, target
 ):
-    path = os.path.join(shared_dir, "target.bin")
+    path = str(mpi_tmp_path / "target.bin")
     old, new, newer = (reference(SHAPE, "<f8", seed=s) for s in (1, 2, 3))
     box = _box(comm)
     atomic = target == "atomic"
@@ -167,31 +167,32 @@ def test_different_calls_raise_everywhere_and_the_file_goes_on(
     # atomic: the previous content stays and no temporary is left; else what was written
     want = old if atomic else (new if closing else newer)
     np.testing.assert_array_equal(_on_disk(comm, path), want)
-    assert sorted(os.listdir(shared_dir)) == ["target.bin"]
+    assert sorted(os.listdir(mpi_tmp_path)) == ["target.bin"]
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize(("first", "rest"), [("close", "read_all"), ("sync", "read_all")])
-def test_read_only_file(comm, shared_path, first, rest):
+def test_read_only_file(comm, mpi_tmp_path, first, rest):
     """A file opened in 'r': the same error everywhere; closed everywhere, or still read."""
+    path = str(mpi_tmp_path / "target.bin")
     old = reference(SHAPE, "<f8", seed=4)
     if comm.rank == 0:
-        old.tofile(shared_path)
+        old.tofile(path)
     comm.Barrier()
-    with collio.open(shared_path, "r", comm=comm) as f:
+    with collio.open(path, "r", comm=comm) as f:
         _mismatch(comm, f, first, rest, None)
         assert comm.allgather(f.closed) == [first == "close"] * comm.size
         if not f.closed:
             np.testing.assert_array_equal(f.read_all(_box(comm)), _piece(comm, old))
-    np.testing.assert_array_equal(_on_disk(comm, shared_path), old)
+    np.testing.assert_array_equal(_on_disk(comm, path), old)
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_one_rank_leaves_a_with_block_early(comm, shared_dir, target):
+def test_one_rank_leaves_a_with_block_early(comm, mpi_tmp_path, target):
     """Rank 0 leaves the ``with`` block (its close) while the others still write: every
     rank raises, the others' own close (their ``with``) finds the file closed."""
-    path = os.path.join(shared_dir, "target.bin")
+    path = str(mpi_tmp_path / "target.bin")
     old, new = reference(SHAPE, "<f8", seed=5), reference(SHAPE, "<f8", seed=6)
     box = _box(comm)
     atomic = target == "atomic"
@@ -207,14 +208,14 @@ def test_one_rank_leaves_a_with_block_early(comm, shared_dir, target):
     err = raises_everywhere(comm, collio.MismatchError, program)
     assert str(err) == mismatch_message(comm, "close", "write_all")
     np.testing.assert_array_equal(_on_disk(comm, path), old if atomic else new)
-    assert sorted(os.listdir(shared_dir)) == ["target.bin"]
+    assert sorted(os.listdir(mpi_tmp_path)) == ["target.bin"]
 
 
 @pytest.mark.mpi(min_size=2)
-def test_open_beside_a_call_on_an_open_file(comm, shared_dir):
+def test_open_beside_a_call_on_an_open_file(comm, mpi_tmp_path):
     """Rank 0 opens another file on the communicator while the others write: every rank
     raises (calls on different files) before anything is created, and goes on."""
-    path, other = (os.path.join(shared_dir, n) for n in ("target.bin", "other.bin"))
+    path, other = (str(mpi_tmp_path / n) for n in ("target.bin", "other.bin"))
     new = reference(SHAPE, "<f8", seed=7)
     box = _box(comm)
     with collio.open(path, "w", comm=comm) as f:
@@ -232,14 +233,14 @@ def test_open_beside_a_call_on_an_open_file(comm, shared_dir):
         assert not f.closed
         f.write_all(_piece(comm, new), box)
     np.testing.assert_array_equal(_on_disk(comm, path), new)
-    assert sorted(os.listdir(shared_dir)) == ["target.bin"]
+    assert sorted(os.listdir(mpi_tmp_path)) == ["target.bin"]
 
 
 @pytest.mark.mpi(min_size=2)
-def test_calls_on_two_files(comm, shared_dir):
+def test_calls_on_two_files(comm, mpi_tmp_path):
     """Rank 0 syncs one file while the others write another (open on the same
     communicator): every rank raises; neither file is aborted or closed."""
-    paths = [os.path.join(shared_dir, n) for n in ("a.bin", "b.bin")]
+    paths = [str(mpi_tmp_path / n) for n in ("a.bin", "b.bin")]
     new = [reference(SHAPE, "<f8", seed=s) for s in (8, 9)]
     box = _box(comm)
     with (

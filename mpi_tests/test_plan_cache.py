@@ -31,16 +31,17 @@ def _on_disk(path: str) -> np.ndarray:
     return np.fromfile(path, "<f8").reshape(N, N)
 
 
-def test_repeated_write_and_read_reuse_the_plan(comm, shared_path):
+def test_repeated_write_and_read_reuse_the_plan(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     lay = layouts.block((N, N), "<f8", comm=comm, grid=(1, comm.size))
     small = {"cb_buffer_size": 4096, "romio_cb_write": "enable", "romio_cb_read": "enable"}
     seen = []
     for it in range(3):
         glob = _global(it)
-        seen.append(_write(shared_path, comm, glob, lay, small))
+        seen.append(_write(path, comm, glob, lay, small))
         comm.Barrier()
-        assert np.array_equal(_on_disk(shared_path), glob)
-        with collio.open(shared_path, "r", comm=comm, hints=small) as f:
+        assert np.array_equal(_on_disk(path), glob)
+        with collio.open(path, "r", comm=comm, hints=small) as f:
             back = f.read_all(lay)
             seen.append(bool(f.stats.last_call["plan_reused"]))
         assert np.array_equal(back, glob[lay.slices])
@@ -48,20 +49,22 @@ def test_repeated_write_and_read_reuse_the_plan(comm, shared_path):
     assert seen == [False, False, True, True, True, True]
 
 
-def test_an_equal_layout_made_again_reuses_the_plan(comm, shared_path):
+def test_an_equal_layout_made_again_reuses_the_plan(comm, mpi_tmp_path):
     """The kept plan is found by its runs' values, not only by the same layout object."""
+    path = str(mpi_tmp_path / "target.bin")
     small = {"cb_buffer_size": 12288, "romio_cb_write": "enable"}  # (no other test's plan)
     seen = []
     for it in range(3):
         lay = layouts.block((N, N), "<f8", comm=comm, grid=(comm.size, 1))  # a new object
         glob = _global(10 + it)
-        seen.append(_write(shared_path, comm, glob, lay, small))
+        seen.append(_write(path, comm, glob, lay, small))
         comm.Barrier()
-        assert np.array_equal(_on_disk(shared_path), glob)
+        assert np.array_equal(_on_disk(path), glob)
     assert seen == [False, True, True]
 
 
-def test_one_rank_changing_its_layout_is_never_served_a_kept_plan(comm, shared_path):
+def test_one_rank_changing_its_layout_is_never_served_a_kept_plan(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     p = comm.size
     hints = {"cb_buffer_size": 8192, "romio_cb_write": "enable"}
     # rows dealt round-robin, then the last two ranks swap their rows (same global array)
@@ -73,15 +76,16 @@ def test_one_rank_changing_its_layout_is_never_served_a_kept_plan(comm, shared_p
         offsets = mine * N * 8
         seg = layouts.Segments(offsets, np.full(len(mine), N * 8))
         glob = _global(7 if swap else 8)
-        with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+        with collio.open(path, "w", comm=comm, hints=hints) as f:
             f.write_all(np.ascontiguousarray(glob[mine]).view(np.uint8).reshape(-1), seg)
             if swap and p >= 2:  # two ranks changed their runs: nobody may reuse
                 assert not f.stats.last_call["plan_reused"]
         comm.Barrier()
-        assert np.array_equal(_on_disk(shared_path), glob)
+        assert np.array_equal(_on_disk(path), glob)
 
 
-def test_changed_window_or_data_in_place(comm, shared_path):
+def test_changed_window_or_data_in_place(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     lay = layouts.block_cyclic((N, N), "<f8", block=(8, 8), grid=_grid(comm.size), comm=comm)
     glob = _global(3)
     local = np.ascontiguousarray(glob[np.ix_(*lay.indices)])
@@ -89,32 +93,33 @@ def test_changed_window_or_data_in_place(comm, shared_path):
         local += 1.0  # new values each call, same buffer
         glob[np.ix_(*lay.indices)] = local
         full = comm.allreduce(np.where(_mask(lay), glob, 0.0), op=MPI.SUM)
-        with collio.open(shared_path, "w", comm=comm, hints={"cb_buffer_size": size}) as f:
+        with collio.open(path, "w", comm=comm, hints={"cb_buffer_size": size}) as f:
             f.write_all(local, lay)
             # the repeat reuses the plan with new data in the same buffer; a new window cannot
             if not f.stats.last_call["direct"]:  # (one rank holding everything goes direct)
                 assert f.stats.last_call["plan_reused"] == (call in (1, 3))
         comm.Barrier()
-        assert np.array_equal(_on_disk(shared_path), full)
+        assert np.array_equal(_on_disk(path), full)
 
 
-def test_a_failed_call_leaves_nothing_stale(comm, shared_path):
+def test_a_failed_call_leaves_nothing_stale(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     lay = layouts.block((N, N), "<f8", comm=comm, grid=(comm.size, 1))
     glob = _global(11)
-    _write(shared_path, comm, glob, lay)
+    _write(path, comm, glob, lay)
     if comm.size > 1:  # rank 0 also writes rank 1's first row: refused on every rank
         bad = (
             layouts.Subarray((N, N), (0, 0), (lay.local_shape[0] + 1, N), "<f8")
             if comm.rank == 0
             else lay
         )
-        with collio.open(shared_path, "r+", comm=comm) as f:
+        with collio.open(path, "r+", comm=comm) as f:
             with pytest.raises(collio.OverlapError):
                 f.write_all(np.zeros(bad.local_shape), bad)
     glob2 = _global(12)
-    _write(shared_path, comm, glob2, lay)
+    _write(path, comm, glob2, lay)
     comm.Barrier()
-    assert np.array_equal(_on_disk(shared_path), glob2)
+    assert np.array_equal(_on_disk(path), glob2)
 
 
 def _grid(p: int) -> tuple[int, int]:
@@ -127,9 +132,10 @@ def _mask(lay) -> np.ndarray:
     return m
 
 
-def test_a_plan_too_big_on_one_rank_is_kept_by_none(comm, shared_path, monkeypatch):
+def test_a_plan_too_big_on_one_rank_is_kept_by_none(comm, mpi_tmp_path, monkeypatch):
     """Keeping is agreed: a plan that one rank cannot keep (an aggregator's is larger)
     is kept by no rank, instead of holding memory on the others that no call can reuse."""
+    path = str(mpi_tmp_path / "target.bin")
     from collio import plancache
     from collio.comms import private
 
@@ -140,25 +146,26 @@ def test_a_plan_too_big_on_one_rank_is_kept_by_none(comm, shared_path, monkeypat
     hints = {"cb_buffer_size": 4096, "romio_cb_write": "enable"}
     for it in range(3):
         glob = _global(it)
-        assert not _write(shared_path, comm, glob, lay, hints)
+        assert not _write(path, comm, glob, lay, hints)
         assert not private(comm).plans.entries  # on every rank
         comm.Barrier()
-        np.testing.assert_array_equal(_on_disk(shared_path), glob)
+        np.testing.assert_array_equal(_on_disk(path), glob)
         comm.Barrier()
 
 
-def test_release_buffers_drops_kept_plans(comm, shared_path):
+def test_release_buffers_drops_kept_plans(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     from collio.comms import private
 
     lay = layouts.block((N, N), "<f8", comm=comm, grid=(1, comm.size))
     hints = {"cb_buffer_size": 4096, "romio_cb_write": "enable"}
-    _write(shared_path, comm, _global(0), lay, hints)
-    assert _write(shared_path, comm, _global(1), lay, hints)  # kept and reused
+    _write(path, comm, _global(0), lay, hints)
+    assert _write(path, comm, _global(1), lay, hints)  # kept and reused
     assert private(comm).plans.entries
     collio.release_buffers()
     assert not private(comm).plans.entries
     glob = _global(2)
-    assert not _write(shared_path, comm, glob, lay, hints)  # planned again, still right
+    assert not _write(path, comm, glob, lay, hints)  # planned again, still right
     comm.Barrier()
-    np.testing.assert_array_equal(_on_disk(shared_path), glob)
+    np.testing.assert_array_equal(_on_disk(path), glob)
     comm.Barrier()

@@ -32,11 +32,11 @@ def _ids(values: list[object]) -> list[str]:
 @pytest.mark.mpi
 @pytest.mark.parametrize("hints", HINTS, ids=_ids(HINTS))
 @pytest.mark.parametrize("shape,dtype", SHAPES, ids=_ids([s for s, _ in SHAPES]))
-def test_same_bytes_as_romio(comm, shared_dir, shape, dtype, hints):
+def test_same_bytes_as_romio(comm, mpi_tmp_path, shape, dtype, hints):
     glob = reference(shape, dtype)
     for name, lay in all_layouts(comm, shape, dtype):
-        mine = os.path.join(shared_dir, f"collio-{name}.bin")
-        theirs = os.path.join(shared_dir, f"romio-{name}.bin")
+        mine = str(mpi_tmp_path / f"collio-{name}.bin")
+        theirs = str(mpi_tmp_path / f"romio-{name}.bin")
         local = local_piece(glob, lay)
         with collio.open(mine, "w", comm=comm, hints=hints) as f:
             f.write_all(local, lay)
@@ -50,7 +50,7 @@ def test_same_bytes_as_romio(comm, shared_dir, shape, dtype, hints):
             ref = fh.read()
         assert ours == ref, f"{name}: collio and ROMIO files differ"
         if getattr(lay, "grid", None) is not None:  # block(): also as MPI darray BLOCK
-            darr = os.path.join(shared_dir, f"romio-darray-{name}.bin")
+            darr = str(mpi_tmp_path / f"romio-darray-{name}.bin")
             romio_write(darr, local, lay, comm, darray=True)
             comm.Barrier()
             with open(darr, "rb") as fh:
@@ -64,7 +64,7 @@ def test_same_bytes_as_romio(comm, shared_dir, shape, dtype, hints):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("hints", HINTS[:5], ids=_ids(HINTS[:5]))
-def test_segments_same_bytes_as_romio(comm, shared_dir, hints):
+def test_segments_same_bytes_as_romio(comm, mpi_tmp_path, hints):
     size = 10_007
     glob = reference((size,), "u1", seed=11)
     lay = segments_for(comm, size)
@@ -72,8 +72,8 @@ def test_segments_same_bytes_as_romio(comm, shared_dir, hints):
         glob[o : o + n] for o, n in zip(lay.offsets.tolist(), lay.lengths.tolist(), strict=True)
     ]
     data = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
-    mine = os.path.join(shared_dir, "seg-collio.bin")
-    theirs = os.path.join(shared_dir, "seg-romio.bin")
+    mine = str(mpi_tmp_path / "seg-collio.bin")
+    theirs = str(mpi_tmp_path / "seg-romio.bin")
     with collio.open(mine, "w", comm=comm, hints=hints) as f:
         f.write_all(data, lay)
         back = f.read_all(lay)
@@ -90,7 +90,7 @@ def test_segments_same_bytes_as_romio(comm, shared_dir, hints):
 
 
 @pytest.mark.mpi
-def test_offset_and_empty_ranks(comm, shared_dir):
+def test_offset_and_empty_ranks(comm, mpi_tmp_path):
     """A subarray stored after a header; ranks with empty boxes still take part."""
     shape = (20, 30)
     glob = reference(shape, "<i4")
@@ -103,7 +103,7 @@ def test_offset_and_empty_ranks(comm, shared_dir):
     else:
         lay = collio.layouts.Subarray(shape, (0, 0), (0, shape[1]), "<i4", offset=100)
     local = glob[lay.slices]
-    path = os.path.join(shared_dir, "offset.bin")
+    path = str(mpi_tmp_path / "offset.bin")
     with collio.open(path, "w", comm=comm, hints={"romio_cb_write": "enable"}) as f:
         f.write_all(local, lay)
         np.testing.assert_array_equal(f.read_all(lay), local)
@@ -113,21 +113,23 @@ def test_offset_and_empty_ranks(comm, shared_dir):
 
 
 @pytest.mark.mpi
-def test_nothing_to_write_anywhere(comm, shared_path):
+def test_nothing_to_write_anywhere(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     lay = collio.layouts.Segments([], [])
-    with collio.open(shared_path, "w", comm=comm) as f:
+    with collio.open(path, "w", comm=comm) as f:
         f.write_all(np.zeros(0, np.uint8), lay)
         assert f.read_all(lay).size == 0
-    assert os.path.getsize(shared_path) == 0
+    assert os.path.getsize(path) == 0
 
 
 @pytest.mark.mpi
-def test_stats_reduced_and_same_on_every_rank(comm, shared_path):
+def test_stats_reduced_and_same_on_every_rank(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     shape = (64, 64)
     glob = reference(shape, "<f8")
     lay = collio.layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
     hints = {"cb_buffer_size": 8192, "romio_cb_write": "enable"}
-    with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
         f.write_all(local_piece(glob, lay), lay)
         d = f.stats.as_dict()
     bounds = collio.aggregators.file_domains(0, glob.nbytes, comm.size)

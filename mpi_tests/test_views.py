@@ -7,8 +7,6 @@ undefined; a pre-filled file pins them down).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -51,9 +49,9 @@ def read(path):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", NAMES)
-def test_view_same_bytes_as_romio(comm, shared_dir, name):
-    mine = os.path.join(shared_dir, f"{name}-collio.bin")
-    theirs = os.path.join(shared_dir, f"{name}-romio.bin")
+def test_view_same_bytes_as_romio(comm, mpi_tmp_path, name):
+    mine = str(mpi_tmp_path / f"{name}-collio.bin")
+    theirs = str(mpi_tmp_path / f"{name}-romio.bin")
     with type_bag() as t:
         et, ft = {n: (e, f) for n, e, f in datatype_cases(t, comm.rank, comm.size)}[name]
         esize = et.Get_size()
@@ -83,10 +81,10 @@ def test_view_same_bytes_as_romio(comm, shared_dir, name):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("form", ["count", "count-displ", "inferred", "typecode"])
-def test_memory_datatype(comm, shared_dir, form):
+def test_memory_datatype(comm, mpi_tmp_path, form):
     """``[buf, count, memtype]``: the buffer's bytes are gathered through a vector type."""
-    mine = os.path.join(shared_dir, "mem-collio.bin")
-    theirs = os.path.join(shared_dir, "mem-romio.bin")
+    mine = str(mpi_tmp_path / "mem-collio.bin")
+    theirs = str(mpi_tmp_path / "mem-romio.bin")
     with type_bag() as t:
         et, ft = {n: (e, f) for n, e, f in datatype_cases(t, comm.rank, comm.size)}["subarray-F"]
         mem = t(t(MPI.DOUBLE.Create_vector(3, 1, 2)).Create_resized(0, 56)).Commit()  # 7 doubles
@@ -114,10 +112,10 @@ def test_memory_datatype(comm, shared_dir, form):
 
 
 @pytest.mark.mpi
-def test_explicit_offsets_and_from_datatype(comm, shared_dir):
+def test_explicit_offsets_and_from_datatype(comm, mpi_tmp_path):
     """``write_at_all``/``read_at_all`` and ``layouts.from_datatype`` against ROMIO's calls."""
-    mine = os.path.join(shared_dir, "at-collio.bin")
-    theirs = os.path.join(shared_dir, "at-romio.bin")
+    mine = str(mpi_tmp_path / "at-collio.bin")
+    theirs = str(mpi_tmp_path / "at-romio.bin")
     with type_bag() as t:
         cases = {n: (e, f) for n, e, f in datatype_cases(t, comm.rank, comm.size)}
         et, ft = cases["hindexed"]
@@ -151,9 +149,9 @@ def test_explicit_offsets_and_from_datatype(comm, shared_dir):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", ["darray", "subarray-F"])
-def test_array_datatypes_as_layouts(comm, shared_dir, kind):
-    mine = os.path.join(shared_dir, "lay-collio.bin")
-    theirs = os.path.join(shared_dir, "lay-romio.bin")
+def test_array_datatypes_as_layouts(comm, mpi_tmp_path, kind):
+    mine = str(mpi_tmp_path / "lay-collio.bin")
+    theirs = str(mpi_tmp_path / "lay-romio.bin")
     with type_bag() as t:
         grid = MPI.Compute_dims(comm.size, 2)
         if kind == "darray":
@@ -199,9 +197,10 @@ def _bad_view(t, kind):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", list(BAD))
-def test_bad_view_on_one_rank_raises_everywhere(comm, shared_path, kind):
+def test_bad_view_on_one_rank_raises_everywhere(comm, mpi_tmp_path, kind):
+    path = str(mpi_tmp_path / "target.bin")
     bad = comm.size - 1
-    with type_bag() as t, collio.open(shared_path, "w", comm=comm) as f:
+    with type_bag() as t, collio.open(path, "w", comm=comm) as f:
         view = _bad_view(t, kind) if comm.rank == bad else (8 * comm.rank, MPI.INT, MPI.INT)
         with pytest.raises(collio.LayoutError) as info:
             f.set_view(*view)
@@ -214,16 +213,17 @@ def test_bad_view_on_one_rank_raises_everywhere(comm, shared_path, kind):
         f.set_view(4 * comm.rank, MPI.INT, t(MPI.INT.Create_resized(0, 4 * comm.size)).Commit())
         f.write_all(np.arange(3, dtype="<i4") * comm.size + comm.rank + 1)
     comm.Barrier()
-    with open(shared_path, "rb") as fh:
+    with open(path, "rb") as fh:
         got = fh.read()
     assert got == np.arange(1, 3 * comm.size + 1, dtype="<i4").tobytes()
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", ["partial-etype", "memtype-outside", "readonly-read"])
-def test_bad_buffer_on_one_rank_raises_everywhere(comm, shared_path, kind):
+def test_bad_buffer_on_one_rank_raises_everywhere(comm, mpi_tmp_path, kind):
+    path = str(mpi_tmp_path / "target.bin")
     bad = 0
-    with type_bag() as t, collio.open(shared_path, "w", comm=comm) as f:
+    with type_bag() as t, collio.open(path, "w", comm=comm) as f:
         every = t(MPI.DOUBLE.Create_resized(0, 8 * comm.size)).Commit()
         f.set_view(8 * comm.rank, MPI.DOUBLE, every)
         good = np.zeros(4, "f8")
@@ -243,16 +243,15 @@ def test_bad_buffer_on_one_rank_raises_everywhere(comm, shared_path, kind):
         f.write_all(np.arange(4, dtype="<f8") * comm.size + comm.rank + 1)
         assert f.position == 4
     comm.Barrier()
-    with open(shared_path, "rb") as fh:
+    with open(path, "rb") as fh:
         got = fh.read()
     assert got == np.arange(1, 4 * comm.size + 1, dtype="<f8").tobytes()
 
 
-@pytest.mark.mpi
-def test_etype_sizes_must_agree(comm, shared_path):
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
-    with collio.open(shared_path, "w", comm=comm) as f:
+@pytest.mark.mpi(min_size=2)
+def test_etype_sizes_must_agree(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
+    with collio.open(path, "w", comm=comm) as f:
         et = MPI.INT if comm.rank else MPI.DOUBLE
         with pytest.raises(collio.MismatchError, match="etype sizes differ"):
             f.set_view(0, et, et)
