@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from mpi4py import MPI
 import collio
 from collio import layouts
 from collio.backends import fsync
+from collio.backends.posix import PosixBackend
 
 SHAPE = (2048, 1024)  # 16 MiB: rounds of 1 MiB and more, which start flushes
 
@@ -35,17 +37,18 @@ def _lay(comm, pattern):
 @pytest.mark.parametrize("backend", ["posix", "mpiio"])
 @pytest.mark.parametrize("pattern", ["colblock", "cyclic"])
 @pytest.mark.parametrize("early", [True, False])
-def test_early_flush_keeps_the_bytes(comm, shared_path, backend, pattern, early):
+def test_early_flush_keeps_the_bytes(comm, mpi_tmp_path, backend, pattern, early):
+    path = str(mpi_tmp_path / "target.bin")
     glob = reference(SHAPE, "<f8", seed=31)
     lay = _lay(comm, pattern)
     hints = {"early_flush": early, "cb_buffer_size": "4m"}
-    with collio.open(shared_path, "w", comm=comm, hints=hints, backend=backend) as f:
+    with collio.open(path, "w", comm=comm, hints=hints, backend=backend) as f:
         f.write_all(local_piece(glob, lay), lay)
         flushes = f.stats.early_flushes  # summed over ranks, the same on every rank
     assert comm.allgather(flushes) == [flushes] * comm.size
     assert (flushes > 0) is early, flushes
     comm.Barrier()
-    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
 
 
 def _failing(fd):
@@ -56,16 +59,17 @@ def _failing(fd):
 @pytest.mark.parametrize("backend", ["posix", "mpiio"])
 @pytest.mark.parametrize("pattern", ["colblock", "cyclic"])
 def test_a_failed_early_flush_is_raised_everywhere_by_sync(
-    comm, shared_path, monkeypatch, backend, pattern
+    comm, mpi_tmp_path, monkeypatch, backend, pattern
 ):
     """The write itself succeeds everywhere (the flush covers data written before);
     the sync after it raises on every rank, naming the last rank, once; then the
     file goes on."""
+    path = str(mpi_tmp_path / "target.bin")
     glob = reference(SHAPE, "<f8", seed=32)
     lay = _lay(comm, pattern)
     piece = local_piece(glob, lay)
     hints = {"cb_buffer_size": "4m"}
-    f = collio.open(shared_path, "w", comm=comm, hints=hints, backend=backend)
+    f = collio.open(path, "w", comm=comm, hints=hints, backend=backend)
     if comm.rank == comm.size - 1:
         monkeypatch.setattr(fsync, "fdatasync", _failing)
     f.write_all(piece, lay)
@@ -78,12 +82,12 @@ def test_a_failed_early_flush_is_raised_everywhere_by_sync(
     f.write_all(piece, lay)  # the file goes on
     f.close()
     comm.Barrier()
-    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(SHAPE), glob)
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("early", [True, False])
-def test_hdf5_contiguous_dataset_flushes_early(comm, shared_dir, early):
+def test_hdf5_contiguous_dataset_flushes_early(comm, mpi_tmp_path, early):
     """collio.h5 writes a contiguous dataset through the posix path, so the hint applies
     there too; the file reads back right with stock h5py in another process."""
     pytest.importorskip("h5py")
@@ -91,7 +95,7 @@ def test_hdf5_contiguous_dataset_flushes_early(comm, shared_dir, early):
 
     import collio.h5
 
-    path = os.path.join(shared_dir, "early.h5")
+    path = str(mpi_tmp_path / "early.h5")
     glob = reference(SHAPE, "<f8", seed=33)
     lay = _lay(comm, "colblock")
     hints = {"early_flush": early, "cb_buffer_size": "4m"}
@@ -104,13 +108,13 @@ def test_hdf5_contiguous_dataset_flushes_early(comm, shared_dir, early):
 
 
 @pytest.mark.mpi
-def test_a_failed_hdf5_early_flush_is_raised_everywhere_by_close(comm, shared_dir, monkeypatch):
+def test_a_failed_hdf5_early_flush_is_raised_everywhere_by_close(comm, mpi_tmp_path, monkeypatch):
     pytest.importorskip("h5py")
     from h5check import check_file
 
     import collio.h5
 
-    path = os.path.join(shared_dir, "early-fail.h5")
+    path = str(mpi_tmp_path / "early-fail.h5")
     glob = reference(SHAPE, "<f8", seed=34)
     lay = _lay(comm, "colblock")
     f = collio.h5.File(path, "w", comm=comm, hints={"cb_buffer_size": "4m"})
@@ -122,3 +126,59 @@ def test_a_failed_hdf5_early_flush_is_raised_everywhere_by_close(comm, shared_di
     assert f"rank {comm.size - 1}: early flush (fdatasync) of " in str(err)
     monkeypatch.undo()
     check_file(comm, path, {"m": glob})  # (the injected failure lost nothing)
+
+
+@pytest.mark.mpi
+def test_close_waits_for_the_running_flush(comm, mpi_tmp_path, monkeypatch):
+    """The backend's close (also on error paths, without sync) must not close the
+    descriptor under a running flush: the flush still sees its file."""
+    gate, seen = threading.Event(), []
+
+    def held(fd_):
+        gate.wait(10)
+        seen.append(os.fstat(fd_).st_size)  # EBADF if the descriptor were closed
+
+    monkeypatch.setattr(fsync, "fdatasync", held)
+    path = str(mpi_tmp_path / f"c{comm.rank}.bin")
+    be = PosixBackend.open(path, "w", comm=MPI.COMM_SELF, hints=collio.Hints())
+    be.write_at(0, np.ones(2 << 20, np.uint8))
+    assert be.flusher is not None and be.flusher.future is not None
+    threading.Timer(0.2, gate.set).start()
+    be.close()
+    assert seen == [2 << 20]
+
+
+@pytest.mark.mpi
+def test_a_flush_failing_after_its_call_is_reported_by_sync_not_the_next_write(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """The flush of call 1's data fails after call 1 returned: calls 2 and 3 write
+    fine, and the sync after them reports it (the kernel reports a writeback error to a
+    descriptor once: the flush took that report, so sync's own fsync would succeed)."""
+    glob = reference(SHAPE, "<f8", seed=35)
+    lay = _lay(comm, "colblock")
+    piece = local_piece(glob, lay)
+    gate = threading.Event()
+
+    def late(fd_):
+        gate.wait(10)
+        raise OSError(errno.EIO, "injected late fdatasync error")
+
+    monkeypatch.setattr(fsync, "fdatasync", late)
+    hints = {"cb_nodes": 1, "romio_cb_write": "enable", "cb_buffer_size": "4m"}
+    f = collio.open(str(mpi_tmp_path / "late.bin"), "w", comm=comm, hints=hints)
+    f.write_all(piece, lay)  # call 1: the aggregator's flush is held, then fails
+    f.write_all(piece, lay)  # call 2: a flush is running, none started
+    gate.set()
+    if f.backend.flusher is not None and f.backend.flusher.future is not None:
+        f.backend.flusher.future.exception()  # (call 1's flush has failed now)
+    comm.Barrier()
+    f.write_all(piece, lay)  # call 3: finds the failure, keeps it, starts none
+    assert f.stats.early_flushes == 1
+    err = raises_everywhere(comm, collio.BackendError, f.sync)
+    assert "rank 0: early flush (fdatasync) of " in str(err)
+    assert "injected late fdatasync error" in str(err)
+    f.sync()  # reported once
+    f.close()
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(str(mpi_tmp_path / "late.bin"), "<f8").reshape(SHAPE), glob)

@@ -41,9 +41,9 @@ CASES = [
 @pytest.mark.parametrize(("kind", "shape", "dtype"), CASES)
 @pytest.mark.parametrize("storage", ["contiguous", "chunked-gzip"])
 def test_write_read_and_stock_h5py_agrees(
-    comm: MPI.Comm, shared_dir: str, kind: str, shape: tuple[int, ...], dtype: str, storage: str
+    comm: MPI.Comm, mpi_tmp_path: str, kind: str, shape: tuple[int, ...], dtype: str, storage: str
 ) -> None:
-    path = os.path.join(shared_dir, f"{kind}-{storage}.h5")
+    path = str(mpi_tmp_path / f"{kind}-{storage}.h5")
     glob = reference(shape, dtype)
     lay = _layout(kind, comm, shape, dtype)
     opts: dict[str, Any] = {}
@@ -65,8 +65,8 @@ def test_write_read_and_stock_h5py_agrees(
     check_file(comm, path, {"results/run1/field": glob}, attrs)
 
 
-def test_empty_rank_and_update_in_place(comm: MPI.Comm, shared_dir: str) -> None:
-    path = os.path.join(shared_dir, "empty.h5")
+def test_empty_rank_and_update_in_place(comm: MPI.Comm, mpi_tmp_path: str) -> None:
+    path = str(mpi_tmp_path / "empty.h5")
     shape = (30, 26)
     glob = reference(shape, "<f8", seed=3)
     last = comm.rank == comm.size - 1
@@ -88,8 +88,8 @@ def test_empty_rank_and_update_in_place(comm: MPI.Comm, shared_dir: str) -> None
     check_file(comm, path, {"c": new, "d": new, "z": new})
 
 
-def test_h5py_spelling_collective_indexing_and_append(comm: MPI.Comm, shared_dir: str) -> None:
-    path = os.path.join(shared_dir, "spelling.h5")
+def test_h5py_spelling_collective_indexing_and_append(comm: MPI.Comm, mpi_tmp_path: str) -> None:
+    path = str(mpi_tmp_path / "spelling.h5")
     shape = (20, 12)
     glob = reference(shape, "<f8", seed=5)
     lay = layouts.block(shape, "<f8", comm=comm, grid=(comm.size, 1))
@@ -112,16 +112,16 @@ def test_h5py_spelling_collective_indexing_and_append(comm: MPI.Comm, shared_dir
     check_file(comm, path, {"plain": glob, "more": 2 * glob})
 
 
-def test_missing_file_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
-    path = os.path.join(shared_dir, "absent.h5")
+def test_missing_file_fails_everywhere(comm: MPI.Comm, mpi_tmp_path: str) -> None:
+    path = str(mpi_tmp_path / "absent.h5")
     with pytest.raises(collio.BackendError) as info:
         collio.h5.File(path, "r", comm=comm)
     texts = comm.allgather(str(info.value))
     assert texts == [texts[0]] * comm.size and "rank 0: no such file" in texts[0]
 
 
-def test_different_metadata_call_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
-    path = os.path.join(shared_dir, "diverge.h5")
+def test_different_metadata_call_fails_everywhere(comm: MPI.Comm, mpi_tmp_path: str) -> None:
+    path = str(mpi_tmp_path / "diverge.h5")
     lay = layouts.block((8, 8), "<f8", comm=comm)
     with collio.h5.File(path, "w", comm=comm) as f:
         d = collio.h5.create_dataset(f, "x", (8, 8), "<f8")
@@ -141,8 +141,8 @@ def test_different_metadata_call_fails_everywhere(comm: MPI.Comm, shared_dir: st
             collio.h5.flush(f)
 
 
-def test_wrong_piece_on_one_rank_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
-    path = os.path.join(shared_dir, "bad.h5")
+def test_wrong_piece_on_one_rank_fails_everywhere(comm: MPI.Comm, mpi_tmp_path: str) -> None:
+    path = str(mpi_tmp_path / "bad.h5")
     lay = layouts.block((16, 8), "<f8", comm=comm)
     with collio.h5.File(path, "w", comm=comm) as f:
         d = collio.h5.create_dataset(f, "x", (16, 8), "<f8")
@@ -157,8 +157,8 @@ def test_wrong_piece_on_one_rank_fails_everywhere(comm: MPI.Comm, shared_dir: st
     check_file(comm, path, {"x": np.full((16, 8), 2.0)})
 
 
-def test_reads_files_written_by_plain_h5py(comm: MPI.Comm, shared_dir: str) -> None:
-    path = os.path.join(shared_dir, "foreign.h5")
+def test_reads_files_written_by_plain_h5py(comm: MPI.Comm, mpi_tmp_path: str) -> None:
+    path = str(mpi_tmp_path / "foreign.h5")
     shape = (37, 29)
     glob = reference(shape, "<f8", seed=9)
     if comm.rank == 0:
@@ -182,9 +182,9 @@ def test_reads_files_written_by_plain_h5py(comm: MPI.Comm, shared_dir: str) -> N
         assert st.bytes_read > 0
 
 
-def test_other_filters_through_hdf5(comm: MPI.Comm, shared_dir: str) -> None:
+def test_other_filters_through_hdf5(comm: MPI.Comm, mpi_tmp_path: str) -> None:
     """Pipelines outside the numpy+zlib fast path are encoded by HDF5 itself."""
-    path = os.path.join(shared_dir, "filters.h5")
+    path = str(mpi_tmp_path / "filters.h5")
     shape = (33, 40)
     glob = reference(shape, "<f4", seed=11)
     lay = layouts.block(shape, "<f4", comm=comm)
@@ -196,13 +196,13 @@ def test_other_filters_through_hdf5(comm: MPI.Comm, shared_dir: str) -> None:
     check_file(comm, path, {"lzf": glob})
 
 
-def test_plugin_filter_zstd(comm: MPI.Comm, shared_dir: str) -> None:
+def test_plugin_filter_zstd(comm: MPI.Comm, mpi_tmp_path: str) -> None:
     """A filter HDF5 loads from a plugin (hdf5plugin's Zstd) is encoded by HDF5 too.
 
     The file is checked by a separate stock h5py that imports hdf5plugin, as a user would.
     """
     hdf5plugin = pytest.importorskip("hdf5plugin", reason="the zstd filter needs hdf5plugin")
-    path = os.path.join(shared_dir, "zstd.h5")
+    path = str(mpi_tmp_path / "zstd.h5")
     shape = (33, 40)
     glob = reference(shape, "<f4", seed=12)
     lay = layouts.block(shape, "<f4", comm=comm)
@@ -220,8 +220,8 @@ def test_plugin_filter_zstd(comm: MPI.Comm, shared_dir: str) -> None:
     check_file(comm, path, {"zstd": glob}, plugins=("hdf5plugin",))
 
 
-def test_latest_format_resize_and_append_in_r_plus(comm: MPI.Comm, shared_dir: str) -> None:
-    path = os.path.join(shared_dir, "latest.h5")
+def test_latest_format_resize_and_append_in_r_plus(comm: MPI.Comm, mpi_tmp_path: str) -> None:
+    path = str(mpi_tmp_path / "latest.h5")
     shape = (50, 40)
     glob = reference(shape, "<f8", seed=13)
     lay = layouts.block(shape, "<f8", comm=comm)
@@ -240,11 +240,11 @@ def test_latest_format_resize_and_append_in_r_plus(comm: MPI.Comm, shared_dir: s
     check_file(comm, path, {"ext": grown}, {"/": {"done": 1}}, h5dump=False)
 
 
-def test_sub_communicators_write_their_own_files(comm: MPI.Comm, shared_dir: str) -> None:
+def test_sub_communicators_write_their_own_files(comm: MPI.Comm, mpi_tmp_path: str) -> None:
     color = comm.rank % 2
     sub = comm.Split(color, comm.rank)
     try:
-        path = os.path.join(shared_dir, f"sub{color}.h5")
+        path = str(mpi_tmp_path / f"sub{color}.h5")
         shape = (12, 10)
         glob = reference(shape, "<f8", seed=20 + color)
         lay = layouts.block(shape, "<f8", comm=sub)
@@ -255,30 +255,29 @@ def test_sub_communicators_write_their_own_files(comm: MPI.Comm, shared_dir: str
     finally:
         sub.Free()
     expected = {"x": reference((12, 10), "<f8", seed=20)}
-    check_file(comm, os.path.join(shared_dir, "sub0.h5"), expected, {"x": {"color": 0}})
+    check_file(comm, str(mpi_tmp_path / "sub0.h5"), expected, {"x": {"color": 0}})
     if comm.size > 1:
         expected = {"x": reference((12, 10), "<f8", seed=21)}
-        check_file(comm, os.path.join(shared_dir, "sub1.h5"), expected, {"x": {"color": 1}})
+        check_file(comm, str(mpi_tmp_path / "sub1.h5"), expected, {"x": {"color": 1}})
 
 
-def test_different_path_on_one_rank_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
+@pytest.mark.mpi(min_size=2)
+def test_different_path_on_one_rank_fails_everywhere(comm: MPI.Comm, mpi_tmp_path: str) -> None:
     """The file, mode and hints are agreed before rank 0 creates or truncates anything."""
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
     name = "other.h5" if comm.rank == comm.size - 1 else "mine.h5"
     with pytest.raises(collio.MismatchError) as info:
-        collio.h5.File(os.path.join(shared_dir, name), "w", comm=comm)
+        collio.h5.File(str(mpi_tmp_path / name), "w", comm=comm)
     texts = comm.allgather(str(info.value))
     assert texts == [texts[0]] * comm.size and f"rank {comm.size - 1}: h5 open" in texts[0]
     assert "other.h5" in texts[0]
-    assert not os.path.exists(os.path.join(shared_dir, "mine.h5"))
+    assert not os.path.exists(str(mpi_tmp_path / "mine.h5"))
 
 
 @pytest.mark.parametrize("how", ["data", "fill-at-alloc"])
-def test_plain_reads_see_what_write_all_wrote(comm: MPI.Comm, shared_dir: str, how: str) -> None:
+def test_plain_reads_see_what_write_all_wrote(comm: MPI.Comm, mpi_tmp_path: str, how: str) -> None:
     """Raw data HDF5 wrote itself (data=, fill values) must not shadow later collective writes
     on any rank."""
-    path = os.path.join(shared_dir, f"shadow-{how}.h5")
+    path = str(mpi_tmp_path / f"shadow-{how}.h5")
     n = comm.size
     with collio.h5.File(path, "w", comm=comm) as f:
         if how == "data":
@@ -293,9 +292,9 @@ def test_plain_reads_see_what_write_all_wrote(comm: MPI.Comm, shared_dir: str, h
 
 
 @pytest.mark.parametrize("codec", [None, "gzip"])
-def test_resize_between_collective_writes(comm: MPI.Comm, shared_dir: str, codec: Any) -> None:
+def test_resize_between_collective_writes(comm: MPI.Comm, mpi_tmp_path: str, codec: Any) -> None:
     """Shrinking rewrites edge chunks on every rank; a later write_all must not diverge."""
-    path = os.path.join(shared_dir, f"resize-{codec}.h5")
+    path = str(mpi_tmp_path / f"resize-{codec}.h5")
     rows = 4 * comm.size
     with collio.h5.File(path, "w", comm=comm) as f:
         ds = collio.h5.create_dataset(
@@ -318,8 +317,8 @@ def test_resize_between_collective_writes(comm: MPI.Comm, shared_dir: str, codec
     check_file(comm, path, {"x": np.full((rows - 3, 8), 2.0)})
 
 
-def test_value_that_does_not_convert_on_one_rank(comm: MPI.Comm, shared_dir: str) -> None:
-    path = os.path.join(shared_dir, "convert.h5")
+def test_value_that_does_not_convert_on_one_rank(comm: MPI.Comm, mpi_tmp_path: str) -> None:
+    path = str(mpi_tmp_path / "convert.h5")
     with collio.h5.File(path, "w", comm=comm) as f:
         ds = collio.h5.create_dataset(f, "x", (comm.size, 4), "<f8")
         c = collio.h5.collective(ds)
@@ -332,15 +331,14 @@ def test_value_that_does_not_convert_on_one_rank(comm: MPI.Comm, shared_dir: str
     check_file(comm, path, {"x": np.full((comm.size, 4), 3.0)})
 
 
-def test_failed_chunk_write_keeps_the_file_readable(comm: MPI.Comm, shared_dir: str) -> None:
+@pytest.mark.mpi(min_size=2)
+def test_failed_chunk_write_keeps_the_file_readable(comm: MPI.Comm, mpi_tmp_path: str) -> None:
     """An aggregator's chunk write fails (EFBIG): the same error everywhere, the session
     refuses more, and the file keeps its last agreed metadata (stock h5py reads it)."""
     import resource
     import signal
 
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
-    path = os.path.join(shared_dir, "efbig.h5")
+    path = str(mpi_tmp_path / "efbig.h5")
     f = collio.h5.File(path, "w", comm=comm)
     good = collio.h5.create_dataset(f, "good", (4,), "<i4")
     mine = 4 if comm.rank == 0 else 0
@@ -369,10 +367,10 @@ def test_failed_chunk_write_keeps_the_file_readable(comm: MPI.Comm, shared_dir: 
     check_file(comm, path, {"good": np.arange(4, dtype="<i4"), "x": np.zeros((192, 192))})
 
 
-def test_user_communicator_freed_while_the_file_is_open(comm: MPI.Comm, shared_dir: str) -> None:
+def test_user_communicator_freed_while_the_file_is_open(comm: MPI.Comm, mpi_tmp_path: str) -> None:
     """As with collio.open (and MPI-IO): the file keeps collio's duplicate of the
     communicator after the user frees theirs, until the file closes."""
-    path = os.path.join(shared_dir, "freed.h5")
+    path = str(mpi_tmp_path / "freed.h5")
     sub = comm.Dup()
     glob = reference((4 * comm.size, 6), "<f8")
     lay = layouts.block(glob.shape, "<f8", grid=(comm.size, 1), comm=comm)
@@ -384,20 +382,19 @@ def test_user_communicator_freed_while_the_file_is_open(comm: MPI.Comm, shared_d
     collio.h5.close(f)
     check_file(comm, path, {"x": glob})
     # a new file on the same ranks still works (the freed duplicate is not reused)
-    again = os.path.join(shared_dir, "again.h5")
+    again = str(mpi_tmp_path / "again.h5")
     with collio.h5.File(again, "w", comm=comm) as g:
         ds = collio.h5.create_dataset(g, "x", glob.shape, "<f8")
         collio.h5.write_all(ds, local_piece(glob, lay), lay)
     check_file(comm, again, {"x": glob})
 
 
-def test_read_beside_write_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> None:
+@pytest.mark.mpi(min_size=2)
+def test_read_beside_write_fails_everywhere(comm: MPI.Comm, mpi_tmp_path: str) -> None:
     """read_all on one rank beside write_all on the others: one message on every rank
     naming each rank's call; the dataset keeps its bytes and the file goes on (more
     pairs in test_h5_mismatch.py)."""
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
-    path = os.path.join(shared_dir, "rw.h5")
+    path = str(mpi_tmp_path / "rw.h5")
     lay = layouts.block((8, 8), "<f8", comm=comm)
     with collio.h5.File(path, "w", comm=comm) as f:
         d = collio.h5.create_dataset(f, "x", (8, 8), "<f8")
@@ -415,3 +412,69 @@ def test_read_beside_write_fails_everywhere(comm: MPI.Comm, shared_dir: str) -> 
         )
         np.testing.assert_array_equal(collio.h5.read_all(d, lay), np.ones(lay.shape))
     check_file(comm, path, {"x": np.ones((8, 8))})
+
+
+def test_row_blocks_through_collective_indexing(comm: MPI.Comm, mpi_tmp_path) -> None:
+    """h5py-style ``collective(d)[box] = piece`` into a chunked gzip and a contiguous
+    dataset; the collio driver is registered with h5py."""
+    path = str(mpi_tmp_path / "rows.h5")
+    glob = np.arange(7 * 9, dtype="<i8").reshape(7, 9)
+    lay = layouts.block((7, 9), "<i8", comm=comm, grid=(comm.size, 1))
+    band = layouts.block((3, 9), "<i8", comm=comm, grid=(comm.size, 1))
+    rows = slice(2 + band.start[0], 2 + band.start[0] + band.shape[0])
+    with collio.h5.File(path, "w", comm=comm) as f:
+        c = collio.h5.create_dataset(f, "c", (7, 9), "<i8", chunks=(3, 4), compression="gzip")
+        collio.h5.collective(c)[lay.slices] = glob[lay.slices]
+        d = collio.h5.create_dataset(f, "d", (7, 9), "<i8")
+        collio.h5.collective(d)[rows, :] = glob[rows]
+        np.testing.assert_array_equal(collio.h5.collective(c)[1:6, 3:4], glob[1:6, 3:4])
+    want = np.zeros_like(glob)
+    want[2:5] = glob[2:5]
+    check_file(comm, path, {"c": glob, "d": want})
+    assert "collio" in h5py.registered_drivers()
+    assert collio.h5.info()["h5py_mpi"] is bool(h5py.get_config().mpi)
+
+
+def test_bad_selection_dtype_and_plain_h5py_file(comm: MPI.Comm, mpi_tmp_path) -> None:
+    plain = str(mpi_tmp_path / f"plain-{comm.rank}.h5")
+    with h5py.File(plain, "w") as f:  # each rank its own file: no collective call
+        d = f.create_dataset("x", (4,), "<f8")
+        with pytest.raises(collio.ModeError, match="driver='collio'"):
+            collio.h5.write_all(d, np.zeros(4), layouts.Subarray((4,), (0,), (4,), "<f8"))
+    with collio.h5.File(str(mpi_tmp_path / "c.h5"), "w", comm=comm) as f:
+        d = collio.h5.create_dataset(f, "x", (4, 4), "<f8")
+        with pytest.raises(collio.LayoutError, match="step 1") as info:
+            collio.h5.collective(d)[::2, :] = 1.0
+        texts = comm.allgather(str(info.value))
+        assert texts == [texts[0]] * comm.size
+        empty = layouts.Subarray((4, 4), (0, 0), (0, 0), "<f4")
+        with pytest.raises(collio.LayoutError, match="dtype") as info:
+            collio.h5.write_all(d, np.zeros((0, 0), "<f4"), empty)
+        texts = comm.allgather(str(info.value))
+        assert texts == [texts[0]] * comm.size
+
+
+def test_partial_chunks_get_the_fill_value_and_1d(comm: MPI.Comm, mpi_tmp_path) -> None:
+    """Chunks partly written keep the fill value elsewhere; chunks nobody touches are not
+    stored; a 1-D shuffled dataset and an empty one."""
+    path = str(mpi_tmp_path / "fill.h5")
+    box = layouts.block((4, 2), "<i4", comm=comm, grid=(comm.size, 1))
+    part = layouts.Subarray((10, 10), (2 + box.start[0], 3), box.shape, "<i4")
+    span = layouts.block((88,), "<f8", comm=comm)
+    line_lay = layouts.Subarray((100,), (5 + span.start[0],), span.shape, "<f8")
+    with collio.h5.File(path, "w", comm=comm) as f:
+        c = collio.h5.create_dataset(f, "c", (10, 10), "<i4", chunks=(4, 4), fillvalue=-1,
+                                     compression="gzip")  # fmt: skip
+        collio.h5.write_all(c, np.full(part.shape, 9, "<i4"), part)  # 4 chunks, each in part
+        v = collio.h5.create_dataset(f, "v", (100,), "<f8", chunks=(7,), shuffle=True)
+        collio.h5.write_all(v, np.arange(5, 93, dtype="<f8")[span.slices], line_lay)
+        e = collio.h5.create_dataset(f, "e", (0, 3), "<f8")
+        collio.h5.collective(e)[...] = np.zeros((0, 3))
+    expect = np.full((10, 10), -1, "<i4")
+    expect[2:6, 3:5] = 9
+    line = np.zeros(100)
+    line[5:93] = np.arange(5, 93)
+    check_file(comm, path, {"c": expect, "v": line, "e": np.zeros((0, 3))})
+    if comm.rank == 0:
+        with h5py.File(path, "r") as f:
+            assert f["c"].id.get_num_chunks() == 4  # untouched chunks are not stored

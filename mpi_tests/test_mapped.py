@@ -10,7 +10,6 @@ is raised by every rank, and the file goes on.
 from __future__ import annotations
 
 import errno
-import os
 
 import numpy as np
 import pytest
@@ -43,20 +42,21 @@ def _lay(comm, pattern):
 
 @pytest.mark.parametrize("pattern", ["colblock", "cyclic", "ragged", "fortran", "cube"])
 @pytest.mark.parametrize("mode", ["automatic", "enable", "disable"])
-def test_mapped_reads_equal_numpy_and_romio(comm, shared_path, pattern, mode):
+def test_mapped_reads_equal_numpy_and_romio(comm, mpi_tmp_path, pattern, mode):
+    path = str(mpi_tmp_path / "target.bin")
     shape, lay = _lay(comm, pattern)
     glob = reference(shape, lay.dtype, seed=41)
     if comm.rank == 0:
-        with open(shared_path, "wb") as out:
+        with open(path, "wb") as out:
             out.write(glob.tobytes(order=lay.order))  # (the file holds the array in its order)
     comm.Barrier()
     want = local_piece(glob, lay)
-    with collio.open(shared_path, "r", comm=comm, hints={"mapped_reads": mode}) as f:
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": mode}) as f:
         got = f.read_all(lay)
         stats = f.stats
     assert np.array_equal(got, want)
-    assert np.array_equal(romio_read(shared_path, lay, comm), want)
-    mapped = mode == "enable" or (mode == "automatic" and on_local_fs(shared_path))
+    assert np.array_equal(romio_read(path, lay, comm), want)
+    mapped = mode == "enable" or (mode == "automatic" and on_local_fs(path))
     # the path: direct on every rank when mapped (two-phase, or direct for disjoint
     # extents, otherwise: row blocks at one rank)
     assert comm.allgather(stats.last_call["direct"]) == [stats.last_call["direct"]] * comm.size
@@ -65,18 +65,19 @@ def test_mapped_reads_equal_numpy_and_romio(comm, shared_path, pattern, mode):
     assert stats.mapped_bytes == (comm.allreduce(got.nbytes) if mapped else 0)
 
 
-def test_a_rank_past_the_end_keeps_the_shuffle(comm, shared_path):
+def test_a_rank_past_the_end_keeps_the_shuffle(comm, mpi_tmp_path):
     """The last rank's last run lies past the file's end (a mapped page there would
     fault): every rank takes the shuffle, and that byte reads as zero."""
+    path = str(mpi_tmp_path / "target.bin")
     p, k = comm.size, 256
     n = k * p
     data = np.random.default_rng(5).integers(1, 256, n, dtype=np.uint8)
     if comm.rank == 0:
-        data[: n - 1].tofile(shared_path)  # the last byte missing
+        data[: n - 1].tofile(path)  # the last byte missing
     comm.Barrier()
     offsets = np.arange(k) * p + comm.rank  # every p-th byte: k runs of one byte
     lay = layouts.Segments(offsets, np.ones(k, np.int64))
-    with collio.open(shared_path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
         got = f.read_all(lay)
         assert f.stats.mapped_bytes == 0
         assert f.stats.last_call["direct"] is (p == 1)  # (one rank: disjoint, preads)
@@ -87,13 +88,14 @@ def test_a_rank_past_the_end_keeps_the_shuffle(comm, shared_path):
 
 
 @pytest.mark.parametrize("direct_write", [False, True])
-def test_read_after_write_sees_the_data(comm, shared_path, direct_write):
+def test_read_after_write_sees_the_data(comm, mpi_tmp_path, direct_write):
     """A read in the same file right after a write (no sync): the map shows what the
     ranks wrote through the page cache or around it (``O_DIRECT``)."""
+    path = str(mpi_tmp_path / "target.bin")
     shape, lay = _lay(comm, "cyclic")
     glob = reference(shape, lay.dtype, seed=42)
     hints = {"direct_write": direct_write, "mapped_reads": "enable"}
-    with collio.open(shared_path, "w", comm=comm, hints=hints) as f:
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
         f.write_all(local_piece(glob, lay), lay)
         got = f.read_all(lay)
         assert f.stats.last_call["direct"]
@@ -104,15 +106,16 @@ def _failing(*args, **kwargs):
     raise OSError(errno.EIO, "injected read error")
 
 
-def test_a_failed_mapped_read_is_raised_everywhere(comm, shared_path, monkeypatch):
+def test_a_failed_mapped_read_is_raised_everywhere(comm, mpi_tmp_path, monkeypatch):
     """Every rank, at any size, copies 512 runs (32 of the 32p + 8 columns)."""
+    path = str(mpi_tmp_path / "target.bin")
     shape = (512, 32 * comm.size + 8)
     lay = layouts.Subarray(shape, (0, 32 * comm.rank), (512, 32), "<f8")
     glob = reference(shape, "<f8", seed=43)
     if comm.rank == 0:
-        glob.tofile(shared_path)
+        glob.tofile(path)
     comm.Barrier()
-    f = collio.open(shared_path, "r", comm=comm, hints={"mapped_reads": "enable"})
+    f = collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"})
     if comm.rank == comm.size - 1:
         monkeypatch.setattr(posix, "read_mapped", _failing)
     err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay))
@@ -124,7 +127,7 @@ def test_a_failed_mapped_read_is_raised_everywhere(comm, shared_path, monkeypatc
 
 
 @pytest.mark.parametrize("mode", ["automatic", "disable"])
-def test_hdf5_contiguous_dataset_reads_map(comm, shared_dir, mode):
+def test_hdf5_contiguous_dataset_reads_map(comm, mpi_tmp_path, mode):
     """collio.h5 reads a contiguous dataset through the same posix path: on a local
     file system its pieces come from the map (the file written by collio.h5 and read
     back right by stock h5py in another process, as in test_h5)."""
@@ -133,7 +136,7 @@ def test_hdf5_contiguous_dataset_reads_map(comm, shared_dir, mode):
 
     import collio.h5
 
-    path = os.path.join(shared_dir, "mapped.h5")
+    path = str(mpi_tmp_path / "mapped.h5")
     shape, lay = _lay(comm, "cyclic")
     glob = reference(shape, lay.dtype, seed=44)
     hints = {"mapped_reads": mode}
@@ -149,16 +152,17 @@ def test_hdf5_contiguous_dataset_reads_map(comm, shared_dir, mode):
     assert stats.mapped_bytes == (comm.allreduce(got.nbytes) if mapped else 0)
 
 
-def test_a_failing_mapping_check_is_raised_everywhere(comm, shared_path, monkeypatch):
+def test_a_failing_mapping_check_is_raised_everywhere(comm, mpi_tmp_path, monkeypatch):
     """The question "may this rank copy from the map?" (an fstat) is asked before the
     call's first agreement: if it fails on one rank, every rank raises it there, rather
     than that rank alone while the others wait in the agreement; then the file goes on."""
+    path = str(mpi_tmp_path / "target.bin")
     shape, lay = _lay(comm, "cyclic")
     glob = reference(shape, lay.dtype, seed=46)
     if comm.rank == 0:
-        glob.tofile(shared_path)
+        glob.tofile(path)
     comm.Barrier()
-    f = collio.open(shared_path, "r", comm=comm, hints={"mapped_reads": "enable"})
+    f = collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"})
     if comm.rank == comm.size - 1:
         monkeypatch.setattr(f.backend, "maps_reads", _failing)
     err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay))
@@ -166,3 +170,24 @@ def test_a_failing_mapping_check_is_raised_everywhere(comm, shared_path, monkeyp
     monkeypatch.undo()
     assert np.array_equal(f.read_all(lay), local_piece(glob, lay))
     f.close()
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("offs", "lens"), [([0, 20 * MIB], [48 * MIB, 100]), ([0, 20 * MIB], [40 * MIB, 8])]
+)
+def test_overlapping_read_with_a_run_longer_than_the_window(comm, mpi_tmp_path, offs, lens):
+    """Reads may overlap: the long run's pieces after cutting must be sorted again with
+    the run inside it, or a window's base lies past that run (wrong bytes, silently)."""
+    data = np.random.default_rng(0).integers(0, 256, 48 * MIB, dtype=np.uint8)
+    path = str(mpi_tmp_path / "f.bin")
+    if comm.rank == 0:
+        data.tofile(path)
+    comm.Barrier()
+    want = np.concatenate([data[o : o + n] for o, n in zip(offs, lens, strict=True)])
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        got = f.read_all(layouts.Segments(offs, lens))
+        assert f.stats.mapped_bytes == sum(lens) * comm.size
+    np.testing.assert_array_equal(got, want)

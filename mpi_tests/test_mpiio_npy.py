@@ -1,38 +1,49 @@
-"""The mpiio backend (conformance, same bytes as posix) and parallel .npy files, at many ranks."""
+"""The mpiio backend (conformance, same bytes as posix) and parallel .npy files."""
 
 from __future__ import annotations
 
-import os
+import warnings
 
 import numpy as np
 import pytest
-from helpers import all_layouts, local_piece, reference
+from helpers import all_layouts, local_piece, raises_everywhere, read_file, reference
 from mpi4py import MPI
 
 import collio
 from collio import layouts
-from collio.testing.backend_suite import BackendTests
+from collio.testing.backend_suite import ByteBackendTests
 
 
-@pytest.mark.mpi
-class TestMpiio(BackendTests):
+class TestMpiio(ByteBackendTests):
     backend = "mpiio"
 
     @pytest.fixture
-    def target(self, shared_dir):
-        return os.path.join(shared_dir, "conformance.bin")
+    def target(self, mpi_tmp_path):
+        return str(mpi_tmp_path / "conformance.bin")
+
+    def stored(self, target, open_options):
+        return read_file(target)
+
+
+@pytest.mark.mpi
+def test_mpiio_refuses_unknown_options_everywhere(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "a.bin")
+    err = raises_everywhere(
+        comm, collio.ModeError, lambda: collio.open(path, "w", comm=comm, backend="mpiio", bogus=1)
+    )
+    assert "unknown options ['bogus']" in str(err)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("hints", [{}, {"cb_buffer_size": 4096, "romio_cb_write": "enable"}])
-def test_mpiio_writes_what_posix_writes(comm, shared_dir, hints):
+def test_mpiio_writes_what_posix_writes(comm, mpi_tmp_path, hints):
     shape = (37, 45)
     glob = reference(shape, "<f8")
     for name, lay in all_layouts(comm, shape, "<f8"):
         local = local_piece(glob, lay)
         paths = {}
         for be in ("posix", "mpiio"):
-            paths[be] = os.path.join(shared_dir, f"{name}-{be}.bin")
+            paths[be] = str(mpi_tmp_path / f"{name}-{be}.bin")
             with collio.open(paths[be], "w", comm=comm, backend=be, hints=hints) as f:
                 f.write_all(local, lay)
                 np.testing.assert_array_equal(f.read_all(lay), local, err_msg=name)
@@ -42,10 +53,11 @@ def test_mpiio_writes_what_posix_writes(comm, shared_dir, hints):
 
 
 @pytest.mark.mpi
-def test_mpiio_hints_reach_romio(comm, shared_path):
+def test_mpiio_hints_reach_romio(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "target.bin")
     info = {"romio_ds_write": "disable"}
     hints = {"cb_buffer_size": 1 << 20, "striping_unit": 65536}
-    with collio.open(shared_path, "w", comm=comm, backend="mpiio", hints=hints, info=info) as f:
+    with collio.open(path, "w", comm=comm, backend="mpiio", hints=hints, info=info) as f:
         fh_info = f.backend.fh.Get_info()
         try:
             assert fh_info.Get("cb_buffer_size") == str(1 << 20)
@@ -56,10 +68,10 @@ def test_mpiio_hints_reach_romio(comm, shared_path):
 
 
 @pytest.mark.mpi
-def test_mpiio_view_write_same_as_romio(comm, shared_dir):
+def test_mpiio_view_write_same_as_romio(comm, mpi_tmp_path):
     """A file view through the mpiio backend: ROMIO's own Write_all gives the same file."""
-    mine = os.path.join(shared_dir, "view-mpiio.bin")
-    theirs = os.path.join(shared_dir, "view-romio.bin")
+    mine = str(mpi_tmp_path / "view-mpiio.bin")
+    theirs = str(mpi_tmp_path / "view-romio.bin")
     ft = MPI.INT.Create_vector(4, 2, 2 * comm.size)
     ft2 = ft.Create_resized(0, 4 * 8 * comm.size).Commit()
     try:
@@ -93,9 +105,9 @@ NPY = [
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["posix", "mpiio"])
 @pytest.mark.parametrize("shape,dtype,order", NPY, ids=[f"{s}-{o}" for s, _, o in NPY])
-def test_npy_loads_in_numpy(comm, shared_dir, shape, dtype, order, backend):
+def test_npy_loads_in_numpy(comm, mpi_tmp_path, shape, dtype, order, backend):
     glob = reference(shape, dtype, seed=3)
-    path = os.path.join(shared_dir, "a.npy")
+    path = str(mpi_tmp_path / "a.npy")
     kinds = {
         "block": layouts.block(shape, glob.dtype, comm=comm, order=order),
         "cyclic": layouts.block_cyclic(
@@ -120,8 +132,8 @@ def test_npy_loads_in_numpy(comm, shared_dir, shape, dtype, order, backend):
 
 
 @pytest.mark.mpi
-def test_npy_header_mismatch_raises_everywhere(comm, shared_dir):
-    path = os.path.join(shared_dir, "b.npy")
+def test_npy_header_mismatch_raises_everywhere(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "b.npy")
     glob = reference((8, 6), "<f8")
     lay = layouts.block((8, 6), "<f8", comm=comm)
     collio.save_npy(path, local_piece(glob, lay), lay, comm=comm)
@@ -137,8 +149,8 @@ def test_npy_header_mismatch_raises_everywhere(comm, shared_dir):
 
 
 @pytest.mark.mpi
-def test_npy_pieces_must_cover_the_array(comm, shared_dir):
-    path = os.path.join(shared_dir, "c.npy")
+def test_npy_pieces_must_cover_the_array(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "c.npy")
     lay = layouts.Subarray((8, 6), (0, 0), (1, 6), "<f8")  # every rank: row 0 only
     with pytest.raises(collio.CollioError) as info:
         collio.save_npy(path, np.zeros((1, 6)), lay, comm=comm)
@@ -151,3 +163,50 @@ def test_npy_pieces_must_cover_the_array(comm, shared_dir):
         collio.save_npy(path, np.zeros(8, np.uint8), bad, comm=comm)
     texts = comm.allgather(str(info.value))
     assert texts == [texts[0]] * comm.size
+
+
+@pytest.mark.mpi
+def test_save_and_load_fortran_order(comm, mpi_tmp_path):
+    """A Fortran-order array: np.load (and its memory map) sees the global array; a bad
+    layout or a truncated file is refused on every rank and leaves the file alone."""
+    path = str(mpi_tmp_path / "x.npy")
+    glob = np.arange(60, dtype="<i8").reshape(5, 12)
+    lay = layouts.block(glob.shape, glob.dtype, comm=comm, order="F")
+    collio.save_npy(path, local_piece(glob, lay), lay, comm=comm)
+    comm.Barrier()
+    np.testing.assert_array_equal(np.load(path), glob)
+    np.testing.assert_array_equal(np.load(path, mmap_mode="r"), glob)
+    np.testing.assert_array_equal(collio.load_npy(path, lay, comm=comm), local_piece(glob, lay))
+    shifted = layouts.Subarray((5, 12), (0, 0), (5, 12), "<i8", offset=8)
+    mine = shifted if comm.rank == 0 else layouts.Subarray((5, 12), (0, 0), (0, 0), "<i8", offset=8)
+    err = raises_everywhere(
+        comm, collio.LayoutError, lambda: collio.save_npy(path, glob, mine, comm=comm)
+    )
+    assert "offset 8" in str(err)
+    np.testing.assert_array_equal(np.load(path), glob)
+    comm.Barrier()
+    if comm.rank == 0:
+        with open(path, "r+b") as fh:
+            fh.truncate(200)
+    comm.Barrier()
+    err = raises_everywhere(comm, collio.LayoutError, lambda: collio.load_npy(path, lay, comm=comm))
+    assert "file has 200 bytes" in str(err)
+
+
+@pytest.mark.mpi
+def test_utf8_field_names_are_format_3_both_ways(comm, mpi_tmp_path):
+    """Field names beyond latin-1 need .npy format 3.0: the file is byte for byte what
+    np.save writes, and collio reads what np.save wrote."""
+    dt = np.dtype([("温度", "<f4"), ("x", "<i2")])
+    glob = np.zeros(6, dt)
+    glob["温度"], glob["x"] = np.arange(6) / 2, np.arange(6)
+    lay = layouts.block(glob.shape, dt, comm=comm)
+    path, theirs = str(mpi_tmp_path / "t.npy"), str(mpi_tmp_path / "theirs.npy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "stored array in format 3.0"
+        collio.save_npy(path, glob[lay.slices], lay, comm=comm)
+        if comm.rank == 0:
+            np.save(theirs, glob)
+    comm.Barrier()
+    assert read_file(path) == read_file(theirs)
+    np.testing.assert_array_equal(collio.load_npy(theirs, lay, comm=comm), glob[lay.slices])

@@ -16,7 +16,9 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
-from collio.testing.backend_suite import BackendTests
+from collio.backends.s3.plan import MIN_PART_SIZE
+from collio.testing.backend_suite import ByteBackendTests
+from collio.testing.jobs import python
 
 boto3 = pytest.importorskip("boto3")
 s3testing = pytest.importorskip("collio.testing.s3")
@@ -72,8 +74,7 @@ def _raises_everywhere(exc_type, fn):
     return raises_everywhere(COMM, exc_type, fn)
 
 
-@pytest.mark.mpi
-class TestS3(BackendTests):
+class TestS3(ByteBackendTests):
     backend = "s3"
 
     @pytest.fixture
@@ -83,6 +84,13 @@ class TestS3(BackendTests):
     @pytest.fixture
     def open_options(self, server):
         return _opts(server)
+
+    def stored(self, target, open_options):
+        client = boto3.client("s3", endpoint_url=open_options["endpoint_url"])
+        try:
+            return client.get_object(Bucket=BUCKET, Key=target.split("/", 3)[3])["Body"].read()
+        except client.exceptions.NoSuchKey:
+            return None
 
 
 # ------------------------------------------------------------ bytes stored
@@ -375,18 +383,15 @@ def test_missing_bucket_or_key_fails_everywhere(server, mode):
     assert ("NoSuchBucket" if mode == "w" else "no such key 'nothing/here'") in str(err)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(min_size=2)
 def test_ranks_naming_different_keys_fail_everywhere(server):
-    if COMM.size < 2:
-        pytest.skip("needs two ranks")
-    bad = COMM.size > 1 and COMM.rank == COMM.size - 1
+    bad = COMM.rank == COMM.size - 1
     target = f"s3://{BUCKET}/k{int(bad)}"
-    if COMM.size > 1:
-        err = _raises_everywhere(
-            collio.MismatchError, lambda: collio.open(target, "w", **_opts(server))
-        )
-        # collio.open compares the URLs in its first agreement, before the backend runs
-        assert f"rank {COMM.size - 1}: open arguments" in str(err) and "/k1'" in str(err)
+    err = _raises_everywhere(
+        collio.MismatchError, lambda: collio.open(target, "w", **_opts(server))
+    )
+    # collio.open compares the URLs in its first agreement, before the backend runs
+    assert f"rank {COMM.size - 1}: open arguments" in str(err) and "/k1'" in str(err)
 
 
 @pytest.mark.mpi
@@ -411,3 +416,101 @@ def test_bad_key_fails_everywhere(server, target, prefix, text):
     )
     assert text in str(err) and err.errno == 22
     assert _stored(server, "x")[1] == []  # no upload was started
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("nbytes", "hints", "nparts"),
+    [
+        (5000, {}, 1),
+        (10 * 1024 + 7, {"cb_buffer_size": 2048}, 11),
+        (8192, {"cb_buffer_size": 4096}, 8),
+    ],
+)
+def test_one_rank_holds_the_object_parts_and_etag(server, key, nbytes, hints, nparts):
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, np.uint8)
+    mine = nbytes if COMM.rank == 0 else 0
+    with collio.open(f"s3://{BUCKET}/{key}", "w", hints=hints, **_opts(server)) as f:
+        f.write_all(data[:mine], layouts.Segments([0], [mine]))
+        info = dict(f.backend.describe())
+    assert info["parts"] == nparts and info["size"] == nbytes
+    stored, uploads = _stored(server, key)
+    assert stored == data.tobytes() and uploads == []
+    etag = None
+    if COMM.rank == 0:
+        etag = boto3.client("s3", endpoint_url=server).head_object(Bucket=BUCKET, Key=key)["ETag"]
+    assert COMM.bcast(etag, root=0).endswith(f'-{nparts}"')
+
+
+@pytest.mark.mpi
+def test_real_5mib_minimum(server, key):
+    """S3's own rule: moto back at 5 MiB, the backend's default minimum."""
+    old = s3testing.set_min_part_size(MIN_PART_SIZE) if COMM.rank == 0 else None
+    COMM.Barrier()
+    try:
+        nbytes = 11 * (1 << 20) + 7
+        data = np.random.default_rng(5).integers(0, 256, nbytes, np.uint8)
+        lay = layouts.Segments([0], [nbytes if COMM.rank == 0 else 0])
+        url = f"s3://{BUCKET}/{key}"
+        with collio.open(url, "w", endpoint_url=server) as f:
+            f.write_all(data[: lay.nbytes], lay)
+            assert f.backend.describe()["part_size"] >= MIN_PART_SIZE
+            assert f.backend.describe()["parts"] == 3
+        assert _stored(server, key)[0] == data.tobytes()
+        whole = layouts.Segments([0], [nbytes])
+        with collio.open(url, "r", endpoint_url=server) as f:
+            np.testing.assert_array_equal(f.read_all(whole), data)
+    finally:
+        COMM.Barrier()
+        if COMM.rank == 0:
+            s3testing.set_min_part_size(old)
+
+
+_LEAK = """
+import sys, collio, numpy as np
+from collio import layouts
+url, bucket, minimum = sys.argv[1], sys.argv[2], int(sys.argv[3])
+opts = dict(endpoint_url=url, min_part_size=minimum)
+msgs = []
+for tgt, mode in ((f"s3://{bucket}/denied", "w"), ("s3://no-such-bucket/x", "r"),
+                  (f"s3://{bucket}/missing", "r")):
+    try:
+        collio.open(tgt, mode, **opts)
+    except collio.CollioError as e:
+        msgs.append(str(e))
+with collio.open(f"s3://{bucket}/ok", "w", **opts) as f:
+    f.write_all(np.zeros(10, np.uint8), layouts.Segments([0], [10]))
+    msgs.append(repr(f.stats.as_dict()))
+print("\\n".join(msgs))
+"""
+
+
+@pytest.mark.mpi
+def test_credentials_never_in_messages_or_stats(faulty):
+    """A process of its own with fresh credentials: an access denied naming the key id, a
+    missing bucket, a missing key, a good write; no message or stat shows either secret."""
+    proxy, url = faulty
+    secret, access = "SECRET" + uuid.uuid4().hex, "AKIA" + uuid.uuid4().hex[:16].upper()
+    result = None
+    if COMM.rank == 0:
+        proxy.fail("CreateMultipartUpload", times=1, status=403, code="AccessDenied",
+                   message=f"no {access}")  # fmt: skip
+        creds = {"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret}
+        out = python(_LEAK, url, BUCKET, str(MIN), env=creds)
+        result = (out.returncode, out.stdout, out.stderr)
+    code, stdout, stderr = COMM.bcast(result, root=0)
+    assert code == 0, stderr
+    assert "no such bucket" in stdout and "no such key" in stdout
+    assert "AccessDenied (HTTP 403): no ***" in stdout
+    assert secret not in stdout + stderr and access not in stdout + stderr
+
+
+@pytest.mark.mpi
+def test_striping_unit_is_refused(server, key):
+    err = _raises_everywhere(
+        collio.HintError,
+        lambda: collio.open(
+            f"s3://{BUCKET}/{key}", "w", hints={"striping_unit": 1 << 20}, **_opts(server)
+        ),
+    )
+    assert "striping_unit does not apply" in str(err)

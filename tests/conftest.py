@@ -2,13 +2,8 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-# CI runs the same examples every time (derandomize: drawn from each test's own
-# source): a run of `pytest tests` died of a SIGFPE inside MPICH's
-# MPI_Pack of some random nested datatype (the reference side of
-# test_random_nested_types_match_mpi; once in the ninth session, once in the tenth's
-# first CI run), not in collio, and that recipe could not be
-# recovered from the dead process. HYPOTHESIS_PROFILE=explore draws new examples,
-# more of them, to look for such cases on purpose.
+# CI draws the same examples every run (derandomize), so a failure reproduces from the log;
+# HYPOTHESIS_PROFILE=explore draws new ones, more of them, to look for failures on purpose.
 settings.register_profile(
     "collio",
     max_examples=60,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import errno
 import pickle
-import subprocess
-import sys
 
 import pytest
 from mpi4py import MPI
@@ -13,12 +11,6 @@ from mpi4py import MPI
 import collio
 from collio.errors import classify, make_error
 from collio.hints import Hints, parse_size
-
-
-def test_defaults():
-    h = Hints()
-    assert h.cb_buffer_size == 16 << 20 and h.cb_nodes is None
-    assert h.romio_cb_write == "automatic" and not h.atomic_commit
 
 
 @pytest.mark.parametrize(
@@ -99,14 +91,3 @@ def test_classify_builtins():
     assert classify(TypeError("bad"))[0] == "LayoutError"
     assert classify(RuntimeError("boom"))[0] == "CollioError"
     assert isinstance(make_error("OverlapError", "m"), collio.OverlapError)
-
-
-def test_import_collio_imports_no_optional_backend():
-    code = "import collio, sys; print([m for m in ('h5py','zarr','boto3') if m in sys.modules])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
-def test_unknown_backend_names_the_known_ones():
-    with pytest.raises(collio.ModeError, match="unknown backend 'nope'; known: .*memory.*posix"):
-        collio.get_backend("nope")

@@ -260,10 +260,9 @@ def test_aggregator_finds_overlap_between_sources():
 
 
 def test_run_across_an_empty_domain_goes_to_the_right_aggregator():
-    """Regression (found by hypothesis): bounds [0, 0, 64, 64, 140] have empty domains 0
-    and 2; the run [56, 70) crosses 64.  Its 0-byte piece in domain 2 was dropped by
-    the window split while another run was split in two, so the counts matched and the
-    piece [64, 70) was sent to the empty domain 2 instead of domain 3."""
+    """Bounds [0, 0, 64, 64, 140] have empty domains 0 and 2; the run [56, 70) crosses 64.
+    Its 0-byte piece in domain 2 must survive the window split: dropped while another run
+    is split in two, the counts still match and [64, 70) goes to domain 2, not 3."""
     runs = Runs(np.array([56, 126]), np.array([14, 14]), np.array([0, 14]))
     bounds = np.array([0, 0, 64, 64, 140], np.int64)
     sp = plan_sender(runs, bounds, 64)

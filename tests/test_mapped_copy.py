@@ -1,6 +1,6 @@
 """Hint ``mapped_reads``: :func:`collio.backends.mapped.read_mapped` copies a rank's runs
 out of the mapped file; every shape of runs must land byte for byte where a loop of
-slices would put it (one rank, no mpiexec)."""
+slices would put it.  One descriptor, no MPI (collective reads: ``mpi_tests/test_mapped.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import os
 import numpy as np
 import pytest
 
-import collio
-from collio import layouts
 from collio.backends.mapped import FEW, copyable, fs_name, read_mapped
 from collio.runs import Runs
 
@@ -115,60 +113,6 @@ def test_fs_name_agrees_with_proc_mounts(tmp_path):
     finally:
         os.close(fd)
     assert name == _KERNEL_NAMES.get(_mount_type(str(path)))
-
-
-@pytest.mark.parametrize("mode", ["automatic", "enable", "disable"])
-def test_single_rank_read_maps_per_hint(tmp_path, mode):
-    """Column pieces of a 2-D array read by one rank: bytes equal, and the hint decides
-    whether they were copied from the map (stats.mapped_bytes)."""
-    path = str(tmp_path / "m.bin")
-    full = np.random.default_rng(1).random((300, 64))
-    full.tofile(path)
-    lay = layouts.Subarray((300, 64), (0, 8), (300, 40), "f8")
-    with collio.open(path, "r", hints={"mapped_reads": mode}) as f:
-        got = f.read_all(lay)
-        stats = f.stats
-        local = fs_name(f.backend.fd) is not None
-    np.testing.assert_array_equal(got, full[:, 8:48])
-    if mode == "disable":
-        assert stats.mapped_bytes == 0
-    elif mode == "enable" or local:
-        assert stats.mapped_bytes == got.nbytes
-
-
-def test_beyond_the_end_is_not_mapped(tmp_path):
-    """Runs past the file's end would fault in a map: they are read (zeros) instead."""
-    path = str(tmp_path / "short.bin")
-    np.arange(100, dtype=np.uint8).tofile(path)
-    lay = layouts.Segments(np.arange(40) * 4, np.full(40, 2))  # bytes up to 158 of a 100-byte file
-    with collio.open(path, "r", hints={"mapped_reads": "enable"}) as f:
-        got = f.read_all(lay)
-        assert f.stats.mapped_bytes == 0
-    want = np.zeros(80, np.uint8)
-    idx = (np.arange(40) * 4)[:, None] + np.arange(2)
-    src = np.concatenate((np.arange(100, dtype=np.uint8), np.zeros(100, np.uint8)))
-    want[:] = src[idx.reshape(-1)]
-    np.testing.assert_array_equal(got, want)
-
-
-# ------------------------------------------------ found by review (helper, session 23)
-MIB = 1 << 20
-
-
-@pytest.mark.parametrize(
-    ("offs", "lens"), [([0, 20 * MIB], [48 * MIB, 100]), ([0, 20 * MIB], [40 * MIB, 8])]
-)
-def test_overlapping_read_with_a_run_longer_than_the_window(tmp_path, offs, lens):
-    """Reads may overlap: the long run's pieces after cutting must be sorted again with
-    the run inside it, or a window's base lies past that run (wrong bytes, silently)."""
-    data = np.random.default_rng(0).integers(0, 256, 48 * MIB, dtype=np.uint8)
-    path = str(tmp_path / "f.bin")
-    data.tofile(path)
-    want = np.concatenate([data[o : o + n] for o, n in zip(offs, lens, strict=True)])
-    with collio.open(path, "r", hints={"mapped_reads": "enable"}) as f:
-        got = f.read_all(layouts.Segments(offs, lens))
-        assert f.stats.mapped_bytes == sum(lens)
-    np.testing.assert_array_equal(got, want)
 
 
 def test_an_error_in_the_copy_is_the_one_raised_and_the_map_is_closed(blob, monkeypatch):

@@ -1,7 +1,7 @@
-"""Decompositions written by the mpiexec zarr jobs and checked with plain zarr afterwards.
+"""Decompositions of 4 ranks written into zarr arrays by collio, checked by plain zarr.
 
-Shared by the job script (run under mpiexec, imports this module) and the tests
-(which rebuild every rank's layout without MPI to know what must be where).
+Every rank's layout is a function of (rank, size), so the check can rebuild all of them
+to know what must be where.
 """
 
 from __future__ import annotations

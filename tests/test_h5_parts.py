@@ -1,10 +1,11 @@
-"""collio.h5 on one rank (no mpiexec): chunk-space arithmetic, codecs, the VFile, a round trip."""
+"""collio.h5's parts that need no MPI: chunk-space arithmetic, codecs, the replica file (VFile).
+
+Collective files are tested in ``mpi_tests/test_h5.py``.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +16,6 @@ from collio import layouts
 from collio.runs import Runs
 
 h5py = pytest.importorskip("h5py")
-import collio.h5  # noqa: E402
 from collio.h5.chunkspace import ChunkGrid, bytes_per_chunk, to_chunk_space  # noqa: E402
 from collio.h5.codec import make_codec  # noqa: E402
 from collio.h5.vfile import VFile  # noqa: E402
@@ -130,101 +130,3 @@ def test_root_publishes_and_drops_raw_chunk_bytes(tmp_path) -> None:
     vf.flush()
     assert path.read_bytes() == b"meta"
     vf.release()
-
-
-def test_import_collio_does_not_import_h5py() -> None:
-    code = "import sys, collio; print('h5py' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "False", out.stderr
-
-
-def test_one_rank_round_trip_and_info(tmp_path) -> None:
-    path = str(tmp_path / "one.h5")
-    glob = np.arange(7 * 9, dtype="<i8").reshape(7, 9)
-    with collio.h5.File(path, "w") as f:
-        c = collio.h5.create_dataset(f, "c", (7, 9), "<i8", chunks=(3, 4), compression="gzip")
-        collio.h5.collective(c)[...] = glob
-        d = collio.h5.create_dataset(f, "d", (7, 9), "<i8")
-        collio.h5.collective(d)[2:5, :] = glob[2:5]
-        np.testing.assert_array_equal(collio.h5.collective(c)[1:6, 3:4], glob[1:6, 3:4])
-    with h5py.File(path, "r") as f:
-        np.testing.assert_array_equal(f["c"][...], glob)
-        np.testing.assert_array_equal(f["d"][2:5], glob[2:5])
-        assert f["d"].id.get_offset() is not None
-    info = collio.h5.info()
-    assert info["h5py_mpi"] is bool(h5py.get_config().mpi)
-    assert "collio" in h5py.registered_drivers()
-
-
-def test_bad_selection_and_unknown_file(tmp_path) -> None:
-    with h5py.File(tmp_path / "plain.h5", "w") as f:
-        d = f.create_dataset("x", (4,), "<f8")
-        with pytest.raises(collio.ModeError, match="driver='collio'"):
-            collio.h5.write_all(d, np.zeros(4), layouts.Subarray((4,), (0,), (4,), "<f8"))
-    with collio.h5.File(str(tmp_path / "c.h5"), "w") as f:
-        d = collio.h5.create_dataset(f, "x", (4, 4), "<f8")
-        with pytest.raises(collio.LayoutError, match="step 1"):
-            collio.h5.collective(d)[::2, :] = 1.0
-        with pytest.raises(collio.LayoutError, match="dtype"):
-            collio.h5.write_all(
-                d, np.zeros((4, 4), "<f4"), layouts.Subarray((4, 4), (0, 0), (4, 4), "<f4")
-            )
-
-
-def test_partial_chunks_get_the_fill_value_and_1d(tmp_path) -> None:
-    path = str(tmp_path / "fill.h5")
-    with collio.h5.File(path, "w") as f:
-        c = collio.h5.create_dataset(f, "c", (10, 10), "<i4", chunks=(4, 4), fillvalue=-1,
-                                     compression="gzip")  # fmt: skip
-        collio.h5.collective(c)[2:6, 3:5] = 9  # touches chunks (0,0) (1,0) (0,1) (1,1) partly
-        v = collio.h5.create_dataset(f, "v", (100,), "<f8", chunks=(7,), shuffle=True)
-        collio.h5.collective(v)[5:93] = np.arange(5, 93, dtype="<f8")
-        e = collio.h5.create_dataset(f, "e", (0, 3), "<f8")
-        collio.h5.collective(e)[...] = np.zeros((0, 3))
-    expect = np.full((10, 10), -1, "<i4")
-    expect[2:6, 3:5] = 9
-    line = np.zeros(100)
-    line[5:93] = np.arange(5, 93)
-    with h5py.File(path, "r") as f:
-        np.testing.assert_array_equal(f["c"][...], expect)
-        assert f["c"].id.get_num_chunks() == 4  # untouched chunks are not stored
-        np.testing.assert_array_equal(f["v"][...], line)
-        assert f["e"].shape == (0, 3)
-
-
-_LEFT_OPEN = """
-import gc, sys
-import numpy as np
-from mpi4py import MPI
-import collio.h5 as ch5
-from collio import layouts
-from collio.comms import private
-
-path, how = sys.argv[1], sys.argv[2]
-glob = np.arange(64.0).reshape(8, 8)
-lay = layouts.block((8, 8), "<f8")
-f = ch5.File(path, "w")
-ds = ch5.create_dataset(f, "x", (8, 8), "<f8")
-ch5.write_all(ds, glob, lay)
-assert np.array_equal(ch5.read_all(ds, lay), glob)
-if how == "drop":
-    del f, ds
-    gc.collect()
-    assert private(MPI.COMM_WORLD).users == 0, "the dropped file still holds the duplicate"
-print("end of script", flush=True)
-"""
-
-
-@pytest.mark.parametrize("how", ["open", "drop"])
-def test_file_left_open_at_exit(tmp_path, how):
-    """A collio HDF5 file still open at exit (or dropped without close after I/O): the
-    process exits cleanly (HDF5's own exit handler used to find it open and call into
-    a finalized Python: SIGSEGV) and stock h5py reads what was written."""
-    path = str(tmp_path / "left.h5")
-    proc = subprocess.run(
-        [sys.executable, "-c", _LEFT_OPEN, path, how], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
-    assert "end of script" in proc.stdout
-    with h5py.File(path, "r") as f:
-        assert np.array_equal(f["x"][...], np.arange(64.0).reshape(8, 8))
