@@ -67,9 +67,9 @@ def _written(comm, path, seed, **open_kw):
 
 @pytest.mark.mpi(min_size=2)
 def test_close_after_sync_is_collective(comm, mpi_tmp_path):
-    """Rank 0 closes alone after an agreed sync while the others sync again: once a
-    local close, which left the others waiting; now every rank raises and the file is
-    closed on every rank (what was written and synced stays)."""
+    """Rank 0 closes alone after an agreed sync while the others sync again: a local
+    close would leave the others waiting, so every rank raises and the file is closed on
+    every rank (what was written and synced stays)."""
     path = str(mpi_tmp_path / "target.bin")
     f, glob = _written(comm, path, 11)
     f.sync()

@@ -521,7 +521,7 @@ def test_round_buffers_out_of_memory_on_one_rank(comm, mpi_tmp_path, op, kept):
     """An aggregator that cannot allocate its round buffers fails before any message.
 
     In the rounds it would raise alone and leave the others waiting for its messages
-    (a hang before this was agreed).  With a kept plan, the buffers are made in the
+    (a hang).  With a kept plan, the buffers are made in the
     call's check (here one rank dropped its kept buffers, as ``release_buffers`` or a
     larger call's failed growth would), else in the planning.
     """
