@@ -1,6 +1,6 @@
 """An h5py user's parallel HDF5 file with the serial h5py wheel: ``collio.h5``.
 
-    mpiexec -n 4 python examples/h5py_user.py
+    mpiexec -n 4 python examples/h5py_user.py [DIR]     # its files go to DIR (default: .)
 
 Every rank makes the same metadata calls (groups, attributes, datasets), as with parallel
 HDF5; the raw data goes through collio's two-phase writes.  Afterwards stock h5py (on
@@ -10,8 +10,7 @@ rank 0, after the file is closed) reads the file like any other.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+import sys
 
 import h5py
 import numpy as np
@@ -23,11 +22,8 @@ from collio import layouts
 SHAPE = (512, 384)
 
 
-def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> None:
-    tmp = None
-    if workdir is None:
-        tmp = comm.bcast(tempfile.mkdtemp(prefix="h5-") if comm.rank == 0 else None)
-    path = os.path.join(workdir or tmp, "run.h5")
+def main(comm: MPI.Intracomm = MPI.COMM_WORLD, directory: str = ".") -> None:
+    path = os.path.join(directory, "run.h5")
     truth = np.arange(SHAPE[0] * SHAPE[1], dtype="f8").reshape(SHAPE)  # for the check
 
     cols = layouts.block(SHAPE, "f8", comm=comm, grid=(1, comm.size))  # column blocks
@@ -52,10 +48,8 @@ def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> No
             np.testing.assert_array_equal(f["run/z"][...], truth)
             assert f["run/z"].compression == "gzip"
         print(f"{path}: /run/x and gzip /run/z written by {comm.size} ranks, read by h5py")
-        if tmp:
-            shutil.rmtree(tmp)
     comm.Barrier()
 
 
 if __name__ == "__main__":
-    main()
+    main(directory=sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -1,6 +1,6 @@
 """An mpi4py MPI-IO program ported to collio: the file view and buffers stay, the calls change.
 
-    mpiexec -n 4 python examples/mpiio_port.py
+    mpiexec -n 4 python examples/mpiio_port.py [DIR]     # its files go to DIR (default: .)
 
 The program writes and reads a 2-D array distributed block-cyclically (an MPI darray)
 through a file view.  Before, with mpi4py's ``MPI.File`` (ROMIO)::
@@ -29,8 +29,7 @@ Both run here, into two files, which must hold the same bytes.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -65,11 +64,8 @@ def with_collio(comm: MPI.Intracomm, path: str, ft: MPI.Datatype, local: np.ndar
     np.testing.assert_array_equal(back, local)
 
 
-def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> None:
-    tmp = None
-    if workdir is None:
-        tmp = comm.bcast(tempfile.mkdtemp(prefix="port-") if comm.rank == 0 else None)
-    theirs, mine = (os.path.join(workdir or tmp, name) for name in ("romio.bin", "collio.bin"))
+def main(comm: MPI.Intracomm = MPI.COMM_WORLD, directory: str = ".") -> None:
+    theirs, mine = (os.path.join(directory, name) for name in ("romio.bin", "collio.bin"))
     ft = darray(comm)
     try:  # the rank's elements, in the order the view lays them out
         local = np.random.default_rng(comm.rank).standard_normal(ft.Get_size() // 8)
@@ -82,10 +78,8 @@ def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> No
         with open(theirs, "rb") as a, open(mine, "rb") as b:
             assert a.read() == b.read(), "collio's file differs from ROMIO's"
         print(f"{SHAPE} block-cyclic over {comm.size} ranks: collio wrote ROMIO's bytes")
-        if tmp:
-            shutil.rmtree(tmp)
     comm.Barrier()
 
 
 if __name__ == "__main__":
-    main()
+    main(directory=sys.argv[1] if len(sys.argv) > 1 else ".")

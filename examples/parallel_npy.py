@@ -1,6 +1,6 @@
 """A parallel ``.npy`` file: every rank writes its piece, ``np.load`` reads the whole array.
 
-    mpiexec -n 4 python examples/parallel_npy.py
+    mpiexec -n 4 python examples/parallel_npy.py [DIR]     # its files go to DIR (default: .)
 
 ``collio.save_npy`` writes numpy's own header (rank 0) and every rank's piece after it,
 here a block-cyclic (ScaLAPACK-style) distribution in Fortran order; ``collio.load_npy``
@@ -10,8 +10,7 @@ checks the header against each rank's layout and reads the piece, in any decompo
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -22,11 +21,8 @@ from collio import layouts
 SHAPE = (500, 300)
 
 
-def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> None:
-    tmp = None
-    if workdir is None:
-        tmp = comm.bcast(tempfile.mkdtemp(prefix="npy-") if comm.rank == 0 else None)
-    path = os.path.join(workdir or tmp, "matrix.npy")
+def main(comm: MPI.Intracomm = MPI.COMM_WORLD, directory: str = ".") -> None:
+    path = os.path.join(directory, "matrix.npy")
     truth = np.asfortranarray(np.arange(SHAPE[0] * SHAPE[1], dtype="<f8").reshape(SHAPE))
 
     grid = layouts.dims_create(comm.size, 2)
@@ -43,10 +39,8 @@ def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> No
         np.testing.assert_array_equal(whole, truth)
         print(f"{path}: {SHAPE} float64, Fortran order, written by {comm.size} ranks")
         del whole
-        if tmp:
-            shutil.rmtree(tmp)
     comm.Barrier()
 
 
 if __name__ == "__main__":
-    main()
+    main(directory=sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -1,6 +1,6 @@
 """A solver's checkpoint: write a 2-D field from every rank, restart it on another rank count.
 
-    mpiexec -n 4 python examples/solver_restart.py
+    mpiexec -n 4 python examples/solver_restart.py [DIR]     # its files go to DIR (default: .)
 
 The "solver" holds its piece of a 2-D field on a process grid (MPI_Dims_create, as
 ``layouts.block`` does by default) and writes a checkpoint after some steps: one file,
@@ -12,8 +12,7 @@ decomposition (row blocks), reads its pieces and checks them against the formula
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -48,11 +47,8 @@ def restart(comm: MPI.Intracomm, path: str, t: float) -> None:
     np.testing.assert_array_equal(piece, field(lay, t))
 
 
-def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> None:
-    tmp = None
-    if workdir is None:
-        tmp = comm.bcast(tempfile.mkdtemp(prefix="solver-") if comm.rank == 0 else None)
-    path = os.path.join(workdir or tmp, "checkpoint.bin")
+def main(comm: MPI.Intracomm = MPI.COMM_WORLD, directory: str = ".") -> None:
+    path = os.path.join(directory, "checkpoint.bin")
 
     checkpoint(comm, path, t=0.01)
 
@@ -66,9 +62,7 @@ def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> No
     comm.Barrier()
     if comm.rank == 0:
         print(f"checkpoint of {SHAPE} written by {comm.size} ranks, read back by {fewer}")
-        if tmp:
-            shutil.rmtree(tmp)
 
 
 if __name__ == "__main__":
-    main()
+    main(directory=sys.argv[1] if len(sys.argv) > 1 else ".")

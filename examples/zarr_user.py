@@ -1,6 +1,6 @@
 """A zarr array written from every rank, whatever the decomposition: ``backend="zarr"``.
 
-    mpiexec -n 4 python examples/zarr_user.py
+    mpiexec -n 4 python examples/zarr_user.py [DIR]     # its files go to DIR (default: .)
 
 Ranks whose pieces share a chunk lose data when each writes its piece with plain zarr
 (zarr re-encodes whole chunks).  Through collio every chunk has exactly one writer, so any
@@ -11,8 +11,7 @@ Plain zarr reads the result.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+import sys
 
 import numpy as np
 import zarr
@@ -24,11 +23,8 @@ from collio import layouts
 SHAPE, CHUNKS = (1000, 700), (100, 100)
 
 
-def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> None:
-    tmp = None
-    if workdir is None:
-        tmp = comm.bcast(tempfile.mkdtemp(prefix="zarr-") if comm.rank == 0 else None)
-    path = os.path.join(workdir or tmp, "field.zarr")
+def main(comm: MPI.Intracomm = MPI.COMM_WORLD, directory: str = ".") -> None:
+    path = os.path.join(directory, "field.zarr")
     truth = np.arange(SHAPE[0] * SHAPE[1], dtype="f8").reshape(SHAPE)  # for the check
 
     lay = layouts.block(SHAPE, "f8", comm=comm)  # boxes that do not line up with the chunks
@@ -44,10 +40,8 @@ def main(comm: MPI.Intracomm = MPI.COMM_WORLD, workdir: str | None = None) -> No
         arr = zarr.open_array(path, mode="r")  # plain zarr, nothing of collio
         np.testing.assert_array_equal(arr[...], truth)
         print(f"{path}: {arr.nchunks} chunks of {CHUNKS}, written by {comm.size} ranks")
-        if tmp:
-            shutil.rmtree(tmp)
     comm.Barrier()
 
 
 if __name__ == "__main__":
-    main()
+    main(directory=sys.argv[1] if len(sys.argv) > 1 else ".")

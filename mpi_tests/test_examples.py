@@ -36,6 +36,6 @@ def test_example_runs_and_checks_itself(comm, mpi_tmp_path, name, capsys):
     if name == "s3_user":
         example.main(comm)  # starts its own local S3 server
     else:
-        example.main(comm, workdir=str(mpi_tmp_path))
+        example.main(comm, directory=str(mpi_tmp_path))
     printed = capsys.readouterr().out
     assert (printed != "") is (comm.rank == 0), printed  # rank 0 reports what it checked

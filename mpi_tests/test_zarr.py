@@ -54,6 +54,13 @@ def same_everywhere(comm, exc):
     return texts[0][1]
 
 
+def plain_array(comm, path, **opts):
+    """An array made by rank 0 with plain zarr, seen by every rank afterwards."""
+    if comm.rank == 0:
+        zarr.create_array(path, **opts)
+    comm.Barrier()
+
+
 @pytest.mark.mpi
 def test_layout_shape_or_dtype_mismatch_fails_on_every_rank(comm, mpi_tmp_path):
     path = str(mpi_tmp_path / "m.zarr")
@@ -92,9 +99,7 @@ def test_missing_array_fails_on_every_rank(comm, mpi_tmp_path):
 @pytest.mark.mpi
 def test_read_only_store_fails_on_every_rank(comm, mpi_tmp_path):
     path = str(mpi_tmp_path / "ro.zarr")
-    if comm.rank == 0:
-        zarr.create_array(path, shape=(8, 8), dtype="<f8", chunks=(3, 3))
-    comm.Barrier()
+    plain_array(comm, path, shape=(8, 8), dtype="<f8", chunks=(3, 3))
     store = zarr.storage.LocalStore(path, read_only=True)
     for mode in ("r+", "w"):
         opts = {"shape": (8, 8), "dtype": "<f8"} if mode == "w" else {}
@@ -336,9 +341,7 @@ def test_huge_chunks_and_variable_size_dtypes_are_refused(comm, mpi_tmp_path):
 def test_zarr_array_and_store_targets(comm, mpi_tmp_path):
     """Each rank passes its own zarr.Array ('r+'), then its own LocalStore ('r')."""
     path = str(mpi_tmp_path / "a.zarr")
-    if comm.rank == 0:
-        zarr.create_array(path, shape=(30, 20), dtype="<i4", chunks=(7, 6), fill_value=0)
-    comm.Barrier()
+    plain_array(comm, path, shape=(30, 20), dtype="<i4", chunks=(7, 6), fill_value=0)
     arr = zarr.open_array(path, mode="r+")
     glob = np.arange(600, dtype="<i4").reshape(30, 20)
     lay = _rows_of(layouts.Subarray((30, 20), (3, 0), (20, 20), "<i4"), comm)
@@ -428,9 +431,7 @@ def test_open_errors(comm, mpi_tmp_path, mode, opts, cls, text):
 @pytest.mark.mpi
 def test_creation_options_do_not_apply_to_an_existing_array(comm, mpi_tmp_path):
     path = str(mpi_tmp_path / "x.zarr")
-    if comm.rank == 0:
-        zarr.create_array(path, shape=(4,), dtype="<f8", chunks=(2,))
-    comm.Barrier()
+    plain_array(comm, path, shape=(4,), dtype="<f8", chunks=(2,))
     arr = zarr.open_array(path, mode="r+")
     with pytest.raises(collio.ModeError, match=r"\['fill_value'\] do not apply") as info:
         collio.open(arr, "r+", comm=comm, backend="zarr", fill_value=3.0)
@@ -443,9 +444,7 @@ def test_creation_options_do_not_apply_to_an_existing_array(comm, mpi_tmp_path):
 @pytest.mark.mpi
 def test_expectations_are_checked_on_open(comm, mpi_tmp_path):
     path = str(mpi_tmp_path / "e.zarr")
-    if comm.rank == 0:
-        zarr.create_array(path, shape=(10, 10), dtype="<f4", chunks=(5, 5))
-    comm.Barrier()
+    plain_array(comm, path, shape=(10, 10), dtype="<f4", chunks=(5, 5))
     with pytest.raises(collio.MismatchError) as info:
         collio.open(path, "r", comm=comm, backend="zarr", shape=(10, 11))
     assert "has shape (10, 10), but shape=(10, 11)" in same_everywhere(comm, info.value)

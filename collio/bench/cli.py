@@ -214,20 +214,18 @@ def _plan_speed(args: argparse.Namespace) -> int:
         f"plan_sender {t['plan_sender']:.3f} s, plan_aggregator ({int(t['pieces_at_aggregator'])} "
         f"pieces) {t['plan_aggregator']:.3f} s; total {t['total']:.3f} s"
     )
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(t, fh, indent=1)
-    return 0
+    return _timings_json(args, t)
 
 
 def _flatten_speed(args: argparse.Namespace) -> int:
-    from .flatten import flatten_speed
+    from .flatten import flatten_speed, format_flatten
 
     t = flatten_speed()
-    print(
-        f"flattening (medians of 5): a subarray of {int(t['subarray_runs'])} runs "
-        f"{t['subarray_s']:.3f} s, a darray of {int(t['darray_runs'])} runs {t['darray_s']:.3f} s"
-    )
+    print(format_flatten(t))
+    return _timings_json(args, t)
+
+
+def _timings_json(args: argparse.Namespace, t: dict[str, float]) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(t, fh, indent=1)

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from .. import datatypes
 
-__all__ = ["flatten_speed"]
+__all__ = ["flatten_speed", "format_flatten"]
 
 
 def _median_seconds(make: Callable[[], MPI.Datatype], repeat: int) -> tuple[float, int]:
@@ -48,3 +48,11 @@ def flatten_speed(runs: int = 10**6, repeat: int = 5) -> dict[str, float]:
     t_sub, r_sub = _median_seconds(subarray, repeat)
     t_dar, r_dar = _median_seconds(darray, repeat)
     return {"subarray_runs": r_sub, "subarray_s": t_sub, "darray_runs": r_dar, "darray_s": t_dar}
+
+
+def format_flatten(t: dict[str, float]) -> str:
+    """One line for humans."""
+    return (
+        f"flattening (medians): a subarray of {int(t['subarray_runs'])} runs "
+        f"{t['subarray_s']:.3f} s, a darray of {int(t['darray_runs'])} runs {t['darray_s']:.3f} s"
+    )
