@@ -60,7 +60,7 @@ class EarlyFlush:
     128 MiB, fsync, same job as the hint turned off, alternating, medians of 12):
     1.10 and 1.11x for column blocks, 1.22 and 1.18x block-cyclic, 1.03x IOR's pattern;
     a flush after 128 MiB on this virtual disk takes 150-210 ms when nothing was
-    flushed before it (``examples/flush_cost.py``).
+    flushed before it (``collio-bench --compare collio,collio-noflush`` measures the gain).
 
     A flush's error is kept and reported by :meth:`wait`, that is by the next
     ``sync()`` (or ``close()``), as a :class:`~collio.errors.BackendError` saying that
