@@ -8,26 +8,82 @@ attribute's delete callback frees collio's duplicate.
 
 Sharing one duplicate between files is safe: every collio collective call
 completes all its messages before it returns, and collective calls on a
-communicator happen in the same order on every rank.
+communicator happen in the same order on every rank.  Calls from two threads at
+once on one communicator break that order (MPI forbids concurrent collectives on a
+communicator): :func:`exclusive` refuses the second at once, in its own thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import threading
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
 from .aggregators.select import choose_aggregators
+from .errors import ConcurrentCallError
 from .plancache import PlanCache
 
-__all__ = ["Private", "private"]
+__all__ = ["Private", "exclusive", "one_thread", "private"]
 
 _lock = threading.Lock()
 _keyval: int | None = None
+#: Communicators in a collective call of collio, by handle: (thread, its name, the call,
+#: calls in progress on that thread: a call may make another, e.g. close after a failure).
+_busy: dict[int, tuple[int, str, str, int]] = {}
+_busy_lock = threading.Lock()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextlib.contextmanager
+def exclusive(comm: MPI.Comm, call: str) -> Iterator[None]:
+    """Local: mark ``comm`` as in collio's collective ``call`` on this thread; raise
+    :class:`~collio.errors.ConcurrentCallError` at once if another thread is in one.
+
+    The other thread's call goes on undisturbed.  The check is per process: it sees
+    two threads of one rank, which is how concurrent collectives on one communicator
+    happen (a rank whose threads take turns in a different order than another rank's
+    still mismatches, and is then reported by the call's first agreement).
+    """
+    key = comm.py2f()
+    me = threading.current_thread()
+    with _busy_lock:
+        held = _busy.get(key)
+        if held is not None and held[0] != me.ident:
+            raise ConcurrentCallError(
+                f"{call} in thread {me.name!r} while thread {held[1]!r} is in {held[2]} on "
+                "the same communicator: MPI forbids concurrent collective calls on one "
+                "communicator; make collio's calls on it from one thread at a time, or give "
+                "each thread its own communicator (comm.Dup())"
+            )
+        ident = me.ident if me.ident is not None else 0
+        _busy[key] = (ident, me.name, call, 1) if held is None else (*held[:3], held[3] + 1)
+    try:
+        yield
+    finally:
+        with _busy_lock:
+            t, name, first, depth = _busy[key]
+            if depth <= 1:
+                del _busy[key]
+            else:
+                _busy[key] = (t, name, first, depth - 1)
+
+
+def one_thread(method: F) -> F:
+    """A method of an object with a ``comm`` property, run under :func:`exclusive`."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with exclusive(self.comm, method.__name__):
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(slots=True)

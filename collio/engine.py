@@ -42,6 +42,7 @@ from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
 from .layouts.base import Layout
+from .overlaps import overlap_error, raise_plan_error
 from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
 from .runs import Runs, first_overlap, is_read_only
@@ -247,7 +248,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
             src = np.repeat(np.arange(comm.Get_size(), dtype=np.int64), rcounts // 2)
             ap, bad = plan_aggregator(recv[0::2], recv[1::2], src, int(bounds[d]), window)
             if bad >= 0 and writing:
-                raise _overlap_error(recv[0::2], recv[1::2], src, bad)
+                raise overlap_error(recv[0::2], recv[1::2], src)
             replies, rep_counts = ap.replies(comm.Get_size())
         if step.error is None and sp is not None:
             draft = Plan(bounds, window, sp, sp.gwin, ap, 0)
@@ -265,7 +266,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     out = np.empty_like(vec)
     comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
     if out[0]:
-        raise_agreed(comm, step.error, what=call_name)
+        raise_plan_error(comm, step.error, what=call_name)  # (overlaps: one message)
     assert draft is not None  # (no rank failed)
     if out[2]:
         sround, _ = alltoallv_i64(comm, replies, rep_counts, what=call_name)
@@ -277,16 +278,6 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=not out[3])
     call.counters.time_plan += time.perf_counter() - t0
     return plan
-
-
-def _overlap_error(file: I64, length: I64, src: I64, bad: int) -> OverlapError:
-    a, e = int(file[bad]), int(file[bad] + length[bad])
-    hit = np.flatnonzero((file < e) & (file + length > a))
-    other = int(hit[hit != bad][0]) if (hit != bad).any() else bad
-    lo, hi = max(a, int(file[other])), min(e, int(file[other] + length[other]))
-    ranks = sorted({int(src[bad]), int(src[other])})
-    who = f"ranks {ranks[0]} and {ranks[1]}" if len(ranks) > 1 else f"rank {ranks[0]} twice"
-    return OverlapError(f"bytes [{lo}, {hi}) are written by {who}")
 
 
 # ------------------------------------------------------------- entry points
@@ -383,12 +374,30 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
         return view, arr
 
     runs, buf, arr, call = _check(ctx, layout, prepare, writing=False)
+    if ctx.hints.read_past_eof == "disable":
+        _refuse_past_eof(ctx, runs)
     error = _transfer(ctx, call, runs, buf, writing=False)
     # after rounds reads wait polling (sleeping measured no better); after each rank's own
     # I/O (direct path: it takes each rank its own time, e.g. decoding zarr chunks) and on
     # remote backends a rank done early sleeps instead of taking a core the others need
     _complete(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote or call.direct)
     return arr
+
+
+def _refuse_past_eof(ctx: Context, runs: Runs) -> None:
+    """Collective over ``ctx.comm`` (hint ``read_past_eof=disable``): the same
+    :class:`LayoutError` on every rank when some rank's runs reach past the end."""
+    step = Attempt()
+    with step:
+        end = runs.extent()[1] if len(runs) else 0
+        size = ctx.backend.size()
+        if end > size:
+            raise LayoutError(
+                f"read_all reaches byte {end}, past the end of {ctx.file[1]} ({size} bytes; "
+                "hint read_past_eof=disable)"
+            )
+    if any_flag(ctx.comm, step.error is not None):
+        raise_agreed(ctx.comm, step.error, what="read_all")
 
 
 def _transfer(

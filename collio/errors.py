@@ -23,6 +23,11 @@ class CollioError(Exception):
         raised by a single rank before any agreement).
     """
 
+    #: An error of the close that followed this one (the abort of an S3 upload after a
+    #: failed write, a close after a call mismatch): this error is the one raised, the
+    #: later one rides on it (also in its notes), agreed like it.
+    close_error: Exception | None = None
+
     def __init__(self, message: str, *, ranks: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.message = message
@@ -50,11 +55,16 @@ class MismatchError(LayoutError):
     call_mismatch: bool = False
     calls: tuple[str, ...] = ()
     one_file: bool = True
-    close_error: Exception | None = None
 
 
 class OverlapError(CollioError, ValueError):
-    """Two ranks (or one rank twice) write the same byte; MPI leaves it undefined, we refuse."""
+    """Two ranks (or one rank twice) write the same byte; MPI leaves it undefined, we refuse.
+
+    ``ranks`` are the ranks writing the overlapping bytes.
+    """
+
+    #: (lo, hi, ranks) an aggregator found, before the ranks merge what they found.
+    region: tuple[int, int, tuple[int, ...]] | None = None
 
 
 class HintError(CollioError, ValueError):
@@ -83,6 +93,13 @@ class BackendUnavailableError(CollioError, ImportError):
     """An optional backend's dependency is missing; the message says what to install."""
 
 
+class ConcurrentCallError(CollioError, RuntimeError):
+    """A thread made a collective call on a communicator another thread is in a call on.
+
+    Raised at once, on that thread only; the other thread's call goes on.
+    """
+
+
 class CommitError(BackendError):
     """An atomic commit (rename, multipart completion) failed; the previous target is intact."""
 
@@ -99,8 +116,19 @@ _CLASSES: dict[str, type[CollioError]] = {
         BackendError,
         BackendUnavailableError,
         CommitError,
+        ConcurrentCallError,
     )
 }
+
+
+def add_later(exc: BaseException, later: Exception) -> None:
+    """Keep ``later`` (the error of a cleanup after ``exc``: closing, aborting) on ``exc``,
+    which stays the error raised: the cause, not what failed after it, is the news."""
+    if isinstance(exc, CollioError):
+        exc.close_error = later
+    note = f"then closing failed too: {type(later).__name__}: {later}"
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
 
 
 def register_error(cls: type[CollioError]) -> type[CollioError]:

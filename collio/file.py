@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import types
 from typing import Any
 
@@ -14,11 +13,11 @@ from . import engine, view
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
 from .collective import Attempt, any_flag, call_head, raise_agreed, same_slots, settle_same
-from .comms import Private, private
-from .errors import MismatchError, ModeError
+from .comms import Private, exclusive, one_thread, private
+from .errors import MismatchError, ModeError, add_later
 from .hints import Hints
 from .layouts.base import Layout
-from .stats import Stats
+from .stats import Stats, print_at_close
 
 __all__ = ["File", "open"]
 
@@ -65,7 +64,8 @@ def open(  # noqa: A001 - the natural name, like io.open / h5py.File
     # call on it for that agreement to meet (and one in a call on another communicator
     # meets no agreement on this one, whatever it is); afterwards it is local
     priv = private(MPI.COMM_WORLD if comm is None else comm)
-    return File._open(priv, target, mode, hints, backend, options)
+    with exclusive(priv.comm, "open"):  # (a second thread's call raises, see comms)
+        return File._open(priv, target, mode, hints, backend, options)
 
 
 class File:
@@ -179,6 +179,7 @@ class File:
         return self._ctx.stats
 
     # -- collective I/O -------------------------------------------------------
+    @one_thread
     def set_view(
         self,
         disp: int = 0,
@@ -210,6 +211,7 @@ class File:
         """This rank's file pointer, in etypes of the view (``MPI.File.Get_position``)."""
         return self._position
 
+    @one_thread
     def write_all(self, data: Any, layout: Any = _VIEW) -> None:
         """Collective over `comm`: write every rank's ``data`` where its ``layout`` says.
 
@@ -230,6 +232,7 @@ class File:
         if layout is _VIEW:
             self._position += lay.etypes
 
+    @one_thread
     def read_all(self, layout: Any = None, out: Any = None) -> Any:
         """Collective over `comm`: read this rank's piece; returns an ndarray.
 
@@ -257,6 +260,7 @@ class File:
         """Collective over `comm`: write ``buf`` through the view from etype ``offset``."""
         self.write_all(buf, view.BufferLayout(self._view, offset, buf, writing=True))
 
+    @one_thread
     def read_at_all(self, offset: int, buf: Any) -> Any:
         """Collective over `comm`: fill ``buf`` through the view from etype ``offset``."""
         self._check_open()
@@ -264,6 +268,7 @@ class File:
         self._read(lay, None)
         return lay.buffer
 
+    @one_thread
     def sync(self) -> None:
         """Collective over `comm`: return once every written byte is durable (fsync)."""
         self._check_open()
@@ -272,6 +277,7 @@ class File:
         if failed:
             raise_agreed(self.comm, error, what="sync")
 
+    @one_thread
     def close(self) -> None:
         """Collective over `comm`: sync, commit (atomic targets), release.  Idempotent.
 
@@ -351,8 +357,7 @@ class File:
         try:
             ctx.backend.close()
             ctx.mode = "closed"
-            if os.environ.get("COLLIO_STATS") and ctx.comm.Get_rank() == 0:
-                print(ctx.stats.summary(), file=sys.stderr, flush=True)
+            print_at_close(ctx.stats, ctx.file[1], ctx.comm.Get_rank())
         finally:
             priv, self._priv = self._priv, None
             if priv is not None:
@@ -388,7 +393,13 @@ class File:
     ) -> None:
         if exc is not None and not self.closed and self._atomic():
             self._abort()
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as later:  # (agreed: the same on every rank)
+            add_later(exc, later)  # the block's error is raised, the close's (an abort) rides on it
 
     def __repr__(self) -> str:
         return f"<collio.File {self.target!r} mode={self.mode!r} backend={self.backend.name}>"

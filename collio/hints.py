@@ -1,13 +1,16 @@
 """Hints with ROMIO's reserved names, from a dict, an ``MPI.Info`` or :class:`Hints`.
 
 Unknown names are reported with a :class:`HintWarning` naming them (never
-silently dropped) and kept in :attr:`Hints.extra`, where backends that pass hints
-through (the ``mpiio`` backend hands them to ROMIO) can still use them.
+silently dropped; a near miss of a known name says which one was meant) and kept in
+:attr:`Hints.extra`.  ROMIO's own names (:data:`ROMIO_HINTS`) are kept there silently:
+the ``mpiio`` backend hands those, and only those, to ROMIO.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import numbers
 import re
 import warnings
 from collections.abc import Mapping
@@ -33,9 +36,34 @@ KNOWN = (
     "direct_write",
     "early_flush",
     "mapped_reads",
+    "read_past_eof",
 )
-#: Names backends may consume (passed through, not reported as unknown).
-PASS_THROUGH = re.compile(r"^(romio_|ind_|cb_|striping_|collective_buffering|s3_|zarr_|h5_)")
+#: Names ROMIO reads (what ``MPI.File.Get_info`` lists for a file of MPICH's ROMIO) and
+#: the MPI standard's reserved ones: kept in ``extra`` without a warning, and the only
+#: extra names the ``mpiio`` backend passes to ROMIO.
+ROMIO_HINTS = frozenset(
+    (
+        "cb_buffer_size", "cb_nodes", "cb_config_list", "romio_cb_read", "romio_cb_write",
+        "romio_cb_fr_types", "romio_cb_fr_alignment", "romio_cb_ds_threshold",
+        "romio_cb_alltoall", "romio_cb_pfr", "romio_no_indep_rw", "ind_rd_buffer_size",
+        "ind_wr_buffer_size", "romio_ds_read", "romio_ds_write", "striping_unit",
+        "striping_factor", "start_iodevice", "romio_synchronized_flush",
+        "romio_visibility_immediate", "romio_filesystem_type", "romio_aggregator_list",
+        "romio_min_fdomain_size", "direct_read", "direct_write", "mpi_memory_alloc_kinds",
+        # the MPI standard's reserved names (ROMIO ignores those it does not implement)
+        "access_style", "collective_buffering", "cb_block_size", "chunked", "chunked_item",
+        "chunked_size", "filename", "file_perm", "io_node_list", "nb_proc", "num_io_nodes",
+    )
+)  # fmt: skip
+#: ROMIO drivers' own families (``romio_lustre_co_ratio``, ``romio_gpfs_...``): ROMIO's too.
+ROMIO_FAMILIES = re.compile(r"^(romio_(lustre|gpfs|daos|pvfs2|panfs|bg|quobyte|ime)_|panfs_)")
+#: The smallest ``cb_buffer_size`` collio runs rounds with: smaller values are raised to
+#: it (and reported in ``f.stats.hints["adjusted"]``).  Rounds of a few bytes would turn
+#: a megabyte into a million rounds, each a few messages: a call that never ends.
+MIN_BUFFER = 512
+#: The largest ``striping_unit``: no file system stripes more coarsely than this (Lustre
+#: takes stripes below 4 GiB), and domain boundaries must stay far from 2**63.
+MAX_STRIPE = 4 << 30
 _TRI = ("enable", "disable", "automatic")
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
@@ -63,7 +91,22 @@ def _parse_int(value: Any, name: str) -> int:
     try:
         return int(str(value).strip()) if not isinstance(value, int) else value
     except ValueError:
-        raise HintError(f"hint {name}={value!r} is not an integer") from None
+        raise HintError(f"hint {name}={value!r} is not an integer (a count, e.g. 4)") from None
+
+
+def is_romio_hint(name: str) -> bool:
+    """Whether ROMIO reads a hint of this name (:data:`ROMIO_HINTS`, a driver's family)."""
+    return name in ROMIO_HINTS or bool(ROMIO_FAMILIES.match(name))
+
+
+def _unknown_text(names: list[str]) -> str:
+    """``cb_bufer_size (did you mean cb_buffer_size?), banana``."""
+    every = sorted(set(KNOWN) | ROMIO_HINTS)
+    out = []
+    for name in sorted(names):
+        near = difflib.get_close_matches(name, every, n=1, cutoff=0.8)
+        out.append(f"{name} (did you mean {near[0]}?)" if near else name)
+    return ", ".join(out)
 
 
 def _parse_bool(value: Any, name: str) -> bool:
@@ -128,8 +171,16 @@ class Hints:
         (:mod:`collio.backends.mapped`); reads that skip the shuffle for another
         reason (disjoint extents, ``romio_cb_read=disable``) copy from the map too.
         ``enable`` maps on any file system, ``disable`` never.
+    read_past_eof
+        ``enable`` (default): bytes a ``read_all`` asks for past the end of the file read
+        as zeros (as bytes no rank wrote do); ``disable``: such a read raises the same
+        :class:`~collio.errors.LayoutError` on every rank, naming the ranks that reach past
+        the end, before any byte moves.
     extra
-        Unrecognised or pass-through hints, as strings.
+        ROMIO's hints (passed to ROMIO by the mpiio backend) and unknown ones, as strings.
+    adjusted
+        Values raised to collio's floor (``cb_buffer_size`` below :data:`MIN_BUFFER`), as
+        ``(name, requested)``; ``f.stats.hints["adjusted"]`` shows them.
     """
 
     cb_nodes: int | None = None
@@ -145,9 +196,23 @@ class Hints:
     direct_write: bool = False
     early_flush: bool = True
     mapped_reads: str = "automatic"
+    read_past_eof: str = "enable"
     extra: tuple[tuple[str, str], ...] = ()
+    adjusted: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
+        _check_types(self)
+        if self.cb_buffer_size < MIN_BUFFER and self.cb_buffer_size >= 1:
+            # (ROMIO's hints are advice: a value too small to run is raised, and said so)
+            object.__setattr__(self, "adjusted", (("cb_buffer_size", self.cb_buffer_size),))
+            object.__setattr__(self, "cb_buffer_size", MIN_BUFFER)
+        if self.striping_unit is not None and self.striping_unit > MAX_STRIPE:
+            raise HintError(
+                f"hint striping_unit={self.striping_unit} is above {MAX_STRIPE} (4 GiB): no "
+                "file system stripes that coarsely"
+            )
+        if self.read_past_eof not in ("enable", "disable"):
+            raise HintError(f"hint read_past_eof={self.read_past_eof!r} must be enable or disable")
         if self.cb_nodes is not None and self.cb_nodes < 1:
             raise HintError(f"hint cb_nodes={self.cb_nodes} must be >= 1")
         if self.cb_buffer_size < 1:
@@ -173,9 +238,7 @@ class Hints:
         extra: list[tuple[str, str]] = []
         unknown: list[str] = []
         for key, value in items:
-            if key in ("cb_nodes", "striping_factor"):
-                values[key] = int(parse_size(value, key))
-            elif key == "min_rounds":
+            if key in ("cb_nodes", "striping_factor", "min_rounds"):
                 values[key] = _parse_int(value, key)
             elif key in ("cb_buffer_size", "striping_unit", "direct_threshold"):
                 values[key] = parse_size(value, key)
@@ -183,15 +246,17 @@ class Hints:
                 values[key] = str(value)
             elif key in ("romio_cb_write", "romio_cb_read", "mapped_reads"):
                 values[key] = _parse_tri(value, key)
+            elif key == "read_past_eof":
+                values[key] = "enable" if _parse_bool(value, key) else "disable"
             elif key in ("atomic_commit", "direct_write", "early_flush"):
                 values[key] = _parse_bool(value, key)
             else:
                 extra.append((key, str(value)))
-                if not PASS_THROUGH.match(key):
+                if not is_romio_hint(key):
                     unknown.append(key)
         if unknown and warn:
             warnings.warn(
-                f"unknown hints ignored by collio: {', '.join(sorted(unknown))}",
+                f"unknown hints ignored by collio: {_unknown_text(unknown)}",
                 HintWarning,
                 stacklevel=3,
             )
@@ -208,10 +273,43 @@ class Hints:
         return _config_per_node(self.cb_config_list)
 
     def as_dict(self) -> dict[str, Any]:
-        """The values, ``extra`` flattened in."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        """The values, ``extra`` flattened in; ``adjusted`` as ``{name: {"requested": r,
+        "used": u}}`` when some value was raised."""
+        skip = ("extra", "adjusted")
+        out = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip
+        }
         out.update(dict(self.extra))
+        if self.adjusted:
+            out["adjusted"] = {k: {"requested": v, "used": out[k]} for k, v in self.adjusted}
         return out
+
+
+_INTS = ("cb_buffer_size", "direct_threshold", "min_rounds")
+_OPTIONAL_INTS = ("cb_nodes", "striping_unit", "striping_factor")
+
+
+def _check_types(h: Hints) -> None:
+    """Refuse, with collio's own message, values of the wrong type given to ``Hints(...)``
+    directly (``Hints.coerce`` parses strings first): ``Hints({...})`` puts a dict into
+    ``cb_nodes``, which numpy or a comparison would otherwise report obscurely."""
+    first = h.cb_nodes
+    if isinstance(first, Mapping) or (first is not None and hasattr(first, "Get_nkeys")):
+        raise HintError(
+            "Hints() takes keywords (Hints(cb_nodes=4, cb_buffer_size=1 << 20)); for a dict "
+            "or an MPI.Info use Hints.coerce(...), or pass it to collio.open(hints=...) as is"
+        )
+    for name in _INTS + _OPTIONAL_INTS:
+        v = getattr(h, name)
+        if v is None and name in _OPTIONAL_INTS:
+            continue
+        if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+            object.__setattr__(h, name, int(v))  # (numpy's integers too, as plain ints)
+            continue
+        raise HintError(
+            f"hint {name}={v!r} must be an int in Hints(...); Hints.coerce parses strings "
+            "such as '16m'"
+        )
 
 
 def _items(hints: Any) -> list[tuple[str, Any]]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Stats", "BUCKETS", "histogram"]
+__all__ = ["Stats", "BUCKETS", "histogram", "print_at_close"]
 
 #: Darshan's access-size buckets: inclusive upper bounds in bytes, as darshan-core counts them.
 BUCKETS = (100, 1 << 10, 10 << 10, 100 << 10, 1 << 20, 4 << 20, 10 << 20, 100 << 20, 1 << 30)
@@ -130,14 +132,24 @@ class Stats:
         out["last_call"] = dict(self.last_call)
         return out
 
-    def summary(self) -> str:
-        """A few lines for humans (``COLLIO_STATS=1`` prints it at close)."""
+    def summary(self, name: str | None = None) -> str:
+        """A few lines for humans about the file ``name`` (``COLLIO_STATS=1`` prints it at
+        close: :func:`print_at_close`)."""
         mib = 1 << 20
+        about = f" {name}" if name else ""
         return (
-            f"collio stats: {self.bytes_written / mib:.1f} MiB written in {self.write_ops} ops, "
+            f"collio stats{about}: "
+            f"{self.bytes_written / mib:.1f} MiB written in {self.write_ops} ops, "
             f"{self.bytes_read / mib:.1f} MiB read in {self.read_ops} ops; "
             f"{self.collective_calls} two-phase calls ({self.direct_calls} direct), "
             f"max {self.rounds} rounds, {len(self.aggregators)} aggregators "
             f"{list(self.aggregators)[:8]}; time plan {self.time_plan:.3f}s exchange "
             f"{self.time_exchange:.3f}s io {self.time_io:.3f}s total {self.time_total:.3f}s"
         )
+
+
+def print_at_close(stats: Stats, name: str, rank: int) -> None:
+    """With ``COLLIO_STATS`` set, rank 0 prints the closing file's summary to stderr (for
+    ``collio.open`` and :mod:`collio.h5` files alike), naming the file."""
+    if os.environ.get("COLLIO_STATS") and rank == 0:
+        print(stats.summary(name), file=sys.stderr, flush=True)

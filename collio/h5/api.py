@@ -11,6 +11,7 @@ from mpi4py import MPI
 from .. import engine
 from ..backends.posix import maps_for
 from ..collective import Attempt, agree
+from ..comms import exclusive
 from ..errors import LayoutError, ModeError
 from ..layouts import Layout, Subarray
 from ..layouts.base import Segments
@@ -168,12 +169,13 @@ def write_all(dset: Any, data: Any, layout: Layout) -> None:
     aggregators; chunked ones are assembled, encoded and written whole.
     """
     s = session_of(dset)
-    kind, offset = _call(s, dset, "write_all", True)
-    ctx = _context(s, dset, kind, offset)
-    try:
-        engine.write(ctx, data, layout)
-    finally:
-        ctx.backend.close()  # (chunked: its buffers; contiguous: the dataset it was bound to)
+    with exclusive(s.comm, "write_all"):  # (a second thread's call raises, see comms)
+        kind, offset = _call(s, dset, "write_all", True)
+        ctx = _context(s, dset, kind, offset)
+        try:
+            engine.write(ctx, data, layout)
+        finally:
+            ctx.backend.close()  # (chunked: its buffers; contiguous: the dataset it was bound to)
 
 
 def read_all(dset: Any, layout: Layout, out: Any = None) -> Any:
@@ -183,6 +185,12 @@ def read_all(dset: Any, layout: Layout, out: Any = None) -> Any:
     is read and decoded once, by its aggregator, and sent to the ranks that need it.
     """
     s = session_of(dset)
+    with exclusive(s.comm, "read_all"):  # (a second thread's call raises, see comms)
+        return _read_all(s, dset, layout, out)
+
+
+def _read_all(s: Session, dset: Any, layout: Layout, out: Any) -> Any:
+    """Collective over ``s.comm``: :func:`read_all`'s work."""
     kind, offset = _call(s, dset, "read_all", False)
     if kind == "contiguous" and offset is None:  # never written: the fill value
         step = Attempt()
