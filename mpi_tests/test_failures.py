@@ -165,11 +165,12 @@ def test_missing_file_for_reading(comm, mpi_tmp_path):
     assert err.errno == errno.ENOENT
     err = _raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "r+", comm=comm))
     assert isinstance(err, FileNotFoundError) or err.errno == errno.ENOENT
-    # a directory (or a FIFO, whose open would block every rank) is not a file to read
+    # a directory is not a file to read (FIFOs and devices: test_hardening.py)
     err = _raises_everywhere(
         comm, collio.BackendError, lambda: collio.open(str(mpi_tmp_path), "r", comm=comm)
     )
-    assert "rank 0: no such file" in str(err) and err.ranks == (0,)
+    assert "rank 0:" in str(err) and "is a directory, not a regular file" in str(err)
+    assert err.ranks == (0,) and err.errno == errno.EISDIR
 
 
 @pytest.mark.mpi

@@ -23,12 +23,16 @@ from mpi4py import MPI
 
 from ..collective import Attempt, agree
 from ..errors import BackendError, ModeError
+from ..hints import is_romio_hint
 from .base import Backend
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
+from .localfile import check_target
 
 __all__ = ["MpiioBackend", "info_from_hints"]
 
 _POSIX_PREFIX = re.compile(r"^(ufs|nfs|lustre|gpfs|xfs|panfs|testfs):")
+#: ROMIO drivers whose names are no local paths (checked by the driver itself).
+_OTHER_PREFIX = re.compile(r"^(?!(ufs|nfs|lustre|gpfs|xfs|panfs|testfs):)[a-z0-9]+:")
 #: collio's own hints, not ROMIO's: kept out of the MPI.Info.
 _COLLIO_ONLY = (
     "atomic_commit", "direct_threshold", "direct_write", "early_flush", "mapped_reads",
@@ -37,11 +41,13 @@ _COLLIO_ONLY = (
 
 
 def info_from_hints(hints: Any, extra: Any = None) -> MPI.Info:
-    """An ``MPI.Info`` with every hint ROMIO may use (the caller frees it)."""
+    """An ``MPI.Info`` with every hint ROMIO may use (the caller frees it): the hints'
+    names that ROMIO knows (a misspelt or unknown name, already reported as a
+    ``HintWarning``, is not passed on), then the ``info=`` option's, all of them."""
     items: dict[str, str] = {}
     if hints is not None:
         for key, value in hints.as_dict().items():
-            if key in _COLLIO_ONLY or value is None:
+            if key in _COLLIO_ONLY or value is None or not is_romio_hint(key):
                 continue
             items[key] = str(value)
     if isinstance(extra, MPI.Info):
@@ -74,7 +80,27 @@ def _mpi_error(exc: MPI.Exception, what: str) -> BackendError:
     text = head[:1].lower() + head[1:]
     if detail:
         text += f" ({detail[:1].lower() + detail[1:]})"
-    return BackendError(f"{what}: {text}", errno=codes.get(cls, errno.EIO))
+    code = codes.get(cls) or _errno_in(" ".join(lines)) or errno.EIO
+    return BackendError(f"{what}: {text}", errno=code)
+
+
+def _errno_in(text: str) -> int | None:
+    """The errno whose ``strerror`` ROMIO quoted in its message, if any (it reports an
+    ``ERR_IO`` with the system's text, e.g. "No space left on device")."""
+    low = text.lower()
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EIO):
+        if os.strerror(code).lower() in low:
+            return code
+    return None
+
+
+def _mpi_call(fn: Any, what: str) -> Any:
+    """``fn()``, an MPI error raised as a :class:`BackendError` (never a bare
+    ``MPI.Exception``, which would reach the user as an unexplained ``CollioError``)."""
+    try:
+        return fn()
+    except MPI.Exception as exc:
+        raise _mpi_error(exc, what) from None
 
 
 def _local_fd(path: str) -> int:
@@ -129,6 +155,9 @@ class MpiioBackend(Backend):
         with step:
             if options:
                 raise ModeError(f"mpiio backend: unknown options {sorted(options)}")
+            if comm.Get_rank() == 0 and not _OTHER_PREFIX.match(path):
+                # (a FIFO would block ROMIO's open on every rank; devices take no pwrite)
+                check_target(_POSIX_PREFIX.sub("", path), mode)
             if getattr(hints, "atomic_commit", False) and mode != "r":
                 raise ModeError("mpiio backend: atomic_commit is not supported")
             if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -162,8 +191,8 @@ class MpiioBackend(Backend):
         be = cls(fh, path, mode, writeback, bool(getattr(hints, "early_flush", True)))
         if mode == "w":
             step = Attempt()
-            with step:
-                fh.Set_size(0)  # collective: the file starts empty, as with O_TRUNC
+            with step:  # collective: the file starts empty, as with O_TRUNC
+                _mpi_call(lambda: fh.Set_size(0), f"truncating {path!r}")
             try:
                 agree(comm, step.error, what=f"open {path!r}")
             except BaseException:
@@ -198,13 +227,13 @@ class MpiioBackend(Backend):
                 return
 
     def size(self) -> int:
-        return int(self.fh.Get_size())
+        return int(_mpi_call(self.fh.Get_size, f"size of {self.path!r}"))
 
     def sync(self) -> None:
         """Collective (``MPI_File_sync``): every rank calls it, as ``File.sync``/``close`` do."""
         early = self.flusher.wait() if self.flusher is not None else None
         if self.fh != MPI.FILE_NULL and self.mode != "r":
-            self.fh.Sync()
+            _mpi_call(self.fh.Sync, f"MPI.File.Sync of {self.path!r}")
         if early is not None:
             raise early
 
@@ -216,7 +245,7 @@ class MpiioBackend(Backend):
             os.close(self.wb_fd)
             self.wb_fd = -1
         if self.fh != MPI.FILE_NULL:
-            self.fh.Close()
+            _mpi_call(self.fh.Close, f"MPI.File.Close of {self.path!r}")
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import shutil
-import uuid
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,6 +17,7 @@ from ..errors import BackendError, CommitError, ModeError
 from ..runs import Runs
 from .base import Backend
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
+from .localfile import check_target, finish_temporary, make_temporary, open_regular, reclaim
 from .mapped import copyable, fs_name, read_mapped
 
 __all__ = [
@@ -146,6 +148,7 @@ class PosixBackend(Backend):
         self.maps = False  # reads copy many small runs from a mapped file (mapped_reads)
         self.mapped_bytes = 0  # read that way
         self._copyable: tuple[Runs, bool] | None = None  # the last runs asked about
+        self.made = Prepared(path, -1, None)  # rank 0's temporary (atomic_commit), see open
 
     # -- open ---------------------------------------------------------------
     @classmethod
@@ -175,25 +178,26 @@ class PosixBackend(Backend):
         atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
         step = Attempt()
         shared = None
+        made = Prepared("", -1, None)  # rank 0's: the temporary's lock, the target's stat
         if comm.Get_rank() == 0:
             with step:
                 path = os.fspath(target)
-                shared = (_prepare(path, mode, atomic), path)
+                made = _prepare(path, mode, atomic)
+                shared = (made.name, path)
         name, path = bcast_outcome(comm, shared, step.error, what="open")
         step = Attempt()
         fd = -1
         with step:
-            flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
-            fd = os.open(name, flags)
+            fd = open_regular(name, (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY)
         try:
             agree(comm, step.error, what=f"open {path!r}")
         except BaseException:
             if fd >= 0:
                 os.close(fd)
-            if atomic and comm.Get_rank() == 0:
-                _unlink_quietly(name)
+            made.drop(atomic)
             raise
         self = cls(name, fd, mode, path if atomic else None, writeback, holes)
+        self.made = made
         try:
             if mode != "r" and bool(getattr(hints, "direct_write", False)):
                 # (mode and hints were settled equal at open: every rank makes this
@@ -210,7 +214,8 @@ class PosixBackend(Backend):
                 self.flusher = EarlyFlush(fd, self.final or name)
             self.maps = maps_for(hints, fd)
         except BaseException:
-            self.close()  # (no descriptor left behind)
+            self.close()  # (no descriptor left behind, nor rank 0's temporary)
+            made.drop(atomic)
             raise
         return self
 
@@ -298,17 +303,22 @@ class PosixBackend(Backend):
             raise early
 
     def commit(self, comm: Any, ok: bool) -> None:
-        """Collective over `comm`: with ``atomic_commit``, rename the temporary on success."""
+        """Collective over `comm`: with ``atomic_commit``, rename the temporary on success
+        (given the target's mode and owner first), else remove it; rank 0 then removes
+        the temporaries that dead jobs left beside the target."""
         if self.final is None:
             return
         step = Attempt()
         if comm.Get_rank() == 0:
             with step:
                 if ok:
+                    finish_temporary(self.made.lock, self.made.before)
                     os.replace(self.path, self.final)
                     _fsync_dir(self.final)
                 else:
                     _unlink_quietly(self.path)
+            with contextlib.suppress(OSError):  # (others' leftovers: never this call's error)
+                reclaim(self.final, keep=self.path)
         agree(comm, step.error, what=f"commit {self.final!r}")
         if not ok:
             return
@@ -324,6 +334,7 @@ class PosixBackend(Backend):
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        self.made.release()
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
@@ -338,20 +349,56 @@ def maps_for(hints: Any, fd: int) -> bool:
     return maps == "enable" or (maps == "automatic" and fs_name(fd) is not None)
 
 
-def _prepare(path: str, mode: str, atomic: bool) -> str:
-    """On rank 0: create/truncate (or check) the file; returns the name ranks open."""
-    if mode in ("r", "r+") and not os.path.isfile(path):  # (also no FIFO: it would block)
-        raise FileNotFoundError(2, "no such file", path)
-    target = path
-    if atomic:
-        d, base = os.path.split(os.path.abspath(path))
-        target = os.path.join(d, f".{base}.collio-{uuid.uuid4().hex[:12]}.tmp")
-        if mode == "r+":
-            shutil.copyfile(path, target)
-    if mode == "w" or atomic:
-        fd = os.open(target, os.O_CREAT | os.O_WRONLY | (os.O_TRUNC if mode == "w" else 0), 0o666)
-        os.close(fd)
-    return target
+@dataclasses.dataclass(slots=True)
+class Prepared:
+    """What rank 0 made at open: the name every rank opens; with ``atomic_commit`` the
+    temporary's locked descriptor (held until commit or removal) and the target's
+    ``stat`` before (its mode and owner go to the temporary at commit)."""
+
+    name: str
+    lock: int
+    before: os.stat_result | None
+
+    def release(self) -> None:
+        """Let go of the temporary's lock (closing its descriptor)."""
+        if self.lock >= 0:
+            os.close(self.lock)
+            self.lock = -1
+
+    def drop(self, atomic: bool) -> None:
+        """After a failed open: remove the temporary (rank 0 made it) and release it."""
+        if atomic and self.lock >= 0:
+            _unlink_quietly(self.name)
+        self.release()
+
+
+def _prepare(path: str, mode: str, atomic: bool) -> Prepared:
+    """On rank 0: check the target is a regular file (or absent, in 'w'), then create or
+    truncate it, or make the temporary of an atomic write (a copy of it in 'r+')."""
+    before = check_target(path, mode)
+    if not atomic:
+        if mode == "w":
+            os.close(open_regular(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC))
+        return Prepared(path, -1, before)
+    with contextlib.suppress(OSError):  # (dead jobs' leftovers: never this open's error)
+        reclaim(path)
+    name, lock = make_temporary(path)
+    made = Prepared(name, lock, before)
+    if mode == "r+":
+        try:
+            with open(path, "rb") as src, open(name, "r+b") as dst:
+                shutil.copyfileobj(src, dst, 16 << 20)
+        except OSError as exc:
+            made.drop(True)
+            raise BackendError(
+                f"atomic_commit: copying {path!r} to its temporary {name!r} failed: "
+                f"{exc.strerror or exc}; the temporary is removed, {path!r} is unchanged",
+                errno=exc.errno,
+            ) from exc
+        except BaseException:
+            made.drop(True)
+            raise
+    return made
 
 
 def open_direct(name: str) -> int:

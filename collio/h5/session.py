@@ -22,11 +22,12 @@ import h5py
 from mpi4py import MPI
 
 from ..aggregators import choose_aggregators
+from ..backends.localfile import check_target, open_regular
 from ..collective import Attempt, agree, call_head, raise_agreed, same_slots, settle_same
-from ..comms import private
+from ..comms import exclusive, one_thread, private
 from ..errors import MismatchError, ModeError
 from ..hints import Hints
-from ..stats import Stats
+from ..stats import Stats, print_at_close
 from .vfile import VFile
 
 __all__ = ["Session", "set_fapl", "session_of"]
@@ -223,11 +224,13 @@ class Session:
                 pass  # the mismatch is the error every rank reports
         raise MismatchError(msg, ranks=tuple(bad))
 
+    @one_thread
     def sync(self, obj: Any) -> None:
         """Collective over `comm`: checkpoint, then fsync rank 0's metadata and the data."""
         self.checkpoint(obj, call="flush")
         self._synced("flush")
 
+    @one_thread
     def close(self, obj: Any) -> None:
         """Collective over `comm`: as :meth:`sync`, then close the file on every rank.
 
@@ -250,6 +253,7 @@ class Session:
             self._synced("close")
         finally:
             self._close_file(obj)
+        print_at_close(self.stats, repr(self.path), self.comm.Get_rank())
 
     def _synced(self, what: str) -> None:
         """Collective over `comm`: fsync rank 0's metadata and the data written, agree."""
@@ -314,6 +318,19 @@ def set_fapl(
     object of h5py's ``fileobj`` driver.  ``path`` and ``access`` (the mode) are
     taken from the calling ``h5py.File`` when not given.
     """
+    priv = private(MPI.COMM_WORLD if comm is None else comm)  # type: ignore[arg-type]
+    with exclusive(priv.comm, "open"):  # (a second thread's call raises, see comms)
+        _set_fapl(plist, comm, hints, path=path, access=access)
+
+
+def _set_fapl(
+    plist: Any,
+    comm: MPI.Comm | None,
+    hints: Any,
+    *,
+    path: str | bytes | None,
+    access: str | None,
+) -> None:
     base = MPI.COMM_WORLD if comm is None else comm
     # collective the first time collio sees `base` only (as in collio.open): then no file
     # is open on it anywhere, so no rank can be in another call on it
@@ -353,7 +370,7 @@ def set_fapl(
     step = Attempt()
     fd = -1
     with step:
-        fd = os.open(name, os.O_RDONLY if mode == "r" else os.O_RDWR)
+        fd = open_regular(name, os.O_RDONLY if mode == "r" else os.O_RDWR)
     try:
         agree(fcomm, step.error, what=f"open {name!r}")
     except BaseException:
@@ -376,15 +393,13 @@ def set_fapl(
 
 
 def _prepare(path: str, mode: str) -> int:
-    """On rank 0: create, truncate or check the file; return the size ranks start from."""
-    exists = os.path.isfile(path)
-    if mode in ("r", "r+") and not exists:
-        raise FileNotFoundError(2, "no such file", path)
-    if mode in ("w-", "x") and os.path.exists(path):
+    """On rank 0: create, truncate or check the file (a regular one: never a FIFO, whose
+    open would block); return the size ranks start from."""
+    before = check_target(path, "r" if mode in ("r", "r+") else "w")
+    if mode in ("w-", "x") and before is not None:
         raise FileExistsError(17, "file exists", path)
-    if mode in ("w", "w-", "x") or (mode == "a" and not exists):
-        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o666)
-        os.close(fd)
+    if mode in ("w", "w-", "x") or (mode == "a" and before is None):
+        os.close(open_regular(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC))
         return 0
     return os.path.getsize(path)
 

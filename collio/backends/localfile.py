@@ -1,0 +1,224 @@
+"""Local files as targets: regular files only, and the temporaries of atomic writes.
+
+Shared by the backends that store one file (posix, mpiio) and by :mod:`collio.h5`, so
+that a target is judged the same way whichever front end opens it.
+
+* Only a regular file (or a symlink to one) is a target.  A FIFO opened for writing
+  blocks until a reader comes, a device or a socket takes no ``pwrite``; each is refused
+  with a :class:`~collio.errors.BackendError` before anything opens it, and every open
+  is made with ``O_NONBLOCK`` and checked with ``fstat``, so a target swapped meanwhile
+  cannot block a rank either.
+* A temporary of ``atomic_commit`` is ``.NAME.collio-HOST-PID-XXXXXXXX.tmp`` beside the
+  target, created ``0600`` (nobody else reads a half-written file) and given the
+  target's mode and owner at commit.  Rank 0 holds an ``flock`` on it while its job
+  lives; the kernel drops that lock when the process dies, however it dies.  A later
+  atomic open or commit of the same target removes the temporaries whose lock it can
+  take (:func:`reclaim`): those of jobs that are gone, never one another live job holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import glob
+import os
+import re
+import socket
+import stat
+import time
+import uuid
+
+from ..errors import BackendError
+
+__all__ = [
+    "check_target",
+    "finish_temporary",
+    "make_temporary",
+    "new_mode",
+    "open_regular",
+    "reclaim",
+    "temporary_pattern",
+]
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_NOCTTY = getattr(os, "O_NOCTTY", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
+#: Where the lock cannot tell (another node's temporary whose lock was just free, a file
+#: system without flock): a temporary this old is a dead job's.  A live job touches its
+#: temporary at every round; one that wrote nothing for a day is not writing any more.
+_STALE_AGE = 24 * 3600.0
+_HOST = re.sub(r"[^A-Za-z0-9.]", "", socket.gethostname())[:32] or "host"
+
+
+def _refusal(path: str, st: os.stat_result) -> BackendError | None:
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a regular file")
+    code = errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL
+    return BackendError(
+        f"{path!r} is {kind}, not a regular file: collio reads and writes regular files only",
+        errno=code,
+    )
+
+
+def check_target(path: str, mode: str) -> os.stat_result | None:
+    """Local: the target's ``stat`` (None when it does not exist, allowed only in
+    ``'w'``-like modes), or a :class:`BackendError` for anything but a regular file.
+
+    ``stat`` follows symlinks, so a link to a regular file is that file; it opens
+    nothing, so a FIFO or a device is judged without being touched.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if mode in ("r", "r+"):
+            raise BackendError(f"no such file: {path!r}", errno=errno.ENOENT) from None
+        return None
+    bad = _refusal(path, st)
+    if bad is not None:
+        raise bad
+    return st
+
+
+def open_regular(path: str, flags: int, perm: int = 0o666) -> int:
+    """``os.open`` that never blocks and returns only a regular file's descriptor.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once (or fail with ``ENXIO``) instead
+    of waiting for its other end; then ``fstat`` refuses anything but a regular file.
+    The flag is cleared again: it means nothing to a regular file's reads and writes.
+    """
+    fd = os.open(path, flags | _NONBLOCK | _NOCTTY | _CLOEXEC, perm)
+    try:
+        bad = _refusal(path, os.fstat(fd))
+        if bad is not None:
+            raise bad
+        if _NONBLOCK:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def new_mode() -> int:
+    """The mode a new file gets here: ``0o666`` less the process's umask (read without
+    changing it where ``/proc`` tells, as ``os.umask`` would for a moment)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def temporary_pattern(path: str) -> tuple[str, str]:
+    """(directory, glob pattern) of the temporaries of atomic writes to ``path``."""
+    d, base = os.path.split(os.path.abspath(path))
+    return d, f".{glob.escape(base[:150])}.collio-*.tmp"
+
+
+def make_temporary(path: str) -> tuple[str, int]:
+    """On rank 0: create the temporary of an atomic write to ``path``, ``0600``, with this
+    job's host and process id in its name and an ``flock`` held on the descriptor
+    returned (keep it open until the temporary is committed or removed)."""
+    d, base = os.path.split(os.path.abspath(path))
+    name = os.path.join(d, f".{base[:150]}.collio-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR | _CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            os.close(fd)
+            _unlink(name)
+            raise
+        # (a file system without flock: the name tells this job's temporary from others)
+    return name, fd
+
+
+def finish_temporary(fd: int, before: os.stat_result | None) -> None:
+    """Before the rename: give the temporary the mode (and, where allowed, the owner) of
+    the file it replaces, or a new file's mode when there was none."""
+    if before is None:
+        os.fchmod(fd, new_mode())
+        return
+    os.fchmod(fd, stat.S_IMODE(before.st_mode))
+    for uid, gid in ((before.st_uid, before.st_gid), (-1, before.st_gid)):
+        try:
+            os.fchown(fd, uid, gid)
+            return
+        except OSError:  # (only root may give a file away; a member may keep the group)
+            continue
+
+
+def reclaim(path: str, keep: str | None = None) -> list[str]:
+    """On rank 0: remove the temporaries of earlier atomic writes to ``path`` whose jobs
+    are gone; returns their names.  ``keep`` (this job's own) is never touched."""
+    d, pattern = temporary_pattern(path)
+    gone = []
+    for name in glob.glob(os.path.join(d, pattern)):
+        if name != keep and _remove_if_stale(name):
+            gone.append(name)
+    return gone
+
+
+def _remove_if_stale(name: str) -> bool:
+    """Remove ``name`` if no live job owns it (the check and the removal under its lock)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | _NONBLOCK | _CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False  # a live job holds it
+            locked = False
+        if not _owner_gone(name, st, locked):
+            return False
+        _unlink(name)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _owner_gone(name: str, st: os.stat_result, locked: bool) -> bool:
+    """Whether the job that made ``name`` has ended: on this host, its process is gone;
+    on another host, its lock was free (and it is not brand new: its creator may not
+    have taken the lock yet) or, without locks, it has not changed for a day."""
+    m = re.search(r"\.collio-(.+)-(\d+)-[0-9a-f]{8}\.tmp$", name)
+    if m and m.group(1) == _HOST:
+        return not _alive(int(m.group(2)))
+    age = time.time() - st.st_mtime
+    return age > _STALE_AGE or (locked and age > 60.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # (someone else's process)
+    return True
+
+
+def _unlink(name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name)
