@@ -25,7 +25,7 @@ from ...errors import BackendError, HintError, LayoutError, ModeError
 from ...runs import Runs, group_bounds, split_grid
 from ..base import Backend
 from . import upload
-from .client import RangeStream, Requests, client_for, get_into, public_url, s3_error
+from .client import RangeStream, Requests, get_into, public_url, s3_error
 from .multipart import Multipart
 from .options import S3Options
 from .plan import MAX_PART_SIZE, MIN_PART_SIZE, PartPlan, S3Target, coalesce, holes, parse_target
@@ -72,13 +72,21 @@ class S3Backend(Backend):
         self.parts: PartPlan | None = None
         self.req = Requests(opts.max_concurrency, client)
         old = (self.old_size, self.old_etag)
-        self.upload = Multipart(client, t, upload_id, old, self.req) if upload_id else None
+        self.upload = None
+        if upload_id:
+            # (an abort follows a failure, maybe of a server that stopped answering: one
+            # attempt, so the abort adds one timeout, not a round of retries)
+            quick = opts.client(1, 2)
+            self.upload = Multipart(client, t, upload_id, old, self.req, quick)
         self._stream: RangeStream | None = None
         self._read_end = 0
         self._info: dict[str, Any] = {
             "backend": self.name,
             "url": t.url,
             "endpoint_url": public_url(opts.endpoint_url),
+            "connect_timeout": opts.connect_timeout,
+            "read_timeout": opts.read_timeout,
+            "retries": opts.retries,
             "mode": mode,
             "partial_write": False,
             "alignment": 1,
@@ -123,8 +131,7 @@ class S3Backend(Backend):
         step = Attempt()
         client = None
         with step:
-            pool = opts.max_concurrency + 2
-            client = client_for(opts.endpoint_url, opts.region_name, opts.retries, pool)
+            client = opts.client(opts.retries, opts.max_concurrency + 2)
         agree(comm, step.error, what=f"open {t.url}")
         step = Attempt()
         state: tuple[int, int, str | None, str | None] = (buffer, 0, None, None)

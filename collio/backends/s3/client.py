@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...errors import BackendError, CollioError
+from .options import redact_text, redact_url
 from .plan import S3Target
 
 __all__ = [
@@ -63,27 +64,44 @@ _ERRNO = {
 }
 
 
-def client_for(endpoint_url: str | None, region_name: str | None, attempts: int, pool: int) -> Any:
+def client_for(
+    endpoint_url: str | None,
+    region_name: str | None,
+    attempts: int,
+    pool: int,
+    *,
+    connect_timeout: float = 10.0,
+    read_timeout: float = 20.0,
+    mode: str = "standard",
+) -> Any:
     """A boto3 S3 client, one per process and settings (clients are thread-safe).
 
-    Retries use botocore's ``standard`` mode: exponential backoff with jitter on
-    throttling (``SlowDown``, 503), 5xx answers and dropped connections, up to
-    ``attempts`` tries per request.
+    Retries use botocore's ``standard`` mode by default: exponential backoff with
+    jitter on throttling (``SlowDown``, 503), 5xx answers, dropped connections and
+    timeouts, up to ``attempts`` tries per request.  The timeouts bound how long a
+    server that stops answering holds a request (see ``S3Options.stall_bound``).
     """
-    key = (endpoint_url, region_name, attempts, pool)
+    key = (endpoint_url, region_name, attempts, pool, connect_timeout, read_timeout, mode)
     with _lock:
         found = _clients.get(key)
         if found is None:
             config = botocore.config.Config(
-                retries={"mode": "standard", "total_max_attempts": attempts},
+                retries={"mode": mode, "total_max_attempts": attempts},
                 max_pool_connections=pool,
-                connect_timeout=20,
-                read_timeout=120,
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
             )
             session = boto3.session.Session()  # a private session: thread-safe creation
-            found = session.client(
-                "s3", endpoint_url=endpoint_url, region_name=region_name, config=config
-            )
+            try:
+                found = session.client(
+                    "s3", endpoint_url=endpoint_url, region_name=region_name, config=config
+                )
+            except Exception as exc:  # (botocore quotes the endpoint: redact it)
+                raise BackendError(
+                    f"cannot make an S3 client for {redact_url(endpoint_url)}: "
+                    f"{redact_text(str(exc))}",
+                    errno=errno.EINVAL,
+                ) from None
             _clients[key] = found
     return found
 
@@ -141,7 +159,7 @@ def s3_error(exc: BaseException, what: str, client: Any = None) -> CollioError:
         text = f"{type(exc).__name__}: {exc}"
     for secret in _secrets(client) if client is not None else []:
         text = text.replace(secret, "***")
-    return BackendError(f"{what}: {text}", errno=code)
+    return BackendError(f"{what}: {redact_text(text)}", errno=code)
 
 
 class BufferReader(io.RawIOBase):
@@ -228,7 +246,10 @@ def get_into(client: Any, t: S3Target, start: int, out: U8, etag: str | None) ->
 class RangeStream:
     """One ranged GET read in order, window after window (few requests, no read-ahead).
 
-    A dropped connection is reopened at the current offset, up to ``attempts`` times.
+    A connection dropped while reading the body is reopened at the current offset, up
+    to ``attempts`` times.  A GET that fails to open is not tried again here: botocore
+    already made its ``attempts`` (retrying those too would multiply the time a frozen
+    server holds the read).
     """
 
     def __init__(self, client: Any, t: S3Target, etag: str | None, attempts: int) -> None:
@@ -244,10 +265,10 @@ class RangeStream:
         """
         stop = start + len(out)
         for attempt in range(self.attempts):
+            near = self.body is not None and self.pos <= start <= self.pos + gap
+            if not near or stop > self.end:
+                self._open(start, max(end, stop))  # (botocore retried it already)
             try:
-                near = self.body is not None and self.pos <= start <= self.pos + gap
-                if not near or stop > self.end:
-                    self._open(start, max(end, stop))
                 self._skip(start - self.pos)
                 got = _read_body(self.body, out)
                 self.pos += got

@@ -9,6 +9,7 @@ anything failed: the object appears whole or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from ...collective import Attempt, agree, quiet_barrier, raise_agreed
-from ...errors import CommitError
+from ...errors import CollioError, CommitError, add_later
 from . import upload
 from .client import Requests, s3_error
 from .plan import PartPlan, S3Target
@@ -29,9 +30,16 @@ class Multipart:
     """The upload ``upload_id`` of ``t``; ``old`` is (size, ETag) of the object it replaces."""
 
     def __init__(
-        self, client: Any, t: S3Target, upload_id: str, old: tuple[int, str | None], req: Requests
+        self,
+        client: Any,
+        t: S3Target,
+        upload_id: str,
+        old: tuple[int, str | None],
+        req: Requests,
+        abort_client: Any = None,
     ) -> None:
         self.client, self.t, self.upload_id, self.old, self.req = client, t, upload_id, old, req
+        self.abort_client = abort_client if abort_client is not None else client
         self.etags: dict[int, str] = {}  # S3 part number -> ETag, parts this rank uploaded
         self.new: list[int] = []  # 0-based parts this rank uploaded in the current call
         self.done = np.zeros(0, bool)  # parts any rank uploaded (known after flush)
@@ -66,7 +74,16 @@ class Multipart:
         if self.req.failed:
             failed.fail(CommitError(f"{self.t.url}: a request failed earlier; nothing stored"))
         if comm.allreduce(1 if failed.error or not ok else 0, op=MPI.MAX):
-            self.abort(comm)
+            try:
+                self.abort(comm)
+            except CollioError as later:  # (agreed) the failure that made us abort goes first
+                if ok:
+                    try:
+                        agree(comm, failed.error, what="commit")
+                    except CollioError as cause:
+                        add_later(cause, later)
+                        raise cause from None
+                raise
             if ok:
                 agree(comm, failed.error, what="commit")
             return
@@ -109,7 +126,8 @@ class Multipart:
                     upload.complete(self.client, self.t, self.upload_id, etags, p.nparts)
                 except Exception as exc:
                     step.fail(_as_commit(s3_error(exc, f"{self.t.url}: completing", self.client)))
-                    upload.abort(self.client, self.t, self.upload_id)
+                    with contextlib.suppress(Exception):  # (the completion's error is the news)
+                        upload.abort(self.abort_client, self.t, self.upload_id)
         quiet_barrier(comm)
         agree(comm, step.error, what="commit")
 
@@ -120,7 +138,7 @@ class Multipart:
         if comm.Get_rank() == 0:
             with step:
                 try:
-                    upload.abort(self.client, self.t, self.upload_id)
+                    upload.abort(self.abort_client, self.t, self.upload_id)
                 except Exception as exc:
                     raise CommitError(
                         f"{s3_error(exc, f'{self.t.url}: abort', self.client)}; the object is "
@@ -135,7 +153,7 @@ class Multipart:
         """Not collective: rank 0 aborts an upload that was never committed (best effort)."""
         if not self.finished and rank == 0:
             try:
-                upload.abort(self.client, self.t, self.upload_id)
+                upload.abort(self.abort_client, self.t, self.upload_id)
             except Exception:  # noqa: BLE001 - nothing else can be done at this point
                 pass
         self.finished = True

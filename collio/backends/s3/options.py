@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from ...errors import HintError, ModeError
@@ -38,7 +39,15 @@ class S3Options:
         (fewest requests); k > 1 splits each window into k concurrent ranged GETs.
     retries
         Attempts per request (botocore "standard" mode: backoff with jitter on
-        throttling, 5xx and dropped connections).
+        throttling, 5xx, dropped connections and timeouts); or botocore's own form,
+        ``{"total_max_attempts": n}`` or ``{"max_attempts": n - 1}``, with ``"mode"``
+        (``standard``, ``adaptive`` or ``legacy``).
+    connect_timeout, read_timeout
+        Seconds (botocore's names) to wait for a connection, and for a server to send
+        anything once a request is sent.  With the defaults, a server that stops
+        answering makes every request fail after ``retries`` timeouts plus backoff
+        (:attr:`stall_bound`, under two minutes with the abort at close), and every
+        rank raises the same :class:`~collio.errors.BackendError`.
     prefix
         Keys must lie under this prefix.
     """
@@ -50,8 +59,41 @@ class S3Options:
     min_part_size: int = MIN_PART_SIZE
     max_concurrency: int = 8
     get_concurrency: int = 1
-    retries: int = 5
+    retries: int = 4
+    retry_mode: str = "standard"
+    connect_timeout: float = 10.0
+    read_timeout: float = 20.0
     prefix: str | None = None
+
+    def __repr__(self) -> str:
+        """As the dataclass's, the endpoint without user info (it is in error messages)."""
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        shown["endpoint_url"] = redact_url(self.endpoint_url)
+        return f"S3Options({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    def client(self, attempts: int, pool: int) -> Any:
+        """The boto3 client for these options, with ``attempts`` tries per request."""
+        from .client import client_for  # (boto3 only when a client is made)
+
+        return client_for(
+            self.endpoint_url,
+            self.region_name,
+            attempts,
+            pool,
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            mode=self.retry_mode,
+        )
+
+    @property
+    def stall_bound(self) -> float:
+        """Seconds after which a server that stops answering has failed a write and its
+        abort: every attempt of a request waits its timeout, botocore's backoff between
+        attempts (at most 2**k seconds before the k-th retry) and, at close, one attempt
+        to abort the upload."""
+        wait = max(self.connect_timeout, self.read_timeout)
+        backoff = sum(min(20.0, 2.0**k) for k in range(self.retries - 1))
+        return self.retries * wait + backoff + wait
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> S3Options:
@@ -66,8 +108,12 @@ class S3Options:
                 continue
             if key in ("size", "part_size", "min_part_size"):
                 values[key] = parse_size(value, key)
-            elif key in ("max_concurrency", "get_concurrency", "retries"):
-                values[key] = int(value)
+            elif key == "retries":
+                values.update(_retries(value))
+            elif key in ("max_concurrency", "get_concurrency"):
+                values[key] = _count(value, key)
+            elif key in ("connect_timeout", "read_timeout"):
+                values[key] = _seconds(value, key)
             else:
                 values[key] = str(value)
         opts = cls(**values)
@@ -75,6 +121,10 @@ class S3Options:
         return opts
 
     def _check(self) -> None:
+        if self.retry_mode not in ("standard", "adaptive", "legacy"):
+            raise HintError(
+                f"s3 option retries mode {self.retry_mode!r}: standard, adaptive or legacy"
+            )
         for key in ("max_concurrency", "get_concurrency", "retries", "min_part_size"):
             if getattr(self, key) < 1:
                 raise HintError(f"s3 option {key}={getattr(self, key)} must be >= 1")
@@ -103,3 +153,50 @@ class S3Options:
                 f"at most {MAX_PARTS} are allowed"
             )
         return plan
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` with any ``user:password@`` replaced by ``***@`` (for messages and reprs)."""
+    return None if url is None else _USERINFO.sub(r"\1***@", str(url))
+
+
+def redact_text(text: str) -> str:
+    """Every URL's user info in ``text`` replaced by ``***`` (errors that quote a URL)."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
+
+
+def _count(value: Any, key: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise HintError(f"s3 option {key}={value!r} is not an integer") from None
+
+
+def _seconds(value: Any, key: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise HintError(f"s3 option {key}={value!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise HintError(f"s3 option {key}={value!r} must be > 0 seconds")
+    return seconds
+
+
+def _retries(value: Any) -> dict[str, Any]:
+    """``retries=4`` or botocore's ``{"total_max_attempts": 4, "mode": "standard"}``."""
+    if not isinstance(value, dict):
+        return {"retries": _count(value, "retries")}
+    unknown = sorted(set(value) - {"total_max_attempts", "max_attempts", "mode"})
+    if unknown:
+        raise HintError(f"s3 option retries: unknown keys {unknown} (botocore's retries config)")
+    out: dict[str, Any] = {}
+    if "total_max_attempts" in value:
+        out["retries"] = _count(value["total_max_attempts"], "retries total_max_attempts")
+    elif "max_attempts" in value:
+        out["retries"] = _count(value["max_attempts"], "retries max_attempts") + 1
+    if "mode" in value:
+        out["retry_mode"] = str(value["mode"])
+    return out
