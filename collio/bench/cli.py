@@ -164,12 +164,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _flatten_speed(args)
         if args.simulate:
             return _simulate(args)
+        if args.plot:
+            _need_matplotlib()
     except ValueError as exc:
         print(f"collio-bench: error: {exc}", file=sys.stderr)
         return 2
     from .main import bench
 
     return bench(args, _workload, _all_hints(args), DEFAULT_APIS)
+
+
+def _need_matplotlib() -> None:
+    """Every rank checks alike before any I/O, not after a long run: is ``--plot`` possible?"""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "--plot needs matplotlib: pip install 'collio[bench]' (or pip install matplotlib)"
+        ) from None
 
 
 def _list_apis() -> str:

@@ -1,0 +1,28 @@
+"""``collio-bench --plot`` without matplotlib refuses before it runs anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from test_mpiexec import MPIEXEC, ROOT, run_job
+
+# matplotlib hidden from the benchmark (an entry of None in sys.modules: import fails)
+HIDDEN = (
+    "import sys; sys.modules['matplotlib'] = None; from collio.bench.cli import main; "
+    "sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_plot_without_matplotlib_names_the_extra_before_running(tmp_path):
+    out, png, work = tmp_path / "b.json", tmp_path / "b.png", tmp_path / "f"
+    args = ["--size", "192", "-i", "50", "--json", str(out), "--plot", str(png), "-o", str(work)]
+    if MPIEXEC is not None:
+        proc = run_job(["-n", "2", sys.executable, "-c", HIDDEN, *args], timeout=120)
+    else:  # pragma: no cover - a singleton MPI process
+        cmd = [sys.executable, "-c", HIDDEN, *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--plot needs matplotlib: pip install 'collio[bench]'" in proc.stderr
+    assert "Summary of all tests:" not in proc.stdout  # nothing ran first
+    assert not out.exists() and not png.exists() and not work.exists()
