@@ -123,8 +123,9 @@ def test_collio_stats_prints_summary_at_close(tmp_path):
     )
     proc = mpiexec([sys.executable, "-c", code], n=2, env={"COLLIO_STATS": "1"})
     assert proc.returncode == 0, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("collio stats:")]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("collio stats")]
     assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"collio stats {str(tmp_path / 's.bin')!r}: ")  # names the file
     assert "MiB written in 2 ops" in lines[0] and "2 aggregators" in lines[0]
 
 
