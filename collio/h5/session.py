@@ -249,11 +249,12 @@ class Session:
         except BaseException:
             self._close_file(obj)
             raise
+        rank = self.comm.Get_rank()  # (closing may free a duplicate the user let go of)
         try:
             self._synced("close")
         finally:
             self._close_file(obj)
-        print_at_close(self.stats, repr(self.path), self.comm.Get_rank())
+        print_at_close(self.stats, repr(self.path), rank)
 
     def _synced(self, what: str) -> None:
         """Collective over `comm`: fsync rank 0's metadata and the data written, agree."""
