@@ -28,6 +28,17 @@ from collio import layouts
 SHAPE = (16, 12)
 
 
+@pytest.fixture
+def shared_dir(mpi_tmp_path):
+    """A directory every rank sees (pytest-mpi's, rank 0's tmp_path), as a str."""
+    return str(mpi_tmp_path)
+
+
+@pytest.fixture
+def shared_path(shared_dir):
+    return os.path.join(shared_dir, "target.bin")
+
+
 def _col(comm):
     return layouts.block(SHAPE, "<f8", comm=comm, grid=(1, comm.size))
 

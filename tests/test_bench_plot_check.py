@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
-from test_mpiexec import MPIEXEC, ROOT, run_job
+import pytest
+
+from collio.testing.jobs import MPIEXEC, mpiexec
 
 # matplotlib hidden from the benchmark (an entry of None in sys.modules: import fails)
 HIDDEN = (
@@ -14,14 +15,11 @@ HIDDEN = (
 )
 
 
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
 def test_plot_without_matplotlib_names_the_extra_before_running(tmp_path):
     out, png, work = tmp_path / "b.json", tmp_path / "b.png", tmp_path / "f"
     args = ["--size", "192", "-i", "50", "--json", str(out), "--plot", str(png), "-o", str(work)]
-    if MPIEXEC is not None:
-        proc = run_job(["-n", "2", sys.executable, "-c", HIDDEN, *args], timeout=120)
-    else:  # pragma: no cover - a singleton MPI process
-        cmd = [sys.executable, "-c", HIDDEN, *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = mpiexec([sys.executable, "-c", HIDDEN, *args], n=2, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--plot needs matplotlib: pip install 'collio[bench]'" in proc.stderr
     assert "Summary of all tests:" not in proc.stdout  # nothing ran first
