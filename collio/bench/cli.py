@@ -199,9 +199,11 @@ def _simulate(args: argparse.Namespace) -> int:
     res = simulate(work, cfg)
     print(format_sim(work, res, args.ppn), flush=True)
     if args.json:
+        from .machine import describe
         from .report import write_json
 
-        write_json(args.json, sim_json(work, res))
+        doc = {**sim_json(work, res), "command": sys.argv, "machine": describe(".", mpi=False)}
+        write_json(args.json, doc)
     return 0
 
 
