@@ -199,10 +199,10 @@ def _simulate(args: argparse.Namespace) -> int:
     res = simulate(work, cfg)
     print(format_sim(work, res, args.ppn), flush=True)
     if args.json:
-        from .machine import describe
+        from .machine import command, describe
         from .report import write_json
 
-        doc = {**sim_json(work, res), "command": sys.argv, "machine": describe(".", mpi=False)}
+        doc = {**sim_json(work, res), "command": command(), "machine": describe(".", mpi=False)}
         write_json(args.json, doc)
     return 0
 

@@ -13,11 +13,16 @@ import platform
 import sys
 from typing import Any
 
-__all__ = ["describe", "single_copy", "storage"]
+__all__ = ["command", "describe", "single_copy", "storage"]
 
 #: MPICH's switch for single-copy messages between ranks of one node (CMA,
 #: ``process_vm_readv``); without it a large message is copied twice through shared memory.
 CMA_CVAR = "MPIR_CVAR_CH4_CMA_ENABLE"
+
+
+def command() -> list[str]:
+    """This run's command line as a user types it: the program's name, not where it lives."""
+    return ["collio-bench", *sys.argv[1:]]
 
 
 def single_copy() -> bool | None:

@@ -12,7 +12,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..errors import CollioError
-from .machine import CMA_CVAR, describe, single_copy
+from .machine import CMA_CVAR, command, describe, single_copy
 from .report import (
     MiB,
     format_hints,
@@ -176,7 +176,7 @@ def _finish(
     print(format_hints(runner.hints_used))
     print(f"\ntest file {facts['path']} ({'kept' if cfg.keep else 'removed'}); {seconds:.1f} s")
     doc = {
-        "command": sys.argv, "nranks": nranks, "pattern": work.pattern,
+        "command": command(), "nranks": nranks, "pattern": work.pattern,
         "shape": list(work.shape), "dtype": work.dtype, "grid": list(work.grid),
         "bytes": work.nbytes, "iterations": cfg.iterations, "fsync": cfg.fsync, "apis": names,
         "hints_given": dict(cfg.hints), "hints_used": runner.hints_used,
