@@ -13,6 +13,7 @@ not something a user of the benchmark needs.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shlex
 import statistics
@@ -37,7 +38,11 @@ SINGLE_COPY = {"colblock": "single-copy-off-colblock", "cyclic": "single-copy-of
 
 
 def load() -> dict[str, dict[str, Any]]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+    """Every result by job name: NAME.json, or NAME.json.gz for the simulator's large ones."""
+    docs = {p.stem: json.loads(p.read_text()) for p in RESULTS.glob("*.json")}
+    for p in RESULTS.glob("*.json.gz"):
+        docs[p.name.removesuffix(".json.gz")] = json.loads(gzip.decompress(p.read_bytes()))
+    return dict(sorted(docs.items()))
 
 
 def command(doc: dict[str, Any]) -> str:
@@ -174,7 +179,7 @@ def others_table(docs: dict[str, dict[str, Any]]) -> list[str]:
             cells = [label, s["op"], s["api"], _n(s["median"]), f"{s['min']:.0f} - {s['max']:.0f}"]
             out.append("| " + " | ".join([*cells, f"{s['ratio']:.2f}"]) + " |")
         for api, why in doc.get("unavailable", {}).items():
-            out.append(f"| | | {api} | not run: {why} | | |")
+            out.append(f"| | | {api} | not run: {why.split(';')[0]} | | |")
     return out
 
 
@@ -198,15 +203,22 @@ def sim_table(docs: dict[str, dict[str, Any]]) -> list[str]:
         if not name.startswith("sim-"):
             continue
         args = " ".join(command(doc).split()[1:]).replace("--simulate ", "")
-        if doc["direct"]:
-            path, msgs = f"direct ({len(doc['requests'])} requests)", "-"
+        if doc["direct"]:  # requests are distinct sizes with their counts
+            sizes = [
+                r / MiB for r, k in zip(doc["requests"], doc["request_counts"], strict=True) if k
+            ]
+            n = sum(doc["request_counts"])
+            path = f"direct ({n} requests of {min(sizes):.0f}-{max(sizes):.0f} MiB)"
+            msgs, aggs = "-", "-"
         else:
-            path = f"two-phase, {doc['method']}"
-            if doc["sampled"]:
-                path += f", **sampled** ({doc['windows_evaluated']} of {doc['windows_total']})"
+            path = "two-phase, " + (
+                f"**sampled** ({doc['windows_evaluated']} of {doc['windows_total']} windows)"
+                if doc["sampled"]
+                else doc["method"]
+            )
             m = doc["messages_per_round"] or [0]
             msgs = f"{min(m)} / {statistics.fmean(m):.1f} / {max(m)}"
-        aggs = f"{doc['aggregators']}, {doc['window'] / MiB:.0f} MiB"
+            aggs = f"{doc['aggregators']}, {doc['window'] / MiB:.0f} MiB"
         cells = [f"`{args}`", path, aggs, str(doc["rounds"]), msgs,
                  f"{doc['seconds']:.1f} s", f"{doc['cpu_seconds']:.1f} s"]  # fmt: skip
         out.append("| " + " | ".join(cells) + " |")
@@ -218,8 +230,8 @@ def errors(docs: dict[str, dict[str, Any]]) -> str:
     if bad:
         return "Verification found errors in: " + ", ".join(bad) + "."
     return (
-        "Every job verified the first iteration of every API that places the layout's bytes "
-        "(`errors` 0 in every JSON)."
+        "collio-bench verifies every API's first iteration (not the ceilings', which do not "
+        "place the layout's bytes): `errors` is 0 in every JSON."
     )
 
 
@@ -271,10 +283,12 @@ def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
         "",
         "## Simulator: 65,536 ranks",
         "",
-        "`collio-bench --simulate`, one process; wall time and the CPU time it needed.",
+        "Made by `collio-bench --simulate` with the arguments in the first column, on one",
+        "process; wall time and the CPU time it needed.",
         "",
         *sim_table(docs),
-        *provenance(docs, sims[:1]),
+        "",
+        f"Machine: {machine(docs[sims[0]])}." if sims else "",
     ]
     return "\n".join(parts).rstrip() + "\n"
 
