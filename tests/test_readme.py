@@ -9,16 +9,17 @@ tells users to set up.
 
 from __future__ import annotations
 
-import os
+import importlib.util
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_mpiexec import MPIEXEC, ROOT, run_job
 
-README = Path(ROOT) / "README.md"
+from collio.testing.jobs import MPIEXEC, mpiexec
+
+ROOT = Path(__file__).resolve().parent.parent
+README, DOCS = ROOT / "README.md", ROOT / "docs"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.MULTILINE | re.DOTALL)
 
 
@@ -72,17 +73,17 @@ def test_snippet_runs_as_written(tmp_path, request, line: int, code: str, expect
             AWS_ENDPOINT_URL=request.getfixturevalue("s3_endpoint"), AWS_DEFAULT_REGION="us-east-1",
             AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
         )  # fmt: skip
-    proc = run_job(["-n", "4", sys.executable, str(script)], env=env, cwd=tmp_path)
+    proc = mpiexec([sys.executable, str(script)], n=4, timeout=240, env=env, cwd=tmp_path)
     assert proc.returncode == 0, f"README line {line}:\n{proc.stderr[-3000:]}"
     if expected is not None:
         assert proc.stdout.strip() == expected.strip(), f"README line {line}"
 
 
-def test_benchmark_tables_are_made_from_the_json() -> None:
+def test_benchmark_tables_are_made_from_the_json(capsys: pytest.CaptureFixture[str]) -> None:
     # a figure edited by hand in docs/benchmarks.md or the README, or a JSON result added
     # without rerunning the script, fails here
-    script = os.path.join(ROOT, "docs", "make_benchmarks.py")
-    proc = subprocess.run(
-        [sys.executable, script, "--check"], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    spec = importlib.util.spec_from_file_location("make_benchmarks", DOCS / "make_benchmarks.py")
+    assert spec is not None and spec.loader is not None
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    assert make.main(["--check"]) == 0, capsys.readouterr().out
