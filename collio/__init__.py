@@ -16,8 +16,7 @@ by their backends when used.
 
 from __future__ import annotations
 
-# _mpienv first: it may set MPI variables, which only work before mpi4py.MPI starts MPI
-from . import _mpienv, layouts  # noqa: F401  # isort: skip
+from . import layouts
 from ._version import __version__
 from .backends import get_backend, known_backends, register_backend
 from .buffers import release_buffers

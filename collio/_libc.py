@@ -1,4 +1,4 @@
-"""The C library collio calls through ctypes (no MPI here: ``_mpienv`` runs before MPI)."""
+"""The C library collio calls through ctypes."""
 
 from __future__ import annotations
 

@@ -293,7 +293,7 @@ def _write_streamed(
 
     A rank posts the sends of rounds ``k .. k + AHEAD - 1`` before it receives round
     ``k``, so an aggregator never waits for a sender to reach the round: MPI
-    (single-copy CMA where collio turned it on) moves the bytes when the aggregator
+    (with single-copy messages where MPI has them on) moves the bytes when the aggregator
     posts its receives.  Nothing agrees per round: an aggregator whose I/O failed
     still receives every round (dropping the data), so every send completes, and
     the call's completion agrees on the error.

@@ -19,11 +19,10 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from mpi4py import MPI
 
-import collio  # before mpi4py.MPI: collio's MPI settings (see collio._mpienv)
+import collio
 from collio import layouts
-
-from mpi4py import MPI  # isort: skip
 
 
 def _median_ms(comm: MPI.Intracomm, times: list[float]) -> float:

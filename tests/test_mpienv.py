@@ -1,83 +1,88 @@
-"""collio turns on MPICH's single-copy messages (CMA) only before MPI starts, if allowed."""
+"""`import collio` leaves MPI's start-up settings alone; collio-bench reports MPICH's own.
+
+MPICH reads its variables when MPI starts, so a library that set one at import would make
+a program's speed depend on whether it imported that library before ``from mpi4py import
+MPI``.  collio sets nothing; the benchmark says what MPI itself used.
+"""
 
 from __future__ import annotations
 
-import ctypes
+import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from collio._mpienv import cma_usable
+from collio.bench.machine import CMA_CVAR
+from collio.testing.jobs import MPIEXEC, mpiexec, python
 
-VAR = "MPIR_CVAR_CH4_CMA_ENABLE"
-SPELLINGS = (VAR, "MPIR_PARAM_CH4_CMA_ENABLE", "MPICH_CH4_CMA_ENABLE")
-SHOW = f"import os; print(os.environ.get({VAR!r}, '-'))"
+SPELLINGS = (CMA_CVAR, "MPIR_PARAM_CH4_CMA_ENABLE", "MPICH_CH4_CMA_ENABLE")
+ASK = "from collio.bench.machine import single_copy; print(single_copy())"
 
 
-def _run(code: str, **env: str) -> str:
-    e = {k: v for k, v in os.environ.items() if k not in SPELLINGS + ("COLLIO_MPI_CMA",)}
-    e.update(env)
-    out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+def _python(code: str, **env: str) -> str:
+    out = python(code, env=env)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
 
-def _read_parent() -> bool:
-    """A child process reads a marker out of this one with process_vm_readv, as MPICH's CMA
-    does between ranks (not a descendant reading: Yama's scope 1 forbids this, as for ranks)."""
-    marker = ctypes.create_string_buffer(b"sibling!", 8)
+def _is_mpich() -> bool:
+    return _python("from mpi4py import MPI; print(MPI.Get_library_version()[:5])") == "MPICH"
+
+
+needs_mpich = pytest.mark.skipif(not _is_mpich(), reason="MPICH's variable is not there")
+
+
+@pytest.mark.parametrize("first", ["import collio", "from mpi4py import MPI"])
+def test_import_collio_changes_no_environment(first: str) -> None:
     code = (
-        "import ctypes, os, sys\n"
-        "from collio._mpienv import _IOVec\n"
-        "libc = ctypes.CDLL(None, use_errno=True)\n"
-        "libc.process_vm_readv.restype = ctypes.c_ssize_t\n"
-        "dst = ctypes.create_string_buffer(8)\n"
-        "local, remote = _IOVec(ctypes.addressof(dst), 8), _IOVec(int(sys.argv[1]), 8)\n"
-        "n = libc.process_vm_readv(\n"
-        "    os.getppid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)\n"
-        "print(int(n == 8 and dst.raw == b'sibling!'))\n"
+        "import os; before = dict(os.environ)\n"
+        f"{first}\nimport collio, collio.bench.cli, collio.bench.main\n"
+        "print(dict(os.environ) == before)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "COLLIO_MPI_CMA"}
-    env["COLLIO_MPI_CMA"] = "0"  # the child imports collio: keep its probe out of the way
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(ctypes.addressof(marker))],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip() == "1"
+    assert _python(code) == "True"
 
 
-@pytest.mark.skipif(not cma_usable(), reason="the probe says no: nothing to check")
-def test_cma_probe_never_claims_a_read_the_kernel_refuses() -> None:
-    # the probe is conservative (containers, seccomp): it may say no where reads work,
-    # never yes where they fail (MPICH would then fail on large messages)
-    assert _read_parent()
+@needs_mpich
+@pytest.mark.parametrize("setting", [None, "0", "1"])
+def test_import_order_does_not_change_what_mpi_uses(setting: str | None) -> None:
+    if setting is None and any(name in os.environ for name in SPELLINGS):
+        pytest.skip("MPICH's default cannot be seen: this environment sets the variable")
+    env = {} if setting is None else {CMA_CVAR: setting}
+    a = _python("import collio; from mpi4py import MPI; " + ASK, **env)
+    b = _python("from mpi4py import MPI; import collio; " + ASK, **env)
+    assert a == b
+    if setting is not None:
+        assert a == str(setting == "1")
 
 
-def test_cma_probe_says_yes_on_a_plain_linux_host() -> None:
-    if not sys.platform.startswith("linux") or not _read_parent():
-        pytest.skip("this kernel forbids cross-process reads here")
-    from collio import _mpienv
-
-    if not _mpienv._initial_user_namespace() or _mpienv._seccomp_filtered():
-        pytest.skip("a container: the probe declines on purpose")
-    assert cma_usable()
+@needs_mpich
+def test_single_copy_reads_every_spelling_mpich_reads() -> None:
+    for name in SPELLINGS:
+        assert _python(ASK, **{name: "0"}) == "False"
+        assert _python(ASK, **{name: "1"}) == "True"
 
 
-@pytest.mark.skipif(not cma_usable(), reason="this kernel forbids process_vm_readv")
-def test_import_collio_first_turns_cma_on() -> None:
-    assert _run("import collio; " + SHOW) == "1"
+def test_single_copy_is_none_where_mpi_cannot_be_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collio.bench import machine
+
+    monkeypatch.setattr(machine, "_libmpi", lambda: None)
+    assert machine.single_copy() is None
 
 
-@pytest.mark.skipif(not cma_usable(), reason="collio would not set it anyway")
-def test_mpi_started_first_is_left_alone() -> None:
-    assert _run("from mpi4py import MPI; import collio; " + SHOW) == "-"
-
-
-def test_user_choice_wins() -> None:
-    assert _run("import collio; " + SHOW, **{VAR: "0"}) == "0"
-    for other in SPELLINGS[1:]:  # MPICH reads these too; collio must not override them
-        assert _run("import collio; " + SHOW, **{other: "0"}) == "-"
-    assert _run("import collio; " + SHOW, COLLIO_MPI_CMA="0") == "-"
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
+@needs_mpich
+@pytest.mark.parametrize("setting", ["0", "1"])
+def test_bench_reports_the_setting_it_ran_with(tmp_path, setting: str) -> None:
+    out = tmp_path / "b.json"
+    args = [sys.executable, "-m", "collio.bench", "-a", "collio", "--size", "64", "-i", "1"]
+    args += ["-w", "--json", str(out), "-o", str(tmp_path / "f")]
+    proc = mpiexec(args, n=2, timeout=240, env={CMA_CVAR: setting})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = "on" if setting == "1" else "off"
+    assert f"MPICH single-copy messages ({CMA_CVAR}): {state}" in proc.stdout
+    machine = json.loads(out.read_text())["machine"]
+    assert machine["single_copy"] is (setting == "1")
+    assert machine["cpus"] == os.cpu_count() and machine["nodes"] == 1
+    assert machine["mpi_library"].startswith("MPICH")
+    assert machine["storage"]["fs"]  # the test file's file system, from /proc/self/mountinfo

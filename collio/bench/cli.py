@@ -211,9 +211,11 @@ def _simulate(args: argparse.Namespace) -> int:
     res = simulate(work, cfg)
     print(format_sim(work, res, args.ppn), flush=True)
     if args.json:
+        from .machine import command, describe
         from .report import write_json
 
-        write_json(args.json, sim_json(work, res))
+        doc = {**sim_json(work, res), "command": command(), "machine": describe(".", mpi=False)}
+        write_json(args.json, doc)
     return 0
 
 

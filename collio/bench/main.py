@@ -12,6 +12,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..errors import CollioError
+from .machine import CMA_CVAR, command, describe, single_copy
 from .report import (
     MiB,
     format_hints,
@@ -105,11 +106,13 @@ def bench(
             print(f"collio-bench: error: {exc}", file=sys.stderr)
         return 2
     work, names = cfg.work, cfg.apis
+    copies = _single_copy(comm)
     emit(
         f"collio-bench: {work.describe()}, {human(work.nbytes)}, {comm.size} ranks, "
         f"{cfg.iterations} iterations, fsync {'on' if cfg.fsync else 'off'}; "
         f"APIs: {', '.join(names)}"
     )
+    emit(f"# MPI: {MPI.Get_library_version().splitlines()[0].strip()}; {_copies_text(copies)}")
     for name, why in cfg.skipped:
         emit(f"# {name}: not run: {why}")
     cycle = len(balanced_orders(len(names)))
@@ -133,6 +136,9 @@ def bench(
     facts["peak_rss"] = comm.gather(runner.rss, root=0)
     facts["extra_rss"] = comm.gather(runner.extra, root=0)
     facts["data_bytes"] = comm.gather(facts["data_bytes"], root=0)
+    nodes = len(set(comm.allgather(MPI.Get_processor_name())))
+    if rank0:
+        facts["machine"] = {**describe(facts["path"]), "single_copy": copies, "nodes": nodes}
     if rank0:
         _finish(args, cfg, runner, facts, time.perf_counter() - t0, comm.size)
     # verification errors are summed over ranks: every rank returns the same status
@@ -170,7 +176,7 @@ def _finish(
     print(format_hints(runner.hints_used))
     print(f"\ntest file {facts['path']} ({'kept' if cfg.keep else 'removed'}); {seconds:.1f} s")
     doc = {
-        "command": sys.argv, "nranks": nranks, "pattern": work.pattern,
+        "command": command(), "nranks": nranks, "pattern": work.pattern,
         "shape": list(work.shape), "dtype": work.dtype, "grid": list(work.grid),
         "bytes": work.nbytes, "iterations": cfg.iterations, "fsync": cfg.fsync, "apis": names,
         "hints_given": dict(cfg.hints), "hints_used": runner.hints_used,
@@ -183,6 +189,19 @@ def _finish(
         write_json(args.json, doc)
     if args.plot:
         plot(args.plot, summary, f"{work.describe()}, {nranks} ranks")
+
+
+def _single_copy(comm: MPI.Intracomm) -> bool | str | None:
+    """Collective: MPICH's single-copy setting on every rank, or "mixed" when ranks differ."""
+    values = set(comm.allgather(single_copy()))
+    return values.pop() if len(values) == 1 else "mixed"
+
+
+def _copies_text(copies: bool | str | None) -> str:
+    if copies is None:
+        return "single-copy setting: not MPICH"
+    state = copies if isinstance(copies, str) else ("on" if copies else "off")
+    return f"MPICH single-copy messages ({CMA_CVAR}): {state}"
 
 
 def _shown(options: dict[str, str]) -> dict[str, str]:

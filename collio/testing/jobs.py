@@ -55,17 +55,21 @@ def mpiexec(
     n: int | None = None,
     timeout: float = 300,
     env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``mpiexec [-n n] args...``; returns the finished process (output as text).
 
     ``n=None`` leaves the rank counts to ``args`` (MPMD: ``-n 3 a : -n 1 b``).  ``env``
-    adds variables to :func:`child_env`.  Raises :class:`subprocess.TimeoutExpired` when
-    the job outlives ``timeout`` seconds (the job is killed).
+    adds variables to :func:`child_env`; ``cwd`` is the job's directory (a script that
+    writes relative paths, as a user's does).  Raises :class:`subprocess.TimeoutExpired`
+    when the job outlives ``timeout`` seconds (the job is killed).
     """
     if MPIEXEC is None:
         raise RuntimeError("no mpiexec found (set MPIEXEC or install the 'mpich' extra)")
     cmd = [MPIEXEC, *(["-n", str(n)] if n is not None else []), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(env))
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=child_env(env), cwd=cwd
+    )
 
 
 def python(

@@ -1,0 +1,318 @@
+"""Write docs/benchmarks.md, and the README's short table, from docs/results/*.json.
+
+    python docs/make_benchmarks.py            rewrite both from the JSON results
+    python docs/make_benchmarks.py --check    exit 1 if either differs from what it would write
+
+Every figure comes from a file that ``collio-bench --json`` wrote (docs/run_benchmarks.sh
+runs the jobs and then this script), so rerunning the jobs rewrites the tables and no
+figure is copied by hand.  A script here rather than a ``collio-bench`` mode: the tables
+are this repository's documentation (which jobs, in which order, under which heading),
+not something a user of the benchmark needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+DOCS = Path(__file__).resolve().parent
+RESULTS, OUT, README = DOCS / "results", DOCS / "benchmarks.md", DOCS.parent / "README.md"
+BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
+MiB = 1 << 20
+
+#: The posix-backend jobs: one 4-rank job per workload, six APIs alternating.
+ARRAYS = {"colblock": "column blocks", "cyclic": "block-cyclic 64 x 64, 2 x 2 grid",
+          "ior": "IOR `-s 4096 -b 8k -t 8k`", "rowblock": "row blocks"}  # fmt: skip
+SIX = ("collio", "collio-shuffle", "mpiio", "mpiio-tuned", "posix", "ceiling")
+OTHERS = {"zarr-aligned": "zarr, chunks 512 (aligned with the blocks)",
+          "zarr-misaligned": "zarr, chunks 768 (misaligned)", "hdf5": "HDF5, contiguous",
+          "hdf5-gzip": "HDF5, gzip, chunks 512", "mpiio": "mpiio backend against posix",
+          "s3": "S3, moto server on 127.0.0.1"}  # fmt: skip
+SINGLE_COPY = {"colblock": "single-copy-off-colblock", "cyclic": "single-copy-off-cyclic"}
+
+
+def load() -> dict[str, dict[str, Any]]:
+    """Every result by job name: NAME.json, or NAME.json.gz for the simulator's large ones."""
+    docs = {p.stem: json.loads(p.read_text()) for p in RESULTS.glob("*.json")}
+    for p in RESULTS.glob("*.json.gz"):
+        docs[p.name.removesuffix(".json.gz")] = json.loads(gzip.decompress(p.read_bytes()))
+    return dict(sorted(docs.items()))
+
+
+def command(doc: dict[str, Any]) -> str:
+    """The command that made ``doc``, as typed (without ``--json FILE``)."""
+    args, words = list(doc["command"]), []
+    while args:
+        word = args.pop(0)
+        if word == "--json":
+            args.pop(0)
+        elif not word.startswith("--json="):
+            words.append(word)
+    text = " ".join(shlex.quote(w) for w in words)
+    if "--simulate" in words:
+        return text
+    env = "MPIR_CVAR_CH4_CMA_ENABLE=0 " if doc["machine"].get("single_copy") is False else ""
+    return f"{env}mpiexec -n {doc['nranks']} {text}"
+
+
+def machine(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    disk = m.get("storage", {})
+    where = f"{disk.get('fs', '?')} on {disk.get('device', '?')}"
+    if disk.get("driver"):
+        where += f" ({disk['driver']}{', mounted with discard' if disk.get('discard') else ''})"
+    text = f"{m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, {where}"
+    if "mpi_library" in m:
+        nodes = m.get("nodes", 1)
+        text += (
+            f", {m['mpi_library'].replace('Version: ', '')}, mpi4py {m['mpi4py']}, "
+            f"{doc['nranks']} ranks on {nodes} node{'s' if nodes > 1 else ''}"
+        )
+    return text + f", Python {m['python']}, numpy {m['numpy']}"
+
+
+def median(doc: dict[str, Any], api: str, op: str) -> float | None:
+    for s in doc["summary"]:
+        if s["api"] == api and s["op"] == op:
+            return float(s["median"])
+    return None
+
+
+def _n(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def _r(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}"
+
+
+def provenance(docs: dict[str, dict[str, Any]], names: list[str]) -> list[str]:
+    """Which machine and which commands made the jobs ``names``."""
+    found = [n for n in names if n in docs]
+    if not found:
+        return []
+    one = len({machine(docs[n]) for n in found}) == 1
+    lines = ["", f"Machine: {machine(docs[found[0]])}.", ""] if one else [""]
+    copies = {str(docs[n]["machine"].get("single_copy")) for n in found}
+    if "--simulate" not in docs[found[0]]["command"] and len(copies) == 1:
+        state = {"True": "on", "False": "off"}.get(copies.pop(), "unknown")
+        lines += [f"MPICH's single-copy messages: {state} (as MPI reported it).", ""]
+    lines += ["Made by:", ""]
+    for n in found:
+        where = "" if one else f" on {machine(docs[n])}"
+        lines.append(f"- `{command(docs[n])}`{where}")
+    return lines
+
+
+def iterations(doc: dict[str, Any]) -> str:
+    return f"{doc['iterations']} iterations"
+
+
+def arrays_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    head = ["workload", "op", *SIX, "collio / ceiling", "collio / ROMIO tuned",
+            "collio / ROMIO default"]  # fmt: skip
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * 2 + " ---: |" * (len(head) - 2)]
+    for name, what in ARRAYS.items():
+        doc = docs.get(name)
+        if doc is None:
+            continue
+        for op in ("write", "read"):
+            m = {a: median(doc, a, op) for a in SIX}
+            c = m["collio"]
+            label = f"{what}, {iterations(doc)}" if op == "write" else ""
+            cells = [label, op, *(_n(m[a]) for a in SIX)]
+            cells += [_r(c, m["ceiling"]), _r(c, m["mpiio-tuned"]), _r(c, m["mpiio"])]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def readme_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    doc = docs.get("colblock")
+    if doc is None:
+        return ["(no result yet: run docs/run_benchmarks.sh)"]
+    apis = {"collio": "collio", "mpiio": "ROMIO default", "mpiio-tuned": "ROMIO tuned",
+            "posix": "pwrite/pread per piece", "ceiling": "ceiling"}  # fmt: skip
+    out = ["| MiB/s | " + " | ".join(apis.values()) + " | collio / ROMIO tuned |"]
+    out.append("| --- |" + " ---: |" * (len(apis) + 1))
+    for op in ("write", "read"):
+        m = {a: median(doc, a, op) for a in apis}
+        row = [op, *(_n(m[a]) for a in apis), _r(m["collio"], m["mpiio-tuned"])]
+        out.append("| " + " | ".join(row) + " |")
+    out += ["", f"Made by `{command(doc)}` ({iterations(doc)}) on {machine(doc)}."]
+    return out
+
+
+def single_copy_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    head = "| workload | single-copy | collio write | ceiling write | collio / ceiling |"
+    head += " collio-shuffle read | ROMIO tuned read | collio-shuffle / tuned |"
+    out = [head, "| --- | --- |" + " ---: |" * 6]
+    for name, off in SINGLE_COPY.items():
+        for job in (name, off):
+            doc = docs.get(job)
+            if doc is None:
+                continue
+            state = {True: "on", False: "off"}.get(doc["machine"].get("single_copy"), "?")
+            w, cw = median(doc, "collio", "write"), median(doc, "ceiling", "write")
+            r, tr = median(doc, "collio-shuffle", "read"), median(doc, "mpiio-tuned", "read")
+            cells = [ARRAYS[name], state, _n(w), _n(cw), _r(w, cw), _n(r), _n(tr), _r(r, tr)]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def others_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    out = ["| target | op | API | median MiB/s | min - max | this / the first |"]
+    out.append("| --- | --- | --- |" + " ---: |" * 3)
+    for name, what in OTHERS.items():
+        doc = docs.get(name)
+        if doc is None:
+            continue
+        first = True
+        for s in doc["summary"]:
+            label = f"{what}, {iterations(doc)}" if first else ""
+            first = False
+            cells = [label, s["op"], s["api"], _n(s["median"]), f"{s['min']:.0f} - {s['max']:.0f}"]
+            out.append("| " + " | ".join([*cells, f"{s['ratio']:.2f}"]) + " |")
+        for api, why in doc.get("unavailable", {}).items():
+            out.append(f"| | | {api} | not run: {why.split(';')[0]} | | |")
+    return out
+
+
+def memory_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    out = ["| job | API | peak RSS growth, aggregators (MiB) | bound (MiB) |"]
+    out.append("| --- | --- | ---: | ---: |")
+    for name, doc in docs.items():
+        for api, check in doc.get("memory_checks", {}).items():
+            cells = [name, api, f"{check['max_growth'] / MiB:.1f}", f"{check['limit'] / MiB:.0f}"]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def sim_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    out = [
+        "| command | path, method | aggregators, window | rounds | messages per round "
+        "(min / mean / max) | wall | CPU |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: |",
+    ]
+    for name, doc in docs.items():
+        if not name.startswith("sim-"):
+            continue
+        args = " ".join(command(doc).split()[1:]).replace("--simulate ", "")
+        if doc["direct"]:  # requests are distinct sizes with their counts
+            sizes = [
+                r / MiB for r, k in zip(doc["requests"], doc["request_counts"], strict=True) if k
+            ]
+            n = sum(doc["request_counts"])
+            path = f"direct ({n} requests of {min(sizes):.0f}-{max(sizes):.0f} MiB)"
+            msgs, aggs = "-", "-"
+        else:
+            path = "two-phase, " + (
+                f"**sampled** ({doc['windows_evaluated']} of {doc['windows_total']} windows)"
+                if doc["sampled"]
+                else doc["method"]
+            )
+            m = doc["messages_per_round"] or [0]
+            msgs = f"{min(m)} / {statistics.fmean(m):.1f} / {max(m)}"
+            aggs = f"{doc['aggregators']}, {doc['window'] / MiB:.0f} MiB"
+        cells = [f"`{args}`", path, aggs, str(doc["rounds"]), msgs,
+                 f"{doc['seconds']:.1f} s", f"{doc['cpu_seconds']:.1f} s"]  # fmt: skip
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def errors(docs: dict[str, dict[str, Any]]) -> str:
+    bad = [f"{n} ({d['errors']})" for n, d in docs.items() if d.get("errors")]
+    if bad:
+        return "Verification found errors in: " + ", ".join(bad) + "."
+    return (
+        "collio-bench verifies every API's first iteration (not the ceilings', which do not "
+        "place the layout's bytes): `errors` is 0 in every JSON."
+    )
+
+
+def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
+    bench = [n for n in docs if not n.startswith("sim-")]
+    sims = [n for n in docs if n.startswith("sim-")]
+    parts = [
+        "# Measured",
+        "",
+        "Generated by `docs/make_benchmarks.py` from the JSON results in `docs/results/`, which",
+        "`collio-bench --json` wrote; do not edit by hand. To measure again and rewrite every",
+        "table: `docs/run_benchmarks.sh` (each job under the shared CPU lock; `ITER=12` for more",
+        "iterations), or `python docs/make_benchmarks.py` to redo the tables alone.",
+        "",
+        "Bandwidth is the file's bytes over the barrier-to-barrier time of open + transfer +",
+        "fsync + close, medians over the job's iterations, in which the APIs alternate in",
+        "balanced orders; ratios are between medians of the same job. 4096 x 4096 float64",
+        "(128 MiB) over 4 ranks unless said. `collio-shuffle` is collio reading through the",
+        "two-phase shuffle (hint `mapped_reads=disable`); `ceiling` is each rank writing its",
+        "1/p share as one contiguous `pwrite`, and reading it with one `preadv`. " + errors(docs),
+        "",
+        "## Arrays in one file (posix backend)",
+        "",
+        *arrays_table(docs),
+        *provenance(docs, list(ARRAYS)),
+        "",
+        "## MPICH's single-copy messages",
+        "",
+        "The same workloads in jobs with `MPIR_CVAR_CH4_CMA_ENABLE=0`, where every large",
+        "message between ranks is copied twice through shared memory. Both the write and the",
+        "shuffled read (`collio-shuffle`, whose bytes all travel as messages) pay for it.",
+        "",
+        *single_copy_table(docs),
+        *provenance(docs, [j for pair in SINGLE_COPY.items() for j in pair]),
+        "",
+        "## Other targets",
+        "",
+        "`this / the first` is this API's median bandwidth over the job's first API's (collio).",
+        "",
+        *others_table(docs),
+        *provenance(docs, list(OTHERS)),
+        "",
+        "## Memory",
+        "",
+        "Peak RSS growth of collio's aggregators during collio's phases, against the bound",
+        "2 x `cb_buffer_size` + 100 MiB.",
+        "",
+        *memory_table({n: docs[n] for n in bench}),
+        "",
+        "## Simulator: 65,536 ranks",
+        "",
+        "Made by `collio-bench --simulate` with the arguments in the first column, on one",
+        "process; wall time and the CPU time it needed.",
+        "",
+        *sim_table(docs),
+        "",
+        f"Machine: {machine(docs[sims[0]])}." if sims else "",
+    ]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def readme_with_table(text: str, docs: dict[str, dict[str, Any]]) -> str:
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[:start] + "\n" + "\n".join(readme_table(docs)) + "\n" + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only check; exit 1 if out of date")
+    args = ap.parse_args(argv)
+    docs = load()
+    want = {OUT: benchmarks_md(docs), README: readme_with_table(README.read_text(), docs)}
+    stale = [p for p, text in want.items() if not p.exists() or p.read_text() != text]
+    if args.check:
+        for p in stale:
+            print(f"{p.name} is not what docs/make_benchmarks.py makes from docs/results/")
+        return 1 if stale else 0
+    for p in stale:
+        p.write_text(want[p])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
