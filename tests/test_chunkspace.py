@@ -189,7 +189,7 @@ def test_domain_bounds_are_aligned_monotone_and_cover(n0, n1, c0, c1, naggs, mul
 
 
 def test_keep_own_unless_one_rank_would_carry_too_much():
-    from collio.backends.chunkspace import keep_own
+    from collio.backends.zarr.shares import keep_own
 
     quarter = np.array([25, 25, 25, 25])
     np.testing.assert_array_equal(keep_own(quarter, 100, 4), 0)  # aligned: no shuffle at all
@@ -200,7 +200,7 @@ def test_keep_own_unless_one_rank_would_carry_too_much():
 
 
 def test_keep_own_gives_the_shared_units_to_the_least_loaded_aggregators():
-    from collio.backends.chunkspace import keep_own
+    from collio.backends.zarr.shares import keep_own
 
     # column blocks of 1024 over chunks of 768: rank 1 touches no chunk alone
     caps = keep_own(np.array([24, 0, 24, 32]), 128, 4)
