@@ -18,7 +18,8 @@ from h5check import check_file  # noqa: E402
 from helpers import local_piece, reference  # noqa: E402
 
 import collio.h5  # noqa: E402  - after the importorskip
-from collio.h5.backends import ChunkedBackend, ContiguousBackend  # noqa: E402
+from collio.backends.hdf5.chunked import ChunkedBackend  # noqa: E402
+from collio.backends.hdf5.storage import FileBackend  # noqa: E402
 from collio.testing.backend_suite import SHAPE, ArrayBackendTests  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -512,7 +513,7 @@ class _H5Target:
 class TestHdf5Contiguous(ArrayBackendTests):
     """A contiguous dataset: the aggregators write at its file offset (posix)."""
 
-    storage = ContiguousBackend
+    storage = FileBackend
 
     @pytest.fixture
     def target(self, mpi_tmp_path):

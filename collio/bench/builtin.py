@@ -14,6 +14,7 @@ import collio
 from ..backends.fdio import pread_exact, pwrite_all
 from ..backends.posix import open_direct, write_split
 from ..buffers import PAGE
+from ..stats import Stats
 from ..testing.romio import filetype
 from .apis import Api, _info, open_fd
 
@@ -65,11 +66,16 @@ class CollioApi(Api):
     def close(self) -> None:
         writing = self.f.mode != "r"
         self.f.close()
+        self.note(self.f.stats, writing)
+
+    def note(self, stats: Stats, writing: bool) -> None:
+        """Keep what the file used, for the report: a write's hints (reads never use
+        direct_write), and after a read whether it copied from the map (mapped_reads)."""
         if writing or not hasattr(self, "used"):
-            self.used = self.f.stats.hints  # a write's (reads never use direct_write)
-        if not writing:  # whether the read copied from the map (hint mapped_reads)
-            self.reads_mapped = self.f.stats.mapped_bytes > 0
-        self.stats = self.f.stats
+            self.used = stats.hints
+        if not writing:
+            self.reads_mapped = stats.mapped_bytes > 0
+        self.stats = stats
 
     def hints_used(self) -> dict[str, Any]:
         used = dict(getattr(self, "used", self.hints()))

@@ -9,13 +9,15 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import engine
-from ..backends.posix import maps_for
+from ..backends.base import Backend
+from ..backends.hdf5.chunked import chunked_backend
+from ..backends.hdf5.storage import check_dataset_layout
 from ..collective import Attempt, agree
+from ..context import Context
 from ..errors import LayoutError, ModeError
 from ..layouts import Layout, Subarray
 from ..layouts.base import Segments
 from ..stats import Stats
-from .backends import ContiguousBackend, check_dataset_layout, chunked_backend
 from .session import Session, session_of
 
 __all__ = [
@@ -141,22 +143,25 @@ def _call(s: Session, dset: Any, what: str, writing: bool) -> tuple[str, int | N
     return box[0]
 
 
-def _context(s: Session, dset: Any, kind: str, offset: int | None) -> engine.Context:
-    mode = "r" if s.mode == "r" else "r+"
-    vf = s.vfile
+def _context(s: Session, dset: Any, kind: str, offset: int | None) -> Context:
+    """The call's engine context: the file's bytes at a contiguous dataset's offset, or
+    a chunked dataset's chunk space."""
     if kind == "contiguous":
-        be = s.backends.get("contiguous")
-        if be is None:
-            early = vf.early_flush() if s.hints.early_flush and s.mode != "r" else None
-            maps = maps_for(s.hints, vf.fd)
-            be = ContiguousBackend(s.path, vf.fd, s.mode, early, maps)
-            s.backends["contiguous"] = be
-        be.bind(dset, int(offset or 0))
+        s.backend.bind(dset, int(offset or 0))
+        return s.core.context(s.backend)
+    cls = chunked_backend(int(np.prod(dset.chunks)) * dset.dtype.itemsize)
+    be = cls(s.vfile, dset, s.mode)
+    be.load_table()
+    return s.core.context(be)
+
+
+def _done(s: Session, be: Backend) -> None:
+    """Local, after a call: a chunked dataset's backend lets go of its buffers, the file's
+    bytes of the dataset they were bound to."""
+    if be is s.backend:
+        s.backend.unbind()
     else:
-        cls = chunked_backend(int(np.prod(dset.chunks)) * dset.dtype.itemsize)
-        be = cls(vf, dset, s.mode)
-        be.load_table()
-    return engine.Context(s.comm, be, s.hints, s.aggregators, s.stats, mode, file=s.file)
+        be.close()
 
 
 def write_all(dset: Any, data: Any, layout: Layout) -> None:
@@ -173,7 +178,7 @@ def write_all(dset: Any, data: Any, layout: Layout) -> None:
     try:
         engine.write(ctx, data, layout)
     finally:
-        ctx.backend.close()  # (chunked: its buffers; contiguous: the dataset it was bound to)
+        _done(s, ctx.backend)
 
 
 def read_all(dset: Any, layout: Layout, out: Any = None) -> Any:
@@ -198,7 +203,7 @@ def read_all(dset: Any, layout: Layout, out: Any = None) -> Any:
     try:
         return engine.read(ctx, layout, out)
     finally:
-        ctx.backend.close()  # (chunked: its buffers; contiguous: the dataset it was bound to)
+        _done(s, ctx.backend)
 
 
 class _Invalid(Segments):
