@@ -18,6 +18,7 @@ import h5py
 from mpi4py import MPI
 
 from ..backends.base import Backend
+from ..backends.hdf5.dataset import refuse_atomic
 from ..backends.hdf5.storage import FileBackend, open_file
 from ..backends.hdf5.vfile import VFile
 from ..comms import private
@@ -58,6 +59,7 @@ def set_fapl(
     def check(parsed: Hints) -> tuple[tuple[Any, ...], None]:
         if found is not None:
             raise found
+        refuse_atomic(parsed, mode)
         return (name,), None
 
     made: list[VFile] = []  # (held here until HDF5 holds it)
