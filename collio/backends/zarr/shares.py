@@ -39,5 +39,3 @@ def keep_own(
     if max(float(own.max()), level) > slack * share:
         return None
     return caps
-
-
