@@ -284,10 +284,10 @@ class ChunkSpace:
     def misaligned(self, dims: Sequence[DimSet]) -> str | None:
         """How a rank's piece covers a unit only in part, or None when it covers each whole
         (then, with the ranks tiling the array, no unit has two writers)."""
+        if any(d.count <= 0 for d in dims):
+            return None  # an empty piece meets no unit
         for k, (d, u, n) in enumerate(zip(dims, self.unit, self.shape, strict=True)):
             idx = d.indices()
-            if not len(idx):
-                continue
             ids, counts = np.unique(idx // u, return_counts=True)
             extent = np.minimum((ids + 1) * u, n) - ids * u
             bad = np.flatnonzero(counts != extent)

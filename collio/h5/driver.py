@@ -50,11 +50,7 @@ def set_fapl(
     """
     # collective only the first time collio sees the communicator (as in collio.open)
     priv = private(MPI.COMM_WORLD if comm is None else comm)  # type: ignore[arg-type]
-    try:
-        name, mode = _resolve(path, access)
-        found: BaseException | None = None
-    except Exception as exc:  # raised inside the open agreement, with the other ranks
-        name, mode, found = "", "r", exc
+    name, mode, found = _resolve(path, access)
 
     def check(parsed: Hints) -> tuple[tuple[Any, ...], None]:
         if found is not None:
@@ -80,13 +76,17 @@ def set_fapl(
     plist.set_fileobj_driver(h5py.h5fd.fileobj_driver, vf)
 
 
-def _resolve(path: str | bytes | None, access: str | None) -> tuple[str, str]:
-    """The file's name and h5py mode: given, or those of the ``h5py.File(...)`` call."""
-    if path is None or access is None:
-        found = _open_args()
-        path = found[0] if path is None else path
-        access = found[1] if access is None else access
-    return os.fsdecode(path), str(access)  # type: ignore[arg-type]
+def _resolve(path: str | bytes | None, access: str | None) -> tuple[str, str, Exception | None]:
+    """The file's name and h5py mode, given or those of the ``h5py.File(...)`` call; a
+    failure is returned, to be raised inside the open agreement with the other ranks."""
+    try:
+        if path is None or access is None:
+            found = _open_args()
+            path = found[0] if path is None else path
+            access = found[1] if access is None else access
+        return os.fsdecode(path), str(access), None  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - agreed, then raised on every rank
+        return "", "r", exc
 
 
 def _open_args() -> tuple[Any, str]:
