@@ -146,14 +146,12 @@ class FileCore:
         failed: bool = False,
         own: Sequence[int] = (),
         subject: str | None = None,
-        patient: bool = False,
         rider: Rider | None = None,
     ) -> tuple[bool, I64]:
         """Collective over ``comm``: the first agreement of a call on this file
         (:func:`~collio.collective.call_head`); a mismatch is handled by :meth:`failed`."""
         try:
-            return call_head(self.comm, call, self.ctx.file, failed, own, subject=subject,
-                             patient=patient)  # fmt: skip
+            return call_head(self.comm, call, self.ctx.file, failed, own, subject=subject)
         except BaseException as exc:
             self.failed(exc, rider=rider)
             raise
