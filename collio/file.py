@@ -1,4 +1,4 @@
-"""``collio.open`` and :class:`File`: the public face; completion and agreement live here."""
+"""``collio.open`` and :class:`File`: the public face over :class:`~collio.core.FileCore`."""
 
 from __future__ import annotations
 
@@ -6,18 +6,17 @@ import os
 import types
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
 from . import engine, view
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
-from .collective import Attempt, any_flag, call_head, raise_agreed, same_slots, settle_same
 from .comms import Private, exclusive, one_thread, private
-from .errors import MismatchError, ModeError, add_later
+from .core import FileCore
+from .errors import add_later
 from .hints import Hints
 from .layouts.base import Layout
-from .stats import Stats, print_at_close
+from .stats import Stats
 
 __all__ = ["File", "open"]
 
@@ -59,10 +58,8 @@ def open(  # noqa: A001 - the natural name, like io.open / h5py.File
     File
         A context manager; every rank must call its collective methods.
     """
-    # collective before the call's first agreement (File._open), but only the first time
-    # collio sees `comm`: then no file is open on it anywhere, so no rank can be in another
-    # call on it for that agreement to meet (and one in a call on another communicator
-    # meets no agreement on this one, whatever it is); afterwards it is local
+    # collective only the first time collio sees `comm`: no file is open on it then, so
+    # no rank can be in another call on it for the open agreement to meet
     priv = private(MPI.COMM_WORLD if comm is None else comm)
     with exclusive(priv.comm, "open"):  # (a second thread's call raises, see comms)
         return File._open(priv, target, mode, hints, backend, options)
@@ -82,14 +79,15 @@ class File:
     write); if some rank called ``close``, the file is closed on every rank (synced as
     ``close()`` syncs), its commit dropped, since that rank will not call again (the
     others' later ``close()`` finds it closed); otherwise the file stays open and usable.
+    The agreements and the completion are :class:`~collio.core.FileCore`'s.
     """
 
-    def __init__(self, ctx: engine.Context, target: Any) -> None:
-        self._ctx = ctx
+    def __init__(self, core: FileCore, target: Any) -> None:
+        self._core = core
+        self._ctx = core.ctx
         self.target = target
         self._view = view.DEFAULT_VIEW
         self._position = 0  # this rank's file pointer, in etypes of the view
-        self._priv: Private | None = None  # the duplicate's owner, told when we close
 
     @classmethod
     def _open(
@@ -101,50 +99,19 @@ class File:
         backend: str | None,
         options: dict[str, Any],
     ) -> File:
-        comm = priv.comm
-        step = Attempt()
-        parsed = Hints()
-        mine = None
-        with step:
-            if mode not in _MODES:
-                raise ModeError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
-            parsed = Hints.coerce(hints, warn=comm.Get_rank() == 0)
+        def check(parsed: Hints) -> tuple[tuple[Any, ...], type[Backend]]:
             name = backend or infer_backend(target)
             bcls = get_backend(name)
             bcls.check_options(mode, options)
             # a path or URL must be the same on every rank (as MPI_File_open's filename)
             path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else None
-            mine = (mode, parsed, name, path)
-        # one allreduce agrees on errors and on every rank passing the same arguments;
-        # it is the first operation of a file's calls, so a rank opening a file beside
-        # the others' calls on an open one raises (as they do) instead of hanging
-        file = (priv.files + 1, repr(target))
-        failed, out = call_head(comm, "open", file, step.error is not None, same_slots(mine))
-        if failed:
-            raise_agreed(comm, step.error, what="open")
-        settle_same(comm, mine, out, what="open", describe=lambda v: f"open arguments {v!r}")
-        be: Backend = bcls.open(target, mode, comm=comm, hints=parsed, **options)
-        aggs = priv.choose(parsed.cb_nodes, parsed.per_node())
-        be.aggregators = aggs
-        stats = Stats(aggregators=tuple(aggs.tolist()))
-        stats.hints = _used_hints(parsed, aggs)
-        read_aggs = None
-        if bcls.read_per_node is not None and parsed.cb_nodes is None and not parsed.cb_config_list:
-            read_aggs = priv.choose(None, bcls.read_per_node)
-            stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
-        stats.backend = be.describe()
-        # O_DIRECT where the backend uses it (posix, when every rank could open the file
-        # so, agreed at open; never in 'r': reads go through the page cache);
-        # f.stats.direct_io_bytes counts what went that way
-        stats.hints["direct_write"] = parsed.direct_write and bool(
-            stats.backend.get("direct_write", False)
-        )
-        ctx = engine.Context(comm, be, parsed, aggs, stats, mode, priv.plans, read_aggs, file)
-        f = cls(ctx, target)
-        f._priv = priv
-        priv.acquire()
-        priv.files = file[0]
-        return f
+            return (name, path), bcls
+
+        def opener(comm: MPI.Intracomm, parsed: Hints, bcls: type[Backend]) -> Backend:
+            return bcls.open(target, mode, comm=comm, hints=parsed, **options)
+
+        core = FileCore.open(priv, target, mode, hints, modes=_MODES, check=check, opener=opener)
+        return cls(core, target)
 
     # -- properties -----------------------------------------------------------
     @property
@@ -272,10 +239,7 @@ class File:
     def sync(self) -> None:
         """Collective over `comm`: return once every written byte is durable (fsync)."""
         self._check_open()
-        self._head("sync")
-        failed, error = self._synced()
-        if failed:
-            raise_agreed(self.comm, error, what="sync")
+        self._core.sync()
 
     @one_thread
     def close(self) -> None:
@@ -284,103 +248,13 @@ class File:
         Always agrees first, even with nothing written: a rank closing alone would
         leave the others waiting in their next call on the file.
         """
-        if self.closed:
-            return
-        self._head("close")  # a mismatch: _failed closed the file
-        self._finish(*self._synced())
-
-    def _head(self, call: str) -> None:
-        """Collective over `comm`: ``sync``'s or ``close``'s first agreement, before the
-        backend's sync, which may be collective (``MPI_File_sync``): a rank must not
-        enter it while another is in a different call.  Nothing has run yet, so it
-        waits polling, as ``write_all``'s does; the agreement after the fsync waits as
-        :func:`~collio.collective.sleep_until_done` does (yielding, then sleeping)."""
-        try:
-            call_head(self.comm, call, self._ctx.file, False)
-        except BaseException as exc:
-            self._failed(exc)
-            raise
-
-    def _synced(self) -> tuple[bool, BaseException | None]:
-        """Collective over `comm`: the backend's sync on every rank, then an agreement on
-        its errors (sleeping: fsync takes each rank its own time).  Returns whether any
-        rank failed, and this rank's error."""
-        step = Attempt()
-        with step:
-            self.backend.sync()
-        return any_flag(self.comm, step.error is not None, patient=True), step.error
-
-    def _finish(self, failed: bool, error: BaseException | None) -> None:
-        """Collective over `comm`: commit (drop, if anything failed or was aborted), release."""
-        ctx = self._ctx
-        try:
-            ctx.backend.commit(ctx.comm, not (failed or ctx.aborted))
-            if failed:
-                raise_agreed(ctx.comm, error, what="close")
-        finally:
-            self._release()
+        self._core.close()
 
     def _failed(self, exc: BaseException, *, writing: bool = False) -> None:
-        """Collective over `comm`: what every rank that raised the agreed ``exc`` does next.
-
-        The same on every rank, whichever call it was in: a failed write to an atomic
-        target is aborted, and so is any call mismatch on this file.  When some rank
-        called ``close`` the file is closed on every rank, its commit dropped: that rank
-        will not call again.  After calls on different files (or an ``open``) nothing
-        is done: the ranks do not share this file.
-        """
-        if isinstance(exc, MismatchError) and exc.call_mismatch:
-            if not exc.one_file:
-                return
-            if "close" in exc.calls:
-                self._close_after(exc)
-                return
-        elif not writing:
-            return
-        if self._atomic():
-            self._abort()
-
-    def _close_after(self, exc: MismatchError) -> None:
-        """Collective over `comm`: close as ``close()`` does after its agreement (sync on
-        every rank, agree on it, commit, release), the commit dropped, so what earlier
-        calls wrote is as durable as after a normal close.  Every rank still raises
-        ``exc``; a failure of this close (agreed, so the same everywhere) goes into
-        ``exc.close_error``."""
-        self._abort()
-        try:
-            self._finish(*self._synced())
-        except Exception as later:  # exc is the error every rank raises
-            exc.close_error = later
-
-    def _release(self) -> None:
-        ctx = self._ctx
-        try:
-            ctx.backend.close()
-            ctx.mode = "closed"
-            print_at_close(ctx.stats, ctx.file[1], ctx.comm.Get_rank())
-        finally:
-            priv, self._priv = self._priv, None
-            if priv is not None:
-                priv.release()
+        self._core.failed(exc, writing=writing)
 
     def _check_open(self) -> None:
-        # close() is collective, so every rank sees the same state: no agreement needed
-        if self.closed:
-            raise ModeError(f"{self.target!r} is closed")
-
-    def _atomic(self) -> bool:
-        """All-or-nothing writes: the ``atomic_commit`` hint, or an ``atomic`` backend."""
-        atomic = self.hints.atomic_commit or self.backend.atomic
-        return atomic and self.mode in ("w", "r+")
-
-    def _abort(self) -> None:
-        """Local (the same on every rank): drop the writes; ``close`` will not commit them.
-
-        Later writes are refused (``ModeError`` on every rank); ``close`` calls
-        ``commit(ok=False)`` (the temporary goes, the previous target stays).  Nothing
-        collective here, so a rank may abort whatever call the others were in.
-        """
-        self._ctx.aborted = True
+        self._core.check_open(self.target)
 
     def __enter__(self) -> File:
         return self
@@ -391,8 +265,8 @@ class File:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
-        if exc is not None and not self.closed and self._atomic():
-            self._abort()
+        if exc is not None and not self.closed and self._core.atomic():
+            self._core.abort()
         if exc is None:
             self.close()
             return
@@ -403,11 +277,3 @@ class File:
 
     def __repr__(self) -> str:
         return f"<collio.File {self.target!r} mode={self.mode!r} backend={self.backend.name}>"
-
-
-def _used_hints(hints: Hints, aggs: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, Any]:
-    used = hints.as_dict()
-    used["cb_nodes"] = len(aggs)
-    used["cb_config_list"] = hints.cb_config_list or "*:*"
-    used["aggregator_ranks"] = aggs.tolist()
-    return used

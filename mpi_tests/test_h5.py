@@ -18,8 +18,7 @@ from h5check import check_file  # noqa: E402
 from helpers import local_piece, reference  # noqa: E402
 
 import collio.h5  # noqa: E402  - after the importorskip
-from collio.h5.backends import ChunkedBackend, ContiguousBackend  # noqa: E402
-from collio.testing.backend_suite import SHAPE, ArrayBackendTests  # noqa: E402
+from collio.testing.hdf5_suite import Hdf5BackendTests  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -481,69 +480,52 @@ def test_partial_chunks_get_the_fill_value_and_1d(comm: MPI.Comm, mpi_tmp_path) 
 
 
 # ------------------------------------------------- the shared conformance suite
-class _H5Target:
-    """``collio.h5`` driven as the suite drives ``collio.open``: dataset ``x`` of the
-    suite's array in the file ``path``, created in 'w' with ``options``."""
-
-    def __init__(self, path: str, mode: str, comm: MPI.Comm, options: Any, hints: Any = None):
-        self.f = collio.h5.File(path, mode, comm=comm, hints=hints)
-        try:
-            if mode == "w":
-                self.d = collio.h5.create_dataset(self.f, "x", SHAPE, "<f8", **options)
-            else:
-                self.d = self.f["x"]
-        except BaseException:
-            collio.h5.close(self.f)
-            raise
-
-    def write_all(self, data: Any, layout: Any) -> None:
-        collio.h5.write_all(self.d, data, layout)
-
-    def read_all(self, layout: Any) -> Any:
-        return collio.h5.read_all(self.d, layout)
-
-    def __enter__(self) -> _H5Target:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        collio.h5.close(self.f)
-
-
-class TestHdf5Contiguous(ArrayBackendTests):
-    """A contiguous dataset: the aggregators write at its file offset (posix)."""
-
-    storage = ContiguousBackend
+class TestHdf5Backend(Hdf5BackendTests):
+    """``collio.open(..., backend="hdf5")`` under mpiexec: a contiguous dataset."""
 
     @pytest.fixture
     def target(self, mpi_tmp_path):
         return str(mpi_tmp_path / "conformance.h5")
 
-    def backend_class(self):
-        return self.storage
 
-    def open(self, target, mode, comm, opts, **kw):
-        return _H5Target(target, mode, comm, opts, kw.get("hints"))
+class TestHdf5BackendChunked(Hdf5BackendTests):
+    """A chunked, compressed dataset whose chunks no decomposition lines up with."""
 
-    def stored(self, target, open_options):
-        if not os.path.exists(target):
-            return None
-        with h5py.File(target, "r") as f:
-            return f["x"][...]
-
-    @pytest.mark.xfail(
-        strict=True,
-        reason="collio.h5 accepts the hint atomic_commit and ignores it (the file is written "
-        "in place): the HDF5 backend must refuse the hint or honour it",
-    )
-    def test_atomic_commit_is_invisible_until_close(self, comm, target, open_options):
-        super().test_atomic_commit_is_invisible_until_close(comm, target, open_options)
-
-
-class TestHdf5Chunked(TestHdf5Contiguous):
-    """A chunked, compressed dataset: aggregators encode whole chunks."""
-
-    storage = ChunkedBackend
+    @pytest.fixture
+    def target(self, mpi_tmp_path):
+        return str(mpi_tmp_path / "chunked.h5")
 
     @pytest.fixture
     def open_options(self):
-        return {"chunks": (10, 7), "compression": "gzip", "shuffle": True}
+        return {"dataset": "m", "shape": (48, 40), "dtype": "<f8", "chunks": (10, 7),
+                "compression": "gzip", "shuffle": True}  # fmt: skip
+
+
+@pytest.mark.parametrize("chunks", [None, (7, 5)])
+def test_hdf5_backend_file_read_by_stock_h5py(comm: MPI.Comm, mpi_tmp_path, chunks) -> None:
+    """What collio.open(backend='hdf5') wrote and closed is what stock h5py (another
+    process) and h5dump read; a sync in between leaves the file readable too."""
+    path = str(mpi_tmp_path / "backend.h5")
+    shape = (29, 23)
+    glob = reference(shape, "<f8", seed=41)
+    lay = _layout("cyclic", comm, shape, "<f8")
+    opts: dict[str, Any] = {"dataset": "grp/x", "shape": shape, "dtype": "<f8"}
+    if chunks is not None:
+        opts.update(chunks=chunks, compression="gzip")
+    with collio.open(path, "w", comm=comm, backend="hdf5", **opts) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        f.sync()
+        check_file(comm, path, {"grp/x": glob})
+        f.write_all(local_piece(-glob, lay), lay)
+    check_file(comm, path, {"grp/x": -glob})
+
+
+def test_collio_h5_refuses_atomic_commit_everywhere(comm: MPI.Comm, mpi_tmp_path) -> None:
+    """HDF5 files are written in place: collio.h5 refuses the hint on every rank alike,
+    before rank 0 creates anything (as the hdf5 backend does)."""
+    path = str(mpi_tmp_path / "atomic.h5")
+    with pytest.raises(collio.ModeError, match="atomic_commit is not supported") as info:
+        collio.h5.File(path, "w", comm=comm, hints={"atomic_commit": True})
+    texts = comm.allgather(str(info.value))
+    assert texts == [texts[0]] * comm.size
+    assert not comm.allgather(os.path.exists(path))[0]

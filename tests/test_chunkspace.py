@@ -71,6 +71,39 @@ def test_runs_match_brute_force(case):
     assert (runs.file + runs.length <= space.nbytes).all()
 
 
+@given(cases())
+def test_parts_rebuild_the_piece_unit_by_unit(case):
+    """What the plain-library baselines do: store each unit's part with one assignment
+    (or a read-merge-write); brute force over the global array."""
+    space, lay = case
+    glob = np.arange(int(np.prod(space.shape))).reshape(space.shape)
+    piece = glob[np.ix_(*(d.indices() for d in lay.dims))]
+    owner = np.zeros(space.shape, bool)
+    owner[np.ix_(*(d.indices() for d in lay.dims))] = True
+    rebuilt = np.full(space.shape, -1)
+    parts = space.parts(lay.dims)
+    for p in parts:
+        block = rebuilt[p.region]
+        block[
+            np.ix_(*(np.arange(i.start, i.stop) if isinstance(i, slice) else i for i in p.inner))
+        ] = piece[p.local]
+        assert p.full == bool(owner[p.region].all())
+        assert p.coords == tuple(r.start // u for r, u in zip(p.region, space.unit, strict=True))
+    np.testing.assert_array_equal(rebuilt[owner], glob[owner])
+    assert (rebuilt[~owner] == -1).all()
+    ids = space.touched_by(lay.dims)
+    units = {
+        tuple(int(g) // u for g, u in zip(pos, space.unit, strict=True))
+        for pos in zip(*np.nonzero(owner), strict=True)
+    }
+    assert sorted(p.coords for p in parts) == sorted(units)
+    assert sorted(map(tuple, np.stack(space.coords(ids), axis=1).tolist())) == sorted(units)
+    whole = all(owner[space.region(u)].all() for u in ids.tolist())
+    assert (space.misaligned(lay.dims) is None) == whole
+    for u in ids.tolist():
+        assert space.unit_at([r.start for r in space.region(u)]) == u
+
+
 def test_runs_are_cut_at_chunk_edges_only():
     # a 2 x 2 rank block of 1000 x 1000 split at 333 over 100 x 100 chunks
     space = ChunkSpace((1000, 1000), (100, 100), 8)
@@ -189,7 +222,7 @@ def test_domain_bounds_are_aligned_monotone_and_cover(n0, n1, c0, c1, naggs, mul
 
 
 def test_keep_own_unless_one_rank_would_carry_too_much():
-    from collio.backends.chunkspace import keep_own
+    from collio.backends.zarr.shares import keep_own
 
     quarter = np.array([25, 25, 25, 25])
     np.testing.assert_array_equal(keep_own(quarter, 100, 4), 0)  # aligned: no shuffle at all
@@ -200,7 +233,7 @@ def test_keep_own_unless_one_rank_would_carry_too_much():
 
 
 def test_keep_own_gives_the_shared_units_to_the_least_loaded_aggregators():
-    from collio.backends.chunkspace import keep_own
+    from collio.backends.zarr.shares import keep_own
 
     # column blocks of 1024 over chunks of 768: rank 1 touches no chunk alone
     caps = keep_own(np.array([24, 0, 24, 32]), 128, 4)

@@ -1,4 +1,4 @@
-"""collio.h5's parts that need no MPI: chunk-space arithmetic, codecs, the replica file (VFile).
+"""HDF5 storage's parts that need no MPI: HDF5's chunk space, codecs, the replica file (VFile).
 
 Collective files are tested in ``mpi_tests/test_h5.py``.
 """
@@ -13,12 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from collio import layouts
+from collio.backends.chunkspace import ChunkSpace
 from collio.runs import Runs
 
 h5py = pytest.importorskip("h5py")
-from collio.h5.chunkspace import ChunkGrid, bytes_per_chunk, to_chunk_space  # noqa: E402
-from collio.h5.codec import make_codec  # noqa: E402
-from collio.h5.vfile import VFile  # noqa: E402
+from collio.backends.hdf5.codec import make_codec  # noqa: E402
+from collio.backends.hdf5.vfile import VFile  # noqa: E402
 
 
 def _bytes_of(runs: Runs) -> tuple[np.ndarray, np.ndarray]:
@@ -29,12 +29,13 @@ def _bytes_of(runs: Runs) -> tuple[np.ndarray, np.ndarray]:
     return runs.file[idx] + k, runs.mem[idx] + k
 
 
-def _chunk_offset_of_every_byte(g: ChunkGrid) -> np.ndarray:
-    """Brute force: the chunk-space offset of each byte of the C-order dataset."""
+def _chunk_offset_of_every_byte(g: ChunkSpace) -> np.ndarray:
+    """Brute force: where HDF5 stores each byte of the C-order dataset, in chunk space
+    (chunks in C order of the chunk grid, each a full, padded chunk in C order)."""
     pos = np.indices(g.shape).reshape(len(g.shape), -1)
-    chunk = np.ravel_multi_index(tuple(p // c for p, c in zip(pos, g.chunks, strict=True)), g.grid)
-    inner = np.ravel_multi_index(tuple(p % c for p, c in zip(pos, g.chunks, strict=True)), g.chunks)
-    elem = chunk * g.chunk_nbytes + inner * g.itemsize
+    chunk = np.ravel_multi_index(tuple(p // c for p, c in zip(pos, g.unit, strict=True)), g.grid)
+    inner = np.ravel_multi_index(tuple(p % c for p, c in zip(pos, g.unit, strict=True)), g.unit)
+    elem = chunk * g.unit_nbytes + inner * g.itemsize
     return (elem[:, None] + np.arange(g.itemsize)).reshape(-1)
 
 
@@ -47,9 +48,9 @@ def test_chunk_space_matches_brute_force(shape: list[int], data: st.DataObject) 
     itemsize = data.draw(st.sampled_from([1, 4, 8]))
     start = [data.draw(st.integers(0, s - 1)) for s in shape]
     count = [data.draw(st.integers(0, s - a)) for s, a in zip(shape, start, strict=True)]
-    g = ChunkGrid.of(shape, chunks, itemsize)
+    g = ChunkSpace(tuple(shape), tuple(chunks), itemsize)
     lay = layouts.Subarray(shape, start, count, f"V{itemsize}")
-    mapped = to_chunk_space(lay.runs(), g)
+    mapped = g.runs(lay.dims)
     assert bool((np.diff(mapped.file) > 0).all()) or len(mapped) < 2
     f_ds, m_ds = _bytes_of(lay.runs())
     f_ch, m_ch = _bytes_of(mapped)
@@ -60,12 +61,13 @@ def test_chunk_space_matches_brute_force(shape: list[int], data: st.DataObject) 
 
 
 def test_bytes_per_chunk_and_edges() -> None:
-    g = ChunkGrid.of((5, 7), (2, 3), 8)
-    assert g.grid == (3, 3) and g.chunk_nbytes == 48
-    assert g.in_extent(np.arange(9)).tolist() == [48, 48, 16, 48, 48, 16, 24, 24, 8]
+    g = ChunkSpace((5, 7), (2, 3), 8)
+    assert g.grid == (3, 3) and g.unit_nbytes == 48
+    assert g.valid_nbytes(np.arange(9)).tolist() == [48, 48, 16, 48, 48, 16, 24, 24, 8]
     cover = Runs(np.array([0, 100, 150]), np.array([48, 20, 10]), np.zeros(3, np.int64))
-    assert bytes_per_chunk(cover, 48, 0, 4).tolist() == [48, 0, 20, 10]
-    assert g.coords(5) == (2, 6) and g.index_of((2, 6)) == 5
+    ids, got = g.unit_bytes(0, 4 * 48, cover)
+    assert ids.tolist() == [0, 1, 2, 3] and got.tolist() == [48, 0, 20, 10]
+    assert [r.start for r in g.region(5)] == [2, 6] and g.unit_at((2, 6)) == 5
 
 
 @pytest.mark.parametrize(
@@ -106,9 +108,9 @@ def test_vfile_overlay_reads_disk_where_not_written(tmp_path) -> None:
     assert bytes(buf) == (bytes(range(200)) * 50)[4085:4090] + b"abcdefghij" + bytes(
         (bytes(range(200)) * 50)[4100:4105]
     )
-    h = vf.hash63()
+    h = vf.epoch_digest()
     vf.truncate(4095)  # drops the overlay past the end
-    assert vf.hash63() != h and vf.seek(0, 2) == 4095
+    assert vf.epoch_digest() != h and vf.seek(0, 2) == 4095
     vf.seek(4093)
     assert vf.read(4) == b"de\0\0"
     assert path.read_bytes()[4090:4100] != b"abcdefghij"  # a replica never writes

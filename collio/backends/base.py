@@ -12,14 +12,14 @@ byte space, e.g. chunk-major for zarr), :meth:`domain_extent` (e.g. S3 objects
 always start at 0), :meth:`domain_bounds` (cut the domains, e.g. by real bytes),
 :meth:`commit` / :meth:`abort` (atomic completion).
 
-How the planned backends fit:
+How the backends fit:
 
 * ``posix``: byte-addressable; ``partial_write``; alignment = ``striping_unit``.
 * ``mpiio``: same as posix, requests go to ``MPI.File.Write_at`` on a file every
   rank opened.
 * ``hdf5`` (contiguous dataset): posix at the dataset's file offset; chunked:
   ``runs_for`` maps to chunk-major space, ``alignment`` = chunk bytes, the
-  aggregator compresses whole chunks.
+  aggregator compresses whole chunks (:mod:`collio.backends.hdf5`).
 * ``zarr``: ``runs_for`` maps to chunk- (shard-) major space, ``alignment`` = chunk
   (shard) bytes, ``write_at`` stores whole chunks through zarr's codecs;
   ``partial_write`` False (the owner reads, merges and rewrites a partial chunk).
@@ -99,7 +99,7 @@ class Backend(abc.ABC):
     remote: ClassVar[bool] = False
     #: Aggregators per node for reads when the hints choose none (None: as for writes).
     read_per_node: ClassVar[int | None] = None
-    #: Ranks owning file domains, in domain order (set by :func:`collio.open`).
+    #: Ranks owning file domains, in domain order (set at open by the file core).
     aggregators: npt.NDArray[np.int64] | None = None
 
     mode: str = "r"

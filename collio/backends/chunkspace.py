@@ -1,5 +1,8 @@
 """The chunk-major byte space that chunked targets (zarr, chunked HDF5) show the engine.
 
+The one model of a chunk grid in collio: the zarr and HDF5 backends map layouts with
+it, and the benchmark's plain-library baselines cut a rank's piece into units with it.
+
 Unit ``u`` (a chunk, or a shard when sharding is on) occupies bytes
 ``[u * U, (u + 1) * U)`` with ``U`` the byte size of a *full* unit; inside a unit
 the elements lie in the layout's order (C or Fortran) over the full unit shape, so
@@ -27,11 +30,30 @@ from ..runs import Runs, sort
 if TYPE_CHECKING:
     from ..layouts.arrays import DimSet
 
-__all__ = ["ChunkSpace", "covered_below"]
+__all__ = ["ChunkSpace", "UnitPart", "covered_below"]
 
 I64 = npt.NDArray[np.int64]
 #: Above this many units in an extent, domains fall back to even byte shares.
 MAX_WEIGHED_UNITS = 1 << 22
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnitPart:
+    """A rank's part of one unit: the unit's ``region`` of the global array, the rank's
+    elements in its own buffer (``local`` slices), where they sit inside the unit
+    (``inner``: a slice per dimension where contiguous, else an index array), and
+    whether the rank holds the whole unit (``full``)."""
+
+    coords: tuple[int, ...]
+    region: tuple[slice, ...]
+    local: tuple[slice, ...]
+    inner: tuple[Any, ...]
+    full: bool
+
+    @property
+    def box(self) -> bool:
+        """The part is one box (every ``inner`` is a slice)."""
+        return all(isinstance(i, slice) for i in self.inner)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,6 +247,58 @@ class ChunkSpace:
             out.append((gs, ls))
         return out
 
+    def unit_at(self, start: Sequence[int]) -> int:
+        """The unit whose region starts at element ``start`` (array order; HDF5's chunk offset)."""
+        pos = [int(s) // u for s, u in zip(start, self.unit, strict=True)]
+        return int(np.ravel_multi_index(self._space(pos), self._space(self.grid)))
+
+    # -- a rank's parts, for the plain-library baselines (one library call per unit) ----
+    def touched_by(self, dims: Sequence[DimSet]) -> I64:
+        """The units (sorted ids) that a rank's per-dimension index sets meet."""
+        per = [np.unique(d.indices() // u) for d, u in zip(dims, self.unit, strict=True)]
+        if not per or not all(len(p) for p in per):
+            return np.zeros(0, np.int64)
+        mesh = [m.reshape(-1) for m in np.meshgrid(*per, indexing="ij")]
+        flat = np.ravel_multi_index(tuple(self._space(mesh)), self._space(self.grid))
+        return np.sort(flat).astype(np.int64)
+
+    def parts(self, dims: Sequence[DimSet]) -> list[UnitPart]:
+        """The rank's part of every unit it meets, in unit order."""
+        ids = self.touched_by(dims)
+        per, _ = self._parts(dims, ids) if len(ids) else ([], None)
+        out = []
+        for k, uid in enumerate(ids.tolist()):
+            region = self.region(uid)
+            local, inner, full = [], [], True
+            for (idx, lo, hi), r in zip(per, region, strict=True):
+                a, b = int(lo[k]), int(hi[k])
+                at = idx[a:b] - r.start
+                box = int(at[-1]) - int(at[0]) == b - a - 1
+                local.append(slice(a, b))
+                inner.append(slice(int(at[0]), int(at[-1]) + 1) if box else at)
+                full &= b - a == r.stop - r.start
+            coords = tuple(int(c[0]) for c in self.coords(np.array([uid], np.int64)))
+            out.append(UnitPart(coords, region, tuple(local), tuple(inner), full))
+        return out
+
+    def misaligned(self, dims: Sequence[DimSet]) -> str | None:
+        """How a rank's piece covers a unit only in part, or None when it covers each whole
+        (then, with the ranks tiling the array, no unit has two writers)."""
+        if any(d.count <= 0 for d in dims):
+            return None  # an empty piece meets no unit
+        for k, (d, u, n) in enumerate(zip(dims, self.unit, self.shape, strict=True)):
+            idx = d.indices()
+            ids, counts = np.unique(idx // u, return_counts=True)
+            extent = np.minimum((ids + 1) * u, n) - ids * u
+            bad = np.flatnonzero(counts != extent)
+            if len(bad):
+                i, c = int(bad[0]), int(ids[bad[0]])
+                return (
+                    f"along dimension {k} it holds {int(counts[i])} of the {int(extent[i])} "
+                    f"indices [{c * u}, {c * u + int(extent[i])}) of unit {c}"
+                )
+        return None
+
     # -- domains --------------------------------------------------------------
     def extent(self, lo: int, hi: int) -> tuple[int, int]:
         """``[lo, hi)`` widened to whole units."""
@@ -302,37 +376,6 @@ class ChunkSpace:
             {"units": [a, b], "nbytes": n}
             for a, b, n in zip(first.tolist(), end.tolist(), real.tolist(), strict=True)
         ]
-
-
-def keep_own(
-    own: I64, total: int, naggs: int, slack: float = 1.25, agg_own: I64 | None = None
-) -> npt.NDArray[np.float64] | None:
-    """Should ranks keep the units they alone touch?  The aggregators' shares if so, else None.
-
-    ``own[r]`` is the bytes rank ``r`` alone touches, ``total`` the call's bytes,
-    ``agg_own[d]`` what the rank owning domain ``d`` keeps (default: ``own[d]``).
-    Kept, each rank stores its own units and the shared rest is cut so that
-    aggregators with less of their own take more (water filling: every
-    aggregator ends at the same load ``T`` or above it with no share); shuffled,
-    the aggregators share everything evenly but all of it crosses MPI.  Keep
-    unless the slowest rank's work would exceed an even share by more than
-    ``slack`` (a skewed decomposition; codecs make balance matter most).
-    """
-    if total <= 0 or not int(own.sum()) or naggs < 1:
-        return None
-    a = (own[:naggs] if agg_own is None else agg_own).astype(np.float64)
-    shared = float(total - int(own.sum()))
-    order = np.sort(a)
-    # the level T with sum(max(0, T - a)) == shared: try filling the k lightest
-    k = np.arange(1, len(order) + 1)
-    levels = (shared + np.cumsum(order)) / k
-    fits = levels >= order
-    level = float(levels[np.flatnonzero(fits)[-1]])
-    caps = np.maximum(level - a, 0.0)
-    share = total / naggs
-    if max(float(own.max()), level) > slack * share:
-        return None
-    return caps
 
 
 def _merge_within(runs: Runs, unit_nbytes: int) -> Runs:

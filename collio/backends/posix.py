@@ -16,6 +16,7 @@ from ..collective import Attempt, agree, any_flag, bcast_outcome
 from ..errors import BackendError, CommitError, ModeError
 from ..runs import Runs
 from .base import Backend
+from .fdio import pread_zeros, pwrite_all
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
 from .localfile import check_target, finish_temporary, make_temporary, open_regular, reclaim
 from .mapped import copyable, fs_name, read_mapped
@@ -25,12 +26,9 @@ __all__ = [
     "direct_possible",
     "maps_for",
     "open_direct",
-    "pread_full",
-    "pwrite_full",
     "write_split",
 ]
 
-_MAX_IO = 0x7FFFF000  # Linux caps one read/write at this many bytes
 _O_BINARY = getattr(os, "O_BINARY", 0)
 #: With holes="auto", a round with at most this many covered ranges skips the read.
 _FEW_RUNS = 16
@@ -38,30 +36,6 @@ _FEW_RUNS = 16
 _DIRECT_MIN = 1 << 20
 #: Bytes per direct write from a buffer that is not page-aligned (copied first).
 _BOUNCE = 8 << 20
-
-
-def pwrite_full(fd: int, view: memoryview, offset: int) -> int:
-    """``pwrite`` all of ``view`` at ``offset`` in calls of at most 0x7ffff000 bytes (Linux's
-    cap); the bytes written, less than ``len(view)`` only if a call wrote nothing."""
-    done, total = 0, len(view)
-    while done < total:
-        n = os.pwrite(fd, view[done : done + _MAX_IO], offset + done)
-        if n <= 0:
-            break
-        done += n
-    return done
-
-
-def pread_full(fd: int, view: memoryview, offset: int) -> int:
-    """Fill ``view`` from ``offset`` in calls of at most 0x7ffff000 bytes; the bytes read,
-    less than ``len(view)`` only where the file ends."""
-    done, total = 0, len(view)
-    while done < total:
-        n = os.preadv(fd, [view[done : done + _MAX_IO]], offset + done)
-        if n <= 0:
-            break
-        done += n
-    return done
 
 
 def write_split(
@@ -89,9 +63,7 @@ def write_split(
         if d == dfd and (buf.ctypes.data + lo) % PAGE:
             _bounced(dfd, buf[lo:hi], offset + lo, name)
             continue
-        done = pwrite_full(d, view[lo:hi], offset + lo)
-        if done < hi - lo:
-            raise BackendError(f"short write at offset {offset + lo + done} of {name!r}")
+        pwrite_all(d, view[lo:hi], offset + lo, name)
     return parts[1][2] - parts[1][1] if len(parts) == 3 else 0
 
 
@@ -105,9 +77,7 @@ def _bounced(dfd: int, buf: npt.NDArray[np.uint8], offset: int, name: str) -> No
     for lo in range(0, len(buf), step):
         n = min(step, len(buf) - lo)
         bounce[:n] = buf[lo : lo + n]
-        done = pwrite_full(dfd, memoryview(bounce[:n]), offset + lo)  # type: ignore[arg-type]
-        if done < n:
-            raise BackendError(f"short write at offset {offset + lo + done} of {name!r}")
+        pwrite_all(dfd, bounce[:n], offset + lo, name)
 
 
 class PosixBackend(Backend):
@@ -234,10 +204,7 @@ class PosixBackend(Backend):
                 self.flusher.kick()
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
-        view = memoryview(buf).cast("B")  # type: ignore[arg-type]
-        done = pread_full(self.fd, view, offset)
-        if done < len(view):  # end of file: the rest reads as zeros
-            buf[done:] = 0
+        pread_zeros(self.fd, buf, offset)  # (past the end of the file: zeros)
 
     def maps_reads(self, runs: Runs) -> bool:
         """On a local file system (or with ``mapped_reads=enable``): runs that end within
@@ -256,8 +223,8 @@ class PosixBackend(Backend):
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
         """Copied from the mapped file when :meth:`maps_reads` allows, on every direct
         path (also disjoint extents, ``romio_cb_read=disable``, and a few large runs:
-        numpy's copy out of the map beat ``preadv`` into the array here, 4 ranks reading
-        32 MiB each 4986 against 2305 MiB/s), else one ``preadv`` each."""
+        numpy's copy out of the page cache's map is faster than ``preadv`` into the
+        array), else one ``preadv`` each."""
         if self.maps_reads(runs):
             self._copyable = None  # (do not keep the runs beyond the call)
             read_mapped(self.fd, runs, out)

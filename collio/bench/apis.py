@@ -56,16 +56,15 @@ registered modules are imported only when their API is asked for.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import re
-from importlib import metadata
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from ..backends.registry import Entry, Registry, install_hint
 from ..hints import parse_size
 from ..layouts import ArrayLayout
 from ..runs import Runs
@@ -219,56 +218,92 @@ def _info(hints: dict[str, str]) -> MPI.Info:
     return info
 
 
-_KNOWN: dict[str, str] = {
-    "collio": "collio.bench.builtin:CollioApi",
-    "collio-mpiio": "collio.bench.builtin:CollioMpiioApi",
-    "mpiio": "collio.bench.builtin:MpiioApi",
-    "mpiio-tuned": "collio.bench.builtin:MpiioTunedApi",
-    "mpiio-indep": "collio.bench.builtin:MpiioIndepApi",
-    "posix": "collio.bench.builtin:PosixApi",
-    "ceiling": "collio.bench.builtin:CeilingApi",
-    "collio-direct": "collio.bench.builtin:CollioDirectApi",
-    "collio-noflush": "collio.bench.builtin:CollioNoflushApi",
-    "collio-shuffle": "collio.bench.builtin:CollioShuffleApi",
-    "ceiling-direct": "collio.bench.builtin:CeilingDirectApi",
-    "bare": "collio.bench.bare:BareApi",
-    "collio-zarr": "collio.bench.zarr_apis:CollioZarrApi",
-    "zarr-plain": "collio.bench.zarr_apis:ZarrPlainApi",
-    "zarr-locked": "collio.bench.zarr_apis:ZarrLockedApi",
-    "collio-s3": "collio.bench.s3_apis:CollioS3Api",
-    "s3-gather": "collio.bench.s3_apis:S3GatherApi",
-    "s3-ceiling": "collio.bench.s3_apis:S3CeilingApi",
-    "collio-hdf5": "collio.bench.hdf5_apis:CollioHdf5Api",
-    "hdf5-gather": "collio.bench.hdf5_apis:Hdf5GatherApi",
-    "h5py-mpio": "collio.bench.hdf5_apis:H5pyMpioApi",
+def _unknown(name: str, known: list[str]) -> Exception:
+    return ValueError(f"unknown API {name!r}; known: {', '.join(known)}")
+
+
+def _missing(name: str, module: str, extra: str | None) -> Exception | None:
+    if extra is None:  # not an optional package: a genuine import error
+        return None
+    top = module.partition(".")[0]
+    return ValueError(f"API {name!r} needs {top}, which is not installed: {install_hint(extra)}")
+
+
+#: The built-in APIs: where each is (under collio.bench) and what it measures.
+_BUILTIN = {
+    "collio": (
+        "builtin:CollioApi",
+        "collio write_all/read_all, posix backend (reads mapped on a local fs)",
+    ),
+    "collio-mpiio": (
+        "builtin:CollioMpiioApi",
+        "collio two-phase, aggregators write through MPI.File",
+    ),
+    "mpiio": ("builtin:MpiioApi", "ROMIO collective: file view + Write_all/Read_all"),
+    "mpiio-tuned": (
+        "builtin:MpiioTunedApi",
+        "ROMIO collective, cb_nodes = ranks, cb_config_list = *:*",
+    ),
+    "mpiio-indep": ("builtin:MpiioIndepApi", "MPI.File.Write_at/Read_at per piece"),
+    "posix": ("builtin:PosixApi", "os.pwrite/preadv per piece"),
+    "ceiling": (
+        "builtin:CeilingApi",
+        "each rank's 1/p share as one contiguous pwrite (not the layout)",
+    ),
+    "collio-direct": (
+        "builtin:CollioDirectApi",
+        "collio with hint direct_write=true (O_DIRECT around the page cache)",
+    ),
+    "collio-noflush": (
+        "builtin:CollioNoflushApi",
+        "collio with hint early_flush=false (no fdatasync before sync())",
+    ),
+    "collio-shuffle": (
+        "builtin:CollioShuffleApi",
+        "collio with hint mapped_reads=disable (reads shuffle on local disks too)",
+    ),
+    "ceiling-direct": (
+        "builtin:CeilingDirectApi",
+        "the ceiling with O_DIRECT writes (around the page cache)",
+    ),
+    "bare": (
+        "bare:BareApi",
+        "two-phase with raw mpi4py + pwrite, no collio (colblock only): a floor",
+    ),
+    "collio-zarr": ("zarr_apis:CollioZarrApi", "collio's zarr backend [zarr]"),
+    "zarr-plain": (
+        "zarr_apis:ZarrPlainApi",
+        "plain zarr, each rank its own region; chunk-aligned only [zarr]",
+    ),
+    "zarr-locked": (
+        "zarr_apis:ZarrLockedApi",
+        "plain zarr chunk by chunk under a flock per chunk [zarr]",
+    ),
+    "collio-s3": ("s3_apis:CollioS3Api", "collio's S3 multipart backend [s3]"),
+    "s3-gather": ("s3_apis:S3GatherApi", "gather to rank 0, one multipart upload from there [s3]"),
+    "s3-ceiling": (
+        "s3_apis:S3CeilingApi",
+        "rank 0 uploads the bytes already in memory, same parts [s3]",
+    ),
+    "collio-hdf5": (
+        "hdf5_apis:CollioHdf5Api",
+        "collio.h5 into one HDF5 file (contiguous; -O codec=gzip) [hdf5]",
+    ),
+    "hdf5-gather": ("hdf5_apis:Hdf5GatherApi", "gather to rank 0, serial h5py write [hdf5]"),
+    "h5py-mpio": (
+        "hdf5_apis:H5pyMpioApi",
+        "parallel h5py, dset.collective (needs h5py built with MPI) [hdf5]",
+    ),
 }
-#: What each built-in measures (``--list-apis``), without importing anything.
-ABOUT: dict[str, str] = {
-    "collio": "collio write_all/read_all, posix backend (reads mapped on a local fs)",
-    "collio-mpiio": "collio two-phase, aggregators write through MPI.File",
-    "mpiio": "ROMIO collective: file view + Write_all/Read_all",
-    "mpiio-tuned": "ROMIO collective, cb_nodes = ranks, cb_config_list = *:*",
-    "mpiio-indep": "MPI.File.Write_at/Read_at per piece",
-    "posix": "os.pwrite/preadv per piece",
-    "ceiling": "each rank's 1/p share as one contiguous pwrite (not the layout)",
-    "collio-direct": "collio with hint direct_write=true (O_DIRECT around the page cache)",
-    "collio-noflush": "collio with hint early_flush=false (no fdatasync before sync())",
-    "collio-shuffle": "collio with hint mapped_reads=disable (reads shuffle on local disks too)",
-    "ceiling-direct": "the ceiling with O_DIRECT writes (around the page cache)",
-    "bare": "two-phase with raw mpi4py + pwrite, no collio (colblock only): a floor",
-    "collio-zarr": "collio's zarr backend [zarr]",
-    "zarr-plain": "plain zarr, each rank its own region; chunk-aligned only [zarr]",
-    "zarr-locked": "plain zarr chunk by chunk under a flock per chunk [zarr]",
-    "collio-s3": "collio's S3 multipart backend [s3]",
-    "s3-gather": "gather to rank 0, one multipart upload from there [s3]",
-    "s3-ceiling": "rank 0 uploads the bytes already in memory, same parts [s3]",
-    "collio-hdf5": "collio.h5 into one HDF5 file (contiguous; -O codec=gzip) [hdf5]",
-    "hdf5-gather": "gather to rank 0, serial h5py write [hdf5]",
-    "h5py-mpio": "parallel h5py, dset.collective (needs h5py built with MPI) [hdf5]",
-}
-#: A missing module and the extra that installs it.
-_EXTRAS = {"zarr": "zarr", "h5py": "hdf5", "boto3": "s3", "botocore": "s3", "moto": "test"}
-_LOADED: dict[str, type[Api]] = {}
+#: Every API ``-a`` / ``--compare`` know.
+APIS: Registry[Api] = Registry(
+    "collio.bench_apis",
+    {name: Entry(f"collio.bench.{path}", None, about) for name, (path, about) in _BUILTIN.items()},
+    unknown=_unknown,
+    missing=_missing,
+)
+#: What each built-in measures, by name (``--list-apis``), without importing anything.
+ABOUT: dict[str, str] = {name: APIS.about(name) for name in APIS.names()}
 
 
 def register_api(name: str, path: str | type[Api]) -> None:
@@ -282,17 +317,11 @@ def register_api(name: str, path: str | type[Api]) -> None:
         The class, or ``"module:Class"`` imported on first use (lazy, like
         :func:`collio.register_backend`).
     """
-    if isinstance(path, str):
-        _KNOWN[name] = path
-        _LOADED.pop(name, None)
-    else:
-        _LOADED[name] = path
+    APIS.register(name, path)
 
 
 def known_apis() -> list[str]:
-    names = set(_KNOWN) | set(_LOADED)
-    names |= {ep.name for ep in metadata.entry_points(group="collio.bench_apis")}
-    return sorted(names)
+    return APIS.names()
 
 
 def get_api(name: str) -> type[Api]:
@@ -304,30 +333,10 @@ def get_api(name: str) -> type[Api]:
     Raises
     ------
     ValueError
-        No API has that name (the message lists the known ones).
+        No API has that name (the message lists the known ones), or it needs an
+        optional package that is not installed (the message says how to install it).
     """
-    if name in _LOADED:
-        return _LOADED[name]
-    path = _KNOWN.get(name)
-    if path is None:
-        eps = [ep for ep in metadata.entry_points(group="collio.bench_apis") if ep.name == name]
-        if not eps:
-            raise ValueError(f"unknown API {name!r}; known: {', '.join(known_apis())}")
-        path = eps[0].value
-    module, _, attr = path.partition(":")
-    try:
-        found = importlib.import_module(module)
-    except ImportError as exc:
-        top = (exc.name or "").partition(".")[0]
-        if top not in _EXTRAS:
-            raise
-        raise ValueError(
-            f"API {name!r} needs {top}, which is not installed: "
-            f"pip install 'collio[{_EXTRAS[top]}]'"
-        ) from exc
-    cls: type[Api] = getattr(found, attr)
-    _LOADED[name] = cls
-    return cls
+    return APIS.get(name)
 
 
 def open_fd(path: str, writing: bool) -> int:

@@ -11,8 +11,10 @@ from mpi4py import MPI
 
 import collio
 
-from ..backends.posix import open_direct, pread_full, pwrite_full, write_split
+from ..backends.fdio import pread_exact, pwrite_all
+from ..backends.posix import open_direct, write_split
 from ..buffers import PAGE
+from ..stats import Stats
 from ..testing.romio import filetype
 from .apis import Api, _info, open_fd
 
@@ -29,20 +31,6 @@ __all__ = [
     "CollioShuffleApi",
     "CeilingDirectApi",
 ]
-
-
-def _pwrite_rest(fd: int, view: memoryview, offset: int) -> None:
-    """Write all of ``view`` at ``offset`` (as the posix backend does), or raise."""
-    done = pwrite_full(fd, view, offset)
-    if done < len(view):
-        raise OSError(f"pwrite wrote nothing at offset {offset + done}")
-
-
-def _pread_rest(fd: int, view: memoryview, offset: int) -> None:
-    """Fill all of ``view`` from ``offset``; a file that ends first is an error."""
-    done = pread_full(fd, view, offset)
-    if done < len(view):
-        raise OSError(f"the file ends at {offset + done}, {len(view) - done} bytes short")
 
 
 def _bytes(arr: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
@@ -78,11 +66,16 @@ class CollioApi(Api):
     def close(self) -> None:
         writing = self.f.mode != "r"
         self.f.close()
+        self.note(self.f.stats, writing)
+
+    def note(self, stats: Stats, writing: bool) -> None:
+        """Keep what the file used, for the report: a write's hints (reads never use
+        direct_write), and after a read whether it copied from the map (mapped_reads)."""
         if writing or not hasattr(self, "used"):
-            self.used = self.f.stats.hints  # a write's (reads never use direct_write)
-        if not writing:  # whether the read copied from the map (hint mapped_reads)
-            self.reads_mapped = self.f.stats.mapped_bytes > 0
-        self.stats = self.f.stats
+            self.used = stats.hints
+        if not writing:
+            self.reads_mapped = stats.mapped_bytes > 0
+        self.stats = stats
 
     def hints_used(self) -> dict[str, Any]:
         used = dict(getattr(self, "used", self.hints()))
@@ -200,10 +193,10 @@ class PosixApi(Api):
         buf = memoryview(_bytes(j.data if writing else j.out))  # type: ignore[arg-type]
         for f, n, m in zip(p.file.tolist(), p.length.tolist(), p.mem.tolist(), strict=True):
             if writing:
-                if os.pwrite(self.fd, buf[m : m + n], f) != n:
-                    _pwrite_rest(self.fd, buf[m : m + n], f)
+                if os.pwrite(self.fd, buf[m : m + n], f) != n:  # (one call, as a program's)
+                    pwrite_all(self.fd, buf[m : m + n], f)
             elif os.preadv(self.fd, [buf[m : m + n]], f) != n:
-                _pread_rest(self.fd, buf[m : m + n], f)
+                pread_exact(self.fd, buf[m : m + n], f)
         if writing and j.fsync:
             os.fsync(self.fd)
 
@@ -230,11 +223,11 @@ class CeilingApi(PosixApi):
     def transfer(self, writing: bool) -> None:
         view = memoryview(self.buf)  # type: ignore[arg-type]
         if writing:
-            _pwrite_rest(self.fd, view, self.offset)
+            pwrite_all(self.fd, view, self.offset)
             if self.job.fsync:
                 os.fsync(self.fd)
         else:
-            _pread_rest(self.fd, view, self.offset)
+            pread_exact(self.fd, view, self.offset)
 
 
 class CeilingDirectApi(CeilingApi):

@@ -21,7 +21,6 @@ h5py on every rank.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any, ClassVar
 
@@ -30,7 +29,6 @@ import numpy as np
 import numpy.typing as npt
 
 import collio.h5
-from collio.h5.session import session_of
 
 from ..backends.fsync import fsync_path
 from ..layouts import Subarray
@@ -134,15 +132,10 @@ class CollioHdf5Api(_H5Target, CollioApi):
 
     def close(self) -> None:
         """Collective: metadata agreed and written, fsync (collio.h5's close is durable)."""
-        s = session_of(self.f)
-        aggs = tuple(int(a) for a in np.asarray(s.aggregators).reshape(-1))
-        self.stats = dataclasses.replace(s.stats, aggregators=aggs)
-        if self.f.mode == "r":  # whether the read copied from the map (hint mapped_reads)
-            self.reads_mapped = s.stats.mapped_bytes > 0
-        self.used = {**s.hints.as_dict(), "cb_nodes": len(aggs),
-                     "cb_config_list": s.hints.cb_config_list or "*:*"}  # fmt: skip
+        stats, writing = collio.h5.stats(self.f), self.f.mode != "r"
         self.d = None
         self.f.close()
+        self.note(stats, writing)
 
     def hints_used(self) -> dict[str, Any]:
         return {**super().hints_used(), **self.dataset_used()}

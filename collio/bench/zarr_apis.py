@@ -26,6 +26,7 @@ Options (``-O key=value,...``, the same for all three so they compare alike):
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import shutil
 from typing import Any, ClassVar
@@ -36,11 +37,12 @@ import zarr
 import zarr.codecs
 
 import collio
+from collio.backends.chunkspace import ChunkSpace, UnitPart
 from collio.backends.fsync import fsync_files
 
+from ..layouts import ArrayLayout
 from .apis import Api, Job
 from .builtin import CollioApi
-from .chunkgrid import UnitPart, boxes, misaligned, unit_parts, units_touched
 from .options import ZARR, parse_shape
 from .patterns import Workload
 
@@ -81,9 +83,27 @@ def array_options(work: Workload, options: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _unit(opts: dict[str, Any]) -> tuple[int, ...]:
+def _space(work: Workload, opts: dict[str, Any]) -> ChunkSpace:
+    """The array's units (shards when sharded, else chunks) over the workload's shape."""
     unit: tuple[int, ...] = opts.get("shards") or opts["chunks"]
-    return unit
+    return ChunkSpace(tuple(work.shape), tuple(unit), np.dtype(work.dtype).itemsize)
+
+
+def boxes(lay: ArrayLayout) -> list[tuple[tuple[slice, ...], tuple[slice, ...]]]:
+    """(global box, local box) pairs that together are the rank's piece: per dimension
+    the maximal runs of consecutive indices, and their products."""
+    per_dim = []
+    for d in lay.dims:
+        idx = d.indices()
+        brk = np.flatnonzero(np.diff(idx) != 1) + 1
+        lo = np.concatenate(([0], brk)).astype(np.int64) if len(idx) else idx
+        n = np.diff(np.concatenate((lo, [len(idx)])))
+        runs = zip(idx[lo].tolist(), lo.tolist(), n.tolist(), strict=True)
+        per_dim.append([(slice(a, a + k), slice(b, b + k)) for a, b, k in runs])
+    return [
+        (tuple(c[0] for c in combo), tuple(c[1] for c in combo))
+        for combo in itertools.product(*per_dim)
+    ]
 
 
 class _ZarrTarget:
@@ -102,7 +122,9 @@ class _ZarrTarget:
             raise ValueError(f"{cls.name}: use an array pattern (the ior pattern is bytes)")
         opts = array_options(work, options)
         if writing and cls.aligned_only:
-            shared_chunks(cls.name, work, _unit(opts), "shard" if "shards" in opts else "chunk")
+            shared_chunks(
+                cls.name, work, _space(work, opts), "shard" if "shards" in opts else "chunk"
+            )
 
     def setup(self) -> None:
         self.create = array_options(self.job.work, self.job.options)
@@ -135,14 +157,14 @@ class _ZarrTarget:
         return {"zarr_chunks": c["chunks"], "zarr_shards": c.get("shards"), "zarr_codecs": codec}
 
 
-def shared_chunks(name: str, work: Workload, unit: tuple[int, ...], kind: str) -> None:
+def shared_chunks(name: str, work: Workload, space: ChunkSpace, kind: str) -> None:
     """Refuse (ValueError) when some rank covers a chunk (shard) only in part."""
     for r in range(work.nranks):
-        why = misaligned(work.layout(r), unit)
+        why = space.misaligned(work.layout(r).dims)
         if why is not None:
             raise ValueError(
                 f"{name} refuses this decomposition: rank {r}'s piece covers a {kind} of "
-                f"{unit} only in part ({why}), so two ranks would write that {kind} with "
+                f"{space.unit} only in part ({why}), so two ranks would write that {kind} with "
                 f"plain zarr and one of them would silently lose data (zarr-python #3514); "
                 f"use zarr-locked or collio-zarr, or {kind}s that divide every rank's block "
                 "(-O chunks=...)"
@@ -202,7 +224,9 @@ class ZarrPlainApi(_ZarrTarget, Api):
         for glob, loc in boxes(j.layout):
             self.arr[glob] = j.data[loc]
         if j.fsync:
-            fsync_units(self.arr, self.array_path, units_touched(j.layout, _unit(self.create)))
+            space = _space(j.work, self.create)
+            touched = np.stack(space.coords(space.touched_by(j.layout.dims)), axis=1).tolist()
+            fsync_units(self.arr, self.array_path, [tuple(c) for c in touched])
 
     def close(self) -> None:
         self.arr = None
@@ -223,7 +247,7 @@ class ZarrLockedApi(ZarrPlainApi):
             super().transfer(writing)
             return
         j = self.job
-        for part in unit_parts(j.layout, _unit(self.create)):
+        for part in _space(j.work, self.create).parts(j.layout.dims):
             lock = os.path.join(self.array_path + ".locks", ".".join(map(str, part.coords)))
             with open(lock, "a") as fh:
                 fcntl.flock(fh, fcntl.LOCK_EX)

@@ -38,7 +38,7 @@ from .api import (
     stats,
     write_all,
 )
-from .session import set_fapl
+from .driver import set_fapl
 
 __all__ = [
     "Collective",

@@ -9,14 +9,17 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import engine
-from ..backends.posix import maps_for
+from ..backends.base import Backend
+from ..backends.hdf5.chunked import chunked_backend
+from ..backends.hdf5.dataset import allocate_contiguous, create, storage_kind
+from ..backends.hdf5.storage import check_dataset_layout
 from ..collective import Attempt, agree
 from ..comms import exclusive
+from ..context import Context
 from ..errors import LayoutError, ModeError
 from ..layouts import Layout, Subarray
 from ..layouts.base import Segments
 from ..stats import Stats
-from .backends import ContiguousBackend, check_dataset_layout, chunked_backend
 from .session import Session, session_of
 
 __all__ = [
@@ -31,9 +34,6 @@ __all__ = [
     "stats",
     "write_all",
 ]
-
-_CHUNKED_KW = ("chunks", "compression", "compression_opts", "shuffle", "fletcher32",
-               "maxshape", "scaleoffset")  # fmt: skip
 
 
 class File(h5py.File):  # type: ignore[misc]  # h5py has no type stubs
@@ -68,47 +68,15 @@ def create_dataset(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any
     fill value is written before the data.  With ``chunks``, ``compression``,
     ``shuffle``, ... it is h5py's own ``create_dataset``.
     """
-    if any(kwargs.get(k) not in (None, False) for k in _CHUNKED_KW):
-        return parent.create_dataset(name, shape, dtype, **kwargs)
-    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    kwargs.setdefault("fill_time", "never")
-    return parent.create_dataset(name, shape, dtype, dcpl=dcpl, **kwargs)
+    return create(parent, name, shape, dtype, **kwargs)
 
 
 # ------------------------------------------------------------------ data
-def _kind(dset: Any) -> str:
-    plist = dset.id.get_create_plist()
-    layout = plist.get_layout()
-    if layout == h5py.h5d.CHUNKED:
-        return "chunked"
-    if layout == h5py.h5d.CONTIGUOUS and plist.get_external_count() == 0:
-        return "contiguous"
-    names = {h5py.h5d.COMPACT: "compact", h5py.h5d.CONTIGUOUS: "external"}
-    raise LayoutError(
-        f"dataset {dset.name!r}: {names.get(layout, 'virtual')} storage is not supported; "
-        "use contiguous or chunked datasets"
-    )
-
-
-def _allocate_contiguous(dset: Any) -> None:
-    """Every rank: write the fill value at element 0, so HDF5 allocates the storage."""
-    nd = len(dset.shape)
-    if dset.size == 0:
-        return
-    fspace = dset.id.get_space()
-    fspace.select_hyperslab((0,) * nd, (1,) * nd)
-    value = np.zeros((1,) * nd, dset.dtype)
-    if dset.fillvalue is not None:
-        value[...] = dset.fillvalue
-    dset.id.write(h5py.h5s.create_simple((1,) * nd), fspace, value)
-
-
 def _prepare(s: Session, dset: Any, *, writing: bool) -> tuple[str, int | None]:
     """Local, changes nothing: storage kind and offset (None: not allocated yet)."""
     if writing and s.mode == "r":
         raise ModeError(f"write_all on {s.path!r} opened read-only")
-    kind = _kind(dset)
+    kind = storage_kind(dset)
     return kind, dset.id.get_offset() if kind == "contiguous" else None
 
 
@@ -131,7 +99,7 @@ def _call(s: Session, dset: Any, what: str, writing: bool) -> tuple[str, int | N
         kind, offset = box[0]
         if not writing or kind != "contiguous" or offset is not None:
             return False
-        _allocate_contiguous(dset)
+        allocate_contiguous(dset)
         offset = dset.id.get_offset()
         if offset is not None:  # the element written to allocate is not metadata
             s.vfile.forget(offset, offset + dset.dtype.itemsize)
@@ -142,22 +110,25 @@ def _call(s: Session, dset: Any, what: str, writing: bool) -> tuple[str, int | N
     return box[0]
 
 
-def _context(s: Session, dset: Any, kind: str, offset: int | None) -> engine.Context:
-    mode = "r" if s.mode == "r" else "r+"
-    vf = s.vfile
+def _context(s: Session, dset: Any, kind: str, offset: int | None) -> Context:
+    """The call's engine context: the file's bytes at a contiguous dataset's offset, or
+    a chunked dataset's chunk space."""
     if kind == "contiguous":
-        be = s.backends.get("contiguous")
-        if be is None:
-            early = vf.early_flush() if s.hints.early_flush and s.mode != "r" else None
-            maps = maps_for(s.hints, vf.fd)
-            be = ContiguousBackend(s.path, vf.fd, s.mode, early, maps)
-            s.backends["contiguous"] = be
-        be.bind(dset, int(offset or 0))
+        s.backend.bind(dset, int(offset or 0))
+        return s.core.context(s.backend)
+    cls = chunked_backend(int(np.prod(dset.chunks)) * dset.dtype.itemsize)
+    be = cls(s.vfile, dset, s.mode)
+    be.load_table()
+    return s.core.context(be)
+
+
+def _done(s: Session, be: Backend) -> None:
+    """Local, after a call: a chunked dataset's backend lets go of its buffers, the file's
+    bytes of the dataset they were bound to."""
+    if be is s.backend:
+        s.backend.unbind()
     else:
-        cls = chunked_backend(int(np.prod(dset.chunks)) * dset.dtype.itemsize)
-        be = cls(vf, dset, s.mode)
-        be.load_table()
-    return engine.Context(s.comm, be, s.hints, s.aggregators, s.stats, mode, file=s.file)
+        be.close()
 
 
 def write_all(dset: Any, data: Any, layout: Layout) -> None:
@@ -175,7 +146,7 @@ def write_all(dset: Any, data: Any, layout: Layout) -> None:
         try:
             engine.write(ctx, data, layout)
         finally:
-            ctx.backend.close()  # (chunked: its buffers; contiguous: the dataset it was bound to)
+            _done(s, ctx.backend)
 
 
 def read_all(dset: Any, layout: Layout, out: Any = None) -> Any:
@@ -206,7 +177,7 @@ def _read_all(s: Session, dset: Any, layout: Layout, out: Any) -> Any:
     try:
         return engine.read(ctx, layout, out)
     finally:
-        ctx.backend.close()  # (chunked: its buffers; contiguous: the dataset it was bound to)
+        _done(s, ctx.backend)
 
 
 class _Invalid(Segments):

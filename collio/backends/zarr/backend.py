@@ -29,15 +29,16 @@ import numpy.typing as npt
 import zarr
 from mpi4py import MPI
 
-from ..collective import Attempt, agree, agree_same, raise_agreed
-from ..errors import BackendError, LayoutError, MismatchError
-from ..layouts.arrays import ArrayLayout
-from ..runs import Runs
-from .base import Backend
-from .chunkspace import ChunkSpace, keep_own
-from .fsync import fsync_files, start_writeback
-from .zarr_io import load_regions, store_regions
-from .zarr_open import OpenSpec, array_facts
+from ...collective import Attempt, agree, agree_same, raise_agreed
+from ...errors import BackendError, LayoutError, MismatchError
+from ...layouts.arrays import ArrayLayout
+from ...runs import Runs
+from ..base import Backend
+from ..chunkspace import ChunkSpace
+from ..fsync import fsync_files, start_writeback
+from .regions import load_regions, store_regions
+from .shares import keep_own
+from .spec import OpenSpec, array_facts
 
 __all__ = ["ZarrBackend"]
 
@@ -203,7 +204,7 @@ class ZarrBackend(Backend):
         units go through their aggregator.  A chunk-aligned decomposition thus
         needs no shuffle at all, a misaligned one shuffles only its border units,
         unless keeping would leave one rank far more work than an even share
-        (:func:`~collio.backends.chunkspace.keep_own`; one allgather decides), when
+        (:func:`~collio.backends.zarr.shares.keep_own`; one allgather decides), when
         every unit goes through the aggregators, which balance them.  Kept, the
         shared units go mostly to aggregators with little of their own to store.
         """

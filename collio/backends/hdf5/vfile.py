@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from ..backends.fsync import EarlyFlush
+from ..fdio import pread_zeros, pwrite_all
+from ..fsync import EarlyFlush
 
 __all__ = ["VFile", "PAGE"]
 
 PAGE = 4096
-_MAX_IO = 0x7FFFF000
 
 
 class VFile:
@@ -55,7 +55,10 @@ class VFile:
         self.frozen = False  # ranks diverged: never publish again
         self.dirty = False
         self.error: BaseException | None = None  # a failure inside a callback
-        self.owner: Any = None  # collio's communicator duplicate (comms.Private), told at release
+        #: Called once the descriptor is closed (the file core lets go of its communicator).
+        self.on_release: Callable[[], None] | None = None
+        self.replica: Any = None  # the metadata agreement (replica.Replica) this file owns
+        self.session: Any = None  # the front end's state of the file, kept alive with it
         self.flusher: EarlyFlush | None = None  # contiguous datasets' early flush (hint)
 
     # -- the file-object protocol h5py's fileobj driver uses ---------------
@@ -72,7 +75,7 @@ class VFile:
         out = np.frombuffer(view, np.uint8)
         disk = max(0, min(n, self.size - off))
         if disk:
-            _pread(self.fd, view[:disk], off)
+            pread_zeros(self.fd, view[:disk], off)
         out[disk:] = 0
         first, last = off // PAGE, (off + n - 1) // PAGE
         if n == 0:
@@ -141,8 +144,8 @@ class VFile:
                 raise
 
     # -- collio's side ------------------------------------------------------
-    def hash63(self) -> int:
-        """Digest of what was written since the last point, as a non-negative 63-bit int."""
+    def epoch_digest(self) -> bytes:
+        """Digest of the bytes written since the last point (the result, not the sequence)."""
         h = hashlib.blake2b(digest_size=8)
         h.update(b"S%d;" % self.size)
         for p in sorted(self.epoch):
@@ -153,7 +156,7 @@ class VFile:
             h.update(np.frombuffer(data, np.uint8)[keep].tobytes())
         for off, n in sorted(self.raw):
             h.update(b"R%d,%d;" % (off, n))
-        return int.from_bytes(h.digest(), "little") >> 1
+        return h.digest()
 
     def new_epoch(self) -> None:
         """All ranks agreed on what was written so far: start the next digest."""
@@ -169,7 +172,7 @@ class VFile:
             keep = np.frombuffer(mask, np.bool_)
             edges = np.flatnonzero(np.diff(np.concatenate(([0], keep.view(np.int8), [0]))))
             for lo, hi in zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True):
-                _pwrite(self.fd, memoryview(data)[lo:hi], p * PAGE + lo)
+                pwrite_all(self.fd, memoryview(data)[lo:hi], p * PAGE + lo, self.path)
         if self.truncated is not None:
             os.ftruncate(self.fd, self.truncated)
             self.truncated = None
@@ -203,9 +206,9 @@ class VFile:
         finally:
             os.close(self.fd)
             self.fd = -1
-            owner, self.owner = self.owner, None
-            if owner is not None:
-                owner.release()  # (frees the duplicate if the user freed their communicator)
+            done, self.on_release = self.on_release, None
+            if done is not None:
+                done()  # (frees the duplicate if the user freed their communicator)
 
     def __del__(self) -> None:  # the HDF5 library closed the file and let go of us
         try:
@@ -224,20 +227,3 @@ def _store(pages: dict[int, tuple[bytearray, bytearray]], off: int, view: memory
             page = pages[p] = (bytearray(PAGE), bytearray(PAGE))
         page[0][lo - p * PAGE : hi - p * PAGE] = view[lo - off : hi - off]
         page[1][lo - p * PAGE : hi - p * PAGE] = b"\1" * (hi - lo)
-
-
-def _pread(fd: int, view: memoryview, offset: int) -> None:
-    done, total = 0, len(view)
-    while done < total:
-        got = os.preadv(fd, [view[done : done + _MAX_IO]], offset + done)
-        if got == 0:
-            np.frombuffer(view, np.uint8)[done:] = 0
-            return
-        done += got
-
-
-def _pwrite(fd: int, view: memoryview | npt.NDArray[np.uint8], offset: int) -> None:
-    mv = memoryview(view).cast("B")  # type: ignore[arg-type]
-    done, total = 0, len(mv)
-    while done < total:
-        done += os.pwrite(fd, mv[done : done + _MAX_IO], offset + done)

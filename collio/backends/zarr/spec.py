@@ -16,8 +16,8 @@ import zarr
 from zarr.abc.store import Store
 from zarr.storage import MemoryStore, StorePath
 
-from ..collective import digest
-from ..errors import BackendError, MismatchError, ModeError
+from ...collective import digest
+from ...errors import BackendError, MismatchError, ModeError
 
 __all__ = ["ArrayFacts", "OpenSpec", "array_facts"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from zarr.core.sync import sync as zarr_sync
 
-from ..errors import BackendError
+from ...errors import BackendError
 
 __all__ = ["load_regions", "store_regions"]
 

@@ -1,0 +1,75 @@
+"""Whole-buffer ``pread``/``pwrite`` on a descriptor: the one loop every file-backed part uses.
+
+Linux moves at most 0x7ffff000 bytes per call and may move fewer, so a request is a
+loop; the posix backend, the HDF5 storage and the benchmark's plain-POSIX APIs share it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError
+
+__all__ = ["MAX_IO", "pread_exact", "pread_full", "pread_zeros", "pwrite_all", "pwrite_full"]
+
+#: Linux caps one read or write at this many bytes.
+MAX_IO = 0x7FFFF000
+
+
+def _bytes(buf: Any) -> memoryview:
+    return memoryview(buf).cast("B")
+
+
+def pwrite_full(fd: int, buf: Any, offset: int) -> int:
+    """``pwrite`` all of ``buf`` at ``offset``; the bytes written, fewer than ``len(buf)``
+    only if a call wrote nothing."""
+    view = _bytes(buf)
+    done, total = 0, len(view)
+    while done < total:
+        n = os.pwrite(fd, view[done : done + MAX_IO], offset + done)
+        if n <= 0:
+            break
+        done += n
+    return done
+
+
+def pread_full(fd: int, buf: Any, offset: int) -> int:
+    """Fill ``buf`` from ``offset``; the bytes read, fewer than ``len(buf)`` only where the
+    file ends."""
+    view = _bytes(buf)
+    done, total = 0, len(view)
+    while done < total:
+        n = os.preadv(fd, [view[done : done + MAX_IO]], offset + done)
+        if n <= 0:
+            break
+        done += n
+    return done
+
+
+def pwrite_all(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
+    """Write all of ``buf`` at ``offset``, or raise :class:`BackendError` (a short write)."""
+    done = pwrite_full(fd, buf, offset)
+    if done < len(_bytes(buf)):
+        raise BackendError(f"short write at offset {offset + done} of {name!r}")
+
+
+def pread_zeros(fd: int, buf: Any, offset: int) -> int:
+    """Fill ``buf`` from ``offset``, zeros past the end of the file; the bytes read."""
+    view = _bytes(buf)
+    done = pread_full(fd, view, offset)
+    if done < len(view):
+        np.frombuffer(view, np.uint8)[done:] = 0
+    return done
+
+
+def pread_exact(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
+    """Fill all of ``buf`` from ``offset``; a file that ends first raises :class:`BackendError`."""
+    view = _bytes(buf)
+    done = pread_full(fd, view, offset)
+    if done < len(view):
+        raise BackendError(
+            f"{name!r} ends at {offset + done}, {len(view) - done} bytes short of the request"
+        )

@@ -1,0 +1,294 @@
+"""The collective-file core under :class:`collio.File` and :mod:`collio.h5`.
+
+An open file is one :class:`FileCore` on every rank: collio's private duplicate of
+the user's communicator, the file's serial number on it, its hints, aggregators and
+statistics (an engine :class:`~collio.context.Context`), and the backend that makes
+it durable.  The front ends adapt arguments and call the core: the open agreement,
+the head of every call, ``sync`` and ``close``, what every rank does after a call
+mismatch, the atomic commit or abort, and the release of the communicator are
+written once, here, so a fix in one front end is a fix in both.
+
+A front end that agrees on more than the call at ``sync`` and ``close`` (collio.h5
+compares the metadata every rank's HDF5 library wrote) passes a :class:`Rider`: its
+slots travel in the call's head and it settles what they say right after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from .backends.base import Backend
+from .collective import Attempt, any_flag, call_head, raise_agreed, same_slots, settle_same
+from .comms import Private
+from .context import Context
+from .errors import MismatchError, ModeError
+from .hints import Hints
+from .stats import Stats, print_at_close
+
+__all__ = ["FileCore", "Rider"]
+
+I64 = npt.NDArray[np.int64]
+T = TypeVar("T")
+
+
+class Rider(Protocol):
+    """A front end's own agreement riding on the head of ``sync`` and ``close``."""
+
+    def prepare(self) -> tuple[BaseException | None, Sequence[int]]:
+        """Local, changes nothing others could see: this rank's error and head slots."""
+
+    def settle(self, call: str, failed: bool, error: BaseException | None, out: I64) -> None:
+        """Collective: act on the head's maxima (``failed``: some rank's prepare failed)."""
+
+    def release(self) -> None:
+        """Local: let go of what the front end holds, before the backend closes."""
+
+
+class FileCore:
+    """One file open on every rank of a communicator (see the module docstring)."""
+
+    __slots__ = ("ctx", "priv")
+
+    def __init__(self, ctx: Context, priv: Private) -> None:
+        self.ctx = ctx
+        self.priv: Private | None = priv  # None once released
+
+    # -- open -----------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        priv: Private,
+        target: Any,
+        mode: str,
+        hints: Any,
+        *,
+        modes: Sequence[str],
+        check: Callable[[Hints], tuple[tuple[Any, ...], T]],
+        opener: Callable[[MPI.Intracomm, Hints, T], Backend],
+        engine_mode: str | None = None,
+        label: str = "open arguments",
+    ) -> FileCore:
+        """Collective over ``priv.comm``: agree on the arguments, open, choose aggregators.
+
+        ``check`` (local, inside the first agreement) validates the front end's own
+        arguments and returns what every rank must pass alike and what ``opener``
+        needs; ``opener`` (collective) opens the backend.  One allreduce agrees on
+        errors and on equal arguments; it is the head of an ``open`` call, so a rank
+        opening beside the others' calls on an open file raises as they do.
+        """
+        comm = priv.comm
+        step = Attempt()
+        parsed = Hints()
+        mine: tuple[Any, ...] | None = None
+        payload: Any = None
+        with step:
+            if mode not in modes:
+                raise ModeError(f"mode must be one of {', '.join(modes)}, not {mode!r}")
+            parsed = Hints.coerce(hints, warn=comm.Get_rank() == 0)
+            compared, payload = check(parsed)
+            mine = (mode, parsed, *compared)
+        file = (priv.files + 1, repr(target))
+        failed, out = call_head(comm, "open", file, step.error is not None, same_slots(mine))
+        if failed:
+            raise_agreed(comm, step.error, what="open")
+        settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {v!r}")
+        be = opener(comm, parsed, payload)
+        ctx = _context(priv, be, parsed, engine_mode or mode, file)
+        priv.acquire()
+        priv.files = file[0]
+        return cls(ctx, priv)
+
+    # -- state ------------------------------------------------------------------
+    @property
+    def comm(self) -> MPI.Comm:
+        return self.ctx.comm
+
+    @property
+    def closed(self) -> bool:
+        return self.ctx.mode == "closed"
+
+    def check_open(self, name: Any) -> None:
+        """Local: ``close`` is collective, so every rank sees the same state."""
+        if self.closed:
+            raise ModeError(f"{name!r} is closed")
+
+    def context(self, backend: Backend) -> Context:
+        """A call's context for another backend of this file (an HDF5 dataset's)."""
+        c = self.ctx
+        return Context(c.comm, backend, c.hints, c.aggregators, c.stats, c.mode, file=c.file)
+
+    def atomic(self) -> bool:
+        """All-or-nothing writes: the ``atomic_commit`` hint, or an ``atomic`` backend."""
+        c = self.ctx
+        return bool(c.hints.atomic_commit or c.backend.atomic) and c.mode in ("w", "r+")
+
+    def abort(self) -> None:
+        """Local (the same on every rank): drop the writes; ``close`` will not commit them.
+
+        Later writes are refused (``ModeError`` on every rank); ``close`` calls
+        ``commit(ok=False)``.  Nothing collective, so a rank may abort whatever call
+        the others were in.
+        """
+        self.ctx.aborted = True
+
+    # -- calls ------------------------------------------------------------------
+    def head(
+        self,
+        call: str,
+        *,
+        failed: bool = False,
+        own: Sequence[int] = (),
+        subject: str | None = None,
+        rider: Rider | None = None,
+    ) -> tuple[bool, I64]:
+        """Collective over ``comm``: the first agreement of a call on this file
+        (:func:`~collio.collective.call_head`); a mismatch is handled by :meth:`failed`."""
+        try:
+            return call_head(self.comm, call, self.ctx.file, failed, own, subject=subject)
+        except BaseException as exc:
+            self.failed(exc, rider=rider)
+            raise
+
+    def failed(
+        self, exc: BaseException, *, writing: bool = False, rider: Rider | None = None
+    ) -> None:
+        """Collective over ``comm``: what every rank that raised the agreed ``exc`` does next.
+
+        The same on every rank, whichever call it was in: a failed write to an atomic
+        target is aborted, and so is any call mismatch on this file.  When some rank
+        called ``close`` the file is closed on every rank, its commit dropped: that
+        rank will not call again.  After calls on different files (or an ``open``)
+        nothing is done: the ranks do not share this file.
+        """
+        if isinstance(exc, MismatchError) and exc.call_mismatch:
+            if not exc.one_file:
+                return
+            if "close" in exc.calls:
+                self._close_after(exc, rider)
+                return
+        elif not writing:
+            return
+        if self.atomic():
+            self.abort()
+
+    def sync(self, call: str = "sync", *, rider: Rider | None = None) -> None:
+        """Collective over ``comm``: the head, the rider's settling, then the backend's
+        sync on every rank and one agreement on its errors."""
+        self._agreed_head(call, rider)
+        failed, error = self._synced()
+        if failed:
+            raise_agreed(self.comm, error, what=call)
+
+    def close(self, *, rider: Rider | None = None) -> None:
+        """Collective over ``comm``: as :meth:`sync`, then commit (atomic targets) and
+        release.  Idempotent.  Always agrees first, even with nothing written: a rank
+        closing alone would leave the others waiting in their next call."""
+        if self.closed:
+            return
+        self._agreed_head("close", rider)  # (a call mismatch: failed() closed the file)
+        self._finish(*self._synced(), rider)
+
+    def release(self, rider: Rider | None = None) -> None:
+        """Local: close the backend and let go of the communicator (idempotent)."""
+        ctx = self.ctx
+        rank = ctx.comm.Get_rank()  # (the rider's release may free a duplicate the user let go of)
+        try:
+            if rider is not None:
+                rider.release()
+            if ctx.mode != "closed":
+                ctx.backend.close()
+                ctx.mode = "closed"
+                print_at_close(ctx.stats, ctx.file[1], rank)
+        finally:
+            self.let_go()
+
+    def let_go(self) -> None:
+        """Local: release the communicator's duplicate once (freed if the user's is gone)."""
+        priv, self.priv = self.priv, None
+        if priv is not None:
+            priv.release()
+
+    # -- completion ---------------------------------------------------------------
+    def _agreed_head(self, call: str, rider: Rider | None) -> None:
+        """Collective: the head of ``sync``/``close``, before the backend's sync (which may
+        be collective, ``MPI_File_sync``: no rank may enter it while another is in a
+        different call).  A rider's failure after the head closes the file on this
+        rank when the call is ``close`` (every rank raises it alike)."""
+        error, own = rider.prepare() if rider is not None else (None, ())
+        failed, out = self.head(call, failed=error is not None, own=own, rider=rider)
+        if rider is None:
+            return
+        try:
+            rider.settle(call, failed, error, out)
+        except BaseException:
+            if call == "close":
+                self.release(rider)
+            raise
+
+    def _synced(self) -> tuple[bool, BaseException | None]:
+        """Collective: the backend's sync on every rank, then an agreement on its errors
+        (sleeping: fsync takes each rank its own time); whether any rank failed, and
+        this rank's error."""
+        step = Attempt()
+        with step:
+            self.ctx.backend.sync()
+        return any_flag(self.comm, step.error is not None, patient=True), step.error
+
+    def _finish(self, failed: bool, error: BaseException | None, rider: Rider | None) -> None:
+        """Collective: commit (dropped if anything failed or was aborted), then release."""
+        ctx = self.ctx
+        try:
+            ctx.backend.commit(ctx.comm, not (failed or ctx.aborted))
+            if failed:
+                raise_agreed(ctx.comm, error, what="close")
+        finally:
+            self.release(rider)
+
+    def _close_after(self, exc: MismatchError, rider: Rider | None) -> None:
+        """Collective: close as :meth:`close` does after a call mismatch with a ``close``
+        (every rank is in this close now), the commit dropped, so what earlier calls
+        wrote is as durable as after a normal close.  Every rank still raises ``exc``;
+        a failure of this close (agreed) goes into ``exc.close_error``."""
+        self.abort()
+        try:
+            if rider is not None:  # (its agreement; a plain close has nothing more to agree)
+                error, own = rider.prepare()
+                failed, out = call_head(self.comm, "close", self.ctx.file, error is not None, own)
+                rider.settle("close", failed, error, out)
+            self._finish(*self._synced(), rider)
+        except Exception as later:  # exc is the error every rank raises
+            exc.close_error = later
+        finally:
+            self.release(rider)
+
+
+def _context(priv: Private, be: Backend, hints: Hints, mode: str, file: tuple[int, str]) -> Context:
+    """The file's engine context: aggregators (the backend's own for reads, when it has
+    them and the hints choose none) and the statistics' record of what was used."""
+    aggs = priv.choose(hints.cb_nodes, hints.per_node())
+    be.aggregators = aggs
+    stats = Stats(aggregators=tuple(aggs.tolist()))
+    stats.hints = _used_hints(hints, aggs)
+    read_aggs = None
+    if be.read_per_node is not None and hints.cb_nodes is None and not hints.cb_config_list:
+        read_aggs = priv.choose(None, be.read_per_node)
+        stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
+    stats.backend = be.describe()
+    # O_DIRECT where the backend uses it (agreed at its open; never in 'r')
+    stats.hints["direct_write"] = hints.direct_write and bool(
+        stats.backend.get("direct_write", False)
+    )
+    return Context(priv.comm, be, hints, aggs, stats, mode, priv.plans, read_aggs, file)
+
+
+def _used_hints(hints: Hints, aggs: I64) -> dict[str, Any]:
+    used = hints.as_dict()
+    used["cb_nodes"] = len(aggs)
+    used["cb_config_list"] = hints.cb_config_list or "*:*"
+    used["aggregator_ranks"] = aggs.tolist()
+    return used
