@@ -26,33 +26,77 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .aggregators import plan_aggregator, plan_sender, window_size
-from .aggregators.domains import alignment
+from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .aggregators.summary import aggregator_summary
-from .collective import (
-    Attempt,
-    any_flag,
-    call_head,
-    raise_agreed,
-    same_slots,
-    sleep_until_done,
-)
+from .collective import Attempt, agree_facts, any_flag, call_head, digest, raise_agreed
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
+from .facts import Facts, How, fact
 from .layouts.base import Layout
+from .policy import (
+    Path,
+    PathFacts,
+    choose_path,
+    domain_alignment,
+    extents_disjoint,
+    many_small_runs,
+    may_map,
+    round_window,
+)
 from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
 from .runs import Runs, first_overlap, is_read_only
 from .stats import Stats
+from .waits import sleep_until_done
 
 __all__ = ["Context", "write", "read"]
 
 I64 = npt.NDArray[np.int64]
-_BIG = np.int64(2**62)
-#: A rank with at most this many runs may skip the shuffle whatever their size.
-_DIRECT_MAX_RUNS = 16
+_BIG = 2**62  # an empty rank's first byte: above every real one
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Checked(PathFacts):
+    """The facts of a call's check, carried by its :func:`call_head` (beside the path's)."""
+
+    sig: int | None = fact(How.EQUAL)  # digest of the global array (None: ranks differ)
+    plan: int | None = fact(How.SAME)  # the kept plan's epoch found (-1: none; None: differ)
+    moved: bool = fact(How.ANY)  # some rank's extent moved since the ranks compared them
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Planned(Facts):
+    """The facts of a new plan, agreed before the rounds."""
+
+    failed: bool = fact(How.ANY)  # some rank failed to plan
+    nrounds: int = fact(How.MAX)  # the call's rounds: the most of any aggregator
+    # an aggregator is sparse when its non-empty windows are not 0..n-1: then the round
+    # numbers are sent back (dense: a sender's round is its window index)
+    sparse: bool = fact(How.ANY)
+    # a plan kept by only some ranks (an aggregator's is larger) could never be reused
+    big: bool = fact(How.ANY)  # some rank's plan is too large to keep: no rank keeps it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Extent(Facts):
+    """The extent of every rank's runs."""
+
+    lo: int = fact(How.MIN)
+    hi: int = fact(How.MAX)
+
+
+@dataclasses.dataclass(slots=True)
+class _Local:
+    """What a rank's local checks of a call found (before any communication)."""
+
+    runs: Runs
+    buf: npt.NDArray[np.uint8]
+    extra: Any = None  # what ``prepare`` returned beside the buffer
+    sig: Any = None  # the layout's global array (None: not compared)
+    plan: int = -1  # the epoch of the kept plan for these runs (-1: none)
+    mapped: bool = False  # a read this rank would rather copy from the mapped file
 
 
 def _check(
@@ -65,80 +109,98 @@ def _check(
     """
     ctx.stats.local = {}
     step = Attempt()
-    runs = Runs.empty()
-    buf: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
-    extra: Any = None
-    sig = None
-    prekey, cand = _prekey(ctx, writing), -1
-    mapped = False  # a read every rank would rather copy from the mapped file (mapped_reads)
+    loc = _Local(Runs.empty(), np.zeros(0, np.uint8))
+    prekey = _prekey(ctx, writing)
     with step:
-        if ctx.mode == "closed":
-            raise ModeError("the file is closed")
-        if writing and ctx.mode == "r":
-            raise ModeError("write_all on a file opened in mode 'r'")
-        if writing and ctx.aborted:
-            raise ModeError("an earlier error aborted the atomic commit: nothing more is written")
-        if not writing and not ctx.backend.readable:
-            raise ModeError(
-                f"read_all is not possible on this {ctx.backend.name} target in mode {ctx.mode!r}"
-            )
-        if not isinstance(layout, Layout):
-            raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
-        layout.validate()
-        ctx.backend.check_layout(layout)
-        buf, extra = prepare(layout)
-        runs = ctx.backend.runs_for(layout)
-        bad = _first_overlap(layout, runs)
-        if bad >= 0 and writing:
-            raise OverlapError(
-                f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
-                f"are written twice by this rank"
-            )
-        sig = layout.signature()
-        # a kept plan for exactly these runs (every rank must find the same one: plancache)
-        if ctx.plans is not None:
-            cand = ctx.plans.candidate(prekey, runs)
-            kept = ctx.plans.peek(cand) if cand >= 0 else None
-            if kept is not None:  # (allocations fail here, agreed, not in the rounds)
-                prepare_rounds(kept, writing=writing)
-        if not writing and ctx.hints.romio_cb_read == "automatic":
-            mapped = ctx.backend.maps_reads(runs)  # (its fstat may fail: agreed below)
-    lo, hi = runs.extent() if len(runs) else (int(_BIG), 0)
-    # the shuffle may be skipped only if every rank has a few runs or large ones
-    small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
+        _check_locally(ctx, layout, prepare, loc, prekey, writing=writing)
+    runs = loc.runs
+    lo, hi = runs.extent() if len(runs) else (_BIG, 0)
     call_name = "write_all" if writing else "read_all"
+    mine = _Checked(
+        lo=lo, hi=hi, mapped=loc.mapped,
+        small=many_small_runs(len(runs), runs.nbytes, ctx.hints.direct_threshold),
+        sig=digest(loc.sig), plan=loc.plan,
+        moved=ctx.extents is None or ctx.extents[:2] != (lo, hi),
+    )  # fmt: skip
     # the call's first operation, as of every collective call on a file: a call mismatch
-    # (a read beside a write, a sync, ...) is raised first, before any rank's own error;
-    # a signature None (Segments, views, ...) is not compared
-    # whether any rank's extent moved since the ranks last compared extents (_disjoint)
-    moved = ctx.extents is None or ctx.extents[:2] != (lo, hi)
-    slots = [*same_slots(sig), -lo, hi, int(small), cand, -cand, int(moved), int(not mapped)]
-    failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, slots)
+    # (a read beside a write, a sync, ...) is raised first, before any rank's own error
+    failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, mine.slots())
     if failed:
         raise_agreed(ctx.comm, step.error, what=call_name)
-    if out[0] != -_BIG and out[0] != -out[1]:
-        _raise_mismatch(ctx.comm, sig)
-    glo, ghi, any_small = int(-out[2]), int(out[3]), bool(out[4])
+    agreed = _Checked.agreed(out)
+    if agreed.sig is None:
+        _raise_mismatch(ctx.comm, loc.sig)
+    call = _choose(ctx, agreed, runs, (lo, hi), writing=writing)
+    call.prekey = prekey
+    if agreed.plan is not None:  # every rank found the plan of the same earlier call (or none)
+        call.plan_epoch = agreed.plan
+    return runs, loc.buf, loc.extra, call
+
+
+def _check_locally(
+    ctx: Context, layout: Any, prepare: Any, loc: _Local, prekey: Any, *, writing: bool
+) -> None:
+    """Local: validate the call and fill ``loc``; raises what the agreement will report."""
+    if ctx.mode == "closed":
+        raise ModeError("the file is closed")
+    if writing and ctx.mode == "r":
+        raise ModeError("write_all on a file opened in mode 'r'")
+    if writing and ctx.aborted:
+        raise ModeError("an earlier error aborted the atomic commit: nothing more is written")
+    if not writing and not ctx.backend.readable:
+        raise ModeError(
+            f"read_all is not possible on this {ctx.backend.name} target in mode {ctx.mode!r}"
+        )
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
+    layout.validate()
+    ctx.backend.check_layout(layout)
+    loc.buf, loc.extra = prepare(layout)
+    runs = loc.runs = ctx.backend.runs_for(layout)
+    bad = _first_overlap(layout, runs)
+    if bad >= 0 and writing:
+        raise OverlapError(
+            f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
+            f"are written twice by this rank"
+        )
+    loc.sig = layout.signature()
+    # a kept plan for exactly these runs (every rank must find the same one: plancache)
+    if ctx.plans is not None:
+        loc.plan = ctx.plans.candidate(prekey, runs)
+        kept = ctx.plans.peek(loc.plan) if loc.plan >= 0 else None
+        if kept is not None:  # (allocations fail here, agreed, not in the rounds)
+            prepare_rounds(kept, writing=writing)
+    if may_map(ctx.hints, writing=writing):
+        loc.mapped = ctx.backend.maps_reads(runs)  # (its fstat may fail: agreed)
+
+
+def _choose(
+    ctx: Context, agreed: _Checked, runs: Runs, extent: tuple[int, int], *, writing: bool
+) -> Call:
+    """Collective over ``ctx.comm``: the call's path (:func:`~collio.policy.choose_path`)."""
+    own: npt.NDArray[np.bool_] | None = None
+
+    def disjoint() -> bool:
+        if agreed.moved or ctx.extents is None:
+            # (ctx.extents is the same on every rank but for its (lo, hi), so is None
+            # on all of them or none)
+            ctx.extents = (*extent, _disjoint(ctx.comm, *extent))
+        return ctx.extents[2]  # no rank's extent moved: the same answer as then
+
+    def split() -> bool | None:
+        nonlocal own
+        kept = ctx.backend.own_runs(ctx.comm, runs, writing=writing)
+        if kept is None:
+            return None
+        own = kept[0]
+        return kept[1]
+
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
-    direct = False
-    own = None
-    if ctx.backend.independent and ghi > glo and not out[8]:
-        direct = True  # (reads only: each rank copies its own runs out of the page cache)
-    elif ctx.backend.independent and ghi > glo:
-        if mode == "disable" or (mode == "automatic" and not any_small):
-            if out[7] or ctx.extents is None:
-                # (ctx.extents is the same on every rank but for its (lo, hi), so is None
-                # on all of them or none)
-                ctx.extents = (lo, hi, _disjoint(ctx.comm, lo, hi))
-            direct = ctx.extents[2]  # no rank's extent moved: the same answer as then
-    elif ghi > glo and mode != "enable":
-        split = ctx.backend.own_runs(ctx.comm, runs, writing=writing)
-        if split is not None:
-            own, direct = split
-    call = Call(glo, ghi, direct, Stats(), None if direct else own, prekey=prekey)
-    if out[5] == -out[6]:  # every rank found the plan of the same earlier call (or none)
-        call.plan_epoch = int(out[5])
-    return runs, buf, extra, call
+    be = ctx.backend
+    path = choose_path(
+        agreed, mode=mode, independent=be.independent, disjoint=disjoint, split=split
+    )
+    return Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
 
 
 def _first_overlap(layout: Layout, runs: Runs) -> int:
@@ -192,10 +254,7 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
     mine = np.array([lo, hi], np.int64)
     every = np.empty(2 * comm.Get_size(), np.int64)
     comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
-    ext = every.reshape(-1, 2)
-    ext = ext[ext[:, 1] > ext[:, 0]]
-    ext = ext[np.argsort(ext[:, 0], kind="stable")]
-    return bool((ext[1:, 0] >= ext[:-1, 1]).all())
+    return extents_disjoint(every[0::2], every[1::2])
 
 
 # ---------------------------------------------------------------- planning
@@ -206,12 +265,10 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     # domain_extent first: a backend may settle its alignment from the global extent
     # (S3 plans its part size from the object size at the first write_all)
     lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
-    align = alignment(ctx.backend.alignment, ctx.hints.striping_unit)
+    align = domain_alignment(ctx.backend.alignment, ctx.hints)
     bounds = ctx.backend.domain_bounds(lo, hi, len(aggs), align)
-    largest = int(np.diff(bounds).max(initial=0))
-    cap = min(ctx.hints.cb_buffer_size, 1 << 30)
-    window = window_size(
-        cap, align, largest, ctx.hints.min_rounds, comm.Get_size(), ctx.backend.min_window
+    window = round_window(
+        ctx.hints, bounds, align=align, nranks=comm.Get_size(), floor=ctx.backend.min_window
     )
     call.window = window
     key = (writing, window, tuple(aggs.tolist()))
@@ -241,7 +298,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     draft: Plan | None = None
     replies = np.zeros(0, np.int64)
     rep_counts = np.zeros(comm.Get_size(), np.int64)
-    big = 0
+    big = False
     with step:
         if step.error is None and d >= 0:
             src = np.repeat(np.arange(comm.Get_size(), dtype=np.int64), rcounts // 2)
@@ -252,29 +309,24 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         if step.error is None and sp is not None:
             draft = Plan(bounds, window, sp, sp.gwin, ap, 0)
             prepare_rounds(draft, writing=writing)
-            # whether to keep the plan is agreed too: a plan kept by only some ranks (an
-            # aggregator's is larger) could never be reused, and would only hold memory
             est = draft.nbytes() + 3 * runs.length.nbytes
-            big = int(ctx.plans is not None and est > ctx.plans.max_bytes)
-    # an aggregator is dense when its non-empty windows are 0..n-1: then a sender's
-    # round is its window index and the round numbers need not be sent back
-    sparse = ap is not None and ap.nrounds and int(ap.rwin[-1]) != ap.nrounds - 1
-    vec = np.array(
-        [1 if step.error else 0, ap.nrounds if ap else 0, int(bool(sparse)), big], np.int64
-    )
-    out = np.empty_like(vec)
-    comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
-    if out[0]:
+            big = ctx.plans is not None and est > ctx.plans.max_bytes
+    mine = _Planned(
+        failed=step.error is not None, nrounds=ap.nrounds if ap else 0, big=big,
+        sparse=ap is not None and ap.nrounds > 0 and int(ap.rwin[-1]) != ap.nrounds - 1,
+    )  # fmt: skip
+    agreed = agree_facts(comm, mine)
+    if agreed.failed:
         raise_agreed(comm, step.error, what=call_name)
     assert draft is not None  # (no rank failed)
-    if out[2]:
+    if agreed.sparse:
         sround, _ = alltoallv_i64(comm, replies, rep_counts, what=call_name)
     else:
         sround = draft.sender.gwin.copy()
     # (the draft's shapes, made by prepare, are kept; the rounds' order is made anew)
-    plan = dataclasses.replace(draft, sround=sround, nrounds=int(out[1]), _by_round=None)
+    plan = dataclasses.replace(draft, sround=sround, nrounds=agreed.nrounds, _by_round=None)
     if ctx.plans is not None:
-        ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=not out[3])
+        ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=not agreed.big)
     call.counters.time_plan += time.perf_counter() - t0
     return plan
 
@@ -335,7 +387,8 @@ def _complete(
             ctx.stats.collective_calls += 1
     ctx.stats.last_call = {
         "direct": call.direct,
-        "rounds": int(rm[0]),
+        "path": call.path.value,
+        "rounds": call.counters.rounds,  # (the plan's, agreed)
         "extent": [call.lo, call.hi] if call.hi > call.lo else [0, 0],
         "plan_reused": call.reused,
         "window": call.window,
@@ -431,11 +484,9 @@ def _own_first(
     # ranks finish their own I/O at different times: wait sleeping (see _complete)
     if any_flag(ctx.comm, error is not None, patient=True):
         raise_agreed(ctx.comm, error, what="backend I/O")
-    lo, hi = rest.extent() if len(rest) else (int(_BIG), 0)
-    ext = np.array([-lo, hi], np.int64)
-    out = np.empty_like(ext)
-    ctx.comm.Allreduce([ext, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
-    call.lo, call.hi = int(-out[0]), int(out[1])
+    lo, hi = rest.extent() if len(rest) else (_BIG, 0)
+    agreed = agree_facts(ctx.comm, _Extent(lo=lo, hi=hi))
+    call.lo, call.hi = agreed.lo, agreed.hi
     return rest
 
 

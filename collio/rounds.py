@@ -42,11 +42,12 @@ from mpi4py import MPI
 from .aggregators.plan import AggregatorPlan, SenderPlan, round_requests
 from .backends.base import Backend
 from .buffers import io_executor, round_buffers, scratch_buffer, window_of
-from .collective import Attempt, sleep_until_done
+from .collective import Attempt
 from .context import Call, Context, Plan
 from .exchange import PACK_MAX_RUN, Messages, messages
 from .runs import Runs, merge
 from .stats import Stats
+from .waits import sleep_until_done
 
 __all__ = ["write_rounds", "read_rounds", "prepare"]
 
