@@ -20,7 +20,7 @@ from __future__ import annotations
 from . import _mpienv, layouts  # noqa: F401  # isort: skip
 from ._version import __version__
 from .backends import get_backend, known_backends, register_backend
-from .buffers import release_buffers
+from .engine import release_buffers
 from .errors import (
     BackendError,
     BackendUnavailableError,

@@ -29,12 +29,14 @@ from mpi4py import MPI
 from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .aggregators.summary import aggregator_summary
+from .buffers import free_buffers
 from .collective import Attempt, agree_facts, any_flag, call_head, digest, raise_agreed
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
 from .facts import Facts, How, fact
 from .layouts.base import Layout
+from .plancache import clear_all
 from .policy import (
     Path,
     PathFacts,
@@ -51,7 +53,7 @@ from .runs import Runs, first_overlap, is_read_only
 from .stats import Stats
 from .waits import sleep_until_done
 
-__all__ = ["Context", "write", "read"]
+__all__ = ["Context", "read", "release_buffers", "write"]
 
 I64 = npt.NDArray[np.int64]
 _BIG = 2**62  # an empty rank's first byte: above every real one
@@ -206,9 +208,8 @@ def _choose(
 def _first_overlap(layout: Layout, runs: Runs) -> int:
     """:func:`first_overlap` of the runs, kept on the layout for the next call with them.
 
-    A layout keeps its runs read-only, so the same object holds the same runs (4 ranks
-    on 2 cores: 65,536 block-cyclic runs take ~0.3 ms of a core per call; repeated
-    calls are the rule for checkpoints and benchmarks).
+    A layout keeps its runs read-only, so the same object holds the same runs; the check
+    costs a sort of every run, and repeated calls are the rule for checkpoints.
     """
     seen: tuple[Runs, int] | None = getattr(layout, "_overlap", None)
     if seen is not None and seen[0] is runs:
@@ -255,6 +256,12 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
     every = np.empty(2 * comm.Get_size(), np.int64)
     comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
     return extents_disjoint(every[0::2], every[1::2])
+
+
+def release_buffers() -> None:
+    """Local: free what calls keep for the next ones, the round buffers and the plans."""
+    free_buffers()
+    clear_all()
 
 
 # ---------------------------------------------------------------- planning
@@ -437,7 +444,7 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
 
     runs, buf, arr, call = _check(ctx, layout, prepare, writing=False)
     error = _transfer(ctx, call, runs, buf, writing=False)
-    # after rounds reads wait polling (sleeping measured no better); after each rank's own
+    # after rounds reads wait polling (sleeping gains nothing there); after each rank's own
     # I/O (direct path: it takes each rank its own time, e.g. decoding zarr chunks) and on
     # remote backends a rank done early sleeps instead of taking a core the others need
     _complete(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote or call.direct)
