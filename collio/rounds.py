@@ -38,13 +38,22 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from .aggregators.plan import AggregatorPlan, SenderPlan, round_requests
-from .backends.base import Backend
 from .buffers import round_buffers, scratch_buffer, window_of
 from .collective import Attempt
 from .context import Call, Context, Plan
 from .exchange import PACK_MAX_RUN, Messages, messages
 from .policy import DEPTH
-from .runs import Runs, merge
+from .roundio import (
+    Future,
+    cover,
+    drain,
+    read_window,
+    reuse_buffer,
+    run_inline,
+    settle,
+    wait_io,
+    write_window,
+)
 from .stats import Stats
 from .threads import io_executor
 from .waits import sleep_until_done
@@ -59,8 +68,6 @@ AHEAD = 8
 #: Most bytes an aggregator packs per round for its sends (a third buffer, kept).
 PACK_SCRATCH = 16 << 20
 _NO_SCRATCH = np.zeros(0, np.uint8)
-
-Future = concurrent.futures.Future[None]
 
 
 class _Lagged:
@@ -130,100 +137,6 @@ def _requests(ctx: Context, plan: Plan) -> tuple[I64, I64]:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     lo, hi = int(plan.bounds[d]), int(plan.bounds[d + 1])
     return round_requests(ap, lo, hi, plan.window, ctx.backend.partial_write)
-
-
-def _whole(req: tuple[int, int]) -> Runs:
-    one = np.array([req[0]], np.int64)
-    return Runs(one, np.array([req[1]], np.int64), np.zeros(1, np.int64))
-
-
-def round_cover(ap: AggregatorPlan, k: int) -> Runs:
-    """The byte ranges ranks write (or need) in aggregator round k, sorted and merged."""
-    groups = ap.groups_of_round(k)
-    parts = [np.arange(int(ap.gstart[g]), int(ap.gstart[g + 1])) for g in groups.tolist()]
-    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    order = idx[np.argsort(ap.file[idx], kind="stable")]
-    return merge(Runs(ap.file[order], ap.length[order], ap.file[order]))  # mem=file: merge by file
-
-
-def _cover(ap: AggregatorPlan, k: int, req: tuple[int, int]) -> Runs:
-    return round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
-
-
-def _inline(c: Stats, fn: Callable[..., None], *args: object) -> Future:
-    """Run ``fn`` here and now (its time counted as I/O); its outcome as a finished Future.
-
-    For requests the main thread would hand to the I/O thread only to wait for them
-    at once (a read's first window, an aggregator's last write, each when the I/O
-    thread has nothing left to do, see :func:`_settle`): waking the I/O thread
-    and the main thread again costs most where it matters least, in small calls, with
-    more ranks than cores busy in MPI.
-    """
-    fut: Future = concurrent.futures.Future()
-    t = time.perf_counter()
-    try:
-        fn(*args)
-    except BaseException as exc:  # noqa: BLE001 - delivered through the Future, as the pool does
-        fut.set_exception(exc)
-    else:
-        fut.set_result(None)
-    c.time_io += time.perf_counter() - t
-    return fut
-
-
-def _settle(
-    pending: list[Future | None], c: Stats, error: BaseException | None
-) -> BaseException | None:
-    """Wait for every pending request (before one runs on the main thread: backends and
-    the counters see one request at a time); the first error, ``error`` if set."""
-    for i, fut in enumerate(pending):
-        pending[i] = None
-        step = Attempt()
-        with step:
-            _wait(fut, c)
-        error = error or step.error
-    return error
-
-
-def _wait(fut: Future | None, c: Stats) -> None:
-    if fut is not None:
-        t = time.perf_counter()
-        fut.result()
-        c.time_io += time.perf_counter() - t
-
-
-def _write_window(
-    be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, c: Stats
-) -> None:
-    c.add_writes(be.write_window(offset, buf, cover))
-
-
-def _read_window(
-    be: Backend, offset: int, buf: npt.NDArray[np.uint8], need: Runs, c: Stats
-) -> None:
-    c.add_reads(be.read_window(offset, buf, need))
-
-
-def _reuse_buffer(
-    be: Backend,
-    ap: AggregatorPlan,
-    k: int,
-    req: tuple[int, int],
-    bufs: list[npt.NDArray[np.uint8]],
-    pending: list[Future | None],
-    c: Stats,
-    error: BaseException | None,
-) -> None:
-    """Wait for the I/O of the round that last used round k's buffer (even after an
-    error), then read the old bytes of the round's holes where the backend needs them."""
-    b = k % DEPTH
-    fut, pending[b] = pending[b], None
-    _wait(fut, c)
-    if error is None and ap.rcovered[k] < req[1]:
-        t = time.perf_counter()
-        win = window_of(bufs[b], *req)
-        c.add_reads(be.fill_holes(req[0], win, round_cover(ap, k)))
-        c.time_io += time.perf_counter() - t
 
 
 def _agg_runs(ap: AggregatorPlan, g: int, base: int) -> Callable[[], tuple[I64, I64]]:
@@ -359,7 +272,7 @@ def _write_streamed(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | 
     finally:
         for msgs in sends.values():
             msgs.free()
-    return _drain(r.pending, c, error)
+    return drain(r.pending, c, error)
 
 
 def _receive_and_write(
@@ -372,7 +285,7 @@ def _receive_and_write(
     b, req = k % DEPTH, r.request(k)
     step = Attempt()
     with step:
-        _reuse_buffer(be, ap, k, req, r.bufs, r.pending, c, error)
+        reuse_buffer(be, ap, k, req, r.bufs, r.pending, c, error)
     error = error or step.error
     t = time.perf_counter()
     wbuf = r.buffer(k, req)
@@ -385,15 +298,15 @@ def _receive_and_write(
     last = k == r.mine - 1 and k + AHEAD >= r.plan.nrounds
     last = last and all(m.done() for m in sends.values())
     if last:
-        error = _settle(r.pending, c, error)
+        error = settle(r.pending, c, error)
     step = Attempt()
     with step:  # (an error here must not leave sends and receives behind)
         if error is None:
-            args = (be, req[0], wbuf, _cover(ap, k, req), c)
+            args = (be, req[0], wbuf, cover(ap, k, req), c)
             if last:
-                r.pending[b] = _inline(c, _write_window, *args)
+                r.pending[b] = run_inline(c, write_window, *args)
             else:
-                r.pending[b] = r.pool.submit(_write_window, *args)
+                r.pending[b] = r.pool.submit(write_window, *args)
     return error or step.error
 
 
@@ -411,7 +324,7 @@ def _write_lockstep(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | 
         req = r.request(k) if ap is not None else (0, 0)
         with step:
             if ap is not None:
-                _reuse_buffer(be, ap, k, req, r.bufs, r.pending, c, error)
+                reuse_buffer(be, ap, k, req, r.bufs, r.pending, c, error)
         error = error or step.error
         if status.failed():
             break
@@ -425,10 +338,10 @@ def _write_lockstep(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | 
             _post_sends(msgs, r.ctx, r.plan, r.groups(k), data, c)
         c.time_exchange += time.perf_counter() - t
         if error is None and ap is not None:
-            args = (be, req[0], r.buffer(k, req), _cover(ap, k, req), c)
-            r.pending[k % DEPTH] = r.pool.submit(_write_window, *args)
+            args = (be, req[0], r.buffer(k, req), cover(ap, k, req), c)
+            r.pending[k % DEPTH] = r.pool.submit(write_window, *args)
     status.failed()
-    return _drain(r.pending, c, error)
+    return drain(r.pending, c, error)
 
 
 def read_rounds(
@@ -458,7 +371,7 @@ def read_rounds(
         with step:
             if r.agg(k) is not None:
                 fut, r.pending[k % DEPTH] = r.pending[k % DEPTH], None
-                _wait(fut, c)
+                wait_io(fut, c)
                 if error is None:
                     _prefetch(r, k + 1)
         error = error or step.error
@@ -472,7 +385,7 @@ def read_rounds(
             _exchange_read(r, msgs, k, out, scratch)
         c.time_exchange += time.perf_counter() - t
     status.failed()
-    return _drain(r.pending, c, error)
+    return drain(r.pending, c, error)
 
 
 def _prefetch(r: _Rounds, k: int) -> None:
@@ -482,11 +395,11 @@ def _prefetch(r: _Rounds, k: int) -> None:
     if ap is None:
         return
     req = r.request(k)
-    args = (r.ctx.backend, req[0], r.buffer(k, req), _cover(ap, k, req), r.c)
+    args = (r.ctx.backend, req[0], r.buffer(k, req), cover(ap, k, req), r.c)
     if k == 0:
-        r.pending[0] = _inline(r.c, _read_window, *args)
+        r.pending[0] = run_inline(r.c, read_window, *args)
     else:
-        r.pending[k % DEPTH] = r.pool.submit(_read_window, *args)
+        r.pending[k % DEPTH] = r.pool.submit(read_window, *args)
 
 
 def _exchange_read(
@@ -508,19 +421,3 @@ def _exchange_read(
         dest, runs = int(ap.gsrc[g]), _agg_runs(ap, g, req[0])
         used += msgs.send_group(dest, rbuf, ash, g, req[0], runs, scratch[used:])
         c.messages += 1
-
-
-def _drain(
-    pending: list[Future | None], c: Stats, error: BaseException | None
-) -> BaseException | None:
-    """Wait for outstanding I/O; the first error of the rounds (agreed by the caller)."""
-    t = time.perf_counter()
-    for fut in pending:
-        if fut is None:
-            continue
-        try:
-            fut.result()
-        except Exception as exc:  # noqa: BLE001 - agreed by the caller
-            error = error or exc
-    c.time_io += time.perf_counter() - t
-    return error
