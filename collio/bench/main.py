@@ -12,6 +12,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..errors import CollioError
+from .patterns import human
 from .report import (
     MiB,
     format_hints,
@@ -23,7 +24,6 @@ from .report import (
     write_json,
 )
 from .run import BenchConfig, Runner, balanced_orders, run_bench
-from .simreport import human
 
 __all__ = ["bench"]
 
