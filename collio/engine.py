@@ -5,15 +5,16 @@ Flow of one call (every rank runs every step, so nothing hangs):
 1. *check*: validate the layout and data locally, then one allreduce agrees on
    the call itself (the first operation of every collective call on a file,
    :func:`~collio.collective.call_head`), errors, the shared signature (global
-   shape, dtype), the global extent and whether the shuffle can be skipped;
+   shape, dtype), the global extent and the other facts (:class:`_Checked`) from
+   which :mod:`collio.policy` chooses the path: direct, mapped, own pieces or
+   two-phase;
 2. *plan*: cut runs at file domains and round windows; send (offset, length)
    lists to the aggregators, which check overlaps and number their rounds;
-3. *rounds*: per round, an allreduce of a status flag, then point-to-point
-   messages straight into the round buffer; the backend request of round k runs
-   in the I/O thread while round k+1 is exchanged (double buffering);
-4. *complete*: wait for the I/O, then one sync point agrees on errors and reduces
-   the statistics (backends that flush after a write, and zarr's own runs done
-   before the shuffle, agree once more before that).
+3. *rounds* (:mod:`collio.rounds`): messages straight into the round buffers; the
+   backend request of round k runs in the I/O thread while round k+1 is exchanged;
+4. *complete* (:mod:`collio.completion`): wait for the I/O, then one sync point
+   agrees on errors and reduces the statistics (backends that flush after a write,
+   and zarr's own runs done before the shuffle, agree once more before that).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from mpi4py import MPI
 
 from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
-from .aggregators.summary import aggregator_summary
 from .buffers import free_buffers
 from .collective import Attempt, agree_facts, any_flag, call_head, digest, raise_agreed
+from .completion import complete_call, local_summary
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
@@ -51,7 +52,6 @@ from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
 from .runs import Runs, first_overlap, is_read_only
 from .stats import Stats
-from .waits import sleep_until_done
 
 __all__ = ["Context", "read", "release_buffers", "write"]
 
@@ -349,68 +349,6 @@ def _overlap_error(file: I64, length: I64, src: I64, bad: int) -> OverlapError:
 
 
 # ------------------------------------------------------------- entry points
-def _complete(
-    ctx: Context,
-    call: Call,
-    t0: float,
-    error: BaseException | None = None,
-    what: str = "",
-    *,
-    patient: bool = False,
-) -> None:
-    """Collective: agree on the call's errors and reduce its counters into the stats.
-
-    The sums (with the error flag) and the maxima are reduced by two non-blocking
-    allreduces completed together: the call's last sync point.  ``patient`` waits
-    sleeping: after writes, after each rank's own I/O (direct path) and on remote
-    backends, a rank done early must not spin on a core that another rank's I/O (or
-    its I/O thread, or a server on the node) still needs.
-    """
-    c = call.counters
-    c.time_total = time.perf_counter() - t0
-    c.direct_io_bytes += ctx.backend.take_direct_bytes()  # (its I/O is done by now)
-    c.early_flushes += ctx.backend.take_flushes()
-    c.mapped_bytes += ctx.backend.take_mapped_bytes()
-    sums, maxes = c.pack()
-    sums = np.append(sums, 0 if error is None else 1)
-    rs, rm = np.empty_like(sums), np.empty_like(maxes)
-    comm = ctx.comm
-    reqs = [
-        comm.Iallreduce([sums, MPI.INT64_T], [rs, MPI.INT64_T], op=MPI.SUM),
-        comm.Iallreduce([maxes, MPI.DOUBLE], [rm, MPI.DOUBLE], op=MPI.MAX),
-    ]
-    if patient:
-        sleep_until_done(reqs)
-    else:
-        MPI.Request.Waitall(reqs)
-    if rs[-1]:
-        raise_agreed(comm, error, what=what)
-    ctx.stats.absorb(rs[:-1], rm)
-    # calls are collective: count each once, not once per rank
-    if call.hi > call.lo:
-        if call.direct:
-            ctx.stats.direct_calls += 1
-        else:
-            ctx.stats.collective_calls += 1
-    ctx.stats.last_call = {
-        "direct": call.direct,
-        "path": call.path.value,
-        "rounds": call.counters.rounds,  # (the plan's, agreed)
-        "extent": [call.lo, call.hi] if call.hi > call.lo else [0, 0],
-        "plan_reused": call.reused,
-        "window": call.window,
-    }
-
-
-def _local_summary(ctx: Context, plan: Plan) -> dict[str, Any]:
-    """This rank's own figures of the call (not reduced): see ``Stats.local``."""
-    d = ctx.my_domain
-    if plan.agg is None or d < 0:
-        return {"domain": -1}
-    lo, hi = int(plan.bounds[d]), int(plan.bounds[d + 1])
-    return aggregator_summary(plan.agg, d, lo, hi, plan.window, ctx.backend.partial_write)
-
-
 def write(ctx: Context, data: Any, layout: Any) -> None:
     """Collective over ``ctx.comm``: two-phase write of every rank's piece."""
     t0 = time.perf_counter()
@@ -429,7 +367,7 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
         with step:
             ctx.backend.flush(ctx.comm)
         error, what = step.error, "backend flush"
-    _complete(ctx, call, t0, error, what, patient=True)
+    complete_call(ctx, call, t0, error, what, patient=True)
 
 
 def read(ctx: Context, layout: Any, out: Any) -> Any:
@@ -447,7 +385,7 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
     # after rounds reads wait polling (sleeping gains nothing there); after each rank's own
     # I/O (direct path: it takes each rank its own time, e.g. decoding zarr chunks) and on
     # remote backends a rank done early sleeps instead of taking a core the others need
-    _complete(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote or call.direct)
+    complete_call(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote or call.direct)
     return arr
 
 
@@ -456,7 +394,7 @@ def _transfer(
 ) -> BaseException | None:
     """Collective: the direct path, or (kept runs first, then) plan and rounds.
 
-    Returns this rank's I/O error, not yet agreed (``_complete`` agrees on it).
+    Returns this rank's I/O error, not yet agreed (``complete_call`` agrees on it).
     """
     if call.hi <= call.lo:
         return None
@@ -468,7 +406,7 @@ def _transfer(
     if call.hi > call.lo:
         plan = _plan(ctx, runs, call, writing=writing)
         call.counters.rounds = plan.nrounds
-        ctx.stats.local = _local_summary(ctx, plan)
+        ctx.stats.local = local_summary(ctx, plan)
         return (write_rounds if writing else read_rounds)(ctx, plan, buf, call)
     return None
 
@@ -488,7 +426,7 @@ def _own_first(
     be = ctx.backend
     do = be.write_runs if writing else be.read_runs
     error = _direct(ctx, call, lambda: do(own, buf), own, writing=writing)
-    # ranks finish their own I/O at different times: wait sleeping (see _complete)
+    # ranks finish their own I/O at different times: wait sleeping (see complete_call)
     if any_flag(ctx.comm, error is not None, patient=True):
         raise_agreed(ctx.comm, error, what="backend I/O")
     lo, hi = rest.extent() if len(rest) else (_BIG, 0)
