@@ -266,7 +266,7 @@ def release_buffers() -> None:
 
 # ---------------------------------------------------------------- planning
 def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
-    """Collective over ``ctx.comm``: domains, metadata exchange, overlap check, rounds."""
+    """Collective over ``ctx.comm``: the call's plan, kept from an identical call or new."""
     t0 = time.perf_counter()
     comm, aggs = ctx.comm, ctx.aggregators
     # domain_extent first: a backend may settle its alignment from the global extent
@@ -288,8 +288,20 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
             call.reused = True
             call.counters.time_plan += time.perf_counter() - t0
             return kept  # type: ignore[no-any-return]
+    plan, keep = _new_plan(ctx, runs, bounds, window, writing=writing)
+    if ctx.plans is not None:
+        ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=keep)
+    call.counters.time_plan += time.perf_counter() - t0
+    return plan
+
+
+def _new_plan(
+    ctx: Context, runs: Runs, bounds: I64, window: int, *, writing: bool
+) -> tuple[Plan, bool]:
+    """Collective over ``ctx.comm``: metadata exchange, overlap check, rounds; returns the
+    plan and whether it may be kept (agreed)."""
     # every step a rank could fail alone in is inside ``step``, agreed before the rounds
-    call_name = "write_all" if writing else "read_all"
+    comm, call_name = ctx.comm, "write_all" if writing else "read_all"
     step = Attempt()
     sp: SenderPlan | None = None
     counts = np.zeros(comm.Get_size(), np.int64)
@@ -298,21 +310,12 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         sp = plan_sender(runs, bounds, window)
         meta = np.empty(2 * len(sp.pieces), np.int64)
         meta[0::2], meta[1::2] = sp.pieces.file, sp.pieces.length
-        counts[aggs] = 2 * sp.per_dom
+        counts[ctx.aggregators] = 2 * sp.per_dom
     recv, rcounts = alltoallv_i64(comm, meta, counts, what=call_name)
-    d = ctx.my_domain
-    ap: AggregatorPlan | None = None
+    ap, replies, rep_counts = _aggregate(ctx, step, recv, rcounts, bounds, window, writing)
     draft: Plan | None = None
-    replies = np.zeros(0, np.int64)
-    rep_counts = np.zeros(comm.Get_size(), np.int64)
     big = False
     with step:
-        if step.error is None and d >= 0:
-            src = np.repeat(np.arange(comm.Get_size(), dtype=np.int64), rcounts // 2)
-            ap, bad = plan_aggregator(recv[0::2], recv[1::2], src, int(bounds[d]), window)
-            if bad >= 0 and writing:
-                raise _overlap_error(recv[0::2], recv[1::2], src, bad)
-            replies, rep_counts = ap.replies(comm.Get_size())
         if step.error is None and sp is not None:
             draft = Plan(bounds, window, sp, sp.gwin, ap, 0)
             prepare_rounds(draft, writing=writing)
@@ -332,10 +335,25 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         sround = draft.sender.gwin.copy()
     # (the draft's shapes, made by prepare, are kept; the rounds' order is made anew)
     plan = dataclasses.replace(draft, sround=sround, nrounds=agreed.nrounds, _by_round=None)
-    if ctx.plans is not None:
-        ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=not agreed.big)
-    call.counters.time_plan += time.perf_counter() - t0
-    return plan
+    return plan, not agreed.big
+
+
+def _aggregate(
+    ctx: Context, step: Attempt, recv: I64, rcounts: I64, bounds: I64, window: int, writing: bool
+) -> tuple[AggregatorPlan | None, I64, I64]:
+    """Local, inside ``step``: an aggregator plans its domain from the pieces it received;
+    returns its plan (None elsewhere) and the round numbers to send back, per rank."""
+    d, size = ctx.my_domain, ctx.comm.Get_size()
+    ap: AggregatorPlan | None = None
+    replies, rep_counts = np.zeros(0, np.int64), np.zeros(size, np.int64)
+    with step:
+        if step.error is None and d >= 0:
+            src = np.repeat(np.arange(size, dtype=np.int64), rcounts // 2)
+            ap, bad = plan_aggregator(recv[0::2], recv[1::2], src, int(bounds[d]), window)
+            if bad >= 0 and writing:
+                raise _overlap_error(recv[0::2], recv[1::2], src, bad)
+            replies, rep_counts = ap.replies(size)
+    return ap, replies, rep_counts
 
 
 def _overlap_error(file: I64, length: I64, src: I64, bad: int) -> OverlapError:
