@@ -58,7 +58,8 @@ class Path(enum.Enum):
 
     #: No rank has a byte to move.
     NONE = "none"
-    #: Each rank does its own I/O, no shuffle (disjoint extents, large runs).
+    #: Each rank does its own I/O, no shuffle (disjoint extents and large runs, or
+    #: every run one the backend lets its rank keep).
     DIRECT = "direct"
     #: A read: each rank copies its own runs out of the mapped file.
     MAPPED = "mapped"
