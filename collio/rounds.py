@@ -58,7 +58,7 @@ from .stats import Stats
 from .threads import io_executor
 from .waits import sleep_until_done
 
-__all__ = ["DEPTH", "prepare", "read_rounds", "write_rounds"]
+__all__ = ["prepare", "read_rounds", "write_rounds"]
 
 I64 = npt.NDArray[np.int64]
 _TAG = 0x0C01

@@ -33,10 +33,10 @@ import numpy.typing as npt
 
 from .._libc import libc
 from ..exchange import pack_uniform
-from ..policy import FEW, MAX_LENGTHS, copyable_lengths
+from ..policy import FEW, copyable_lengths
 from ..runs import Runs, sort, split_grid
 
-__all__ = ["FEW", "LOCAL_FS", "MAX_LENGTHS", "WINDOW", "copyable", "fs_name", "read_mapped"]
+__all__ = ["FEW", "LOCAL_FS", "WINDOW", "copyable", "fs_name", "read_mapped"]
 
 #: File systems whose page cache is the file (one node): f_type from statfs(2).
 LOCAL_FS = {
