@@ -10,7 +10,6 @@ nothing hangs and the communicator stays usable.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import types
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from .errors import MismatchError, classify, make_error
-from .facts import UNSET, Facts, How, agreed_equal, equal_slots, fact
+from .facts import UNSET, Facts, How, agreed_equal, equal_slots, fact, record
 from .waits import sleep_until_done
 
 __all__ = [
@@ -132,7 +131,7 @@ def agree_same(
         _check_against_root(comm, value, what=what, describe=describe)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class _Same(Facts):
     failed: bool = fact(How.ANY)
     value: int | None = fact(How.EQUAL)  # digest(value); None: two ranks' values differ

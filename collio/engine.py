@@ -35,7 +35,7 @@ from .completion import complete_call, local_summary
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
-from .facts import Facts, How, fact
+from .facts import Facts, How, fact, record
 from .layouts.base import Layout
 from .plancache import clear_all
 from .policy import (
@@ -44,7 +44,7 @@ from .policy import (
     choose_path,
     domain_alignment,
     extents_disjoint,
-    many_small_runs,
+    has_many_small_runs,
     may_map,
     round_window,
 )
@@ -59,7 +59,7 @@ I64 = npt.NDArray[np.int64]
 _BIG = 2**62  # an empty rank's first byte: above every real one
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class _Checked(PathFacts):
     """The facts of a call's check, carried by its :func:`call_head` (beside the path's)."""
 
@@ -68,7 +68,7 @@ class _Checked(PathFacts):
     moved: bool = fact(How.ANY)  # some rank's extent moved since the ranks compared them
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class _Planned(Facts):
     """The facts of a new plan, agreed before the rounds."""
 
@@ -81,7 +81,7 @@ class _Planned(Facts):
     big: bool = fact(How.ANY)  # some rank's plan is too large to keep: no rank keeps it
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class _Extent(Facts):
     """The extent of every rank's runs."""
 
@@ -120,7 +120,7 @@ def _check(
     call_name = "write_all" if writing else "read_all"
     mine = _Checked(
         lo=lo, hi=hi, mapped=loc.mapped,
-        small=many_small_runs(len(runs), runs.nbytes, ctx.hints.direct_threshold),
+        small=has_many_small_runs(runs, ctx.hints.direct_threshold),
         sig=digest(loc.sig), plan=loc.plan,
         moved=ctx.extents is None or ctx.extents[:2] != (lo, hi),
     )  # fmt: skip

@@ -2,11 +2,11 @@
 
 Several facts of a collective call (its extent, whether any rank has small runs,
 whether every rank found the same kept plan, ...) share one ``MAX`` allreduce of
-int64 slots.  A record is a frozen dataclass whose fields are declared with
-:func:`fact` and a :class:`How`, the rule that turns the field into slots whose
-maxima give the agreed value; :meth:`Facts.slots` packs a rank's record and
-:meth:`Facts.agreed` unpacks the maxima into the agreed record.  Adding a fact is
-one field.  Pure: no MPI.
+int64 slots.  A record is a :class:`Facts` subclass made by :func:`record` (a frozen,
+slotted dataclass) whose fields are declared with :func:`fact` and a :class:`How`,
+the rule that turns the field into slots whose maxima give the agreed value;
+:meth:`Facts.slots` packs a rank's record and :meth:`Facts.agreed` unpacks the maxima
+into the agreed record.  Adding a fact is one field.  Pure: no MPI.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Any, ClassVar, Self
+from typing import Any, Self, TypeVar, dataclass_transform
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["How", "Facts", "NOT_COMPARED", "UNSET", "agreed_equal", "equal_slots", "fact"]
+__all__ = [
+    "How", "Facts", "NOT_COMPARED", "UNSET", "agreed_equal", "equal_slots", "fact", "record",
+]  # fmt: skip
 
 #: What a field of :data:`How.EQUAL` holds on a rank that has nothing to compare
 #: (:func:`collio.collective.digest` of None).
@@ -57,13 +59,9 @@ def equal_slots(v: int) -> tuple[int, int]:
     return (v, -v) if v >= 0 else (UNSET, UNSET)
 
 
-def _unpack_same(a: int, b: int) -> int | None:
-    return a if a == -b else None
-
-
 def agreed_equal(a: int, b: int) -> int | None:
     """The agreed :data:`How.EQUAL` value from the maxima of its two slots."""
-    return NOT_COMPARED if a == UNSET else _unpack_same(a, b)
+    return NOT_COMPARED if a == UNSET else (a if a == -b else None)
 
 
 #: Per rule: the slots' expressions of a value ``{x}``, and the agreed value's from the
@@ -73,38 +71,28 @@ _RULES: dict[How, tuple[str, str]] = {
     How.MIN: ("-int({x})", "-{a}"),
     How.ANY: ("(1 if {x} else 0)", "{a} != 0"),
     How.ALL: ("(0 if {x} else 1)", "{a} == 0"),
-    How.SAME: ("int({x}), -int({x})", "_same({a}, {b})"),
-    How.EQUAL: ("*_equal_slots(int({x}))", "_agreed_equal({a}, {b})"),
+    How.SAME: ("int({x}), -int({x})", "({a} if {a} == -{b} else None)"),
+    # (inline: equal_slots and agreed_equal)
+    How.EQUAL: (
+        "*(({x}, -{x}) if {x} >= 0 else _UNSET2)",
+        "(_NOT_COMPARED if {a} == _UNSET else ({a} if {a} == -{b} else None))",
+    ),
 }
 
 
 class Facts:
-    """Base of the records: frozen, slotted dataclasses whose fields are :func:`fact` s.
-
-    Packing and unpacking run in every collective call, so each record's are compiled
-    once, on first use, into one expression each (as :mod:`dataclasses` makes
-    ``__init__``).
-    """
+    """Base of the records: classes made by :func:`record`, whose fields are :func:`fact` s."""
 
     __slots__ = ()
-    _codecs: ClassVar[dict[type, tuple[Any, Any, int]]] = {}
-
-    @classmethod
-    def _codec(cls) -> tuple[Any, Any, int]:
-        codec = Facts._codecs.get(cls)
-        if codec is None:
-            codec = Facts._codecs[cls] = _compile(cls)
-        return codec
 
     @classmethod
     def width(cls) -> int:
         """Number of int64 slots of the record."""
-        return int(cls._codec()[2])
+        return int(getattr(cls, "_width"))  # noqa: B009 - set by record()
 
     def slots(self) -> list[int]:
-        """This rank's slots, to be reduced with ``MAX``."""
-        out: list[int] = self._codec()[0](self)
-        return out
+        """This rank's slots, to be reduced with ``MAX`` (made by :func:`record`)."""
+        raise TypeError(f"{type(self).__name__} is not made by facts.record")
 
     def to_array(self) -> npt.NDArray[np.int64]:
         """:meth:`slots` as an int64 array (a buffer for ``Allreduce``)."""
@@ -112,25 +100,52 @@ class Facts:
 
     @classmethod
     def agreed(cls, maxima: Sequence[int] | npt.NDArray[np.int64]) -> Self:
-        """The agreed record from the maxima of every rank's slots (extra slots ignored)."""
-        values = maxima.tolist() if isinstance(maxima, np.ndarray) else list(maxima)
-        agreed: Self = cls._codec()[1](cls, values)
-        return agreed
+        """The agreed record from the maxima of every rank's slots (extra slots ignored;
+        made by :func:`record`)."""
+        raise TypeError(f"{cls.__name__} is not made by facts.record")
 
 
-def _compile(cls: type) -> tuple[Any, Any, int]:
-    """The packer, the unpacker and the width of the record class ``cls``."""
-    packs, unpacks, i = [], [], 0
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+_R = TypeVar("_R", bound=type)
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(fact,))
+def record(cls: _R) -> _R:
+    """Make a subclass of :class:`Facts` a frozen, slotted dataclass of its facts.
+
+    Every collective call packs and unpacks records, so the record's ``__init__``,
+    :meth:`~Facts.slots` and :meth:`~Facts.agreed` are compiled once, here, each into
+    one straight run of statements (as :mod:`dataclasses` makes ``__init__``) that sets
+    the slots directly: frozen, but without a checked ``setattr`` per field.  A record
+    derived from another is decorated too (it has its own fields).
+    """
+    made: Any = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    names, packs, unpacks, i = [], [], [], 0
+    for f in dataclasses.fields(made):
         how: How = f.metadata["how"]
         pack, unpack = _RULES[how]
+        names.append(f.name)
         packs.append(pack.format(x=f"self.{f.name}"))
         unpacks.append(unpack.format(a=f"v[{i}]", b=f"v[{i + 1}]"))
         i += 2 if how in (How.SAME, How.EQUAL) else 1
-    env = {"_same": _unpack_same, "_equal_slots": equal_slots, "_agreed_equal": agreed_equal}
+    env: dict[str, Any] = {"_UNSET": UNSET, "_UNSET2": (UNSET, UNSET),
+                           "_NOT_COMPARED": NOT_COMPARED, "_new": object.__new__,
+                           "_ndarray": np.ndarray}  # fmt: skip
+    env.update({f"_set_{n}": getattr(made, n).__set__ for n in names})
+    sets = "".join(f"    _set_{n}(o, {{{n}}})\n" for n in names)
     src = (
-        f"def pack(self):\n    return [{', '.join(packs)}]\n"
-        f"def unpack(cls, v):\n    return cls({', '.join(unpacks)})\n"
+        f"def __init__(o, {', '.join(names)}):\n"
+        + sets.format(**{n: n for n in names})
+        + f"def slots(self):\n    return [{', '.join(packs)}]\n"
+        + "def agreed(cls, v):\n"
+        + "    v = v.tolist() if type(v) is _ndarray else list(v)\n    o = _new(cls)\n"
+        + sets.format(**dict(zip(names, unpacks, strict=True)))
+        + "    return o\n"
     )
-    exec(compile(src, f"<facts of {cls.__qualname__}>", "exec"), env)  # noqa: S102
-    return env["pack"], env["unpack"], i
+    exec(compile(src, f"<record {made.__qualname__}>", "exec"), env)  # noqa: S102
+    env["__init__"].__qualname__ = f"{made.__qualname__}.__init__"
+    made.__init__ = env["__init__"]
+    made.slots = env["slots"]
+    made.agreed = classmethod(env["agreed"])
+    made._width = i
+    out: _R = made
+    return out

@@ -8,7 +8,6 @@ functions, so the two cannot drift apart.  Pure: no MPI, no files.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Callable
 from typing import Any
@@ -17,8 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .aggregators.domains import alignment, window_size
-from .facts import Facts, How, fact
+from .facts import Facts, How, fact, record
 from .hints import Hints
+from .runs import Runs
 
 __all__ = [
     "DEPTH",
@@ -33,6 +33,7 @@ __all__ = [
     "copyable_lengths",
     "domain_alignment",
     "extents_disjoint",
+    "has_many_small_runs",
     "many_small_runs",
     "maps_file",
     "may_map",
@@ -68,13 +69,17 @@ class Path(enum.Enum):
     #: Every byte goes through the aggregators.
     TWO_PHASE = "two-phase"
 
-    @property
-    def direct(self) -> bool:
-        """No byte goes through an aggregator."""
-        return self in (Path.DIRECT, Path.MAPPED)
+    #: No byte goes through an aggregator (a plain attribute of each member: read in
+    #: every call, where an enum property costs as much as a small step of the call).
+    direct: bool
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+for _path in Path:
+    _path.direct = _path.value in ("direct", "mapped")
+del _path
+
+
+@record
 class PathFacts(Facts):
     """What every rank contributes to the choice of path (agreed with ``MAX``)."""
 
@@ -90,6 +95,12 @@ def many_small_runs(nruns: Any, nbytes: Any, direct_threshold: int) -> Any:
     Works on ints or, elementwise, on arrays (one entry per rank).
     """
     return (nruns > DIRECT_MAX_RUNS) & (nbytes < nruns * direct_threshold)
+
+
+def has_many_small_runs(runs: Runs, direct_threshold: int) -> bool:
+    """:func:`many_small_runs` of one rank's runs (their bytes summed only if needed)."""
+    n = len(runs)
+    return n > DIRECT_MAX_RUNS and bool(many_small_runs(n, runs.nbytes, direct_threshold))
 
 
 def may_map(hints: Hints, *, writing: bool) -> bool:

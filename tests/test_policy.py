@@ -10,13 +10,13 @@ import pytest
 
 from collio import policy
 from collio.bench.patterns import make_workload
-from collio.facts import NOT_COMPARED, Facts, How, fact
+from collio.facts import NOT_COMPARED, Facts, How, fact, record
 from collio.hints import Hints
 from collio.policy import Path, PathFacts
 from collio.sim import simulator
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class _Every(Facts):
     lo: int = fact(How.MIN)
     hi: int = fact(How.MAX)
