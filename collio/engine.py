@@ -89,18 +89,6 @@ class _Extent(Facts):
     hi: int = fact(How.MAX)
 
 
-@dataclasses.dataclass(slots=True)
-class _Local:
-    """What a rank's local checks of a call found (before any communication)."""
-
-    runs: Runs
-    buf: npt.NDArray[np.uint8]
-    extra: Any = None  # what ``prepare`` returned beside the buffer
-    sig: Any = None  # the layout's global array (None: not compared)
-    plan: int = -1  # the epoch of the kept plan for these runs (-1: none)
-    mapped: bool = False  # a read this rank would rather copy from the mapped file
-
-
 def _check(
     ctx: Context, layout: Any, prepare: Any, *, writing: bool
 ) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:
@@ -111,18 +99,18 @@ def _check(
     """
     ctx.stats.local = {}
     step = Attempt()
-    loc = _Local(Runs.empty(), np.zeros(0, np.uint8))
     prekey = _prekey(ctx, writing)
+    # what a rank that fails contributes (its flag makes every rank raise first)
+    local: _Found = (Runs.empty(), np.zeros(0, np.uint8), None, None, -1, False)
     with step:
-        _check_locally(ctx, layout, prepare, loc, prekey, writing=writing)
-    runs = loc.runs
+        local = _check_locally(ctx, layout, prepare, prekey, writing=writing)
+    runs, buf, extra, sig, plan, mapped = local
     lo, hi = runs.extent() if len(runs) else (_BIG, 0)
     call_name = "write_all" if writing else "read_all"
     mine = _Checked(
-        lo=lo, hi=hi, mapped=loc.mapped,
+        lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
-        sig=digest(loc.sig), plan=loc.plan,
-        moved=ctx.extents is None or ctx.extents[:2] != (lo, hi),
+        sig=digest(sig), plan=plan, moved=ctx.extents is None or ctx.extents[:2] != (lo, hi),
     )  # fmt: skip
     # the call's first operation, as of every collective call on a file: a call mismatch
     # (a read beside a write, a sync, ...) is raised first, before any rank's own error
@@ -131,18 +119,24 @@ def _check(
         raise_agreed(ctx.comm, step.error, what=call_name)
     agreed = _Checked.agreed(out)
     if agreed.sig is None:
-        _raise_mismatch(ctx.comm, loc.sig)
+        _raise_mismatch(ctx.comm, sig)
     call = _choose(ctx, agreed, runs, (lo, hi), writing=writing)
     call.prekey = prekey
     if agreed.plan is not None:  # every rank found the plan of the same earlier call (or none)
         call.plan_epoch = agreed.plan
-    return runs, loc.buf, loc.extra, call
+    return runs, buf, extra, call
+
+
+#: What a rank's local checks found: its runs, its buffer and what ``prepare`` returned
+#: beside it, the layout's global array (None: not compared), the epoch of the kept
+#: plan for these runs (-1: none), and whether it would copy a read from the mapped file.
+_Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, int, bool]
 
 
 def _check_locally(
-    ctx: Context, layout: Any, prepare: Any, loc: _Local, prekey: Any, *, writing: bool
-) -> None:
-    """Local: validate the call and fill ``loc``; raises what the agreement will report."""
+    ctx: Context, layout: Any, prepare: Any, prekey: Any, *, writing: bool
+) -> _Found:
+    """Local: validate the call; raises what the agreement will report."""
     if ctx.mode == "closed":
         raise ModeError("the file is closed")
     if writing and ctx.mode == "r":
@@ -157,23 +151,24 @@ def _check_locally(
         raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
     layout.validate()
     ctx.backend.check_layout(layout)
-    loc.buf, loc.extra = prepare(layout)
-    runs = loc.runs = ctx.backend.runs_for(layout)
+    buf, extra = prepare(layout)
+    runs = ctx.backend.runs_for(layout)
     bad = _first_overlap(layout, runs)
     if bad >= 0 and writing:
         raise OverlapError(
             f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
             f"are written twice by this rank"
         )
-    loc.sig = layout.signature()
     # a kept plan for exactly these runs (every rank must find the same one: plancache)
+    plan = -1
     if ctx.plans is not None:
-        loc.plan = ctx.plans.candidate(prekey, runs)
-        kept = ctx.plans.peek(loc.plan) if loc.plan >= 0 else None
+        plan = ctx.plans.candidate(prekey, runs)
+        kept = ctx.plans.peek(plan) if plan >= 0 else None
         if kept is not None:  # (allocations fail here, agreed, not in the rounds)
             prepare_rounds(kept, writing=writing)
-    if may_map(ctx.hints, writing=writing):
-        loc.mapped = ctx.backend.maps_reads(runs)  # (its fstat may fail: agreed)
+    # (the mapping question may fail on one rank, e.g. its fstat: agreed too)
+    mapped = may_map(ctx.hints, writing=writing) and ctx.backend.maps_reads(runs)
+    return runs, buf, extra, layout.signature(), plan, mapped
 
 
 def _choose(
