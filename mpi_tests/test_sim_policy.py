@@ -6,8 +6,6 @@ through the simulator for the job's ranks, and compares.  Run at 4, 1 and 3 rank
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from helpers import on_local_fs
@@ -53,13 +51,13 @@ def _real(comm, path, work, hints, writing):
 
 
 @pytest.mark.mpi
-def test_engine_and_simulator_decide_alike(comm, shared_dir):
-    local = on_local_fs(shared_dir)
+def test_engine_and_simulator_decide_alike(comm, mpi_tmp_path):
+    local = on_local_fs(mpi_tmp_path)
     seen = set()
     for i, (pattern, size, hints) in enumerate(CASES):
         work = make_workload(pattern, comm.size, size=size, block_size=1000, transfer=500,
                              segments=20, cyclic_block=4)  # fmt: skip
-        path = os.path.join(shared_dir, f"{i}.bin")
+        path = str(mpi_tmp_path / f"{i}.bin")
         for writing, more in ((True, {}), (False, {}), (False, {"mapped_reads": "disable"})):
             h = {**hints, **more}
             real = _real(comm, path, work, h, writing)
