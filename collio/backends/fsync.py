@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._libc import libc
-from ..buffers import flush_executor
 from ..errors import BackendError
+from ..threads import flush_executor
 
 __all__ = [
     "EarlyFlush",

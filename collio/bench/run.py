@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..collective import Attempt, agree, quiet_barrier, raise_agreed
+from ..collective import Attempt, agree, raise_agreed
+from ..waits import quiet_barrier
 from .apis import Api, Job, get_api
 from .patterns import Workload
 

@@ -20,9 +20,10 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ...collective import Attempt, agree, agree_same, quiet_barrier
+from ...collective import Attempt, agree, agree_same
 from ...errors import BackendError, HintError, LayoutError, ModeError
 from ...runs import Runs, group_bounds, split_grid
+from ...waits import quiet_barrier
 from ..base import Backend
 from . import upload
 from .client import RangeStream, Requests, get_into, public_url, s3_error
