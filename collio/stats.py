@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Stats", "BUCKETS", "histogram", "print_at_close"]
+__all__ = ["Stats", "BUCKETS", "SUMS", "histogram", "print_at_close"]
 
 #: Darshan's access-size buckets: inclusive upper bounds in bytes, as darshan-core counts them.
 BUCKETS = (100, 1 << 10, 10 << 10, 100 << 10, 1 << 20, 4 << 20, 10 << 20, 100 << 20, 1 << 30)
@@ -20,7 +20,7 @@ BUCKET_NAMES = (
 )  # fmt: skip
 
 # counters summed over ranks (order is the wire format of the reduction)
-_SUMS = (
+SUMS = (
     "bytes_written",
     "bytes_read",
     "write_ops",
@@ -32,6 +32,7 @@ _SUMS = (
     "direct_io_bytes",
     "early_flushes",
     "mapped_bytes",
+    "runs",
 )
 _MAXES = ("rounds", "time_plan", "time_exchange", "time_io", "time_total")
 
@@ -65,6 +66,8 @@ class Stats:
     early_flushes: int = 0
     #: Bytes read by copying from the mapped file (hint ``mapped_reads``), summed over ranks.
     mapped_bytes: int = 0
+    #: Byte runs of the calls (after merging neighbours), summed over ranks.
+    runs: int = 0
     rounds: int = 0
     time_plan: float = 0.0
     time_exchange: float = 0.0
@@ -102,16 +105,16 @@ class Stats:
 
     def pack(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """Local counters as (sum vector, max vector) for one reduction."""
-        sums = np.array([getattr(self, k) for k in _SUMS], np.int64)
+        sums = np.array([getattr(self, k) for k in SUMS], np.int64)
         sums = np.concatenate((sums, self.write_sizes, self.read_sizes))
         maxes = np.array([float(getattr(self, k)) for k in _MAXES], np.float64)
         return sums, maxes
 
     def absorb(self, sums: npt.NDArray[np.int64], maxes: npt.NDArray[np.float64]) -> None:
         """Add reduced per-call counters to the file's totals."""
-        n = len(_SUMS)
+        n = len(SUMS)
         nb = len(BUCKET_NAMES)
-        for k, v in zip(_SUMS, sums[:n].tolist(), strict=True):
+        for k, v in zip(SUMS, sums[:n].tolist(), strict=True):
             setattr(self, k, getattr(self, k) + int(v))
         self.write_sizes = self.write_sizes + sums[n : n + nb]
         self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
@@ -121,7 +124,7 @@ class Stats:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in _SUMS + _MAXES}
+        out: dict[str, Any] = {k: getattr(self, k) for k in SUMS + _MAXES}
         out["aggregators"] = list(self.aggregators)
         out["write_size_histogram"] = dict(
             zip(BUCKET_NAMES, self.write_sizes.tolist(), strict=True)
