@@ -36,7 +36,7 @@ from .completion import complete_call, local_summary
 from .context import Call, Context, Plan
 from .errors import LayoutError, ModeError, OverlapError
 from .exchange import alltoallv_i64
-from .facts import Facts, How, fact, record
+from .facts import NOT_COMPARED, Facts, How, fact, record
 from .layouts.base import Layout
 from .mismatch import raise_count_mismatch, raise_mismatch
 from .overlaps import overlap_error, raise_plan_error
@@ -68,7 +68,10 @@ class _Checked(PathFacts):
 
     sig: int | None = fact(How.EQUAL)  # digest of the global array (None: ranks differ)
     plan: int | None = fact(How.SAME)  # the kept plan's epoch found (-1: none; None: differ)
-    moved: bool = fact(How.ANY)  # some rank's extent moved since the ranks compared them
+    # some rank's extent changed since the ranks compared them, other than all of them
+    # moving by the same ``shift`` (a time series: that keeps the answer; see _moved)
+    moved: bool = fact(How.ANY)
+    shift: int | None = fact(How.EQUAL)
     items: int | None = fact(How.EQUAL)  # a batch's items (None: ranks pass different counts)
 
 
@@ -117,8 +120,8 @@ def _check(
     mine = _Checked(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
-        sig=digest(sig), plan=plan, moved=ctx.extents is None or ctx.extents[:2] != (lo, hi),
-        items=-1 if count is None else count,
+        sig=digest(sig), plan=plan, items=-1 if count is None else count,
+        **_moved(ctx.extents, lo, hi),
     )  # fmt: skip
     # the call's first operation, as of every collective call on a file: a call mismatch
     # (a read beside a write, a sync, ...) is raised first, before any rank's own error
@@ -141,6 +144,21 @@ def _check(
 #: beside it, the layout's global array (None: not compared), the epoch of the kept
 #: plan for these runs (-1: none), and whether it would copy a read from the mapped file.
 _Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, int, bool]
+
+
+def _moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, Any]:
+    """This rank's ``moved`` and ``shift`` facts: its extent moved by ``shift`` (zigzag
+    coded, so never negative) keeping its width, or it is empty now as then
+    (``NOT_COMPARED``), or ``moved``."""
+    if before is None:
+        return {"moved": True, "shift": NOT_COMPARED}
+    plo, phi = before[0], before[1]
+    if hi <= lo and phi <= plo:
+        return {"moved": False, "shift": NOT_COMPARED}
+    if hi <= lo or phi <= plo or hi - lo != phi - plo:
+        return {"moved": True, "shift": NOT_COMPARED}
+    d = lo - plo
+    return {"moved": False, "shift": 2 * d if d >= 0 else -2 * d - 1}
 
 
 def _check_locally(ctx: Context, source: Any, prekey: Any, *, writing: bool) -> _Found:
@@ -194,11 +212,13 @@ def _choose(
     own: npt.NDArray[np.bool_] | None = None
 
     def disjoint() -> bool:
-        if agreed.moved or ctx.extents is None:
+        if agreed.moved or agreed.shift is None or ctx.extents is None:
             # (ctx.extents is the same on every rank but for its (lo, hi), so is None
             # on all of them or none)
             ctx.extents = (*extent, _disjoint(ctx.comm, *extent))
-        return ctx.extents[2]  # no rank's extent moved: the same answer as then
+        else:  # every extent as then, or moved alike: the same answer as then
+            ctx.extents = (*extent, ctx.extents[2])
+        return ctx.extents[2]
 
     def split() -> bool | None:
         nonlocal own
