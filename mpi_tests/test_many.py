@@ -223,7 +223,7 @@ def test_read_back_at_another_rank_count(comm, mpi_tmp_path):
     def batch(c: MPI.Intracomm) -> list[Any]:
         return [
             layouts.block(s, "<f8", comm=c, offset=int(o))
-            for s, o in zip(shapes, offs, strict=True)
+            for s, o in zip(shapes, offs[:-1], strict=True)
         ]
 
     with collio.open(path, "w", comm=comm) as f:
