@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from mpi4py import MPI
 
 from .errors import LayoutError, OverlapError, classify, make_error
 from .layouts.base import Layout
@@ -104,7 +105,9 @@ def _union(runs: list[Runs], bufs: list[U8], *, writing: bool) -> tuple[Runs, U8
     counts = np.fromiter((len(r) for r in runs), np.int64, len(runs))
     if not int(counts.sum()):
         return Runs.empty(), np.zeros(0, np.uint8)
-    addr = np.fromiter((b.ctypes.data if len(b) else 0 for b in bufs), np.int64, len(bufs))
+    # (mpi4py's buffer address: a tenth of what numpy's ctypes attribute costs per item)
+    address = MPI.memory.frombuffer
+    addr = np.fromiter((address(b).address if len(b) else 0 for b in bufs), np.int64, len(bufs))
     used = counts > 0
     ends = addr + np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
     lo, hi = int(addr[used].min()), int(ends[used].max())

@@ -265,6 +265,9 @@ class Subarray(ArrayLayout):
             k -= 1
         run = count[k] * stride[k + 1] if n else stride[0]
         first = self.offset + sum(a * b for a, b in zip(start, stride[1:], strict=False))
+        if k <= 0:  # one run (the common case of a piece of a time series)
+            one = np.array([first, run, 0], np.int64)
+            return Runs(one[0:1], one[1:2], one[2:3])
         off = np.array([first], np.int64)
         for j in range(k):  # (a loop per dimension: the runs come out in file order)
             off = (off[:, None] + np.arange(count[j], dtype=np.int64) * stride[j + 1]).ravel()
