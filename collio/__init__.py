@@ -23,6 +23,7 @@ from .engine import release_buffers
 from .errors import (
     BackendError,
     BackendUnavailableError,
+    ChecksumError,
     CollioError,
     CommitError,
     ConcurrentCallError,
@@ -40,6 +41,7 @@ from .stats import Stats
 __all__ = [
     "BackendError",
     "BackendUnavailableError",
+    "ChecksumError",
     "CollioError",
     "CommitError",
     "ConcurrentCallError",

@@ -104,6 +104,13 @@ class CommitError(BackendError):
     """An atomic commit (rename, multipart completion) failed; the previous target is intact."""
 
 
+class ChecksumError(CollioError, ValueError):
+    """Stored bytes differ from what was saved: a checksum fails, or the target is
+    truncated or not what it claims.  ``names`` are the arrays whose bytes differ."""
+
+    names: tuple[str, ...] = ()
+
+
 _CLASSES: dict[str, type[CollioError]] = {
     c.__name__: c
     for c in (
@@ -117,6 +124,7 @@ _CLASSES: dict[str, type[CollioError]] = {
         BackendUnavailableError,
         CommitError,
         ConcurrentCallError,
+        ChecksumError,
     )
 }
 

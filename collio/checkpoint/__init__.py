@@ -1,0 +1,49 @@
+"""Checkpoints: a job's named distributed arrays in ONE file or ONE S3 object.
+
+>>> import collio.checkpoint as ckpt
+>>> ckpt.save("step100.ckpt", {"w": (w_local, layouts.block(w_shape, "f4", grid=(4, 1)))})
+>>> state = ckpt.load("step100.ckpt", {"w": layouts.block(w_shape, "f4", grid=(3, 1))})
+
+Every global array is stored whole, in order, at an aligned offset, so a load at any
+rank count is a subarray read, and :func:`info` or a one-rank load is a plain read.
+Every extent has a crc32c checksum, verified at every load.  A save commits as a
+whole (a temporary renamed, one multipart upload completed) once every rank agreed.
+The format is in docs/checkpoint-format.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mpi4py import MPI
+
+from .asyncsave import SaveHandle, async_save
+from .load import Info, info, load
+from .save import prepare, write
+
+__all__ = ["Info", "SaveHandle", "async_save", "info", "load", "save"]
+
+
+def save(
+    target: Any,
+    state: Mapping[str, Any],
+    *,
+    comm: MPI.Intracomm | None = None,
+    hints: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> None:
+    """Collective over `comm`: save ``state`` to ``target`` (a path or ``s3://bucket/key``).
+
+    ``state`` maps names to ``(piece, layout)`` (this rank's piece of a global array,
+    any collio array layout) or to a plain array that is the same on every rank
+    (stored once, by one rank); nested mappings are flattened with ``/``.  Pieces are
+    numpy arrays or CPU objects with ``__array_interface__`` or ``__dlpack__``, used
+    without a copy.  ``metadata`` (JSON values) travels along.  Any rank's error (a bad
+    entry, a full disk, a refused upload) is raised on every rank alike and leaves the
+    previous checkpoint at ``target`` as it was.
+    """
+    base = MPI.COMM_WORLD if comm is None else comm
+    plan = prepare(base, state, metadata)
+    write(base, target, plan, hints, dict(options))

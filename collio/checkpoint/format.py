@@ -1,0 +1,187 @@
+"""The checkpoint file: pure packing and parsing, no I/O, no MPI (see docs/checkpoint-format.md).
+
+A fixed header, every global array whole at an aligned offset (in its own order, C
+unless the saver's layouts were Fortran), then a table of checksummed extents, the
+JSON index and a fixed trailer.  The index goes last because the checksums are
+known only once the data is written, and an S3 object is written once, front to
+back: the trailer at the very end is what a reader finds first.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ChecksumError
+
+__all__ = [
+    "ALIGN",
+    "DATA_START",
+    "EXTENT",
+    "HEADER",
+    "TRAILER",
+    "VERSION",
+    "Index",
+    "header_bytes",
+    "parse_trailer",
+    "place",
+    "trailer_bytes",
+]
+
+VERSION = 1
+MAGIC = b"COLLIOCK"
+#: Arrays start on this boundary: page-aligned, so they can be memory-mapped and read
+#: with O_DIRECT, and one array's extents never share a file-system block with another's.
+ALIGN = 4096
+DATA_START = ALIGN
+#: magic, version, reserved
+HEADER = struct.Struct("<8sI52x")
+#: magic, version, index offset, index length, crc32c of the index, reserved, magic
+TRAILER = struct.Struct("<8sIQQI24x8s")
+#: one row of the extent table: start within the array (bytes), crc32c of the extent
+EXTENT = np.dtype([("start", "<u8"), ("crc", "<u4")])
+
+
+def header_bytes() -> bytes:
+    return HEADER.pack(MAGIC, VERSION)
+
+
+def trailer_bytes(index_offset: int, index_length: int, index_crc: int) -> bytes:
+    return TRAILER.pack(MAGIC, VERSION, index_offset, index_length, index_crc, MAGIC)
+
+
+def parse_trailer(raw: bytes, size: int, where: str) -> tuple[int, int, int]:
+    """(index offset, length, crc) from the last bytes of a target of ``size`` bytes."""
+    if size < DATA_START + TRAILER.size or len(raw) != TRAILER.size:
+        raise ChecksumError(f"{where}: {size} bytes is too short for a checkpoint (truncated?)")
+    magic, version, off, length, crc, end = TRAILER.unpack(raw)
+    if magic != MAGIC or end != MAGIC:
+        raise ChecksumError(f"{where}: no checkpoint trailer at its end (truncated or not one)")
+    if version != VERSION:
+        raise ChecksumError(f"{where}: checkpoint format version {version}; this reads {VERSION}")
+    if off + length + TRAILER.size != size:
+        raise ChecksumError(f"{where}: index at {off}+{length} does not end at size {size}")
+    return int(off), int(length), int(crc)
+
+
+def aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def place(nbytes: Sequence[int]) -> tuple[npt.NDArray[np.int64], int]:
+    """Offsets of arrays of these sizes, in order from :data:`DATA_START`; and the data end."""
+    sizes = np.asarray(nbytes, np.int64)
+    room = (-(-sizes // ALIGN)) * ALIGN
+    starts = DATA_START + np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
+    end = int(DATA_START + room.sum())
+    return starts[: len(sizes)], end
+
+
+def _to_descr(obj: Any) -> Any:
+    """JSON gives lists where numpy's descriptors hold tuples."""
+    if isinstance(obj, list):
+        return [tuple(_to_descr(x) for x in item) if isinstance(item, list) else item for item in obj]
+    return obj
+
+
+def dtype_of(descr: Any) -> np.dtype[Any]:
+    return np.lib.format.descr_to_dtype(_to_descr(descr))
+
+
+class Index:
+    """What a checkpoint holds: arrays (shape, dtype, order, offset, extents) and metadata."""
+
+    __slots__ = ("arrays", "metadata", "table")
+
+    def __init__(
+        self, arrays: dict[str, dict[str, Any]], metadata: Any, table: npt.NDArray[Any]
+    ) -> None:
+        self.arrays = arrays
+        self.metadata = metadata
+        self.table = table
+
+    def extents(self, name: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint32]]:
+        """(starts, crcs) of one array's extents; extent k ends where k+1 starts."""
+        first, count = self.arrays[name]["extents"]
+        rows = self.table[first : first + count]
+        return rows["start"].astype(np.int64), rows["crc"].astype(np.uint32)
+
+    def dtype(self, name: str) -> np.dtype[Any]:
+        return dtype_of(self.arrays[name]["dtype"])
+
+    def to_bytes(self, table_offset: int) -> tuple[bytes, bytes]:
+        """(extent table, JSON index) as stored: the table at ``table_offset``, then the JSON."""
+        import crc32c
+
+        table = np.ascontiguousarray(self.table, EXTENT).tobytes()
+        doc = {
+            "format": "collio-checkpoint",
+            "version": VERSION,
+            "arrays": self.arrays,
+            "extent_table": {
+                "offset": table_offset,
+                "count": len(self.table),
+                "crc32c": crc32c.crc32c(table),
+            },
+            "metadata": self.metadata,
+        }
+        return table, json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, table: bytes, where: str) -> Index:
+        import crc32c
+
+        doc = json.loads(raw)
+        spec = doc["extent_table"]
+        if crc32c.crc32c(table) != spec["crc32c"]:
+            raise ChecksumError(f"{where}: the extent table's checksum differs")
+        rows = np.frombuffer(table, EXTENT)
+        return cls(doc["arrays"], doc.get("metadata"), rows)
+
+    @staticmethod
+    def table_span(raw: bytes) -> tuple[int, int]:
+        spec = json.loads(raw)["extent_table"]
+        return int(spec["offset"]), int(spec["count"]) * EXTENT.itemsize
+
+
+def describe(
+    names: Sequence[str],
+    shapes: Sequence[tuple[int, ...]],
+    dtypes: Sequence[np.dtype[Any]],
+    orders: Sequence[str],
+    offsets: npt.NDArray[np.int64],
+    replicated: Sequence[bool],
+    counts: Sequence[int],
+) -> dict[str, dict[str, Any]]:
+    """The index's entry of every array, its extents being ``counts[k]`` rows of the table."""
+    firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int) if len(counts) else []
+    out: dict[str, dict[str, Any]] = {}
+    for k, name in enumerate(names):
+        dt = dtypes[k]
+        out[name] = {
+            "shape": list(shapes[k]),
+            "dtype": np.lib.format.dtype_to_descr(dt),
+            "order": orders[k],
+            "offset": int(offsets[k]),
+            "nbytes": int(np.prod(shapes[k], dtype=np.int64)) * dt.itemsize,
+            "replicated": bool(replicated[k]),
+            "extents": [int(firsts[k]), int(counts[k])],
+        }
+    return out
+
+
+def check_metadata(metadata: Mapping[str, Any] | None) -> Any:
+    """The user's metadata as it will be stored (JSON values only)."""
+    if metadata is None:
+        return None
+    try:
+        return json.loads(json.dumps(metadata))
+    except (TypeError, ValueError) as exc:
+        from ..errors import LayoutError
+
+        raise LayoutError(f"checkpoint metadata must be JSON values: {exc}") from None

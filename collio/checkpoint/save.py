@@ -1,0 +1,244 @@
+"""``save``: every rank's pieces in one two-phase call, checksums, the index, one commit."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from ..collective import Attempt, agree
+from ..errors import LayoutError, MismatchError
+from ..file import open as _open
+from ..layouts.arrays import ArrayLayout
+from ..layouts.base import Segments
+from . import extents, format
+from .state import Entry, flatten_state, writers
+
+__all__ = ["Plan", "prepare", "write"]
+
+I64 = npt.NDArray[np.int64]
+
+
+def at(layout: ArrayLayout, offset: int) -> ArrayLayout:
+    """The same piece with the array's first element at byte ``offset``."""
+    return ArrayLayout(layout.global_shape, layout.dims, layout.dtype, layout.order, offset)
+
+
+def spans(layouts: list[ArrayLayout]) -> I64:
+    """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array)."""
+    out = np.zeros((len(layouts), 4), np.int64)
+    for k, lay in enumerate(layouts):
+        runs = lay.runs()
+        lo, hi, contiguous = extents.span(runs.file, runs.length, runs.mem)
+        out[k] = (lo, hi, contiguous, lay.nbytes)
+    return out
+
+
+@dataclasses.dataclass(slots=True)
+class Plan:
+    """What every rank agreed to save, and where each byte goes."""
+
+    entries: list[Entry]  # this rank's pieces (empty ones for replicated entries it skips)
+    offsets: I64
+    data_end: int
+    starts: list[I64]  # each array's extent starts
+    owner: list[I64]  # each extent's rank (checksum from memory), or -1
+    reader: list[I64]  # each extent's rank reading it back (when no piece covers it)
+    metadata: Any
+
+    @property
+    def reads_back(self) -> bool:
+        return any(bool((r >= 0).any()) for r in self.reader)
+
+
+def _agree_entries(comm: MPI.Intracomm, entries: list[Entry]) -> None:
+    sig = [e.signature() for e in entries]
+    ref = comm.bcast(sig, root=0)
+    err: Exception | None = None
+    if sig != ref:
+        mine = {s[0]: s for s in sig}
+        theirs = {s[0]: s for s in ref}
+        diff = sorted(set(mine) ^ set(theirs)) or sorted(n for n in mine if mine[n] != theirs[n])
+        name = diff[0]
+        err = MismatchError(
+            f"entry {name!r}: {_say(mine.get(name))} here, {_say(theirs.get(name))} on rank 0"
+        )
+    agree(comm, err, what="checkpoint.save")
+
+
+def _say(sig: Any) -> str:
+    if sig is None:
+        return "absent"
+    kind = "replicated" if sig[1] else "sharded"
+    return f"{kind} shape {tuple(sig[2])} dtype {sig[3]} order {sig[4]}"
+
+
+def prepare(
+    comm: MPI.Intracomm, state: Mapping[str, Any], metadata: Mapping[str, Any] | None
+) -> Plan:
+    """Collective over `comm`: check the state on every rank alike and plan the save."""
+    step = Attempt()
+    entries: list[Entry] = []
+    meta: Any = None
+    with step:
+        entries = flatten_state(state)
+        meta = format.check_metadata(metadata)
+    agree(comm, step.error, what="checkpoint.save")
+    _agree_entries(comm, entries)
+    size, rank = comm.Get_size(), comm.Get_rank()
+    rep = [k for k, e in enumerate(entries) if e.replicated]
+    who = writers([entries[k].layout.nbytes for k in rep], size)
+    for k, r in zip(rep, who, strict=True):
+        if r != rank:
+            entries[k] = entries[k].skipped()
+    shapes = [e.layout.global_nbytes for e in entries]
+    offsets, end = format.place(shapes)
+    mine = spans([e.layout for e in entries])
+    every = np.empty((size, *mine.shape), np.int64)
+    comm.Allgather(mine, every)
+    step = Attempt()
+    with step:
+        covered = every[:, :, 3]
+        for k, e in enumerate(entries):
+            total = int(covered[:, k].sum())
+            if total != shapes[k] and not e.replicated:
+                raise LayoutError(
+                    f"entry {e.name!r}: the ranks' pieces hold {total} bytes, the array {shapes[k]}"
+                )
+    agree(comm, step.error, what="checkpoint.save")
+    starts, owner, reader = [], [], []
+    for k, n in enumerate(shapes):
+        lo, hi, contig = every[:, k, 0], every[:, k, 1], every[:, k, 2].astype(bool)
+        s = extents.cut(n, lo[contig], hi[contig])
+        o = extents.owners(s, n, lo, hi, contig)
+        starts.append(s)
+        owner.append(o)
+        reader.append(extents.deal(o < 0, size))
+    return Plan(entries, offsets, end, starts, owner, reader, meta)
+
+
+def _crc_owned(plan: Plan, rank: int) -> tuple[list[I64], list[npt.NDArray[np.uint32]]]:
+    """Checksums of the extents this rank's pieces cover, from its memory; (ids, crcs)."""
+    import crc32c
+
+    ids, crcs = [], []
+    base = 0
+    for k, e in enumerate(plan.entries):
+        s = plan.starts[k]
+        mine = np.flatnonzero(plan.owner[k] == rank)
+        if len(mine):
+            buf = memoryview(e.layout.as_bytes(e.data))
+            lo = int(e.layout.runs().file[0])
+            ends = np.append(s[1:], e.layout.global_nbytes)
+            got = [crc32c.crc32c(buf[s[j] - lo : ends[j] - lo]) for j in mine.tolist()]
+            ids.append(base + mine)
+            crcs.append(np.asarray(got, np.uint32))
+        base += len(s)
+    return ids, crcs
+
+
+def _read_back_runs(plan: Plan, rank: int) -> tuple[I64, I64, I64]:
+    """(extent ids, file offsets, lengths) of the extents this rank reads back."""
+    ids, offs, lens = [], [], []
+    base = 0
+    for k, e in enumerate(plan.entries):
+        s = plan.starts[k]
+        mine = np.flatnonzero(plan.reader[k] == rank)
+        ends = np.append(s[1:], e.layout.global_nbytes)
+        ids.append(base + mine)
+        offs.append(plan.offsets[k] + s[mine])
+        lens.append(ends[mine] - s[mine])
+        base += len(s)
+    cat = np.concatenate
+    z = np.zeros(0, np.int64)
+    return cat([z, *ids]), cat([z, *offs]), cat([z, *lens])
+
+
+def _crcs_of(buf: npt.NDArray[np.uint8], lens: I64) -> npt.NDArray[np.uint32]:
+    import crc32c
+
+    view = memoryview(buf)
+    cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
+    return np.asarray(
+        [crc32c.crc32c(view[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)], np.uint32
+    )
+
+
+def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
+    """Extent table, JSON index and trailer, as stored from ``plan.data_end``."""
+    import crc32c
+
+    e = plan.entries
+    table = np.zeros(sum(len(s) for s in plan.starts), format.EXTENT)
+    table["start"] = np.concatenate([np.zeros(0, np.int64), *plan.starts])
+    table["crc"] = crc
+    arrays = format.describe(
+        [x.name for x in e],
+        [x.shape for x in e],
+        [x.layout.dtype for x in e],
+        [x.layout.order for x in e],
+        plan.offsets,
+        [x.replicated for x in e],
+        [len(s) for s in plan.starts],
+    )
+    idx = format.Index(arrays, plan.metadata, table)
+    tbytes, doc = idx.to_bytes(plan.data_end)
+    off = plan.data_end + len(tbytes)
+    return tbytes + doc + format.trailer_bytes(off, len(doc), crc32c.crc32c(doc))
+
+
+def write(
+    comm: MPI.Intracomm, target: Any, plan: Plan, hints: Any, options: dict[str, Any]
+) -> None:
+    """Collective over `comm`: write the plan's pieces, checksum them, commit.
+
+    The target is opened with ``atomic_commit``: until the close after the index is
+    written, the bytes go to a temporary (or an open multipart upload), so a failure
+    on any rank, or a killed job, leaves the previous checkpoint as it was.
+    """
+    rank = comm.Get_rank()
+    with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
+        head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
+        items: list[Any] = [(head, Segments([0], [len(head)]))]
+        items += [(e.data, at(e.layout, int(o))) for e, o in zip(plan.entries, plan.offsets)]
+        f.write_all_many(items)
+        ids, offs, lens = _read_back_runs(plan, rank)
+        back = np.zeros(0, np.uint32)
+        if plan.reads_back:
+            step = Attempt()
+            with step:
+                if not f.backend.readable:
+                    raise LayoutError(
+                        f"{f.backend.name}: a piece that is not one contiguous range of its "
+                        "array is checksummed by reading it back, which this backend cannot "
+                        "while writing; save row-contiguous pieces"
+                    )
+            agree(f.comm, step.error, what="checkpoint.save")
+            back = _crcs_of(f.read_all(Segments(offs, lens)), lens)
+        step = Attempt()
+        with step:
+            own_ids, own_crcs = _crc_owned(plan, rank)
+        agree(f.comm, step.error, what="checkpoint.save: checksums")
+        z = np.zeros(0, np.int64)
+        mine_ids = np.concatenate([z, ids, *own_ids])
+        mine_crcs = np.concatenate([np.zeros(0, np.uint32), back, *own_crcs])
+        got = f.comm.gather((mine_ids, mine_crcs), root=0)
+        tail = np.zeros(0, np.uint8)
+        if rank == 0:
+            crc = np.zeros(sum(len(s) for s in plan.starts), np.uint32)
+            for i, c in got or []:
+                crc[i] = c
+            tail = np.frombuffer(bytearray(_index(plan, crc)), np.uint8)
+        lay = Segments([plan.data_end], [len(tail)]) if rank == 0 else Segments([], [])
+        f.write_all(tail, lay)
+
+
+def _atomic(hints: Any) -> Any:
+    """The user's hints with ``atomic_commit`` on: a checkpoint commits as a whole."""
+    from ..hints import Hints
+
+    return Hints.coerce(hints).replace(atomic_commit=True)

@@ -1,0 +1,120 @@
+"""A job's state as the save sees it: named entries, sharded or replicated.  No MPI."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import LayoutError
+from ..layouts.arrays import ArrayLayout, Subarray
+from ..layouts.base import Layout
+
+__all__ = ["Entry", "as_array", "flatten_state", "whole"]
+
+
+def as_array(obj: Any) -> np.ndarray[Any, Any]:
+    """A numpy view of ``obj`` where it offers one (``__array_interface__``, the buffer
+    protocol, ``__dlpack__``: a torch CPU tensor), else numpy's conversion of it."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    if hasattr(obj, "__array_interface__") or isinstance(obj, (bytes, bytearray, memoryview)):
+        return np.asarray(obj)
+    if hasattr(obj, "__dlpack__"):
+        try:
+            return np.from_dlpack(obj)
+        except (TypeError, RuntimeError, BufferError) as exc:
+            raise LayoutError(f"cannot view {type(obj).__name__} through dlpack: {exc}") from None
+    return np.asarray(obj)
+
+
+def whole(shape: tuple[int, ...], dtype: Any, order: str = "C") -> Subarray:
+    """The whole array as one rank's piece."""
+    return Subarray(shape, (0,) * len(shape), shape, dtype, order)
+
+
+def nothing(shape: tuple[int, ...], dtype: Any, order: str = "C") -> Subarray:
+    """No element of the array (a rank that does not write a replicated entry)."""
+    return Subarray(shape, (0,) * len(shape), (0,) * len(shape), dtype, order)
+
+
+@dataclasses.dataclass(slots=True)
+class Entry:
+    """One named array: this rank's piece and its layout (offset 0), or a replicated value."""
+
+    name: str
+    data: np.ndarray[Any, Any]
+    layout: ArrayLayout
+    replicated: bool
+    #: a 0-d value, written as one element of shape (1,) (a layout has no empty 0-d piece)
+    scalar: bool = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return () if self.scalar else self.layout.global_shape
+
+    def signature(self) -> tuple[Any, ...]:
+        lay = self.layout
+        return (self.name, self.replicated, self.shape, lay.dtype.str, lay.order)
+
+    def skipped(self) -> Entry:
+        """This entry on a rank that does not write it: an empty piece."""
+        lay = nothing(self.layout.global_shape, self.layout.dtype, self.layout.order)
+        empty = np.empty(lay.local_shape, lay.dtype)
+        return Entry(self.name, empty, lay, self.replicated, self.scalar)
+
+
+def _entry(name: str, value: Any) -> Entry:
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Layout):
+        data, lay = value
+        if not isinstance(lay, ArrayLayout):
+            raise LayoutError(
+                f"entry {name!r}: a checkpoint needs an array layout (Subarray, block, "
+                f"block_cyclic, a subarray or darray datatype), not {type(lay).__name__}"
+            )
+        lay.validate()
+        if lay.offset:
+            raise LayoutError(f"entry {name!r}: layout offset {lay.offset}; the save places it")
+        arr = as_array(data)
+        lay.as_bytes(arr)  # the shape and dtype checks of a write, before any byte moves
+        return Entry(name, arr, lay, False)
+    arr = as_array(value)
+    if arr.dtype.hasobject:
+        raise LayoutError(f"entry {name!r}: dtype {arr.dtype} holds Python objects")
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+        return Entry(name, arr, whole(arr.shape, arr.dtype), True, scalar=True)
+    order = "F" if arr.ndim > 1 and arr.flags.f_contiguous and not arr.flags.c_contiguous else "C"
+    return Entry(name, arr, whole(arr.shape, arr.dtype, order), True)
+
+
+def flatten_state(state: Mapping[str, Any], prefix: str = "") -> list[Entry]:
+    """Entries sorted by name, nested mappings joined with ``/``."""
+    if not isinstance(state, Mapping):
+        raise LayoutError(f"state must be a mapping of names to entries, not {type(state).__name__}")
+    out: list[Entry] = []
+    for key, value in state.items():
+        if not isinstance(key, str) or not key or "/" in key:
+            raise LayoutError(f"state key {key!r}: names are non-empty strings without '/'")
+        name = prefix + key
+        if isinstance(value, Mapping):
+            out.extend(flatten_state(value, name + "/"))
+        else:
+            out.append(_entry(name, value))
+    if not prefix:
+        out.sort(key=lambda e: e.name)
+    return out
+
+
+def writers(sizes: list[int], size: int) -> list[int]:
+    """The rank that writes each replicated entry: the largest first, each to the rank
+    with the fewest such bytes so far, so that no rank writes them all."""
+    load = [0] * max(size, 1)
+    out = [0] * len(sizes)
+    for k in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        r = min(range(len(load)), key=load.__getitem__)
+        out[k] = r
+        load[r] += sizes[k]
+    return out
