@@ -72,7 +72,7 @@ def _stage(plan: Plan) -> int:
     for k, e in enumerate(plan.entries):
         if e.layout.nbytes == 0:
             continue
-        copy = np.array(e.data, order=e.layout.order, copy=True)
+        copy = np.copy(e.data, order="F" if e.layout.order == "F" else "C")
         plan.entries[k] = Entry(e.name, copy, e.layout, e.replicated, e.scalar)
         total += copy.nbytes
     return total

@@ -85,7 +85,9 @@ def place(nbytes: Sequence[int]) -> tuple[npt.NDArray[np.int64], int]:
 def _to_descr(obj: Any) -> Any:
     """JSON gives lists where numpy's descriptors hold tuples."""
     if isinstance(obj, list):
-        return [tuple(_to_descr(x) for x in item) if isinstance(item, list) else item for item in obj]
+        return [
+            tuple(_to_descr(x) for x in item) if isinstance(item, list) else item for item in obj
+        ]
     return obj
 
 
@@ -159,7 +161,7 @@ def describe(
     counts: Sequence[int],
 ) -> dict[str, dict[str, Any]]:
     """The index's entry of every array, its extents being ``counts[k]`` rows of the table."""
-    firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int) if len(counts) else []
+    firsts: Any = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int) if len(counts) else []
     out: dict[str, dict[str, Any]] = {}
     for k, name in enumerate(names):
         dt = dtypes[k]

@@ -56,7 +56,9 @@ def _parse(read: Any, size: int, where: str) -> format.Index:
     import crc32c
 
     tail = format.TRAILER.size
-    off, length, crc = format.parse_trailer(read(size - tail, tail) if size >= tail else b"", size, where)
+    off, length, crc = format.parse_trailer(
+        read(size - tail, tail) if size >= tail else b"", size, where
+    )
     doc = read(off, length)
     if crc32c.crc32c(doc) != crc:
         raise ChecksumError(f"{where}: the index's checksum differs")
@@ -141,7 +143,9 @@ def _layouts(index: format.Index, spec: Mapping[str, Any]) -> list[tuple[str, Ar
         if lay is None:
             lay = whole(shape, dtype, order)
         if not isinstance(lay, ArrayLayout):
-            raise LayoutError(f"array {name!r}: spec gives {type(lay).__name__}, not an array layout")
+            raise LayoutError(
+                f"array {name!r}: spec gives {type(lay).__name__}, not an array layout"
+            )
         lay.validate()
         if (lay.global_shape, lay.dtype, lay.order) != (shape, dtype, order):
             raise LayoutError(
@@ -153,7 +157,7 @@ def _layouts(index: format.Index, spec: Mapping[str, Any]) -> list[tuple[str, Ar
 
 
 def _verify(
-    comm: MPI.Intracomm,
+    comm: MPI.Comm,
     f: File,
     index: format.Index,
     wanted: list[tuple[str, ArrayLayout]],
@@ -180,7 +184,7 @@ def _verify(
         ends = np.append(starts[1:], n)
         own = np.flatnonzero(owner == rank)
         if len(own):
-            buf = memoryview(lay.as_bytes(arrays[k]))
+            buf = lay.as_bytes(arrays[k]).data
             base = int(lo[rank])
             for j in own.tolist():
                 if crc32c.crc32c(buf[starts[j] - base : ends[j] - base]) != crcs[j]:
@@ -193,7 +197,7 @@ def _verify(
     if any_back:
         offs = np.concatenate([np.zeros(0, np.int64), *[b[1] for b in back]])
         lens = np.concatenate([np.zeros(0, np.int64), *[b[2] for b in back]])
-        buf = memoryview(f.read_all(Segments(offs, lens)))
+        buf = f.read_all(Segments(offs, lens)).data
         pos = 0
         for name, _, ln, cs in back:
             for length, c in zip(ln.tolist(), cs.tolist(), strict=True):

@@ -131,7 +131,7 @@ def _crc_owned(plan: Plan, rank: int) -> tuple[list[I64], list[npt.NDArray[np.ui
         s = plan.starts[k]
         mine = np.flatnonzero(plan.owner[k] == rank)
         if len(mine):
-            buf = memoryview(e.layout.as_bytes(e.data))
+            buf = e.layout.as_bytes(e.data).data
             lo = int(e.layout.runs().file[0])
             ends = np.append(s[1:], e.layout.global_nbytes)
             got = [crc32c.crc32c(buf[s[j] - lo : ends[j] - lo]) for j in mine.tolist()]
@@ -161,7 +161,7 @@ def _read_back_runs(plan: Plan, rank: int) -> tuple[I64, I64, I64]:
 def _crcs_of(buf: npt.NDArray[np.uint8], lens: I64) -> npt.NDArray[np.uint32]:
     import crc32c
 
-    view = memoryview(buf)
+    view = buf.data
     cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
     return np.asarray(
         [crc32c.crc32c(view[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)], np.uint32
@@ -204,7 +204,9 @@ def write(
     with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
         head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
         items: list[Any] = [(head, Segments([0], [len(head)]))]
-        items += [(e.data, at(e.layout, int(o))) for e, o in zip(plan.entries, plan.offsets)]
+        items += [
+            (e.data, at(e.layout, int(o))) for e, o in zip(plan.entries, plan.offsets, strict=True)
+        ]
         f.write_all_many(items)
         ids, offs, lens = _read_back_runs(plan, rank)
         back = np.zeros(0, np.uint32)

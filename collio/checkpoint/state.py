@@ -93,7 +93,9 @@ def _entry(name: str, value: Any) -> Entry:
 def flatten_state(state: Mapping[str, Any], prefix: str = "") -> list[Entry]:
     """Entries sorted by name, nested mappings joined with ``/``."""
     if not isinstance(state, Mapping):
-        raise LayoutError(f"state must be a mapping of names to entries, not {type(state).__name__}")
+        raise LayoutError(
+            f"state must be a mapping of names to entries, not {type(state).__name__}"
+        )
     out: list[Entry] = []
     for key, value in state.items():
         if not isinstance(key, str) or not key or "/" in key:

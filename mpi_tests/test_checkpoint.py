@@ -1,0 +1,184 @@
+"""``collio.checkpoint``: save, load in other decompositions, checksums, commit, async."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import raises_everywhere, read_file
+from mpi4py import MPI
+
+import collio
+import collio.checkpoint as ckpt
+from collio import layouts
+from collio.testing import checkpoint as model
+
+
+def _path(comm: MPI.Intracomm, tmp: Any, name: str = "model.ckpt") -> str:
+    return str(comm.bcast(os.path.join(str(tmp), name), root=0))
+
+
+def _check_loaded(comm: MPI.Intracomm, got: dict[str, Any], spec: dict[str, Any]) -> None:
+    assert sorted(got) == sorted(spec)
+    for name, lay in spec.items():
+        want = model.expected(name, lay)
+        assert got[name].dtype == want.dtype, name
+        assert got[name].shape == want.shape, name
+        assert got[name].tobytes(order="A") == want.tobytes(order="A"), (comm.rank, name)
+
+
+@pytest.mark.mpi
+def test_save_then_load_in_other_decompositions(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm, metadata={"step": 7})
+    spec = model.load_spec(comm.rank, comm.size)
+    _check_loaded(comm, ckpt.load(path, spec, comm=comm), spec)
+    same = {n: lay for n, lay in model.save_layouts(comm.rank, comm.size).items()}
+    _check_loaded(comm, ckpt.load(path, same, comm=comm), same)
+
+
+@pytest.mark.mpi
+def test_file_holds_each_array_whole_in_order(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """info needs no MPI, and the bytes at each array's offset are the global array."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm, metadata={"step": 7})
+    if comm.rank == 0:
+        meta = ckpt.info(path)
+        assert meta.metadata == {"step": 7}
+        names = sorted([*model.GLOBALS, *model.REPLICATED])
+        assert sorted(meta) == names
+        for name in names:
+            want = model.reference(name)
+            entry = meta[name]
+            assert entry["shape"] == want.shape and entry["dtype"] == want.dtype
+            raw = np.fromfile(path, np.uint8, count=want.nbytes, offset=entry["offset"])
+            order = entry["order"]
+            assert raw.tobytes() == want.tobytes(order=order), name
+    comm.Barrier()
+
+
+@pytest.mark.mpi
+def test_flipped_byte_names_the_array_on_every_rank(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    if comm.rank == 0:
+        entry = ckpt.info(path)["attn/q"]
+        with open(path, "r+b") as fh:
+            fh.seek(entry["offset"] + entry["nbytes"] // 2)
+            b = fh.read(1)
+            fh.seek(-1, os.SEEK_CUR)
+            fh.write(bytes([b[0] ^ 0x10]))
+    comm.Barrier()
+    spec = model.load_spec(comm.rank, comm.size)
+    err = raises_everywhere(comm, collio.ChecksumError, lambda: ckpt.load(path, spec, comm=comm))
+    assert err.names == ("attn/q",) and "'attn/q'" in str(err)
+    intact = {n: lay for n, lay in spec.items() if n != "attn/q"}
+    _check_loaded(comm, ckpt.load(path, intact, comm=comm), intact)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "index"])
+def test_damaged_target_is_an_agreed_error(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, damage: str
+) -> None:
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    if comm.rank == 0:
+        size = os.path.getsize(path)
+        if damage == "truncate":
+            os.truncate(path, size - 100)
+        elif damage == "garbage":
+            with open(path, "wb") as fh:
+                fh.write(os.urandom(size))
+        else:  # one byte of the JSON index
+            with open(path, "r+b") as fh:
+                fh.seek(size - 80)
+                fh.write(b"~")
+    comm.Barrier()
+    spec = {"embed": model.load_spec(comm.rank, comm.size)["embed"]}
+    raises_everywhere(comm, collio.ChecksumError, lambda: ckpt.load(path, spec, comm=comm))
+
+
+@pytest.mark.mpi
+def test_failing_save_keeps_the_previous_checkpoint(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    before = read_file(path) if comm.rank == 0 else b""
+    state = model.save_state(comm.rank, comm.size)
+    if comm.rank == comm.size - 1:  # one rank's bad entry: a piece of the wrong shape
+        data, lay = state["embed"]
+        state["embed"] = (np.zeros((data.shape[0] + 1, 24), "<f4"), lay)
+    raises_everywhere(comm, collio.LayoutError, lambda: ckpt.save(path, state, comm=comm))
+    if comm.size > 1:
+        state = model.save_state(comm.rank, comm.size)
+        state["extra"] = np.zeros(3) if comm.rank == 0 else np.zeros(4)  # ranks disagree
+        raises_everywhere(comm, collio.MismatchError, lambda: ckpt.save(path, state, comm=comm))
+    if comm.rank == 0:
+        assert read_file(path) == before
+        assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+    spec = model.load_spec(comm.rank, comm.size)
+    _check_loaded(comm, ckpt.load(path, spec, comm=comm), spec)
+
+
+@pytest.mark.mpi
+def test_unknown_name_or_other_shape_raises_everywhere(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    raises_everywhere(
+        comm, collio.LayoutError, lambda: ckpt.load(path, {"nope": None}, comm=comm), match="nope"
+    )
+    lay = layouts.block((97, 25), "<f4", comm=comm)
+    raises_everywhere(
+        comm,
+        collio.LayoutError,
+        lambda: ckpt.load(path, {"embed": lay}, comm=comm),
+        match="(97, 25)",
+    )
+    lay = layouts.block((97, 24), "<f8", comm=comm)
+    raises_everywhere(comm, collio.LayoutError, lambda: ckpt.load(path, {"embed": lay}, comm=comm))
+
+
+@pytest.mark.mpi
+def test_async_save_holds_the_values_at_the_call(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    path = _path(comm, mpi_tmp_path)
+    state = model.save_state(comm.rank, comm.size)
+    h = ckpt.async_save(path, state, comm=comm, metadata={"step": 1})
+    for part in (state["embed"][0], state["attn"]["q"][0], state["rep"]["scale"]):
+        part[...] = -1  # overwritten at once: the checkpoint keeps the values at the call
+    total = 0.0
+    for _ in range(20):  # the user's own collectives on their communicator, meanwhile
+        total += comm.allreduce(1.0)
+    assert total == 20 * comm.size
+    h.wait()
+    assert h.done()
+    again = ckpt.async_save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    third = ckpt.async_save(path, model.save_state(comm.rank, comm.size), comm=comm)  # waits
+    assert again.done()
+    third.wait()
+    spec = model.load_spec(comm.rank, comm.size)
+    _check_loaded(comm, ckpt.load(path, spec, comm=comm), spec)
+
+
+@pytest.mark.mpi
+def test_async_save_error_is_raised_by_wait(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    path = _path(comm, mpi_tmp_path, "missing-dir/model.ckpt")
+    h = ckpt.async_save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    raises_everywhere(comm, collio.BackendError, h.wait)
+    assert h.done()
+
+
+@pytest.mark.mpi
+def test_torch_cpu_tensor(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    torch = pytest.importorskip("torch")
+    path = _path(comm, mpi_tmp_path)
+    lay = layouts.block((64, 8), "<f4", grid=(comm.size, 1), comm=comm)
+    glob = torch.arange(64 * 8, dtype=torch.float32).reshape(64, 8)
+    local = glob[lay.slices].contiguous()
+    ckpt.save(path, {"w": (local, lay), "b": torch.ones(3)}, comm=comm)
+    got = ckpt.load(path, {"w": None, "b": None}, comm=comm)
+    assert got["w"].tobytes() == glob.numpy().tobytes()
+    assert got["b"].tobytes() == np.ones(3, "<f4").tobytes()

@@ -1,0 +1,65 @@
+"""A checkpoint saved by a job of 4 ranks, restored by jobs of 1, 3 and 4 ranks."""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import collio.checkpoint as ckpt
+from collio.testing import checkpoint as model
+from collio.testing.jobs import MPIEXEC, mpiexec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "tests", "checkpoint_job.py")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
+
+
+def _job(n: int, case: str, path: str) -> str:
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    proc = mpiexec([sys.executable, JOB, case, path], n=n, timeout=180, env=env)
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("ckpt") / "model.ckpt")
+    out = _job(4, "save", path)
+    assert "ok" in out, out
+    return path
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_saved_at_4_loads_at(saved: str, n: int) -> None:
+    out = _job(n, "load", saved)
+    assert "ok" in out, out
+
+
+def test_one_rank_load_without_mpiexec(saved: str) -> None:
+    """A plain process (MPI's singleton) restores every array whole."""
+    spec = {name: None for name in ckpt.info(saved)}
+    got = ckpt.load(saved, spec)
+    for name in spec:
+        want = model.reference(name)
+        assert got[name].dtype == want.dtype and np.array_equal(got[name], want), name
+
+
+def test_killed_save_leaves_the_previous_checkpoint(saved: str, tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(str(tmp_path), "model.ckpt")
+    with open(saved, "rb") as src, open(path, "wb") as dst:
+        dst.write(src.read())
+    with open(saved, "rb") as fh:
+        before = fh.read()
+    out = _job(3, "killed", path)
+    assert "ok" not in out
+    with open(path, "rb") as fh:
+        assert fh.read() == before
+    assert "ok" in _job(3, "load", path)
+    d, base = os.path.split(path)
+    leftovers = glob.glob(os.path.join(d, f".{glob.escape(base)}.collio-*.tmp"))
+    assert leftovers  # the killed save's temporary, never visible as the target
+    assert "ok" in _job(3, "save", path)  # the next save reclaims what the killed one left
+    assert [p for p in leftovers if os.path.exists(p)] == []
