@@ -194,11 +194,14 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
 def write(
     comm: MPI.Intracomm, target: Any, plan: Plan, hints: Any, options: dict[str, Any]
 ) -> None:
-    """Collective over `comm`: write the plan's pieces, checksum them, commit.
+    """Collective over `comm`: checksum the plan's pieces, write them and the index, commit.
 
-    The target is opened with ``atomic_commit``: until the close after the index is
-    written, the bytes go to a temporary (or an open multipart upload), so a failure
-    on any rank, or a killed job, leaves the previous checkpoint as it was.
+    The target is opened with ``atomic_commit``: until the close, the bytes go to a
+    temporary (or an open multipart upload), so a failure on any rank, or a killed
+    job, leaves the previous checkpoint as it was.  When every piece is one range of
+    its array, the checksums come from memory first and the whole checkpoint is one
+    ``write_all_many`` (an S3 object's size is fixed by its first write); otherwise
+    the data goes first, is read back for its checksums, and the index follows.
     """
     rank = comm.Get_rank()
     with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
@@ -207,10 +210,7 @@ def write(
         items += [
             (e.data, at(e.layout, int(o))) for e, o in zip(plan.entries, plan.offsets, strict=True)
         ]
-        f.write_all_many(items)
-        ids, offs, lens = _read_back_runs(plan, rank)
-        back = np.zeros(0, np.uint32)
-        if plan.reads_back:
+        if plan.reads_back:  # before any byte is written
             step = Attempt()
             with step:
                 if not f.backend.readable:
@@ -220,23 +220,33 @@ def write(
                         "while writing; save row-contiguous pieces"
                     )
             agree(f.comm, step.error, what="checkpoint.save")
-            back = _crcs_of(f.read_all(Segments(offs, lens)), lens)
         step = Attempt()
         with step:
             own_ids, own_crcs = _crc_owned(plan, rank)
         agree(f.comm, step.error, what="checkpoint.save: checksums")
-        z = np.zeros(0, np.int64)
-        mine_ids = np.concatenate([z, ids, *own_ids])
-        mine_crcs = np.concatenate([np.zeros(0, np.uint32), back, *own_crcs])
-        got = f.comm.gather((mine_ids, mine_crcs), root=0)
-        tail = np.zeros(0, np.uint8)
-        if rank == 0:
-            crc = np.zeros(sum(len(s) for s in plan.starts), np.uint32)
-            for i, c in got or []:
-                crc[i] = c
-            tail = np.frombuffer(bytearray(_index(plan, crc)), np.uint8)
-        lay = Segments([plan.data_end], [len(tail)]) if rank == 0 else Segments([], [])
-        f.write_all(tail, lay)
+        if not plan.reads_back:
+            f.write_all_many([*items, _tail(f.comm, plan, own_ids, own_crcs)])
+            return
+        f.write_all_many(items)
+        ids, offs, lens = _read_back_runs(plan, rank)
+        back = _crcs_of(f.read_all(Segments(offs, lens)), lens)
+        f.write_all(*_tail(f.comm, plan, [*own_ids, ids], [*own_crcs, back]))
+
+
+def _tail(
+    comm: MPI.Comm, plan: Plan, ids: list[I64], crcs: list[npt.NDArray[np.uint32]]
+) -> tuple[npt.NDArray[np.uint8], Segments]:
+    """Collective: every rank's checksums to rank 0, which makes the index; rank 0's item."""
+    z = np.zeros(0, np.int64)
+    mine = (np.concatenate([z, *ids]), np.concatenate([np.zeros(0, np.uint32), *crcs]))
+    got = comm.gather(mine, root=0)
+    if comm.Get_rank() != 0:
+        return np.zeros(0, np.uint8), Segments([], [])
+    crc = np.zeros(sum(len(s) for s in plan.starts), np.uint32)
+    for i, c in got or []:
+        crc[i] = c
+    tail = np.frombuffer(bytearray(_index(plan, crc)), np.uint8)
+    return tail, Segments([plan.data_end], [len(tail)])
 
 
 def _atomic(hints: Any) -> Any:

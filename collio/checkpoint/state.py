@@ -98,8 +98,8 @@ def flatten_state(state: Mapping[str, Any], prefix: str = "") -> list[Entry]:
         )
     out: list[Entry] = []
     for key, value in state.items():
-        if not isinstance(key, str) or not key or "/" in key:
-            raise LayoutError(f"state key {key!r}: names are non-empty strings without '/'")
+        if not isinstance(key, str) or "" in key.split("/"):
+            raise LayoutError(f"state key {key!r}: names are strings of non-empty '/' parts")
         name = prefix + key
         if isinstance(value, Mapping):
             out.extend(flatten_state(value, name + "/"))
@@ -107,6 +107,9 @@ def flatten_state(state: Mapping[str, Any], prefix: str = "") -> list[Entry]:
             out.append(_entry(name, value))
     if not prefix:
         out.sort(key=lambda e: e.name)
+        twice = [a.name for a, b in zip(out, out[1:], strict=False) if a.name == b.name]
+        if twice:
+            raise LayoutError(f"state names {twice[0]!r} twice (a nested and a flat key)")
     return out
 
 
