@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
+from collio.testing.guarded import guarded_like
 from collio.testing.romio import romio_write
 from collio.testing.views import romio_view_write
 
@@ -84,19 +85,34 @@ def _prefill(comm: MPI.Intracomm, paths: list[str]) -> None:
     comm.Barrier()
 
 
+def _guarded_items(items: list[tuple[str, Any, Any]]) -> list[tuple[Any, Any]]:
+    """The items' data in memory with inaccessible pages between them (and in reverse
+    address order): a call that touched any byte between them would fault."""
+    datas = guarded_like([d for _, d, _ in items])
+    return list(zip(datas, [lay for _, _, lay in items], strict=True))
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    "hints", [{}, {"cb_buffer_size": 4096, "cb_nodes": 2}, {"romio_cb_write": "disable"}]
+    "hints",
+    [
+        {},
+        {"cb_buffer_size": 4096, "cb_nodes": 2},
+        {"romio_cb_write": "disable", "romio_cb_read": "disable"},
+        {"romio_cb_read": "disable", "mapped_reads": "enable"},
+    ],
 )
 def test_mixed_batch_matches_single_calls_and_romio(comm, mpi_tmp_path, hints):
     items = _items(comm)
     many, single, romio = (str(mpi_tmp_path / f"{n}.bin") for n in ("many", "single", "romio"))
     _prefill(comm, [many, single])
     with collio.open(many, "r+", comm=comm, hints=hints) as f:
-        f.write_all_many([(d, lay) for _, d, lay in items])
+        f.write_all_many(_guarded_items(items))
         last = dict(f.stats.last_call)
-        back = f.read_all_many([lay for _, _, lay in items])
-    for (kind, data, _), got in zip(items, back, strict=True):
+        outs = guarded_like([np.zeros_like(d) for _, d, _ in items])
+        back = f.read_all_many([lay for _, _, lay in items], out=outs)
+    for (kind, data, _), got, out in zip(items, back, outs, strict=True):
+        assert got is out
         np.testing.assert_array_equal(got, data, err_msg=kind)
     assert last["items"] == len(items)
     want_runs = comm.allreduce(sum(len(lay.runs()) for _, _, lay in items))
