@@ -70,6 +70,7 @@ def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gath
     bufs: list[U8] = []
     arrays: list[Any] = []
     sigs: list[Any] = []
+    lays: list[Layout] = []
     for k, item in enumerate(items):
         try:
             if writing:
@@ -77,6 +78,7 @@ def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gath
             else:
                 data, layout = None, item
             _check_layout(backend, layout)
+            lays.append(layout)
             if writing:
                 buf = layout.as_bytes(data)
                 arrays.append(buf)
@@ -88,6 +90,7 @@ def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gath
             sigs.append(layout.signature())
         except Exception as exc:  # noqa: BLE001 - re-raised naming the item
             raise at_item(exc, k) from exc
+    backend.check_batch(lays)
     union, whole = _union(runs, bufs, arrays, writing=writing)
     return union, whole, arrays, ("items", tuple(sigs))
 

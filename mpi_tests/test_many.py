@@ -256,3 +256,29 @@ def test_read_back_at_another_rank_count(comm, mpi_tmp_path):
             np.testing.assert_array_equal(got, local_piece(g, lay))
     finally:
         sub.Free()
+
+
+@pytest.mark.mpi
+def test_zarr_batch_of_items_each_rank_stores_alone(comm, mpi_tmp_path):
+    """Chunk-aligned items (every chunk one rank's box): the batch is stored and read back
+    whole, though no single item's layout describes the call's runs; items of different
+    memory orders are refused on every rank."""
+    zarr = pytest.importorskip("zarr")
+    p, r = comm.size, comm.rank
+    path = str(mpi_tmp_path / "many.zarr")
+    if r == 0:
+        zarr.create_array(path, shape=(8 * p, 4), chunks=(4, 4), dtype="<f8", fill_value=0)
+    comm.Barrier()
+    lays = [layouts.Subarray((8 * p, 4), (8 * r + 4 * k, 0), (4, 4), "<f8") for k in (0, 1)]
+    datas = guarded_like([np.full((4, 4), 10.0 * r + k) for k in (1, 2)])
+    with collio.open(path, "r+", comm=comm) as f:
+        f.write_all_many(list(zip(datas, lays, strict=True)))
+        back = f.read_all_many(lays)
+        fortran = layouts.Subarray((8 * p, 4), (8 * r, 0), (4, 4), "<f8", order="F")
+        raises_everywhere(comm, collio.LayoutError,
+                          lambda: f.write_all_many([(datas[0], lays[0]), (datas[1].T, fortran)]),
+                          match="share one order")  # fmt: skip
+    for got, want in zip(back, datas, strict=True):
+        np.testing.assert_array_equal(got, want)
+    want = np.repeat(10.0 * np.arange(p)[:, None] + [1, 2], 4).reshape(-1)
+    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[:, 0], want)
