@@ -7,14 +7,20 @@ one call's.  The items' data stay where they are: a run's memory offset is count
 from the lowest address of any item's bytes, and the buffer the call moves bytes
 from (or into) is a view of the address range from there to the end of the highest
 item (:func:`span`), as MPI programs send from ``MPI.BOTTOM`` with absolute
-displacements.  The call only ever touches the bytes of its runs, each inside its
-item, so nothing is copied into a staging buffer and the rest of the range is never
-read or written.  Pure: no MPI.
+displacements.  Nothing is copied into a staging buffer.
+
+The range may hold memory no item owns (other objects, unmapped pages between two
+mappings), so it is safe only because every consumer of a call's buffer touches the
+bytes of its runs and nothing else: slices ``buf[m:m+n]`` (backends' own runs,
+``pwritev``/``preadv``, the mapped-read copy), MPI datatypes built over the runs'
+offsets (the exchange), numpy gathers and scatters at the runs' offsets; no copy,
+checksum or message of the whole buffer.  The span also holds the items' arrays, so
+they live as long as any view of it (an MPI request keeps its buffer), whatever the
+caller drops.  Pure: no MPI calls.
 """
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,6 +70,7 @@ def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gath
     bufs: list[U8] = []
     arrays: list[Any] = []
     sigs: list[Any] = []
+    lays: list[Layout] = []
     for k, item in enumerate(items):
         try:
             if writing:
@@ -71,6 +78,7 @@ def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gath
             else:
                 data, layout = None, item
             _check_layout(backend, layout)
+            lays.append(layout)
             if writing:
                 buf = layout.as_bytes(data)
                 arrays.append(buf)
@@ -82,7 +90,8 @@ def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gath
             sigs.append(layout.signature())
         except Exception as exc:  # noqa: BLE001 - re-raised naming the item
             raise at_item(exc, k) from exc
-    union, whole = _union(runs, bufs, writing=writing)
+    backend.check_batch(lays)
+    union, whole = _union(runs, bufs, arrays, writing=writing)
     return union, whole, arrays, ("items", tuple(sigs))
 
 
@@ -99,15 +108,20 @@ def _check_layout(backend: Any, layout: Any) -> None:
     backend.check_layout(layout)
 
 
-def _union(runs: list[Runs], bufs: list[U8], *, writing: bool) -> tuple[Runs, U8]:
+def _union(
+    runs: list[Runs], bufs: list[U8], arrays: list[Any], *, writing: bool
+) -> tuple[Runs, U8]:
     """The items' runs as one set over :func:`span` of their buffers (sorted, checked
     for overlaps between items, merged)."""
     counts = np.fromiter((len(r) for r in runs), np.int64, len(runs))
     if not int(counts.sum()):
         return Runs.empty(), np.zeros(0, np.uint8)
     # (mpi4py's buffer address: a tenth of what numpy's ctypes attribute costs per item)
+    # (read-only: a write's data may be a read-only buffer, and nothing writes through it)
     address = MPI.memory.frombuffer
-    addr = np.fromiter((address(b).address if len(b) else 0 for b in bufs), np.int64, len(bufs))
+    addr = np.fromiter(
+        (address(b, readonly=True).address if len(b) else 0 for b in bufs), np.int64, len(bufs)
+    )
     used = counts > 0
     ends = addr + np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
     lo, hi = int(addr[used].min()), int(ends[used].max())
@@ -118,7 +132,7 @@ def _union(runs: list[Runs], bufs: list[U8], *, writing: bool) -> tuple[Runs, U8
     file, length, mem = file[order], length[order], mem[order]
     if writing:
         _refuse_overlap(file, length, np.repeat(np.arange(len(runs)), counts)[order])
-    return merge(Runs(file, length, mem)), span(lo, hi - lo, writable=not writing)
+    return merge(Runs(file, length, mem)), span(lo, hi - lo, writable=not writing, holds=arrays)
 
 
 def _refuse_overlap(file: I64, length: I64, item: I64) -> None:
@@ -137,10 +151,25 @@ def _refuse_overlap(file: I64, length: I64, item: I64) -> None:
     raise OverlapError(f"bytes [{lo}, {hi}) are written twice by this rank: {who}")
 
 
-def span(address: int, nbytes: int, *, writable: bool) -> U8:
-    """A uint8 view of ``nbytes`` of memory from ``address`` (see the module docstring:
-    only the runs' bytes, each inside a live item array, are ever touched)."""
-    raw = (ctypes.c_ubyte * nbytes).from_address(address)
-    view: U8 = np.frombuffer(memoryview(raw), np.uint8)
-    view.flags.writeable = writable
+class _Range:
+    """An address range as numpy sees a buffer (``__array_interface__``), and what must
+    stay alive while it is used: a view of it has this object as its base."""
+
+    __slots__ = ("__array_interface__", "holds")
+
+    def __init__(self, address: int, nbytes: int, writable: bool, holds: Any) -> None:
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, not writable),
+        }
+        self.holds = holds
+
+
+def span(address: int, nbytes: int, *, writable: bool, holds: Any) -> U8:
+    """A uint8 view of ``nbytes`` of memory from ``address`` that keeps ``holds`` (the
+    items' arrays) alive.  See the module docstring: only the runs' bytes, each inside
+    one of those arrays, may ever be touched through it."""
+    view: U8 = np.asarray(_Range(address, nbytes, writable, holds))
     return view

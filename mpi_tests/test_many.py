@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
+from collio.testing.guarded import guarded_like
 from collio.testing.romio import romio_write
 from collio.testing.views import romio_view_write
 
@@ -84,19 +85,34 @@ def _prefill(comm: MPI.Intracomm, paths: list[str]) -> None:
     comm.Barrier()
 
 
+def _guarded_items(items: list[tuple[str, Any, Any]]) -> list[tuple[Any, Any]]:
+    """The items' data in memory with inaccessible pages between them (and in reverse
+    address order): a call that touched any byte between them would fault."""
+    datas = guarded_like([d for _, d, _ in items])
+    return list(zip(datas, [lay for _, _, lay in items], strict=True))
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    "hints", [{}, {"cb_buffer_size": 4096, "cb_nodes": 2}, {"romio_cb_write": "disable"}]
+    "hints",
+    [
+        {},
+        {"cb_buffer_size": 4096, "cb_nodes": 2},
+        {"romio_cb_write": "disable", "romio_cb_read": "disable"},
+        {"romio_cb_read": "disable", "mapped_reads": "enable"},
+    ],
 )
 def test_mixed_batch_matches_single_calls_and_romio(comm, mpi_tmp_path, hints):
     items = _items(comm)
     many, single, romio = (str(mpi_tmp_path / f"{n}.bin") for n in ("many", "single", "romio"))
     _prefill(comm, [many, single])
     with collio.open(many, "r+", comm=comm, hints=hints) as f:
-        f.write_all_many([(d, lay) for _, d, lay in items])
+        f.write_all_many(_guarded_items(items))
         last = dict(f.stats.last_call)
-        back = f.read_all_many([lay for _, _, lay in items])
-    for (kind, data, _), got in zip(items, back, strict=True):
+        outs = guarded_like([np.zeros_like(d) for _, d, _ in items])
+        back = f.read_all_many([lay for _, _, lay in items], out=outs)
+    for (kind, data, _), got, out in zip(items, back, outs, strict=True):
+        assert got is out
         np.testing.assert_array_equal(got, data, err_msg=kind)
     assert last["items"] == len(items)
     want_runs = comm.allreduce(sum(len(lay.runs()) for _, _, lay in items))
@@ -240,3 +256,29 @@ def test_read_back_at_another_rank_count(comm, mpi_tmp_path):
             np.testing.assert_array_equal(got, local_piece(g, lay))
     finally:
         sub.Free()
+
+
+@pytest.mark.mpi
+def test_zarr_batch_of_items_each_rank_stores_alone(comm, mpi_tmp_path):
+    """Chunk-aligned items (every chunk one rank's box): the batch is stored and read back
+    whole, though no single item's layout describes the call's runs; items of different
+    memory orders are refused on every rank."""
+    zarr = pytest.importorskip("zarr")
+    p, r = comm.size, comm.rank
+    path = str(mpi_tmp_path / "many.zarr")
+    if r == 0:
+        zarr.create_array(path, shape=(8 * p, 4), chunks=(4, 4), dtype="<f8", fill_value=0)
+    comm.Barrier()
+    lays = [layouts.Subarray((8 * p, 4), (8 * r + 4 * k, 0), (4, 4), "<f8") for k in (0, 1)]
+    datas = guarded_like([np.full((4, 4), 10.0 * r + k) for k in (1, 2)])
+    with collio.open(path, "r+", comm=comm) as f:
+        f.write_all_many(list(zip(datas, lays, strict=True)))
+        back = f.read_all_many(lays)
+        fortran = layouts.Subarray((8 * p, 4), (8 * r, 0), (4, 4), "<f8", order="F")
+        raises_everywhere(comm, collio.LayoutError,
+                          lambda: f.write_all_many([(datas[0], lays[0]), (datas[1].T, fortran)]),
+                          match="share one order")  # fmt: skip
+    for got, want in zip(back, datas, strict=True):
+        np.testing.assert_array_equal(got, want)
+    want = np.repeat(10.0 * np.arange(p)[:, None] + [1, 2], 4).reshape(-1)
+    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[:, 0], want)

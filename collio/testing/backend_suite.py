@@ -47,6 +47,7 @@ import collio
 from collio import layouts
 from collio.backends import Backend
 
+from .guarded import guarded_like
 from .romio import romio_write
 
 __all__ = ["SHAPE", "ArrayBackendTests", "BackendTests", "ByteBackendTests", "global_array"]
@@ -282,12 +283,16 @@ class BackendTests:
     def test_batch_in_one_call(self, comm: MPI.Intracomm, target: Any, open_options: Any) -> None:
         """``write_all_many``/``read_all_many``: every third row from rows 1, 2 and 3, each
         set an item, and row 0 an item empty on every rank but the last, in one call each; a batch
-        with one bad item on one rank raises on every rank, naming it, and writes nothing."""
+        with one bad item on one rank raises on every rank, naming it, and writes nothing.
+
+        The items' arrays (and the read's ``out``) lie between inaccessible pages: the
+        call may touch no byte between them (the process would fault)."""
         glob = global_array(seed=15)
         lays = [_rows(comm, 3, 3), _rows(comm, 2, 3), _rows(comm, 1, 3)]
         last = comm.rank == comm.size - 1  # row 0: only the last rank holds a piece
         tail = layouts.Subarray(SHAPE, (0, 0), (1, SHAPE[1]) if last else (0, 0), F8)
-        items = [(_piece(glob, lay), lay) for lay in lays] + [(_piece(glob, tail), tail)]
+        every = [*lays, tail]
+        items = list(zip(guarded_like([_piece(glob, lay) for lay in every]), every, strict=True))
         with self.open(target, "w", comm, open_options) as f:
             f.write_all_many(items)
             assert f.stats.last_call["items"] == 4
@@ -310,7 +315,7 @@ class BackendTests:
                 f.write_all_many([(_piece(new, lay), lay) for lay in lays])
         self.assert_stored(target, comm, open_options, glob if atomic else new)
         with self.open(target, "r", comm, open_options) as f:
-            outs = [np.empty(lay.local_shape) for lay in lays]
+            outs = guarded_like([np.empty(lay.local_shape) for lay in lays])
             back = f.read_all_many(lays, out=outs)
             for lay, got, out in zip(lays, back, outs, strict=True):
                 assert got is out
