@@ -86,7 +86,10 @@ def _ior_options(io: argparse._ArgumentGroup) -> None:
         "-R", "--check-read", action="store_true", help="verify read data every iteration"
     )
     io.add_argument(
-        "--pattern", choices=PATTERNS, default="colblock", help="access pattern (colblock)"
+        "--pattern",
+        choices=(*PATTERNS, "checkpoint"),
+        default="colblock",
+        help="access pattern (colblock); checkpoint: a model state saved and loaded",
     )
     io.add_argument("--size", help="array: 4096 (edge), 4096x2048 or 128MiB; ior: total bytes")
     io.add_argument("--cyclic-block", type=int, default=64, help="cyclic: block edge (64)")
@@ -169,6 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"collio-bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.pattern == "checkpoint":
+        from .checkpoint import run_checkpoint
+
+        return run_checkpoint(args)
     from .main import bench
 
     return bench(args, _workload, _all_hints(args), DEFAULT_APIS)

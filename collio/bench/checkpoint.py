@@ -1,0 +1,217 @@
+"""``collio-bench --pattern checkpoint``: a model state saved and loaded by collio's
+checkpoint and by the ways jobs save one today, with the issue's targets checked.
+
+Every figure is the slowest rank's time between two barriers, so a method is done
+when its last rank is; medians over iterations, the methods' order rotated each
+iteration so that none always follows the same one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import checkpoint as ckpt
+from ..hints import parse_size
+from . import ckpt_peers as peers
+
+__all__ = ["run_checkpoint"]
+
+MiB = 1 << 20
+#: (what, numerator, denominator, bound, at least): the issue's targets as time ratios
+TARGETS = (
+    ("save vs ceiling (bandwidth)", "ceiling write", "collio save", 0.9, True),
+    ("save vs file-per-rank (bandwidth)", "file-per-rank write", "collio save", 1.0, True),
+    ("async_save return vs one numpy copy (time)", "async_save return", "numpy copy", 1.25, False),
+    ("compute slowdown during async I/O", "compute during I/O", "compute alone", 1.10, False),
+    ("load vs ceiling read (bandwidth)", "ceiling read", "collio load", 0.9, True),
+    ("resharded load vs same-count load (bandwidth)", "collio load", "collio load 3 of N",
+     0.8, True),
+    ("checksums vs save (time)", "crc32c", "collio save", 0.05, False),
+)  # fmt: skip
+
+
+def _timed(comm: MPI.Intracomm, fn: Callable[[], Any]) -> float:
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    mine = time.perf_counter() - t0
+    return float(comm.allreduce(mine, op=MPI.MAX))
+
+
+def _compute(x: np.ndarray[Any, Any], reps: int) -> None:
+    """A job's numpy work: single-threaded element-wise passes over a cache-sized array."""
+    for _ in range(reps):
+        np.sqrt(x * 1.0001 + 1.0, out=x)
+
+
+class _Run:
+    def __init__(self, args: argparse.Namespace, comm: MPI.Intracomm, d: str) -> None:
+        self.comm, self.d = comm, d
+        self.total = parse_size(args.size or "256MiB", "--size")
+        self.state, self.spec = peers.model_state(self.total, comm)
+        self.nbytes = int(sum(
+            (v[1].global_nbytes if isinstance(v, tuple) else v.nbytes) for v in self.state.values()
+        ))  # fmt: skip
+        self.share = np.ones(peers.share(self.nbytes, comm)[1], np.uint8)
+        self.sub = comm.Split(0 if comm.Get_rank() < max(comm.Get_size() - 1, 1) else MPI.UNDEFINED)
+        self.spec3 = peers.model_spec(self.total, self.sub) if self.sub != MPI.COMM_NULL else {}
+        self.work = np.ones(1 << 15)
+        self.reps = 1
+        while _timed(comm, lambda: _compute(self.work, self.reps)) < 0.05:
+            self.reps *= 2
+        self.path = os.path.join(d, "collio.ckpt")
+
+    def methods(self) -> dict[str, Callable[[], float | dict[str, float]]]:
+        c, d, st = self.comm, self.d, self.state
+        fpr = os.path.join(d, "fpr")
+        npd = os.path.join(d, "npsave")
+        ceil = os.path.join(d, "ceiling.bin")
+        for sub in (fpr, npd):
+            os.makedirs(sub, exist_ok=True)
+        return {
+            "collio save": lambda: _timed(c, lambda: ckpt.save(self.path, st, comm=c)),
+            "async_save": self._async,
+            "file-per-rank write": lambda: _timed(c, lambda: peers.per_rank_write(fpr, st, c)),
+            "np.save write": lambda: _timed(c, lambda: peers.npsave_write(npd, st, c)),
+            "ceiling write": lambda: _timed(
+                c, lambda: peers.ceiling_write(ceil, self.share, self.nbytes, c)
+            ),
+            "numpy copy": lambda: _timed(c, lambda: [np.copy(a) for a in peers.pieces(st, c)]),
+            "compute alone": lambda: _timed(c, lambda: _compute(self.work, self.reps)),
+            "crc32c": self._crc,
+        }
+
+    def loads(self) -> dict[str, Callable[[], float]]:
+        c, d, st = self.comm, self.d, self.state
+        ceil = os.path.join(d, "ceiling.bin")
+        return {
+            "collio load": lambda: _timed(c, lambda: ckpt.load(self.path, self.spec, comm=c)),
+            "collio load 3 of N": lambda: _timed(c, self._load_sub),
+            "file-per-rank read": lambda: _timed(
+                c, lambda: peers.per_rank_read(os.path.join(d, "fpr"), st, c)
+            ),
+            "np.load read": lambda: _timed(
+                c, lambda: peers.npsave_read(os.path.join(d, "npsave"), st, c)
+            ),
+            "ceiling read": lambda: _timed(
+                c, lambda: peers.ceiling_read(ceil, self.share, self.nbytes, c)
+            ),
+        }
+
+    def _load_sub(self) -> None:
+        if self.sub != MPI.COMM_NULL:
+            ckpt.load(self.path, self.spec3, comm=self.sub)
+
+    def _crc(self) -> float:
+        import crc32c
+
+        arrs = peers.pieces(self.state, self.comm)
+        return _timed(self.comm, lambda: [crc32c.crc32c(a.data) for a in arrs])
+
+    def _async(self) -> dict[str, float]:
+        c = self.comm
+        c.Barrier()
+        t0 = time.perf_counter()
+        h = ckpt.async_save(self.path, self.state, comm=c)
+        ret = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        _compute(self.work, self.reps)
+        during = time.perf_counter() - t1
+        busy = not h.done()
+        h.wait()
+        total = time.perf_counter() - t0
+        mx = np.array([ret, during, total])
+        c.Allreduce(MPI.IN_PLACE, mx, op=MPI.MAX)
+        out = {"async_save return": mx[0], "async_save total": mx[2]}
+        if c.allreduce(busy, op=MPI.LAND):  # the loop ran while the I/O did, on every rank
+            out["compute during I/O"] = mx[1]
+        return out
+
+
+def _rotate(names: list[str], k: int) -> list[str]:
+    k %= max(len(names), 1)
+    return names[k:] + names[:k]
+
+
+def run_checkpoint(args: argparse.Namespace) -> int:
+    """Collective over ``MPI.COMM_WORLD``: the benchmark; rank 0 prints and writes."""
+    comm = MPI.COMM_WORLD
+    root = comm.Get_rank() == 0
+    d = comm.bcast(
+        tempfile.mkdtemp(prefix="collio-ckpt-bench-", dir=args.test_file) if root else None
+    )
+    try:
+        run = _Run(args, comm, d)
+        times: dict[str, list[float]] = {}
+        iters = args.iterations or 5
+        if root:
+            n = len(run.state)
+            print(f"checkpoint: {n} arrays, {run.nbytes / MiB:.1f} MiB, {comm.Get_size()} ranks, "
+                  f"{iters} iterations", flush=True)  # fmt: skip
+        for it in range(iters):
+            for group in (run.methods(), run.loads()):
+                for name in _rotate(list(group), it):
+                    got = group[name]()
+                    for k, v in got.items() if isinstance(got, dict) else [(name, got)]:
+                        times.setdefault(k, []).append(float(v))
+            if root:
+                line = ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items())
+                print(f"iteration {it + 1}/{iters}: {line}", flush=True)
+        if root:
+            _report(args, run, times)
+    finally:
+        comm.Barrier()
+        if root:
+            shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+def _report(args: argparse.Namespace, run: _Run, times: dict[str, list[float]]) -> None:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rows = []
+    for name, ts in times.items():
+        op = "read" if ("read" in name or "load" in name) else "write"
+        bw = [run.nbytes / MiB / t for t in ts]
+        rows.append({"op": op, "api": name, "median": statistics.median(bw), "min": min(bw),
+                     "max": max(bw), "median_time": med[name], "iterations": len(ts)})  # fmt: skip
+    print("\nmedian seconds (MiB/s of the whole state):")
+    for r in rows:
+        print(f"  {r['api']:<22} {r['median_time']:8.4f} s {r['median']:10.1f} MiB/s")
+    targets = []
+    print("\ntargets:")
+    for what, num, den, bound, at_least in TARGETS:
+        if num not in med or den not in med:
+            continue
+        ratio = med[num] / med[den]
+        ok = ratio >= bound if at_least else ratio <= bound
+        targets.append({"target": what, "ratio": ratio, "bound": bound, "at_least": at_least,
+                        "met": ok})  # fmt: skip
+        rel = ">=" if at_least else "<="
+        print(f"  {what:<48} {ratio:6.3f} (target {rel} {bound}) {'met' if ok else 'MISSED'}")
+    if args.json:
+        from .machine import command, describe
+        from .report import write_json
+
+        write_json(args.json, {
+            "pattern": "checkpoint", "bytes": run.nbytes, "arrays": len(run.state),
+            "ranks": run.comm.Get_size(), "times": times, "summary": rows, "targets": targets,
+            "command": command(), "machine": describe(run.d),
+        })  # fmt: skip
+    if args.plot:
+        from .report import plot
+
+        plot(
+            args.plot,
+            rows,
+            f"checkpoint of {run.nbytes / MiB:.0f} MiB, {run.comm.Get_size()} ranks",
+        )
