@@ -63,7 +63,9 @@ class _Run:
             (v[1].global_nbytes if isinstance(v, tuple) else v.nbytes) for v in self.state.values()
         ))  # fmt: skip
         self.share = np.ones(peers.share(self.nbytes, comm)[1], np.uint8)
-        self.sub = comm.Split(0 if comm.Get_rank() < max(comm.Get_size() - 1, 1) else MPI.UNDEFINED)
+        self.sub: Any = comm.Split(
+            0 if comm.Get_rank() < max(comm.Get_size() - 1, 1) else MPI.UNDEFINED
+        )
         self.spec3 = peers.model_spec(self.total, self.sub) if self.sub != MPI.COMM_NULL else {}
         self.work = np.ones(1 << 15)
         self.reps = 1

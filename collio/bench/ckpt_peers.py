@@ -57,7 +57,7 @@ def model_state(
     return state, spec
 
 
-def model_spec(total: int, comm: MPI.Intracomm) -> dict[str, ArrayLayout | None]:
+def model_spec(total: int, comm: Any) -> dict[str, ArrayLayout | None]:
     """The row-shard layouts of the same state over ``comm`` (another job size, say)."""
     spec: dict[str, ArrayLayout | None] = {}
     for name, shape, dtype, replicated in _shapes(total):

@@ -32,6 +32,33 @@ def span(file: I64, length: I64, mem: I64) -> tuple[int, int, bool]:
     return lo, hi, same and int(length.sum()) == hi - lo
 
 
+def box_span(
+    global_shape: tuple[int, ...],
+    start: tuple[int, ...],
+    shape: tuple[int, ...],
+    itemsize: int,
+    order: str,
+) -> tuple[int, int, bool] | None:
+    """(lo, hi, contiguous) of one box by arithmetic, when it is one range (None: ask its
+    runs): a row shard is, and flattening hundreds of layouts costs more than the save's
+    other planning together."""
+    g, st, sh = (global_shape, start, shape) if order == "C" else (
+        global_shape[::-1], start[::-1], shape[::-1])  # fmt: skip
+    n = 1
+    for c in sh:
+        n *= c
+    if n == 0:
+        return 0, 0, True
+    k = next((i for i, c in enumerate(sh) if c != 1), len(sh))  # leading dims of one index
+    if any(sh[i] != g[i] for i in range(k + 1, len(g))):
+        return None
+    lo, stride = 0, itemsize
+    for i in range(len(g) - 1, -1, -1):
+        lo += st[i] * stride
+        stride *= g[i]
+    return lo, lo + n * itemsize, True
+
+
 def cut(nbytes: int, lo: I64, hi: I64, block: int = BLOCK) -> I64:
     """Extent starts of an array of ``nbytes``: a ``block`` grid and the pieces' edges."""
     if nbytes == 0:

@@ -18,7 +18,7 @@ from ..file import open as _open
 from ..layouts.arrays import ArrayLayout
 from ..layouts.base import Segments
 from . import extents, format
-from .save import at, spans
+from .save import item, spans
 from .state import whole
 
 __all__ = ["Info", "info", "load"]
@@ -162,15 +162,13 @@ def _verify(
     index: format.Index,
     wanted: list[tuple[str, ArrayLayout]],
     arrays: list[Any],
+    every: I64,
 ) -> list[str]:
     """Collective: check every extent of the arrays read, each on one rank; the names
     whose bytes differ from what was saved (the same list on every rank)."""
     import crc32c
 
     rank, size = comm.Get_rank(), comm.Get_size()
-    mine = spans([lay for _, lay in wanted])
-    every = np.empty((size, *mine.shape), np.int64)
-    comm.Allgather(mine, every)
     bad: set[str] = set()
     back: list[tuple[str, I64, I64, npt.NDArray[np.uint32]]] = []
     any_back = False  # (the same on every rank: every rank deals the same extents)
@@ -208,6 +206,21 @@ def _verify(
     return sorted(set().union(*found))
 
 
+def _read(f: File, wanted: list[tuple[str, ArrayLayout]], offs: list[int], every: I64) -> list[Any]:
+    """Collective: every piece in one read_all_many, a piece that is one range as raw bytes
+    into its array (no flattening), any other through its layout."""
+    arrays, lays, outs = [], [], []
+    flat = [bool(x) for x in np.atleast_1d(every[:, :, 2].all(axis=0))]
+    for (_, lay), off, fl in zip(wanted, offs, flat, strict=True):
+        arr = np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
+        src, one = item(arr, lay, off, fl)
+        arrays.append(arr)
+        lays.append(one)
+        outs.append(src if isinstance(one, Segments) else arr)
+    f.read_all_many(lays, out=outs)
+    return arrays
+
+
 def load(
     target: Any,
     spec: Mapping[str, Any],
@@ -234,8 +247,11 @@ def load(
             wanted = _layouts(index, spec)
         agree(f.comm, step.error, what="checkpoint.load")
         offs = [int(index.arrays[name]["offset"]) for name, _ in wanted]
-        got = f.read_all_many([at(lay, o) for (_, lay), o in zip(wanted, offs, strict=True)])
-        bad = _verify(f.comm, f, index, wanted, got)
+        mine = spans([lay for _, lay in wanted])
+        every = np.empty((f.comm.Get_size(), *mine.shape), np.int64)
+        f.comm.Allgather(mine, every)
+        got = _read(f, wanted, offs, every)
+        bad = _verify(f.comm, f, index, wanted, got, every)
     if bad:
         err = ChecksumError(
             f"{len(bad)} arrays differ from their checksums: {', '.join(map(repr, bad))}"

@@ -13,7 +13,7 @@ from mpi4py import MPI
 from ..collective import Attempt, agree
 from ..errors import LayoutError, MismatchError
 from ..file import open as _open
-from ..layouts.arrays import ArrayLayout
+from ..layouts.arrays import ArrayLayout, Subarray
 from ..layouts.base import Segments
 from . import extents, format
 from .state import Entry, flatten_state, writers
@@ -32,10 +32,32 @@ def spans(layouts: list[ArrayLayout]) -> I64:
     """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array)."""
     out = np.zeros((len(layouts), 4), np.int64)
     for k, lay in enumerate(layouts):
-        runs = lay.runs()
-        lo, hi, contiguous = extents.span(runs.file, runs.length, runs.mem)
-        out[k] = (lo, hi, contiguous, lay.nbytes)
+        out[k] = (*span_of(lay), lay.nbytes)
     return out
+
+
+def span_of(lay: ArrayLayout) -> tuple[int, int, bool]:
+    """(lo, hi, contiguous) of a piece within its array."""
+    if isinstance(lay, Subarray):
+        got = extents.box_span(
+            lay.global_shape, lay.start, lay.shape, lay.dtype.itemsize, lay.order
+        )
+        if got is not None:
+            return got
+    runs = lay.runs()
+    return extents.span(runs.file, runs.length, runs.mem)
+
+
+def item(data: Any, lay: ArrayLayout, offset: int, flat: bool) -> tuple[Any, Any]:
+    """The write (or read) of a piece at ``offset``: with ``flat`` (every rank's piece of
+    the array is one range: an item is the same kind on every rank) as raw bytes, with
+    no flattening; else through its layout."""
+    lo, hi, contiguous = span_of(lay)
+    if flat and contiguous:
+        return lay.as_bytes(data), Segments(
+            [offset + lo] if hi > lo else [], [hi - lo] if hi > lo else []
+        )
+    return data, at(lay, offset)
 
 
 @dataclasses.dataclass(slots=True)
@@ -48,6 +70,7 @@ class Plan:
     starts: list[I64]  # each array's extent starts
     owner: list[I64]  # each extent's rank (checksum from memory), or -1
     reader: list[I64]  # each extent's rank reading it back (when no piece covers it)
+    flat: list[bool]  # whether every rank's piece of the array is one range
     metadata: Any
 
     @property
@@ -118,7 +141,8 @@ def prepare(
         starts.append(s)
         owner.append(o)
         reader.append(extents.deal(o < 0, size))
-    return Plan(entries, offsets, end, starts, owner, reader, meta)
+    flat = [bool(x) for x in np.atleast_1d(every[:, :, 2].all(axis=0))]
+    return Plan(entries, offsets, end, starts, owner, reader, flat, meta)
 
 
 def _crc_owned(plan: Plan, rank: int) -> tuple[list[I64], list[npt.NDArray[np.uint32]]]:
@@ -132,7 +156,7 @@ def _crc_owned(plan: Plan, rank: int) -> tuple[list[I64], list[npt.NDArray[np.ui
         mine = np.flatnonzero(plan.owner[k] == rank)
         if len(mine):
             buf = e.layout.as_bytes(e.data).data
-            lo = int(e.layout.runs().file[0])
+            lo = span_of(e.layout)[0]
             ends = np.append(s[1:], e.layout.global_nbytes)
             got = [crc32c.crc32c(buf[s[j] - lo : ends[j] - lo]) for j in mine.tolist()]
             ids.append(base + mine)
