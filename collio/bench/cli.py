@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -207,6 +208,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
     if args.size is None and args.pattern != "ior":
         args.size = "1TiB"
+    if args.pattern == "checkpoint":
+        return _simulate_checkpoint(args)
     work = _workload(args, args.ranks)
     hints = Hints.coerce(dict(_all_hints(args)))
     cfg = SimConfig(
@@ -222,6 +225,28 @@ def _simulate(args: argparse.Namespace) -> int:
 
         doc = {**sim_json(work, res), "command": command(), "machine": describe(".", mpi=False)}
         write_json(args.json, doc)
+    return 0
+
+
+def _simulate_checkpoint(args: argparse.Namespace) -> int:
+    """A checkpoint save of ``-s`` arrays (1000 unless given) of ``--size`` in all."""
+    from ..hints import parse_size
+    from ..sim import SimConfig, format_sim, sim_json, simulate
+    from ..sim.checkpoint import checkpoint_plan, checkpoint_workload, format_checkpoint
+
+    t0 = time.perf_counter()
+    arrays = args.segments if args.segments > 1 else 1000
+    work = checkpoint_workload(args.ranks, arrays, parse_size(args.size, "--size"))
+    cfg = SimConfig(hints=Hints.coerce(dict(_all_hints(args))), ppn=args.ppn, budget=args.budget)
+    res = simulate(work, cfg)
+    plan = checkpoint_plan(work, args.ranks, arrays)
+    print(format_sim(work, res, args.ppn), flush=True)
+    print(format_checkpoint(plan))
+    print(f"checkpoint simulation: {time.perf_counter() - t0:.1f} s in all", flush=True)
+    if args.json:
+        from .report import write_json
+
+        write_json(args.json, {**sim_json(work, res), "checkpoint": plan})
     return 0
 
 
