@@ -225,6 +225,22 @@ def sim_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def checkpoint_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    """The checkpoint job's medians and its targets (time ratios, as the issue states them)."""
+    doc = docs.get("checkpoint")
+    if doc is None:
+        return ["(no checkpoint results yet)"]
+    lines = ["| method | median s | MiB/s |", "|---|---:|---:|"]
+    for row in doc["summary"]:
+        lines.append(f"| {row['api']} | {row['median_time']:.3f} | {row['median']:.0f} |")
+    lines += ["", "| target | measured | bound | met |", "|---|---:|---:|---|"]
+    for t in doc["targets"]:
+        rel = ">=" if t["at_least"] else "<="
+        met = "yes" if t["met"] else "**no**"
+        lines.append(f"| {t['target']} | {t['ratio']:.3f} | {rel} {t['bound']} | {met} |")
+    return [*lines, "", f"`{command(doc)}`, {doc['arrays']} arrays, {doc['ranks']} ranks."]
+
+
 def errors(docs: dict[str, dict[str, Any]]) -> str:
     bad = [f"{n} ({d['errors']})" for n, d in docs.items() if d.get("errors")]
     if bad:
@@ -236,7 +252,7 @@ def errors(docs: dict[str, dict[str, Any]]) -> str:
 
 
 def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
-    bench = [n for n in docs if not n.startswith("sim-")]
+    bench = [n for n in docs if not n.startswith("sim-") and n != "checkpoint"]
     sims = [n for n in docs if n.startswith("sim-")]
     parts = [
         "# Measured",
@@ -280,6 +296,15 @@ def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
         "2 x `cb_buffer_size` + 100 MiB.",
         "",
         *memory_table({n: docs[n] for n in bench}),
+        "",
+        "## Checkpoints",
+        "",
+        "`collio-bench --pattern checkpoint`: a transformer-like state (row shards, replicated",
+        "norms) saved and loaded by `collio.checkpoint` and by the ways jobs save one today;",
+        "slowest rank's barrier-to-barrier time, medians. `compute during I/O` is a numpy loop",
+        "run while an `async_save` writes; `collio load 3 of N` loads with one rank fewer.",
+        "",
+        *checkpoint_table(docs),
         "",
         "## Simulator: 65,536 ranks",
         "",

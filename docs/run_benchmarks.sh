@@ -28,6 +28,7 @@ jobs=(
   "hdf5-gzip|--compare collio-hdf5,hdf5-gather -O codec=gzip,chunks=512"
   "mpiio|--compare collio,collio-mpiio"
   "s3|--compare collio-s3,s3-gather,s3-ceiling"
+  "checkpoint|--pattern checkpoint --size 256MiB"
 )
 sim="--simulate --ranks 65536 --size 1TiB"
 sims=(
@@ -39,6 +40,7 @@ sims=(
   "sim-ior|--simulate --ranks 65536 --pattern ior -b 1m -s 16 --cb-nodes 512"
   "sim-ior-small|--simulate --ranks 65536 --pattern ior -s 4096 -b 8k -t 8k --cb-nodes 512"
   "sim-cyclic-1x1|$sim --pattern cyclic --cyclic-block 1 --cb-nodes 512"
+  "sim-checkpoint|$sim --pattern checkpoint -s 1000"
 )
 
 wanted() {  # wanted NAME [REQUESTED...]: no request means every job

@@ -242,11 +242,14 @@ def _simulate_checkpoint(args: argparse.Namespace) -> int:
     plan = checkpoint_plan(work, args.ranks, arrays)
     print(format_sim(work, res, args.ppn), flush=True)
     print(format_checkpoint(plan))
-    print(f"checkpoint simulation: {time.perf_counter() - t0:.1f} s in all", flush=True)
+    seconds = time.perf_counter() - t0
+    print(f"checkpoint simulation: {seconds:.1f} s in all", flush=True)
     if args.json:
+        from .machine import command, describe
         from .report import write_json
 
-        write_json(args.json, {**sim_json(work, res), "checkpoint": plan})
+        doc = {**sim_json(work, res), "command": command(), "machine": describe(".", mpi=False)}
+        write_json(args.json, {**doc, "seconds": seconds, "checkpoint": plan})
     return 0
 
 
