@@ -153,6 +153,9 @@ def test_async_save_holds_the_values_at_the_call(comm: MPI.Intracomm, mpi_tmp_pa
     for _ in range(20):  # the user's own collectives on their communicator, meanwhile
         total += comm.allreduce(1.0)
     assert total == 20 * comm.size
+    other = _path(comm, mpi_tmp_path, "other.bin")  # and collio's, on the same communicator
+    with collio.open(other, "w", comm=comm) as f:
+        f.write_all(np.full(4, comm.rank, "<i8"), layouts.block((4 * comm.size,), "<i8", comm=comm))
     h.wait()
     assert h.done()
     again = ckpt.async_save(path, model.save_state(comm.rank, comm.size), comm=comm)
