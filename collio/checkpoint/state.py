@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,10 +117,10 @@ def flatten_state(state: Mapping[str, Any], prefix: str = "") -> list[Entry]:
 def writers(sizes: list[int], size: int) -> list[int]:
     """The rank that writes each replicated entry: the largest first, each to the rank
     with the fewest such bytes so far, so that no rank writes them all."""
-    load = [0] * max(size, 1)
+    heap = [(0, r) for r in range(min(max(size, 1), max(len(sizes), 1)))]  # the idle ranks tie
     out = [0] * len(sizes)
     for k in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        r = min(range(len(load)), key=load.__getitem__)
+        load, r = heapq.heappop(heap)
         out[k] = r
-        load[r] += sizes[k]
+        heapq.heappush(heap, (load + sizes[k], r))
     return out
