@@ -238,7 +238,7 @@ def checkpoint_table(docs: dict[str, dict[str, Any]]) -> list[str]:
         rel = ">=" if t["at_least"] else "<="
         met = "yes" if t["met"] else "**no**"
         lines.append(f"| {t['target']} | {t['ratio']:.3f} | {rel} {t['bound']} | {met} |")
-    return [*lines, "", f"`{command(doc)}`, {doc['arrays']} arrays, {doc['ranks']} ranks."]
+    return [*lines, "", f"`{command(doc)}`, {doc['arrays']} arrays, {doc['nranks']} ranks."]
 
 
 def errors(docs: dict[str, dict[str, Any]]) -> str:

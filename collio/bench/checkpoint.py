@@ -206,7 +206,7 @@ def _report(args: argparse.Namespace, run: _Run, times: dict[str, list[float]]) 
 
         write_json(args.json, {
             "pattern": "checkpoint", "bytes": run.nbytes, "arrays": len(run.state),
-            "ranks": run.comm.Get_size(), "times": times, "summary": rows, "targets": targets,
+            "nranks": run.comm.Get_size(), "times": times, "summary": rows, "targets": targets,
             "command": command(), "machine": describe(run.d),
         })  # fmt: skip
     if args.plot:
