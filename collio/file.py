@@ -246,8 +246,8 @@ class File:
         """Collective over `comm`: read many arrays in one two-phase call.
 
         Returns a list of ndarrays, one per layout; ``out`` (optional) is a sequence
-        of arrays, one per layout, filled in place (as :meth:`read_all`'s ``out``).
-        The same rules as :meth:`write_all_many`.
+        of arrays, one per layout, filled in place (as :meth:`read_all`'s ``out``;
+        no two of them may share memory).  The same rules as :meth:`write_all_many`.
         """
         self._check_open()
         try:
