@@ -26,7 +26,7 @@ from .report import (
 )
 from .run import BenchConfig, Runner, balanced_orders, run_bench
 
-__all__ = ["bench"]
+__all__ = ["bench", "copies_text", "machine_facts", "mpi_line", "single_copies"]
 
 
 def _apis(args: argparse.Namespace, default: str) -> tuple[str, ...]:
@@ -79,7 +79,8 @@ def _config(
     if iterations < 1:
         raise ValueError(f"-i {iterations}: at least one iteration")
     return BenchConfig(
-        work, run, iterations, write, read, args.fsync, args.check_write, args.check_read,
+        work, run, iterations, write, read, args.fsync is not False, args.check_write,
+        args.check_read,
         args.test_file, tuple(hints), args.keep_file, tuple(options.items()),
         tuple(skipped.items()),
     )  # fmt: skip
@@ -106,13 +107,13 @@ def bench(
             print(f"collio-bench: error: {exc}", file=sys.stderr)
         return 2
     work, names = cfg.work, cfg.apis
-    copies = _single_copy(comm)
+    copies = single_copies(comm)
     emit(
         f"collio-bench: {work.describe()}, {human(work.nbytes)}, {comm.size} ranks, "
         f"{cfg.iterations} iterations, fsync {'on' if cfg.fsync else 'off'}; "
         f"APIs: {', '.join(names)}"
     )
-    emit(f"# MPI: {MPI.Get_library_version().splitlines()[0].strip()}; {_copies_text(copies)}")
+    emit(mpi_line(copies))
     for name, why in cfg.skipped:
         emit(f"# {name}: not run: {why}")
     cycle = len(balanced_orders(len(names)))
@@ -136,9 +137,7 @@ def bench(
     facts["peak_rss"] = comm.gather(runner.rss, root=0)
     facts["extra_rss"] = comm.gather(runner.extra, root=0)
     facts["data_bytes"] = comm.gather(facts["data_bytes"], root=0)
-    nodes = len(set(comm.allgather(MPI.Get_processor_name())))
-    if rank0:
-        facts["machine"] = {**describe(facts["path"]), "single_copy": copies, "nodes": nodes}
+    facts["machine"] = machine_facts(comm, facts["path"], copies)
     if rank0:
         _finish(args, cfg, runner, facts, time.perf_counter() - t0, comm.size)
     # verification errors are summed over ranks: every rank returns the same status
@@ -191,13 +190,26 @@ def _finish(
         plot(args.plot, summary, f"{work.describe()}, {nranks} ranks")
 
 
-def _single_copy(comm: MPI.Intracomm) -> bool | str | None:
+def single_copies(comm: MPI.Intracomm) -> bool | str | None:
     """Collective: MPICH's single-copy setting on every rank, or "mixed" when ranks differ."""
     values = set(comm.allgather(single_copy()))
     return values.pop() if len(values) == 1 else "mixed"
 
 
-def _copies_text(copies: bool | str | None) -> str:
+def machine_facts(comm: MPI.Intracomm, path: str, copies: bool | str | None) -> dict[str, Any]:
+    """Collective: the machine as saved with a result (on rank 0; empty elsewhere)."""
+    nodes = len(set(comm.allgather(MPI.Get_processor_name())))
+    if comm.rank != 0:
+        return {}
+    return {**describe(path), "single_copy": copies, "nodes": nodes}
+
+
+def mpi_line(copies: bool | str | None) -> str:
+    """The header's line on MPI: the library and its single-copy setting."""
+    return f"# MPI: {MPI.Get_library_version().splitlines()[0].strip()}; {copies_text(copies)}"
+
+
+def copies_text(copies: bool | str | None) -> str:
     if copies is None:
         return "single-copy setting: not MPICH"
     state = copies if isinstance(copies, str) else ("on" if copies else "off")
