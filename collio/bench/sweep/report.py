@@ -64,7 +64,7 @@ def _table(summary: list[dict[str, Any]], kind: str) -> list[str]:
     head = [f"{'pattern':<10}", f"{'op':<5}", f"{'size':>8}"] if sized else [f"{'call':<5}"]
     head += [f"{'calls':>5}", *(f"{a:>12}" for a in apis)]
     head += [f"{a + '/ROMIO':>{max(12, len(a) + 6)}}" for a in ours]
-    lines = ["  ".join(head) + ("  path" if sized else "")]
+    lines = ["  ".join(head) + (f"  path ({' / '.join(ours)})" if sized else "")]
     groups: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(_key(r), {})[r["api"]] = r
@@ -73,7 +73,7 @@ def _table(summary: list[dict[str, Any]], kind: str) -> list[str]:
         cells.append(f"{min(r['calls'] for r in by.values()):>5}")
         cells += [f"{ms(by[a]['median']) if a in by else '-':>12}" for a in apis]
         cells += [f"{_ratio(by.get(a)):>{max(12, len(a) + 6)}}" for a in ours]
-        path = next((r["path"] for r in by.values() if r["path"]), "")
+        path = " / ".join(by[a]["path"] or "-" if a in by else "-" for a in ours)
         lines.append("  ".join(cells) + (f"  {path}" if sized else ""))
     return lines
 
