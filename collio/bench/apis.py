@@ -222,6 +222,15 @@ def _info(hints: dict[str, str]) -> MPI.Info:
     return info
 
 
+def file_hints(fh: MPI.File) -> dict[str, str | None]:
+    """The hints an open ``MPI.File`` uses, as ROMIO reports them."""
+    info = fh.Get_info()
+    try:
+        return {info.Get_nthkey(i): info.Get(info.Get_nthkey(i)) for i in range(info.Get_nkeys())}
+    finally:
+        info.Free()
+
+
 def _unknown(name: str, known: list[str]) -> Exception:
     return ValueError(f"unknown API {name!r}; known: {', '.join(known)}")
 

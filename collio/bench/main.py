@@ -26,7 +26,15 @@ from .report import (
 )
 from .run import BenchConfig, Runner, balanced_orders, run_bench
 
-__all__ = ["bench", "copies_text", "machine_facts", "mpi_line", "single_copies"]
+__all__ = [
+    "bench",
+    "copies_text",
+    "emitter",
+    "failed",
+    "machine_facts",
+    "mpi_line",
+    "single_copies",
+]
 
 
 def _apis(args: argparse.Namespace, default: str) -> tuple[str, ...]:
@@ -95,17 +103,11 @@ def bench(
     """Collective over ``MPI.COMM_WORLD``: the benchmark; rank 0 prints and saves."""
     comm = MPI.COMM_WORLD
     rank0 = comm.rank == 0
-
-    def emit(line: str) -> None:
-        if rank0:
-            print(line, flush=True)
-
+    emit = emitter(comm)
     try:
         cfg = _config(args, workload, hints, default_apis, comm.size)
     except ValueError as exc:
-        if rank0:
-            print(f"collio-bench: error: {exc}", file=sys.stderr)
-        return 2
+        return failed(comm, exc, 2)
     work, names = cfg.work, cfg.apis
     copies = single_copies(comm)
     emit(
@@ -131,9 +133,7 @@ def bench(
     try:
         runner, _, facts = run_bench(comm, cfg, emit)
     except CollioError as exc:  # raised alike on every rank
-        if rank0:
-            print(f"collio-bench: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return failed(comm, exc, 1)
     facts["peak_rss"] = comm.gather(runner.rss, root=0)
     facts["extra_rss"] = comm.gather(runner.extra, root=0)
     facts["data_bytes"] = comm.gather(facts["data_bytes"], root=0)
@@ -188,6 +188,23 @@ def _finish(
         write_json(args.json, doc)
     if args.plot:
         plot(args.plot, summary, f"{work.describe()}, {nranks} ranks")
+
+
+def emitter(comm: MPI.Intracomm) -> Callable[[str], None]:
+    """A function that prints a line on rank 0 (and nothing on the others)."""
+
+    def emit(line: str) -> None:
+        if comm.rank == 0:
+            print(line, flush=True)
+
+    return emit
+
+
+def failed(comm: MPI.Intracomm, exc: Exception, status: int) -> int:
+    """``status``, after rank 0 printed ``exc`` (an error every rank has alike)."""
+    if comm.rank == 0:
+        print(f"collio-bench: error: {exc}", file=sys.stderr, flush=True)
+    return status
 
 
 def single_copies(comm: MPI.Intracomm) -> bool | str | None:

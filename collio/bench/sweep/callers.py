@@ -23,7 +23,7 @@ from mpi4py import MPI
 import collio
 
 from ...testing.romio import filetype
-from ..apis import _info, api_hints, get_api
+from ..apis import _info, api_hints, file_hints, get_api
 from ..builtin import CollioApi, MpiioApi
 from .work import Step, as_bytes
 
@@ -175,12 +175,7 @@ class RomioCaller(Caller):
         self.fh.Sync()
 
     def close(self) -> None:
-        info = self.fh.Get_info()
-        try:
-            self.used = {info.Get_nthkey(i): info.Get(info.Get_nthkey(i))
-                         for i in range(info.Get_nkeys())}  # fmt: skip
-        finally:
-            info.Free()
+        self.used = file_hints(self.fh)
         self.fh.Close()
         for t in self.types:
             t.Free()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
-import sys
 import time
 from typing import Any
 
@@ -13,7 +12,7 @@ from mpi4py import MPI
 
 from ...errors import CollioError
 from ..machine import command
-from ..main import machine_facts, mpi_line, single_copies
+from ..main import emitter, failed, machine_facts, mpi_line, single_copies
 from ..patterns import human
 from ..report import write_json
 from ..run import _shared_path
@@ -29,17 +28,11 @@ def sweep(args: argparse.Namespace, hints: list[tuple[str, str]]) -> int:
     """Collective over ``MPI.COMM_WORLD``: the sweep; rank 0 prints and saves."""
     comm = MPI.COMM_WORLD
     rank0 = comm.rank == 0
-
-    def emit(line: str) -> None:
-        if rank0:
-            print(line, flush=True)
-
+    emit = emitter(comm)
     try:
         cfg, skipped = config(args, hints)
     except ValueError as exc:
-        if rank0:
-            print(f"collio-bench: error: {exc}", file=sys.stderr)
-        return 2
+        return failed(comm, exc, 2)
     copies = single_copies(comm)
     for line in header(cfg, skipped, comm.size):
         emit(line)
@@ -51,9 +44,7 @@ def sweep(args: argparse.Namespace, hints: list[tuple[str, str]]) -> int:
     try:
         sweeper.run()
     except CollioError as exc:  # raised alike on every rank
-        if rank0:
-            print(f"collio-bench: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return failed(comm, exc, 1)
     finally:
         comm.Barrier()
         if rank0 and tmp and not cfg.keep:
