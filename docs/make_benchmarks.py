@@ -18,6 +18,7 @@ import json
 import shlex
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,13 @@ def load() -> dict[str, dict[str, Any]]:
 
 
 def command(doc: dict[str, Any]) -> str:
-    """The command that made ``doc``, as typed (without ``--json FILE``)."""
+    """The command that made ``doc``, as typed (without ``--json FILE`` or ``--plot FILE``)."""
     args, words = list(doc["command"]), []
     while args:
         word = args.pop(0)
-        if word == "--json":
+        if word in ("--json", "--plot"):  # where this run saved its figures
             args.pop(0)
-        elif not word.startswith("--json="):
+        elif not word.startswith(("--json=", "--plot=")):
             words.append(word)
     text = " ".join(shlex.quote(w) for w in words)
     if "--simulate" in words:
@@ -226,27 +227,34 @@ def sweep_table(doc: dict[str, Any], kind: str) -> list[str]:
     return out
 
 
+def _wrap(text: str) -> list[str]:
+    """``text`` as lines of the page's width, never breaking inside a name like `mpiio-tuned`."""
+    return textwrap.wrap(text, 88, break_on_hyphens=False, break_long_words=False)
+
+
 def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
     doc = docs.get(SWEEP)
     if doc is None:
         return ["(no result yet: run docs/run_benchmarks.sh sweep)"]
     sync = "with a sync in every call" if doc["fsync"] else "no sync per call"
-    out = [
-        f"Milliseconds per call: the median over the calls of the slowest of the {doc['nranks']}",
-        f"ranks' times, {sync}. Each API keeps its own file open and each call writes a new",
-        "step after the last (as a time series does; no call rewrites bytes), the APIs",
-        "alternating call by call; reads read the steps back in order. `contiguous`: one run",
-        f"per rank; `strided`: {doc['runs']} runs per rank, interleaved across ranks (fewer when",
-        "the size has fewer float64). `mpiio` is ROMIO with its defaults, `mpiio-tuned` with",
-        "`cb_nodes` = ranks and `cb_config_list` = `*:*`; a ratio below 1 is collio ahead.",
-        "Every API's first call per size is checked byte for byte against numpy.",
-        "",
-        *sweep_table(doc, "call"),
-    ]
+    about = (
+        f"Milliseconds per call: the median of the slowest of {doc['nranks']} ranks' times, "
+        f"{sync}. Each API keeps its own file open and each call writes a new step after the "
+        "last (as a time series does; no call rewrites bytes), the APIs alternating call by "
+        "call; reads read the steps back in order. `contiguous`: one run per rank; "
+        f"`strided`: {doc['runs']} runs per rank, interleaved across ranks (fewer when the "
+        "size holds fewer float64). `mpiio` is ROMIO with its defaults, `mpiio-tuned` with "
+        "`cb_nodes` = ranks and `cb_config_list` = `*:*`; a ratio below 1 is collio ahead. "
+        "Every API's first call per size is checked byte for byte against numpy."
+    )
+    out = [*_wrap(about), "", *sweep_table(doc, "call")]
     if doc["batch"] and doc["batch_sizes"]:
-        out += ["", f"A batch: {doc['batch']} arrays per rank, in one `write_all_many` /",
-                f"`read_all_many` (`collio-many`) or in {doc['batch']} calls (the others); ms",
-                "per batch.", ""]  # fmt: skip
+        n = doc["batch"]
+        batches = (
+            f"Batches: {n} arrays per rank in one `write_all_many` / `read_all_many` "
+            f"(`collio-many`) or in {n} calls (the others); ms per batch."
+        )
+        out += ["", *_wrap(batches), ""]
         out += [f"`{a}`: not run: {why}." for a, why in doc["unavailable"].items()]
         out += ["", *sweep_table(doc, "batch")]
     if doc["calls"]:
