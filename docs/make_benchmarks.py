@@ -254,8 +254,9 @@ def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
             f"Batches: {n} arrays per rank in one `write_all_many` / `read_all_many` "
             f"(`collio-many`) or in {n} calls (the others); ms per batch."
         )
-        out += ["", *_wrap(batches), ""]
-        out += [f"`{a}`: not run: {why}." for a, why in doc["unavailable"].items()]
+        out += ["", *_wrap(batches)]
+        for api, why in doc["unavailable"].items():
+            out += ["", f"`{api}`: not run: {why}."]
         out += ["", *sweep_table(doc, "batch")]
     if doc["calls"]:
         out += ["", "Opening an existing file (`r+`), `sync()` with nothing written, `close()`:",
