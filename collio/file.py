@@ -190,14 +190,19 @@ class File:
         which then moves on.
         """
         self._check_open()
+        if layout is not _VIEW:  # (no buffer layout to build: small calls count every step)
+            self._write(data, layout)
+            return
         lay = view.BufferLayout(self._view, self._position, data, writing=True)
+        self._write(data, lay)
+        self._position += lay.etypes
+
+    def _write(self, data: Any, layout: Any) -> None:
         try:
-            engine.write(self._ctx, data, lay if layout is _VIEW else layout)
+            engine.write(self._ctx, data, layout)
         except BaseException as exc:
             self._failed(exc, writing=True)
             raise
-        if layout is _VIEW:
-            self._position += lay.etypes
 
     @one_thread
     def read_all(self, layout: Any = None, out: Any = None) -> Any:
