@@ -104,7 +104,7 @@ def _pair(item: Any) -> tuple[Any, Layout]:
 def _check_layout(backend: Any, layout: Any) -> None:
     if not isinstance(layout, Layout):
         raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
-    layout.validate()
+    layout.checked()
     backend.check_layout(layout)
 
 
@@ -132,7 +132,25 @@ def _union(
     file, length, mem = file[order], length[order], mem[order]
     if writing:
         _refuse_overlap(file, length, np.repeat(np.arange(len(runs)), counts)[order])
+    else:
+        _refuse_shared_memory(addr[used], ends[used], np.flatnonzero(used))
     return merge(Runs(file, length, mem)), span(lo, hi - lo, writable=not writing, holds=arrays)
+
+
+def _refuse_shared_memory(addr: I64, ends: I64, item: npt.NDArray[np.intp]) -> None:
+    """Raise :class:`LayoutError` naming two items of a read whose arrays share memory
+    (MPI fills no byte twice in one call, and one of the two would lose)."""
+    if len(addr) < 2:
+        return
+    order = np.argsort(addr, kind="stable")
+    a, e, k = addr[order], ends[order], item[order]
+    bad = np.flatnonzero(a[1:] < np.maximum.accumulate(e)[:-1])
+    if not len(bad):
+        return
+    i = int(bad[0]) + 1
+    j = int(np.argmax(e[:i] > a[i]))  # an earlier array reaching past its start
+    x, y = sorted((int(k[j]), int(k[i])))
+    raise LayoutError(f"items {x} and {y} read into arrays that share memory")
 
 
 def _refuse_overlap(file: I64, length: I64, item: I64) -> None:

@@ -192,7 +192,7 @@ def _one_layout(
     """Local: a single call's checks of its layout; its runs, buffer, extra and signature."""
     if not isinstance(layout, Layout):
         raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
-    layout.validate()
+    layout.checked()
     ctx.backend.check_layout(layout)
     buf, extra = prepare(layout)
     runs = ctx.backend.runs_for(layout)

@@ -190,14 +190,19 @@ class File:
         which then moves on.
         """
         self._check_open()
+        if layout is not _VIEW:  # (no buffer layout to build: small calls count every step)
+            self._write(data, layout)
+            return
         lay = view.BufferLayout(self._view, self._position, data, writing=True)
+        self._write(data, lay)
+        self._position += lay.etypes
+
+    def _write(self, data: Any, layout: Any) -> None:
         try:
-            engine.write(self._ctx, data, lay if layout is _VIEW else layout)
+            engine.write(self._ctx, data, layout)
         except BaseException as exc:
             self._failed(exc, writing=True)
             raise
-        if layout is _VIEW:
-            self._position += lay.etypes
 
     @one_thread
     def read_all(self, layout: Any = None, out: Any = None) -> Any:
@@ -246,8 +251,8 @@ class File:
         """Collective over `comm`: read many arrays in one two-phase call.
 
         Returns a list of ndarrays, one per layout; ``out`` (optional) is a sequence
-        of arrays, one per layout, filled in place (as :meth:`read_all`'s ``out``).
-        The same rules as :meth:`write_all_many`.
+        of arrays, one per layout, filled in place (as :meth:`read_all`'s ``out``;
+        no two of them may share memory).  The same rules as :meth:`write_all_many`.
         """
         self._check_open()
         try:

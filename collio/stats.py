@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import operator
 import os
 import sys
 from typing import Any
@@ -35,12 +37,26 @@ SUMS = (
     "runs",
 )
 _MAXES = ("rounds", "time_plan", "time_exchange", "time_io", "time_total")
+# (one C call reads them all: packing and absorbing come once per call, small calls too)
+_get_sums = operator.attrgetter(*SUMS)
+_get_maxes = operator.attrgetter(*_MAXES)
+
+
+_BUCKET_BOUNDS = np.asarray(BUCKETS, np.int64)
+#: Up to this many sizes are counted one by one (a small call's one or few requests:
+#: cheaper than numpy's passes).
+_FEW = 4
 
 
 def histogram(sizes: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Counts of request sizes per Darshan bucket."""
     s = np.asarray(sizes, np.int64)
-    idx = np.searchsorted(np.asarray(BUCKETS), s, side="left")
+    if s.ndim == 1 and len(s) <= _FEW:
+        out = np.zeros(len(BUCKET_NAMES), np.int64)
+        for size in s.tolist():
+            out[bisect.bisect_left(BUCKETS, size)] += 1
+        return out
+    idx = np.searchsorted(_BUCKET_BOUNDS, s, side="left")
     return np.bincount(idx, minlength=len(BUCKET_NAMES)).astype(np.int64)
 
 
@@ -105,22 +121,22 @@ class Stats:
 
     def pack(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """Local counters as (sum vector, max vector) for one reduction."""
-        sums = np.array([getattr(self, k) for k in SUMS], np.int64)
-        sums = np.concatenate((sums, self.write_sizes, self.read_sizes))
-        maxes = np.array([float(getattr(self, k)) for k in _MAXES], np.float64)
+        sums = np.concatenate((_get_sums(self), self.write_sizes, self.read_sizes), dtype=np.int64)
+        maxes = np.array(_get_maxes(self), np.float64)
         return sums, maxes
 
     def absorb(self, sums: npt.NDArray[np.int64], maxes: npt.NDArray[np.float64]) -> None:
         """Add reduced per-call counters to the file's totals."""
         n = len(SUMS)
         nb = len(BUCKET_NAMES)
-        for k, v in zip(SUMS, sums[:n].tolist(), strict=True):
-            setattr(self, k, getattr(self, k) + int(v))
+        for k, a, b in zip(SUMS, sums[:n].tolist(), _get_sums(self), strict=True):
+            setattr(self, k, a + b)
         self.write_sizes = self.write_sizes + sums[n : n + nb]
         self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
-        self.rounds = max(self.rounds, int(maxes[0]))
-        for k, v in zip(_MAXES[1:], maxes[1:].tolist(), strict=True):
-            setattr(self, k, getattr(self, k) + float(v))
+        most = maxes.tolist()
+        self.rounds = max(self.rounds, int(most[0]))
+        for k, a, b in zip(_MAXES[1:], most[1:], _get_maxes(self)[1:], strict=True):
+            setattr(self, k, a + b)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""

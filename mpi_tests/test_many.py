@@ -206,6 +206,14 @@ def test_errors_are_agreed_and_write_nothing(comm, mpi_tmp_path):
         raises_everywhere(comm, collio.LayoutError,
                           lambda: f.read_all_many([lay for _, lay in items], out=[None]),
                           match="out must be a sequence of 3 arrays")  # fmt: skip
+        # a read into one array twice (or into views that share memory), on one rank
+        lays3 = [lay for _, lay in items]
+        outs = [np.zeros(8, np.int64) for _ in lays3]
+        if comm.rank == last:
+            whole = np.zeros(12, np.int64)
+            outs[0], outs[2] = whole[:8], whole[4:]
+        raises_everywhere(comm, collio.LayoutError, lambda: f.read_all_many(lays3, out=outs),
+                          match=f"rank {last}: items 0 and 2 read into arrays")  # fmt: skip
         # a write_all beside a write_all_many: a call mismatch
         if comm.size > 1:
 
