@@ -67,11 +67,27 @@ class Plan:
     entries: list[Entry]  # this rank's pieces (empty ones for replicated entries it skips)
     offsets: I64
     data_end: int
-    starts: list[I64]  # each array's extent starts
-    owner: list[I64]  # each extent's rank (checksum from memory), or -1
-    reader: list[I64]  # each extent's rank reading it back (when no piece covers it)
+    spans: I64  # (rank, array, (lo, hi, contiguous, bytes)) of every rank's pieces
     flat: list[bool]  # whether every rank's piece of the array is one range
     metadata: Any
+    #: the extents, planned by :meth:`plan_extents` (pure: an async save does it in its thread)
+    starts: list[I64] = dataclasses.field(default_factory=list)  # each array's extent starts
+    owner: list[I64] = dataclasses.field(default_factory=list)  # checksum from memory, or -1
+    reader: list[I64] = dataclasses.field(default_factory=list)  # reads it back, or -1
+
+    def plan_extents(self) -> None:
+        """Cut every array into extents and give each to a rank (see :mod:`.extents`)."""
+        size = self.spans.shape[0]
+        self.starts, self.owner, self.reader = [], [], []
+        for k, e in enumerate(self.entries):
+            n = e.layout.global_nbytes
+            lo, hi = self.spans[:, k, 0], self.spans[:, k, 1]
+            contig = self.spans[:, k, 2].astype(bool)
+            s = extents.cut(n, lo[contig], hi[contig])
+            o = extents.owners(s, n, lo, hi, contig)
+            self.starts.append(s)
+            self.owner.append(o)
+            self.reader.append(extents.deal(o < 0, size))
 
     @property
     def reads_back(self) -> bool:
@@ -133,16 +149,8 @@ def prepare(
                     f"entry {e.name!r}: the ranks' pieces hold {total} bytes, the array {shapes[k]}"
                 )
     agree(comm, step.error, what="checkpoint.save")
-    starts, owner, reader = [], [], []
-    for k, n in enumerate(shapes):
-        lo, hi, contig = every[:, k, 0], every[:, k, 1], every[:, k, 2].astype(bool)
-        s = extents.cut(n, lo[contig], hi[contig])
-        o = extents.owners(s, n, lo, hi, contig)
-        starts.append(s)
-        owner.append(o)
-        reader.append(extents.deal(o < 0, size))
     flat = [bool(x) for x in np.atleast_1d(every[:, :, 2].all(axis=0))]
-    return Plan(entries, offsets, end, starts, owner, reader, flat, meta)
+    return Plan(entries, offsets, end, every, flat, meta)
 
 
 def _crc_owned(plan: Plan, rank: int) -> tuple[list[I64], list[npt.NDArray[np.uint32]]]:
@@ -228,6 +236,8 @@ def write(
     the data goes first, is read back for its checksums, and the index follows.
     """
     rank = comm.Get_rank()
+    if len(plan.starts) != len(plan.entries):
+        plan.plan_extents()
     with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
         head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
         items: list[Any] = [(head, Segments([0], [len(head)]))]
