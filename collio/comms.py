@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -105,6 +106,9 @@ class Private:
     # collio.open and collio.h5 alike: each file's serial number, which the first
     # agreement of its calls carries (call_head)
     files: int = 0
+    # a random number rank 0 drew, the same on every rank: names what the ranks make
+    # together (a shared file pointer's file) without another message
+    token: int = 0
 
     def acquire(self) -> None:
         """A file starts using the duplicate."""
@@ -163,11 +167,13 @@ def private(comm: MPI.Intracomm) -> Private:
     dup = comm.Dup()
     node = dup.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        leader = np.array([node.bcast(dup.Get_rank(), root=0)], np.int64)
+        leader = node.bcast(dup.Get_rank(), root=0)
     finally:
         node.Free()
-    nodes = np.empty(dup.Get_size(), np.int64)
-    dup.Allgather([leader, MPI.INT64_T], [nodes, MPI.INT64_T])
-    value = Private(dup, nodes)
+    # each rank's node leader, and a random number of each rank's (rank 0's is the token)
+    mine = np.array([leader, secrets.randbits(62)], np.int64)
+    every = np.empty(2 * dup.Get_size(), np.int64)
+    dup.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
+    value = Private(dup, every[0::2].copy(), token=int(every[1]))
     comm.Set_attr(keyval, value)
     return value
