@@ -28,6 +28,7 @@ from .comms import Private
 from .context import Context
 from .errors import MismatchError, ModeError
 from .hints import Hints
+from .plancache import PlanCache
 from .stats import Stats, print_at_close
 
 __all__ = ["FileCore", "Rider"]
@@ -121,6 +122,29 @@ class FileCore:
         """A call's context for another backend of this file (an HDF5 dataset's)."""
         c = self.ctx
         return Context(c.comm, backend, c.hints, c.aggregators, c.stats, c.mode, file=c.file)
+
+    def own_comm(self) -> MPI.Comm:
+        """Collective over ``comm``: move this file's later calls onto a duplicate of its
+        own, with kept plans of its own (as ``MPI_File_open`` duplicates its communicator),
+        and return it; the caller frees it once the file is closed.
+
+        For a front end that runs some collective calls of a file on a thread of their own
+        (MPI's nonblocking collectives): those must share neither a communicator nor kept
+        plans with the calls the main thread makes on other files meanwhile.
+        """
+        dup: MPI.Comm = self.ctx.comm.Dup()
+        self.ctx.comm = dup
+        self.ctx.plans = PlanCache()
+        return dup
+
+    def retune(self, hints: Hints) -> None:
+        """Local (alike on every rank given equal ``hints``): plan later calls with
+        ``hints`` (``MPI_File_set_info``): aggregators are chosen anew, the statistics say so.
+        What the backend settled at open (``direct_write``, ``mapped_reads``) stays."""
+        assert self.priv is not None, "retune an open file"
+        ctx = self.ctx
+        ctx.hints = hints
+        ctx.aggregators, ctx.read_aggregators = _choose(self.priv, ctx.backend, hints, ctx.stats)
 
     def atomic(self) -> bool:
         """All-or-nothing writes: the ``atomic_commit`` hint, or an ``atomic`` backend."""
@@ -268,22 +292,29 @@ class FileCore:
 
 
 def _context(priv: Private, be: Backend, hints: Hints, mode: str, file: tuple[int, str]) -> Context:
-    """The file's engine context: aggregators (the backend's own for reads, when it has
-    them and the hints choose none) and the statistics' record of what was used."""
+    """The file's engine context: aggregators and the statistics' record of what was used."""
+    stats = Stats()
+    stats.backend = be.describe()
+    aggs, read_aggs = _choose(priv, be, hints, stats)
+    return Context(priv.comm, be, hints, aggs, stats, mode, priv.plans, read_aggs, file)
+
+
+def _choose(priv: Private, be: Backend, hints: Hints, stats: Stats) -> tuple[I64, I64 | None]:
+    """Aggregators for ``hints`` (the backend's own for reads, when it has them and the
+    hints choose none), recorded in ``stats``; returns (aggregators, read aggregators)."""
     aggs = priv.choose(hints.cb_nodes, hints.per_node())
     be.aggregators = aggs
-    stats = Stats(aggregators=tuple(aggs.tolist()))
+    stats.aggregators = tuple(aggs.tolist())
     stats.hints = _used_hints(hints, aggs)
     read_aggs = None
     if be.read_per_node is not None and hints.cb_nodes is None and not hints.cb_config_list:
         read_aggs = priv.choose(None, be.read_per_node)
         stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
-    stats.backend = be.describe()
     # O_DIRECT where the backend uses it (agreed at its open; never in 'r')
     stats.hints["direct_write"] = hints.direct_write and bool(
         stats.backend.get("direct_write", False)
     )
-    return Context(priv.comm, be, hints, aggs, stats, mode, priv.plans, read_aggs, file)
+    return aggs, read_aggs
 
 
 def _used_hints(hints: Hints, aggs: I64) -> dict[str, Any]:
