@@ -19,7 +19,7 @@ from __future__ import annotations
 from . import layouts
 from ._version import __version__
 from .backends import get_backend, known_backends, register_backend
-from .buffers import release_buffers
+from .engine import release_buffers
 from .errors import (
     BackendError,
     BackendUnavailableError,

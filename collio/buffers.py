@@ -1,14 +1,11 @@
 """Round buffers, kept across calls and files.
 
-Fresh memory costs a page fault per page on first touch (measured here: about
-1.3 ms per MiB in a VM), so the two round buffers an aggregator needs are kept
-and reused; :func:`release_buffers` returns them to the system.  The I/O thread
-that overlaps backend requests with the next round's exchange lives here too.
+Fresh memory costs a page fault per page on first touch, so the round buffers an
+aggregator needs are kept and reused; :func:`free_buffers` returns them to the system.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 
 import numpy as np
@@ -19,9 +16,7 @@ __all__ = [
     "round_buffers",
     "window_of",
     "scratch_buffer",
-    "release_buffers",
-    "io_executor",
-    "flush_executor",
+    "free_buffers",
 ]
 
 #: Alignment of kept buffers (and of direct I/O requests, see the posix backend).
@@ -29,7 +24,6 @@ PAGE = 4096
 _lock = threading.Lock()
 #: Kept allocations by use ("rounds", "scratch"); each reused while big enough.
 _kept: dict[str, npt.NDArray[np.uint8]] = {}
-_executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 
 
 def _keep(name: str, nbytes: int) -> npt.NDArray[np.uint8]:
@@ -71,32 +65,7 @@ def scratch_buffer(nbytes: int, use: str = "scratch") -> npt.NDArray[np.uint8]:
     return _keep(use, nbytes)[:nbytes]
 
 
-def release_buffers() -> None:
-    """Free the cached round buffers, the packing buffer and the kept plans (local)."""
-    from .plancache import clear_all  # (plancache imports nothing of ours but runs)
-
+def free_buffers() -> None:
+    """Local: free the kept round, packing and bounce buffers (made again when needed)."""
     with _lock:
         _kept.clear()
-    clear_all()
-
-
-def _thread(name: str) -> concurrent.futures.ThreadPoolExecutor:
-    """The process's single thread ``collio-<name>``, made when first asked for."""
-    with _lock:
-        pool = _executors.get(name)
-        if pool is None:
-            pool = _executors[name] = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix=f"collio-{name}"
-            )
-        return pool
-
-
-def io_executor() -> concurrent.futures.ThreadPoolExecutor:
-    """The process's single I/O thread (backend calls release the GIL)."""
-    return _thread("io")
-
-
-def flush_executor() -> concurrent.futures.ThreadPoolExecutor:
-    """The process's flush thread: one early ``fdatasync`` at a time, whichever file
-    (:class:`~collio.backends.fsync.EarlyFlush`)."""
-    return _thread("flush")

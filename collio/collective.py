@@ -1,42 +1,41 @@
 """Agreement on errors: no rank raises alone inside a collective call.
 
-The pattern (habit 5 of the house style): run the local step inside
-:class:`Attempt`, then call :func:`agree`.  ``agree`` is an allreduce of one flag
-(cheap, O(log p)); only when some rank failed are the messages gathered, and then
-every rank raises the same :class:`~collio.errors.CollioError` subclass naming
-the failing ranks.  Because every rank makes the same sequence of collective
-calls whatever happened locally, nothing hangs and the communicator stays usable.
+The pattern: run the local step inside :class:`Attempt`, then call :func:`agree`.
+``agree`` is an allreduce of one flag (cheap, O(log p)); only when some rank failed
+are the messages gathered, and then every rank raises the same
+:class:`~collio.errors.CollioError` subclass naming the failing ranks.  Because
+every rank makes the same sequence of collective calls whatever happened locally,
+nothing hangs and the communicator stays usable.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import time
 import types
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
 from .errors import MismatchError, classify, make_error
+from .facts import UNSET, Facts, How, agreed_equal, equal_slots, fact, record
+from .waits import sleep_until_done
 
 __all__ = [
     "CALLS",
     "Attempt",
     "agree",
+    "agree_facts",
     "agree_same",
     "any_flag",
     "bcast_outcome",
     "call_head",
     "digest",
-    "quiet_barrier",
     "raise_agreed",
     "same_slots",
     "settle_same",
-    "sleep_until_done",
 ]
 
 
@@ -93,7 +92,19 @@ def agree(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> Non
         raise_agreed(comm, error, what=what)
 
 
-_NONE = np.int64(-(2**62))
+_NONE = np.int64(UNSET)
+
+F = TypeVar("F", bound=Facts)
+
+
+def agree_facts(comm: MPI.Comm, mine: F) -> F:
+    """Collective over `comm`: one allreduce (MAX) of every rank's :class:`~collio.facts.Facts`
+    record; returns the agreed record (same type)."""
+    vec = mine.to_array()
+    out = np.empty_like(vec)
+    comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+    agreed: F = type(mine).agreed(out)
+    return agreed
 
 
 def digest(value: Any) -> int:
@@ -113,12 +124,17 @@ def agree_same(
     :class:`~collio.errors.MismatchError`, naming the ranks whose value differs
     from rank 0's.
     """
-    vec = np.array([1 if error is not None else 0, *same_slots(value)], np.int64)
-    out = np.empty_like(vec)
-    comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
-    if out[0]:
+    agreed = agree_facts(comm, _Same(failed=error is not None, value=digest(value)))
+    if agreed.failed:
         raise_agreed(comm, error, what=what)
-    settle_same(comm, value, out[1:3], what=what, describe=describe)
+    if agreed.value is None:
+        _check_against_root(comm, value, what=what, describe=describe)
+
+
+@record
+class _Same(Facts):
+    failed: bool = fact(How.ANY)
+    value: int | None = fact(How.EQUAL)  # digest(value); None: two ranks' values differ
 
 
 def same_slots(value: Any) -> tuple[int, int]:
@@ -127,7 +143,7 @@ def same_slots(value: Any) -> tuple[int, int]:
     The :func:`digest` and its negation (ranks passing None: neither, so not compared).
     """
     h = digest(value)
-    return (h, -h) if h >= 0 else (int(_NONE), int(_NONE))
+    return equal_slots(h)
 
 
 def settle_same(
@@ -136,8 +152,14 @@ def settle_same(
     """Collective over `comm`: after an allreduce (MAX) of :func:`same_slots`, given its
     ``maxima``, raise the same :class:`~collio.errors.MismatchError` on every rank if
     the values differ (see :func:`agree_same`); return at once if they do not."""
-    if maxima[0] == _NONE or maxima[0] == -maxima[1]:
-        return
+    if agreed_equal(int(maxima[0]), int(maxima[1])) is None:
+        _check_against_root(comm, value, what=what, describe=describe)
+
+
+def _check_against_root(comm: MPI.Comm, value: Any, *, what: str, describe: Any) -> None:
+    """Collective over `comm`, once the ranks know their values' digests differ: compare
+    with rank 0's value and raise the same error on every rank, naming those whose value
+    differs (none may: equal values can print differently)."""
     ref = comm.bcast(value, root=0)
     mine = None
     if value is not None and ref is not None and value != ref:
@@ -279,7 +301,7 @@ def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:
     """Collective over `comm`: True when any rank passes a true ``flag``.
 
     With ``patient`` the ranks wait for each other in an ``Iallreduce``/``Test`` loop
-    that yields the core, then sleeps (:func:`sleep_until_done`), instead of MPI's
+    that yields the core, then sleeps (:func:`~collio.waits.sleep_until_done`), instead of MPI's
     polling: for waits that may last (fsync, object stores), where a polling rank
     would take a core from the ranks still doing I/O, or from a server on the node.
     """
@@ -289,54 +311,3 @@ def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:
     out = np.zeros(1, np.int64)
     sleep_until_done(comm.Iallreduce([mine, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX))
     return bool(out[0])
-
-
-#: sleep_until_done: how long it tests yielding the core between tests, then its first
-#: and longest sleeps (seconds).  Sleeping from the first test made every agreement
-#: cost ~0.55-0.7 ms even with all ranks present (4 ranks on 2 cores: each step of a
-#: nonblocking allreduce waits for a sleeper to wake), so an 8-byte write_all took
-#: 2.7 ms against ROMIO's 0.11; yielding first (as MPICH's own waits do), ~0.04 ms.
-#: A 1 ms cap on the sleeps made every sleeping agreement cost ~4 ms; 200 us: ~0.7 ms,
-#: and the 128 MiB writes got 3-10% faster (same job, alternating, 13 iterations).
-WAIT_YIELD, WAIT_FIRST, WAIT_CAP = 1e-3, 1e-5, 2e-4
-_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-
-
-def sleep_until_done(req: MPI.Request | list[MPI.Request]) -> None:
-    """Complete a request (or all of a list): test, yielding the core between tests, for
-    up to :data:`WAIT_YIELD`, then with growing sleeps (10 us to 200 us).
-
-    For waits that may last: a rank done early must not keep a core that another
-    rank's I/O, its I/O thread, or a server on the node needs.  Yielding gives the core
-    to whatever else is runnable on it and catches peers that arrive within a
-    millisecond (every agreement of a small call); sleeping leaves it idle, so the
-    scheduler can move waiting work onto it.
-    """
-    if isinstance(req, list):
-        reqs = req
-
-        def test() -> bool:
-            return bool(MPI.Request.Testall(reqs))
-    else:
-        test = req.Test
-    end = time.perf_counter() + WAIT_YIELD
-    while not test():
-        if time.perf_counter() >= end:
-            break
-        _yield()
-    else:
-        return
-    delay = WAIT_FIRST
-    while not test():
-        time.sleep(delay)
-        delay = min(2 * delay, WAIT_CAP)
-
-
-def quiet_barrier(comm: MPI.Comm) -> None:
-    """Collective over `comm`: a barrier that sleeps while it waits.
-
-    For where one rank works (talks to a server, runs a baseline) while the others
-    wait: MPI's blocking calls keep a core busy polling, a core that the working
-    rank, or a server on the same node, needs.
-    """
-    sleep_until_done(comm.Ibarrier())

@@ -14,6 +14,7 @@ from .backends.base import Backend
 from .exchange import Shapes, group_shapes
 from .hints import Hints
 from .plancache import PlanCache
+from .policy import Path
 from .stats import Stats
 
 __all__ = ["Context", "Call", "Plan"]
@@ -56,13 +57,18 @@ class Call:
 
     lo: int
     hi: int
-    direct: bool
+    path: Path
     counters: Stats
     own: npt.NDArray[np.bool_] | None = None  # runs this rank does itself before the shuffle
     reused: bool = False  # the plan of an earlier, identical call was used
     window: int = 0  # bytes per round (0: no two-phase round)
     plan_epoch: int = -1  # the kept plan every rank's check found for these runs (-1: none)
     prekey: tuple[Any, ...] = ()  # what the plan depends on besides runs and extent
+
+    @property
+    def direct(self) -> bool:
+        """Each rank does its own I/O: no byte goes through an aggregator."""
+        return self.path.direct
 
 
 @dataclasses.dataclass(slots=True)

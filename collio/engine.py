@@ -5,15 +5,16 @@ Flow of one call (every rank runs every step, so nothing hangs):
 1. *check*: validate the layout and data locally, then one allreduce agrees on
    the call itself (the first operation of every collective call on a file,
    :func:`~collio.collective.call_head`), errors, the shared signature (global
-   shape, dtype), the global extent and whether the shuffle can be skipped;
+   shape, dtype), the global extent and the other facts (:class:`_Checked`) from
+   which :mod:`collio.policy` chooses the path: direct, mapped, own pieces or
+   two-phase;
 2. *plan*: cut runs at file domains and round windows; send (offset, length)
    lists to the aggregators, which check overlaps and number their rounds;
-3. *rounds*: per round, an allreduce of a status flag, then point-to-point
-   messages straight into the round buffer; the backend request of round k runs
-   in the I/O thread while round k+1 is exchanged (double buffering);
-4. *complete*: wait for the I/O, then one sync point agrees on errors and reduces
-   the statistics (backends that flush after a write, and zarr's own runs done
-   before the shuffle, agree once more before that).
+3. *rounds* (:mod:`collio.rounds`): messages straight into the round buffers; the
+   backend request of round k runs in the I/O thread while round k+1 is exchanged;
+4. *complete* (:mod:`collio.completion`): wait for the I/O, then one sync point
+   agrees on errors and reduces the statistics (backends that flush after a write,
+   and zarr's own runs done before the shuffle, agree once more before that).
 """
 
 from __future__ import annotations
@@ -26,34 +27,67 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .aggregators import plan_aggregator, plan_sender, window_size
-from .aggregators.domains import alignment
+from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
-from .aggregators.summary import aggregator_summary
-from .collective import (
-    Attempt,
-    any_flag,
-    call_head,
-    raise_agreed,
-    same_slots,
-    sleep_until_done,
-)
+from .buffers import free_buffers
+from .collective import Attempt, agree_facts, any_flag, call_head, digest, raise_agreed
+from .completion import complete_call, local_summary
 from .context import Call, Context, Plan
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
+from .facts import Facts, How, fact, record
 from .layouts.base import Layout
 from .overlaps import overlap_error, raise_plan_error
+from .plancache import clear_all
+from .policy import (
+    Path,
+    PathFacts,
+    choose_path,
+    domain_alignment,
+    extents_disjoint,
+    has_many_small_runs,
+    may_map,
+    round_window,
+)
 from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
 from .runs import Runs, first_overlap, is_read_only
 from .stats import Stats
 
-__all__ = ["Context", "write", "read"]
+__all__ = ["Context", "read", "release_buffers", "write"]
 
 I64 = npt.NDArray[np.int64]
-_BIG = np.int64(2**62)
-#: A rank with at most this many runs may skip the shuffle whatever their size.
-_DIRECT_MAX_RUNS = 16
+_BIG = 2**62  # an empty rank's first byte: above every real one
+
+
+@record
+class _Checked(PathFacts):
+    """The facts of a call's check, carried by its :func:`call_head` (beside the path's)."""
+
+    sig: int | None = fact(How.EQUAL)  # digest of the global array (None: ranks differ)
+    plan: int | None = fact(How.SAME)  # the kept plan's epoch found (-1: none; None: differ)
+    moved: bool = fact(How.ANY)  # some rank's extent moved since the ranks compared them
+
+
+@record
+class _Planned(Facts):
+    """The facts of a new plan, agreed before the rounds."""
+
+    failed: bool = fact(How.ANY)  # some rank failed to plan
+    nrounds: int = fact(How.MAX)  # the call's rounds: the most of any aggregator
+    # an aggregator is sparse when its non-empty windows are not 0..n-1: then the round
+    # numbers are sent back (dense: a sender's round is its window index)
+    sparse: bool = fact(How.ANY)
+    # a plan kept by only some ranks (an aggregator's is larger) could never be reused
+    big: bool = fact(How.ANY)  # some rank's plan is too large to keep: no rank keeps it
+
+
+@record
+class _Extent(Facts):
+    """The extent of every rank's runs."""
+
+    lo: int = fact(How.MIN)
+    hi: int = fact(How.MAX)
 
 
 def _check(
@@ -66,88 +100,112 @@ def _check(
     """
     ctx.stats.local = {}
     step = Attempt()
-    runs = Runs.empty()
-    buf: npt.NDArray[np.uint8] = np.zeros(0, np.uint8)
-    extra: Any = None
-    sig = None
-    prekey, cand = _prekey(ctx, writing), -1
-    mapped = False  # a read every rank would rather copy from the mapped file (mapped_reads)
+    prekey = _prekey(ctx, writing)
+    # what a rank that fails contributes (its flag makes every rank raise first)
+    local: _Found = (Runs.empty(), np.zeros(0, np.uint8), None, None, -1, False)
     with step:
-        if ctx.mode == "closed":
-            raise ModeError("the file is closed")
-        if writing and ctx.mode == "r":
-            raise ModeError("write_all on a file opened in mode 'r'")
-        if writing and ctx.aborted:
-            raise ModeError("an earlier error aborted the atomic commit: nothing more is written")
-        if not writing and not ctx.backend.readable:
-            raise ModeError(
-                f"read_all is not possible on this {ctx.backend.name} target in mode {ctx.mode!r}"
-            )
-        if not isinstance(layout, Layout):
-            raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
-        layout.validate()
-        ctx.backend.check_layout(layout)
-        buf, extra = prepare(layout)
-        runs = ctx.backend.runs_for(layout)
-        bad = _first_overlap(layout, runs)
-        if bad >= 0 and writing:
-            raise OverlapError(
-                f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
-                f"are written twice by this rank"
-            )
-        sig = layout.signature()
-        # a kept plan for exactly these runs (every rank must find the same one: plancache)
-        if ctx.plans is not None:
-            cand = ctx.plans.candidate(prekey, runs)
-            kept = ctx.plans.peek(cand) if cand >= 0 else None
-            if kept is not None:  # (allocations fail here, agreed, not in the rounds)
-                prepare_rounds(kept, writing=writing)
-        if not writing and ctx.hints.romio_cb_read == "automatic":
-            mapped = ctx.backend.maps_reads(runs)  # (its fstat may fail: agreed below)
-    lo, hi = runs.extent() if len(runs) else (int(_BIG), 0)
-    # the shuffle may be skipped only if every rank has a few runs or large ones
-    small = len(runs) > _DIRECT_MAX_RUNS and runs.nbytes < len(runs) * ctx.hints.direct_threshold
+        local = _check_locally(ctx, layout, prepare, prekey, writing=writing)
+    runs, buf, extra, sig, plan, mapped = local
+    lo, hi = runs.extent() if len(runs) else (_BIG, 0)
     call_name = "write_all" if writing else "read_all"
+    mine = _Checked(
+        lo=lo, hi=hi, mapped=mapped,
+        small=has_many_small_runs(runs, ctx.hints.direct_threshold),
+        sig=digest(sig), plan=plan, moved=ctx.extents is None or ctx.extents[:2] != (lo, hi),
+    )  # fmt: skip
     # the call's first operation, as of every collective call on a file: a call mismatch
-    # (a read beside a write, a sync, ...) is raised first, before any rank's own error;
-    # a signature None (Segments, views, ...) is not compared
-    # whether any rank's extent moved since the ranks last compared extents (_disjoint)
-    moved = ctx.extents is None or ctx.extents[:2] != (lo, hi)
-    slots = [*same_slots(sig), -lo, hi, int(small), cand, -cand, int(moved), int(not mapped)]
-    failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, slots)
+    # (a read beside a write, a sync, ...) is raised first, before any rank's own error
+    failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, mine.slots())
     if failed:
         raise_agreed(ctx.comm, step.error, what=call_name)
-    if out[0] != -_BIG and out[0] != -out[1]:
+    agreed = _Checked.agreed(out)
+    if agreed.sig is None:
         _raise_mismatch(ctx.comm, sig)
-    glo, ghi, any_small = int(-out[2]), int(out[3]), bool(out[4])
-    mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
-    direct = False
-    own = None
-    if ctx.backend.independent and ghi > glo and not out[8]:
-        direct = True  # (reads only: each rank copies its own runs out of the page cache)
-    elif ctx.backend.independent and ghi > glo:
-        if mode == "disable" or (mode == "automatic" and not any_small):
-            if out[7] or ctx.extents is None:
-                # (ctx.extents is the same on every rank but for its (lo, hi), so is None
-                # on all of them or none)
-                ctx.extents = (lo, hi, _disjoint(ctx.comm, lo, hi))
-            direct = ctx.extents[2]  # no rank's extent moved: the same answer as then
-    elif ghi > glo and mode != "enable":
-        split = ctx.backend.own_runs(ctx.comm, runs, writing=writing)
-        if split is not None:
-            own, direct = split
-    call = Call(glo, ghi, direct, Stats(), None if direct else own, prekey=prekey)
-    if out[5] == -out[6]:  # every rank found the plan of the same earlier call (or none)
-        call.plan_epoch = int(out[5])
+    call = _choose(ctx, agreed, runs, (lo, hi), writing=writing)
+    call.prekey = prekey
+    if agreed.plan is not None:  # every rank found the plan of the same earlier call (or none)
+        call.plan_epoch = agreed.plan
     return runs, buf, extra, call
+
+
+#: What a rank's local checks found: its runs, its buffer and what ``prepare`` returned
+#: beside it, the layout's global array (None: not compared), the epoch of the kept
+#: plan for these runs (-1: none), and whether it would copy a read from the mapped file.
+_Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, int, bool]
+
+
+def _check_locally(
+    ctx: Context, layout: Any, prepare: Any, prekey: Any, *, writing: bool
+) -> _Found:
+    """Local: validate the call; raises what the agreement will report."""
+    if ctx.mode == "closed":
+        raise ModeError("the file is closed")
+    if writing and ctx.mode == "r":
+        raise ModeError("write_all on a file opened in mode 'r'")
+    if writing and ctx.aborted:
+        raise ModeError("an earlier error aborted the atomic commit: nothing more is written")
+    if not writing and not ctx.backend.readable:
+        raise ModeError(
+            f"read_all is not possible on this {ctx.backend.name} target in mode {ctx.mode!r}"
+        )
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
+    layout.validate()
+    ctx.backend.check_layout(layout)
+    buf, extra = prepare(layout)
+    runs = ctx.backend.runs_for(layout)
+    bad = _first_overlap(layout, runs)
+    if bad >= 0 and writing:
+        raise OverlapError(
+            f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
+            f"are written twice by this rank"
+        )
+    # a kept plan for exactly these runs (every rank must find the same one: plancache)
+    plan = -1
+    if ctx.plans is not None:
+        plan = ctx.plans.candidate(prekey, runs)
+        kept = ctx.plans.peek(plan) if plan >= 0 else None
+        if kept is not None:  # (allocations fail here, agreed, not in the rounds)
+            prepare_rounds(kept, writing=writing)
+    # (the mapping question may fail on one rank, e.g. its fstat: agreed too)
+    mapped = may_map(ctx.hints, writing=writing) and ctx.backend.maps_reads(runs)
+    return runs, buf, extra, layout.signature(), plan, mapped
+
+
+def _choose(
+    ctx: Context, agreed: _Checked, runs: Runs, extent: tuple[int, int], *, writing: bool
+) -> Call:
+    """Collective over ``ctx.comm``: the call's path (:func:`~collio.policy.choose_path`)."""
+    own: npt.NDArray[np.bool_] | None = None
+
+    def disjoint() -> bool:
+        if agreed.moved or ctx.extents is None:
+            # (ctx.extents is the same on every rank but for its (lo, hi), so is None
+            # on all of them or none)
+            ctx.extents = (*extent, _disjoint(ctx.comm, *extent))
+        return ctx.extents[2]  # no rank's extent moved: the same answer as then
+
+    def split() -> bool | None:
+        nonlocal own
+        kept = ctx.backend.own_runs(ctx.comm, runs, writing=writing)
+        if kept is None:
+            return None
+        own = kept[0]
+        return kept[1]
+
+    mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
+    be = ctx.backend
+    path = choose_path(
+        agreed, mode=mode, independent=be.independent, disjoint=disjoint, split=split
+    )
+    return Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
 
 
 def _first_overlap(layout: Layout, runs: Runs) -> int:
     """:func:`first_overlap` of the runs, kept on the layout for the next call with them.
 
-    A layout keeps its runs read-only, so the same object holds the same runs (4 ranks
-    on 2 cores: 65,536 block-cyclic runs take ~0.3 ms of a core per call; repeated
-    calls are the rule for checkpoints and benchmarks).
+    A layout keeps its runs read-only, so the same object holds the same runs; the check
+    costs a sort of every run, and repeated calls are the rule for checkpoints.
     """
     seen: tuple[Runs, int] | None = getattr(layout, "_overlap", None)
     if seen is not None and seen[0] is runs:
@@ -193,26 +251,27 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
     mine = np.array([lo, hi], np.int64)
     every = np.empty(2 * comm.Get_size(), np.int64)
     comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
-    ext = every.reshape(-1, 2)
-    ext = ext[ext[:, 1] > ext[:, 0]]
-    ext = ext[np.argsort(ext[:, 0], kind="stable")]
-    return bool((ext[1:, 0] >= ext[:-1, 1]).all())
+    return extents_disjoint(every[0::2], every[1::2])
+
+
+def release_buffers() -> None:
+    """Local: free what calls keep for the next ones, the round buffers and the plans."""
+    free_buffers()
+    clear_all()
 
 
 # ---------------------------------------------------------------- planning
 def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
-    """Collective over ``ctx.comm``: domains, metadata exchange, overlap check, rounds."""
+    """Collective over ``ctx.comm``: the call's plan, kept from an identical call or new."""
     t0 = time.perf_counter()
     comm, aggs = ctx.comm, ctx.aggregators
     # domain_extent first: a backend may settle its alignment from the global extent
     # (S3 plans its part size from the object size at the first write_all)
     lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
-    align = alignment(ctx.backend.alignment, ctx.hints.striping_unit)
+    align = domain_alignment(ctx.backend.alignment, ctx.hints)
     bounds = ctx.backend.domain_bounds(lo, hi, len(aggs), align)
-    largest = int(np.diff(bounds).max(initial=0))
-    cap = min(ctx.hints.cb_buffer_size, 1 << 30)
-    window = window_size(
-        cap, align, largest, ctx.hints.min_rounds, comm.Get_size(), ctx.backend.min_window
+    window = round_window(
+        ctx.hints, bounds, align=align, nranks=comm.Get_size(), floor=ctx.backend.min_window
     )
     call.window = window
     key = (writing, window, tuple(aggs.tolist()))
@@ -225,8 +284,20 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
             call.reused = True
             call.counters.time_plan += time.perf_counter() - t0
             return kept  # type: ignore[no-any-return]
+    plan, keep = _new_plan(ctx, runs, bounds, window, writing=writing)
+    if ctx.plans is not None:
+        ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=keep)
+    call.counters.time_plan += time.perf_counter() - t0
+    return plan
+
+
+def _new_plan(
+    ctx: Context, runs: Runs, bounds: I64, window: int, *, writing: bool
+) -> tuple[Plan, bool]:
+    """Collective over ``ctx.comm``: metadata exchange, overlap check, rounds; returns the
+    plan and whether it may be kept (agreed)."""
     # every step a rank could fail alone in is inside ``step``, agreed before the rounds
-    call_name = "write_all" if writing else "read_all"
+    comm, call_name = ctx.comm, "write_all" if writing else "read_all"
     step = Attempt()
     sp: SenderPlan | None = None
     counts = np.zeros(comm.Get_size(), np.int64)
@@ -235,113 +306,53 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         sp = plan_sender(runs, bounds, window)
         meta = np.empty(2 * len(sp.pieces), np.int64)
         meta[0::2], meta[1::2] = sp.pieces.file, sp.pieces.length
-        counts[aggs] = 2 * sp.per_dom
+        counts[ctx.aggregators] = 2 * sp.per_dom
     recv, rcounts = alltoallv_i64(comm, meta, counts, what=call_name)
-    d = ctx.my_domain
-    ap: AggregatorPlan | None = None
+    ap, replies, rep_counts = _aggregate(ctx, step, recv, rcounts, bounds, window, writing)
     draft: Plan | None = None
-    replies = np.zeros(0, np.int64)
-    rep_counts = np.zeros(comm.Get_size(), np.int64)
-    big = 0
+    big = False
     with step:
-        if step.error is None and d >= 0:
-            src = np.repeat(np.arange(comm.Get_size(), dtype=np.int64), rcounts // 2)
-            ap, bad = plan_aggregator(recv[0::2], recv[1::2], src, int(bounds[d]), window)
-            if bad >= 0 and writing:
-                raise overlap_error(recv[0::2], recv[1::2], src)
-            replies, rep_counts = ap.replies(comm.Get_size())
         if step.error is None and sp is not None:
             draft = Plan(bounds, window, sp, sp.gwin, ap, 0)
             prepare_rounds(draft, writing=writing)
-            # whether to keep the plan is agreed too: a plan kept by only some ranks (an
-            # aggregator's is larger) could never be reused, and would only hold memory
             est = draft.nbytes() + 3 * runs.length.nbytes
-            big = int(ctx.plans is not None and est > ctx.plans.max_bytes)
-    # an aggregator is dense when its non-empty windows are 0..n-1: then a sender's
-    # round is its window index and the round numbers need not be sent back
-    sparse = ap is not None and ap.nrounds and int(ap.rwin[-1]) != ap.nrounds - 1
-    vec = np.array(
-        [1 if step.error else 0, ap.nrounds if ap else 0, int(bool(sparse)), big], np.int64
-    )
-    out = np.empty_like(vec)
-    comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
-    if out[0]:
+            big = ctx.plans is not None and est > ctx.plans.max_bytes
+    mine = _Planned(
+        failed=step.error is not None, nrounds=ap.nrounds if ap else 0, big=big,
+        sparse=ap is not None and ap.nrounds > 0 and int(ap.rwin[-1]) != ap.nrounds - 1,
+    )  # fmt: skip
+    agreed = agree_facts(comm, mine)
+    if agreed.failed:
         raise_plan_error(comm, step.error, what=call_name)  # (overlaps: one message)
     assert draft is not None  # (no rank failed)
-    if out[2]:
+    if agreed.sparse:
         sround, _ = alltoallv_i64(comm, replies, rep_counts, what=call_name)
     else:
         sround = draft.sender.gwin.copy()
     # (the draft's shapes, made by prepare, are kept; the rounds' order is made anew)
-    plan = dataclasses.replace(draft, sround=sround, nrounds=int(out[1]), _by_round=None)
-    if ctx.plans is not None:
-        ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=not out[3])
-    call.counters.time_plan += time.perf_counter() - t0
-    return plan
+    plan = dataclasses.replace(draft, sround=sround, nrounds=agreed.nrounds, _by_round=None)
+    return plan, not agreed.big
+
+
+def _aggregate(
+    ctx: Context, step: Attempt, recv: I64, rcounts: I64, bounds: I64, window: int, writing: bool
+) -> tuple[AggregatorPlan | None, I64, I64]:
+    """Local, inside ``step``: an aggregator plans its domain from the pieces it received;
+    returns its plan (None elsewhere) and the round numbers to send back, per rank."""
+    d, size = ctx.my_domain, ctx.comm.Get_size()
+    ap: AggregatorPlan | None = None
+    replies, rep_counts = np.zeros(0, np.int64), np.zeros(size, np.int64)
+    with step:
+        if step.error is None and d >= 0:
+            src = np.repeat(np.arange(size, dtype=np.int64), rcounts // 2)
+            ap, bad = plan_aggregator(recv[0::2], recv[1::2], src, int(bounds[d]), window)
+            if bad >= 0 and writing:
+                raise overlap_error(recv[0::2], recv[1::2], src)
+            replies, rep_counts = ap.replies(size)
+    return ap, replies, rep_counts
 
 
 # ------------------------------------------------------------- entry points
-def _complete(
-    ctx: Context,
-    call: Call,
-    t0: float,
-    error: BaseException | None = None,
-    what: str = "",
-    *,
-    patient: bool = False,
-) -> None:
-    """Collective: agree on the call's errors and reduce its counters into the stats.
-
-    The sums (with the error flag) and the maxima are reduced by two non-blocking
-    allreduces completed together: the call's last sync point.  ``patient`` waits
-    sleeping: after writes, after each rank's own I/O (direct path) and on remote
-    backends, a rank done early must not spin on a core that another rank's I/O (or
-    its I/O thread, or a server on the node) still needs.
-    """
-    c = call.counters
-    c.time_total = time.perf_counter() - t0
-    c.direct_io_bytes += ctx.backend.take_direct_bytes()  # (its I/O is done by now)
-    c.early_flushes += ctx.backend.take_flushes()
-    c.mapped_bytes += ctx.backend.take_mapped_bytes()
-    sums, maxes = c.pack()
-    sums = np.append(sums, 0 if error is None else 1)
-    rs, rm = np.empty_like(sums), np.empty_like(maxes)
-    comm = ctx.comm
-    reqs = [
-        comm.Iallreduce([sums, MPI.INT64_T], [rs, MPI.INT64_T], op=MPI.SUM),
-        comm.Iallreduce([maxes, MPI.DOUBLE], [rm, MPI.DOUBLE], op=MPI.MAX),
-    ]
-    if patient:
-        sleep_until_done(reqs)
-    else:
-        MPI.Request.Waitall(reqs)
-    if rs[-1]:
-        raise_agreed(comm, error, what=what)
-    ctx.stats.absorb(rs[:-1], rm)
-    # calls are collective: count each once, not once per rank
-    if call.hi > call.lo:
-        if call.direct:
-            ctx.stats.direct_calls += 1
-        else:
-            ctx.stats.collective_calls += 1
-    ctx.stats.last_call = {
-        "direct": call.direct,
-        "rounds": int(rm[0]),
-        "extent": [call.lo, call.hi] if call.hi > call.lo else [0, 0],
-        "plan_reused": call.reused,
-        "window": call.window,
-    }
-
-
-def _local_summary(ctx: Context, plan: Plan) -> dict[str, Any]:
-    """This rank's own figures of the call (not reduced): see ``Stats.local``."""
-    d = ctx.my_domain
-    if plan.agg is None or d < 0:
-        return {"domain": -1}
-    lo, hi = int(plan.bounds[d]), int(plan.bounds[d + 1])
-    return aggregator_summary(plan.agg, d, lo, hi, plan.window, ctx.backend.partial_write)
-
-
 def write(ctx: Context, data: Any, layout: Any) -> None:
     """Collective over ``ctx.comm``: two-phase write of every rank's piece."""
     t0 = time.perf_counter()
@@ -360,7 +371,7 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
         with step:
             ctx.backend.flush(ctx.comm)
         error, what = step.error, "backend flush"
-    _complete(ctx, call, t0, error, what, patient=True)
+    complete_call(ctx, call, t0, error, what, patient=True)
 
 
 def read(ctx: Context, layout: Any, out: Any) -> Any:
@@ -377,10 +388,10 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
     if ctx.hints.read_past_eof == "disable":
         _refuse_past_eof(ctx, runs)
     error = _transfer(ctx, call, runs, buf, writing=False)
-    # after rounds reads wait polling (sleeping measured no better); after each rank's own
+    # after rounds reads wait polling (sleeping gains nothing there); after each rank's own
     # I/O (direct path: it takes each rank its own time, e.g. decoding zarr chunks) and on
     # remote backends a rank done early sleeps instead of taking a core the others need
-    _complete(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote or call.direct)
+    complete_call(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote or call.direct)
     return arr
 
 
@@ -405,7 +416,7 @@ def _transfer(
 ) -> BaseException | None:
     """Collective: the direct path, or (kept runs first, then) plan and rounds.
 
-    Returns this rank's I/O error, not yet agreed (``_complete`` agrees on it).
+    Returns this rank's I/O error, not yet agreed (``complete_call`` agrees on it).
     """
     if call.hi <= call.lo:
         return None
@@ -417,7 +428,7 @@ def _transfer(
     if call.hi > call.lo:
         plan = _plan(ctx, runs, call, writing=writing)
         call.counters.rounds = plan.nrounds
-        ctx.stats.local = _local_summary(ctx, plan)
+        ctx.stats.local = local_summary(ctx, plan)
         return (write_rounds if writing else read_rounds)(ctx, plan, buf, call)
     return None
 
@@ -437,14 +448,12 @@ def _own_first(
     be = ctx.backend
     do = be.write_runs if writing else be.read_runs
     error = _direct(ctx, call, lambda: do(own, buf), own, writing=writing)
-    # ranks finish their own I/O at different times: wait sleeping (see _complete)
+    # ranks finish their own I/O at different times: wait sleeping (see complete_call)
     if any_flag(ctx.comm, error is not None, patient=True):
         raise_agreed(ctx.comm, error, what="backend I/O")
-    lo, hi = rest.extent() if len(rest) else (int(_BIG), 0)
-    ext = np.array([-lo, hi], np.int64)
-    out = np.empty_like(ext)
-    ctx.comm.Allreduce([ext, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
-    call.lo, call.hi = int(-out[0]), int(out[1])
+    lo, hi = rest.extent() if len(rest) else (_BIG, 0)
+    agreed = agree_facts(ctx.comm, _Extent(lo=lo, hi=hi))
+    call.lo, call.hi = agreed.lo, agreed.hi
     return rest
 
 

@@ -3,7 +3,7 @@
 Data moves zero-copy where it can: a sender hands MPI a slice of the user's
 buffer (or a derived datatype over it), and an aggregator receives straight into
 its round buffer with an hindexed/hvector datatype that scatters each source's
-bytes to their file positions.  Every datatype made here is freed (habit 9).
+bytes to their file positions.  Every datatype made here is freed, in ``finally``.
 """
 
 from __future__ import annotations
@@ -93,9 +93,7 @@ class Shapes:
     ``count[g]`` runs of ``block[g]`` bytes every ``stride[g]`` bytes (``VECTOR``: one
     hvector), or anything else (``OTHER``: built from the run arrays per message).
     A kept plan reuses them, so a round posts its messages without a numpy pass over
-    each group's runs (block-cyclic 64 x 64 on 4 ranks: 32 received and 32 sent groups
-    of ~2048 runs per call; the rounds' main-thread CPU per rank fell from 18 to 15 ms
-    per call).
+    each group's runs (a block-cyclic call has thousands of runs per group).
     """
 
     first: I64
@@ -229,11 +227,9 @@ class Messages:
 
         MPICH sends a datatype of many small blocks slowly (it packs them through its
         shared-memory cells); numpy packs them at copy speed into a kept buffer and
-        the packed message then goes in one copy (CMA).  Block-cyclic 64 x 64 reads
-        (512-byte runs), same job: 1197-1224 -> 1423-1428 MiB/s.  Runs of 8 KiB
-        (column blocks) gain nothing (2233-2428 MiB/s either way), so only runs up
-        to :data:`PACK_MAX_RUN` are packed.  (A fresh buffer per round costs more than
-        it saves: page faults.)
+        the packed message then goes in one copy.  Longer runs gain nothing, so only
+        runs up to :data:`PACK_MAX_RUN` are packed (docs/design.md).  (A fresh buffer
+        per round would cost more than it saves: page faults.)
         """
         n = len(lengths)
         if scratch is not None and n > 1 and int(lengths[0]) <= PACK_MAX_RUN:
@@ -292,10 +288,8 @@ class Messages:
     def recv(self, source: int, buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64) -> None:
         """Receive the runs straight into ``buf`` (a datatype when they are apart).
 
-        The mirror of :meth:`send`'s packing was measured and not kept: receiving
-        512-byte runs packed and spreading them with numpy made block-cyclic writes
-        slower (1118-1186 -> 1012-1089 MiB/s, same job); MPICH with CMA fills the
-        datatype well.
+        Not packed, unlike :meth:`send`: spreading packed runs with numpy made writes
+        slower than MPICH filling the datatype itself (docs/design.md).
         """
         self._post(self.comm.Irecv, *byte_view(buf, offsets, lengths), source)
 

@@ -11,10 +11,7 @@ Writes to a local backend agree on nothing per round (see
 :func:`_write_streamed`): ranks post their sends rounds ahead, and each
 aggregator receives at its own pace, keeping up the messages even after its I/O
 failed, so every send completes; the call's completion agrees on the error.
-Measured in the benchmark's job (4 ranks, 2 cores, fsync, same job, alternating
-with the rounds in lockstep; every round's sends were posted at once then, 8
-ahead now, nearly all of that job's ~9 rounds): column blocks 1294 -> 1413 MiB/s,
-block-cyclic 1215 -> 1256.
+Nobody waits for the slowest rank at every round.
 
 Reads, and writes to remote backends, agree on the status one round behind
 with a non-blocking allreduce: a rank that fails still takes part in the round's
@@ -32,6 +29,7 @@ sleeping test loop starves MPICH's large-message protocol).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -40,28 +38,36 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from .aggregators.plan import AggregatorPlan, SenderPlan, round_requests
-from .backends.base import Backend
-from .buffers import io_executor, round_buffers, scratch_buffer, window_of
-from .collective import Attempt, sleep_until_done
+from .buffers import round_buffers, scratch_buffer, window_of
+from .collective import Attempt
 from .context import Call, Context, Plan
 from .exchange import PACK_MAX_RUN, Messages, messages
-from .runs import Runs, merge
+from .policy import DEPTH
+from .roundio import (
+    Future,
+    cover,
+    drain,
+    read_window,
+    reuse_buffer,
+    run_inline,
+    settle,
+    wait_io,
+    write_window,
+)
 from .stats import Stats
+from .threads import io_executor
+from .waits import sleep_until_done
 
-__all__ = ["write_rounds", "read_rounds", "prepare"]
+__all__ = ["prepare", "read_rounds", "write_rounds"]
 
 I64 = npt.NDArray[np.int64]
 _TAG = 0x0C01
-#: Round buffers per aggregator (the I/O of round k overlaps the exchange of k+1).
-DEPTH = 2
 #: Rounds of sends a rank keeps posted ahead of the round it receives (bounds the
 #: requests outstanding and MPI's queue of unexpected messages at each aggregator).
 AHEAD = 8
 #: Most bytes an aggregator packs per round for its sends (a third buffer, kept).
 PACK_SCRATCH = 16 << 20
 _NO_SCRATCH = np.zeros(0, np.uint8)
-
-Future = concurrent.futures.Future[None]
 
 
 class _Lagged:
@@ -133,103 +139,6 @@ def _requests(ctx: Context, plan: Plan) -> tuple[I64, I64]:
     return round_requests(ap, lo, hi, plan.window, ctx.backend.partial_write)
 
 
-def _whole(req: tuple[int, int]) -> Runs:
-    one = np.array([req[0]], np.int64)
-    return Runs(one, np.array([req[1]], np.int64), np.zeros(1, np.int64))
-
-
-def round_cover(ap: AggregatorPlan, k: int) -> Runs:
-    """The byte ranges ranks write (or need) in aggregator round k, sorted and merged."""
-    groups = ap.groups_of_round(k)
-    parts = [np.arange(int(ap.gstart[g]), int(ap.gstart[g + 1])) for g in groups.tolist()]
-    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    order = idx[np.argsort(ap.file[idx], kind="stable")]
-    return merge(Runs(ap.file[order], ap.length[order], ap.file[order]))  # mem=file: merge by file
-
-
-def _cover(ap: AggregatorPlan, k: int, req: tuple[int, int]) -> Runs:
-    return round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
-
-
-def _inline(c: Stats, fn: Callable[..., None], *args: object) -> Future:
-    """Run ``fn`` here and now (its time counted as I/O); its outcome as a finished Future.
-
-    For requests the main thread would hand to the I/O thread only to wait for them
-    at once (a read's first window, an aggregator's last write, each when the I/O
-    thread has nothing left to do, see :func:`_settle`): waking the I/O thread
-    and the main thread again costs most where it matters least, in small calls, with
-    more ranks than cores busy in MPI.  Same job, alternating, 400 calls each, 4 ranks,
-    the slowest rank's time: block-cyclic 512 KiB ``read_all`` 2.63 -> 2.35 ms,
-    ``write_all`` 2.42 -> 2.22 ms; 8 MiB 13.1 -> 12.5 and 11.8 -> 11.1 ms; 128 MiB
-    unchanged (0.96-1.03 in four jobs).
-    """
-    fut: Future = concurrent.futures.Future()
-    t = time.perf_counter()
-    try:
-        fn(*args)
-    except BaseException as exc:  # noqa: BLE001 - delivered through the Future, as the pool does
-        fut.set_exception(exc)
-    else:
-        fut.set_result(None)
-    c.time_io += time.perf_counter() - t
-    return fut
-
-
-def _settle(
-    pending: list[Future | None], c: Stats, error: BaseException | None
-) -> BaseException | None:
-    """Wait for every pending request (before one runs on the main thread: backends and
-    the counters see one request at a time); the first error, ``error`` if set."""
-    for i, fut in enumerate(pending):
-        pending[i] = None
-        step = Attempt()
-        with step:
-            _wait(fut, c)
-        error = error or step.error
-    return error
-
-
-def _wait(fut: Future | None, c: Stats) -> None:
-    if fut is not None:
-        t = time.perf_counter()
-        fut.result()
-        c.time_io += time.perf_counter() - t
-
-
-def _write_window(
-    be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, c: Stats
-) -> None:
-    c.add_writes(be.write_window(offset, buf, cover))
-
-
-def _read_window(
-    be: Backend, offset: int, buf: npt.NDArray[np.uint8], need: Runs, c: Stats
-) -> None:
-    c.add_reads(be.read_window(offset, buf, need))
-
-
-def _reuse_buffer(
-    be: Backend,
-    ap: AggregatorPlan,
-    k: int,
-    req: tuple[int, int],
-    bufs: list[npt.NDArray[np.uint8]],
-    pending: list[Future | None],
-    c: Stats,
-    error: BaseException | None,
-) -> None:
-    """Wait for the I/O of the round that last used round k's buffer (even after an
-    error), then read the old bytes of the round's holes where the backend needs them."""
-    b = k % DEPTH
-    fut, pending[b] = pending[b], None
-    _wait(fut, c)
-    if error is None and ap.rcovered[k] < req[1]:
-        t = time.perf_counter()
-        win = window_of(bufs[b], *req)
-        c.add_reads(be.fill_holes(req[0], win, round_cover(ap, k)))
-        c.time_io += time.perf_counter() - t
-
-
 def _agg_runs(ap: AggregatorPlan, g: int, base: int) -> Callable[[], tuple[I64, I64]]:
     """Group g's (file offsets less ``base``, lengths), made only when asked for."""
     s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
@@ -273,6 +182,48 @@ def _sender_runs(sp: SenderPlan, g: int) -> Callable[[], tuple[I64, I64]]:
     return runs
 
 
+@dataclasses.dataclass(slots=True)
+class _Rounds:
+    """What each round loop starts from: this rank's part of the plan and its buffers."""
+
+    ctx: Context
+    plan: Plan
+    c: Stats
+    order: I64  # this rank's send groups by round (Plan.by_round)
+    starts: I64  # where each round's groups start in ``order``
+    mine: int  # rounds this rank aggregates (0: none)
+    bufs: list[npt.NDArray[np.uint8]]  # the DEPTH round buffers (aggregators only)
+    offs: I64  # offset and length of the backend request of each of its rounds
+    lens: I64
+    pool: concurrent.futures.ThreadPoolExecutor
+    pending: list[Future | None] = dataclasses.field(default_factory=lambda: [None] * DEPTH)
+
+    def agg(self, k: int) -> AggregatorPlan | None:
+        """The aggregator plan if this rank aggregates in round ``k``, else None."""
+        return self.plan.agg if k < self.mine else None
+
+    def request(self, k: int) -> tuple[int, int]:
+        """(offset, length) of this aggregator's backend request in round ``k``."""
+        return int(self.offs[k]), int(self.lens[k])
+
+    def buffer(self, k: int, req: tuple[int, int]) -> npt.NDArray[np.uint8]:
+        """The part of round ``k``'s buffer that holds the bytes of ``req``."""
+        return window_of(self.bufs[k % DEPTH], *req)
+
+    def groups(self, k: int) -> list[int]:
+        """This rank's send groups of round ``k``."""
+        return _my_groups(self.order, self.starts, k)
+
+
+def _start(ctx: Context, plan: Plan, call: Call) -> _Rounds:
+    """The round loops' common start (the buffers were made by :func:`prepare`)."""
+    order, starts = plan.by_round()
+    mine = plan.agg.nrounds if plan.agg is not None else 0
+    bufs = round_buffers(plan.window, DEPTH) if mine else []
+    offs, lens = _requests(ctx, plan)
+    return _Rounds(ctx, plan, call.counters, order, starts, mine, bufs, offs, lens, io_executor())
+
+
 def write_rounds(
     ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Call
 ) -> BaseException | None:
@@ -282,69 +233,34 @@ def write_rounds(
     on it together with the statistics (one sync point instead of two).
     """
     if ctx.backend.remote:
-        return _write_lockstep(ctx, plan, data, call)
-    return _write_streamed(ctx, plan, data, call)
+        return _write_lockstep(_start(ctx, plan, call), data)
+    return _write_streamed(_start(ctx, plan, call), data)
 
 
-def _write_streamed(
-    ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Call
-) -> BaseException | None:
+def _write_streamed(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | None:
     """Sends posted :data:`AHEAD` rounds early; each aggregator receives at its own pace.
 
     A rank posts the sends of rounds ``k .. k + AHEAD - 1`` before it receives round
-    ``k``, so an aggregator never waits for a sender to reach the round: MPI
-    (with single-copy messages where MPI has them on) moves the bytes when the aggregator
-    posts its receives.  Nothing agrees per round: an aggregator whose I/O failed
-    still receives every round (dropping the data), so every send completes, and
-    the call's completion agrees on the error.
+    ``k``, so an aggregator never waits for a sender to reach the round: MPI moves
+    the bytes when the aggregator posts its receives.  Nothing agrees per round: an
+    aggregator whose I/O failed still receives every round (dropping the data), so
+    every send completes, and the call's completion agrees on the error.
     """
-    comm, be, ap, c = ctx.comm, ctx.backend, plan.agg, call.counters
-    order, starts = plan.by_round()
-    mine = ap.nrounds if ap is not None else 0
-    bufs = round_buffers(plan.window, DEPTH) if mine else []
-    offs, lens = _requests(ctx, plan)
-    pending: list[Future | None] = [None] * DEPTH
-    pool = io_executor()
+    comm, nrounds, c = r.ctx.comm, r.plan.nrounds, r.c
     error: BaseException | None = None
     sends: dict[int, Messages] = {}
 
     def post(k: int) -> None:
-        if k < plan.nrounds:
+        if k < nrounds:
             sends[k] = Messages(comm, _TAG + (k & 0x3FF))
-            _post_sends(sends[k], ctx, plan, _my_groups(order, starts, k), data, c)
+            _post_sends(sends[k], r.ctx, r.plan, r.groups(k), data, c)
 
     try:
         for k in range(AHEAD):
             post(k)
-        for k in range(plan.nrounds):
-            if ap is not None and k < mine:
-                b, req = k % DEPTH, (int(offs[k]), int(lens[k]))
-                step = Attempt()
-                with step:
-                    _reuse_buffer(be, ap, k, req, bufs, pending, c, error)
-                error = error or step.error
-                t = time.perf_counter()
-                wbuf = window_of(bufs[b], *req)
-                with messages(comm, _TAG + (k & 0x3FF)) as msgs:
-                    _post_recvs(msgs, plan, k, wbuf, req[0], c)
-                c.time_exchange += time.perf_counter() - t
-                # the last round is drained right after the loop: write it here, once the
-                # I/O thread is done (one request at a time), if this rank's sends are
-                # complete (a rank in pwrite drives no MPI progress for peers' receives)
-                last = k == mine - 1 and k + AHEAD >= plan.nrounds
-                last = last and all(m.done() for m in sends.values())
-                if last:
-                    error = _settle(pending, c, error)
-                step = Attempt()
-                with step:  # (an error here must not leave sends and receives behind)
-                    if error is None:
-                        args = (be, req[0], wbuf, _cover(ap, k, req), c)
-                        if last:
-                            pending[b] = _inline(c, _write_window, *args)
-                        else:
-                            pending[b] = pool.submit(_write_window, *args)
-                error = error or step.error
-            if k + AHEAD < plan.nrounds:  # at most AHEAD rounds of sends outstanding
+        for k in range(nrounds):
+            error = _receive_and_write(r, k, sends, error)
+            if k + AHEAD < nrounds:  # at most AHEAD rounds of sends outstanding
                 t = time.perf_counter()
                 sends.pop(k).wait()
                 c.time_exchange += time.perf_counter() - t
@@ -356,30 +272,59 @@ def _write_streamed(
     finally:
         for msgs in sends.values():
             msgs.free()
-    return _drain(pending, c, error)
+    return drain(r.pending, c, error)
 
 
-def _write_lockstep(
-    ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Call
+def _receive_and_write(
+    r: _Rounds, k: int, sends: dict[int, Messages], error: BaseException | None
 ) -> BaseException | None:
-    comm, be, ap, c = ctx.comm, ctx.backend, plan.agg, call.counters
-    order, starts = plan.by_round()
-    mine = ap.nrounds if ap is not None else 0
-    bufs = round_buffers(plan.window, DEPTH) if mine else []
-    offs, lens = _requests(ctx, plan)
-    pending: list[Future | None] = [None] * DEPTH
-    # writes wait for each other sleeping: an aggregator's request runs in its I/O thread
-    # and a rank that spins in MPI takes the core that thread needs (4 ranks on 2 cores:
-    # 650-750 -> 720-820 MiB/s for 128 MiB column blocks, same job, alternating)
-    pool, status = io_executor(), _Lagged(comm, patient=True)
+    """An aggregator's round ``k`` of a streamed write: receive it, then hand it to I/O."""
+    ap, c, be = r.agg(k), r.c, r.ctx.backend
+    if ap is None:
+        return error
+    b, req = k % DEPTH, r.request(k)
+    step = Attempt()
+    with step:
+        reuse_buffer(be, ap, k, req, r.bufs, r.pending, c, error)
+    error = error or step.error
+    t = time.perf_counter()
+    wbuf = r.buffer(k, req)
+    with messages(r.ctx.comm, _TAG + (k & 0x3FF)) as msgs:
+        _post_recvs(msgs, r.plan, k, wbuf, req[0], c)
+    c.time_exchange += time.perf_counter() - t
+    # the last round is drained right after the loop: write it here, once the I/O
+    # thread is done (one request at a time), if this rank's sends are complete (a
+    # rank in pwrite drives no MPI progress for peers' receives)
+    last = k == r.mine - 1 and k + AHEAD >= r.plan.nrounds
+    last = last and all(m.done() for m in sends.values())
+    if last:
+        error = settle(r.pending, c, error)
+    step = Attempt()
+    with step:  # (an error here must not leave sends and receives behind)
+        if error is None:
+            args = (be, req[0], wbuf, cover(ap, k, req), c)
+            if last:
+                r.pending[b] = run_inline(c, write_window, *args)
+            else:
+                r.pending[b] = r.pool.submit(write_window, *args)
+    return error or step.error
+
+
+def _write_lockstep(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | None:
+    """Rounds one after another, their status agreed before their messages (see module doc)."""
+    comm, be, c = r.ctx.comm, r.ctx.backend, r.c
+    # writes wait for each other sleeping: an aggregator's request runs in its I/O
+    # thread, and a rank that spins in MPI takes the core that thread needs
+    status = _Lagged(comm, patient=True)
     meet = be.remote  # see module doc
     error: BaseException | None = None
-    for k in range(plan.nrounds):
+    for k in range(r.plan.nrounds):
         step = Attempt()
-        req = (int(offs[k]), int(lens[k])) if ap is not None and k < mine else (0, 0)
+        ap = r.agg(k)
+        req = r.request(k) if ap is not None else (0, 0)
         with step:
-            if ap is not None and k < mine:
-                _reuse_buffer(be, ap, k, req, bufs, pending, c, error)
+            if ap is not None:
+                reuse_buffer(be, ap, k, req, r.bufs, r.pending, c, error)
         error = error or step.error
         if status.failed():
             break
@@ -388,15 +333,15 @@ def _write_lockstep(
             break
         t = time.perf_counter()
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
-            if ap is not None and k < mine:
-                _post_recvs(msgs, plan, k, window_of(bufs[k % DEPTH], *req), req[0], c)
-            _post_sends(msgs, ctx, plan, _my_groups(order, starts, k), data, c)
+            if ap is not None:
+                _post_recvs(msgs, r.plan, k, r.buffer(k, req), req[0], c)
+            _post_sends(msgs, r.ctx, r.plan, r.groups(k), data, c)
         c.time_exchange += time.perf_counter() - t
-        if error is None and ap is not None and k < mine:
-            buf = window_of(bufs[k % DEPTH], *req)
-            pending[k % DEPTH] = pool.submit(_write_window, be, req[0], buf, _cover(ap, k, req), c)
+        if error is None and ap is not None:
+            args = (be, req[0], r.buffer(k, req), cover(ap, k, req), c)
+            r.pending[k % DEPTH] = r.pool.submit(write_window, *args)
     status.failed()
-    return _drain(pending, c, error)
+    return drain(r.pending, c, error)
 
 
 def read_rounds(
@@ -406,46 +351,29 @@ def read_rounds(
 
     Returns this rank's first error, not yet agreed (see :func:`write_rounds`).
     """
-    comm, be, ap, sp, c = ctx.comm, ctx.backend, plan.agg, plan.sender, call.counters
-    order, starts = plan.by_round()
-    mine = ap.nrounds if ap is not None else 0
-    bufs = round_buffers(plan.window, DEPTH) if mine else []
-    offs, lens = _requests(ctx, plan)
-    pending: list[Future | None] = [None] * DEPTH
-    reqs: list[tuple[int, int]] = [(0, 0)] * DEPTH
-    pool, status = io_executor(), _Lagged(comm, be.remote)
+    r = _start(ctx, plan, call)
+    comm, be, c = ctx.comm, ctx.backend, r.c
+    status = _Lagged(comm, be.remote)
     meet = be.remote  # see module doc
     # small equal runs are packed with numpy before sending (Messages.send)
-    small = ap is not None and mine and _packs(ap)
+    small = plan.agg is not None and r.mine and _packs(plan.agg)
     scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
-    ssh = plan.sender_shapes()
-    ash = plan.agg_shapes() if mine else ssh  # (ash only used by an aggregator)
-
-    def prefetch(k: int) -> None:
-        if ap is not None and k < mine:
-            b = k % DEPTH
-            reqs[b] = req = (int(offs[k]), int(lens[k]))
-            args = (be, req[0], window_of(bufs[b], *req), _cover(ap, k, req), c)
-            if k == 0:  # (waited for at once)
-                pending[b] = _inline(c, _read_window, *args)
-            else:
-                pending[b] = pool.submit(_read_window, *args)
-
     error: BaseException | None = None
     step = Attempt()
     with step:
-        if ap is not None and mine:  # what this aggregator reads, first to last byte
+        ap = r.agg(0)
+        if ap is not None:  # what this aggregator reads, first to last byte
             be.read_extent(int(ap.rlo[0]), int(ap.rhi.max()))
-        prefetch(0)
+        _prefetch(r, 0)
     error = step.error
     for k in range(plan.nrounds):
         step = Attempt()
         with step:
-            if ap is not None and k < mine:
-                fut, pending[k % DEPTH] = pending[k % DEPTH], None
-                _wait(fut, c)
+            if r.agg(k) is not None:
+                fut, r.pending[k % DEPTH] = r.pending[k % DEPTH], None
+                wait_io(fut, c)
                 if error is None:
-                    prefetch(k + 1)
+                    _prefetch(r, k + 1)
         error = error or step.error
         if status.failed():
             break
@@ -454,33 +382,42 @@ def read_rounds(
             break
         t = time.perf_counter()
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
-            for g in _my_groups(order, starts, k):
-                src = int(ctx.aggregators[sp.gdom[g]])
-                msgs.recv_group(src, out, ssh, g, 0, _sender_runs(sp, g))
-                c.exchanged_bytes += int(ssh.total[g])
-            if ap is not None and k < mine:
-                base, used = reqs[k % DEPTH][0], 0
-                rbuf = window_of(bufs[k % DEPTH], *reqs[k % DEPTH])
-                for g in ap.groups_of_round(k).tolist():
-                    dest, runs = int(ap.gsrc[g]), _agg_runs(ap, g, base)
-                    used += msgs.send_group(dest, rbuf, ash, g, base, runs, scratch[used:])
-                    c.messages += 1
+            _exchange_read(r, msgs, k, out, scratch)
         c.time_exchange += time.perf_counter() - t
     status.failed()
-    return _drain(pending, c, error)
+    return drain(r.pending, c, error)
 
 
-def _drain(
-    pending: list[Future | None], c: Stats, error: BaseException | None
-) -> BaseException | None:
-    """Wait for outstanding I/O; the first error of the rounds (agreed by the caller)."""
-    t = time.perf_counter()
-    for fut in pending:
-        if fut is None:
-            continue
-        try:
-            fut.result()
-        except Exception as exc:  # noqa: BLE001 - agreed by the caller
-            error = error or exc
-    c.time_io += time.perf_counter() - t
-    return error
+def _prefetch(r: _Rounds, k: int) -> None:
+    """Start reading this aggregator's window of round ``k`` (the first one here and now:
+    it is waited for at once)."""
+    ap = r.agg(k)
+    if ap is None:
+        return
+    req = r.request(k)
+    args = (r.ctx.backend, req[0], r.buffer(k, req), cover(ap, k, req), r.c)
+    if k == 0:
+        r.pending[0] = run_inline(r.c, read_window, *args)
+    else:
+        r.pending[k % DEPTH] = r.pool.submit(read_window, *args)
+
+
+def _exchange_read(
+    r: _Rounds, msgs: Messages, k: int, out: npt.NDArray[np.uint8], scratch: npt.NDArray[np.uint8]
+) -> None:
+    """Round ``k`` of a read: receive this rank's pieces; an aggregator sends its window's."""
+    sp, ssh, c = r.plan.sender, r.plan.sender_shapes(), r.c
+    for g in r.groups(k):
+        src = int(r.ctx.aggregators[sp.gdom[g]])
+        msgs.recv_group(src, out, ssh, g, 0, _sender_runs(sp, g))
+        c.exchanged_bytes += int(ssh.total[g])
+    ap = r.agg(k)
+    if ap is None:
+        return
+    ash = r.plan.agg_shapes()
+    req, used = r.request(k), 0
+    rbuf = r.buffer(k, req)
+    for g in ap.groups_of_round(k).tolist():
+        dest, runs = int(ap.gsrc[g]), _agg_runs(ap, g, req[0])
+        used += msgs.send_group(dest, rbuf, ash, g, req[0], runs, scratch[used:])
+        c.messages += 1

@@ -1,10 +1,9 @@
-"""collio-bench end to end: jobs under mpiexec (with timeouts) and the simulator's command line."""
+"""collio-bench end to end: jobs under mpiexec (with timeouts)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -12,16 +11,12 @@ import numpy as np
 import pytest
 
 from collio.bench.apis import Api, get_api, known_apis, register_api, split_runs
-from collio.bench.patterns import make_workload
 from collio.bench.report import summarize
 from collio.bench.run import Row
-from collio.bench.simreport import plan_speed
-from collio.bench.simulate import SimConfig, simulate
 from collio.hints import Hints
 from collio.runs import Runs
 from collio.testing.jobs import MPIEXEC, mpiexec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = [sys.executable, "-m", "collio.bench"]
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
 ALL = "collio,mpiio,mpiio-tuned,mpiio-indep,posix,ceiling,collio-mpiio"
@@ -178,65 +173,6 @@ def test_an_api_plugs_in_with_one_module(tmp_path):
     assert doc["hints_used"]["collio-memory"]["cb_nodes"] == 2
 
 
-@needs_mpiexec
-def test_simulator_equals_real_stats_at_8_ranks():
-    test = os.path.join(ROOT, "mpi_tests", "test_bench_simulator.py")
-    args = ["-n", "8", sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", test, "-q"]
-    proc = mpiexec(args, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    # every case ran on all 8 ranks (none skipped): the CASES plus the direct-path test
-    sys.path.insert(0, os.path.join(ROOT, "mpi_tests"))
-    try:
-        import test_bench_simulator as cases
-    finally:
-        sys.path.pop(0)
-    assert f"{len(cases.CASES) + 1} passed" in proc.stdout
-
-
-def test_simulate_command_line(tmp_path):
-    out = tmp_path / "sim.json"
-    args = ["--simulate", "--ranks", "4096", "--pattern", "cyclic", "--size", "256MiB"]
-    args += ["--cb-nodes", "60", "--cb-buffer-size", "1m", "--json", str(out)]
-    proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "per-aggregator bytes" in proc.stdout and "4096 virtual ranks" in proc.stdout
-    doc = json.loads(out.read_text())
-    assert doc["aggregators"] == 60 and sum(doc["agg_bytes"]) == doc["bytes"]
-    assert doc["shape"] == [5792, 5792] and doc["bytes"] == 5792 * 5792 * 8
-    assert len(doc["messages_per_round"]) == len(doc["requests"]) == sum(doc["agg_rounds"])
-    assert not doc["sampled"] and max(doc["requests"]) == 1 << 20
-
-
-def test_simulate_direct_path_text():
-    args = ["--simulate", "--ranks", "512", "--pattern", "rowblock", "--size", "4096x512"]
-    proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert (
-        "path: direct" in proc.stdout
-        and "backend requests          512: largest 32.00 KiB" in proc.stdout
-    )
-
-
-def test_sampled_windows_agree_with_exact():
-    work = make_workload("cyclic", 64, size="2000", cyclic_block=8)
-    h = Hints(cb_nodes=7, cb_buffer_size=20000)
-    exact = simulate(work, SimConfig(hints=h, method="explicit"))
-    sampled = simulate(work, SimConfig(hints=h, budget=3_000, method="sampled"))
-    assert sampled.sampled and 0 < sampled.windows_evaluated < sampled.windows_total
-    np.testing.assert_array_equal(sampled.agg_bytes, exact.agg_bytes)
-    np.testing.assert_array_equal(sampled.agg_rounds, exact.agg_rounds)
-    np.testing.assert_array_equal(exact.windows, np.arange(exact.windows_total))
-    np.testing.assert_array_equal(sampled.msgs, exact.msgs[sampled.windows])
-    np.testing.assert_array_equal(sampled.requests, exact.requests)  # no holes: exact
-
-
-def test_plan_speed_counts():
-    t = plan_speed(nruns=20_000, repeat=1)
-    assert t["runs"] == 20_000 and t["pieces_at_aggregator"] == 20_000
-    assert t["total"] == pytest.approx(t["flatten"] + t["plan_sender"] + t["plan_aggregator"])
-    assert all(t[k] > 0 for k in ("flatten", "plan_sender", "plan_aggregator"))  # measured
-
-
 def test_split_runs_cuts_at_transfer_size():
     runs = Runs(np.array([0, 100]), np.array([10, 25]), np.array([0, 10]))
     cut = split_runs(runs, 10)
@@ -301,7 +237,6 @@ def test_direct_apis_verify_and_report_the_hint(tmp_path):
     assert used["collio"]["mapped_reads"] == "automatic"
     assert used["collio-shuffle"]["mapped_reads"] == "disable"
     from collio.backends.posix import maps_for
-    from collio.hints import Hints
 
     fd = os.open(probe, os.O_RDONLY)
     try:

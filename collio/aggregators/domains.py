@@ -21,7 +21,7 @@ def alignment(backend_alignment: int, striping_unit: int | None) -> int:
 
 
 #: Smallest window that ``min_rounds`` shrinks rounds to: below it the fixed cost of a
-#: round (its agreement and messages, ~0.2-1 ms here) would outweigh what overlap gains.
+#: round (its agreement and messages) would outweigh what overlap gains.
 MIN_WINDOW = 1 << 20
 #: ... and not below this many bytes per rank of the communicator: when every rank has
 #: bytes in every window (column blocks), each extra round is one more message from

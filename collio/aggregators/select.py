@@ -13,9 +13,8 @@ I64 = npt.NDArray[np.int64]
 def default_cb_nodes(nprocs: int, nnodes: int) -> int:
     """collio's default aggregator count when ``cb_nodes`` is not given.
 
-    Every rank aggregates: measured on one 2-core node with 4 ranks (column
-    blocks, 128 MiB, see README), ``cb_nodes = nprocs`` writes fastest because
-    each rank then writes a quarter of the file concurrently, like the ceiling.
+    Every rank aggregates: on one node each rank then writes its share of the file
+    concurrently, as the ceiling does (docs/design.md has the comparison of counts).
     """
     return max(1, nprocs)
 

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._libc import libc
-from ..buffers import flush_executor
 from ..errors import BackendError
+from ..threads import flush_executor
 
 __all__ = [
     "EarlyFlush",
@@ -56,11 +56,8 @@ class EarlyFlush:
     a drive's write cache), a flush takes time in proportion to what reached the
     cache since the last one.  A single fsync at the end (``sync()``, ``close()``)
     starts that work only when every byte is written; flushing while the call still
-    shuffles and writes overlaps most of it with the call.  Measured here (4 ranks,
-    128 MiB, fsync, same job as the hint turned off, alternating, medians of 12):
-    1.10 and 1.11x for column blocks, 1.22 and 1.18x block-cyclic, 1.03x IOR's pattern;
-    a flush after 128 MiB on this virtual disk takes 150-210 ms when nothing was
-    flushed before it (``collio-bench --compare collio,collio-noflush`` measures the gain).
+    shuffles and writes overlaps most of it with the call (``collio-bench --compare
+    collio,collio-noflush`` measures the gain on a given storage; docs/design.md).
 
     A flush's error is kept and reported by :meth:`wait`, that is by the next
     ``sync()`` (or ``close()``), as a :class:`~collio.errors.BackendError` saying that

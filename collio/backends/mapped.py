@@ -3,12 +3,7 @@
 On a local file system one node's page cache holds the file, and every rank on the node
 shares it: the two-phase read only adds copies to it (the aggregator's buffer, a message,
 the rank's array) and makes the ranks wait for each other.  Mapping the file and copying
-the rank's runs with numpy is one copy, with no messages and no waiting.  Measured on
-this machine (4 ranks, a 4096 x 4096 float64 file, same job, medians of 12, two jobs):
-column blocks 2328 · 2188 MiB/s mapped against 1546 · 1414 two-phase and 1260 · 980
-ROMIO tuned; 2-D block-cyclic 64 x 64 4101 · 4056 against 1002 · 1251 and 923 · 1161;
-with the cache dropped before each read, column blocks 1228 against 598 and 615 (the
-kernel's read-ahead serves the faults).
+the rank's runs with numpy is one copy, with no messages and no waiting.
 
 Network and parallel file systems (NFS, Lustre, GPFS, BeeGFS, CephFS, FUSE mounts)
 keep the shuffle: there the page cache is per node and small reads are expensive, which
@@ -38,9 +33,10 @@ import numpy.typing as npt
 
 from .._libc import libc
 from ..exchange import pack_uniform
+from ..policy import FEW, copyable_lengths
 from ..runs import Runs, sort, split_grid
 
-__all__ = ["FEW", "LOCAL_FS", "MAX_LENGTHS", "WINDOW", "copyable", "fs_name", "read_mapped"]
+__all__ = ["FEW", "LOCAL_FS", "WINDOW", "copyable", "fs_name", "read_mapped"]
 
 #: File systems whose page cache is the file (one node): f_type from statfs(2).
 LOCAL_FS = {
@@ -58,10 +54,6 @@ LOCAL_FS = {
 }
 #: Bytes of the file mapped at once (the resident file pages a rank adds).
 WINDOW = 16 << 20
-#: Most distinct run lengths copied group by group; more go through the shuffle.
-MAX_LENGTHS = 8
-#: Runs this few are copied one by one (as the direct path's preads are).
-FEW = 16
 
 
 def fs_name(fd: int) -> str | None:
@@ -86,10 +78,7 @@ def _fstatfs() -> Any:
 
 def copyable(runs: Runs) -> bool:
     """Whether :func:`read_mapped` copies these runs in a few numpy passes."""
-    n = len(runs)
-    if n <= FEW or bool((runs.length == runs.length[0]).all()):
-        return True
-    return len(np.unique(runs.length)) <= MAX_LENGTHS
+    return copyable_lengths(runs.length)
 
 
 def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = WINDOW) -> None:

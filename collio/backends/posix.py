@@ -17,6 +17,7 @@ import numpy.typing as npt
 from ..buffers import PAGE, scratch_buffer
 from ..collective import Attempt, agree, any_flag, bcast_outcome
 from ..errors import BackendError, CommitError, ModeError
+from ..policy import maps_file
 from ..runs import Runs
 from .base import Backend
 from .fdio import pread_zeros, pwrite_all
@@ -239,8 +240,8 @@ class PosixBackend(Backend):
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
         """Copied from the mapped file when :meth:`maps_reads` allows, on every direct
         path (also disjoint extents, ``romio_cb_read=disable``, and a few large runs:
-        numpy's copy out of the page cache's map is faster than ``preadv`` into the
-        array), else one ``preadv`` each."""
+        numpy's copy out of the map is faster than ``preadv`` into the array), else one
+        ``preadv`` each."""
         if self.maps_reads(runs):
             self._copyable = None  # (do not keep the runs beyond the call)
             read_mapped(self.fd, runs, out)
@@ -360,7 +361,7 @@ class PosixBackend(Backend):
 def maps_for(hints: Any, fd: int) -> bool:
     """Whether reads of the file ``fd`` copy from a map, per the hint ``mapped_reads``."""
     maps = str(getattr(hints, "mapped_reads", "automatic"))
-    return maps == "enable" or (maps == "automatic" and fs_name(fd) is not None)
+    return maps_file(maps, local_fs=fs_name(fd) is not None)
 
 
 @dataclasses.dataclass(slots=True)

@@ -196,8 +196,7 @@ def _list_apis() -> str:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from .simreport import format_sim, sim_json
-    from .simulate import SimConfig, simulate
+    from ..sim import SimConfig, format_sim, sim_json, simulate
 
     if args.size is None and args.pattern != "ior":
         args.size = "1TiB"
@@ -220,7 +219,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _plan_speed(args: argparse.Namespace) -> int:
-    from .simreport import plan_speed
+    from ..sim import plan_speed
 
     t = plan_speed()
     print(

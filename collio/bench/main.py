@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from ..errors import CollioError
 from .machine import CMA_CVAR, command, describe, single_copy
+from .patterns import human
 from .report import (
     MiB,
     format_hints,
@@ -24,7 +25,6 @@ from .report import (
     write_json,
 )
 from .run import BenchConfig, Runner, balanced_orders, run_bench
-from .simreport import human
 
 __all__ = ["bench"]
 

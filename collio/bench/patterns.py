@@ -242,3 +242,12 @@ def make_workload(
         grid = layouts.dims_create(nranks, ndim)
     block = (cyclic_block, cyclic_block) if pattern == "cyclic" else None
     return Workload(pattern, shape, _F8, grid, nranks, block, max(transfer, 0))
+
+
+def human(n: float) -> str:
+    """Bytes with a binary unit."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError

@@ -3,9 +3,9 @@
 Every iteration runs every API once, writing then reading the same file, in an
 order that changes so that every API follows every other equally often (a
 Williams design, :func:`balanced_orders`): rotating one order would keep each
-API's predecessor fixed, and what the previous writer left behind (here: the
-ceiling's burst, still being absorbed by the virtual disk after its fsync) would
-always fall on the same API.  The file is
+API's predecessor fixed, and what the previous writer left behind (a burst of
+writes a virtual disk is still absorbing after its fsync, say) would always fall
+on the same API.  The file is
 removed before each write.  Phases (open, transfer, close) are timed per rank
 and the slowest rank's time is kept; bandwidth is the bytes over the
 barrier-to-barrier time, as IOR reports it.  An API's ``prepare`` / ``finish``
@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..collective import Attempt, agree, quiet_barrier, raise_agreed
+from ..collective import Attempt, agree, raise_agreed
+from ..waits import quiet_barrier
 from .apis import Api, Job, get_api
 from .patterns import Workload
 

@@ -35,9 +35,10 @@ import collio
 from ..backends.s3 import upload
 from ..backends.s3.client import client_for, get_into, public_url
 from ..backends.s3.plan import S3Target, plan_part_size
-from ..collective import Attempt, bcast_outcome, sleep_until_done
+from ..collective import Attempt, bcast_outcome
 from ..hints import Hints
 from ..testing.s3 import fake_credentials, serve_moto
+from ..waits import sleep_until_done
 from .apis import Api, Job
 from .builtin import CollioApi
 from .options import S3, size_option

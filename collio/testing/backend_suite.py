@@ -1,4 +1,4 @@
-"""The conformance suite every collio backend passes (zarr's ``StoreTests`` habit).
+"""The conformance suite every collio backend passes (in the manner of zarr's ``StoreTests``).
 
 A backend's test module subclasses :class:`ByteBackendTests` (targets that hold bytes:
 files, memory, objects) or :class:`ArrayBackendTests` (targets that hold an array: zarr,

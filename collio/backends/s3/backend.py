@@ -20,9 +20,10 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ...collective import Attempt, agree, agree_same, quiet_barrier
+from ...collective import Attempt, agree, agree_same
 from ...errors import BackendError, HintError, LayoutError, ModeError
 from ...runs import Runs, group_bounds, split_grid
+from ...waits import quiet_barrier
 from ..base import Backend
 from . import upload
 from .client import RangeStream, Requests, get_into, public_url, s3_error
@@ -56,10 +57,8 @@ class S3Backend(Backend):
     # Reads: one aggregator per node (ROMIO's default, cb_config_list '*:1'), unless the
     # hints choose: a node's GETs share its network, each aggregator streams its domain
     # with get_concurrency requests in flight, and the other ranks leave their cores to
-    # that I/O (and to a server on the node).  Same job, 256 MiB, local moto server:
-    # 1 per node 504 MiB/s (1.8x one process reading the object), 2: 337, 4: 246.
-    # Writes keep every rank (uploads: 4 aggregators 86.6 MiB/s, faster than gathering
-    # to rank 0; 1 aggregator 77.9, slower).
+    # that I/O (and to a server on the node).  Writes keep every rank: uploads run in
+    # parallel per aggregator (docs/design.md compares the counts).
     read_per_node: ClassVar[int | None] = 1
 
     def __init__(

@@ -17,8 +17,9 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ...collective import Attempt, agree, quiet_barrier, raise_agreed
+from ...collective import Attempt, agree, raise_agreed
 from ...errors import CollioError, CommitError, add_later
+from ...waits import quiet_barrier
 from . import upload
 from .client import Requests, s3_error
 from .plan import PartPlan, S3Target

@@ -1,6 +1,6 @@
 """Pure planning for the S3 backend: targets, part sizes, parts and holes of a window.
 
-No boto3 and no MPI here (habit 1): plain values and numpy arrays in and out, so
+No boto3 and no MPI here: plain values and numpy arrays in and out, so
 the rules S3 imposes on a multipart upload are tested without a server.
 """
 

@@ -9,20 +9,12 @@ from typing import Any
 import numpy as np
 
 from ..aggregators import file_domains, plan_aggregator, plan_sender
-from ..rounds import DEPTH
-from .patterns import Workload, make_workload
-from .simulate import PIECE_BYTES, SimResult
+from ..bench.patterns import Workload, human, make_workload
+from ..layouts.strided import flatten
+from ..policy import DEPTH
+from .simulator import PIECE_BYTES, SimResult
 
-__all__ = ["format_sim", "sim_json", "plan_speed", "human"]
-
-
-def human(n: float) -> str:
-    """Bytes with a binary unit."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError
+__all__ = ["format_sim", "sim_json", "plan_speed"]
 
 
 def _mmm(values: np.ndarray[Any, Any], fmt: Any = str) -> str:
@@ -151,8 +143,6 @@ def plan_speed(nruns: int = 10**6, repeat: int = 3) -> dict[str, float]:
     for _ in range(repeat):
         t = time.perf_counter()
         runs = [lay.blocks() for lay in lays]
-        from ..layouts.strided import flatten
-
         flat = [flatten(b) for b in runs]
         times["flatten"].append((time.perf_counter() - t) / 4)
         t = time.perf_counter()

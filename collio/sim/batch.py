@@ -14,8 +14,8 @@ import itertools
 import numpy as np
 import numpy.typing as npt
 
+from ..bench.patterns import Workload
 from ..layouts.strided import Blocks
-from .patterns import Workload
 
 __all__ = ["batched_blocks", "squeeze", "select", "explode", "inner_sizes"]
 

@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 import collio
 from collio.bench.patterns import make_workload
-from collio.bench.simulate import SimConfig, simulate
 from collio.hints import Hints
+from collio.sim import SimConfig, simulate
 from collio.stats import histogram
 
 CASES = [

@@ -1,6 +1,12 @@
-"""The simulator against the real pure planner (plan_sender / plan_aggregator) on explicit runs."""
+"""The simulator against the real pure planner (plan_sender / plan_aggregator) on explicit
+runs, its command line, and what it may import."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,14 +19,19 @@ from collio.aggregators import (
     window_size,
 )
 from collio.aggregators.domains import alignment
-from collio.bench import simulate as simulate_module
-from collio.bench.batch import batched_blocks, select
 from collio.bench.patterns import make_workload
-from collio.bench.simulate import SimConfig, simulate
 from collio.hints import Hints
 from collio.layouts import count_below
 from collio.layouts.strided import Blocks, flatten
 from collio.runs import Runs
+from collio.sim import SimConfig, plan_speed, simulate
+from collio.sim import simulator as simulate_module
+from collio.sim.batch import batched_blocks, select
+from collio.testing.jobs import MPIEXEC, mpiexec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = [sys.executable, "-m", "collio.bench"]
+needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
 
 
 def reference(work, hints, backend_alignment=1, partial_write=True, idle=()):
@@ -183,7 +194,7 @@ def test_interval_method_equals_explicit_for_many_windows(pattern):
 def test_mapped_reads_follow_the_file_system_and_the_hints(pattern):
     """A read of a local file goes direct, mapped (each rank's own runs, no aggregator);
     a write, a read on a parallel file system, or hints that keep the shuffle do not."""
-    from collio.bench.simreport import format_sim
+    from collio.sim import format_sim
 
     work = make_workload(pattern, 8, size="64" if pattern != "colblock" else "64x80")
     runs = [work.layout(r).runs() for r in range(8)]
@@ -203,3 +214,91 @@ def test_mapped_reads_follow_the_file_system_and_the_hints(pattern):
         assert not other.mapped and other.direct is extents
     assert not sim(romio_cb_read="enable").direct
     assert sim(local=False, mapped_reads="enable").mapped
+
+
+@needs_mpiexec
+def test_simulator_equals_real_stats_at_8_ranks():
+    test = os.path.join(ROOT, "mpi_tests", "test_sim_stats.py")
+    args = ["-n", "8", sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", test, "-q"]
+    proc = mpiexec(args, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    # every case ran on all 8 ranks (none skipped): the CASES plus the direct-path test
+    sys.path.insert(0, os.path.join(ROOT, "mpi_tests"))
+    try:
+        import test_sim_stats as cases
+    finally:
+        sys.path.pop(0)
+    assert f"{len(cases.CASES) + 1} passed" in proc.stdout
+
+
+def test_simulate_command_line(tmp_path):
+    out = tmp_path / "sim.json"
+    args = ["--simulate", "--ranks", "4096", "--pattern", "cyclic", "--size", "256MiB"]
+    args += ["--cb-nodes", "60", "--cb-buffer-size", "1m", "--json", str(out)]
+    proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "per-aggregator bytes" in proc.stdout and "4096 virtual ranks" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["aggregators"] == 60 and sum(doc["agg_bytes"]) == doc["bytes"]
+    assert doc["shape"] == [5792, 5792] and doc["bytes"] == 5792 * 5792 * 8
+    assert len(doc["messages_per_round"]) == len(doc["requests"]) == sum(doc["agg_rounds"])
+    assert not doc["sampled"] and max(doc["requests"]) == 1 << 20
+
+
+def test_simulate_direct_path_text():
+    args = ["--simulate", "--ranks", "512", "--pattern", "rowblock", "--size", "4096x512"]
+    proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "path: direct" in proc.stdout
+        and "backend requests          512: largest 32.00 KiB" in proc.stdout
+    )
+
+
+def test_sampled_windows_agree_with_exact():
+    work = make_workload("cyclic", 64, size="2000", cyclic_block=8)
+    h = Hints(cb_nodes=7, cb_buffer_size=20000)
+    exact = simulate(work, SimConfig(hints=h, method="explicit"))
+    sampled = simulate(work, SimConfig(hints=h, budget=3_000, method="sampled"))
+    assert sampled.sampled and 0 < sampled.windows_evaluated < sampled.windows_total
+    np.testing.assert_array_equal(sampled.agg_bytes, exact.agg_bytes)
+    np.testing.assert_array_equal(sampled.agg_rounds, exact.agg_rounds)
+    np.testing.assert_array_equal(exact.windows, np.arange(exact.windows_total))
+    np.testing.assert_array_equal(sampled.msgs, exact.msgs[sampled.windows])
+    np.testing.assert_array_equal(sampled.requests, exact.requests)  # no holes: exact
+
+
+def test_plan_speed_counts():
+    t = plan_speed(nruns=20_000, repeat=1)
+    assert t["runs"] == 20_000 and t["pieces_at_aggregator"] == 20_000
+    assert t["total"] == pytest.approx(t["flatten"] + t["plan_sender"] + t["plan_aggregator"])
+    assert all(t[k] > 0 for k in ("flatten", "plan_sender", "plan_aggregator"))  # measured
+
+
+#: Loads collio.sim with collio's own __init__ skipped (it imports the whole library) and
+#: prints every collio and MPI module that came with it.
+_LOAD_SIM = """
+import os, sys, types
+pkg = types.ModuleType("collio")
+pkg.__path__ = [os.path.join(sys.argv[1], "collio")]
+sys.modules["collio"] = pkg
+import collio.sim
+print(" ".join(sorted(m for m in sys.modules if m.startswith(("collio.", "mpi4py")))))
+"""
+#: Pure modules the simulator may bring in: the planner, the policy, hints, layouts, runs.
+PURE = ("collio.aggregators", "collio.bench", "collio.errors", "collio.facts", "collio.hints",
+        "collio.layouts", "collio.policy", "collio.runs", "collio.sim")  # fmt: skip
+
+
+def test_simulator_imports_no_engine_internals():
+    """The simulator decides through collio.policy, not a copy of the engine: neither the
+    engine, the rounds, a backend nor MPI is imported with it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD_SIM, ROOT], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = proc.stdout.split()
+    assert "collio.sim.simulator" in loaded and "collio.policy" in loaded
+    assert [m for m in loaded if not m.startswith(PURE)] == []
+    assert "collio.bench.cli" in loaded  # (the package's __init__: argparse only)
+    assert not [m for m in loaded if m.startswith(("collio.bench.run", "collio.bench.apis"))]

@@ -6,8 +6,13 @@ rounds = non-empty windows, one message per rank with bytes in a window, one
 backend request per window's data extent) from the layouts' structure alone:
 every figure comes from :func:`~collio.layouts.count_below` arithmetic over
 (box, domain) or (box, window) pairs, vectorised and chunked (see
-:mod:`collio.bench.windows`).  When even that is too much work, messages per
+:mod:`collio.sim.windows`).  When even that is too much work, messages per
 round are computed on an even sample of windows and the output says so.
+
+The path, the window and the round buffers are the engine's own choices: the
+simulator computes the facts the engine's ranks agree on (their extents, runs and
+bytes) for every virtual rank at once, and asks :mod:`collio.policy` as the engine
+does.
 """
 
 from __future__ import annotations
@@ -19,23 +24,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..aggregators import choose_aggregators, file_domains, window_size
-from ..aggregators.domains import alignment
-from ..backends.mapped import FEW, MAX_LENGTHS
+from .. import policy
+from ..aggregators import choose_aggregators, file_domains
+from ..bench.patterns import Workload
 from ..hints import Hints
 from ..layouts.strided import Blocks
-from ..rounds import DEPTH
+from ..policy import Path, PathFacts
 from .batch import batched_blocks, explode_levels, squeeze
-from .patterns import Workload
 from .windows import Grid, WindowCounts, explicit, exploded_intervals, intervals
 
 __all__ = ["SimConfig", "SimResult", "simulate"]
 
 I64 = npt.NDArray[np.int64]
-_DIRECT_MAX_RUNS = 16  # as collio.engine
 _MAX_WINDOWS = 1 << 24
-#: Round buffers are capped at 1 GiB (collio.engine).
-_MAX_WINDOW = 1 << 30
 #: Bytes of planner metadata per piece on an aggregator: (offset, length) received,
 #: source, window, sort keys and order (8 int64 arrays).
 PIECE_BYTES = 64
@@ -102,6 +103,15 @@ class SimResult:
     mapped: bool = False
 
     @property
+    def path(self) -> Path:
+        """The engine's path for the call (``stats.last_call["path"]``)."""
+        if self.mapped:
+            return Path.MAPPED
+        if self.direct:
+            return Path.DIRECT
+        return Path.TWO_PHASE if self.nbytes else Path.NONE
+
+    @property
     def sampled(self) -> bool:
         return self.method == "sampled"
 
@@ -112,9 +122,9 @@ class SimResult:
     def memory(self) -> I64:
         """Predicted extra memory per aggregator: round buffers plus planner metadata.
 
-        The engine keeps ``collio.rounds.DEPTH`` (2) round buffers of one window each.
+        The engine keeps :data:`collio.policy.DEPTH` round buffers of one window each.
         """
-        buffers = np.where(self.agg_rounds > 0, DEPTH * self.window, 0)
+        buffers = np.where(self.agg_rounds > 0, policy.DEPTH * self.window, 0)
         out: I64 = buffers + self.agg_pieces * PIECE_BYTES
         return out
 
@@ -123,44 +133,53 @@ def _per_rank(values: I64, owner: I64, nranks: int) -> I64:
     return np.bincount(owner, weights=values, minlength=nranks).astype(np.int64)
 
 
-def _mapped(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig, nruns: I64) -> bool:
-    """A read every rank copies from the mapped file (``PosixBackend.maps_reads``).
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Facts:
+    agreed: PathFacts  # as the engine's ranks agree on them
+    rlo: I64  # each rank's extent
+    rhi: I64
+    nruns: I64  # each rank's runs (its layout's, before merging)
 
-    Distinct run lengths are counted per box, before runs merge, and the file is taken
-    to hold every byte read (the engine also shuffles when a rank reads past its end).
+
+def _facts(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> _Facts:
+    """What the engine's ranks contribute to its choice of path, for every virtual rank.
+
+    Run lengths are counted per box, before runs merge (a rank's distinct lengths for
+    a mapped read), and the file is taken to hold every byte read (the engine also
+    shuffles a read past the file's end).
     """
-    h = cfg.hints
-    if cfg.writing or h.romio_cb_read != "automatic":
-        return False
-    if not (h.mapped_reads == "enable" or (h.mapped_reads == "automatic" and cfg.local_fs)):
-        return False
-    # copyable: at most 16 runs, or at most MAX_LENGTHS distinct run lengths, per rank
-    pairs = np.unique(np.stack([owner, blocks.runlen]), axis=1)
-    lengths = np.bincount(pairs[0], minlength=work.nranks)
-    return bool(((nruns <= FEW) | (lengths <= MAX_LENGTHS)).all())
-
-
-def _direct_path(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> bool:
-    """The engine's choice: skip the shuffle when extents do not interleave and runs are big."""
-    hints, writing = cfg.hints, cfg.writing
-    mode = hints.romio_cb_write if writing else hints.romio_cb_read
-    if mode == "enable" or not len(blocks):
-        return False
-    nruns = _per_rank(blocks.nruns(), owner, work.nranks)
-    nbytes = _per_rank(blocks.nbytes(), owner, work.nranks)
-    small = bool(((nruns > _DIRECT_MAX_RUNS) & (nbytes < nruns * hints.direct_threshold)).any())
-    if mode == "automatic" and small:
-        return False
+    h, n = cfg.hints, work.nranks
+    nruns = _per_rank(blocks.nruns(), owner, n)
+    nbytes = _per_rank(blocks.nbytes(), owner, n)
     lo, hi = blocks.extent()
-    big = np.iinfo(np.int64).max
-    rlo = np.full(work.nranks, big, np.int64)
-    rhi = np.zeros(work.nranks, np.int64)
+    rlo = np.full(n, np.iinfo(np.int64).max, np.int64)
+    rhi = np.zeros(n, np.int64)
     np.minimum.at(rlo, owner, lo)
     np.maximum.at(rhi, owner, hi)
-    have = rhi > rlo
-    order = np.argsort(rlo[have], kind="stable")
-    a, b = rlo[have][order], rhi[have][order]
-    return bool((a[1:] >= b[:-1]).all())
+    mapped = policy.may_map(h, writing=cfg.writing)
+    mapped = mapped and policy.maps_file(h.mapped_reads, local_fs=cfg.local_fs)
+    if mapped:
+        pairs = np.unique(np.stack([owner, blocks.runlen]), axis=1)
+        lengths = np.bincount(pairs[0], minlength=n)
+        mapped = bool(policy.copyable(nruns, lengths).all())
+    agreed = PathFacts(
+        lo=int(rlo.min(initial=np.iinfo(np.int64).max)), hi=int(rhi.max(initial=0)),
+        small=bool(policy.many_small_runs(nruns, nbytes, h.direct_threshold).any()),
+        mapped=mapped,
+    )  # fmt: skip
+    return _Facts(agreed, rlo, rhi, nruns)
+
+
+def _path(facts: _Facts, cfg: SimConfig) -> Path:
+    """The engine's path (:func:`collio.policy.choose_path`) on a posix-like backend."""
+    h = cfg.hints
+    return policy.choose_path(
+        facts.agreed,
+        mode=h.romio_cb_write if cfg.writing else h.romio_cb_read,
+        independent=True,
+        disjoint=lambda: policy.extents_disjoint(facts.rlo, facts.rhi),
+        split=lambda: None,  # (asked only of backends that are not independent)
+    )
 
 
 def simulate(work: Workload, cfg: SimConfig) -> SimResult:
@@ -188,14 +207,14 @@ def simulate(work: Workload, cfg: SimConfig) -> SimResult:
     lo_b, hi_b = blocks.extent()
     lo, hi = int(lo_b.min(initial=0)), int(hi_b.max(initial=0))
     total = int(blocks.nbytes().sum())
-    rank_runs = _per_rank(blocks.nruns(), owner, work.nranks)
-    mapped = len(blocks) > 0 and _mapped(blocks, owner, work, cfg, rank_runs)
-    if mapped or _direct_path(blocks, owner, work, cfg):
-        res = _direct_result(blocks, work, (lo, hi), total, rank_runs)
-        res.mapped = mapped
+    facts = _facts(blocks, owner, work, cfg)
+    path = _path(facts, cfg)
+    if path.direct:
+        res = _direct_result(blocks, work, (lo, hi), total, facts.nruns)
+        res.mapped = path is Path.MAPPED
     else:
         res = _two_phase(blocks, owner, work, cfg, (lo, hi), total)
-        res.rank_runs_max = int(rank_runs.max(initial=0))
+        res.rank_runs_max = int(facts.nruns.max(initial=0))
     res.seconds = time.perf_counter() - t0
     res.cpu_seconds = time.process_time() - c0
     res.hints = _used(cfg, res)
@@ -230,11 +249,11 @@ def _two_phase(
     ppn = cfg.ppn or work.nranks
     nodes = np.arange(work.nranks, dtype=np.int64) // ppn
     naggs = len(choose_aggregators(nodes, cb_nodes=h.cb_nodes, per_node=h.per_node()))
-    align = alignment(cfg.backend_alignment, h.striping_unit)
+    align = policy.domain_alignment(cfg.backend_alignment, h)
     bounds = file_domains(ext[0], ext[1], naggs, align)
-    largest = int(np.diff(bounds).max(initial=0))
-    cap = min(h.cb_buffer_size, _MAX_WINDOW)
-    window = window_size(cap, align, largest, h.min_rounds, work.nranks, cfg.backend_min_window)
+    window = policy.round_window(
+        h, bounds, align=align, nranks=work.nranks, floor=cfg.backend_min_window
+    )
     nwin = int((-(-np.diff(bounds) // window)).sum())
     if nwin > _MAX_WINDOWS:
         raise ValueError(
@@ -302,7 +321,7 @@ def _interval_plan(
     if tiled and shortest > 0:
         quick = explode_levels(blocks, shortest)
         # a through sub-box needs no count_below, but listing it costs about half an
-        # explicit pair (measured: 2.7e8 sub-boxes take 44 s of CPU)
+        # explicit pair
         qcost = int(np.prod(np.where(quick, blocks.counts, 1), axis=1).sum()) // 2
         if qcost < cost:
             return quick, qcost, shortest

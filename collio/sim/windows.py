@@ -7,7 +7,7 @@ split one rank's boxes (so a rank is counted once per window):
   boxes per rank) and exact, cost = the number of such pairs.  Run on a subset of
   windows it is the simulator's sampling fallback.
 * :func:`intervals`: boxes are first cut into sub-boxes whose gaps are all
-  smaller than a window (:func:`~collio.bench.batch.explode`); such a sub-box
+  smaller than a window (:func:`~collio.sim.batch.explode`); such a sub-box
   touches *every* window between its first and last byte inside a domain, so one
   (sub-box, domain) pair gives a whole interval of windows and a difference array
   counts ranks per window.  Cost = the number of (sub-box, domain) pairs.  When

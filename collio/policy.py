@@ -1,0 +1,182 @@
+"""What a collective call does, decided from agreed facts: the one place for each choice.
+
+The engine agrees on :class:`PathFacts` in a call's first allreduce and asks
+:func:`choose_path`, :func:`round_window` and the rules below; the simulator
+computes the same facts for its virtual ranks with numpy and asks the same
+functions, so the two cannot drift apart.  Pure: no MPI, no files.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .aggregators.domains import alignment, window_size
+from .facts import Facts, How, fact, record
+from .hints import Hints
+from .runs import Runs
+
+__all__ = [
+    "DEPTH",
+    "DIRECT_MAX_RUNS",
+    "FEW",
+    "MAX_LENGTHS",
+    "MAX_WINDOW",
+    "Path",
+    "PathFacts",
+    "choose_path",
+    "copyable",
+    "copyable_lengths",
+    "domain_alignment",
+    "extents_disjoint",
+    "has_many_small_runs",
+    "many_small_runs",
+    "maps_file",
+    "may_map",
+    "round_window",
+]
+
+I64 = npt.NDArray[np.int64]
+
+#: A rank with at most this many runs may skip the shuffle whatever their size.
+DIRECT_MAX_RUNS = 16
+#: Largest round window (bytes), whatever ``cb_buffer_size`` asks for.
+MAX_WINDOW = 1 << 30
+#: Round buffers per aggregator: the I/O of round k overlaps the exchange of round k+1.
+DEPTH = 2
+#: Runs this few are copied from a mapped file one by one (as the direct path's preads).
+FEW = 16
+#: Most distinct run lengths a mapped read copies group by group; more keep the shuffle.
+MAX_LENGTHS = 8
+
+
+class Path(enum.Enum):
+    """The way a call moves its bytes (``stats.last_call["path"]``)."""
+
+    #: No rank has a byte to move.
+    NONE = "none"
+    #: Each rank does its own I/O, no shuffle (disjoint extents and large runs, or
+    #: every run one the backend lets its rank keep).
+    DIRECT = "direct"
+    #: A read: each rank copies its own runs out of the mapped file.
+    MAPPED = "mapped"
+    #: Each rank does the runs the backend lets it keep, the rest go two-phase.
+    OWN = "own pieces"
+    #: Every byte goes through the aggregators.
+    TWO_PHASE = "two-phase"
+
+    #: No byte goes through an aggregator (a plain attribute of each member: read in
+    #: every call, where an enum property costs as much as a small step of the call).
+    direct: bool
+
+
+for _path in Path:
+    _path.direct = _path.value in ("direct", "mapped")
+del _path
+
+
+@record
+class PathFacts(Facts):
+    """What every rank contributes to the choice of path (agreed with ``MAX``)."""
+
+    lo: int = fact(How.MIN)  # first byte any rank touches (an empty rank: a huge value)
+    hi: int = fact(How.MAX)  # end of the last byte any rank touches (an empty rank: 0)
+    small: bool = fact(How.ANY)  # some rank has many small runs (many_small_runs)
+    mapped: bool = fact(How.ALL)  # every rank would copy its runs from the mapped file
+
+
+def many_small_runs(nruns: Any, nbytes: Any, direct_threshold: int) -> Any:
+    """Whether a rank's runs are too many and too small to skip the shuffle.
+
+    Works on ints or, elementwise, on arrays (one entry per rank).
+    """
+    return (nruns > DIRECT_MAX_RUNS) & (nbytes < nruns * direct_threshold)
+
+
+def has_many_small_runs(runs: Runs, direct_threshold: int) -> bool:
+    """:func:`many_small_runs` of one rank's runs (their bytes summed only if needed)."""
+    n = len(runs)
+    return n > DIRECT_MAX_RUNS and bool(many_small_runs(n, runs.nbytes, direct_threshold))
+
+
+def may_map(hints: Hints, *, writing: bool) -> bool:
+    """Whether a call asks the backend if its ranks would copy from the mapped file."""
+    return not writing and hints.romio_cb_read == "automatic"
+
+
+def maps_file(mapped_reads: str, *, local_fs: bool) -> bool:
+    """Whether reads of a file copy from a map: hint ``mapped_reads``, and for
+    ``automatic`` whether the file is on a local file system (one page cache)."""
+    return mapped_reads == "enable" or (mapped_reads == "automatic" and local_fs)
+
+
+def copyable(nruns: Any, nlengths: Any) -> Any:
+    """Whether a rank's runs (``nruns`` of ``nlengths`` distinct lengths) are copied from a
+    map in a few numpy passes.  Ints or, elementwise, arrays."""
+    return (nruns <= FEW) | (nlengths <= MAX_LENGTHS)
+
+
+def copyable_lengths(lengths: I64) -> bool:
+    """:func:`copyable` for one rank's run lengths (counting distinct ones only if needed)."""
+    n = len(lengths)
+    if n <= FEW or bool((lengths == lengths[0]).all()):
+        return True
+    return bool(copyable(n, len(np.unique(lengths))))
+
+
+def extents_disjoint(lo: I64, hi: I64) -> bool:
+    """Whether no two ranks' extents ``[lo[r], hi[r])`` interleave (empty ones ignored)."""
+    have = hi > lo
+    order = np.argsort(lo[have], kind="stable")
+    a, b = lo[have][order], hi[have][order]
+    return bool((a[1:] >= b[:-1]).all())
+
+
+def choose_path(
+    facts: PathFacts,
+    *,
+    mode: str,
+    independent: bool,
+    disjoint: Callable[[], bool],
+    split: Callable[[], bool | None],
+) -> Path:
+    """The path of a call from its agreed ``facts``.
+
+    ``mode`` is the hint ``romio_cb_write`` (or ``romio_cb_read``); ``independent``
+    whether the backend lets each rank write its own runs.  The two questions that cost
+    communication are asked only when the answer matters: ``disjoint()`` whether no two
+    ranks' extents interleave (:func:`extents_disjoint`), ``split()`` the backend's own
+    runs (None: no rank keeps any; else whether every rank keeps all of its runs).
+    """
+    if facts.hi <= facts.lo:
+        return Path.NONE
+    if independent:
+        if facts.mapped:
+            return Path.MAPPED
+        if mode == "disable" or (mode == "automatic" and not facts.small):
+            return Path.DIRECT if disjoint() else Path.TWO_PHASE
+        return Path.TWO_PHASE
+    if mode == "enable":
+        return Path.TWO_PHASE
+    kept = split()
+    if kept is None:
+        return Path.TWO_PHASE
+    return Path.DIRECT if kept else Path.OWN
+
+
+def domain_alignment(backend_alignment: int, hints: Hints) -> int:
+    """The unit file domains are cut at: the backend's and ``striping_unit``'s."""
+    return alignment(backend_alignment, hints.striping_unit)
+
+
+def round_window(hints: Hints, bounds: I64, *, align: int, nranks: int, floor: int) -> int:
+    """Bytes per round for file domains ``bounds`` (see
+    :func:`~collio.aggregators.window_size`), capped at :data:`MAX_WINDOW`; ``floor`` is
+    the backend's smallest round (``Backend.min_window``)."""
+    largest = int(np.diff(bounds).max(initial=0))
+    cap = min(hints.cb_buffer_size, MAX_WINDOW)
+    return window_size(cap, align, largest, hints.min_rounds, nranks, floor)

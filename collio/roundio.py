@@ -1,0 +1,145 @@
+"""The I/O side of the rounds: backend requests in the I/O thread (or inline), the byte
+ranges they cover, the holes they fill, and waiting for them."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from .aggregators.plan import AggregatorPlan
+from .backends.base import Backend
+from .buffers import window_of
+from .collective import Attempt
+from .policy import DEPTH
+from .runs import Runs, merge
+from .stats import Stats
+
+__all__ = [
+    "Future",
+    "cover",
+    "drain",
+    "read_window",
+    "reuse_buffer",
+    "round_cover",
+    "run_inline",
+    "settle",
+    "wait_io",
+    "write_window",
+]
+
+Future = concurrent.futures.Future[None]
+
+
+def _whole(req: tuple[int, int]) -> Runs:
+    one = np.array([req[0]], np.int64)
+    return Runs(one, np.array([req[1]], np.int64), np.zeros(1, np.int64))
+
+
+def round_cover(ap: AggregatorPlan, k: int) -> Runs:
+    """The byte ranges ranks write (or need) in aggregator round k, sorted and merged."""
+    groups = ap.groups_of_round(k)
+    parts = [np.arange(int(ap.gstart[g]), int(ap.gstart[g + 1])) for g in groups.tolist()]
+    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    order = idx[np.argsort(ap.file[idx], kind="stable")]
+    return merge(Runs(ap.file[order], ap.length[order], ap.file[order]))  # mem=file: merge by file
+
+
+def cover(ap: AggregatorPlan, k: int, req: tuple[int, int]) -> Runs:
+    """What the request ``req`` of round k holds from ranks: every byte, or its runs."""
+    return round_cover(ap, k) if ap.rcovered[k] < req[1] else _whole(req)
+
+
+def run_inline(c: Stats, fn: Callable[..., None], *args: object) -> Future:
+    """Run ``fn`` here and now (its time counted as I/O); its outcome as a finished Future.
+
+    For requests the main thread would hand to the I/O thread only to wait for them
+    at once (a read's first window, an aggregator's last write, each when the I/O
+    thread has nothing left to do, see :func:`settle`): waking the I/O thread
+    and the main thread again costs most where it matters least, in small calls, with
+    more ranks than cores busy in MPI.
+    """
+    fut: Future = concurrent.futures.Future()
+    t = time.perf_counter()
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - delivered through the Future, as the pool does
+        fut.set_exception(exc)
+    else:
+        fut.set_result(None)
+    c.time_io += time.perf_counter() - t
+    return fut
+
+
+def settle(
+    pending: list[Future | None], c: Stats, error: BaseException | None
+) -> BaseException | None:
+    """Wait for every pending request (before one runs on the main thread: backends and
+    the counters see one request at a time); the first error, ``error`` if set."""
+    for i, fut in enumerate(pending):
+        pending[i] = None
+        step = Attempt()
+        with step:
+            wait_io(fut, c)
+        error = error or step.error
+    return error
+
+
+def wait_io(fut: Future | None, c: Stats) -> None:
+    """Wait for a request (its time counted as I/O); raises its error."""
+    if fut is not None:
+        t = time.perf_counter()
+        fut.result()
+        c.time_io += time.perf_counter() - t
+
+
+def write_window(
+    be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, c: Stats
+) -> None:
+    """One round's backend write (in the I/O thread), counted."""
+    c.add_writes(be.write_window(offset, buf, cover))
+
+
+def read_window(be: Backend, offset: int, buf: npt.NDArray[np.uint8], need: Runs, c: Stats) -> None:
+    c.add_reads(be.read_window(offset, buf, need))
+
+
+def reuse_buffer(
+    be: Backend,
+    ap: AggregatorPlan,
+    k: int,
+    req: tuple[int, int],
+    bufs: list[npt.NDArray[np.uint8]],
+    pending: list[Future | None],
+    c: Stats,
+    error: BaseException | None,
+) -> None:
+    """Wait for the I/O of the round that last used round k's buffer (even after an
+    error), then read the old bytes of the round's holes where the backend needs them."""
+    b = k % DEPTH
+    fut, pending[b] = pending[b], None
+    wait_io(fut, c)
+    if error is None and ap.rcovered[k] < req[1]:
+        t = time.perf_counter()
+        win = window_of(bufs[b], *req)
+        c.add_reads(be.fill_holes(req[0], win, round_cover(ap, k)))
+        c.time_io += time.perf_counter() - t
+
+
+def drain(
+    pending: list[Future | None], c: Stats, error: BaseException | None
+) -> BaseException | None:
+    """Wait for outstanding I/O; the first error of the rounds (agreed by the caller)."""
+    t = time.perf_counter()
+    for fut in pending:
+        if fut is None:
+            continue
+        try:
+            fut.result()
+        except Exception as exc:  # noqa: BLE001 - agreed by the caller
+            error = error or exc
+    c.time_io += time.perf_counter() - t
+    return error

@@ -1,0 +1,139 @@
+"""The decisions engine and simulator share (collio.policy), and the records their facts
+travel in (collio.facts): pure, no MPI."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from collio import policy
+from collio.bench.patterns import make_workload
+from collio.facts import NOT_COMPARED, Facts, How, fact, record
+from collio.hints import Hints
+from collio.policy import Path, PathFacts
+from collio.sim import simulator
+
+
+@record
+class _Every(Facts):
+    lo: int = fact(How.MIN)
+    hi: int = fact(How.MAX)
+    some: bool = fact(How.ANY)
+    every: bool = fact(How.ALL)
+    same: int | None = fact(How.SAME)
+    equal: int | None = fact(How.EQUAL)
+
+
+def _agree(records):
+    """What a MAX allreduce of the ranks' slots gives, done with numpy."""
+    slots = np.array([r.to_array() for r in records])
+    return type(records[0]).agreed(slots.max(axis=0))
+
+
+def test_each_rule_reduces_as_named():
+    ranks = [_Every(5, 9, False, True, 3, 7), _Every(2, 4, True, True, 3, NOT_COMPARED),
+             _Every(8, 12, False, False, 3, 7)]  # fmt: skip
+    assert _Every.width() == len(ranks[0].slots()) == 8
+    assert _agree(ranks) == _Every(lo=2, hi=12, some=True, every=False, same=3, equal=7)
+    # values that differ: None; no rank compares: NOT_COMPARED
+    differ = [dataclasses.replace(ranks[0], same=-1, equal=0), ranks[1], ranks[2]]
+    assert (_agree(differ).same, _agree(differ).equal) == (None, None)
+    alone = [dataclasses.replace(r, equal=NOT_COMPARED) for r in ranks]
+    assert _agree(alone).equal == NOT_COMPARED
+    assert _agree([ranks[0]]) == ranks[0]  # one rank agrees with itself
+    assert _Every.agreed([*ranks[0].slots(), 99, 99]) == ranks[0]  # (extra slots ignored)
+
+
+def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None):
+    asked = []
+
+    def ask_disjoint():
+        asked.append("disjoint")
+        return disjoint
+
+    def ask_split():
+        asked.append("split")
+        return split
+
+    path = policy.choose_path(facts, mode=mode, independent=independent,
+                              disjoint=ask_disjoint, split=ask_split)  # fmt: skip
+    return path, asked
+
+
+BIG = PathFacts(lo=0, hi=100, small=False, mapped=False)
+MAPS = dataclasses.replace(BIG, mapped=True)
+
+
+@pytest.mark.parametrize(
+    ("facts", "kw", "want"),
+    [
+        (dataclasses.replace(BIG, hi=0), {}, (Path.NONE, [])),
+        (MAPS, {}, (Path.MAPPED, [])),
+        (BIG, {}, (Path.DIRECT, ["disjoint"])),
+        (BIG, {"disjoint": False}, (Path.TWO_PHASE, ["disjoint"])),
+        (dataclasses.replace(BIG, small=True), {}, (Path.TWO_PHASE, [])),
+        (dataclasses.replace(BIG, small=True), {"mode": "disable"}, (Path.DIRECT, ["disjoint"])),
+        (BIG, {"mode": "enable"}, (Path.TWO_PHASE, [])),
+        (BIG, {"independent": False}, (Path.TWO_PHASE, ["split"])),
+        (BIG, {"independent": False, "split": True}, (Path.DIRECT, ["split"])),
+        (BIG, {"independent": False, "split": False}, (Path.OWN, ["split"])),
+        (BIG, {"independent": False, "mode": "enable", "split": True}, (Path.TWO_PHASE, [])),
+        # a backend that is not independent never maps
+        (MAPS, {"independent": False}, (Path.TWO_PHASE, ["split"])),
+    ],
+)  # fmt: skip
+def test_choose_path_asks_only_what_decides(facts, kw, want):
+    assert _choose(facts, **kw) == want
+
+
+def test_rules_work_on_one_rank_and_on_every_rank():
+    nruns = np.array([16, 17, 17, 100])
+    nbytes = np.array([16, 17 << 22, (17 << 22) - 1, 100])
+    small = policy.many_small_runs(nruns, nbytes, 1 << 22)
+    assert small.tolist() == [False, False, True, True]
+    one = [
+        policy.many_small_runs(int(a), int(b), 1 << 22) for a, b in zip(nruns, nbytes, strict=True)
+    ]
+    assert one == small.tolist() and all(isinstance(v, bool) for v in one)
+    copyable = policy.copyable(np.array([16, 17, 17]), np.array([9, 8, 9]))
+    assert copyable.tolist() == [True, True, False]
+    lengths = np.arange(1, 18, dtype=np.int64)  # 17 runs of 17 lengths
+    assert not policy.copyable_lengths(lengths)
+    assert policy.copyable_lengths(lengths[:16]) and policy.copyable_lengths(lengths % 8 + 1)
+    assert policy.extents_disjoint(np.array([10, 0, 5, 7]), np.array([20, 5, 5, 10]))
+    assert not policy.extents_disjoint(np.array([0, 4]), np.array([5, 9]))
+
+
+def test_round_window_caps_and_shrinks():
+    bounds = np.array([0, 64 << 30], np.int64)
+    assert policy.round_window(Hints(cb_buffer_size=3 << 30), bounds, align=1, nranks=4,
+                               floor=0) == policy.MAX_WINDOW  # fmt: skip
+    # min_rounds: the largest domain in about that many rounds, whole 64 KiB units
+    shrunk = policy.round_window(Hints(min_rounds=4), np.array([0, 8 << 20, 10 << 20]), align=1,
+                                 nranks=4, floor=0)  # fmt: skip
+    assert shrunk == 2 << 20
+    assert policy.round_window(Hints(min_rounds=4), np.array([0, 8 << 20]), align=3 << 20,
+                               nranks=4, floor=0) == 3 << 20  # fmt: skip
+    assert policy.domain_alignment(4096, Hints(striping_unit=6144)) == 12288
+
+
+@pytest.mark.parametrize("pattern", ["ior", "colblock", "rowblock", "block2d", "cyclic", "cube"])
+@pytest.mark.parametrize("p", [1, 3, 4, 6])
+def test_simulated_facts_are_what_each_rank_contributes(pattern, p):
+    """The simulator's facts for its virtual ranks equal what each rank's check computes
+    from its layout's runs (as the engine does, before agreeing)."""
+    work = make_workload(pattern, p, size="40", block_size=800, transfer=100, segments=20,
+                         cyclic_block=3)  # fmt: skip
+    h = Hints(direct_threshold=64)
+    runs = [work.layout(r).runs() for r in range(p)]
+    blocks, owner = simulator.batched_blocks(work)
+    got = simulator._facts(simulator.squeeze(blocks), owner, work,
+                           simulator.SimConfig(hints=h, writing=False, local_fs=True))  # fmt: skip
+    assert got.agreed.lo == min(int(r.file.min()) for r in runs)
+    assert got.agreed.hi == max(int((r.file + r.length).max()) for r in runs)
+    small = [bool(policy.many_small_runs(len(r), r.nbytes, 64)) for r in runs]
+    assert got.agreed.small == any(small)
+    assert got.agreed.mapped == all(policy.copyable_lengths(r.length) for r in runs)
+    assert np.array_equal(got.rlo, [int(r.file.min()) for r in runs])
