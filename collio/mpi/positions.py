@@ -26,7 +26,7 @@ from ..view import FileView
 
 __all__ = ["SharedPointer", "byte_offset", "end_position", "pointer_file"]
 
-_RECORD = struct.Struct("<qq")  # (epoch, position)
+_RECORD = struct.Struct("<q")  # the position
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -64,19 +64,16 @@ def end_position(view: FileView, size: int) -> int:
 class SharedPointer:
     """The shared file pointer of one open file, in etypes, kept in a small file.
 
-    As ROMIO does, the pointer lives in a file beside the target (16 bytes: the epoch it
-    belongs to, the position), read and moved under an ``fcntl`` lock, so that an
-    independent call moves it without any other rank's help and nothing is made before
-    a shared-pointer call needs it.  Every rank counts epochs alike: ``Set_view`` and
-    ``Seek_shared`` start a new one at a position every rank knows (:meth:`restart`);
-    a file still holding an older epoch holds that position.
+    As ROMIO does, the pointer lives in a file beside the target (8 bytes: the position),
+    read and moved under an ``fcntl`` lock, so that an independent call moves it without
+    any other rank's help and nothing is made before a shared-pointer call needs it; a
+    file not made yet holds the start position.
     """
 
-    __slots__ = ("path", "epoch", "base", "_fd", "_lock")
+    __slots__ = ("path", "base", "_fd", "_lock")
 
     def __init__(self, path: str, start: int) -> None:
         self.path = path
-        self.epoch = 0
         self.base = start
         self._fd = -1
         self._lock = threading.Lock()  # (fcntl locks do not exclude a process's threads)
@@ -90,10 +87,9 @@ class SharedPointer:
             fcntl.lockf(fd, fcntl.LOCK_SH if move is None else fcntl.LOCK_EX, _RECORD.size)
             try:
                 raw = os.pread(fd, _RECORD.size, 0)
-                epoch, value = _RECORD.unpack(raw) if len(raw) == _RECORD.size else (-1, 0)
-                old = value if epoch == self.epoch else self.base
+                old = _RECORD.unpack(raw)[0] if len(raw) == _RECORD.size else self.base
                 if move is not None:
-                    os.pwrite(fd, _RECORD.pack(self.epoch, move(old)), 0)
+                    os.pwrite(fd, _RECORD.pack(move(old)), 0)
             finally:
                 fcntl.lockf(fd, fcntl.LOCK_UN, _RECORD.size)
         return int(old)
@@ -109,12 +105,6 @@ class SharedPointer:
     def set(self, position: int) -> None:
         """Local: put the pointer at ``position`` (the caller makes the others wait)."""
         self._update(lambda _: position)
-
-    def restart(self, position: int) -> None:
-        """Local, on every rank at the same point of a collective call: the pointer is at
-        ``position`` from now on (nothing is written)."""
-        self.epoch += 1
-        self.base = position
 
     def close(self, *, remove: bool) -> None:
         """Local: let go of the file (``remove``: and delete it, one rank does)."""
