@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from mpi4py import MPI
 
@@ -166,19 +166,19 @@ def user_handler(fn: Callable[[Any, int], None]) -> MPI.Errhandler:
     return made
 
 
-def handle(errhandler: MPI.Errhandler, file: Any, exc: FileError, comm: MPI.Comm) -> NoReturn:
-    """Raise ``exc`` as MPI would with ``errhandler`` on the file: ``ERRORS_RETURN`` (the
-    default for files) raises, as mpi4py does; ``ERRORS_ARE_FATAL`` aborts the job and
+def handle(errhandler: MPI.Errhandler, file: Any, exc: FileError, comm: MPI.Comm) -> None:
+    """Pass ``exc`` to ``errhandler`` as MPI does: ``ERRORS_RETURN`` (the default for
+    files) raises it, as mpi4py does; ``ERRORS_ARE_FATAL`` aborts the job and
     ``ERRORS_ABORT`` the file's processes (``comm``), printing the error first; a handler of
-    :func:`user_handler` is called, then the error is raised."""
+    :func:`user_handler` is called and the call then returns, as MPICH's do."""
     code = int(exc.error_class_of)
     if errhandler == MPI.ERRORS_ARE_FATAL or errhandler == MPI.ERRORS_ABORT:
         print(f"collio.mpi: {exc.Get_error_string().strip()}: {exc}", file=sys.stderr, flush=True)
         (MPI.COMM_WORLD if errhandler == MPI.ERRORS_ARE_FATAL else comm).Abort(code)
     fn = _USER.get(int(errhandler.handle))
-    if fn is not None:
-        fn(file, code)
-    raise exc
+    if fn is None:
+        raise exc
+    fn(file, code)
 
 
 def call(errhandler: MPI.Errhandler, file: Any, code: int, comm: MPI.Comm) -> None:

@@ -25,7 +25,7 @@ from ..errors import add_later
 from ..view import DEFAULT_VIEW
 from . import errors
 from .access import DataAccess
-from .errors import ErrArg, ErrFile, ErrReadOnly, FileError, as_file_error
+from .errors import ErrArg, ErrFile, ErrIo, ErrReadOnly, FileError, as_file_error
 from .info import hints_info, retuned
 from .opening import Opened, delete, open_file, remove_at_close
 from .requests import Worker
@@ -79,7 +79,9 @@ class File(DataAccess, Views):
         except (KeyboardInterrupt, SystemExit, TypeError):
             raise
         except BaseException as exc:
-            errors.handle(default, None, as_file_error(exc), comm)
+            error = as_file_error(exc)
+            errors.handle(default, None, error, comm)
+            raise error from None  # (no file to return, whatever the handler did)
 
     def Close(self) -> None:
         """Collective: sync, release, free the file's communicator (``MPI_File_close``)."""
@@ -124,6 +126,8 @@ class File(DataAccess, Views):
         with self._errors():
             self._check_open()
             refusal = self._amode.refuse(call, writing=True, shared=call == "Preallocate")
+            if call == "Preallocate" and isinstance(refusal, ErrReadOnly):
+                refusal = ErrIo(str(refusal))  # (ROMIO's class: its fallocate fails)
             if refusal is None and (not isinstance(size, (int, np.integer)) or size < 0):
                 refusal = ErrArg(f"{call}: invalid size argument {size!r}")
             value = int(size) if refusal is None else 0
@@ -312,7 +316,8 @@ class File(DataAccess, Views):
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
-        """Every error of a call goes through the file's error handler, once."""
+        """Every error of a call goes through the file's error handler, once (after a
+        user's handler the call returns, as MPICH's do)."""
         try:
             yield
         except (KeyboardInterrupt, SystemExit):
@@ -322,6 +327,6 @@ class File(DataAccess, Views):
                 raise
             self._raise(self._convert(exc))
 
-    def _raise(self, exc: FileError) -> NoReturn:
+    def _raise(self, exc: FileError) -> None:
         exc._handled = True  # type: ignore[attr-defined]
         errors.handle(self._errhandler, self, exc, MPI.COMM_WORLD if self._released else self._comm)
