@@ -10,6 +10,7 @@ plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 ``mpiio``         ROMIO collective: ``MPI.File`` with a file view, ``Write_all``
 ``mpiio-tuned``   the same with ``cb_nodes`` = ranks and ``cb_config_list`` = ``*:*``
 ``mpiio-indep``   ``MPI.File.Write_at`` per piece (independent)
+``collio-mpi``    ``mpiio``'s calls on ``collio.mpi.File``, the drop-in ``MPI.File``
 ``posix``         ``os.pwrite`` per piece (independent)
 ``ceiling``       each rank writes its 1/p share of the bytes with one ``pwrite``
 ``collio-direct`` ``collio`` with hint ``direct_write=true`` (``O_DIRECT``)
@@ -245,6 +246,7 @@ _BUILTIN = {
         "ROMIO collective, cb_nodes = ranks, cb_config_list = *:*",
     ),
     "mpiio-indep": ("builtin:MpiioIndepApi", "MPI.File.Write_at/Read_at per piece"),
+    "collio-mpi": ("builtin:CollioMpiApi", "mpiio's calls on collio.mpi.File (drop-in MPI.File)"),
     "posix": ("builtin:PosixApi", "os.pwrite/preadv per piece"),
     "ceiling": (
         "builtin:CeilingApi",

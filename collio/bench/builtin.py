@@ -14,6 +14,7 @@ import collio
 from ..backends.fdio import pread_exact, pwrite_all
 from ..backends.posix import open_direct, write_split
 from ..buffers import PAGE
+from ..mpi import File as CollioFile
 from ..stats import Stats
 from ..testing.romio import filetype
 from .apis import Api, _info, open_fd
@@ -23,6 +24,7 @@ __all__ = [
     "CollioMpiioApi",
     "MpiioApi",
     "MpiioTunedApi",
+    "CollioMpiApi",
     "MpiioIndepApi",
     "PosixApi",
     "CeilingApi",
@@ -118,6 +120,8 @@ class MpiioApi(Api):
 
     name: ClassVar[str] = "mpiio"
     collective: ClassVar[bool] = True
+    #: The class whose ``Open`` makes the file: mpi4py's, or one with its methods.
+    file_class: ClassVar[Any] = MPI.File
 
     def setup(self) -> None:
         self.etype, self.ftype, self.disp = filetype(self.job.layout, self.job.comm)
@@ -125,7 +129,7 @@ class MpiioApi(Api):
 
     def open(self, writing: bool) -> None:
         amode = (MPI.MODE_CREATE | MPI.MODE_WRONLY) if writing else MPI.MODE_RDONLY
-        self.fh = MPI.File.Open(self.job.comm, self.job.path, amode, self.info)
+        self.fh = self.file_class.Open(self.job.comm, self.job.path, amode, self.info)
         if self.collective:
             self.fh.Set_view(self.disp, self.etype, self.ftype)
 
@@ -160,6 +164,14 @@ class MpiioTunedApi(MpiioApi):
 
     name: ClassVar[str] = "mpiio-tuned"
     extra_hints: ClassVar[dict[str, str]] = {"cb_nodes": "{nranks}", "cb_config_list": "*:*"}
+
+
+class CollioMpiApi(MpiioApi):
+    """``mpiio``'s very calls on :class:`collio.mpi.File` (the drop-in ``MPI.File``):
+    collio's two-phase engine behind MPI-IO's interface."""
+
+    name: ClassVar[str] = "collio-mpi"
+    file_class: ClassVar[Any] = CollioFile
 
 
 class MpiioIndepApi(MpiioApi):
