@@ -9,7 +9,9 @@ that order), on the file's own communicator (mpi4py initialises MPI with
 ``MPI_THREAD_MULTIPLE``).  A blocking collective call on the file first waits for the
 worker to finish what it was given, so the file's collectives still run one at a time,
 in the order every rank made them.  Independent nonblocking calls are done at once:
-they need no other rank.
+they need no other rank; so are collective ones when MPI was initialised below
+``MPI_THREAD_MULTIPLE`` (a program that needs them local then waits, as it would on an
+MPI that makes progress only inside ``Wait``).
 
 A :class:`Request` is an MPI generalized request (``MPI.Grequest``), so ``Wait``,
 ``Test``, ``MPI.Request.Waitall`` and the other completion calls take it like any other
@@ -135,10 +137,13 @@ class Worker:
                 error = convert(exc)
             outcome.finish(nbytes, error)
 
+        self._last = outcome
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # (no thread may call MPI: run it now)
+            task()
+            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
             self._thread.start()
-        self._last = outcome
         self._queue.put(task)
 
     def _loop(self) -> None:
