@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import prefill
 from mpi4py import MPI
 
 from collio import mpi
 from collio.testing.views import datatype_cases, type_bag
 
-NAMES = [
-    "contiguous", "vector", "hvector", "indexed", "hindexed", "indexed_block", "hindexed_block",
-    "struct", "resized-lb", "resized-neg-lb", "dup", "nested3", "subarray", "subarray-F",
-    "darray", "darray-F",
-]  # fmt: skip
 DISP = 24
 AMODE = MPI.MODE_RDWR
 INFO = {"cb_buffer_size": "512"}  # (a few rounds per call, in both)
@@ -135,17 +131,6 @@ def halves(buf: np.ndarray, esize: int) -> tuple[Part, Part]:
         p.n = len(piece) // esize
         out.append(p)
     return out[0], out[1]
-
-
-def prefill(comm, paths, nbytes):
-    """The same random bytes in every file (rank 0 writes, everyone waits)."""
-    size = comm.allreduce(nbytes, op=MPI.MAX)
-    if comm.rank == 0:
-        pattern = np.random.default_rng(99).integers(0, 256, size, dtype=np.uint8).tobytes()
-        for p in paths:
-            with open(p, "wb") as fh:
-                fh.write(pattern)
-    comm.Barrier()
 
 
 def span(ft, nbytes, disp=DISP):

@@ -23,13 +23,11 @@ from mpi4py import MPI
 from .. import engine
 from ..collective import raise_agreed
 from ..comms import exclusive
-from ..core import FileCore
 from ..runs import Runs
 from ..view import BufferLayout, FileView, buffer_size
-from .amode import Amode
-from .errors import ErrArg, ErrIo, FileError
-from .positions import SharedPointer
-from .requests import Outcome, Request, Worker, completed
+from .errors import ErrArg, ErrIo
+from .requests import Outcome, Request, completed
+from .state import State
 
 __all__ = ["Access", "DataAccess"]
 
@@ -66,30 +64,8 @@ def _set_status(status: MPI.Status | None, nbytes: int) -> None:
         status.Set_elements(MPI.BYTE, nbytes)
 
 
-class DataAccess:
-    """MPI's data access calls; :class:`collio.mpi.File` supplies the state below."""
-
-    _core: FileCore
-    _comm: MPI.Intracomm
-    _view: FileView
-    _pos: int
-    _shared: SharedPointer
-    _amode: Amode
-    _atomic: bool
-    _worker: Worker
-    _split: Request | None
-
-    def _errors(self) -> contextlib.AbstractContextManager[None]:
-        raise NotImplementedError
-
-    def _raise(self, exc: FileError) -> None:
-        raise NotImplementedError
-
-    def _convert(self, exc: BaseException) -> FileError:
-        raise NotImplementedError
-
-    def _check_open(self) -> None:
-        raise NotImplementedError
+class DataAccess(State):
+    """MPI's data access calls on :class:`collio.mpi.File`'s state."""
 
     # -- independent, explicit offsets ------------------------------------------
     def Read_at(self, offset: int, buf: Any, status: MPI.Status | None = None) -> None:

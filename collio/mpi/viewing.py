@@ -9,54 +9,24 @@ moves inside collective calls (after the call's head, the others waiting for its
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from mpi4py import MPI
 
 from ..collective import same_slots, settle_same
-from ..core import FileCore
-from ..view import FileView, make_view
-from .amode import Amode
+from ..view import make_view
 from .errors import ErrArg, ErrUnsupportedDatarep
-from .positions import SharedPointer, byte_offset, end_position
-from .requests import Worker
+from .positions import byte_offset, end_position
+from .state import State
 
 __all__ = ["Views"]
 
-I64 = npt.NDArray[np.int64]
 _WHENCE = (MPI.SEEK_SET, MPI.SEEK_CUR, MPI.SEEK_END)
 
 
-class Views:
-    """The view and pointer calls; :class:`collio.mpi.File` supplies the state below."""
-
-    _core: FileCore
-    _comm: MPI.Intracomm
-    _view: FileView
-    _pos: int
-    _shared: SharedPointer
-    _amode: Amode
-    _types: tuple[int, MPI.Datatype, MPI.Datatype]
-    _worker: Worker
-
-    def _errors(self) -> contextlib.AbstractContextManager[None]:
-        raise NotImplementedError
-
-    def _check_open(self) -> None:
-        raise NotImplementedError
-
-    def _exclusive(self, call: str) -> contextlib.AbstractContextManager[None]:
-        raise NotImplementedError
-
-    def _agreed(self, call: str, refusal: BaseException | None, own: Sequence[int] = ()) -> I64:
-        raise NotImplementedError
-
-    def _by_rank0(self, call: str, action: Any) -> Any:
-        raise NotImplementedError
+class Views(State):
+    """The view and pointer calls on :class:`collio.mpi.File`'s state."""
 
     def Set_view(
         self,
