@@ -33,6 +33,7 @@ SIX = ("collio", "collio-shuffle", "mpiio", "mpiio-tuned", "posix", "ceiling")
 OTHERS = {"zarr-aligned": "zarr, chunks 512 (aligned with the blocks)",
           "zarr-misaligned": "zarr, chunks 768 (misaligned)", "hdf5": "HDF5, contiguous",
           "hdf5-gzip": "HDF5, gzip, chunks 512", "mpiio": "mpiio backend against posix",
+          "mpi-file": "collio.mpi.File, ROMIO's calls on collio",
           "s3": "S3, moto server on 127.0.0.1"}  # fmt: skip
 SINGLE_COPY = {"colblock": "single-copy-off-colblock", "cyclic": "single-copy-off-cyclic"}
 

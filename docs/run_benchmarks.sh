@@ -27,6 +27,7 @@ jobs=(
   "hdf5|--compare collio-hdf5,hdf5-gather,h5py-mpio"
   "hdf5-gzip|--compare collio-hdf5,hdf5-gather -O codec=gzip,chunks=512"
   "mpiio|--compare collio,collio-mpiio"
+  "mpi-file|--compare collio,collio-mpi,mpiio"
   "s3|--compare collio-s3,s3-gather,s3-ceiling"
 )
 sim="--simulate --ranks 65536 --size 1TiB"
