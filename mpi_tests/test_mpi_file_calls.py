@@ -288,3 +288,16 @@ def test_context_manager_and_drop_in_module(comm, mpi_tmp_path):
     with pytest.raises(mpi.errors.ErrFile):
         fh.Get_size()
     np.testing.assert_array_equal(np.fromfile(path, np.int32), np.arange(comm.size))
+
+
+@pytest.mark.mpi
+def test_ranks_writing_the_same_bytes_are_refused(comm, mpi_tmp_path):
+    """ROMIO lets ranks of one collective call write the same bytes (which rank's land is
+    undefined); collio raises ERR_ARG on every rank, naming them, and writes nothing."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path = str(mpi_tmp_path / "overlap.bin")
+    with mpi.File.Open(comm, path, WR | CREATE) as fh:
+        with pytest.raises(mpi.errors.ErrArg, match=r"bytes \[0, 4\) are written by ranks 0"):
+            fh.Write_at_all(0, np.full(4, comm.rank, np.uint8))
+        assert fh.Get_size() == 0

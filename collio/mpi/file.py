@@ -177,7 +177,8 @@ class File(DataAccess, Views):
 
     def Set_atomicity(self, flag: bool) -> None:
         """Collective: atomic mode makes each rank's independent calls lock the bytes they
-        touch (as ROMIO does); see the README for what collio promises."""
+        touch (``fcntl``, as ROMIO does); collective calls take none: collio refuses
+        ranks writing the same bytes in one call, and its aggregators own disjoint bytes."""
         with self._errors():
             self._check_open()
             self._agreed("Set_atomicity", None)
