@@ -143,8 +143,13 @@ class FileCore:
         What the backend settled at open (``direct_write``, ``mapped_reads``) stays."""
         assert self.priv is not None, "retune an open file"
         ctx = self.ctx
-        ctx.hints = hints
-        ctx.aggregators, ctx.read_aggregators = _choose(self.priv, ctx.backend, hints, ctx.stats)
+        new = _context(self.priv, ctx.backend, hints, ctx.mode, ctx.file)
+        ctx.hints, ctx.aggregators, ctx.read_aggregators = (
+            hints,
+            new.aggregators,
+            new.read_aggregators,
+        )
+        ctx.stats.aggregators, ctx.stats.hints = new.stats.aggregators, new.stats.hints
 
     def atomic(self) -> bool:
         """All-or-nothing writes: the ``atomic_commit`` hint, or an ``atomic`` backend."""
@@ -292,29 +297,22 @@ class FileCore:
 
 
 def _context(priv: Private, be: Backend, hints: Hints, mode: str, file: tuple[int, str]) -> Context:
-    """The file's engine context: aggregators and the statistics' record of what was used."""
-    stats = Stats()
-    stats.backend = be.describe()
-    aggs, read_aggs = _choose(priv, be, hints, stats)
-    return Context(priv.comm, be, hints, aggs, stats, mode, priv.plans, read_aggs, file)
-
-
-def _choose(priv: Private, be: Backend, hints: Hints, stats: Stats) -> tuple[I64, I64 | None]:
-    """Aggregators for ``hints`` (the backend's own for reads, when it has them and the
-    hints choose none), recorded in ``stats``; returns (aggregators, read aggregators)."""
+    """The file's engine context: aggregators (the backend's own for reads, when it has
+    them and the hints choose none) and the statistics' record of what was used."""
     aggs = priv.choose(hints.cb_nodes, hints.per_node())
     be.aggregators = aggs
-    stats.aggregators = tuple(aggs.tolist())
+    stats = Stats(aggregators=tuple(aggs.tolist()))
     stats.hints = _used_hints(hints, aggs)
     read_aggs = None
     if be.read_per_node is not None and hints.cb_nodes is None and not hints.cb_config_list:
         read_aggs = priv.choose(None, be.read_per_node)
         stats.hints["read_aggregator_ranks"] = read_aggs.tolist()
+    stats.backend = be.describe()
     # O_DIRECT where the backend uses it (agreed at its open; never in 'r')
     stats.hints["direct_write"] = hints.direct_write and bool(
         stats.backend.get("direct_write", False)
     )
-    return aggs, read_aggs
+    return Context(priv.comm, be, hints, aggs, stats, mode, priv.plans, read_aggs, file)
 
 
 def _used_hints(hints: Hints, aggs: I64) -> dict[str, Any]:
