@@ -18,6 +18,7 @@ import json
 import shlex
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ OTHERS = {"zarr-aligned": "zarr, chunks 512 (aligned with the blocks)",
           "mpi-file": "collio.mpi.File, ROMIO's calls on collio",
           "s3": "S3, moto server on 127.0.0.1"}  # fmt: skip
 SINGLE_COPY = {"colblock": "single-copy-off-colblock", "cyclic": "single-copy-off-cyclic"}
+#: The job of ``collio-bench --sweep``: time per call at each size.
+SWEEP = "sweep"
 
 
 def load() -> dict[str, dict[str, Any]]:
@@ -47,13 +50,13 @@ def load() -> dict[str, dict[str, Any]]:
 
 
 def command(doc: dict[str, Any]) -> str:
-    """The command that made ``doc``, as typed (without ``--json FILE``)."""
+    """The command that made ``doc``, as typed (without ``--json FILE`` or ``--plot FILE``)."""
     args, words = list(doc["command"]), []
     while args:
         word = args.pop(0)
-        if word == "--json":
+        if word in ("--json", "--plot"):  # where this run saved its figures
             args.pop(0)
-        elif not word.startswith("--json="):
+        elif not word.startswith(("--json=", "--plot=")):
             words.append(word)
     text = " ".join(shlex.quote(w) for w in words)
     if "--simulate" in words:
@@ -184,6 +187,84 @@ def others_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    v = seconds * 1e3
+    return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or n % 1024:
+            return f"{n} {unit}"
+        n //= 1024
+    return f"{n} TiB"
+
+
+def sweep_table(doc: dict[str, Any], kind: str) -> list[str]:
+    """One row per pattern, operation and size of ``kind``: each API's median, collio's
+    ratio to the better ROMIO, and how collio moved the bytes."""
+    rows = [r for r in doc["results"] if r["kind"] == kind]
+    apis = list(dict.fromkeys(r["api"] for r in rows))
+    ours = [a for a in apis if any(r["api"] == a and r["family"] == "collio" for r in rows)]
+    sized = kind != "file"
+    head = ["pattern", "op", "size per rank"] if sized else ["call"]
+    head += ["calls", *apis, *(f"{a} / better ROMIO" for a in ours)]
+    head += [f"path ({' / '.join(ours)})"] if sized else []
+    align = " --- |" * (3 if sized else 1) + " ---: |" * (1 + len(apis) + len(ours))
+    out = ["| " + " | ".join(head) + " |", "|" + align + (" --- |" if sized else "")]
+    groups: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["pattern"], r["op"], r["size"]), {})[r["api"]] = r
+    for (pattern, op, size), by in groups.items():
+        cells = [pattern, op, _bytes(size)] if sized else [op]
+        cells.append(str(min(r["calls"] for r in by.values())))
+        cells += [_ms(by[a]["median"]) if a in by else "-" for a in apis]
+        cells += [_r(by[a]["ratio"], 1.0) if a in by and by[a]["ratio"] else "-" for a in ours]
+        if sized:
+            cells.append(" / ".join(by[a]["path"] or "-" if a in by else "-" for a in ours))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def _wrap(text: str) -> list[str]:
+    """``text`` as lines of the page's width, never breaking inside a name like `mpiio-tuned`."""
+    return textwrap.wrap(text, 88, break_on_hyphens=False, break_long_words=False)
+
+
+def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
+    doc = docs.get(SWEEP)
+    if doc is None:
+        return ["(no result yet: run docs/run_benchmarks.sh sweep)"]
+    sync = "with a sync in every call" if doc["fsync"] else "no sync per call"
+    about = (
+        f"Milliseconds per call: the median of the slowest of {doc['nranks']} ranks' times, "
+        f"{sync}. Each API keeps its own file open and each call writes a new step after the "
+        "last (as a time series does; no call rewrites bytes), the APIs alternating call by "
+        "call; reads read the steps back in order. `contiguous`: one run per rank; "
+        f"`strided`: {doc['runs']} runs per rank, interleaved across ranks (fewer when the "
+        "size holds fewer float64). `mpiio` is ROMIO with its defaults, `mpiio-tuned` with "
+        "`cb_nodes` = ranks and `cb_config_list` = `*:*`; a ratio below 1 is collio ahead. "
+        "Every API's first call per size is checked byte for byte against numpy."
+    )
+    out = [*_wrap(about), "", *sweep_table(doc, "call")]
+    if doc["batch"] and doc["batch_sizes"]:
+        n = doc["batch"]
+        batches = (
+            f"Batches: {n} arrays per rank in one `write_all_many` / `read_all_many` "
+            f"(`collio-many`) or in {n} calls (the others); ms per batch."
+        )
+        out += ["", *_wrap(batches)]
+        for api, why in doc["unavailable"].items():
+            out += ["", f"`{api}`: not run: {why}."]
+        out += ["", *sweep_table(doc, "batch")]
+    if doc["calls"]:
+        out += ["", "Opening an existing file (`r+`), `sync()` with nothing written, `close()`:",
+                "ms per call.", "", *sweep_table(doc, "file")]  # fmt: skip
+    return out
+
+
 def memory_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     out = ["| job | API | peak RSS growth, aggregators (MiB) | bound (MiB) |"]
     out.append("| --- | --- | ---: | ---: |")
@@ -258,6 +339,11 @@ def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
         "",
         *arrays_table(docs),
         *provenance(docs, list(ARRAYS)),
+        "",
+        "## Time per call: a size sweep",
+        "",
+        *sweep_section(docs),
+        *provenance(docs, [SWEEP]),
         "",
         "## MPICH's single-copy messages",
         "",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark behind docs/benchmarks.md, then the tables made from what they wrote:
 #   docs/run_benchmarks.sh              all jobs (collio-bench's default iterations)
-#   ITER=12 docs/run_benchmarks.sh      12 iterations per job
+#   ITER=12 docs/run_benchmarks.sh      12 iterations per job (the sweep chooses its calls)
 #   docs/run_benchmarks.sh zarr-aligned hdf5     only these jobs (names as below)
 # Run it from an activated virtualenv with collio installed with '.[mpich,test]'.
 # Each job holds the shared CPU lock while it runs, so jobs of other users of the machine
@@ -29,6 +29,7 @@ jobs=(
   "mpiio|--compare collio,collio-mpiio"
   "mpi-file|--compare collio,collio-mpi,mpiio"
   "s3|--compare collio-s3,s3-gather,s3-ceiling"
+  "sweep|--sweep"
 )
 sim="--simulate --ranks 65536 --size 1TiB"
 sims=(
@@ -53,10 +54,12 @@ for job in "${jobs[@]}"; do
   name=${job%%|*} args=${job#*|}
   wanted "$name" ${1+"$@"} || continue
   set_env=(); [[ $name == single-copy-off-* ]] && set_env=(MPIR_CVAR_CH4_CMA_ENABLE=0)
+  # the sweep picks its calls per size itself (-i there is calls per size); its tables are longer
+  it=("${iter[@]}") shown=30; [ "$name" = sweep ] && it=() shown=70
   echo "== $name: mpiexec -n 4 collio-bench $args"
   # shellcheck disable=SC2086  # args are words
   flock "$lock" env "${set_env[@]}" timeout 1800 mpiexec -n 4 \
-    collio-bench $args "${iter[@]}" --json "$out/$name.json" | tail -n 30
+    collio-bench $args "${it[@]}" --json "$out/$name.json" | tail -n "$shown"
 done
 # the simulator's jobs take seconds each: one turn of the lock for all of them
 {

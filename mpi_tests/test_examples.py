@@ -32,7 +32,7 @@ def _load(name: str):
 @pytest.mark.mpi
 def test_every_example_is_checked():
     scripts = {f[:-3] for f in os.listdir(EXAMPLES) if f.endswith(".py")}
-    assert scripts - {"small_calls"} == set(NAMES)  # small_calls is a benchmark
+    assert scripts == set(NAMES)
 
 
 @pytest.mark.mpi

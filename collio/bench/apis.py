@@ -71,7 +71,7 @@ from ..layouts import ArrayLayout
 from ..runs import Runs
 from .patterns import Workload
 
-__all__ = ["Api", "Job", "get_api", "known_apis", "register_api", "split_runs"]
+__all__ = ["Api", "Job", "api_hints", "get_api", "known_apis", "register_api", "split_runs"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -148,11 +148,7 @@ class Api:
 
     def hints(self) -> dict[str, str]:
         """The hints this API passes: the user's (sizes as plain bytes), then its own."""
-        out = {k: _plain(k, v) for k, v in self.job.hints.items()}
-        out.update(
-            {k: v.replace("{nranks}", str(self.job.comm.size)) for k, v in self.extra_hints.items()}
-        )
-        return out
+        return api_hints(type(self), self.job.hints, self.job.comm.size)
 
     def setup(self) -> None:
         """Once before the iterations (not timed)."""
@@ -202,6 +198,14 @@ class Api:
         return int(np.count_nonzero(j.out != j.data)) if j.out.size else 0
 
 
+def api_hints(api: type[Api], given: dict[str, str], nranks: int) -> dict[str, str]:
+    """The hints ``api`` passes in a job of ``nranks``: ``given`` (sizes as plain bytes),
+    then the API's own (``{nranks}`` replaced)."""
+    out = {k: _plain(k, v) for k, v in given.items()}
+    out.update({k: v.replace("{nranks}", str(nranks)) for k, v in api.extra_hints.items()})
+    return out
+
+
 #: Hints whose values are byte counts or numbers: ROMIO reads them with atoi, so "4m" -> "4194304".
 _NUMERIC = re.compile(r"^(cb_buffer_size|cb_nodes|striping_unit|striping_factor|ind_\w+_size)$")
 
@@ -217,6 +221,15 @@ def _info(hints: dict[str, str]) -> MPI.Info:
     for k, v in hints.items():
         info.Set(k, str(v))
     return info
+
+
+def file_hints(fh: MPI.File) -> dict[str, str | None]:
+    """The hints an open ``MPI.File`` uses, as ROMIO reports them."""
+    info = fh.Get_info()
+    try:
+        return {info.Get_nthkey(i): info.Get(info.Get_nthkey(i)) for i in range(info.Get_nkeys())}
+    finally:
+        info.Free()
 
 
 def _unknown(name: str, known: list[str]) -> Exception:

@@ -17,7 +17,7 @@ from ..buffers import PAGE
 from ..mpi import File as CollioFile
 from ..stats import Stats
 from ..testing.romio import filetype
-from .apis import Api, _info, open_fd
+from .apis import Api, _info, file_hints, open_fd
 
 __all__ = [
     "CollioApi",
@@ -143,11 +143,7 @@ class MpiioApi(Api):
             self.fh.Read_all([_bytes(j.out), MPI.BYTE])
 
     def close(self) -> None:
-        info = self.fh.Get_info()
-        self.used = {
-            info.Get_nthkey(i): info.Get(info.Get_nthkey(i)) for i in range(info.Get_nkeys())
-        }
-        info.Free()
+        self.used = file_hints(self.fh)
         self.fh.Close()
 
     def teardown(self) -> None:

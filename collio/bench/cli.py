@@ -6,6 +6,8 @@ mpiexec -n 4 collio-bench --pattern ior -s 4096 -b 8k -t 8k --compare collio,mpi
 mpiexec -n 4 collio-bench --pattern block2d --compare collio-zarr,zarr-plain -O chunks=512
 mpiexec -n 4 collio-bench --size 256MiB --compare collio-s3,s3-gather,s3-ceiling
 mpiexec -n 4 collio-bench --compare collio-hdf5,hdf5-gather,h5py-mpio
+mpiexec -n 4 collio-bench --sweep               # time per call, 8 B to 128 MiB per rank
+mpiexec -n 4 collio-bench --sweep 4k,1m --sweep-patterns strided -e --batch 0
 collio-bench --simulate --ranks 65536 --pattern colblock --size 1TiB --cb-nodes 512
 collio-bench --plan-speed
 collio-bench --flatten-speed
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _ior_options(ap.add_argument_group("IOR options"))
+    _sweep_options(ap.add_argument_group("size sweep (--sweep): time per call, file kept open"))
     _sim_options(ap.add_argument_group("simulator (no MPI)"))
     return ap
 
@@ -69,9 +72,8 @@ def _ior_options(io: argparse._ArgumentGroup) -> None:
     io.add_argument("-s", "--segments", type=int, default=1, help="ior: segments (1)")
     io.add_argument("-w", "--write", action="store_true", help="write (default: write and read)")
     io.add_argument("-r", "--read", action="store_true", help="read (default: write and read)")
-    io.add_argument(
-        "-e", "--fsync", action="store_true", default=True, help="fsync after write (on)"
-    )
+    io.add_argument("-e", "--fsync", action="store_true", default=None,
+                    help="fsync after write (on; --sweep: off, -e syncs every call)")  # fmt: skip
     io.add_argument("--no-fsync", dest="fsync", action="store_false", help="no fsync")
     io.add_argument(
         "-i", "--iterations", type=int, default=None,
@@ -102,8 +104,36 @@ def _ior_options(io: argparse._ArgumentGroup) -> None:
         "server started by the benchmark); credentials the usual boto3 way",
     )  # fmt: skip
     io.add_argument("--json", help="write every figure to this JSON file")
-    io.add_argument("--plot", help="bandwidth per API as a PNG (matplotlib)")
+    io.add_argument("--plot", help="bandwidth (--sweep: time per call) per API as a PNG "
+                    "(matplotlib)")  # fmt: skip
     io.add_argument("--list-apis", action="store_true", help="print the known APIs")
+
+
+def _sweep_options(sw: argparse._ArgumentGroup) -> None:
+    from .sweep.config import DEFAULT_APIS, DEFAULT_CALLS, DEFAULT_SIZES
+
+    sw.add_argument(
+        "--sweep", nargs="?", const=DEFAULT_SIZES, metavar="SIZES",
+        help=f"time per call at these bytes per rank ({DEFAULT_SIZES}), each call a new step "
+        f"of a time series in a file kept open; APIs {DEFAULT_APIS} unless --compare",
+    )  # fmt: skip
+    sw.add_argument("--sweep-patterns", default="contiguous,strided",
+                    help="contiguous (one run per rank), strided (--runs runs per rank, "
+                    "interleaved) (both)")  # fmt: skip
+    sw.add_argument("--runs", type=int, default=64, help="strided: runs per rank (64)")
+    sw.add_argument("--batch", type=int, default=200,
+                    help="arrays per rank in one write_all_many against as many calls "
+                    "(200; 0: no batches)")  # fmt: skip
+    sw.add_argument(
+        "--batch-sizes",
+        metavar="SIZES",
+        help="batch sizes (the sweep's whose batch is at most 256 MiB per rank)",
+    )
+    sw.add_argument("--calls", default=DEFAULT_CALLS,
+                    help=f"file calls timed too ({DEFAULT_CALLS}; none)")  # fmt: skip
+    sw.add_argument("--sweep-time", type=float, default=0.5,
+                    help="seconds per API and size after which calls stop, from 5 calls "
+                    "(batches 3) up to 50 (0.5; -i N: N calls)")  # fmt: skip
 
 
 def _sim_options(sim: argparse._ArgumentGroup) -> None:
@@ -169,6 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"collio-bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.sweep is not None:
+        from .sweep.main import sweep
+
+        return sweep(args, _all_hints(args))
     from .main import bench
 
     return bench(args, _workload, _all_hints(args), DEFAULT_APIS)

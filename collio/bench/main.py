@@ -26,7 +26,15 @@ from .report import (
 )
 from .run import BenchConfig, Runner, balanced_orders, run_bench
 
-__all__ = ["bench"]
+__all__ = [
+    "bench",
+    "copies_text",
+    "emitter",
+    "failed",
+    "machine_facts",
+    "mpi_line",
+    "single_copies",
+]
 
 
 def _apis(args: argparse.Namespace, default: str) -> tuple[str, ...]:
@@ -79,7 +87,8 @@ def _config(
     if iterations < 1:
         raise ValueError(f"-i {iterations}: at least one iteration")
     return BenchConfig(
-        work, run, iterations, write, read, args.fsync, args.check_write, args.check_read,
+        work, run, iterations, write, read, args.fsync is not False, args.check_write,
+        args.check_read,
         args.test_file, tuple(hints), args.keep_file, tuple(options.items()),
         tuple(skipped.items()),
     )  # fmt: skip
@@ -94,25 +103,19 @@ def bench(
     """Collective over ``MPI.COMM_WORLD``: the benchmark; rank 0 prints and saves."""
     comm = MPI.COMM_WORLD
     rank0 = comm.rank == 0
-
-    def emit(line: str) -> None:
-        if rank0:
-            print(line, flush=True)
-
+    emit = emitter(comm)
     try:
         cfg = _config(args, workload, hints, default_apis, comm.size)
     except ValueError as exc:
-        if rank0:
-            print(f"collio-bench: error: {exc}", file=sys.stderr)
-        return 2
+        return failed(comm, exc, 2)
     work, names = cfg.work, cfg.apis
-    copies = _single_copy(comm)
+    copies = single_copies(comm)
     emit(
         f"collio-bench: {work.describe()}, {human(work.nbytes)}, {comm.size} ranks, "
         f"{cfg.iterations} iterations, fsync {'on' if cfg.fsync else 'off'}; "
         f"APIs: {', '.join(names)}"
     )
-    emit(f"# MPI: {MPI.Get_library_version().splitlines()[0].strip()}; {_copies_text(copies)}")
+    emit(mpi_line(copies))
     for name, why in cfg.skipped:
         emit(f"# {name}: not run: {why}")
     cycle = len(balanced_orders(len(names)))
@@ -130,15 +133,11 @@ def bench(
     try:
         runner, _, facts = run_bench(comm, cfg, emit)
     except CollioError as exc:  # raised alike on every rank
-        if rank0:
-            print(f"collio-bench: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return failed(comm, exc, 1)
     facts["peak_rss"] = comm.gather(runner.rss, root=0)
     facts["extra_rss"] = comm.gather(runner.extra, root=0)
     facts["data_bytes"] = comm.gather(facts["data_bytes"], root=0)
-    nodes = len(set(comm.allgather(MPI.Get_processor_name())))
-    if rank0:
-        facts["machine"] = {**describe(facts["path"]), "single_copy": copies, "nodes": nodes}
+    facts["machine"] = machine_facts(comm, facts["path"], copies)
     if rank0:
         _finish(args, cfg, runner, facts, time.perf_counter() - t0, comm.size)
     # verification errors are summed over ranks: every rank returns the same status
@@ -191,13 +190,43 @@ def _finish(
         plot(args.plot, summary, f"{work.describe()}, {nranks} ranks")
 
 
-def _single_copy(comm: MPI.Intracomm) -> bool | str | None:
+def emitter(comm: MPI.Intracomm) -> Callable[[str], None]:
+    """A function that prints a line on rank 0 (and nothing on the others)."""
+
+    def emit(line: str) -> None:
+        if comm.rank == 0:
+            print(line, flush=True)
+
+    return emit
+
+
+def failed(comm: MPI.Intracomm, exc: Exception, status: int) -> int:
+    """``status``, after rank 0 printed ``exc`` (an error every rank has alike)."""
+    if comm.rank == 0:
+        print(f"collio-bench: error: {exc}", file=sys.stderr, flush=True)
+    return status
+
+
+def single_copies(comm: MPI.Intracomm) -> bool | str | None:
     """Collective: MPICH's single-copy setting on every rank, or "mixed" when ranks differ."""
     values = set(comm.allgather(single_copy()))
     return values.pop() if len(values) == 1 else "mixed"
 
 
-def _copies_text(copies: bool | str | None) -> str:
+def machine_facts(comm: MPI.Intracomm, path: str, copies: bool | str | None) -> dict[str, Any]:
+    """Collective: the machine as saved with a result (on rank 0; empty elsewhere)."""
+    nodes = len(set(comm.allgather(MPI.Get_processor_name())))
+    if comm.rank != 0:
+        return {}
+    return {**describe(path), "single_copy": copies, "nodes": nodes}
+
+
+def mpi_line(copies: bool | str | None) -> str:
+    """The header's line on MPI: the library and its single-copy setting."""
+    return f"# MPI: {MPI.Get_library_version().splitlines()[0].strip()}; {copies_text(copies)}"
+
+
+def copies_text(copies: bool | str | None) -> str:
     if copies is None:
         return "single-copy setting: not MPICH"
     state = copies if isinstance(copies, str) else ("on" if copies else "off")
