@@ -172,11 +172,15 @@ def _check_against_root(comm: MPI.Comm, value: Any, *, what: str, describe: Any)
 
 #: The collective calls of a file, numbered in the code that each one's first agreement
 #: carries (:func:`call_head`); ``flush`` is :mod:`collio.h5`'s.
-CALLS = ("write_all", "read_all", "sync", "close", "set_view", "open", "flush")
+CALLS = (
+    "write_all", "read_all", "sync", "close", "set_view", "open", "flush",
+    "write_all_many", "read_all_many",
+)  # fmt: skip
 #: int64 slots of that agreement: error flag, call code and its negation, the call's own.
-HEAD_SLOTS = 12
+HEAD_SLOTS = 16
 _OWN = 3
 _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
+_CODES = 16  # codes per file: more than len(CALLS)
 _SUBJECT = 1 << 57  # set in the code of a call on a part of a file: never a plain code
 
 
@@ -195,7 +199,7 @@ def call_head(
     Always one ``Iallreduce`` (MAX) of :data:`HEAD_SLOTS` int64: this rank's error flag;
     a code naming ``call`` (one of :data:`CALLS`) and ``file`` (its serial number on the
     communicator, agreed at open, and its name for messages), then the code negated, so
-    that the two maxima differ unless every rank passed the same code; then up to nine
+    that the two maxima differ unless every rank passed the same code; then up to thirteen
     slots of the call's own.  Since every call starts with the same operation, ranks that
     make different calls meet in it (rather than in operations that never match: a
     blocking and a nonblocking allreduce, or two of different lengths) and learn of it
@@ -208,7 +212,7 @@ def call_head(
 
     Returns whether any rank failed, and the maxima of the call's own slots.
     """
-    code = file[0] * 8 + CALLS.index(call) + 1
+    code = file[0] * _CODES + CALLS.index(call) + 1
     if subject is not None:
         code = _SUBJECT | digest((code, subject))
     vec = np.array([1 if failed else 0, code, -code, *own, *_PAD[len(own) :]], np.int64)

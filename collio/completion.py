@@ -11,9 +11,12 @@ from mpi4py import MPI
 from .aggregators.summary import aggregator_summary
 from .collective import raise_agreed
 from .context import Call, Context, Plan
+from .stats import SUMS
 from .waits import sleep_until_done
 
 __all__ = ["complete_call", "local_summary"]
+
+_RUNS = SUMS.index("runs")
 
 
 def complete_call(
@@ -24,6 +27,7 @@ def complete_call(
     what: str = "",
     *,
     patient: bool = False,
+    items: int | None = None,
 ) -> None:
     """Collective: agree on the call's errors and reduce its counters into the stats.
 
@@ -31,13 +35,15 @@ def complete_call(
     allreduces completed together: the call's last sync point.  ``patient`` waits
     sleeping: after writes, after each rank's own I/O (direct path) and on remote
     backends, a rank done early must not spin on a core that another rank's I/O (or
-    its I/O thread, or a server on the node) still needs.
+    its I/O thread, or a server on the node) still needs.  ``items``: a batch's number
+    of items (``last_call["items"]``; None: a single call, counted as one item).
     """
     c = call.counters
     c.time_total = time.perf_counter() - t0
     c.direct_io_bytes += ctx.backend.take_direct_bytes()  # (its I/O is done by now)
     c.early_flushes += ctx.backend.take_flushes()
     c.mapped_bytes += ctx.backend.take_mapped_bytes()
+    c.runs += call.nruns
     sums, maxes = c.pack()
     sums = np.append(sums, 0 if error is None else 1)
     rs, rm = np.empty_like(sums), np.empty_like(maxes)
@@ -60,6 +66,8 @@ def complete_call(
         else:
             ctx.stats.collective_calls += 1
     ctx.stats.last_call = {
+        "items": 1 if items is None else items,
+        "runs": int(rs[_RUNS]),
         "direct": call.direct,
         "path": call.path.value,
         "rounds": call.counters.rounds,  # (the plan's, agreed)

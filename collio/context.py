@@ -64,6 +64,8 @@ class Call:
     window: int = 0  # bytes per round (0: no two-phase round)
     plan_epoch: int = -1  # the kept plan every rank's check found for these runs (-1: none)
     prekey: tuple[Any, ...] = ()  # what the plan depends on besides runs and extent
+    nruns: int = 0  # this rank's runs (a batch's: the union of its items')
+    name: str = ""  # the call, for messages (write_all, read_all_many, ...)
 
     @property
     def direct(self) -> bool:

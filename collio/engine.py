@@ -27,16 +27,18 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from . import batch
 from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .buffers import free_buffers
 from .collective import Attempt, agree_facts, any_flag, call_head, digest, raise_agreed
 from .completion import complete_call, local_summary
 from .context import Call, Context, Plan
-from .errors import LayoutError, MismatchError, ModeError, OverlapError
+from .errors import LayoutError, ModeError, OverlapError
 from .exchange import alltoallv_i64
-from .facts import Facts, How, fact, record
+from .facts import NOT_COMPARED, Facts, How, fact, record
 from .layouts.base import Layout
+from .mismatch import raise_count_mismatch, raise_mismatch
 from .overlaps import overlap_error, raise_plan_error
 from .plancache import clear_all
 from .policy import (
@@ -54,7 +56,7 @@ from .rounds import read_rounds, write_rounds
 from .runs import Runs, first_overlap, is_read_only
 from .stats import Stats
 
-__all__ = ["Context", "read", "release_buffers", "write"]
+__all__ = ["Context", "read", "read_many", "release_buffers", "write", "write_many"]
 
 I64 = npt.NDArray[np.int64]
 _BIG = 2**62  # an empty rank's first byte: above every real one
@@ -66,7 +68,11 @@ class _Checked(PathFacts):
 
     sig: int | None = fact(How.EQUAL)  # digest of the global array (None: ranks differ)
     plan: int | None = fact(How.SAME)  # the kept plan's epoch found (-1: none; None: differ)
-    moved: bool = fact(How.ANY)  # some rank's extent moved since the ranks compared them
+    # some rank's extent changed since the ranks compared them, other than all of them
+    # moving by the same ``shift`` (a time series: that keeps the answer; see _moved)
+    moved: bool = fact(How.ANY)
+    shift: int | None = fact(How.EQUAL)
+    items: int | None = fact(How.EQUAL)  # a batch's items (None: ranks pass different counts)
 
 
 @record
@@ -91,12 +97,15 @@ class _Extent(Facts):
 
 
 def _check(
-    ctx: Context, layout: Any, prepare: Any, *, writing: bool
+    ctx: Context, source: Any, *, writing: bool, count: int | None = None
 ) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:
     """Collective over ``ctx.comm``: local checks, then one agreement (see module doc).
 
-    Nothing before that agreement communicates (the checks, the runs, the kept plan's
-    lookup): ranks in different calls must meet there first.
+    ``source()`` (local) checks the call's layout (or a batch's items) and returns
+    its runs, buffer, what goes beside it and the signature; ``count`` is a batch's
+    number of items (-1: not a sequence; None: a single call).  Nothing before that
+    agreement communicates (the checks, the runs, the kept plan's lookup): ranks in
+    different calls must meet there first.
     """
     ctx.stats.local = {}
     step = Attempt()
@@ -104,25 +113,28 @@ def _check(
     # what a rank that fails contributes (its flag makes every rank raise first)
     local: _Found = (Runs.empty(), np.zeros(0, np.uint8), None, None, -1, False)
     with step:
-        local = _check_locally(ctx, layout, prepare, prekey, writing=writing)
+        local = _check_locally(ctx, source, prekey, writing=writing)
     runs, buf, extra, sig, plan, mapped = local
     lo, hi = runs.extent() if len(runs) else (_BIG, 0)
-    call_name = "write_all" if writing else "read_all"
+    call_name = ("write_all" if writing else "read_all") + ("" if count is None else "_many")
     mine = _Checked(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
-        sig=digest(sig), plan=plan, moved=ctx.extents is None or ctx.extents[:2] != (lo, hi),
+        sig=digest(sig), plan=plan, items=-1 if count is None else count,
+        **_moved(ctx.extents, lo, hi),
     )  # fmt: skip
     # the call's first operation, as of every collective call on a file: a call mismatch
     # (a read beside a write, a sync, ...) is raised first, before any rank's own error
     failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, mine.slots())
+    agreed = _Checked.agreed(out)
+    if agreed.items is None:  # (item k means nothing when the counts differ)
+        raise_count_mismatch(ctx.comm, -1 if count is None else count, call_name)
     if failed:
         raise_agreed(ctx.comm, step.error, what=call_name)
-    agreed = _Checked.agreed(out)
     if agreed.sig is None:
-        _raise_mismatch(ctx.comm, sig)
+        raise_mismatch(ctx.comm, sig)
     call = _choose(ctx, agreed, runs, (lo, hi), writing=writing)
-    call.prekey = prekey
+    call.prekey, call.nruns, call.name = prekey, len(runs), call_name
     if agreed.plan is not None:  # every rank found the plan of the same earlier call (or none)
         call.plan_epoch = agreed.plan
     return runs, buf, extra, call
@@ -134,9 +146,22 @@ def _check(
 _Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, int, bool]
 
 
-def _check_locally(
-    ctx: Context, layout: Any, prepare: Any, prekey: Any, *, writing: bool
-) -> _Found:
+def _moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, Any]:
+    """This rank's ``moved`` and ``shift`` facts: its extent moved by ``shift`` (zigzag
+    coded, so never negative) keeping its width, or it is empty now as then
+    (``NOT_COMPARED``), or ``moved``."""
+    if before is None:
+        return {"moved": True, "shift": NOT_COMPARED}
+    plo, phi = before[0], before[1]
+    if hi <= lo and phi <= plo:
+        return {"moved": False, "shift": NOT_COMPARED}
+    if hi <= lo or phi <= plo or hi - lo != phi - plo:
+        return {"moved": True, "shift": NOT_COMPARED}
+    d = lo - plo
+    return {"moved": False, "shift": 2 * d if d >= 0 else -2 * d - 1}
+
+
+def _check_locally(ctx: Context, source: Any, prekey: Any, *, writing: bool) -> _Found:
     """Local: validate the call; raises what the agreement will report."""
     if ctx.mode == "closed":
         raise ModeError("the file is closed")
@@ -148,18 +173,7 @@ def _check_locally(
         raise ModeError(
             f"read_all is not possible on this {ctx.backend.name} target in mode {ctx.mode!r}"
         )
-    if not isinstance(layout, Layout):
-        raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
-    layout.validate()
-    ctx.backend.check_layout(layout)
-    buf, extra = prepare(layout)
-    runs = ctx.backend.runs_for(layout)
-    bad = _first_overlap(layout, runs)
-    if bad >= 0 and writing:
-        raise OverlapError(
-            f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
-            f"are written twice by this rank"
-        )
+    runs, buf, extra, sig = source()
     # a kept plan for exactly these runs (every rank must find the same one: plancache)
     plan = -1
     if ctx.plans is not None:
@@ -169,7 +183,26 @@ def _check_locally(
             prepare_rounds(kept, writing=writing)
     # (the mapping question may fail on one rank, e.g. its fstat: agreed too)
     mapped = may_map(ctx.hints, writing=writing) and ctx.backend.maps_reads(runs)
-    return runs, buf, extra, layout.signature(), plan, mapped
+    return runs, buf, extra, sig, plan, mapped
+
+
+def _one_layout(
+    ctx: Context, layout: Any, prepare: Any, *, writing: bool
+) -> tuple[Runs, npt.NDArray[np.uint8], Any, Any]:
+    """Local: a single call's checks of its layout; its runs, buffer, extra and signature."""
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
+    layout.checked()
+    ctx.backend.check_layout(layout)
+    buf, extra = prepare(layout)
+    runs = ctx.backend.runs_for(layout)
+    bad = _first_overlap(layout, runs)
+    if bad >= 0 and writing:
+        raise OverlapError(
+            f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
+            f"are written twice by this rank"
+        )
+    return runs, buf, extra, layout.signature()
 
 
 def _choose(
@@ -179,11 +212,13 @@ def _choose(
     own: npt.NDArray[np.bool_] | None = None
 
     def disjoint() -> bool:
-        if agreed.moved or ctx.extents is None:
+        if agreed.moved or agreed.shift is None or ctx.extents is None:
             # (ctx.extents is the same on every rank but for its (lo, hi), so is None
             # on all of them or none)
             ctx.extents = (*extent, _disjoint(ctx.comm, *extent))
-        return ctx.extents[2]  # no rank's extent moved: the same answer as then
+        else:  # every extent as then, or moved alike: the same answer as then
+            ctx.extents = (*extent, ctx.extents[2])
+        return ctx.extents[2]
 
     def split() -> bool | None:
         nonlocal own
@@ -228,24 +263,6 @@ def _prekey(ctx: Context, writing: bool) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def _raise_mismatch(comm: MPI.Comm, sig: tuple[Any, ...] | None) -> None:
-    """Collective over `comm`: every rank raises the same error naming the differing arrays."""
-    sigs = comm.allgather(sig)
-    ref_rank = next(r for r, s in enumerate(sigs) if s is not None)
-    ref = sigs[ref_rank]
-    bad = [r for r, s in enumerate(sigs) if s is not None and s != ref]
-    shown = ", ".join(f"rank {r}: {_describe(sigs[r])}" for r in bad[:8])  # type: ignore[arg-type]
-    raise MismatchError(
-        f"ranks disagree on the global array: rank {ref_rank} has {_describe(ref)}; {shown}",
-        ranks=tuple(bad),
-    )
-
-
-def _describe(sig: tuple[Any, ...]) -> str:
-    _, shape, dtype, order, offset = sig
-    return f"global shape {shape} dtype {dtype} order {order} offset {offset}"
-
-
 def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
     """Collective: True when no two ranks' extents interleave (each may write alone)."""
     mine = np.array([lo, hi], np.int64)
@@ -284,7 +301,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
             call.reused = True
             call.counters.time_plan += time.perf_counter() - t0
             return kept  # type: ignore[no-any-return]
-    plan, keep = _new_plan(ctx, runs, bounds, window, writing=writing)
+    plan, keep = _new_plan(ctx, runs, bounds, window, writing=writing, what=call.name)
     if ctx.plans is not None:
         ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=keep)
     call.counters.time_plan += time.perf_counter() - t0
@@ -292,12 +309,12 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
 
 
 def _new_plan(
-    ctx: Context, runs: Runs, bounds: I64, window: int, *, writing: bool
+    ctx: Context, runs: Runs, bounds: I64, window: int, *, writing: bool, what: str
 ) -> tuple[Plan, bool]:
     """Collective over ``ctx.comm``: metadata exchange, overlap check, rounds; returns the
     plan and whether it may be kept (agreed)."""
     # every step a rank could fail alone in is inside ``step``, agreed before the rounds
-    comm, call_name = ctx.comm, "write_all" if writing else "read_all"
+    comm, call_name = ctx.comm, what
     step = Attempt()
     sp: SenderPlan | None = None
     counts = np.zeros(comm.Get_size(), np.int64)
@@ -355,12 +372,26 @@ def _aggregate(
 # ------------------------------------------------------------- entry points
 def write(ctx: Context, data: Any, layout: Any) -> None:
     """Collective over ``ctx.comm``: two-phase write of every rank's piece."""
-    t0 = time.perf_counter()
 
     def prepare(lay: Layout) -> tuple[npt.NDArray[np.uint8], None]:
         return lay.as_bytes(data), None
 
-    runs, buf, _, call = _check(ctx, layout, prepare, writing=True)
+    _write(ctx, lambda: _one_layout(ctx, layout, prepare, writing=True))
+
+
+def write_many(ctx: Context, items: Any) -> None:
+    """Collective over ``ctx.comm``: one two-phase write of every item of every rank
+    (``(data, layout)`` pairs, the same number on every rank: :mod:`collio.batch`)."""
+    _write(
+        ctx,
+        lambda: batch.gather(ctx.backend, items, writing=True),
+        count=batch.items_count(items),
+    )
+
+
+def _write(ctx: Context, source: Any, count: int | None = None) -> None:
+    t0 = time.perf_counter()
+    runs, buf, kept, call = _check(ctx, source, writing=True, count=count)
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
     error = _transfer(ctx, call, runs, buf, writing=True)
     what = "backend I/O"
@@ -371,27 +402,45 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
         with step:
             ctx.backend.flush(ctx.comm)
         error, what = step.error, "backend flush"
-    complete_call(ctx, call, t0, error, what, patient=True)
+    complete_call(ctx, call, t0, error, what, patient=True, items=count)
+    del kept  # (a batch's item buffers, alive until the call is complete)
 
 
 def read(ctx: Context, layout: Any, out: Any) -> Any:
     """Collective over ``ctx.comm``: two-phase read; returns the rank's piece."""
-    t0 = time.perf_counter()
-    if ctx.read_aggregators is not None:  # the backend reads with other aggregators
-        ctx = dataclasses.replace(ctx, aggregators=ctx.read_aggregators)
 
     def prepare(lay: Layout) -> tuple[npt.NDArray[np.uint8], Any]:
         arr, view = lay.allocate(out)
         return view, arr
 
-    runs, buf, arr, call = _check(ctx, layout, prepare, writing=False)
+    return _read(ctx, lambda c: _one_layout(c, layout, prepare, writing=False))
+
+
+def read_many(ctx: Context, layouts: Any, out: Any) -> list[Any]:
+    """Collective over ``ctx.comm``: one two-phase read of every layout of every rank;
+    returns the arrays, one per layout (``out[k]`` filled when given)."""
+    got: list[Any] = _read(
+        ctx,
+        lambda c: batch.gather(c.backend, layouts, writing=False, outs=out),
+        count=batch.items_count(layouts),
+    )
+    return got
+
+
+def _read(ctx: Context, source: Any, count: int | None = None) -> Any:
+    t0 = time.perf_counter()
+    if ctx.read_aggregators is not None:  # the backend reads with other aggregators
+        ctx = dataclasses.replace(ctx, aggregators=ctx.read_aggregators)
+    c = ctx
+    runs, buf, arr, call = _check(c, lambda: source(c), writing=False, count=count)
     if ctx.hints.read_past_eof == "disable":
         _refuse_past_eof(ctx, runs)
     error = _transfer(ctx, call, runs, buf, writing=False)
     # after rounds reads wait polling (sleeping gains nothing there); after each rank's own
     # I/O (direct path: it takes each rank its own time, e.g. decoding zarr chunks) and on
     # remote backends a rank done early sleeps instead of taking a core the others need
-    complete_call(ctx, call, t0, error, "backend I/O", patient=ctx.backend.remote or call.direct)
+    patient = ctx.backend.remote or call.direct
+    complete_call(ctx, call, t0, error, "backend I/O", patient=patient, items=count)
     return arr
 
 

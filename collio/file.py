@@ -190,14 +190,19 @@ class File:
         which then moves on.
         """
         self._check_open()
+        if layout is not _VIEW:  # (no buffer layout to build: small calls count every step)
+            self._write(data, layout)
+            return
         lay = view.BufferLayout(self._view, self._position, data, writing=True)
+        self._write(data, lay)
+        self._position += lay.etypes
+
+    def _write(self, data: Any, layout: Any) -> None:
         try:
-            engine.write(self._ctx, data, lay if layout is _VIEW else layout)
+            engine.write(self._ctx, data, layout)
         except BaseException as exc:
             self._failed(exc, writing=True)
             raise
-        if layout is _VIEW:
-            self._position += lay.etypes
 
     @one_thread
     def read_all(self, layout: Any = None, out: Any = None) -> Any:
@@ -221,6 +226,39 @@ class File:
             return engine.read(self._ctx, layout, out)
         except BaseException as exc:
             self._failed(exc)  # as the ranks in write_all do, when some are (a mismatch)
+            raise
+
+    @one_thread
+    def write_all_many(self, items: Any) -> None:
+        """Collective over `comm`: write many arrays in one two-phase call.
+
+        ``items`` is a sequence of ``(data, layout)`` pairs, each what :meth:`write_all`
+        takes; item ``k`` describes the same global array on every rank, and every rank
+        passes the same number of items (an empty piece where it holds nothing).  The
+        runs of all items are planned, exchanged and written as one call's.  Any error
+        (a different count, an item that fails its checks, items that overlap) is
+        raised on every rank alike, naming the item, before any byte is written.
+        """
+        self._check_open()
+        try:
+            engine.write_many(self._ctx, items)
+        except BaseException as exc:
+            self._failed(exc, writing=True)
+            raise
+
+    @one_thread
+    def read_all_many(self, layouts: Any, out: Any = None) -> list[Any]:
+        """Collective over `comm`: read many arrays in one two-phase call.
+
+        Returns a list of ndarrays, one per layout; ``out`` (optional) is a sequence
+        of arrays, one per layout, filled in place (as :meth:`read_all`'s ``out``;
+        no two of them may share memory).  The same rules as :meth:`write_all_many`.
+        """
+        self._check_open()
+        try:
+            return engine.read_many(self._ctx, layouts, out)
+        except BaseException as exc:
+            self._failed(exc)
             raise
 
     def write_at_all(self, offset: int, buf: Any) -> None:

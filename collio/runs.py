@@ -67,12 +67,16 @@ class Runs:
 
     @property
     def nbytes(self) -> int:
-        return int(self.length.sum())
+        return int(self.length[0]) if len(self.length) == 1 else int(self.length.sum())
 
     def extent(self) -> tuple[int, int]:
         """(first byte, end) in the file; (0, 0) when empty."""
-        if not len(self):
+        n = len(self)
+        if not n:
             return (0, 0)
+        if n == 1:  # (a small call's one run: no numpy passes)
+            first = int(self.file[0])
+            return first, first + int(self.length[0])
         return int(self.file[0]), int((self.file + self.length).max())
 
     def mem_sequential(self) -> bool:

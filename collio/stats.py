@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import operator
 import os
 import sys
 from typing import Any
@@ -10,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Stats", "BUCKETS", "histogram", "print_at_close"]
+__all__ = ["Stats", "BUCKETS", "SUMS", "histogram", "print_at_close"]
 
 #: Darshan's access-size buckets: inclusive upper bounds in bytes, as darshan-core counts them.
 BUCKETS = (100, 1 << 10, 10 << 10, 100 << 10, 1 << 20, 4 << 20, 10 << 20, 100 << 20, 1 << 30)
@@ -20,7 +22,7 @@ BUCKET_NAMES = (
 )  # fmt: skip
 
 # counters summed over ranks (order is the wire format of the reduction)
-_SUMS = (
+SUMS = (
     "bytes_written",
     "bytes_read",
     "write_ops",
@@ -32,14 +34,29 @@ _SUMS = (
     "direct_io_bytes",
     "early_flushes",
     "mapped_bytes",
+    "runs",
 )
 _MAXES = ("rounds", "time_plan", "time_exchange", "time_io", "time_total")
+# (one C call reads them all: packing and absorbing come once per call, small calls too)
+_get_sums = operator.attrgetter(*SUMS)
+_get_maxes = operator.attrgetter(*_MAXES)
+
+
+_BUCKET_BOUNDS = np.asarray(BUCKETS, np.int64)
+#: Up to this many sizes are counted one by one (a small call's one or few requests:
+#: cheaper than numpy's passes).
+_FEW = 4
 
 
 def histogram(sizes: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Counts of request sizes per Darshan bucket."""
     s = np.asarray(sizes, np.int64)
-    idx = np.searchsorted(np.asarray(BUCKETS), s, side="left")
+    if s.ndim == 1 and len(s) <= _FEW:
+        out = np.zeros(len(BUCKET_NAMES), np.int64)
+        for size in s.tolist():
+            out[bisect.bisect_left(BUCKETS, size)] += 1
+        return out
+    idx = np.searchsorted(_BUCKET_BOUNDS, s, side="left")
     return np.bincount(idx, minlength=len(BUCKET_NAMES)).astype(np.int64)
 
 
@@ -65,6 +82,8 @@ class Stats:
     early_flushes: int = 0
     #: Bytes read by copying from the mapped file (hint ``mapped_reads``), summed over ranks.
     mapped_bytes: int = 0
+    #: Byte runs of the calls (after merging neighbours), summed over ranks.
+    runs: int = 0
     rounds: int = 0
     time_plan: float = 0.0
     time_exchange: float = 0.0
@@ -102,26 +121,26 @@ class Stats:
 
     def pack(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """Local counters as (sum vector, max vector) for one reduction."""
-        sums = np.array([getattr(self, k) for k in _SUMS], np.int64)
-        sums = np.concatenate((sums, self.write_sizes, self.read_sizes))
-        maxes = np.array([float(getattr(self, k)) for k in _MAXES], np.float64)
+        sums = np.concatenate((_get_sums(self), self.write_sizes, self.read_sizes), dtype=np.int64)
+        maxes = np.array(_get_maxes(self), np.float64)
         return sums, maxes
 
     def absorb(self, sums: npt.NDArray[np.int64], maxes: npt.NDArray[np.float64]) -> None:
         """Add reduced per-call counters to the file's totals."""
-        n = len(_SUMS)
+        n = len(SUMS)
         nb = len(BUCKET_NAMES)
-        for k, v in zip(_SUMS, sums[:n].tolist(), strict=True):
-            setattr(self, k, getattr(self, k) + int(v))
+        for k, a, b in zip(SUMS, sums[:n].tolist(), _get_sums(self), strict=True):
+            setattr(self, k, a + b)
         self.write_sizes = self.write_sizes + sums[n : n + nb]
         self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
-        self.rounds = max(self.rounds, int(maxes[0]))
-        for k, v in zip(_MAXES[1:], maxes[1:].tolist(), strict=True):
-            setattr(self, k, getattr(self, k) + float(v))
+        most = maxes.tolist()
+        self.rounds = max(self.rounds, int(most[0]))
+        for k, a, b in zip(_MAXES[1:], most[1:], _get_maxes(self)[1:], strict=True):
+            setattr(self, k, a + b)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in _SUMS + _MAXES}
+        out: dict[str, Any] = {k: getattr(self, k) for k in SUMS + _MAXES}
         out["aggregators"] = list(self.aggregators)
         out["write_size_histogram"] = dict(
             zip(BUCKET_NAMES, self.write_sizes.tolist(), strict=True)

@@ -63,3 +63,43 @@ def test_direct_choice_follows_the_extents(comm, mpi_tmp_path):
             np.testing.assert_array_equal(got, fresh[comm.rank])
     # on 2+ ranks both answers came up, each right after the other: a stale one shows
     assert seen == ([True, True, False, False, True, False] if p > 1 else [True] * 6)
+
+
+def test_extents_moving_alike_keep_the_answer(comm, mpi_tmp_path, monkeypatch):
+    """A time series (every rank's extent moves by the same shift, widths kept) reuses
+    the answer without comparing extents again; a rank moving otherwise, or changing its
+    width, makes the ranks compare again, and the choice follows."""
+    import collio.engine
+
+    compared = []
+    real = collio.engine._disjoint
+    monkeypatch.setattr(collio.engine, "_disjoint", lambda *a: compared.append(1) or real(*a))
+    path = str(mpi_tmp_path / "series.bin")
+    p, r = comm.size, comm.rank
+    hints = {"mapped_reads": "disable"}
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        for step in range(5):  # chunks (3r, 3r + 2) of step's 3p chunks: disjoint
+            base = step * 3 * p * K
+            chunks = [3 * r, 3 * r + 2]
+            lay = layouts.Segments([base + c * K for c in chunks], [K, K])
+            f.write_all(np.full(2 * K, step + r, np.uint8), lay)
+            assert f.stats.last_call["direct"]
+        assert len(compared) == 1  # only the first call compared
+        last = r == p - 1
+        # the last rank reaches back into rank 0's gap (interleaved on 2+ ranks)
+        chunks = [1, 3 * r + 2] if last else [3 * r, 3 * r + 2]
+        lay = layouts.Segments([5 * 3 * p * K + c * K for c in chunks], [K, K])
+        f.write_all(np.full(2 * K, 9, np.uint8), lay)
+        assert f.stats.last_call["direct"] is (p == 1) and len(compared) == 2
+        # the last rank's width changes again (on one rank: as wide as before, moved)
+        chunks = [3 * r, 3 * r + (1 if last else 2)]
+        lay = layouts.Segments([6 * 3 * p * K + c * K for c in chunks], [K, K])
+        f.write_all(np.full(2 * K, 7, np.uint8), lay)
+        assert f.stats.last_call["direct"] and len(compared) == (3 if p > 1 else 2)
+    comm.Barrier()
+    got = np.fromfile(path, np.uint8)
+    for step in range(5):
+        for rr in range(p):
+            for c in (3 * rr, 3 * rr + 2):
+                at = step * 3 * p * K + c * K
+                assert (got[at : at + K] == step + rr).all()

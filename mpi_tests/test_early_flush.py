@@ -26,6 +26,13 @@ from collio.backends.posix import PosixBackend
 SHAPE = (2048, 1024)  # 16 MiB: rounds of 1 MiB and more, which start flushes
 
 
+@pytest.fixture(autouse=True)
+def _flush_after_every_large_write(monkeypatch):
+    """These tests are about what a flush does, not when enough was written for one:
+    every write of 1 MiB and more starts one (when none runs)."""
+    monkeypatch.setattr(fsync.EarlyFlush, "AFTER", 0)
+
+
 def _lay(comm, pattern):
     if pattern == "colblock":
         return layouts.block(SHAPE, "<f8", comm=comm, grid=(1, comm.size))

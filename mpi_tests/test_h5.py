@@ -529,3 +529,34 @@ def test_collio_h5_refuses_atomic_commit_everywhere(comm: MPI.Comm, mpi_tmp_path
     texts = comm.allgather(str(info.value))
     assert texts == [texts[0]] * comm.size
     assert not comm.allgather(os.path.exists(path))[0]
+
+
+def test_many_datasets_in_one_call(comm: MPI.Comm, mpi_tmp_path: Path) -> None:
+    """``write_many``/``read_many``: pieces of several contiguous datasets (one in a
+    group) in one call each; stock h5py reads what was written;
+    a chunked dataset or a bad item is refused on every rank, naming the item."""
+    path = str(mpi_tmp_path / "many.h5")
+    shapes = [(37, 45), (16,), (9, 4, 5)]
+    globs = [reference(s, "<f8", seed=20 + k) for k, s in enumerate(shapes)]
+    with collio.h5.File(path, "w", comm=comm) as f:
+        grp = f.create_group("g")
+        ds = [collio.h5.create_dataset(grp if k == 1 else f, f"d{k}", s, "<f8")
+              for k, s in enumerate(shapes)]  # fmt: skip
+        chunked = collio.h5.create_dataset(f, "c", (8,), "<f8", chunks=(4,))
+        lays = [layouts.block(s, "<f8", comm=comm) for s in shapes]
+        items = [(d, local_piece(g, lay), lay) for d, g, lay in zip(ds, globs, lays, strict=True)]
+        collio.h5.write_many(f, items)
+        assert collio.h5.stats(f).last_call["items"] == 3
+        rows = [layouts.block(s, "<f8", comm=comm, grid=(comm.size,) + (1,) * (len(s) - 1))
+                for s in shapes]  # fmt: skip
+        back = collio.h5.read_many(f, list(zip(ds, rows, strict=True)))
+        for g, lay, got in zip(globs, rows, back, strict=True):
+            np.testing.assert_array_equal(got, local_piece(g, lay))
+        with pytest.raises(collio.LayoutError, match="item 1: dataset '/c' is chunked"):
+            collio.h5.write_many(f, [items[0], (chunked, np.zeros(0), layouts.Segments([], []))])
+        bad = list(items)
+        if comm.rank == comm.size - 1:
+            bad[2] = (ds[2], np.zeros(3), lays[2])
+        with pytest.raises(collio.LayoutError, match=f"rank {comm.size - 1}: item 2: data shape"):
+            collio.h5.write_many(f, bad)
+    check_file(comm, path, {"d0": globs[0], "g/d1": globs[1], "d2": globs[2]}, {})

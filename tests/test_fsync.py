@@ -33,13 +33,13 @@ def test_kick_starts_one_flush_at_a_time(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fsync, "fdatasync", held)
     flush = EarlyFlush(fd)
-    flush.kick()
-    flush.kick()
-    flush.kick()
+    flush.kick(EarlyFlush.AFTER)
+    flush.kick(EarlyFlush.AFTER)
+    flush.kick(EarlyFlush.AFTER)
     gate.set()
     assert flush.wait() is None
     assert seen == [fd] and flush.take_count() == 1 and flush.take_count() == 0
-    flush.kick()
+    flush.kick(EarlyFlush.AFTER)
     assert flush.wait() is None and seen == [fd, fd] and flush.take_count() == 1
     os.close(fd)
 
@@ -52,16 +52,32 @@ def test_a_failed_flush_is_kept_for_wait_and_halts_flushes(tmp_path, monkeypatch
 
     monkeypatch.setattr(fsync, "fdatasync", failing)
     flush = EarlyFlush(fd, "x.bin")
-    flush.kick()
+    flush.kick(EarlyFlush.AFTER)
     flush.future.exception()  # (let it fail first)
-    flush.kick()  # not raised here: it is about data of earlier writes
-    flush.kick()
+    flush.kick(EarlyFlush.AFTER)  # not raised here: it is about data of earlier writes
+    flush.kick(EarlyFlush.AFTER)
     assert flush.future is None and flush.take_count() == 1  # halted: none started
     err = flush.wait()
     assert isinstance(err, collio.BackendError) and err.errno == errno.EIO
     assert "early flush (fdatasync) of 'x.bin' failed: injected fdatasync error" in str(err)
     assert "may not be durable" in str(err)
     assert flush.wait() is None  # reported once
-    flush.kick()  # flushes start again after the report
+    flush.kick(EarlyFlush.AFTER)  # flushes start again after the report
     assert isinstance(flush.wait(), collio.BackendError) and flush.take_count() == 1
+    os.close(fd)
+
+
+def test_small_writes_flush_once_enough_was_written(tmp_path, monkeypatch):
+    """Kicks of small writes start no flush until :data:`EarlyFlush.AFTER` bytes add up."""
+    fd = _fd(tmp_path)
+    seen = []
+    monkeypatch.setattr(fsync, "fdatasync", seen.append)
+    flush = EarlyFlush(fd)
+    for _ in range(7):
+        flush.kick(EarlyFlush.AFTER // 8)
+    assert flush.future is None and flush.take_count() == 0
+    flush.kick(EarlyFlush.AFTER // 8)
+    assert flush.wait() is None and seen == [fd] and flush.take_count() == 1
+    flush.kick(1)
+    assert flush.future is None  # counted again from the flush
     os.close(fd)

@@ -203,3 +203,21 @@ def test_million_runs_flatten_to_the_right_runs():
     assert (runs.length == 32).all()
     np.testing.assert_array_equal(runs.file[:3], [32, 160, 288])
     assert runs.mem_sequential()
+
+
+def test_subarray_runs_are_the_runs_of_its_boxes():
+    """Subarray lists its runs from its shape; they are the runs flatten() lists from
+    its boxes, for every box of small arrays, both orders, several item sizes."""
+    from collio.layouts.strided import flatten
+
+    rng = np.random.default_rng(0)
+    for t in range(2000):
+        nd = int(rng.integers(0, 4))
+        g = tuple(int(x) for x in rng.integers(1, 7, nd))
+        st = tuple(int(rng.integers(0, x)) for x in g)
+        sh = tuple(int(rng.integers(0, x - a + 1)) for x, a in zip(g, st, strict=True))
+        dtype = ["u1", "<f8", "<i2"][t % 3]
+        lay = layouts.Subarray(g, st, sh, dtype, "CF"[t % 2], offset=int(rng.integers(0, 50)))
+        a, b = lay.runs(), flatten(lay.blocks())
+        for x, y in ((a.file, b.file), (a.length, b.length), (a.mem, b.mem)):
+            np.testing.assert_array_equal(x, y, err_msg=repr(lay))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import abc
 import errno
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -212,6 +213,11 @@ class Backend(abc.ABC):
 
     def check_layout(self, layout: Any) -> None:  # noqa: B027 - optional hook
         """Raise :class:`~collio.errors.LayoutError` if the layout does not fit the target."""
+
+    def check_batch(self, layouts: Sequence[Any]) -> None:  # noqa: B027 - optional hook
+        """Local, after :meth:`check_layout` of each of a batch's layouts (``write_all_many``,
+        ``read_all_many``): raise :class:`~collio.errors.LayoutError` if they cannot be one
+        call, and forget what :meth:`check_layout` kept of the last one alone."""
 
     def own_runs(
         self, comm: Any, runs: Runs, *, writing: bool

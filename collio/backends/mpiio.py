@@ -211,7 +211,7 @@ class MpiioBackend(Backend):
         if self.wb_fd >= 0 and len(buf) >= (1 << 20):
             sync_file_range(self.wb_fd, offset, len(buf), SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
-                self.flusher.kick()
+                self.flusher.kick(len(buf))
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         status = MPI.Status()

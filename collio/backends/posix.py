@@ -218,7 +218,7 @@ class PosixBackend(Backend):
         if self.writeback and total >= (1 << 20):  # (direct parts are written already)
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
-                self.flusher.kick()
+                self.flusher.kick(total)
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         pread_zeros(self.fd, buf, offset)  # (past the end of the file: zeros)

@@ -39,6 +39,7 @@ from .api import (
     write_all,
 )
 from .driver import set_fapl
+from .many import read_many, write_many
 
 __all__ = [
     "Collective",
@@ -49,9 +50,11 @@ __all__ = [
     "flush",
     "info",
     "read_all",
+    "read_many",
     "register",
     "stats",
     "write_all",
+    "write_many",
 ]
 
 DRIVER = "collio"

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LayoutError
+from ..runs import Runs, read_only
 from .base import Layout
 from .strided import Blocks
 
@@ -240,6 +241,37 @@ class Subarray(ArrayLayout):
         raise LayoutError(
             f"region {self.start}+{self.shape} exceeds global shape {self.global_shape}"
         )
+
+    def runs(self) -> Runs:
+        """The box's runs straight from its shape (cached): the same runs :func:`flatten`
+        lists from :meth:`blocks`, without building the boxes, which costs more than
+        the rest of a small call's checks."""
+        if self._runs is None:
+            self._runs = read_only(self._box_runs())
+        return self._runs
+
+    def _box_runs(self) -> Runs:
+        g, start, count = list(self.global_shape), list(self.start), list(self.shape)
+        if self.order == "F":
+            g, start, count = g[::-1], start[::-1], count[::-1]
+        if 0 in count:
+            return Runs.empty()
+        n = len(g)
+        stride = [self.dtype.itemsize] * (n + 1)
+        for k in range(n - 1, -1, -1):
+            stride[k] = stride[k + 1] * g[k]
+        k = n - 1  # dimensions k.. of the box are one run: those after k are whole
+        while k > 0 and count[k] == g[k]:
+            k -= 1
+        run = count[k] * stride[k + 1] if n else stride[0]
+        first = self.offset + sum(a * b for a, b in zip(start, stride[1:], strict=False))
+        if k <= 0:  # one run (the common case of a piece of a time series)
+            one = np.array([first, run, 0], np.int64)
+            return Runs(one[0:1], one[1:2], one[2:3])
+        off = np.array([first], np.int64)
+        for j in range(k):  # (a loop per dimension: the runs come out in file order)
+            off = (off[:, None] + np.arange(count[j], dtype=np.int64) * stride[j + 1]).ravel()
+        return Runs.sequential(off, np.full(len(off), run, np.int64))
 
     @property
     def slices(self) -> tuple[slice, ...]:

@@ -22,12 +22,13 @@ class Layout(abc.ABC):
     Layouts are immutable value objects and know nothing of MPI.
     """
 
-    __slots__ = ("_runs", "_overlap")
+    __slots__ = ("_runs", "_overlap", "_valid")
 
     def __init__(self) -> None:
         self._runs: Runs | None = None
         # (runs, index of a run overlapping an earlier one or -1): see engine._check
         self._overlap: tuple[Runs, int] | None = None
+        self._valid = False  # validate() passed (see checked)
 
     # -- description -----------------------------------------------------
     @property
@@ -56,6 +57,17 @@ class Layout(abc.ABC):
     @abc.abstractmethod
     def validate(self) -> None:
         """Raise :class:`LayoutError` if the layout itself is impossible."""
+
+    def checked(self) -> None:
+        """:meth:`validate`, once: the layout is immutable, so once valid it stays valid
+        (a checkpoint or a time series passes the same layouts call after call)."""
+        if getattr(self, "_valid", False):
+            return
+        self.validate()
+        try:
+            self._valid = True
+        except AttributeError:  # (a subclass that did not call Layout.__init__)
+            pass
 
     @abc.abstractmethod
     def blocks(self) -> Blocks:

@@ -47,6 +47,7 @@ import collio
 from collio import layouts
 from collio.backends import Backend
 
+from .guarded import guarded_like
 from .romio import romio_write
 
 __all__ = ["SHAPE", "ArrayBackendTests", "BackendTests", "ByteBackendTests", "global_array"]
@@ -75,8 +76,10 @@ def _piece(glob: np.ndarray[Any, Any], lay: Any) -> np.ndarray[Any, Any]:
     """The rank's piece of ``glob``, in the layout's memory order."""
     if isinstance(lay, layouts.BlockCyclic):
         piece = glob[np.ix_(*lay.indices)]
-    else:
+    elif isinstance(lay, layouts.Subarray):
         piece = glob[lay.slices]
+    else:
+        piece = glob[np.ix_(*(d.indices() for d in lay.dims))]
     return np.asfortranarray(piece) if lay.order == "F" else np.ascontiguousarray(piece)
 
 
@@ -275,6 +278,48 @@ class BackendTests:
                 f.write_all(np.zeros((1, 1)) if bad else _piece(old, lay), lay)
             _same_everywhere(comm, info.value)
         self.assert_stored(target, comm, open_options, new)
+
+    # -- many arrays in one call ------------------------------------------------
+    def test_batch_in_one_call(self, comm: MPI.Intracomm, target: Any, open_options: Any) -> None:
+        """``write_all_many``/``read_all_many``: every third row from rows 1, 2 and 3, each
+        set an item, and row 0 an item empty on every rank but the last, in one call each; a batch
+        with one bad item on one rank raises on every rank, naming it, and writes nothing.
+
+        The items' arrays (and the read's ``out``) lie between inaccessible pages: the
+        call may touch no byte between them (the process would fault)."""
+        glob = global_array(seed=15)
+        lays = [_rows(comm, 3, 3), _rows(comm, 2, 3), _rows(comm, 1, 3)]
+        last = comm.rank == comm.size - 1  # row 0: only the last rank holds a piece
+        tail = layouts.Subarray(SHAPE, (0, 0), (1, SHAPE[1]) if last else (0, 0), F8)
+        every = [*lays, tail]
+        items = list(zip(guarded_like([_piece(glob, lay) for lay in every]), every, strict=True))
+        with self.open(target, "w", comm, open_options) as f:
+            f.write_all_many(items)
+            assert f.stats.last_call["items"] == 4
+        self.assert_stored(target, comm, open_options, glob)
+        new = -glob
+        new[0] = glob[0]
+        bad = [(_piece(new, lay), lay) for lay in lays]
+        atomic = self.backend_class().atomic
+        with self.open(target, "r+", comm, open_options) as f:
+            if last:
+                bad[1] = (np.zeros(3), lays[1])
+            with pytest.raises(collio.LayoutError) as info:
+                f.write_all_many(bad)
+            text = _same_everywhere(comm, info.value)
+            assert f"rank {comm.size - 1}: item 1: data shape (3,)" in text, text
+            if not atomic:  # (an atomic target refuses writes after a failed one)
+                back = f.read_all_many([*lays, tail])
+                for (want, _), got in zip(items, back, strict=True):
+                    np.testing.assert_array_equal(got, want)
+                f.write_all_many([(_piece(new, lay), lay) for lay in lays])
+        self.assert_stored(target, comm, open_options, glob if atomic else new)
+        with self.open(target, "r", comm, open_options) as f:
+            outs = guarded_like([np.empty(lay.local_shape) for lay in lays])
+            back = f.read_all_many(lays, out=outs)
+            for lay, got, out in zip(lays, back, outs, strict=True):
+                assert got is out
+                np.testing.assert_array_equal(got, _piece(glob if atomic else new, lay))
 
 
 class ByteBackendTests(BackendTests):

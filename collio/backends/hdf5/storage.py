@@ -73,7 +73,8 @@ class FileBackend(PosixBackend):
         self.dset = None
 
     def check_layout(self, layout: Any) -> None:
-        check_dataset_layout(self.dset, layout)
+        if self.dset is not None:  # (None: a batch's items are checked against their own)
+            check_dataset_layout(self.dset, layout)
 
     def runs_for(self, layout: Any) -> Runs:
         r: Runs = layout.runs()

@@ -22,6 +22,7 @@ loop (``zarr.core.sync.sync``, thread-safe) and never touch the same unit.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -185,6 +186,17 @@ class ZarrBackend(Backend):
         self._shared = None
         self._shares = None
         self._info["last_call"] = None
+
+    def check_batch(self, layouts: Sequence[Any]) -> None:
+        """One memory order for all items (their runs are counted in one chunk space, whose
+        bytes follow the order); and no layout of the call: a batch's runs are no one
+        layout's box, so none of its units is stored directly by its rank (:meth:`own_runs`)."""
+        orders = sorted({lay.order for lay in layouts})
+        if len(orders) > 1:
+            raise LayoutError(
+                f"the items of a zarr batch must share one order, not {' and '.join(orders)}"
+            )
+        self._layout = None
 
     def runs_for(self, layout: Any) -> Runs:
         """This rank's runs in chunk-major space (call after :meth:`check_layout`)."""

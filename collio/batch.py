@@ -1,0 +1,193 @@
+"""Many arrays in one collective call: the union of their runs over one span of memory.
+
+``write_all_many(items)`` and ``read_all_many(layouts)`` are one two-phase call each:
+every item's layout is checked as ``write_all`` checks it (an error names the item),
+then the runs of all items become one set of runs, planned, exchanged and written as
+one call's.  The items' data stay where they are: a run's memory offset is counted
+from the lowest address of any item's bytes, and the buffer the call moves bytes
+from (or into) is a view of the address range from there to the end of the highest
+item (:func:`span`), as MPI programs send from ``MPI.BOTTOM`` with absolute
+displacements.  Nothing is copied into a staging buffer.
+
+The range may hold memory no item owns (other objects, unmapped pages between two
+mappings), so it is safe only because every consumer of a call's buffer touches the
+bytes of its runs and nothing else: slices ``buf[m:m+n]`` (backends' own runs,
+``pwritev``/``preadv``, the mapped-read copy), MPI datatypes built over the runs'
+offsets (the exchange), numpy gathers and scatters at the runs' offsets; no copy,
+checksum or message of the whole buffer.  The span also holds the items' arrays, so
+they live as long as any view of it (an MPI request keeps its buffer), whatever the
+caller drops.  Pure: no MPI calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from .errors import LayoutError, OverlapError, classify, make_error
+from .layouts.base import Layout
+from .runs import Runs, merge
+
+__all__ = ["Gathered", "gather", "items_count", "span"]
+
+I64 = npt.NDArray[np.int64]
+U8 = npt.NDArray[np.uint8]
+#: What a batch's check gives the engine: the union of the runs, the span buffer, the
+#: items' arrays (kept alive for the call; a read's results), and ``("items", their
+#: signatures)``.
+Gathered = tuple[Runs, U8, list[Any], tuple[Any, ...]]
+
+
+def items_count(items: Any) -> int:
+    """How many items a rank passes (-1 when ``items`` is not a sequence: that rank's
+    check raises, and its count is not compared)."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        return -1
+    return len(items)
+
+
+def at_item(exc: BaseException, k: int) -> BaseException:
+    """``exc`` as the collio error it is agreed as, its message naming item ``k``."""
+    name, text, errno = classify(exc)
+    return make_error(name, f"item {k}: {text}", errno=errno)
+
+
+def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gathered:
+    """Local: check every item as a single call checks its layout; the union of their runs.
+
+    ``items`` are ``(data, layout)`` pairs (writes) or layouts (reads, filling
+    ``outs[k]`` when given).  Raises the first item's error, naming it.
+    """
+    if items_count(items) < 0:
+        raise LayoutError(f"items must be a sequence, not {type(items).__name__}")
+    if outs is not None and (items_count(outs) != len(items)):
+        raise LayoutError(f"out must be a sequence of {len(items)} arrays (one per layout) or None")
+    runs: list[Runs] = []
+    bufs: list[U8] = []
+    arrays: list[Any] = []
+    sigs: list[Any] = []
+    lays: list[Layout] = []
+    for k, item in enumerate(items):
+        try:
+            if writing:
+                data, layout = _pair(item)
+            else:
+                data, layout = None, item
+            _check_layout(backend, layout)
+            lays.append(layout)
+            if writing:
+                buf = layout.as_bytes(data)
+                arrays.append(buf)
+            else:
+                arr, buf = layout.allocate(None if outs is None else outs[k])
+                arrays.append(arr)
+            runs.append(backend.runs_for(layout))
+            bufs.append(buf)
+            sigs.append(layout.signature())
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the item
+            raise at_item(exc, k) from exc
+    backend.check_batch(lays)
+    union, whole = _union(runs, bufs, arrays, writing=writing)
+    return union, whole, arrays, ("items", tuple(sigs))
+
+
+def _pair(item: Any) -> tuple[Any, Layout]:
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise LayoutError(f"an item must be a (data, layout) pair, not {type(item).__name__}")
+    return item[0], item[1]
+
+
+def _check_layout(backend: Any, layout: Any) -> None:
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
+    layout.checked()
+    backend.check_layout(layout)
+
+
+def _union(
+    runs: list[Runs], bufs: list[U8], arrays: list[Any], *, writing: bool
+) -> tuple[Runs, U8]:
+    """The items' runs as one set over :func:`span` of their buffers (sorted, checked
+    for overlaps between items, merged)."""
+    counts = np.fromiter((len(r) for r in runs), np.int64, len(runs))
+    if not int(counts.sum()):
+        return Runs.empty(), np.zeros(0, np.uint8)
+    # (mpi4py's buffer address: a tenth of what numpy's ctypes attribute costs per item)
+    # (read-only: a write's data may be a read-only buffer, and nothing writes through it)
+    address = MPI.memory.frombuffer
+    addr = np.fromiter(
+        (address(b, readonly=True).address if len(b) else 0 for b in bufs), np.int64, len(bufs)
+    )
+    used = counts > 0
+    ends = addr + np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
+    lo, hi = int(addr[used].min()), int(ends[used].max())
+    file = np.concatenate([r.file for r in runs])
+    length = np.concatenate([r.length for r in runs])
+    mem = np.concatenate([r.mem for r in runs]) + np.repeat(addr - lo, counts)
+    order = np.argsort(file, kind="stable")
+    file, length, mem = file[order], length[order], mem[order]
+    if writing:
+        _refuse_overlap(file, length, np.repeat(np.arange(len(runs)), counts)[order])
+    else:
+        _refuse_shared_memory(addr[used], ends[used], np.flatnonzero(used))
+    return merge(Runs(file, length, mem)), span(lo, hi - lo, writable=not writing, holds=arrays)
+
+
+def _refuse_shared_memory(addr: I64, ends: I64, item: npt.NDArray[np.intp]) -> None:
+    """Raise :class:`LayoutError` naming two items of a read whose arrays share memory
+    (MPI fills no byte twice in one call, and one of the two would lose)."""
+    if len(addr) < 2:
+        return
+    order = np.argsort(addr, kind="stable")
+    a, e, k = addr[order], ends[order], item[order]
+    bad = np.flatnonzero(a[1:] < np.maximum.accumulate(e)[:-1])
+    if not len(bad):
+        return
+    i = int(bad[0]) + 1
+    j = int(np.argmax(e[:i] > a[i]))  # an earlier array reaching past its start
+    x, y = sorted((int(k[j]), int(k[i])))
+    raise LayoutError(f"items {x} and {y} read into arrays that share memory")
+
+
+def _refuse_overlap(file: I64, length: I64, item: I64) -> None:
+    """Raise :class:`OverlapError` naming the items when two runs share a byte."""
+    if len(file) < 2:
+        return
+    reach = np.maximum.accumulate(file + length)
+    bad = np.flatnonzero((file[1:] < reach[:-1]) & (length[1:] > 0))
+    if not len(bad):
+        return
+    i = int(bad[0]) + 1
+    j = int(np.argmax((file[:i] + length[:i]) > file[i]))  # an earlier run reaching past it
+    lo, hi = int(file[i]), int(min(file[i] + length[i], file[j] + length[j]))
+    a, b = sorted((int(item[j]), int(item[i])))
+    who = f"item {a} writes them twice" if a == b else f"items {a} and {b} both write them"
+    raise OverlapError(f"bytes [{lo}, {hi}) are written twice by this rank: {who}")
+
+
+class _Range:
+    """An address range as numpy sees a buffer (``__array_interface__``), and what must
+    stay alive while it is used: a view of it has this object as its base."""
+
+    __slots__ = ("__array_interface__", "holds")
+
+    def __init__(self, address: int, nbytes: int, writable: bool, holds: Any) -> None:
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, not writable),
+        }
+        self.holds = holds
+
+
+def span(address: int, nbytes: int, *, writable: bool, holds: Any) -> U8:
+    """A uint8 view of ``nbytes`` of memory from ``address`` that keeps ``holds`` (the
+    items' arrays) alive.  See the module docstring: only the runs' bytes, each inside
+    one of those arrays, may ever be touched through it."""
+    view: U8 = np.asarray(_Range(address, nbytes, writable, holds))
+    return view
