@@ -53,6 +53,7 @@ from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
 from .runs import Runs, first_overlap, is_read_only
 from .stats import Stats
+from .twolevel import transfer as two_level
 
 __all__ = ["Context", "read", "release_buffers", "write"]
 
@@ -265,15 +266,7 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     """Collective over ``ctx.comm``: the call's plan, kept from an identical call or new."""
     t0 = time.perf_counter()
     comm, aggs = ctx.comm, ctx.aggregators
-    # domain_extent first: a backend may settle its alignment from the global extent
-    # (S3 plans its part size from the object size at the first write_all)
-    lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
-    align = domain_alignment(ctx.backend.alignment, ctx.hints)
-    bounds = ctx.backend.domain_bounds(lo, hi, len(aggs), align)
-    window = round_window(
-        ctx.hints, bounds, align=align, nranks=comm.Get_size(), floor=ctx.backend.min_window
-    )
-    call.window = window
+    bounds, window = _domains(ctx, call)
     key = (writing, window, tuple(aggs.tolist()))
     if ctx.plans is not None:  # the same call as before on every rank: the same plan
         if call.own is None:  # the check agreed on the candidate: no allreduce here
@@ -289,6 +282,35 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=keep)
     call.counters.time_plan += time.perf_counter() - t0
     return plan
+
+
+def _domains(ctx: Context, call: Call, sources: int = 0) -> tuple[I64, int]:
+    """The call's file domains and round window (``sources``: see
+    :func:`~collio.policy.round_window`); sets ``call.window``."""
+    # domain_extent first: a backend may settle its alignment from the global extent
+    # (S3 plans its part size from the object size at the first write_all)
+    lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
+    align = domain_alignment(ctx.backend.alignment, ctx.hints)
+    bounds = ctx.backend.domain_bounds(lo, hi, len(ctx.aggregators), align)
+    call.window = round_window(
+        ctx.hints, bounds, align=align, nranks=ctx.comm.Get_size(),
+        floor=ctx.backend.min_window, sources=sources,
+    )  # fmt: skip
+    return bounds, call.window
+
+
+def _two_level(
+    ctx: Context, call: Call, runs: Runs, buf: npt.NDArray[np.uint8], *, writing: bool
+) -> BaseException | None:
+    """Collective: the hook to :mod:`collio.twolevel` (its stage two is planned here,
+    afresh: a kept plan is one level's)."""
+    assert ctx.local is not None
+    bounds, window = _domains(ctx, call, sources=ctx.local.ngroups)
+
+    def stage_two(mine: Runs) -> Plan:
+        return _new_plan(ctx, mine, bounds, window, writing=writing)[0]
+
+    return two_level(ctx, call, runs, buf, bounds, window, stage_two, writing=writing)
 
 
 def _new_plan(
@@ -425,6 +447,8 @@ def _transfer(
         action = be.write_runs if writing else be.read_runs
         return _direct(ctx, call, lambda: action(runs, buf), runs, writing=writing)
     runs = _own_first(ctx, call, runs, buf, writing=writing)
+    if call.hi > call.lo and ctx.local is not None:
+        return _two_level(ctx, call, runs, buf, writing=writing)
     if call.hi > call.lo:
         plan = _plan(ctx, runs, call, writing=writing)
         call.counters.rounds = plan.nrounds

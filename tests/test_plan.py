@@ -160,7 +160,9 @@ def test_choose_aggregators(nodes, cb_nodes, per_node):
     if per_node is not None:
         assert per.max() <= per_node
     eligible = sum(min(int((nodes == k).sum()), per_node or 10**9) for k in np.unique(nodes))
-    want = len(nodes) if cb_nodes is None else cb_nodes
+    # the default: every rank on one node, one per node on several
+    one_node = len(np.unique(nodes)) == 1
+    want = (len(nodes) if one_node else len(np.unique(nodes))) if cb_nodes is None else cb_nodes
     assert len(aggs) == max(1, min(want, eligible))
     # spread: no node gets a second aggregator before every node has one
     used = per[np.unique(nodes)]

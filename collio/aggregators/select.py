@@ -10,17 +10,27 @@ __all__ = ["choose_aggregators", "default_cb_nodes"]
 I64 = npt.NDArray[np.int64]
 
 
-def default_cb_nodes(nprocs: int, nnodes: int) -> int:
+def default_cb_nodes(nprocs: int, nnodes: int, stripes: int | None = None) -> int:
     """collio's default aggregator count when ``cb_nodes`` is not given.
 
-    Every rank aggregates: on one node each rank then writes its share of the file
+    On one node every rank aggregates: each rank then writes its share of the file
     concurrently, as the ceiling does (docs/design.md has the comparison of counts).
+    On several nodes, one per node (ROMIO's default: each node's injection bandwidth
+    takes an even share of the receiving, and an aggregator hears from few sources
+    in two-level calls), and at least one per stripe target (``stripes``, the hint
+    ``striping_factor``), so that every target is written by its own aggregator.
     """
-    return max(1, nprocs)
+    if nnodes <= 1:
+        return max(1, nprocs)
+    return max(1, min(nprocs, max(nnodes, int(stripes or 0))))
 
 
 def choose_aggregators(
-    nodes: npt.ArrayLike, *, cb_nodes: int | None = None, per_node: int | None = None
+    nodes: npt.ArrayLike,
+    *,
+    cb_nodes: int | None = None,
+    per_node: int | None = None,
+    stripes: int | None = None,
 ) -> I64:
     """Pick aggregator ranks, spread evenly over nodes and within each node.
 
@@ -32,6 +42,8 @@ def choose_aggregators(
         Total number of aggregators wanted (capped by the eligible ranks).
     per_node
         At most this many per node (``cb_config_list='*:N'``); None allows all.
+    stripes
+        The stripe count (hint ``striping_factor``) for :func:`default_cb_nodes`.
 
     Returns
     -------
@@ -56,5 +68,5 @@ def choose_aggregators(
     # interleave nodes: all nodes' first choices, then their second, ...
     rr = np.lexsort((node_idx[ranks], i[ranks]))
     ranks = ranks[rr]
-    want = default_cb_nodes(nprocs, nnodes) if cb_nodes is None else cb_nodes
+    want = default_cb_nodes(nprocs, nnodes, stripes) if cb_nodes is None else cb_nodes
     return np.sort(ranks[: max(1, min(want, len(ranks)))]).astype(np.int64)
