@@ -27,6 +27,7 @@ from collio.runs import Runs
 from collio.sim import SimConfig, plan_speed, simulate
 from collio.sim import simulator as simulate_module
 from collio.sim.batch import batched_blocks, select
+from collio.sim.cost import STRATEGIES
 from collio.testing.jobs import MPIEXEC, mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -235,6 +236,7 @@ def test_simulate_command_line(tmp_path):
     out = tmp_path / "sim.json"
     args = ["--simulate", "--ranks", "4096", "--pattern", "cyclic", "--size", "256MiB"]
     args += ["--cb-nodes", "60", "--cb-buffer-size", "1m", "--json", str(out)]
+    args += ["--hints", "cb_two_level=disable"]  # (two levels may grow the window)
     proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "per-aggregator bytes" in proc.stdout and "4096 virtual ranks" in proc.stdout
@@ -243,6 +245,11 @@ def test_simulate_command_line(tmp_path):
     assert doc["shape"] == [5792, 5792] and doc["bytes"] == 5792 * 5792 * 8
     assert len(doc["messages_per_round"]) == len(doc["requests"]) == sum(doc["agg_rounds"])
     assert not doc["sampled"] and max(doc["requests"]) == 1 << 20
+    pred = doc["prediction"]
+    assert [s["strategy"] for s in pred["strategies"]] == list(STRATEGIES)
+    assert set(pred["predicted_seconds"]) == set(STRATEGIES)
+    assert all(v > 0 for v in pred["predicted_seconds"].values())
+    assert "predicted on 64 nodes of 64 ranks" in proc.stdout
 
 
 def test_simulate_direct_path_text():
