@@ -111,9 +111,10 @@ def test_stats_report_nodes_and_hints(nodes, mpi_tmp_path):
         h = f.stats.hints
         assert h["nodes"] == -(-comm.size // k) and h["cb_two_level"] == "enable"
         assert h["cb_local_aggregators"] == 1
-        # one local aggregator per node, its first rank; one file-domain aggregator too
+        # one local aggregator per node, its first rank; every rank aggregates while
+        # the ranks are fewer than the storage takes (storage_aggregators)
         assert h["local_aggregator_ranks"] == list(range(0, comm.size, k))
-        assert h["aggregator_ranks"] == list(range(0, comm.size, k))
+        assert h["aggregator_ranks"] == list(range(comm.size))
         assert f.stats.last_call["two_level"] and f.stats.last_call["nodes"] == h["nodes"]
     # automatic: too few ranks for two levels
     with collio.open(str(mpi_tmp_path / "a.bin"), "w", comm=comm) as f:

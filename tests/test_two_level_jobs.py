@@ -62,10 +62,10 @@ FAILING_JOB = textwrap.dedent(
 
 
 def test_local_aggregator_failing_mid_call_is_agreed(tmp_path):
-    """Rank 2 is the second node's local and file-domain aggregator (domain: the file's
-    second half, 16 MiB, in 16 rounds); it cannot write past 20,000 KiB (MPI itself needs
-    a little less to start), so its fourth round fails: every rank raises the same error
-    naming it, nothing hangs, the job goes on."""
+    """Rank 2 is the second node's local aggregator and a file-domain aggregator (domain:
+    the file's third quarter, 8 MiB from 16 MiB, in 8 rounds); it cannot write past
+    20,000 KiB (MPI itself needs a little less to start), so its fourth round fails:
+    every rank raises the same error naming it, nothing hangs, the job goes on."""
     script = tmp_path / "job.py"
     script.write_text(FAILING_JOB)
     py = sys.executable

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..aggregators.nodes import ENV_RANKS_PER_NODE
 from ..errors import CollioError
 from .machine import CMA_CVAR, command, describe, single_copy
 from .patterns import human
@@ -139,6 +141,8 @@ def bench(
     nodes = len(set(comm.allgather(MPI.Get_processor_name())))
     if rank0:
         facts["machine"] = {**describe(facts["path"]), "single_copy": copies, "nodes": nodes}
+        # nodes as collio saw them when consecutive ranks were made nodes (tests, emulation)
+        facts["machine"]["ranks_per_node_env"] = os.environ.get(ENV_RANKS_PER_NODE)
     if rank0:
         _finish(args, cfg, runner, facts, time.perf_counter() - t0, comm.size)
     # verification errors are summed over ranks: every rank returns the same status

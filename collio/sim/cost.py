@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..aggregators.select import AGGREGATOR_BANDWIDTH, STORAGE_TARGETS, TARGET_BANDWIDTH
 from ..bench.patterns import Workload, human
 from .simulator import SimConfig, SimResult, simulate
 
@@ -46,18 +47,19 @@ class Cluster:
 
     Defaults: 64 ranks per node; 25 GB/s per node (one 200 Gb/s InfiniBand HDR or
     Slingshot port); 2 us per inter-node message (an MPI message's latency and software
-    cost on such networks); 4 GB/s per storage target and 64 targets (a Lustre file
-    system of 64 OSTs); 2 GB/s per aggregator (what one client process streams to a
-    parallel file system); the intra-node terms are this kind of machine's, measured by
-    ``collio-bench --calibrate`` (docs/benchmarks.md).
+    cost on such networks); the storage collio's default aggregator count is made for
+    (:data:`~collio.aggregators.select.STORAGE_TARGETS` and its neighbours: 64 Lustre
+    OSTs of 4 GB/s, 2 GB/s per client process); on a node 5 us per message and 4 GB/s
+    per process copying (MPICH's shared-memory transport; not calibrated: see
+    docs/design.md).
     """
 
     ppn: int = 64
     node_bandwidth: float = 25e9
     message_seconds: float = 2e-6
-    target_bandwidth: float = 4e9
-    targets: int = 64
-    aggregator_bandwidth: float = 2e9
+    target_bandwidth: float = TARGET_BANDWIDTH
+    targets: int = STORAGE_TARGETS
+    aggregator_bandwidth: float = AGGREGATOR_BANDWIDTH
     intra_message_seconds: float = 5e-6
     intra_bandwidth: float = 4e9
 
