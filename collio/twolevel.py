@@ -10,9 +10,8 @@ aggregator: an aggregator then hears from the local aggregators only.
 
 The intra-node stage moves the pieces with point-to-point messages (MPI's
 shared-memory transport: a copy into the local aggregator's staging buffer, as a
-shared window would need, without a node barrier per round; docs/design.md has the
-comparison).  The local aggregator keeps one round's bytes at a time
-(:mod:`collio.aggregators.stage`).  The stage between local and file-domain
+shared window would need, without a node barrier per round; docs/design.md).  The
+local aggregator keeps one round's bytes at a time (:mod:`collio.aggregators.stage`).  The stage between local and file-domain
 aggregators is the one-level exchange itself (:mod:`collio.rounds`, given a
 :class:`~collio.rounds.Stage`), so domains, windows, rounds, requests and errors
 are those of one level; reads run the stages backwards.
