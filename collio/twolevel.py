@@ -11,10 +11,11 @@ aggregator: an aggregator then hears from the local aggregators only.
 The intra-node stage moves the pieces with point-to-point messages (MPI's
 shared-memory transport: a copy into the local aggregator's staging buffer, as a
 shared window would need, without a node barrier per round; docs/design.md).  The
-local aggregator keeps one round's bytes at a time (:mod:`collio.aggregators.stage`).  The stage between local and file-domain
-aggregators is the one-level exchange itself (:mod:`collio.rounds`, given a
-:class:`~collio.rounds.Stage`), so domains, windows, rounds, requests and errors
-are those of one level; reads run the stages backwards.
+local aggregator keeps one round's bytes at a time (:mod:`collio.aggregators.stage`).
+The stage between local and file-domain aggregators is the one-level exchange
+itself (:mod:`collio.rounds`, given a :class:`~collio.rounds.Stage`), so domains,
+windows, rounds, requests and errors are those of one level; reads run the stages
+backwards.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mpi4py import MPI
 
 from . import policy
 from .aggregators.nodes import LocalGroups, local_groups, node_shape
-from .aggregators.plan import plan_sender
+from .aggregators.plan import SenderPlan, plan_sender
 from .aggregators.stage import by_round, leader_runs, staging
 from .collective import Attempt, any_flag, raise_agreed
 from .completion import local_summary
@@ -151,7 +152,7 @@ def transfer(
     run with each local aggregator's merged runs and no runs elsewhere.  Returns this
     rank's error of the rounds, not yet agreed (as :func:`~collio.rounds.write_rounds`).
     """
-    staged, plan = _plan(ctx, runs, buf, bounds, window, new_plan, writing=writing)
+    staged, plan = _plan(ctx, buf, lambda: plan_sender(runs, bounds, window), new_plan, writing)
     call.two_level = True
     call.counters.rounds = plan.nrounds
     ctx.stats.local = local_summary(ctx, plan)
@@ -163,16 +164,14 @@ def transfer(
 
 def _plan(
     ctx: Context,
-    runs: Runs,
     buf: npt.NDArray[np.uint8],
-    bounds: I64,
-    window: int,
+    cut: Callable[[], SenderPlan],
     new_plan: Callable[[Runs], Plan],
-    *,
     writing: bool,
 ) -> tuple[_Staged, Plan]:
-    """Collective: members' pieces to their local aggregator, the stage-two plan, and
-    each piece's round and staging position (every step agreed before the rounds)."""
+    """Collective: members' pieces (``cut()``: this rank's runs cut at domains and
+    windows) to their local aggregator, the stage-two plan, and each piece's round and
+    staging position (every step agreed before the rounds)."""
     assert ctx.local is not None
     comm, what = ctx.comm, "write_all" if writing else "read_all"
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -180,7 +179,7 @@ def _plan(
     step = Attempt()
     pieces, counts, meta = Runs.empty(), np.zeros(size, np.int64), _NONE
     with step:  # (a rank that fails here sends nothing: counts are set last)
-        sp = plan_sender(runs, bounds, window)
+        sp = cut()
         pieces, meta = sp.pieces, _pairs(sp.pieces.file, sp.pieces.length)
         counts[leader] = len(meta)
     recv, rcounts = alltoallv_i64(comm, meta, counts, what=what)
