@@ -30,21 +30,22 @@ from mpi4py import MPI
 
 from . import policy
 from .aggregators.nodes import LocalGroups, local_groups, node_shape
-from .aggregators.plan import SenderPlan, plan_sender
+from .aggregators.plan import AggregatorPlan, SenderPlan, plan_sender
 from .aggregators.stage import by_round, leader_runs, staging
 from .collective import Attempt, any_flag, raise_agreed
 from .completion import local_summary
 from .context import Call, Context, Plan
-from .exchange import Messages, alltoallv_i64, messages
+from .exchange import Messages, Shapes, alltoallv_i64, messages
 from .hints import Hints
 from .rounds import read_rounds, write_rounds
 from .runs import Runs
 
-__all__ = ["local_aggregators", "transfer"]
+__all__ = ["TwoLevel", "local_aggregators", "plan", "run"]
 
 I64 = npt.NDArray[np.int64]
 _TAG = 0x2C01
 _NONE = np.zeros(0, np.int64)
+_NOBYTES = np.zeros(0, np.uint8)
 
 
 def local_aggregators(
@@ -91,6 +92,13 @@ class _Staged:
     lorder: I64 = dataclasses.field(default_factory=lambda: _NONE)
     lstarts: I64 = dataclasses.field(default_factory=lambda: _NONE)
     messages: list[int] = dataclasses.field(default_factory=list)
+    size: int = 0  # bytes of the staging buffer (a local aggregator's largest round)
+
+    def bound(self, buf: npt.NDArray[np.uint8]) -> _Staged:
+        """This stage for a call on ``buf``, with a staging buffer of its own (a kept
+        plan holds neither: the user's buffer changes, and staging is a round's bytes)."""
+        staging = np.empty(self.size, np.uint8) if self.size else _NOBYTES
+        return dataclasses.replace(self, buf=buf, staging=staging, messages=[])
 
     def gather(self, k: int) -> npt.NDArray[np.uint8]:
         with messages(self.comm, _TAG + (k & 0x3FF)) as msgs:
@@ -135,24 +143,62 @@ class _Staged:
         self.messages[k] = len(bounds) - 1
 
 
-def transfer(
+@dataclasses.dataclass(frozen=True, slots=True)
+class TwoLevel:
+    """A two-level call's plan, kept between identical calls as one level's is: this
+    rank's intra-node stage and the stage-two plan."""
+
+    stage: _Staged
+    plan: Plan
+
+    # what :func:`collio.rounds.prepare` asks of a kept plan (the engine's check
+    # prepares whatever plan it finds): the stage-two plan's
+    @property
+    def agg(self) -> AggregatorPlan | None:
+        return self.plan.agg
+
+    @property
+    def window(self) -> int:
+        return self.plan.window
+
+    def sender_shapes(self) -> Shapes:
+        return self.plan.sender_shapes()
+
+    def agg_shapes(self) -> Shapes:
+        return self.plan.agg_shapes()
+
+    def nbytes(self) -> int:
+        """Bytes of its arrays (what keeping it costs)."""
+        st = self.stage
+        parts = [st.pieces.file, st.pieces.length, st.pieces.mem, st.order, st.starts]
+        parts += [st.src, st.spos, st.slen, st.lorder, st.lstarts]
+        return self.plan.nbytes() + sum(a.nbytes for a in parts)
+
+
+def plan(
     ctx: Context,
-    call: Call,
     runs: Runs,
-    buf: npt.NDArray[np.uint8],
     bounds: I64,
     window: int,
-    new_plan: Callable[[Runs], Plan],
+    new_plan: Callable[[Runs], tuple[Plan, bool]],
     *,
     writing: bool,
-) -> BaseException | None:
-    """Collective over ``ctx.comm``: plan and run a two-level call (see module doc).
+) -> tuple[TwoLevel, bool]:
+    """Collective over ``ctx.comm``: plan a two-level call (see module doc), and whether
+    it may be kept (agreed).
 
     ``new_plan(runs)`` is the engine's one-level planning (collective, errors agreed),
-    run with each local aggregator's merged runs and no runs elsewhere.  Returns this
-    rank's error of the rounds, not yet agreed (as :func:`~collio.rounds.write_rounds`).
+    run with each local aggregator's merged runs and no runs elsewhere.
     """
-    staged, plan = _plan(ctx, buf, lambda: plan_sender(runs, bounds, window), new_plan, writing)
+    return _plan(ctx, lambda: plan_sender(runs, bounds, window), new_plan, writing)
+
+
+def run(
+    ctx: Context, call: Call, tl: TwoLevel, buf: npt.NDArray[np.uint8], *, writing: bool
+) -> BaseException | None:
+    """Collective over ``ctx.comm``: the rounds of a two-level call on ``buf``.  Returns
+    this rank's error of the rounds, not yet agreed (as :func:`~collio.rounds.write_rounds`)."""
+    staged, plan = tl.stage.bound(buf), tl.plan
     call.two_level = True
     call.counters.rounds = plan.nrounds
     ctx.stats.local = local_summary(ctx, plan)
@@ -164,11 +210,10 @@ def transfer(
 
 def _plan(
     ctx: Context,
-    buf: npt.NDArray[np.uint8],
     cut: Callable[[], SenderPlan],
-    new_plan: Callable[[Runs], Plan],
+    new_plan: Callable[[Runs], tuple[Plan, bool]],
     writing: bool,
-) -> tuple[_Staged, Plan]:
+) -> tuple[TwoLevel, bool]:
     """Collective: members' pieces (``cut()``: this rank's runs cut at domains and
     windows) to their local aggregator, the stage-two plan, and each piece's round and
     staging position (every step agreed before the rounds)."""
@@ -189,7 +234,7 @@ def _plan(
             mine, vpos = leader_runs(recv[0::2], recv[1::2])
     if any_flag(comm, step.error is not None):
         raise_agreed(comm, step.error, what=what)
-    plan = new_plan(mine)  # (collective; raises the same error on every rank)
+    plan, keep = new_plan(mine)  # (collective; raises the same error on every rank)
     src = np.repeat(np.arange(size, dtype=np.int64), rcounts // 2)
     back, lay = _NONE, None
     with step:
@@ -199,13 +244,13 @@ def _plan(
     rounds, _ = alltoallv_i64(comm, back, np.bincount(src, minlength=size), what=what)
     with step:
         order, starts = by_round(rounds, plan.nrounds)
-        staged = _Staged(comm, buf, leader, pieces, order, starts, np.zeros(0, np.uint8))
+        staged = _Staged(comm, _NOBYTES, leader, pieces, order, starts, _NOBYTES)
         if lay is not None:
             plan = dataclasses.replace(plan, sender=lay.sender, _sender_shapes=None)
             plan.sender_shapes()
-            staged.staging = np.empty(lay.size, np.uint8)
+            staged.size = lay.size
             staged.src, staged.spos, staged.slen = src, lay.spos, recv[1::2].copy()
             staged.lorder, staged.lstarts = by_round(lay.sround, plan.nrounds, key=src)
     if any_flag(comm, step.error is not None):
         raise_agreed(comm, step.error, what=what)
-    return staged, plan
+    return TwoLevel(staged, plan), keep

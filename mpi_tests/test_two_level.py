@@ -116,6 +116,15 @@ def test_stats_report_nodes_and_hints(nodes, mpi_tmp_path):
         assert h["local_aggregator_ranks"] == list(range(0, comm.size, k))
         assert h["aggregator_ranks"] == list(range(comm.size))
         assert f.stats.last_call["two_level"] and f.stats.last_call["nodes"] == h["nodes"]
+        assert not f.stats.last_call["plan_reused"]
+        # the same call again: its two-level plan is kept, on a new buffer
+        f.write_all(data + 1, lay)
+        assert f.stats.last_call["plan_reused"] and f.stats.last_call["two_level"]
+        back = f.read_all(lay)
+        again = f.read_all(lay)
+        assert f.stats.last_call["plan_reused"] and f.stats.last_call["two_level"]
+        np.testing.assert_array_equal(back, data + 1)
+        np.testing.assert_array_equal(again, data + 1)
     # automatic: too few ranks for two levels
     with collio.open(str(mpi_tmp_path / "a.bin"), "w", comm=comm) as f:
         f.write_all(data, lay)
