@@ -30,6 +30,7 @@ from .errors import MismatchError, ModeError
 from .hints import Hints
 from .plancache import PlanCache
 from .stats import Stats, print_at_close
+from .twolevel import local_aggregators
 
 __all__ = ["FileCore", "Rider"]
 
@@ -299,10 +300,11 @@ class FileCore:
 def _context(priv: Private, be: Backend, hints: Hints, mode: str, file: tuple[int, str]) -> Context:
     """The file's engine context: aggregators (the backend's own for reads, when it has
     them and the hints choose none) and the statistics' record of what was used."""
-    aggs = priv.choose(hints.cb_nodes, hints.per_node())
+    aggs = priv.choose(hints.cb_nodes, hints.per_node(), hints.striping_factor)
     be.aggregators = aggs
     stats = Stats(aggregators=tuple(aggs.tolist()))
     stats.hints = _used_hints(hints, aggs)
+    local = local_aggregators(priv.nodes, hints, stats.hints)
     read_aggs = None
     if be.read_per_node is not None and hints.cb_nodes is None and not hints.cb_config_list:
         read_aggs = priv.choose(None, be.read_per_node)
@@ -312,7 +314,9 @@ def _context(priv: Private, be: Backend, hints: Hints, mode: str, file: tuple[in
     stats.hints["direct_write"] = hints.direct_write and bool(
         stats.backend.get("direct_write", False)
     )
-    return Context(priv.comm, be, hints, aggs, stats, mode, priv.plans, read_aggs, file)
+    ctx = Context(priv.comm, be, hints, aggs, stats, mode, priv.plans, read_aggs, file)
+    ctx.local, ctx.nodes = local
+    return ctx
 
 
 def _used_hints(hints: Hints, aggs: I64) -> dict[str, Any]:

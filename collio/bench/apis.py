@@ -17,6 +17,7 @@ plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 ``collio-noflush`` ``collio`` with hint ``early_flush=false`` (flushed only at ``sync()``)
 ``collio-shuffle`` ``collio`` with hint ``mapped_reads=disable`` (two-phase reads everywhere)
 ``ceiling-direct`` the ceiling written with ``O_DIRECT``
+``collio-two-level`` ``collio`` with hint ``cb_two_level=enable`` (``-one-level``: ``disable``)
 ``bare``          two-phase with raw mpi4py and ``pwrite``, no collio (:mod:`collio.bench.bare`)
 
 and, imported only when asked for (zarr, boto3, h5py are optional):
@@ -276,6 +277,14 @@ _BUILTIN = {
     "collio-shuffle": (
         "builtin:CollioShuffleApi",
         "collio with hint mapped_reads=disable (reads shuffle on local disks too)",
+    ),
+    "collio-two-level": (
+        "builtin:CollioTwoLevelApi",
+        "collio with hint cb_two_level=enable (local aggregators on each node first)",
+    ),
+    "collio-one-level": (
+        "builtin:CollioOneLevelApi",
+        "collio with hint cb_two_level=disable (every rank sends to the aggregators)",
     ),
     "ceiling-direct": (
         "builtin:CeilingDirectApi",

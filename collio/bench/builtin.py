@@ -115,6 +115,23 @@ class CollioShuffleApi(CollioApi):
     extra_hints: ClassVar[dict[str, str]] = {"mapped_reads": "disable"}
 
 
+class CollioTwoLevelApi(CollioApi):
+    """collio with hint ``cb_two_level=enable``: on several nodes (or emulated ones,
+    ``COLLIO_RANKS_PER_NODE``) ranks hand their pieces to local aggregators first.  Reads
+    shuffle (``mapped_reads=disable``), so that they go through the two levels too."""
+
+    name: ClassVar[str] = "collio-two-level"
+    extra_hints: ClassVar[dict[str, str]] = {"cb_two_level": "enable", "mapped_reads": "disable"}
+
+
+class CollioOneLevelApi(CollioApi):
+    """``collio-two-level``'s counterpart, ``cb_two_level=disable``: every rank sends to
+    the aggregators (reads shuffle too)."""
+
+    name: ClassVar[str] = "collio-one-level"
+    extra_hints: ClassVar[dict[str, str]] = {"cb_two_level": "disable", "mapped_reads": "disable"}
+
+
 class MpiioApi(Api):
     """ROMIO collective I/O: a file view from the layout, then ``Write_all`` / ``Read_all``."""
 
