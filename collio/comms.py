@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -26,11 +27,13 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from .aggregators.nodes import consecutive_nodes, ranks_per_node_from_env
 from .aggregators.select import choose_aggregators
+from .collective import Attempt, agree
 from .errors import ConcurrentCallError
 from .plancache import PlanCache
 
-__all__ = ["Private", "exclusive", "one_thread", "private"]
+__all__ = ["Private", "exclusive", "node_map", "one_thread", "private"]
 
 _lock = threading.Lock()
 _keyval: int | None = None
@@ -93,8 +96,8 @@ class Private:
     comm: MPI.Intracomm
     nodes: npt.NDArray[np.int64]  # nodes[r]: world-unique id of rank r's node
     plans: PlanCache = dataclasses.field(default_factory=PlanCache)  # kept plans
-    # aggregator ranks by (cb_nodes, per_node): a pure function of ``nodes``, kept
-    aggregators: dict[tuple[int | None, int | None], npt.NDArray[np.int64]] = dataclasses.field(
+    # aggregator ranks by (cb_nodes, per_node, stripes): a pure function of ``nodes``, kept
+    aggregators: dict[tuple[int | None, ...], npt.NDArray[np.int64]] = dataclasses.field(
         default_factory=dict
     )
     # files open on ``comm``; a user communicator freed meanwhile (legal with MPI-IO, whose
@@ -105,6 +108,9 @@ class Private:
     # collio.open and collio.h5 alike: each file's serial number, which the first
     # agreement of its calls carries (call_head)
     files: int = 0
+    # a random number rank 0 drew, the same on every rank: names what the ranks make
+    # together (a shared file pointer's file) without another message
+    token: int = 0
 
     def acquire(self) -> None:
         """A file starts using the duplicate."""
@@ -120,12 +126,16 @@ class Private:
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
 
-    def choose(self, cb_nodes: int | None, per_node: int | None) -> npt.NDArray[np.int64]:
+    def choose(
+        self, cb_nodes: int | None, per_node: int | None, stripes: int | None = None
+    ) -> npt.NDArray[np.int64]:
         """:func:`~collio.aggregators.choose_aggregators` for this communicator, kept."""
-        key = (cb_nodes, per_node)
+        key = (cb_nodes, per_node, stripes)
         got = self.aggregators.get(key)
         if got is None:
-            got = choose_aggregators(self.nodes, cb_nodes=cb_nodes, per_node=per_node)
+            got = choose_aggregators(
+                self.nodes, cb_nodes=cb_nodes, per_node=per_node, stripes=stripes
+            )
             got.setflags(write=False)
             self.aggregators[key] = got
         return got
@@ -149,6 +159,30 @@ def _get_keyval() -> int:
         return _keyval
 
 
+def node_map(comm: MPI.Intracomm) -> npt.NDArray[np.int64]:
+    """Collective over `comm`: ``nodes[r]``, the lowest rank on rank r's node.
+
+    Nodes are MPI's (``COMM_TYPE_SHARED``), or consecutive groups of
+    ``COLLIO_RANKS_PER_NODE`` ranks when that is set (the same on every rank: it is
+    read on each, and a rank whose value is not a count raises, agreed).
+    """
+    step = Attempt()
+    k: int | None = None
+    with step:
+        k = ranks_per_node_from_env()
+    agree(comm, step.error, what="node map")
+    if k is not None:
+        return consecutive_nodes(comm.Get_size(), k) * k
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        leader = np.array([node.bcast(comm.Get_rank(), root=0)], np.int64)
+    finally:
+        node.Free()
+    nodes = np.empty(comm.Get_size(), np.int64)
+    comm.Allgather([leader, MPI.INT64_T], [nodes, MPI.INT64_T])
+    return nodes
+
+
 def private(comm: MPI.Intracomm) -> Private:
     """Collective over `comm` the first time, local afterwards: collio's duplicate.
 
@@ -161,13 +195,7 @@ def private(comm: MPI.Intracomm) -> Private:
     if isinstance(cached, Private):
         return cached
     dup = comm.Dup()
-    node = dup.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        leader = np.array([node.bcast(dup.Get_rank(), root=0)], np.int64)
-    finally:
-        node.Free()
-    nodes = np.empty(dup.Get_size(), np.int64)
-    dup.Allgather([leader, MPI.INT64_T], [nodes, MPI.INT64_T])
-    value = Private(dup, nodes)
+    # rank 0's random number on every rank: once per communicator, at its first open
+    value = Private(dup, node_map(dup), token=int(dup.bcast(secrets.randbits(62), root=0)))
     comm.Set_attr(keyval, value)
     return value

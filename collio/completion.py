@@ -74,6 +74,8 @@ def complete_call(
         "extent": [call.lo, call.hi] if call.hi > call.lo else [0, 0],
         "plan_reused": call.reused,
         "window": call.window,
+        "nodes": ctx.nodes,
+        "two_level": call.two_level,
     }
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from .aggregators.nodes import LocalGroups
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import Backend
 from .exchange import Shapes, group_shapes
@@ -39,6 +40,9 @@ class Context:
     # this rank's (lo, hi) when the ranks last compared extents on this file, and whether
     # they were disjoint then (collective: the same on every rank); see engine._check
     extents: tuple[int, int, bool] | None = None
+    # two-level aggregation: each rank's local aggregator (None: one level), and the nodes
+    local: LocalGroups | None = None
+    nodes: int = 1
 
     @property
     def rank(self) -> int:
@@ -66,6 +70,7 @@ class Call:
     prekey: tuple[Any, ...] = ()  # what the plan depends on besides runs and extent
     nruns: int = 0  # this rank's runs (a batch's: the union of its items')
     name: str = ""  # the call, for messages (write_all, read_all_many, ...)
+    two_level: bool = False  # the call aggregated in two levels (collio.twolevel)
 
     @property
     def direct(self) -> bool:

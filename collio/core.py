@@ -28,7 +28,9 @@ from .comms import Private
 from .context import Context
 from .errors import MismatchError, ModeError
 from .hints import Hints
+from .plancache import PlanCache
 from .stats import Stats, print_at_close
+from .twolevel import local_aggregators
 
 __all__ = ["FileCore", "Rider"]
 
@@ -121,6 +123,34 @@ class FileCore:
         """A call's context for another backend of this file (an HDF5 dataset's)."""
         c = self.ctx
         return Context(c.comm, backend, c.hints, c.aggregators, c.stats, c.mode, file=c.file)
+
+    def own_comm(self) -> MPI.Comm:
+        """Collective over ``comm``: move this file's later calls onto a duplicate of its
+        own, with kept plans of its own (as ``MPI_File_open`` duplicates its communicator),
+        and return it; the caller frees it once the file is closed.
+
+        For a front end that runs some collective calls of a file on a thread of their own
+        (MPI's nonblocking collectives): those must share neither a communicator nor kept
+        plans with the calls the main thread makes on other files meanwhile.
+        """
+        dup: MPI.Comm = self.ctx.comm.Dup()
+        self.ctx.comm = dup
+        self.ctx.plans = PlanCache()
+        return dup
+
+    def retune(self, hints: Hints) -> None:
+        """Local (alike on every rank given equal ``hints``): plan later calls with
+        ``hints`` (``MPI_File_set_info``): aggregators are chosen anew, the statistics say so.
+        What the backend settled at open (``direct_write``, ``mapped_reads``) stays."""
+        assert self.priv is not None, "retune an open file"
+        ctx = self.ctx
+        new = _context(self.priv, ctx.backend, hints, ctx.mode, ctx.file)
+        ctx.hints, ctx.aggregators, ctx.read_aggregators = (
+            hints,
+            new.aggregators,
+            new.read_aggregators,
+        )
+        ctx.stats.aggregators, ctx.stats.hints = new.stats.aggregators, new.stats.hints
 
     def atomic(self) -> bool:
         """All-or-nothing writes: the ``atomic_commit`` hint, or an ``atomic`` backend."""
@@ -270,10 +300,11 @@ class FileCore:
 def _context(priv: Private, be: Backend, hints: Hints, mode: str, file: tuple[int, str]) -> Context:
     """The file's engine context: aggregators (the backend's own for reads, when it has
     them and the hints choose none) and the statistics' record of what was used."""
-    aggs = priv.choose(hints.cb_nodes, hints.per_node())
+    aggs = priv.choose(hints.cb_nodes, hints.per_node(), hints.striping_factor)
     be.aggregators = aggs
     stats = Stats(aggregators=tuple(aggs.tolist()))
     stats.hints = _used_hints(hints, aggs)
+    local = local_aggregators(priv.nodes, hints, stats.hints)
     read_aggs = None
     if be.read_per_node is not None and hints.cb_nodes is None and not hints.cb_config_list:
         read_aggs = priv.choose(None, be.read_per_node)
@@ -283,7 +314,9 @@ def _context(priv: Private, be: Backend, hints: Hints, mode: str, file: tuple[in
     stats.hints["direct_write"] = hints.direct_write and bool(
         stats.backend.get("direct_write", False)
     )
-    return Context(priv.comm, be, hints, aggs, stats, mode, priv.plans, read_aggs, file)
+    ctx = Context(priv.comm, be, hints, aggs, stats, mode, priv.plans, read_aggs, file)
+    ctx.local, ctx.nodes = local
+    return ctx
 
 
 def _used_hints(hints: Hints, aggs: I64) -> dict[str, Any]:

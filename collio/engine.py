@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from . import batch
+from . import batch, twolevel
 from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .buffers import free_buffers
@@ -281,31 +281,67 @@ def release_buffers() -> None:
 def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     """Collective over ``ctx.comm``: the call's plan, kept from an identical call or new."""
     t0 = time.perf_counter()
-    comm, aggs = ctx.comm, ctx.aggregators
-    # domain_extent first: a backend may settle its alignment from the global extent
-    # (S3 plans its part size from the object size at the first write_all)
-    lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
-    align = domain_alignment(ctx.backend.alignment, ctx.hints)
-    bounds = ctx.backend.domain_bounds(lo, hi, len(aggs), align)
-    window = round_window(
-        ctx.hints, bounds, align=align, nranks=comm.Get_size(), floor=ctx.backend.min_window
-    )
-    call.window = window
-    key = (writing, window, tuple(aggs.tolist()))
-    if ctx.plans is not None:  # the same call as before on every rank: the same plan
-        if call.own is None:  # the check agreed on the candidate: no allreduce here
-            kept = ctx.plans.take(call.plan_epoch, key, bounds) if call.plan_epoch >= 0 else None
-        else:  # the runs were split after the check (kept by their ranks): agree now
-            kept = ctx.plans.lookup(comm, key, bounds, runs)
-        if kept is not None:
-            call.reused = True
-            call.counters.time_plan += time.perf_counter() - t0
-            return kept  # type: ignore[no-any-return]
+    bounds, window = _domains(ctx, call)
+    key = (writing, window, tuple(ctx.aggregators.tolist()))
+    kept = _kept(ctx, call, key, bounds, runs)
+    if kept is not None:
+        call.counters.time_plan += time.perf_counter() - t0
+        return kept  # type: ignore[no-any-return]
     plan, keep = _new_plan(ctx, runs, bounds, window, writing=writing, what=call.name)
     if ctx.plans is not None:
         ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=keep)
     call.counters.time_plan += time.perf_counter() - t0
     return plan
+
+
+def _domains(ctx: Context, call: Call, sources: int = 0) -> tuple[I64, int]:
+    """The call's file domains and round window (``sources``: see
+    :func:`~collio.policy.round_window`); sets ``call.window``."""
+    # domain_extent first: a backend may settle its alignment from the global extent
+    # (S3 plans its part size from the object size at the first write_all)
+    lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
+    align = domain_alignment(ctx.backend.alignment, ctx.hints)
+    bounds = ctx.backend.domain_bounds(lo, hi, len(ctx.aggregators), align)
+    call.window = round_window(
+        ctx.hints, bounds, align=align, nranks=ctx.comm.Get_size(),
+        floor=ctx.backend.min_window, sources=sources,
+    )  # fmt: skip
+    return bounds, call.window
+
+
+def _kept(ctx: Context, call: Call, key: tuple[Any, ...], bounds: I64, runs: Runs) -> Any:
+    """Collective: the plan of an earlier identical call on every rank, or None."""
+    if ctx.plans is None:
+        return None
+    if call.own is None:  # the check agreed on the candidate: no allreduce here
+        kept = ctx.plans.take(call.plan_epoch, key, bounds) if call.plan_epoch >= 0 else None
+    else:  # the runs were split after the check (kept by their ranks): agree now
+        kept = ctx.plans.lookup(ctx.comm, key, bounds, runs)
+    call.reused = kept is not None
+    return kept
+
+
+def _two_level(
+    ctx: Context, call: Call, runs: Runs, buf: npt.NDArray[np.uint8], *, writing: bool
+) -> BaseException | None:
+    """Collective: the hook to :mod:`collio.twolevel`, its plans kept as one level's (the
+    local aggregators in the key: the cache is the communicator's, shared by files)."""
+    assert ctx.local is not None
+    t0 = time.perf_counter()
+    bounds, window = _domains(ctx, call, sources=ctx.local.ngroups)
+    key = ("two-level", writing, window, tuple(ctx.aggregators.tolist()),
+           tuple(ctx.local.leader.tolist()))  # fmt: skip
+    tl = _kept(ctx, call, key, bounds, runs)
+    if tl is None:
+
+        def stage_two(mine: Runs) -> tuple[Plan, bool]:
+            return _new_plan(ctx, mine, bounds, window, writing=writing, what=call.name)
+
+        tl, keep = twolevel.plan(ctx, runs, bounds, window, stage_two, writing=writing)
+        if ctx.plans is not None:
+            ctx.plans.store(key, bounds, runs, tl, call.prekey, keep=keep)
+    call.counters.time_plan += time.perf_counter() - t0
+    return twolevel.run(ctx, call, tl, buf, writing=writing)
 
 
 def _new_plan(
@@ -474,6 +510,8 @@ def _transfer(
         action = be.write_runs if writing else be.read_runs
         return _direct(ctx, call, lambda: action(runs, buf), runs, writing=writing)
     runs = _own_first(ctx, call, runs, buf, writing=writing)
+    if call.hi > call.lo and ctx.local is not None:
+        return _two_level(ctx, call, runs, buf, writing=writing)
     if call.hi > call.lo:
         plan = _plan(ctx, runs, call, writing=writing)
         call.counters.rounds = plan.nrounds

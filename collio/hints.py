@@ -37,6 +37,9 @@ KNOWN = (
     "early_flush",
     "mapped_reads",
     "read_past_eof",
+    "cb_two_level",
+    "cb_local_aggregators",
+    "cb_min_message",
 )
 #: Names ROMIO reads (what ``MPI.File.Get_info`` lists for a file of MPICH's ROMIO) and
 #: the MPI standard's reserved ones: kept in ``extra`` without a warning, and the only
@@ -176,6 +179,19 @@ class Hints:
         as zeros (as bytes no rank wrote do); ``disable``: such a read raises the same
         :class:`~collio.errors.LayoutError` on every rank, naming the ranks that reach past
         the end, before any byte moves.
+    cb_two_level
+        ``automatic`` (default): a job on several nodes aggregates in two levels when its
+        ranks are too many for every aggregator to hear from each of them in every round
+        (:func:`~collio.policy.two_level`); ``enable`` whenever there are several nodes,
+        ``disable`` never.  Ranks first hand their pieces to a local aggregator on their
+        node, which exchanges large messages with the file-domain aggregators.
+    cb_local_aggregators
+        Local aggregators per node for two-level aggregation (PnetCDF's
+        ``nc_num_aggrs_per_node``); None lets collio choose.
+    cb_min_message
+        Smallest message a two-level round aims for between local and file-domain
+        aggregators (64 KiB): its window grows to this times the local aggregators,
+        above ``cb_buffer_size`` if need be (at most 1 GiB).  0: windows as one level's.
     extra
         ROMIO's hints (passed to ROMIO by the mpiio backend) and unknown ones, as strings.
     adjusted
@@ -197,6 +213,9 @@ class Hints:
     early_flush: bool = True
     mapped_reads: str = "automatic"
     read_past_eof: str = "enable"
+    cb_two_level: str = "automatic"
+    cb_local_aggregators: int | None = None
+    cb_min_message: int = 64 << 10
     extra: tuple[tuple[str, str], ...] = ()
     adjusted: tuple[tuple[str, int], ...] = ()
 
@@ -217,6 +236,8 @@ class Hints:
             raise HintError(f"hint cb_nodes={self.cb_nodes} must be >= 1")
         if self.cb_buffer_size < 1:
             raise HintError(f"hint cb_buffer_size={self.cb_buffer_size} must be >= 1")
+        if self.cb_min_message < 0:
+            raise HintError(f"hint cb_min_message={self.cb_min_message} must be >= 0")
         if self.min_rounds < 1:
             raise HintError(f"hint min_rounds={self.min_rounds} must be >= 1")
         if self.striping_unit is not None and self.striping_unit < 1:
@@ -225,6 +246,9 @@ class Hints:
             _config_per_node(self.cb_config_list)
         _parse_tri(self.romio_cb_write, "romio_cb_write")
         _parse_tri(self.romio_cb_read, "romio_cb_read")
+        _parse_tri(self.cb_two_level, "cb_two_level")
+        if self.cb_local_aggregators is not None and self.cb_local_aggregators < 1:
+            raise HintError(f"hint cb_local_aggregators={self.cb_local_aggregators} must be >= 1")
 
     @classmethod
     def coerce(cls, hints: Any, *, warn: bool = True) -> Hints:
@@ -238,13 +262,13 @@ class Hints:
         extra: list[tuple[str, str]] = []
         unknown: list[str] = []
         for key, value in items:
-            if key in ("cb_nodes", "striping_factor", "min_rounds"):
+            if key in ("cb_nodes", "striping_factor", "min_rounds", "cb_local_aggregators"):
                 values[key] = _parse_int(value, key)
-            elif key in ("cb_buffer_size", "striping_unit", "direct_threshold"):
+            elif key in ("cb_buffer_size", "striping_unit", "direct_threshold", "cb_min_message"):
                 values[key] = parse_size(value, key)
             elif key == "cb_config_list":
                 values[key] = str(value)
-            elif key in ("romio_cb_write", "romio_cb_read", "mapped_reads"):
+            elif key in ("romio_cb_write", "romio_cb_read", "mapped_reads", "cb_two_level"):
                 values[key] = _parse_tri(value, key)
             elif key == "read_past_eof":
                 values[key] = "enable" if _parse_bool(value, key) else "disable"
@@ -285,8 +309,8 @@ class Hints:
         return out
 
 
-_INTS = ("cb_buffer_size", "direct_threshold", "min_rounds")
-_OPTIONAL_INTS = ("cb_nodes", "striping_unit", "striping_factor")
+_INTS = ("cb_buffer_size", "direct_threshold", "min_rounds", "cb_min_message")
+_OPTIONAL_INTS = ("cb_nodes", "striping_unit", "striping_factor", "cb_local_aggregators")
 
 
 def _check_types(h: Hints) -> None:

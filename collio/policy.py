@@ -38,6 +38,7 @@ __all__ = [
     "maps_file",
     "may_map",
     "round_window",
+    "two_level",
 ]
 
 I64 = npt.NDArray[np.int64]
@@ -52,6 +53,15 @@ DEPTH = 2
 FEW = 16
 #: Most distinct run lengths a mapped read copies group by group; more keep the shuffle.
 MAX_LENGTHS = 8
+#: With ``cb_two_level=automatic``, jobs of more ranks than this on several nodes aggregate
+#: in two levels: beyond it the messages every aggregator takes from every rank in every
+#: round cost more than one more copy on each node (the cost model's comparison,
+#: docs/design.md).
+TWO_LEVEL_RANKS = 256
+#: Default local aggregators per node: one per this many ranks of the fullest node ...
+RANKS_PER_LOCAL = 16
+#: ... while the job's local aggregators (each aggregator's sources) stay at most this many.
+MAX_SOURCES = 256
 
 
 class Path(enum.Enum):
@@ -173,10 +183,40 @@ def domain_alignment(backend_alignment: int, hints: Hints) -> int:
     return alignment(backend_alignment, hints.striping_unit)
 
 
-def round_window(hints: Hints, bounds: I64, *, align: int, nranks: int, floor: int) -> int:
+def round_window(
+    hints: Hints, bounds: I64, *, align: int, nranks: int, floor: int, sources: int = 0
+) -> int:
     """Bytes per round for file domains ``bounds`` (see
     :func:`~collio.aggregators.window_size`), capped at :data:`MAX_WINDOW`; ``floor`` is
-    the backend's smallest round (``Backend.min_window``)."""
+    the backend's smallest round (``Backend.min_window``).
+
+    ``sources`` > 0: a two-level call whose aggregators hear from that many local
+    aggregators; its window is at least ``sources`` x ``cb_min_message``, above
+    ``cb_buffer_size`` if need be, so that a layout in which every node has bytes in
+    every window still sends large inter-node messages.
+    """
     largest = int(np.diff(bounds).max(initial=0))
     cap = min(hints.cb_buffer_size, MAX_WINDOW)
+    if sources > 0:
+        cap = max(cap, min(MAX_WINDOW, sources * hints.cb_min_message))
+        nranks = sources
     return window_size(cap, align, largest, hints.min_rounds, nranks, floor)
+
+
+def two_level(hints: Hints, *, nranks: int, nnodes: int, fullest: int) -> int:
+    """Local aggregators per node for a file's two-level calls (0: one level).
+
+    ``nnodes`` nodes, the fullest with ``fullest`` ranks.  Two levels need several
+    nodes with several ranks on one; ``cb_two_level=automatic`` asks for more than
+    :data:`TWO_LEVEL_RANKS` ranks too.  The count is ``cb_local_aggregators`` (at most
+    ``fullest``), else one per :data:`RANKS_PER_LOCAL` ranks of the fullest node while
+    the job has at most :data:`MAX_SOURCES` local aggregators (at least one per node).
+    """
+    mode = hints.cb_two_level
+    if mode == "disable" or nnodes < 2 or fullest < 2:
+        return 0
+    if mode == "automatic" and nranks <= TWO_LEVEL_RANKS:
+        return 0
+    if hints.cb_local_aggregators is not None:
+        return min(hints.cb_local_aggregators, fullest)
+    return max(1, min(fullest // RANKS_PER_LOCAL, MAX_SOURCES // nnodes))

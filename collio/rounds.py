@@ -32,6 +32,7 @@ import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -58,7 +59,7 @@ from .stats import Stats
 from .threads import io_executor
 from .waits import sleep_until_done
 
-__all__ = ["prepare", "read_rounds", "write_rounds"]
+__all__ = ["Stage", "prepare", "read_rounds", "write_rounds"]
 
 I64 = npt.NDArray[np.int64]
 _TAG = 0x0C01
@@ -98,6 +99,20 @@ class _Lagged:
         self.req = self.comm.Iallreduce(
             [np.array([int(bad)], np.int64), MPI.INT64_T], [self.out, MPI.INT64_T], op=MPI.MAX
         )
+
+
+class Stage(Protocol):
+    """A stage before a write's rounds and after a read's (two-level aggregation's
+    intra-node stage, :mod:`collio.twolevel`): the plan's senders send from, and
+    receive into, ``staging``."""
+
+    staging: npt.NDArray[np.uint8]
+
+    def gather(self, k: int) -> npt.NDArray[np.uint8]:
+        """Collective: fill the staging buffer for write round ``k``; returns it."""
+
+    def scatter(self, k: int) -> None:
+        """Collective: hand out the staging buffer of read round ``k``."""
 
 
 def prepare(plan: Plan, *, writing: bool) -> None:
@@ -225,15 +240,17 @@ def _start(ctx: Context, plan: Plan, call: Call) -> _Rounds:
 
 
 def write_rounds(
-    ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Call
+    ctx: Context, plan: Plan, data: npt.NDArray[np.uint8], call: Call, stage: Stage | None = None
 ) -> BaseException | None:
     """Collective over ``ctx.comm``: every round of a two-phase write.
 
     Returns this rank's first error, not yet agreed: the call's completion agrees
-    on it together with the statistics (one sync point instead of two).
+    on it together with the statistics (one sync point instead of two).  With a
+    ``stage``, each round's sends go from what its ``gather`` returns, and the rounds
+    agree on their status before their messages (as with a remote backend).
     """
-    if ctx.backend.remote:
-        return _write_lockstep(_start(ctx, plan, call), data)
+    if ctx.backend.remote or stage is not None:
+        return _write_lockstep(_start(ctx, plan, call), data, stage)
     return _write_streamed(_start(ctx, plan, call), data)
 
 
@@ -310,13 +327,15 @@ def _receive_and_write(
     return error or step.error
 
 
-def _write_lockstep(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | None:
+def _write_lockstep(
+    r: _Rounds, data: npt.NDArray[np.uint8], stage: Stage | None = None
+) -> BaseException | None:
     """Rounds one after another, their status agreed before their messages (see module doc)."""
     comm, be, c = r.ctx.comm, r.ctx.backend, r.c
     # writes wait for each other sleeping: an aggregator's request runs in its I/O
     # thread, and a rank that spins in MPI takes the core that thread needs
     status = _Lagged(comm, patient=True)
-    meet = be.remote  # see module doc
+    meet = be.remote or stage is not None  # see module doc
     error: BaseException | None = None
     for k in range(r.plan.nrounds):
         step = Attempt()
@@ -332,10 +351,11 @@ def _write_lockstep(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | 
         if meet and status.failed():
             break
         t = time.perf_counter()
+        send = data if stage is None else stage.gather(k)
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             if ap is not None:
                 _post_recvs(msgs, r.plan, k, r.buffer(k, req), req[0], c)
-            _post_sends(msgs, r.ctx, r.plan, r.groups(k), data, c)
+            _post_sends(msgs, r.ctx, r.plan, r.groups(k), send, c)
         c.time_exchange += time.perf_counter() - t
         if error is None and ap is not None:
             args = (be, req[0], r.buffer(k, req), cover(ap, k, req), c)
@@ -345,16 +365,19 @@ def _write_lockstep(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | 
 
 
 def read_rounds(
-    ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call
+    ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call, stage: Stage | None = None
 ) -> BaseException | None:
     """Collective over ``ctx.comm``: every round of a two-phase read (next window read ahead).
 
-    Returns this rank's first error, not yet agreed (see :func:`write_rounds`).
+    Returns this rank's first error, not yet agreed (see :func:`write_rounds`).  With a
+    ``stage``, each round's pieces arrive in its staging buffer and its ``scatter``
+    hands them out.
     """
     r = _start(ctx, plan, call)
     comm, be, c = ctx.comm, ctx.backend, r.c
     status = _Lagged(comm, be.remote)
-    meet = be.remote  # see module doc
+    meet = be.remote or stage is not None  # see module doc
+    into = out if stage is None else stage.staging
     # small equal runs are packed with numpy before sending (Messages.send)
     small = plan.agg is not None and r.mine and _packs(plan.agg)
     scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
@@ -382,7 +405,9 @@ def read_rounds(
             break
         t = time.perf_counter()
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
-            _exchange_read(r, msgs, k, out, scratch)
+            _exchange_read(r, msgs, k, into, scratch)
+        if stage is not None:
+            stage.scatter(k)
         c.time_exchange += time.perf_counter() - t
     status.failed()
     return drain(r.pending, c, error)

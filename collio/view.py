@@ -26,7 +26,9 @@ from .layouts.strided import Blocks
 from .layouts.typemap import Flat, Pair, stream_runs, zip_runs
 from .runs import Runs, merge, sort
 
-__all__ = ["FileView", "BufferLayout", "DEFAULT_VIEW", "make_view", "check_filetype"]
+__all__ = [
+    "FileView", "BufferLayout", "DEFAULT_VIEW", "buffer_size", "make_view", "check_filetype",
+]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,17 +74,27 @@ def check_filetype(ft: Flat) -> str | None:
 
 
 def make_view(
-    comm: MPI.Comm, file: tuple[int, str], disp: Any, etype: Any, filetype: Any, datarep: str
+    comm: MPI.Comm,
+    file: tuple[int, str],
+    disp: Any,
+    etype: Any,
+    filetype: Any,
+    datarep: str,
+    *,
+    refusal: BaseException | None = None,
 ) -> FileView:
     """Collective over `comm`: check and flatten a view; the same error on every rank.
 
     One agreement (:func:`~collio.collective.call_head`, as ``set_view`` of ``file``)
     carries the errors and the etype sizes, which must be equal; the checks before it
-    are local (decoding a datatype asks MPI only about the type).
+    are local (decoding a datatype asks MPI only about the type).  ``refusal`` is an
+    error the caller's own checks found (a front end's rules), agreed as the view's are.
     """
     step = Attempt()
     view = DEFAULT_VIEW
     with step:
+        if refusal is not None:
+            raise refusal
         if datarep != "native":
             raise LayoutError(f"datarep {datarep!r} is not supported (only 'native')")
         if isinstance(disp, bool) or not isinstance(disp, (int, np.integer)):
@@ -149,6 +161,16 @@ def _memtype(code: Any) -> MPI.Datatype:
     raise LayoutError(f"{code!r} is not an MPI datatype")
 
 
+def buffer_size(spec: Any) -> int:
+    """Local: the data bytes of an mpi4py buffer specification (how far it moves a file
+    pointer, times the etype size); raises :class:`~collio.LayoutError` as a call would."""
+    buf, count, displ, mtype = _parse(spec)
+    mem = _as_bytes(buf)
+    if mtype is None:
+        return len(mem)
+    return int(BufferLayout.memory_runs(mem, count, displ, mtype)[1].sum())
+
+
 class BufferLayout(Layout):
     """One rank's buffer written (read) through a file view from etype ``position``.
 
@@ -191,7 +213,7 @@ class BufferLayout(Layout):
         mem = _as_bytes(buf)
         if not self.writing and not mem.flags.writeable:
             raise LayoutError("read_all needs a writeable buffer")
-        m_runs = self._memory_runs(mem, count, displ, mtype)
+        m_runs = self.memory_runs(mem, count, displ, mtype)
         total = int(m_runs[1].sum())
         view = self.view
         if total % view.etype_size:
@@ -209,9 +231,9 @@ class BufferLayout(Layout):
         self._nbytes = total
         self.etypes = total // view.etype_size
 
-    def _memory_runs(
-        self, mem: npt.NDArray[np.uint8], count: int | None, displ: int, mtype: Any
-    ) -> Pair:
+    @staticmethod
+    def memory_runs(mem: npt.NDArray[np.uint8], count: int | None, displ: int, mtype: Any) -> Pair:
+        """Where the data of ``[mem, (count, displ), mtype]`` lies in ``mem``, in order."""
         if mtype is None:
             return np.zeros(1, np.int64), np.array([len(mem)], np.int64)
         flat = datatypes.flatten(_memtype(mtype))

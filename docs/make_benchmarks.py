@@ -34,10 +34,14 @@ SIX = ("collio", "collio-shuffle", "mpiio", "mpiio-tuned", "posix", "ceiling")
 OTHERS = {"zarr-aligned": "zarr, chunks 512 (aligned with the blocks)",
           "zarr-misaligned": "zarr, chunks 768 (misaligned)", "hdf5": "HDF5, contiguous",
           "hdf5-gzip": "HDF5, gzip, chunks 512", "mpiio": "mpiio backend against posix",
+          "mpi-file": "collio.mpi.File, ROMIO's calls on collio",
           "s3": "S3, moto server on 127.0.0.1"}  # fmt: skip
 SINGLE_COPY = {"colblock": "single-copy-off-colblock", "cyclic": "single-copy-off-cyclic"}
 #: The job of ``collio-bench --sweep``: time per call at each size.
 SWEEP = "sweep"
+#: Two-level aggregation: 8-rank jobs with consecutive groups of 4 ranks as nodes.
+TWO_LEVEL = {"two-level-colblock": "column blocks", "two-level-cyclic": "block-cyclic 64 x 64"}
+LEVELS = ("collio", "collio-two-level", "collio-one-level", "mpiio")
 
 
 def load() -> dict[str, dict[str, Any]]:
@@ -61,6 +65,8 @@ def command(doc: dict[str, Any]) -> str:
     if "--simulate" in words:
         return text
     env = "MPIR_CVAR_CH4_CMA_ENABLE=0 " if doc["machine"].get("single_copy") is False else ""
+    if doc["machine"].get("ranks_per_node_env"):
+        env += f"COLLIO_RANKS_PER_NODE={doc['machine']['ranks_per_node_env']} "
     return f"{env}mpiexec -n {doc['nranks']} {text}"
 
 
@@ -117,22 +123,33 @@ def iterations(doc: dict[str, Any]) -> str:
     return f"{doc['iterations']} iterations"
 
 
-def arrays_table(docs: dict[str, dict[str, Any]]) -> list[str]:
-    head = ["workload", "op", *SIX, "collio / ceiling", "collio / ROMIO tuned",
-            "collio / ROMIO default"]  # fmt: skip
+def median_table(
+    docs: dict[str, dict[str, Any]],
+    jobs: dict[str, str],
+    apis: tuple[str, ...],
+    ratios: dict[str, tuple[str, str]],
+) -> list[str]:
+    """One row per job and op: each API's median, then each ratio ``name: (a, b)``."""
+    head = ["workload", "op", *apis, *ratios]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * 2 + " ---: |" * (len(head) - 2)]
-    for name, what in ARRAYS.items():
+    for name, what in jobs.items():
         doc = docs.get(name)
         if doc is None:
             continue
         for op in ("write", "read"):
-            m = {a: median(doc, a, op) for a in SIX}
-            c = m["collio"]
+            m = {a: median(doc, a, op) for a in apis}
             label = f"{what}, {iterations(doc)}" if op == "write" else ""
-            cells = [label, op, *(_n(m[a]) for a in SIX)]
-            cells += [_r(c, m["ceiling"]), _r(c, m["mpiio-tuned"]), _r(c, m["mpiio"])]
+            cells = [label, op, *(_n(m[a]) for a in apis)]
+            cells += [_r(m[a], m[b]) for a, b in ratios.values()]
             out.append("| " + " | ".join(cells) + " |")
     return out
+
+
+def arrays_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    ratios = {"collio / ceiling": ("collio", "ceiling"),
+              "collio / ROMIO tuned": ("collio", "mpiio-tuned"),
+              "collio / ROMIO default": ("collio", "mpiio")}  # fmt: skip
+    return median_table(docs, ARRAYS, SIX, ratios)
 
 
 def readme_table(docs: dict[str, dict[str, Any]]) -> list[str]:
@@ -166,6 +183,46 @@ def single_copy_table(docs: dict[str, dict[str, Any]]) -> list[str]:
             cells = [ARRAYS[name], state, _n(w), _n(cw), _r(w, cw), _n(r), _n(tr), _r(r, tr)]
             out.append("| " + " | ".join(cells) + " |")
     return out
+
+
+def two_level_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    ratio = {"two-level / one-level": ("collio-two-level", "collio-one-level")}
+    return median_table(docs, TWO_LEVEL, LEVELS, ratio)
+
+
+def prediction_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    out = [
+        "| command | strategy | aggregators | local aggregators | rounds | messages per "
+        "aggregator and round | smallest mean message | plan | predicted |",
+        "| --- | --- |" + " ---: |" * 7,
+    ]
+    for name, doc in docs.items():
+        pred = doc.get("prediction") if name.startswith("sim-") else None
+        if pred is None:
+            continue
+        args = " ".join(command(doc).split()[1:]).replace("--simulate ", "")
+        for i, s in enumerate(pred["strategies"]):
+            local = s["local_per_node"] * s["nodes"] if s["two_level"] else 0
+            cells = [f"`{args}`" if i == 0 else "", s["strategy"], str(s["aggregators"]),
+                     str(local), str(s["rounds"]), str(s["max_sources"]),
+                     f"{s['min_message'] / 1024:.1f} KiB", f"{s['plan_seconds']:.1f} s",
+                     f"{s['predicted_seconds']:.2f} s"]  # fmt: skip
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def cluster_line(docs: dict[str, dict[str, Any]]) -> str:
+    cl = next((d["prediction"]["cluster"] for d in docs.values() if "prediction" in d), None)
+    if cl is None:
+        return ""
+    return (
+        f"Cluster: {cl['ppn']} ranks per node, {cl['node_bandwidth'] / 1e9:g} GB/s and "
+        f"{cl['message_seconds'] * 1e6:g} us per inter-node message per node, "
+        f"{cl['targets']} storage targets of {cl['target_bandwidth'] / 1e9:g} GB/s, "
+        f"{cl['aggregator_bandwidth'] / 1e9:g} GB/s per aggregator; on a node "
+        f"{cl['intra_message_seconds'] * 1e6:g} us per message and "
+        f"{cl['intra_bandwidth'] / 1e9:g} GB/s per process (`collio.sim.Cluster`)."
+    )
 
 
 def others_table(docs: dict[str, dict[str, Any]]) -> list[str]:
@@ -376,6 +433,17 @@ def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
         *others_table(docs),
         *provenance(docs, list(OTHERS)),
         "",
+        "## Two levels: 8 ranks as 2 emulated nodes",
+        "",
+        "`COLLIO_RANKS_PER_NODE=4` makes ranks 0-3 and 4-7 two nodes for collio (ROMIO sees",
+        "one). `collio-two-level` and `collio-one-level` are collio with hint `cb_two_level`",
+        "`enable` and `disable`, both reading through the shuffle (`mapped_reads=disable`);",
+        "`collio` is the default (one level at this size, reads from the mapped file). On one",
+        "machine every message is a copy in memory, so the second level only adds one.",
+        "",
+        *two_level_table(docs),
+        *provenance(docs, list(TWO_LEVEL)),
+        "",
         "## Memory",
         "",
         "Peak RSS growth of collio's aggregators during collio's phases, against the bound",
@@ -400,6 +468,17 @@ def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
         *sim_table(docs),
         "",
         f"Machine: {machine(docs[sims[0]])}." if sims else "",
+        "",
+        "## Cost model: predicted time of a write at 65,536 ranks",
+        "",
+        "The simulator's plan of each strategy priced by `collio.sim.cost` (docs/design.md):",
+        "collio with default hints in two levels and in one, and ROMIO's strategy (one",
+        "aggregator per node, `cb_buffer_size` rounds, no overlap). `plan` is the simulator's",
+        "time to plan the strategy.",
+        "",
+        *prediction_table(docs),
+        "",
+        cluster_line(docs),
     ]
     return "\n".join(parts).rstrip() + "\n"
 

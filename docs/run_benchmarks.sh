@@ -14,6 +14,7 @@ mkdir -p "$out"
 lock=${COLLIO_CPU_LOCK:-/tmp/collio-cpu.lock}
 iter=(); [ -n "${ITER:-}" ] && iter=(-i "$ITER")
 six=collio,collio-shuffle,mpiio,mpiio-tuned,posix,ceiling
+levels=collio,collio-two-level,collio-one-level,mpiio  # two-level-*: 8 ranks as 2 nodes
 
 jobs=(
   "colblock|--compare $six"
@@ -27,9 +28,12 @@ jobs=(
   "hdf5|--compare collio-hdf5,hdf5-gather,h5py-mpio"
   "hdf5-gzip|--compare collio-hdf5,hdf5-gather -O codec=gzip,chunks=512"
   "mpiio|--compare collio,collio-mpiio"
+  "mpi-file|--compare collio,collio-mpi,mpiio"
   "s3|--compare collio-s3,s3-gather,s3-ceiling"
   "checkpoint|--pattern checkpoint --size 256MiB"
   "sweep|--sweep"
+  "two-level-colblock|--compare $levels"
+  "two-level-cyclic|--pattern cyclic --compare $levels"
 )
 sim="--simulate --ranks 65536 --size 1TiB"
 sims=(
@@ -41,6 +45,8 @@ sims=(
   "sim-ior|--simulate --ranks 65536 --pattern ior -b 1m -s 16 --cb-nodes 512"
   "sim-ior-small|--simulate --ranks 65536 --pattern ior -s 4096 -b 8k -t 8k --cb-nodes 512"
   "sim-cyclic-1x1|$sim --pattern cyclic --cyclic-block 1 --cb-nodes 512"
+  "sim-default-colblock|$sim --pattern colblock"
+  "sim-default-cyclic|$sim --pattern cyclic"
   "sim-checkpoint|$sim --pattern checkpoint -s 1000"
 )
 
@@ -54,12 +60,14 @@ wanted() {  # wanted NAME [REQUESTED...]: no request means every job
 for job in "${jobs[@]}"; do
   name=${job%%|*} args=${job#*|}
   wanted "$name" ${1+"$@"} || continue
-  set_env=(); [[ $name == single-copy-off-* ]] && set_env=(MPIR_CVAR_CH4_CMA_ENABLE=0)
+  set_env=() n=4
+  [[ $name == single-copy-off-* ]] && set_env=(MPIR_CVAR_CH4_CMA_ENABLE=0)
+  [[ $name == two-level-* ]] && set_env=(COLLIO_RANKS_PER_NODE=4) n=8
   # the sweep picks its calls per size itself (-i there is calls per size); its tables are longer
   it=("${iter[@]}") shown=30; [ "$name" = sweep ] && it=() shown=70
-  echo "== $name: mpiexec -n 4 collio-bench $args"
+  echo "== $name: mpiexec -n $n collio-bench $args"
   # shellcheck disable=SC2086  # args are words
-  flock "$lock" env "${set_env[@]}" timeout 1800 mpiexec -n 4 \
+  flock "$lock" env "${set_env[@]}" timeout 1800 mpiexec -n "$n" \
     collio-bench $args "${it[@]}" --json "$out/$name.json" | tail -n "$shown"
 done
 # the simulator's jobs take seconds each: one turn of the lock for all of them

@@ -122,3 +122,15 @@ def segments_for(comm: MPI.Comm, size: int, seed: int = 3) -> Segments:
     offs = np.concatenate((offs, [0, size // 2]))
     lens = np.concatenate((lens, [0, 0]))
     return Segments(offs, lens)
+
+
+def prefill(comm: MPI.Comm, paths: list[str], nbytes: int) -> None:
+    """The same random bytes in every file (rank 0 writes, everyone waits): holes then
+    keep them in both files a comparison writes, where ROMIO's are undefined."""
+    size = comm.allreduce(nbytes, op=MPI.MAX)
+    if comm.rank == 0:
+        pattern = np.random.default_rng(99).integers(0, 256, size, dtype=np.uint8).tobytes()
+        for p in paths:
+            with open(p, "wb") as fh:
+                fh.write(pattern)
+    comm.Barrier()

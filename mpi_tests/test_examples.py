@@ -10,9 +10,15 @@ import pytest
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 #: The user examples; each has ``main(comm, ...)`` and asserts what it wrote.
 NAMES = [
-    "solver_restart", "h5py_user", "zarr_user", "s3_user", "mpiio_port", "parallel_npy",
+    "solver_restart",
+    "h5py_user",
+    "zarr_user",
+    "s3_user",
+    "mpiio_port",
+    "parallel_npy",
+    "mpi_dropin",
     "checkpoint_loop",
-]  # fmt: skip
+]
 NEEDS = {"h5py_user": "h5py", "zarr_user": "zarr", "s3_user": "moto.server"}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import prefill
 from mpi4py import MPI
 
 import collio
@@ -21,17 +22,6 @@ NAMES = [
     "darray", "darray-F",
 ]  # fmt: skip
 DISP = 100
-
-
-def prefill(comm, paths, nbytes):
-    """The same random bytes in every file (rank 0 writes, everyone waits)."""
-    size = comm.allreduce(nbytes, op=MPI.MAX)
-    if comm.rank == 0:
-        pattern = np.random.default_rng(99).integers(0, 256, size, dtype=np.uint8).tobytes()
-        for p in paths:
-            with open(p, "wb") as fh:
-                fh.write(pattern)
-    comm.Barrier()
 
 
 def span(ft, nbytes, disp=DISP):

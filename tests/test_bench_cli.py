@@ -19,7 +19,7 @@ from collio.testing.jobs import MPIEXEC, mpiexec
 
 BENCH = [sys.executable, "-m", "collio.bench"]
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
-ALL = "collio,mpiio,mpiio-tuned,mpiio-indep,posix,ceiling,collio-mpiio"
+ALL = "collio,mpiio,mpiio-tuned,mpiio-indep,posix,ceiling,collio-mpiio,collio-mpi"
 
 
 @needs_mpiexec

@@ -16,6 +16,8 @@ from collio.aggregators import (
     window_size,
 )
 from collio.aggregators.domains import MIN_SHARE, MIN_WINDOW
+from collio.aggregators.nodes import consecutive_nodes
+from collio.aggregators.select import storage_aggregators
 from collio.runs import Runs, first_overlap, merge, split_at, split_grid
 
 
@@ -160,6 +162,7 @@ def test_choose_aggregators(nodes, cb_nodes, per_node):
     if per_node is not None:
         assert per.max() <= per_node
     eligible = sum(min(int((nodes == k).sum()), per_node or 10**9) for k in np.unique(nodes))
+    # the default: every rank while they are fewer than storage_aggregators()
     want = len(nodes) if cb_nodes is None else cb_nodes
     assert len(aggs) == max(1, min(want, eligible))
     # spread: no node gets a second aggregator before every node has one
@@ -167,6 +170,20 @@ def test_choose_aggregators(nodes, cb_nodes, per_node):
     assert used.max() - used.min() <= 1 or used.min() == min(
         int((nodes == k).sum()) for k in np.unique(nodes)
     )
+
+
+def test_default_aggregators_on_several_nodes_follow_nodes_stripes_and_storage():
+    """Not one per rank: one per node, per stripe target, and enough for the storage's
+    aggregate (128 with the defaults), capped by the ranks; a single node keeps all."""
+    assert storage_aggregators() == 128 and storage_aggregators(8, 1e9, 2e9) == 4
+    assert len(choose_aggregators(consecutive_nodes(65536, 64))) == 1024
+    assert len(choose_aggregators(consecutive_nodes(4096, 64))) == 128
+    assert len(choose_aggregators(consecutive_nodes(4096, 64), stripes=300)) == 300
+    assert len(choose_aggregators(consecutive_nodes(96, 48))) == 96
+    assert len(choose_aggregators(consecutive_nodes(4096, 4096))) == 4096
+    # spread over nodes: 2 per node of 64 at 4096 ranks
+    aggs = choose_aggregators(consecutive_nodes(4096, 64))
+    assert (np.bincount(aggs // 64, minlength=64) == 2).all()
 
 
 def test_choose_aggregators_spreads_within_node():

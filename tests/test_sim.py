@@ -27,6 +27,7 @@ from collio.runs import Runs
 from collio.sim import SimConfig, plan_speed, simulate
 from collio.sim import simulator as simulate_module
 from collio.sim.batch import batched_blocks, select
+from collio.sim.cost import STRATEGIES, Cluster, strategies
 from collio.testing.jobs import MPIEXEC, mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,10 +232,34 @@ def test_simulator_equals_real_stats_at_8_ranks():
     assert f"{len(cases.CASES) + 1} passed" in proc.stdout
 
 
+@pytest.mark.parametrize("pattern", ["colblock", "cyclic"])
+def test_default_hints_at_65536_ranks_meet_a_cluster(pattern):
+    """65,536 ranks, 64 per node, 1 TiB, default hints: two levels, at most 4,096
+    messages per aggregator and round (one level: 61,788 for column blocks), inter-node
+    messages of 64 KiB or more, and on the cost model's cluster at most half the
+    predicted time of one-level collio and of ROMIO's strategy for column blocks; for
+    block-cyclic, whose one-level messages are already large, every strategy is bound by
+    the storage targets' aggregate and two levels cost nothing."""
+    work = make_workload(pattern, 65536, size="1TiB")
+    rows = strategies(work, SimConfig(hints=Hints(), ppn=64), Cluster())
+    (two, p2), (one, p1), (_, pr) = rows
+    assert two.two_level and not one.two_level and two.naggs == 1024 == two.nnodes
+    assert p2.max_sources <= 4096 and int(two.msgs.max()) <= 4096
+    assert p2.min_message >= 64 << 10
+    best_other = min(p1.predicted_seconds, pr.predicted_seconds)
+    assert all(res.seconds < 60 for res, _ in rows)
+    if pattern == "colblock":
+        assert p1.max_sources == 61788 and 2 * p2.predicted_seconds <= best_other
+    else:
+        targets = work.nbytes / (Cluster().targets * Cluster().target_bandwidth)
+        assert p2.predicted_seconds <= 1.01 * best_other <= 1.06 * targets
+
+
 def test_simulate_command_line(tmp_path):
     out = tmp_path / "sim.json"
     args = ["--simulate", "--ranks", "4096", "--pattern", "cyclic", "--size", "256MiB"]
     args += ["--cb-nodes", "60", "--cb-buffer-size", "1m", "--json", str(out)]
+    args += ["--hints", "cb_two_level=disable"]  # (two levels may grow the window)
     proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "per-aggregator bytes" in proc.stdout and "4096 virtual ranks" in proc.stdout
@@ -243,6 +268,11 @@ def test_simulate_command_line(tmp_path):
     assert doc["shape"] == [5792, 5792] and doc["bytes"] == 5792 * 5792 * 8
     assert len(doc["messages_per_round"]) == len(doc["requests"]) == sum(doc["agg_rounds"])
     assert not doc["sampled"] and max(doc["requests"]) == 1 << 20
+    pred = doc["prediction"]
+    assert [s["strategy"] for s in pred["strategies"]] == list(STRATEGIES)
+    assert set(pred["predicted_seconds"]) == set(STRATEGIES)
+    assert all(v > 0 for v in pred["predicted_seconds"].values())
+    assert "predicted on 64 nodes of 64 ranks" in proc.stdout
 
 
 def test_simulate_direct_path_text():

@@ -31,13 +31,16 @@ How the backends fit:
 from __future__ import annotations
 
 import abc
+import errno
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ..aggregators.domains import file_domains
+from ..errors import BackendError
 from ..runs import Runs
 
 if TYPE_CHECKING:
@@ -264,6 +267,27 @@ class Backend(abc.ABC):
         unequal real bytes (zarr's and chunked HDF5's padded edge chunks) weigh them.
         """
         return file_domains(lo, hi, naggs, align)
+
+    # -- what MPI-IO's file calls need beyond the data path (collio.mpi) ----
+    def set_size(self, size: int) -> None:
+        """Truncate or extend the target to ``size`` bytes (``MPI_File_set_size``; one rank
+        calls it).  Default: refused, for targets whose size only their writes make."""
+        raise self._unsupported("set the size of")
+
+    def preallocate(self, size: int) -> None:
+        """Reserve storage for the first ``size`` bytes, the target growing to at least that
+        size and its bytes kept (``MPI_File_preallocate``; one rank calls it)."""
+        raise self._unsupported("preallocate")
+
+    def lock(self, lo: int, hi: int, *, write: bool) -> AbstractContextManager[None]:
+        """Hold a lock on bytes ``[lo, hi)`` against other processes while the block runs,
+        exclusive for ``write`` (MPI's atomic mode for a rank's own accesses)."""
+        raise self._unsupported("lock byte ranges of")
+
+    def _unsupported(self, what: str) -> BackendError:
+        return BackendError(
+            f"the {self.name} backend cannot {what} its target", errno=errno.ENOTSUP
+        )
 
     # -- completion -------------------------------------------------------
     @abc.abstractmethod

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import os
 import shutil
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -97,9 +100,15 @@ class PosixBackend(Backend):
         round's extent, merges and writes it back in one request; ``runs`` writes
         only the covered byte ranges, one request each; ``auto`` (default) writes
         the covered ranges when there are at most 16 of them, else uses ``rmw``.
+    create : {False, True, "exclusive"}
+        In ``'r+'``: rank 0 makes a missing file, never truncating one that exists
+        (MPI's ``MODE_CREATE``); ``"exclusive"`` refuses one that exists (``EEXIST``,
+        MPI's ``MODE_EXCL``).  Default False: the file must exist.
     """
 
     name: ClassVar[str] = "posix"
+    #: The target's size when rank 0 opened it, the same on every rank (``MODE_APPEND``).
+    opened_size: int = 0
 
     def __init__(
         self, path: str, fd: int, mode: str, final: str | None, writeback: bool, holes: str = "auto"
@@ -130,7 +139,11 @@ class PosixBackend(Backend):
         writeback = options.get("writeback", True)
         if not isinstance(writeback, (bool, np.bool_)) and writeback not in (0, 1):
             raise ModeError(f"posix backend: writeback={writeback!r} must be True or False")
-        unknown = sorted(set(options) - {"writeback", "holes"})
+        if options.get("create", False) not in (False, True, "exclusive"):
+            raise ModeError(
+                f"posix backend: create={options['create']!r} must be a bool or exclusive"
+            )
+        unknown = sorted(set(options) - {"writeback", "holes", "create"})
         if unknown:
             raise ModeError(f"posix backend: unknown options {unknown}")
 
@@ -146,6 +159,7 @@ class PosixBackend(Backend):
         """
         writeback = bool(options.get("writeback", True))
         holes = str(options.get("holes", "auto"))
+        create = options.get("create", False) if mode == "r+" else False
         atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
         step = Attempt()
         shared = None
@@ -153,9 +167,10 @@ class PosixBackend(Backend):
         if comm.Get_rank() == 0:
             with step:
                 path = os.fspath(target)
-                made = _prepare(path, mode, atomic)
-                shared = (made.name, path)
-        name, path = bcast_outcome(comm, shared, step.error, what="open")
+                made = _prepare(path, mode, atomic, create)
+                size = made.before.st_size if made.before is not None else 0
+                shared = (made.name, path, size)
+        name, path, size = bcast_outcome(comm, shared, step.error, what="open")
         step = Attempt()
         fd = -1
         with step:
@@ -169,6 +184,7 @@ class PosixBackend(Backend):
             raise
         self = cls(name, fd, mode, path if atomic else None, writeback, holes)
         self.made = made
+        self.opened_size = int(size)
         try:
             if mode != "r" and bool(getattr(hints, "direct_write", False)):
                 # (mode and hints were settled equal at open: every rank makes this
@@ -261,6 +277,37 @@ class PosixBackend(Backend):
     def size(self) -> int:
         return os.fstat(self.fd).st_size
 
+    def set_size(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+        self.dirty = True
+
+    def preallocate(self, size: int) -> None:
+        """``posix_fallocate`` of the missing bytes (a file system without it: the size
+        only, the blocks then come with the writes)."""
+        have = self.size()
+        if size <= have:
+            return
+        self.dirty = True
+        try:
+            os.posix_fallocate(self.fd, have, size - have)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+            os.ftruncate(self.fd, size)
+
+    @contextlib.contextmanager
+    def lock(self, lo: int, hi: int, *, write: bool) -> Iterator[None]:
+        """An ``fcntl`` byte-range lock (ROMIO's for atomic mode): other processes' locks
+        of overlapping bytes wait; threads of one process share its locks."""
+        if hi <= lo:
+            yield
+            return
+        fcntl.lockf(self.fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH, hi - lo, lo)
+        try:
+            yield
+        finally:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN, hi - lo, lo)
+
     def sync(self) -> None:
         """fsync, after the early flush still running (whose error is raised after it)."""
         early = self.flusher.wait() if self.flusher is not None else None
@@ -340,10 +387,15 @@ class Prepared:
         self.release()
 
 
-def _prepare(path: str, mode: str, atomic: bool) -> Prepared:
-    """On rank 0: check the target is a regular file (or absent, in 'w'), then create or
-    truncate it, or make the temporary of an atomic write (a copy of it in 'r+')."""
-    before = check_target(path, mode)
+def _prepare(path: str, mode: str, atomic: bool, create: bool | str = False) -> Prepared:
+    """On rank 0: check the target is a regular file (or absent, in 'w' or with
+    ``create``), then create or truncate it, or make the temporary of an atomic write (a
+    copy of it in 'r+')."""
+    before = check_target(path, "w" if create else mode)
+    if create and (before is None or create == "exclusive"):
+        excl = os.O_EXCL if create == "exclusive" else 0
+        os.close(open_regular(path, os.O_CREAT | os.O_RDWR | excl))
+        before = os.stat(path)
     if not atomic:
         if mode == "w":
             os.close(open_regular(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC))

@@ -10,12 +10,14 @@ plus optional ``setup`` / ``teardown`` and ``hints_used``.  Built-ins:
 ``mpiio``         ROMIO collective: ``MPI.File`` with a file view, ``Write_all``
 ``mpiio-tuned``   the same with ``cb_nodes`` = ranks and ``cb_config_list`` = ``*:*``
 ``mpiio-indep``   ``MPI.File.Write_at`` per piece (independent)
+``collio-mpi``    ``mpiio``'s calls on ``collio.mpi.File``, the drop-in ``MPI.File``
 ``posix``         ``os.pwrite`` per piece (independent)
 ``ceiling``       each rank writes its 1/p share of the bytes with one ``pwrite``
 ``collio-direct`` ``collio`` with hint ``direct_write=true`` (``O_DIRECT``)
 ``collio-noflush`` ``collio`` with hint ``early_flush=false`` (flushed only at ``sync()``)
 ``collio-shuffle`` ``collio`` with hint ``mapped_reads=disable`` (two-phase reads everywhere)
 ``ceiling-direct`` the ceiling written with ``O_DIRECT``
+``collio-two-level`` ``collio`` with hint ``cb_two_level=enable`` (``-one-level``: ``disable``)
 ``bare``          two-phase with raw mpi4py and ``pwrite``, no collio (:mod:`collio.bench.bare`)
 
 and, imported only when asked for (zarr, boto3, h5py are optional):
@@ -258,6 +260,7 @@ _BUILTIN = {
         "ROMIO collective, cb_nodes = ranks, cb_config_list = *:*",
     ),
     "mpiio-indep": ("builtin:MpiioIndepApi", "MPI.File.Write_at/Read_at per piece"),
+    "collio-mpi": ("builtin:CollioMpiApi", "mpiio's calls on collio.mpi.File (drop-in MPI.File)"),
     "posix": ("builtin:PosixApi", "os.pwrite/preadv per piece"),
     "ceiling": (
         "builtin:CeilingApi",
@@ -274,6 +277,14 @@ _BUILTIN = {
     "collio-shuffle": (
         "builtin:CollioShuffleApi",
         "collio with hint mapped_reads=disable (reads shuffle on local disks too)",
+    ),
+    "collio-two-level": (
+        "builtin:CollioTwoLevelApi",
+        "collio with hint cb_two_level=enable (local aggregators on each node first)",
+    ),
+    "collio-one-level": (
+        "builtin:CollioOneLevelApi",
+        "collio with hint cb_two_level=disable (every rank sends to the aggregators)",
     ),
     "ceiling-direct": (
         "builtin:CeilingDirectApi",

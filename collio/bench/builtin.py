@@ -14,6 +14,7 @@ import collio
 from ..backends.fdio import pread_exact, pwrite_all
 from ..backends.posix import open_direct, write_split
 from ..buffers import PAGE
+from ..mpi import File as CollioFile
 from ..stats import Stats
 from ..testing.romio import filetype
 from .apis import Api, _info, file_hints, open_fd
@@ -23,6 +24,7 @@ __all__ = [
     "CollioMpiioApi",
     "MpiioApi",
     "MpiioTunedApi",
+    "CollioMpiApi",
     "MpiioIndepApi",
     "PosixApi",
     "CeilingApi",
@@ -113,11 +115,30 @@ class CollioShuffleApi(CollioApi):
     extra_hints: ClassVar[dict[str, str]] = {"mapped_reads": "disable"}
 
 
+class CollioTwoLevelApi(CollioApi):
+    """collio with hint ``cb_two_level=enable``: on several nodes (or emulated ones,
+    ``COLLIO_RANKS_PER_NODE``) ranks hand their pieces to local aggregators first.  Reads
+    shuffle (``mapped_reads=disable``), so that they go through the two levels too."""
+
+    name: ClassVar[str] = "collio-two-level"
+    extra_hints: ClassVar[dict[str, str]] = {"cb_two_level": "enable", "mapped_reads": "disable"}
+
+
+class CollioOneLevelApi(CollioApi):
+    """``collio-two-level``'s counterpart, ``cb_two_level=disable``: every rank sends to
+    the aggregators (reads shuffle too)."""
+
+    name: ClassVar[str] = "collio-one-level"
+    extra_hints: ClassVar[dict[str, str]] = {"cb_two_level": "disable", "mapped_reads": "disable"}
+
+
 class MpiioApi(Api):
     """ROMIO collective I/O: a file view from the layout, then ``Write_all`` / ``Read_all``."""
 
     name: ClassVar[str] = "mpiio"
     collective: ClassVar[bool] = True
+    #: The class whose ``Open`` makes the file: mpi4py's, or one with its methods.
+    file_class: ClassVar[Any] = MPI.File
 
     def setup(self) -> None:
         self.etype, self.ftype, self.disp = filetype(self.job.layout, self.job.comm)
@@ -125,7 +146,7 @@ class MpiioApi(Api):
 
     def open(self, writing: bool) -> None:
         amode = (MPI.MODE_CREATE | MPI.MODE_WRONLY) if writing else MPI.MODE_RDONLY
-        self.fh = MPI.File.Open(self.job.comm, self.job.path, amode, self.info)
+        self.fh = self.file_class.Open(self.job.comm, self.job.path, amode, self.info)
         if self.collective:
             self.fh.Set_view(self.disp, self.etype, self.ftype)
 
@@ -156,6 +177,14 @@ class MpiioTunedApi(MpiioApi):
 
     name: ClassVar[str] = "mpiio-tuned"
     extra_hints: ClassVar[dict[str, str]] = {"cb_nodes": "{nranks}", "cb_config_list": "*:*"}
+
+
+class CollioMpiApi(MpiioApi):
+    """``mpiio``'s very calls on :class:`collio.mpi.File` (the drop-in ``MPI.File``):
+    collio's two-phase engine behind MPI-IO's interface."""
+
+    name: ClassVar[str] = "collio-mpi"
+    file_class: ClassVar[Any] = CollioFile
 
 
 class MpiioIndepApi(MpiioApi):

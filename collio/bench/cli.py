@@ -16,6 +16,7 @@ collio-bench --flatten-speed
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -157,6 +158,9 @@ def _sim_options(sim: argparse._ArgumentGroup) -> None:
                           "file (hint mapped_reads)")  # fmt: skip
     sim.add_argument("--budget", type=int, default=10_000_000, help="pairs before sampling (1e7)")
     sim.add_argument(
+        "--cluster", help="cost model: k=v,... or a JSON file (names: collio.sim.Cluster)"
+    )
+    sim.add_argument(
         "--plan-speed", action="store_true", help="time planning 10^6 runs on one rank"
     )
     sim.add_argument(
@@ -238,7 +242,16 @@ def _list_apis() -> str:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from ..sim import SimConfig, format_sim, sim_json, simulate
+    from ..sim import (
+        Cluster,
+        SimConfig,
+        format_predictions,
+        format_sim,
+        predictions_json,
+        sim_json,
+        simulate,
+        strategies,
+    )
 
     if args.size is None and args.pattern != "ior":
         args.size = "1TiB"
@@ -253,11 +266,15 @@ def _simulate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     res = simulate(work, cfg)
     print(format_sim(work, res, args.ppn), flush=True)
+    cluster = dataclasses.replace(Cluster.parse(args.cluster), ppn=args.ppn)
+    rows = strategies(work, cfg, cluster)
+    print(format_predictions(rows, cluster), flush=True)
     if args.json:
         from .machine import command, describe
         from .report import write_json
 
         doc = {**sim_json(work, res), "command": command(), "machine": describe(".", mpi=False)}
+        doc["prediction"] = predictions_json(rows, cluster)
         write_json(args.json, doc)
     return 0
 

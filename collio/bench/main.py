@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..aggregators.nodes import ENV_RANKS_PER_NODE
 from ..errors import CollioError
 from .machine import CMA_CVAR, command, describe, single_copy
 from .patterns import human
@@ -218,7 +220,11 @@ def machine_facts(comm: MPI.Intracomm, path: str, copies: bool | str | None) -> 
     nodes = len(set(comm.allgather(MPI.Get_processor_name())))
     if comm.rank != 0:
         return {}
-    return {**describe(path), "single_copy": copies, "nodes": nodes}
+    # nodes as collio saw them when consecutive ranks were made nodes (tests, emulation)
+    return {
+        **describe(path), "single_copy": copies, "nodes": nodes,
+        "ranks_per_node_env": os.environ.get(ENV_RANKS_PER_NODE),
+    }  # fmt: skip
 
 
 def mpi_line(copies: bool | str | None) -> str:

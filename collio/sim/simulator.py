@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from .. import policy
 from ..aggregators import choose_aggregators, file_domains
+from ..aggregators.nodes import consecutive_nodes, local_groups, node_shape
 from ..bench.patterns import Workload
 from ..hints import Hints
 from ..layouts.strided import Blocks
@@ -46,7 +47,8 @@ PIECE_BYTES = 64
 class SimConfig:
     """Hints and backend properties the planner sees, plus the job's shape.
 
-    ``ppn`` ranks share a node (aggregators are spread over nodes); ``budget`` caps
+    ``ppn`` ranks share a node (0: all on one; aggregators are spread over nodes and
+    two-level aggregation groups each node's ranks, as in the engine); ``budget`` caps
     the (box, window) or (sub-box, domain) pairs evaluated before sampling;
     ``method`` forces ``explicit``, ``interval`` or ``sampled`` (tests) instead of ``auto``.
     ``local_fs``: the target is a posix file on a local file system, whose reads skip the
@@ -101,6 +103,18 @@ class SimResult:
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The direct path of a read copied from the mapped file (``SimConfig.local_fs``).
     mapped: bool = False
+    #: Nodes of the job, and two-level aggregation: local aggregators per node (0: one
+    #: level) and, per local aggregator, its ranks and their bytes (``msgs`` then count
+    #: the local aggregators that send to an aggregator in a round).
+    nnodes: int = 1
+    local_per_node: int = 0
+    group_ranks: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    group_bytes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    agg_nodes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def two_level(self) -> bool:
+        return self.local_per_node > 0 and not self.direct and self.nbytes > 0
 
     @property
     def path(self) -> Path:
@@ -227,6 +241,8 @@ def _used(cfg: SimConfig, res: SimResult) -> dict[str, Any]:
     used["backend_alignment"] = cfg.backend_alignment
     used["backend_min_window"] = cfg.backend_min_window
     used["window"] = res.window
+    used["nodes"] = res.nnodes
+    used["cb_local_aggregators"] = res.local_per_node
     return used
 
 
@@ -246,14 +262,20 @@ def _two_phase(
     blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig, ext: tuple[int, int], total: int
 ) -> SimResult:
     h = cfg.hints
-    ppn = cfg.ppn or work.nranks
-    nodes = np.arange(work.nranks, dtype=np.int64) // ppn
-    naggs = len(choose_aggregators(nodes, cb_nodes=h.cb_nodes, per_node=h.per_node()))
+    nodes = consecutive_nodes(work.nranks, cfg.ppn or work.nranks)
+    aggs = choose_aggregators(
+        nodes, cb_nodes=h.cb_nodes, per_node=h.per_node(), stripes=h.striping_factor
+    )
+    naggs = len(aggs)
+    nnodes, fullest = node_shape(nodes)
+    per = policy.two_level(h, nranks=work.nranks, nnodes=nnodes, fullest=fullest)
+    groups = local_groups(nodes, per) if per else None
     align = policy.domain_alignment(cfg.backend_alignment, h)
     bounds = file_domains(ext[0], ext[1], naggs, align)
     window = policy.round_window(
-        h, bounds, align=align, nranks=work.nranks, floor=cfg.backend_min_window
-    )
+        h, bounds, align=align, nranks=work.nranks, floor=cfg.backend_min_window,
+        sources=groups.ngroups if groups is not None else 0,
+    )  # fmt: skip
     nwin = int((-(-np.diff(bounds) // window)).sum())
     if nwin > _MAX_WINDOWS:
         raise ValueError(
@@ -262,8 +284,18 @@ def _two_phase(
         )
     grid = Grid.build(bounds, window)
     tiled = total == ext[1] - ext[0]
-    counts, method, evaluated = _evaluate(blocks, owner, grid, cfg.budget, cfg.method, tiled)
-    return _assemble(work, cfg, grid, counts, method, evaluated, tiled, total, ext)
+    # two levels: an aggregator hears from local aggregators, each sending its group's
+    # pieces of a window as the group's ranks' union
+    sources = groups.group[owner] if groups is not None else owner
+    counts, method, evaluated = _evaluate(blocks, sources, grid, cfg.budget, cfg.method, tiled)
+    res = _assemble(work, cfg, grid, counts, method, evaluated, tiled, total, ext)
+    res.nnodes, res.local_per_node, res.agg_nodes = nnodes, per, nodes[aggs]
+    if groups is not None:
+        res.group_ranks = np.bincount(groups.group, minlength=groups.ngroups).astype(np.int64)
+        res.group_bytes = np.bincount(
+            sources, weights=blocks.nbytes(), minlength=groups.ngroups
+        ).astype(np.int64)
+    return res
 
 
 def _evaluate(

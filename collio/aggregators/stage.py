@@ -1,0 +1,106 @@
+"""The intra-node stage of two-level aggregation (pure: numpy in, numpy out).
+
+A local aggregator receives the pieces of the ranks of its group (each rank's
+pieces already cut at file domains and round windows, :func:`plan_sender`), puts
+them in file order and sends them on to the file-domain aggregators as if they
+were its own runs.  Its "buffer" is virtual: piece ``i`` in file order sits at
+virtual position ``v[i]`` (the bytes before it), so runs that touch in the file
+merge into one.  Per round it holds only that round's bytes, in a staging buffer
+where each of its messages to a domain aggregator is one contiguous slice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import numpy.typing as npt
+
+from ..runs import Runs, merge
+from .plan import SenderPlan
+
+__all__ = ["Staging", "by_round", "leader_runs", "staging"]
+
+I64 = npt.NDArray[np.int64]
+
+
+def _exclusive_cumsum(values: I64) -> I64:
+    out = np.zeros(len(values), np.int64)
+    if len(values) > 1:
+        np.cumsum(values[:-1], out=out[1:])
+    return out
+
+
+def leader_runs(file: I64, length: I64) -> tuple[Runs, I64]:
+    """A local aggregator's runs from the pieces it received, and each piece's virtual
+    position (in the order received).
+
+    Pieces are put in file order (stable), each at its own virtual position, and
+    neighbours contiguous in the file are merged.
+    """
+    order = np.argsort(file, kind="stable")
+    ln = length[order]
+    v = _exclusive_cumsum(ln)
+    vpos = np.empty(len(order), np.int64)
+    vpos[order] = v
+    return merge(Runs(file[order], ln.astype(np.int64), v)), vpos
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Staging:
+    """Where a local aggregator's pieces sit in its per-round staging buffer.
+
+    ``sender`` is its stage-two plan with each piece's ``mem`` its position in the
+    staging buffer of its round; ``spos``/``sround`` are the staging position and the
+    round of every piece it received (in the order received); ``size`` is the largest
+    round's staging bytes.
+    """
+
+    sender: SenderPlan
+    spos: I64
+    sround: I64
+    size: int
+
+
+def staging(sp: SenderPlan, sround: I64, vpos: I64) -> Staging:
+    """Lay out each round's groups one after another in the staging buffer.
+
+    ``sp`` is the stage-two sender plan over virtual positions, ``sround`` the round
+    of each of its groups, ``vpos`` the virtual position of every received piece (a
+    received piece lies inside one piece of ``sp``: both are cut at the same domain
+    bounds and windows).
+    """
+    p = sp.pieces
+    ng = sp.ngroups
+    gsize = np.diff(sp.gstart)
+    gof = np.repeat(np.arange(ng, dtype=np.int64), gsize)
+    csum = _exclusive_cumsum(p.length)
+    within = csum - csum[sp.gstart[:-1]][gof] if len(p) else csum
+    gtot = np.bincount(gof, weights=p.length, minlength=ng).astype(np.int64)
+    # each round's groups in group order, from 0
+    gorder = np.argsort(sround, kind="stable")
+    start_sorted = _exclusive_cumsum(gtot[gorder])
+    round_sorted = sround[gorder]
+    first = np.searchsorted(round_sorted, round_sorted, side="left")
+    gstage = np.empty(ng, np.int64)
+    gstage[gorder] = start_sorted - start_sorted[first] if ng else start_sorted
+    mem = gstage[gof] + within
+    per_round = np.bincount(sround, weights=gtot).astype(np.int64) if ng else np.zeros(0, np.int64)
+    # the piece of ``sp`` holding each received piece: by virtual position
+    jorder = np.argsort(p.mem, kind="stable")
+    at = np.searchsorted(p.mem[jorder], vpos, side="right") - 1
+    j = jorder[np.maximum(at, 0)] if len(p) else np.zeros(0, np.int64)
+    spos = mem[j] + (vpos - p.mem[j]) if len(j) else np.zeros(0, np.int64)
+    srnd = sround[gof[j]] if len(j) else np.zeros(0, np.int64)
+    staged = dataclasses.replace(sp, pieces=Runs(p.file, p.length, mem))
+    size = int(per_round.max(initial=0))
+    return Staging(staged, spos.astype(np.int64), srnd.astype(np.int64), size)
+
+
+def by_round(rounds: I64, nrounds: int, key: I64 | None = None) -> tuple[I64, I64]:
+    """Indices ordered by round (then by ``key``, then as given), and where each of the
+    ``nrounds`` rounds starts (``nrounds + 1`` entries)."""
+    idx = np.arange(len(rounds), dtype=np.int64)
+    order = np.lexsort((idx, rounds) if key is None else (idx, key, rounds)).astype(np.int64)
+    counts = np.bincount(rounds, minlength=nrounds)[:nrounds]
+    return order, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)

@@ -1,0 +1,220 @@
+"""A cost model: the time of a collective write predicted from its simulated plan.
+
+Rounds are taken alike (each aggregator's bytes and messages spread evenly over the
+call's rounds); a round costs
+
+* ``messages``: every inter-node message costs ``message_seconds`` at the NIC of the
+  node that sends it and at the one that receives it; the busiest node sets the time;
+* ``injection``: the busiest node's inter-node bytes in or out over ``node_bandwidth``;
+* ``intra-node``: every message costs its receiving (and sending) process
+  ``intra_message_seconds``, and bytes that stay on a node are copied by their
+  receiver at ``intra_bandwidth``; two-level calls add the local aggregators' stage
+  (each receives its ranks' pieces of the round);
+* ``storage``: the slowest aggregator at ``aggregator_bandwidth``, or all of them at
+  ``targets`` x ``target_bandwidth``, whichever is slower.
+
+collio overlaps a round's storage with the next round's exchange (two round buffers);
+ROMIO's strategy does one after the other.  Sources of an aggregator are taken spread
+evenly over the nodes.  The defaults describe a typical cluster (see :class:`Cluster`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+
+from ..aggregators.select import AGGREGATOR_BANDWIDTH, STORAGE_TARGETS, TARGET_BANDWIDTH
+from ..bench.patterns import Workload, human
+from .simulator import SimConfig, SimResult, simulate
+
+__all__ = [
+    "STRATEGIES",
+    "Cluster",
+    "Prediction",
+    "format_predictions",
+    "predict",
+    "predictions_json",
+    "strategies",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cluster:
+    """What the cost model knows of a machine.
+
+    Defaults: 64 ranks per node; 25 GB/s per node (one 200 Gb/s InfiniBand HDR or
+    Slingshot port); 2 us per inter-node message (an MPI message's latency and software
+    cost on such networks); the storage collio's default aggregator count is made for
+    (:data:`~collio.aggregators.select.STORAGE_TARGETS` and its neighbours: 64 Lustre
+    OSTs of 4 GB/s, 2 GB/s per client process); on a node 5 us per message and 4 GB/s
+    per process copying (MPICH's shared-memory transport; not calibrated: see
+    docs/design.md).
+    """
+
+    ppn: int = 64
+    node_bandwidth: float = 25e9
+    message_seconds: float = 2e-6
+    target_bandwidth: float = TARGET_BANDWIDTH
+    targets: int = STORAGE_TARGETS
+    aggregator_bandwidth: float = AGGREGATOR_BANDWIDTH
+    intra_message_seconds: float = 5e-6
+    intra_bandwidth: float = 4e9
+
+    @classmethod
+    def parse(cls, text: str | None) -> Cluster:
+        """From ``k=v,k=v`` (names as the fields) or a JSON file of those names."""
+        if not text:
+            return cls()
+        if "=" not in text:
+            with open(text) as fh:
+                values: dict[str, Any] = json.load(fh)
+            values = values.get("cluster", values)
+        else:
+            values = dict(part.split("=", 1) for part in text.split(",") if part)
+        names = {f.name: f.type for f in dataclasses.fields(cls)}
+        bad = sorted(set(values) - set(names))
+        if bad:
+            raise ValueError(f"unknown cluster figures {', '.join(bad)}; known: {', '.join(names)}")
+        conv: dict[str, Any] = {
+            k: (int if names[k] == "int" else float)(v) for k, v in values.items()
+        }
+        return dataclasses.replace(cls(), **conv)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prediction:
+    """Seconds of one call and where they go (each term summed over the rounds)."""
+
+    strategy: str
+    rounds: int
+    messages: float
+    injection: float
+    intra: float
+    storage: float
+    overlapped: float  # storage hidden behind the next round's exchange
+    predicted_seconds: float
+    max_sources: int  # most messages an aggregator takes in one round
+    min_message: int  # smallest mean message from a source to an aggregator (bytes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _node_sum(values: np.ndarray[Any, Any], nodes: np.ndarray[Any, Any], nnodes: int) -> float:
+    return float(np.bincount(nodes, weights=values, minlength=nnodes).max(initial=0.0))
+
+
+def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True) -> Prediction:
+    """The predicted time of the simulated call ``res`` on cluster ``cl``."""
+    rounds = res.rounds
+    if res.direct or not rounds:
+        return _direct(res, cl, strategy)
+    has = res.agg_rounds > 0
+    nr = np.maximum(res.agg_rounds, 1)
+    per_agg = np.add.reduceat(res.msgs, res.rstart[:-1][has]) if len(res.msgs) else res.msgs
+    seen = np.diff(res.rstart)[has]
+    m = np.zeros(res.naggs)
+    m[has] = per_agg / np.maximum(seen, 1)  # mean sources per round
+    b = res.agg_bytes / nr  # bytes per round
+    n = max(res.nnodes, 1)
+    away = 1.0 - 1.0 / n  # share of an aggregator's sources on other nodes
+    nodes = res.agg_nodes
+    sent_msgs = float((m * away).sum()) / n  # each node sends an even share
+    sent_bytes = float((b * away).sum()) / n
+    nic = cl.message_seconds * (_node_sum(m * away, nodes, n) + sent_msgs)
+    inj = max(_node_sum(b * away, nodes, n), sent_bytes) / cl.node_bandwidth
+    senders = res.group_ranks if res.two_level else np.ones(max(res.nranks, 1))
+    per_sender = float(m.sum()) / len(senders)  # messages each source sends per round
+    proc = max(float(m.max(initial=0)), per_sender) * cl.intra_message_seconds
+    proc += float((b / n).max(initial=0)) / cl.intra_bandwidth
+    if res.two_level:  # the local aggregators' stage: their ranks' pieces of the round
+        gb = res.group_bytes / rounds
+        stage = res.group_ranks * cl.intra_message_seconds + gb / cl.intra_bandwidth
+        proc += float(stage.max(initial=0))
+    store = max(float(b.max(initial=0)) / cl.aggregator_bandwidth,
+                float(b.sum()) / (cl.targets * cl.target_bandwidth))  # fmt: skip
+    x = nic + inj + proc
+    if overlap:
+        total = x + (rounds - 1) * max(x, store) + store
+    else:
+        total = rounds * (x + store)
+    hidden = rounds * (x + store) - total
+    sizes = b[has] / np.maximum(m[has], 1)
+    return Prediction(
+        strategy, rounds, rounds * nic, rounds * inj, rounds * proc, rounds * store, hidden,
+        total, int(res.msgs.max(initial=0)), int(sizes.min()) if len(sizes) else 0,
+    )  # fmt: skip
+
+
+def _direct(res: SimResult, cl: Cluster, strategy: str) -> Prediction:
+    """Each rank writes its own runs: the storage terms only."""
+    per_rank = res.nbytes / max(res.nranks, 1)
+    store = max(per_rank / cl.aggregator_bandwidth,
+                res.nbytes / (cl.targets * cl.target_bandwidth))  # fmt: skip
+    return Prediction(strategy, 0, 0.0, 0.0, 0.0, store, 0.0, store, 0, 0)
+
+
+#: The strategies compared: collio in two levels, in one, and ROMIO's (one aggregator
+#: per node, ``cb_buffer_size`` rounds, no overlap of storage and exchange).
+STRATEGIES = ("collio two-level", "collio one-level", "ROMIO")
+
+
+def strategies(work: Workload, cfg: SimConfig, cl: Cluster) -> list[tuple[SimResult, Prediction]]:
+    """Simulate and predict ``work`` with :data:`STRATEGIES` (the hints of ``cfg`` otherwise)."""
+    h = cfg.hints
+    nnodes = -(-work.nranks // max(cfg.ppn or work.nranks, 1))
+    romio = h.replace(cb_nodes=nnodes, cb_config_list="*:1", min_rounds=1, cb_two_level="disable")
+    out = []
+    for name, hints in zip(
+        STRATEGIES,
+        (h.replace(cb_two_level="enable"), h.replace(cb_two_level="disable"), romio),
+        strict=True,
+    ):
+        res = simulate(work, dataclasses.replace(cfg, hints=hints))
+        out.append((res, predict(res, cl, name, overlap=name != "ROMIO")))
+    return out
+
+
+def format_predictions(rows: list[tuple[SimResult, Prediction]], cl: Cluster) -> str:
+    """Where the time goes, one line per strategy (seconds summed over the rounds)."""
+    nnodes = rows[0][0].nnodes if rows else 0
+    lines = [
+        f"predicted on {nnodes} nodes of {cl.ppn} ranks: {cl.node_bandwidth / 1e9:g} GB/s and "
+        f"{cl.message_seconds * 1e6:g} us per message per node, {cl.targets} storage targets "
+        f"x {cl.target_bandwidth / 1e9:g} GB/s, {cl.aggregator_bandwidth / 1e9:g} GB/s per "
+        f"aggregator; on a node {cl.intra_message_seconds * 1e6:g} us per message and "
+        f"{cl.intra_bandwidth / 1e9:g} GB/s per process",
+        f"{'strategy':<17} {'aggs':>6} {'local':>6} {'rounds':>6} {'msgs/rnd':>8} "
+        f"{'min msg':>9} {'messages':>9} {'inject':>7} {'on-node':>8} {'storage':>8} "
+        f"{'hidden':>7} {'predicted':>10}",
+    ]
+    for res, p in rows:
+        local = res.local_per_node * res.nnodes if res.two_level else 0
+        lines.append(
+            f"{p.strategy:<17} {res.naggs:>6} {local:>6} {p.rounds:>6} {p.max_sources:>8} "
+            f"{human(p.min_message):>9} {p.messages:>8.3f}s {p.injection:>6.3f}s "
+            f"{p.intra:>7.3f}s {p.storage:>7.3f}s {p.overlapped:>6.3f}s "
+            f"{p.predicted_seconds:>9.3f}s"
+        )
+    return "\n".join(lines)
+
+
+def predictions_json(rows: list[tuple[SimResult, Prediction]], cl: Cluster) -> dict[str, Any]:
+    """Every figure of the predictions: the cluster, and per strategy its plan's shape
+    and its terms (``predicted_seconds`` by strategy too)."""
+    out = []
+    for res, p in rows:
+        out.append({**p.as_dict(), "aggregators": res.naggs, "window": res.window,
+                    "two_level": res.two_level, "local_per_node": res.local_per_node,
+                    "nodes": res.nnodes, "plan_seconds": res.seconds})  # fmt: skip
+    return {
+        "cluster": cl.as_dict(),
+        "strategies": out,
+        "predicted_seconds": {p.strategy: p.predicted_seconds for _, p in rows},
+    }

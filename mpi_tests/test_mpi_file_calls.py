@@ -1,0 +1,304 @@
+"""collio.mpi.File against mpi4py's MPI.File (ROMIO) for everything but data access: the
+amode rules and their errors, sizes, views' offsets, pointers, hints, error handlers,
+the Python protocols; and collio's errors agreed on every rank.
+
+Each scenario runs once with each class, in the same run; what it observes (values, and
+the MPI error class of each error) must be the same, and so must the files it leaves.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import collio
+from collio import mpi
+
+RD, WR, RW = MPI.MODE_RDONLY, MPI.MODE_WRONLY, MPI.MODE_RDWR
+CREATE, EXCL, SEQ = MPI.MODE_CREATE, MPI.MODE_EXCL, MPI.MODE_SEQUENTIAL
+#: Calls where only ROMIO's rank 0 sees the error (rank 0 alone creates, preallocates;
+#: the others get ERR_OTHER or nothing): collio raises rank 0's error on every rank.
+ROMIO_RANK0 = ("excl", "preallocate rdonly")
+
+
+def outcome(fn):
+    """What a call did: ("ok", its value) or ("error", the MPI error class)."""
+    try:
+        return ("ok", fn())
+    except MPI.Exception as exc:
+        return ("error", exc.Get_error_class())
+
+
+def both(comm, tmp, scenario):
+    """``scenario(cls, comm, path)`` with each class on its own path; the observations
+    and the files left must be equal.  Returns collio's observations."""
+    seen = {}
+    for cls, name in ((MPI.File, "romio"), (mpi.File, "collio")):
+        path = str(tmp / f"{scenario.__name__}-{name}.bin")
+        seen[name] = scenario(cls, comm, path)
+        comm.Barrier()
+        seen[name + "-bytes"] = Path(path).read_bytes() if os.path.exists(path) else None
+        comm.Barrier()
+    for key in ROMIO_RANK0:
+        if key in seen["romio"]:
+            seen["romio"][key] = comm.bcast(seen["romio"][key], root=0)
+    for key in ("romio", "romio-bytes"):
+        mine = seen[key.replace("romio", "collio")]
+        assert mine == seen[key], f"{scenario.__name__}: collio {mine!r} != ROMIO {seen[key]!r}"
+    return seen["collio"]
+
+
+def opening(cls, comm, path):
+    out = {"missing": outcome(lambda: cls.Open(comm, path, RD))}
+    for name, amode in {
+        "rdonly|create": RD | CREATE, "rdonly|excl": RD | EXCL, "no access": CREATE,
+        "rdwr|sequential": RW | SEQ | CREATE, "two access": RD | WR,
+    }.items():  # fmt: skip
+        out[name] = outcome(lambda a=amode: cls.Open(comm, path, a))
+    cls.Open(comm, path, WR | CREATE).Close()
+    out["excl"] = outcome(lambda: cls.Open(comm, path, WR | CREATE | EXCL))
+    comm.Barrier()
+    if comm.rank == 0:
+        out["delete"] = outcome(lambda: cls.Delete(path))
+        out["delete again"] = outcome(lambda: cls.Delete(path))
+    comm.Barrier()
+    return out
+
+
+def sizes_and_modes(cls, comm, path):
+    fh = cls.Open(comm, path, RW | CREATE | MPI.MODE_UNIQUE_OPEN)
+    mine = np.arange(10, dtype=np.int32) + 100 * comm.rank
+    fh.Write_at(40 * comm.rank, mine)
+    comm.Barrier()
+    out = {
+        "size": fh.Get_size(), "props": (fh.size, fh.amode, fh.group_size, fh.group_rank),
+        "atomicity": (fh.Get_atomicity(), fh.atomicity), "amode": fh.Get_amode(),
+        "errhandler is ERRORS_RETURN": fh.Get_errhandler() == MPI.ERRORS_RETURN,
+        "pickle": _pickle(fh),
+    }  # fmt: skip
+    fh.Set_atomicity(True)
+    out["atomic"] = fh.Get_atomicity()
+    fh.Write_at(40 * comm.rank + 4, mine[:2])
+    fh.Set_atomicity(False)
+    fh.Set_size(40 * comm.size + 13)
+    out["set_size"] = fh.Get_size()
+    fh.Set_size(40 * comm.size - 6)  # (shrinks)
+    out["shrunk"] = fh.Get_size()
+    fh.Preallocate(7)
+    out["preallocate smaller"] = fh.Get_size()
+    fh.Preallocate(40 * comm.size + 100)
+    out["preallocate"] = fh.Get_size()
+    out["negative size"] = outcome(lambda: fh.Set_size(-1))
+    fh.Sync()
+    group = fh.Get_group()
+    out["group"] = MPI.Group.Compare(group, comm.Get_group())
+    group.Free()
+    fh.Close()
+    out["closed"] = (fh == MPI.FILE_NULL, bool(fh))
+    return out
+
+
+def _pickle(fh):
+    try:
+        pickle.dumps(fh)
+    except ValueError:
+        return "refused"
+    return "pickled"
+
+
+def refusals(cls, comm, path):
+    """What each amode forbids, and bad arguments."""
+    fh = cls.Open(comm, path, WR | CREATE)
+    out = {
+        "read wronly": outcome(lambda: fh.Read_at(0, bytearray(4))),
+        "read_all wronly": outcome(lambda: fh.Read_at_all(0, bytearray(4))),
+        "seek negative": outcome(lambda: fh.Seek(-1)),
+        "seek whence": outcome(lambda: fh.Seek(0, 99)),
+        "write at negative": outcome(lambda: fh.Write_at(-4, bytearray(4))),
+    }
+    fh.Write_at_all(8 * comm.rank, np.full(2, comm.rank, np.int32))
+    fh.Set_view(0, MPI.INT)
+    out["part of an etype"] = outcome(lambda: fh.Write(bytearray(3)))
+    fh.Close()
+    fh = cls.Open(comm, path, RD)
+    for name, call in {
+        "write rdonly": lambda: fh.Write_at(0, bytearray(4)),
+        "write_all rdonly": lambda: fh.Write_at_all(0, bytearray(4)),
+        "sync rdonly": fh.Sync,
+        "set_size rdonly": lambda: fh.Set_size(10),
+        "preallocate rdonly": lambda: fh.Preallocate(10),
+    }.items():
+        out[name] = outcome(call)
+    fh.Close()
+    fh = cls.Open(comm, path, WR | SEQ)
+    for name, call in {
+        "sequential seek": lambda: fh.Seek(0),
+        "sequential write_at": lambda: fh.Write_at(0, bytearray(4)),
+        "sequential get_position": fh.Get_position,
+        "sequential set_view disp 0": lambda: fh.Set_view(0),
+    }.items():
+        out[name] = outcome(call)
+    if comm.rank == 0:
+        fh.Write_shared(np.full(2, 7, np.int32))
+    comm.Barrier()
+    fh.Close()
+    return out
+
+
+def views_and_pointers(cls, comm, path):
+    fh = cls.Open(comm, path, RW | CREATE)
+    fh.Write_at_all(64 * comm.rank, np.arange(16, dtype=np.int32))
+    ft = MPI.INT.Create_vector(2, 1, 3).Commit()
+    try:
+        fh.Set_view(4 + 8 * comm.rank, MPI.INT, ft)
+        disp, et, got_ft, rep = fh.Get_view()
+        out = {
+            "view": (disp, et == MPI.INT, got_ft.Get_envelope(), rep),
+            "byte offsets": [fh.Get_byte_offset(i) for i in range(5)],
+            "type extent": fh.Get_type_extent(MPI.DOUBLE),
+        }
+        got_ft.Free()
+        fh.Seek(3)
+        fh.Seek(2, MPI.SEEK_CUR)
+        out["seek cur"] = fh.Get_position()
+        fh.Seek(-1, MPI.SEEK_END)
+        out["seek end"] = fh.Get_position()
+        fh.Seek_shared(2)
+        out["shared"] = fh.Get_position_shared()
+        comm.Barrier()  # (before any rank moves it again)
+        fh.Seek_shared(1, MPI.SEEK_CUR)
+        out["shared cur"] = fh.Get_position_shared()
+        comm.Barrier()
+    finally:
+        ft.Free()
+    fh.Close()
+    fh = cls.Open(comm, path, WR | MPI.MODE_APPEND)
+    out["append"] = (fh.Get_position(), fh.Get_position_shared())
+    comm.Barrier()
+    fh.Write_ordered(np.full(3, comm.rank + 1, np.int16))
+    fh.Close()
+    fh = cls.Open(comm, path, RD | MPI.MODE_DELETE_ON_CLOSE)
+    out["size at delete"] = fh.Get_size()
+    fh.Close()
+    out["deleted"] = os.path.exists(path)
+    cls.Open(comm, path, WR | CREATE).Close()  # (an empty file to compare)
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scenario", [opening, sizes_and_modes, refusals, views_and_pointers])
+def test_same_as_romio(comm, mpi_tmp_path, scenario):
+    both(comm, mpi_tmp_path, scenario)
+
+
+@pytest.mark.mpi
+def test_errors_are_mpi_and_collio_errors(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "missing.bin")
+    with pytest.raises(MPI.Exception) as caught:
+        mpi.File.Open(comm, path, RD)
+    exc = caught.value
+    assert isinstance(exc, collio.CollioError) and isinstance(exc, mpi.errors.ErrNoSuchFile)
+    assert exc.Get_error_class() == MPI.ERR_NO_SUCH_FILE and "missing.bin" in str(exc)
+    assert exc.Get_error_string() == MPI.Get_error_string(MPI.ERR_NO_SUCH_FILE)
+
+
+@pytest.mark.mpi
+def test_one_rank_wrong_raises_on_every_rank(comm, mpi_tmp_path):
+    """A collective call with one rank's arguments wrong raises the same error on every
+    rank, naming that rank; the file goes on working."""
+    path = str(mpi_tmp_path / "agreed.bin")
+    last = comm.size - 1
+    amode = RW | CREATE if comm.rank != last else RD | CREATE
+    with pytest.raises(mpi.errors.ErrAmode, match=f"rank {last}"):
+        mpi.File.Open(comm, path, amode)
+    fh = mpi.File.Open(comm, path, RW | CREATE)
+    offset = -8 if comm.rank == last else 8 * comm.rank
+    with pytest.raises(mpi.errors.ErrArg, match=f"rank {last}"):
+        fh.Write_at_all(offset, np.full(2, comm.rank, np.int32))
+    if comm.size > 1:
+        with pytest.raises(mpi.errors.ErrArg, match="inconsistent"):
+            fh.Set_size(100 + comm.rank)
+    req = fh.Iwrite_at_all(8 * comm.rank, np.full(2, comm.rank, np.int32))
+    req.Wait()
+    assert fh.Get_size() == 8 * comm.size
+    fh.Close()
+    want = np.repeat(np.arange(comm.size, dtype=np.int32), 2)
+    np.testing.assert_array_equal(np.fromfile(path, np.int32), want)
+
+
+@pytest.mark.mpi
+def test_error_handlers(comm, mpi_tmp_path):
+    """A user's handler is called with the error (then the call returns, as MPICH's do),
+    and by Call_errhandler."""
+    seen = {}
+    for cls in (MPI.File, mpi.File):
+        calls = []
+        handler = cls.Create_errhandler(
+            lambda f, code, calls=calls: calls.append(MPI.Get_error_class(code))
+        )
+        fh = cls.Open(comm, str(mpi_tmp_path / f"eh-{cls.__module__}.bin"), WR | CREATE)
+        fh.Set_errhandler(handler)
+        assert fh.Get_errhandler() == handler or cls is MPI.File
+        fh.Read_at(0, bytearray(4))  # (no error raised: the handler had it)
+        fh.Seek(-1)
+        fh.Call_errhandler(MPI.ERR_OTHER)
+        fh.Close()
+        handler.Free()
+        seen[cls] = calls
+    assert seen[mpi.File] == seen[MPI.File] == [MPI.ERR_ACCESS, MPI.ERR_ARG, MPI.ERR_OTHER]
+
+
+@pytest.mark.mpi
+def test_info_names_romio_hints(comm, mpi_tmp_path):
+    keys = {}
+    for cls in (MPI.File, mpi.File):
+        info = MPI.Info.Create({"cb_buffer_size": "65536", "cb_nodes": "1"})
+        fh = cls.Open(comm, str(mpi_tmp_path / f"i-{cls.__module__}.bin"), WR | CREATE, info)
+        info.Free()
+        got = fh.Get_info()
+        keys[cls] = {got.Get_nthkey(i): got.Get(got.Get_nthkey(i)) for i in range(got.Get_nkeys())}
+        got.Free()
+        new = MPI.Info.Create({"cb_buffer_size": "131072", "cb_nodes": str(comm.size)})
+        fh.Set_info(new)
+        new.Free()
+        got = fh.Get_info()
+        keys[cls, "set"] = (got.Get("cb_buffer_size"), got.Get("romio_aggregator_list"))
+        got.Free()
+        fh.Close()
+    for name in ("cb_buffer_size", "cb_nodes", "romio_cb_read", "romio_cb_write"):
+        assert keys[mpi.File][name] == keys[MPI.File][name], name
+    every = " ".join(str(r) for r in range(comm.size))  # (collio plans anew with cb_nodes)
+    assert keys[mpi.File, "set"] == ("131072", every)
+    assert "romio_aggregator_list" in keys[mpi.File]
+
+
+@pytest.mark.mpi
+def test_context_manager_and_drop_in_module(comm, mpi_tmp_path):
+    """``with`` closes (mpi4py's File has no context manager); ``collio.mpi.MPI`` is
+    mpi4py's module but for ``File``."""
+    path = str(mpi_tmp_path / "with.bin")
+    assert mpi.MPI.File is mpi.File and mpi.MPI.COMM_WORLD is MPI.COMM_WORLD
+    with mpi.MPI.File.Open(comm, path, WR | CREATE) as fh:
+        fh.Write_at_all(4 * comm.rank, np.int32([comm.rank]))
+    assert fh == MPI.FILE_NULL and not fh
+    with pytest.raises(mpi.errors.ErrFile):
+        fh.Get_size()
+    np.testing.assert_array_equal(np.fromfile(path, np.int32), np.arange(comm.size))
+
+
+@pytest.mark.mpi
+def test_ranks_writing_the_same_bytes_are_refused(comm, mpi_tmp_path):
+    """ROMIO lets ranks of one collective call write the same bytes (which rank's land is
+    undefined); collio raises ERR_ARG on every rank, naming them, and writes nothing."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path = str(mpi_tmp_path / "overlap.bin")
+    with mpi.File.Open(comm, path, WR | CREATE) as fh:
+        with pytest.raises(mpi.errors.ErrArg, match=r"bytes \[0, 4\) are written by ranks 0"):
+            fh.Write_at_all(0, np.full(4, comm.rank, np.uint8))
+        assert fh.Get_size() == 0

@@ -1,0 +1,181 @@
+"""Two-level aggregation on emulated nodes: the same bytes as one level and as ROMIO.
+
+In the suite (4, 1 and 3 ranks) each test sets ``COLLIO_RANKS_PER_NODE`` on every rank
+and works on a fresh duplicate of the world communicator (collio reads the node map
+once per communicator): 4 ranks as 2 nodes of 2 and as 3 + 1, 3 ranks as 2 + 1.  At 8
+ranks tests/test_two_level_jobs.py runs this file with the variable set to 4 and 2
+(2 and 4 nodes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from helpers import all_layouts, file_image, local_piece, reference
+from mpi4py import MPI
+
+import collio
+from collio.aggregators.nodes import ENV_RANKS_PER_NODE
+from collio.bench.patterns import make_workload
+from collio.hints import Hints
+from collio.sim import SimConfig, simulate
+from collio.testing.romio import romio_read, romio_write
+
+GIVEN = os.environ.get(ENV_RANKS_PER_NODE)
+
+
+def _per_node(size: int) -> list[int]:
+    """Ranks per emulated node for a job of ``size`` ranks (several nodes each)."""
+    if GIVEN:
+        return [int(GIVEN)]
+    return [k for k in (2, 3) if k < size]
+
+
+@pytest.fixture(params=_per_node(MPI.COMM_WORLD.size) or [0], ids=lambda k: f"ppn{k}")
+def nodes(request: pytest.FixtureRequest) -> Iterator[tuple[MPI.Intracomm, int]]:
+    """A fresh communicator whose ranks are ``k`` to an emulated node."""
+    k = request.param
+    if not k:
+        pytest.skip("one rank: a single node")
+    before = os.environ.get(ENV_RANKS_PER_NODE)
+    os.environ[ENV_RANKS_PER_NODE] = str(k)
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        yield comm, k
+    finally:
+        comm.Free()
+        if before is None:
+            os.environ.pop(ENV_RANKS_PER_NODE, None)
+        else:
+            os.environ[ENV_RANKS_PER_NODE] = before
+
+
+TWO = {"cb_two_level": "enable", "cb_min_message": 0, "mapped_reads": "disable"}
+HINTS = [
+    {"cb_buffer_size": 2048},
+    {"cb_nodes": 3, "cb_buffer_size": 1000, "cb_local_aggregators": 2},
+    {"romio_cb_write": "enable", "romio_cb_read": "enable", "striping_unit": 512},
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", HINTS, ids=["small-rounds", "3aggs-2local", "enable-stripe"])
+def test_every_decomposition_same_bytes_as_one_level_and_romio(nodes, mpi_tmp_path, hints):
+    comm, k = nodes
+    shape, dtype = (37, 45), "<f8"
+    glob = reference(shape, dtype)
+    base = str(mpi_tmp_path / f"k{k}")
+    for name, lay in all_layouts(comm, shape, dtype):
+        local = local_piece(glob, lay)
+        files = {}
+        for level, extra in (("two", TWO), ("one", {"cb_two_level": "disable"})):
+            files[level] = f"{base}-{level}-{name}.bin"
+            with collio.open(files[level], "w", comm=comm, hints={**hints, **extra}) as f:
+                f.write_all(local, lay)
+                wrote = dict(f.stats.last_call)
+                back = f.read_all(lay)
+                read = dict(f.stats.last_call)
+            np.testing.assert_array_equal(back, local, err_msg=f"{name} {level}")
+            assert wrote["nodes"] == read["nodes"] == -(-comm.size // k)
+            if level == "two":
+                for done in (wrote, read):  # (every shuffled call goes in two levels)
+                    assert done["two_level"] == (done["path"] == "two-phase"), name
+            else:
+                assert not wrote["two_level"] and not read["two_level"]
+        files["romio"] = f"{base}-romio-{name}.bin"
+        romio_write(files["romio"], local, lay, comm)
+        comm.Barrier()
+        images = {}
+        for level, path in files.items():
+            with open(path, "rb") as fh:
+                images[level] = fh.read()
+        assert images["two"] == images["one"] == images["romio"], name
+        assert images["two"] == file_image(glob, lay.order), name
+        np.testing.assert_array_equal(romio_read(files["two"], lay, comm), local, err_msg=name)
+        with collio.open(files["romio"], "r", comm=comm, hints={**hints, **TWO}) as f:
+            np.testing.assert_array_equal(f.read_all(lay), local, err_msg=name)
+            done = f.stats.last_call
+            assert done["two_level"] == (done["path"] == "two-phase"), name
+
+
+@pytest.mark.mpi
+def test_stats_report_nodes_and_hints(nodes, mpi_tmp_path):
+    comm, k = nodes
+    lay = collio.layouts.block((64, 64), "<f8", comm=comm, grid=(1, comm.size))
+    data = np.full(lay.shape, comm.rank, "<f8")
+    with collio.open(str(mpi_tmp_path / "s.bin"), "w", comm=comm, hints=TWO) as f:
+        f.write_all(data, lay)
+        h = f.stats.hints
+        assert h["nodes"] == -(-comm.size // k) and h["cb_two_level"] == "enable"
+        assert h["cb_local_aggregators"] == 1
+        # one local aggregator per node, its first rank; every rank aggregates while
+        # the ranks are fewer than the storage takes (storage_aggregators)
+        assert h["local_aggregator_ranks"] == list(range(0, comm.size, k))
+        assert h["aggregator_ranks"] == list(range(comm.size))
+        assert f.stats.last_call["two_level"] and f.stats.last_call["nodes"] == h["nodes"]
+        assert not f.stats.last_call["plan_reused"]
+        # the same call again: its two-level plan is kept, on a new buffer
+        f.write_all(data + 1, lay)
+        assert f.stats.last_call["plan_reused"] and f.stats.last_call["two_level"]
+        back = f.read_all(lay)
+        again = f.read_all(lay)
+        assert f.stats.last_call["plan_reused"] and f.stats.last_call["two_level"]
+        np.testing.assert_array_equal(back, data + 1)
+        np.testing.assert_array_equal(again, data + 1)
+    # automatic: too few ranks for two levels
+    with collio.open(str(mpi_tmp_path / "a.bin"), "w", comm=comm) as f:
+        f.write_all(data, lay)
+        assert f.stats.hints["cb_local_aggregators"] == 0
+        assert not f.stats.last_call["two_level"]
+
+
+CASES = [
+    ("colblock", "96x100", {"cb_buffer_size": 4096}),
+    ("cyclic", "64", {"cb_nodes": 3, "cb_buffer_size": 2048}),
+    ("block2d", "60", {"striping_unit": 1000, "cb_buffer_size": 3000}),
+    ("ior", None, {"cb_nodes": 2, "cb_buffer_size": 3333, "cb_local_aggregators": 2}),
+    ("colblock", "1024x1024", {"cb_min_message": 65536}),
+]  # fmt: skip
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("pattern", "size", "hints"), CASES)
+def test_simulated_counts_equal_real_stats(nodes, mpi_tmp_path, pattern, size, hints):
+    """The simulator's two-level plan is the real one: sources per aggregator and round,
+    bytes, rounds, requests and the window."""
+    comm, k = nodes
+    work = make_workload(
+        pattern, comm.size, size=size, block_size=1000, transfer=500, segments=16, cyclic_block=4
+    )
+    h = {"cb_min_message": 0, **hints, "cb_two_level": "enable", "mapped_reads": "disable"}
+    lay = work.layout(comm.rank)
+    for writing in (True, False):
+        sim = simulate(work, SimConfig(hints=Hints.coerce(h), ppn=k, writing=writing))
+        path = str(mpi_tmp_path / f"{pattern}.bin")
+        with collio.open(path, "w" if writing else "r", comm=comm, hints=h) as f:
+            if writing:
+                f.write_all(work.data(comm.rank), lay)
+            else:
+                assert np.array_equal(f.read_all(lay), work.data(comm.rank))
+            stats = f.stats
+        locals_ = comm.allgather(stats.local)
+        if sim.direct:  # (large disjoint pieces: no shuffle, on one level or two)
+            assert stats.last_call["path"] == "direct" and not stats.last_call["two_level"]
+            continue
+        assert sim.two_level and stats.last_call["two_level"]
+        aggs = sorted((d for d in locals_ if d.get("domain", -1) >= 0), key=lambda d: d["domain"])
+        msgs = np.array([m for d in aggs for m in d["messages"]], np.int64)
+        reqs = np.array([r for d in aggs for r in d["requests"]], np.int64)
+        np.testing.assert_array_equal(msgs, sim.msgs)
+        np.testing.assert_array_equal(reqs, sim.requests)
+        assert [d["bytes"] for d in aggs] == sim.agg_bytes.tolist()
+        assert stats.messages == int(sim.msgs.sum()) and stats.rounds == sim.rounds
+        assert stats.last_call["window"] == sim.window
+        assert stats.hints["cb_local_aggregators"] == sim.local_per_node
+        # each local aggregator takes one message per rank of its group with bytes in a round
+        ranks = [len(d.get("local_messages", [])) for d in locals_]
+        assert sum(ranks) <= sim.rounds * len(sim.group_ranks)
+    comm.Barrier()
