@@ -190,7 +190,10 @@ def pack_uniform(
         mat = buf[first : first + rows * length].reshape(rows, length)
         np.take(mat, rel // length, axis=0, out=dest, mode="clip")  # (in range: no buffering)
     else:
-        win = np.lib.stride_tricks.sliding_window_view(buf[first:], length)
+        # (a view over only the bytes the runs reach: a batch's buffer spans every
+        # item's address, and rows over all of it may hold more bytes than numpy counts)
+        stop = int(offsets.max()) + length
+        win = np.lib.stride_tricks.sliding_window_view(buf[first:stop], length)
         dest[...] = win[rel]
     return dest.reshape(-1)
 

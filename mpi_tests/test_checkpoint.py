@@ -185,3 +185,28 @@ def test_torch_cpu_tensor(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
     got = ckpt.load(path, {"w": None, "b": None}, comm=comm)
     assert got["w"].tobytes() == glob.numpy().tobytes()
     assert got["b"].tobytes() == np.ones(3, "<f4").tobytes()
+
+
+@pytest.mark.mpi
+def test_benchmark_stops_every_rank_when_the_resharded_load_fails(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """The benchmark times a load on all ranks but the last: when it fails there, every
+    rank of the job raises that error (the last one does not wait in the timing's
+    allreduce for ranks that never come), and the job goes on."""
+    from collio.bench.checkpoint import _timed
+
+    missing = _path(comm, mpi_tmp_path, "missing.ckpt")
+    sub = comm.Split(0 if comm.rank < max(comm.size - 1, 1) else MPI.UNDEFINED, comm.rank)
+
+    def load_sub() -> None:
+        if sub != MPI.COMM_NULL:
+            ckpt.load(missing, {"w": None}, comm=sub)
+
+    try:
+        err = raises_everywhere(comm, collio.CollioError, lambda: _timed(comm, load_sub))
+    finally:
+        if sub != MPI.COMM_NULL:
+            sub.Free()
+    assert "missing.ckpt" in str(err) and "rank 0" in str(err)
+    assert _timed(comm, lambda: None) >= 0.0

@@ -19,6 +19,7 @@ from mpi4py import MPI
 import collio
 from collio import layouts
 from collio.backends import posix
+from collio.testing.guarded import far_apart
 from collio.testing.romio import romio_read
 
 pytestmark = pytest.mark.mpi(min_size=1)
@@ -191,3 +192,25 @@ def test_overlapping_read_with_a_run_longer_than_the_window(comm, mpi_tmp_path, 
         got = f.read_all(layouts.Segments(offs, lens))
         assert f.stats.mapped_bytes == sum(lens) * comm.size
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_batch_into_memory_terabytes_apart(comm, mpi_tmp_path):
+    """read_all_many of two items whose arrays lie terabytes apart on the last rank
+    alone (a heap array beside a mapped one), their runs of 256 KiB alternating in
+    the file: every rank's bytes land, copied from the map.  The copy once built a
+    view of rows over the batch's whole span there, which numpy refused on that rank."""
+    size, k, r = 256 << 10, 12, comm.rank
+    path = str(mpi_tmp_path / "target.bin")
+    data = np.random.default_rng(47).integers(0, 256, 2 * k * size * comm.size, dtype=np.uint8)
+    if r == 0:
+        data.tofile(path)
+    comm.Barrier()
+    first = (2 * k * r + 2 * np.arange(k)) * size  # item 0's runs; item 1's follow each
+    lays = [layouts.Segments(first + j * size, np.full(k, size)) for j in (0, 1)]
+    outs = far_apart(k * size, 3 << 44) if r == comm.size - 1 else None
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        got = f.read_all_many(lays, out=outs)
+        assert f.stats.mapped_bytes == 2 * k * size * comm.size
+    rows = data.reshape(-1, size)[2 * k * r : 2 * k * (r + 1)]
+    for j in (0, 1):
+        np.testing.assert_array_equal(got[j].reshape(-1, size), rows[j::2])

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from collio.backends.mapped import FEW, copyable, fs_name, read_mapped
+from collio.batch import span
 from collio.runs import Runs
+from collio.testing.guarded import far_apart
 
 SIZE = 1 << 20
 
@@ -140,3 +142,27 @@ def test_zero_length_runs_are_skipped(blob):
     out = np.full(40, 0xEE, np.uint8)
     read_mapped(fd, runs, out)
     np.testing.assert_array_equal(out, _reference(data, runs, 40))
+
+
+def test_runs_into_memory_terabytes_apart(tmp_path):
+    """A batch's buffer spans its items' addresses (collio.batch): a heap array and a
+    mapped one lie terabytes apart.  Runs of 256 KiB alternating between two such items
+    land byte for byte; a view of rows over the whole span would count more bytes than
+    numpy can (it raised ``ValueError: array is too big``)."""
+    size, k = 256 << 10, 24
+    data = np.random.default_rng(8).integers(0, 256, k * size, dtype=np.uint8)
+    path = tmp_path / "runs.bin"
+    data.tofile(path)
+    a, b = far_apart(k // 2 * size, 3 << 44)
+    lo = a.ctypes.data
+    whole = span(lo, b.ctypes.data + len(b) - lo, writable=True, holds=(a, b))
+    half = np.arange(k) // 2 * size
+    mem = np.where(np.arange(k) % 2 == 0, half, b.ctypes.data - lo + half)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read_mapped(fd, _runs(np.arange(k) * size, np.full(k, size), mem), whole)
+    finally:
+        os.close(fd)
+    rows = data.reshape(k, size)
+    np.testing.assert_array_equal(a.reshape(-1, size), rows[0::2])
+    np.testing.assert_array_equal(b.reshape(-1, size), rows[1::2])

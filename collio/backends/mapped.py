@@ -140,9 +140,36 @@ def _copy_uniform(
         pack_uniform(src, rel, size, out[int(mem[0]) :])
         return
     got = np.lib.stride_tricks.sliding_window_view(src, size)[rel]  # (k, size), a copy
-    # each run's own bytes of `out`: rows of a view whose rows overlap, written where
-    # the runs' memory lies (runs never share a byte of memory, so no write aliases)
+    # a batch's ``out`` spans every item's address (collio.batch): items in different
+    # mappings lie terabytes apart, and a view of rows over all of it has more bytes than
+    # numpy can count; so one view per stretch of at most ``reach`` bytes holding runs
+    # (one per far-apart allocation, not per run)
+    reach = max(1, _VIEW_BYTES // size)
+    lo = int(mem.min())
+    if int(mem.max()) - lo < reach:
+        _scatter(out, lo, mem, got, size)
+        return
+    part = (mem - lo) // reach
+    order = np.argsort(part, kind="stable")
+    cuts = np.flatnonzero(np.diff(part[order])) + 1
+    for pick in np.split(order, cuts):
+        _scatter(out, int(mem[pick].min()), mem[pick], got[pick], size)
+
+
+#: Most bytes a strided view of rows over memory may count (numpy's limit is 2**63).
+_VIEW_BYTES = 1 << 61
+
+
+def _scatter(
+    out: npt.NDArray[np.uint8], lo: int, mem: npt.NDArray[np.int64],
+    got: npt.NDArray[np.uint8], size: int,
+) -> None:  # fmt: skip
+    """Write row ``i`` of ``got`` to ``out[mem[i] : mem[i] + size]`` (all ``mem >= lo``)."""
+    hi = int(mem.max()) + size
+    # each run's own bytes of `out`: rows of a view whose rows overlap, over only the
+    # range the runs touch, written where the runs' memory lies (runs never share a
+    # byte of memory, so no write aliases)
     slots = np.lib.stride_tricks.as_strided(
-        out, shape=(len(out) - size + 1, size), strides=(out.strides[0], out.strides[0])
+        out[lo:hi], shape=(hi - lo - size + 1, size), strides=(out.strides[0], out.strides[0])
     )
-    slots[mem] = got
+    slots[mem - lo] = got

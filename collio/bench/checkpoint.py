@@ -21,6 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import checkpoint as ckpt
+from ..collective import Attempt, agree
 from ..hints import parse_size
 from . import ckpt_peers as peers
 
@@ -41,10 +42,16 @@ TARGETS = (
 
 
 def _timed(comm: MPI.Intracomm, fn: Callable[[], Any]) -> float:
+    """Collective over `comm`: the slowest rank's time of ``fn``; an error on some ranks
+    (the resharded load fails on its sub-communicator's ranks alone) is raised on all,
+    so none waits in a collective the failed ranks never reach."""
     comm.Barrier()
     t0 = time.perf_counter()
-    fn()
+    step = Attempt()
+    with step:
+        fn()
     mine = time.perf_counter() - t0
+    agree(comm, step.error, what="collio-bench checkpoint")
     return float(comm.allreduce(mine, op=MPI.MAX))
 
 

@@ -221,18 +221,6 @@ def _read(f: File, wanted: list[tuple[str, ArrayLayout]], offs: list[int], every
     return arrays
 
 
-def _read_hints(hints: Any) -> Any:
-    """The user's hints; ``mapped_reads`` off unless they chose it: the mapped copy of
-    uniform runs fails on one rank alone for some resharded batches (a hang), which the
-    shuffle's path does not."""
-    from ..hints import Hints
-
-    parsed = Hints.coerce(hints)
-    if parsed.mapped_reads != "automatic":
-        return parsed
-    return parsed.replace(mapped_reads="disable")
-
-
 def load(
     target: Any,
     spec: Mapping[str, Any],
@@ -251,7 +239,7 @@ def load(
     :class:`~collio.LayoutError` on every rank before any data is read.
     """
     base = MPI.COMM_WORLD if comm is None else comm
-    with _open(target, "r", comm=base, hints=_read_hints(hints), **options) as f:
+    with _open(target, "r", comm=base, hints=hints, **options) as f:
         index = _read_index(f)
         step = Attempt()
         wanted: list[tuple[str, ArrayLayout]] = []
