@@ -49,18 +49,7 @@ def _state() -> dict[str, Any]:
 
 
 def _object(url: str, target: str) -> tuple[bytes | None, list[str]]:
-    out = None
-    if COMM.rank == 0:
-        c = boto3.client("s3", endpoint_url=url)
-        key = target.split("/", 3)[3]
-        try:
-            data = c.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-        except c.exceptions.NoSuchKey:
-            data = None
-        ups = [u["Key"] for u in c.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])]
-        out = (data, ups)
-    got: tuple[bytes | None, list[str]] = COMM.bcast(out, root=0)
-    return got
+    return s3testing.stored(COMM, url, BUCKET, target.split("/", 3)[3])
 
 
 @pytest.mark.mpi

@@ -52,16 +52,7 @@ def _opts(url, **kw):
 
 def _stored(url, key):
     """The object's bytes (None if absent) and the open multipart uploads, on every rank."""
-    out = None
-    if COMM.rank == 0:
-        c = boto3.client("s3", endpoint_url=url)
-        try:
-            data = c.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-        except c.exceptions.NoSuchKey:
-            data = None
-        ups = [u["Key"] for u in c.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])]
-        out = (data, ups)
-    return COMM.bcast(out, root=0)
+    return s3testing.stored(COMM, url, BUCKET, key)
 
 
 def _put(url, key, data):

@@ -36,9 +36,28 @@ __all__ = [
     "shared_moto",
     "shared_proxy",
     "start_moto",
+    "stored",
 ]
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "te"}
+
+
+def stored(comm: Any, url: str, bucket: str, key: str) -> tuple[bytes | None, list[str]]:
+    """Collective: the object's bytes (None if absent) and the keys of the bucket's open
+    multipart uploads, read by rank 0 with boto3 (bypassing collio), on every rank."""
+    out = None
+    if comm.Get_rank() == 0:
+        import boto3
+
+        c = boto3.client("s3", endpoint_url=url)
+        try:
+            data: bytes | None = c.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except c.exceptions.NoSuchKey:
+            data = None
+        ups = [u["Key"] for u in c.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+        out = (data, ups)
+    got: tuple[bytes | None, list[str]] = comm.bcast(out, root=0)
+    return got
 
 
 def fake_credentials() -> None:
