@@ -20,7 +20,7 @@ from .collective import Attempt, agree
 from .errors import LayoutError, MismatchError
 from .file import File
 from .file import open as _open
-from .layouts.arrays import ArrayLayout
+from .layouts.arrays import ArrayLayout, array_layout
 from .layouts.base import Segments
 
 __all__ = ["save_npy", "load_npy", "npy_header"]
@@ -65,15 +65,10 @@ def npy_header(shape: tuple[int, ...], dtype: Any, order: str = "C") -> bytes:
 
 
 def _check(layout: Any) -> ArrayLayout:
-    if not isinstance(layout, ArrayLayout):
-        raise LayoutError(
-            f".npy files need an array layout (Subarray, block, block_cyclic, a subarray or "
-            f"darray datatype), not {type(layout).__name__}"
-        )
-    layout.validate()
-    if layout.offset:
-        raise LayoutError(f"layout offset {layout.offset}: .npy data starts after the header")
-    return layout
+    checked = array_layout(layout, "a .npy file")
+    if checked.offset:
+        raise LayoutError(f"layout offset {checked.offset}: .npy data starts after the header")
+    return checked
 
 
 def _at(layout: ArrayLayout, offset: int) -> ArrayLayout:

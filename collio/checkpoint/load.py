@@ -15,7 +15,7 @@ from ..collective import Attempt, agree
 from ..errors import ChecksumError, LayoutError
 from ..file import File
 from ..file import open as _open
-from ..layouts.arrays import ArrayLayout
+from ..layouts.arrays import ArrayLayout, array_layout
 from ..layouts.base import Segments
 from . import extents, format
 from .save import item, spans
@@ -142,11 +142,7 @@ def _layouts(index: format.Index, spec: Mapping[str, Any]) -> list[tuple[str, Ar
             shape = (1,)
         if lay is None:
             lay = whole(shape, dtype, order)
-        if not isinstance(lay, ArrayLayout):
-            raise LayoutError(
-                f"array {name!r}: spec gives {type(lay).__name__}, not an array layout"
-            )
-        lay.validate()
+        lay = array_layout(lay, f"array {name!r}: a spec")
         if (lay.global_shape, lay.dtype, lay.order) != (shape, dtype, order):
             raise LayoutError(
                 f"array {name!r}: stored shape {shape} dtype {dtype.str} order {order}; layout "

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LayoutError
-from ..layouts.arrays import ArrayLayout, Subarray
+from ..layouts.arrays import ArrayLayout, Subarray, array_layout
 from ..layouts.base import Layout
 
 __all__ = ["Entry", "as_array", "flatten_state", "whole"]
@@ -70,12 +70,7 @@ class Entry:
 def _entry(name: str, value: Any) -> Entry:
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Layout):
         data, lay = value
-        if not isinstance(lay, ArrayLayout):
-            raise LayoutError(
-                f"entry {name!r}: a checkpoint needs an array layout (Subarray, block, "
-                f"block_cyclic, a subarray or darray datatype), not {type(lay).__name__}"
-            )
-        lay.validate()
+        lay = array_layout(lay, f"entry {name!r}: a checkpoint")
         if lay.offset:
             raise LayoutError(f"entry {name!r}: layout offset {lay.offset}; the save places it")
         arr = as_array(data)

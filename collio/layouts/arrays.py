@@ -21,7 +21,7 @@ from ..runs import Runs, read_only
 from .base import Layout
 from .strided import Blocks
 
-__all__ = ["DimSet", "ArrayLayout", "Subarray", "BlockCyclic", "numroc"]
+__all__ = ["DimSet", "ArrayLayout", "Subarray", "BlockCyclic", "array_layout", "numroc"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -332,3 +332,16 @@ class BlockCyclic(ArrayLayout):
     def indices(self) -> tuple[np.ndarray[Any, np.dtype[np.int64]], ...]:
         """Global indices held, per dimension, in local order."""
         return tuple(d.indices() for d in self.dims)
+
+
+def array_layout(layout: Any, who: str) -> ArrayLayout:
+    """``layout``, validated, when it is an array layout; else a LayoutError that names
+    ``who`` (a .npy file, a checkpoint entry: targets that store a global shape, which
+    byte segments do not have)."""
+    if not isinstance(layout, ArrayLayout):
+        raise LayoutError(
+            f"{who} needs an array layout (Subarray, block, block_cyclic, a subarray or "
+            f"darray datatype), not {type(layout).__name__}"
+        )
+    layout.validate()
+    return layout
