@@ -158,11 +158,13 @@ def test_async_save_holds_the_values_at_the_call(comm: MPI.Intracomm, mpi_tmp_pa
         f.write_all(np.full(4, comm.rank, "<i8"), layouts.block((4 * comm.size,), "<i8", comm=comm))
     h.wait()
     assert h.done()
+    spec = model.load_spec(comm.rank, comm.size)
+    # the first save's own content, before later saves replace it: the values at the call
+    _check_loaded(comm, ckpt.load(path, spec, comm=comm), spec)
     again = ckpt.async_save(path, model.save_state(comm.rank, comm.size), comm=comm)
     third = ckpt.async_save(path, model.save_state(comm.rank, comm.size), comm=comm)  # waits
     assert again.done()
     third.wait()
-    spec = model.load_spec(comm.rank, comm.size)
     _check_loaded(comm, ckpt.load(path, spec, comm=comm), spec)
 
 
