@@ -241,7 +241,10 @@ def _plan(
         if leader == rank:
             lay = staging(plan.sender, plan.sround, vpos)
             back = lay.sround
-    rounds, _ = alltoallv_i64(comm, back, np.bincount(src, minlength=size), what=what)
+    # a leader whose staging failed sends nothing (its buffer is empty); the error is
+    # agreed right after, so its members' counts of zero are never used
+    counts = np.bincount(src, minlength=size) if back is not _NONE else np.zeros(size, np.int64)
+    rounds, _ = alltoallv_i64(comm, back, counts, what=what)
     with step:
         order, starts = by_round(rounds, plan.nrounds)
         staged = _Staged(comm, _NOBYTES, leader, pieces, order, starts, _NOBYTES)

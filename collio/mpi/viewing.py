@@ -130,6 +130,10 @@ class Views(State):
             refusal = self._amode.refuse("Seek_shared", writing=None)
             if refusal is None and whence not in _WHENCE:
                 refusal = ErrArg(f"Seek_shared: invalid whence argument {whence!r}")
+            if refusal is None and not isinstance(offset, (int, np.integer)):
+                # refused into the agreement: raised here, by this rank alone, the others
+                # would wait in it
+                refusal = ErrArg(f"Seek_shared: offset must be an integer, not {offset!r}")
             value = (int(offset), int(whence)) if refusal is None else None
             out = self._agreed("Seek_shared", refusal, same_slots(value))
             settle_same(self._comm, value, out, what="Seek_shared")
