@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from .errors import LayoutError, OverlapError, classify, make_error
 from .layouts.base import Layout
-from .runs import Runs, merge
+from .runs import Runs, first_overlap, merge
 
 __all__ = ["Gathered", "gather", "items_count", "span"]
 
@@ -155,13 +155,9 @@ def _refuse_shared_memory(addr: I64, ends: I64, item: npt.NDArray[np.intp]) -> N
 
 def _refuse_overlap(file: I64, length: I64, item: I64) -> None:
     """Raise :class:`OverlapError` naming the items when two runs share a byte."""
-    if len(file) < 2:
+    i = first_overlap(file, length)
+    if i < 0:
         return
-    reach = np.maximum.accumulate(file + length)
-    bad = np.flatnonzero((file[1:] < reach[:-1]) & (length[1:] > 0))
-    if not len(bad):
-        return
-    i = int(bad[0]) + 1
     j = int(np.argmax((file[:i] + length[:i]) > file[i]))  # an earlier run reaching past it
     lo, hi = int(file[i]), int(min(file[i] + length[i], file[j] + length[j]))
     a, b = sorted((int(item[j]), int(item[i])))
