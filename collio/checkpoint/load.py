@@ -239,11 +239,11 @@ def load(
         index = _read_index(f)
         step = Attempt()
         wanted: list[tuple[str, ArrayLayout]] = []
-        with step:
+        with step:  # (a layout's runs may be built here first: a rank's error is agreed)
             wanted = _layouts(index, spec)
+            mine = spans([lay for _, lay in wanted])
         agree(f.comm, step.error, what="checkpoint.load")
         offs = [int(index.arrays[name]["offset"]) for name, _ in wanted]
-        mine = spans([lay for _, lay in wanted])
         every = np.empty((f.comm.Get_size(), *mine.shape), np.int64)
         f.comm.Allgather(mine, every)
         got = _read(f, wanted, offs, every)

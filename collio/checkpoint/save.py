@@ -136,18 +136,23 @@ def prepare(
             entries[k] = entries[k].skipped()
     shapes = [e.layout.global_nbytes for e in entries]
     offsets, end = format.place(shapes)
-    mine = spans([e.layout for e in entries])
+    step = Attempt()
+    with step:  # (a layout's runs may be built here first: a rank's error is agreed)
+        mine = spans([e.layout for e in entries])
+    agree(comm, step.error, what="checkpoint.save")
     every = np.empty((size, *mine.shape), np.int64)
     comm.Allgather(mine, every)
     step = Attempt()
     with step:
-        covered = every[:, :, 3]
-        for k, e in enumerate(entries):
-            total = int(covered[:, k].sum())
-            if total != shapes[k] and not e.replicated:
-                raise LayoutError(
-                    f"entry {e.name!r}: the ranks' pieces hold {total} bytes, the array {shapes[k]}"
-                )
+        total = every[:, :, 3].sum(axis=0)
+        sharded = ~np.array([e.replicated for e in entries], bool)
+        short = np.flatnonzero((total != np.array(shapes, np.int64)) & sharded)
+        if len(short):
+            k = int(short[0])
+            raise LayoutError(
+                f"entry {entries[k].name!r}: the ranks' pieces hold {int(total[k])} bytes, "
+                f"the array {shapes[k]}"
+            )
     agree(comm, step.error, what="checkpoint.save")
     flat = [bool(x) for x in np.atleast_1d(every[:, :, 2].all(axis=0))]
     return Plan(entries, offsets, end, every, flat, meta)
@@ -236,8 +241,11 @@ def write(
     the data goes first, is read back for its checksums, and the index follows.
     """
     rank = comm.Get_rank()
-    if len(plan.starts) != len(plan.entries):
-        plan.plan_extents()
+    step = Attempt()
+    with step:  # (on async_save's thread too: a rank failing alone must not strand the rest)
+        if len(plan.starts) != len(plan.entries):
+            plan.plan_extents()
+    agree(comm, step.error, what="checkpoint.save")
     with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
         head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
         items: list[Any] = [(head, Segments([0], [len(head)]))]
