@@ -22,9 +22,26 @@ from .state import Entry
 __all__ = ["SaveHandle", "async_save"]
 
 _lock = threading.Lock()
-_dups: dict[int, MPI.Intracomm] = {}
-_running: dict[int, SaveHandle] = {}
+_keyval: int | None = None
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+class _Background:
+    """What a user communicator keeps for its async saves (an MPI attribute of it, not a
+    table keyed by its handle: MPI reuses a freed communicator's handle, and a later
+    communicator must not find the earlier one's duplicate)."""
+
+    def __init__(self, dup: MPI.Intracomm) -> None:
+        self.dup = dup
+        self.running: SaveHandle | None = None
+
+
+def _delete(comm: Any, keyval: int, value: Any) -> None:
+    try:
+        if isinstance(value, _Background) and value.dup != MPI.COMM_NULL:
+            value.dup.Free()
+    except Exception:  # noqa: BLE001 - never raise from an MPI callback
+        pass
 
 
 class SaveHandle:
@@ -44,16 +61,18 @@ class SaveHandle:
         self._future.result()
 
 
-def _background(comm: MPI.Intracomm) -> MPI.Intracomm:
+def _background(comm: MPI.Intracomm) -> _Background:
     """Collective the first time per communicator: the duplicate the thread saves on."""
-    key = comm.py2f()
+    global _keyval
     with _lock:
-        dup = _dups.get(key)
-    if dup is None:
-        dup = comm.Dup()
-        with _lock:
-            _dups[key] = dup
-    return dup
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
+        kept = comm.Get_attr(_keyval)
+    if isinstance(kept, _Background):
+        return kept
+    kept = _Background(comm.Dup())
+    comm.Set_attr(_keyval, kept)
+    return kept
 
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
@@ -95,16 +114,13 @@ def async_save(
     (its error stays with its handle's :meth:`~SaveHandle.wait`).
     """
     base = MPI.COMM_WORLD if comm is None else comm
-    key = base.py2f()
-    with _lock:
-        previous = _running.get(key)
+    kept = _background(base)
+    previous = kept.running
     if previous is not None:
         concurrent.futures.wait([previous._future])
-    dup = _background(base)
     plan = prepare(base, state, metadata)
     staged = _stage(plan)
-    future = _executor().submit(write, dup, target, plan, hints, dict(options))
+    future = _executor().submit(write, kept.dup, target, plan, hints, dict(options))
     handle = SaveHandle(future, staged)
-    with _lock:
-        _running[key] = handle
+    kept.running = handle
     return handle
