@@ -313,6 +313,13 @@ class DataAccess(State):
                 refusal = exc
         core = self._core
         comm: MPI.Intracomm = self._comm
+        rank = comm.Get_rank()
+        start = 0
+        if refusal is None and rank == 0:
+            try:  # (the pointer's file: an OSError here is agreed in the head, not raised alone)
+                start = self._shared.get()
+            except Exception as exc:
+                refusal = exc
         failed, _ = core.head("sync", failed=refusal is not None, subject=call)
         if failed:
             try:
@@ -320,15 +327,17 @@ class DataAccess(State):
             except BaseException as exc:
                 core.failed(exc, writing=writing)
                 raise
-        rank = comm.Get_rank()
-        start = self._shared.get() if rank == 0 else 0
         mine = np.array([start + n if rank == 0 else n], np.int64)
         before = np.zeros(1, np.int64)
         comm.Exscan([mine, MPI.INT64_T], [before, MPI.INT64_T], op=MPI.SUM)
         offset = start if rank == 0 else int(before[0])
+        moved: BaseException | None = None
         if rank == comm.Get_size() - 1:  # (its end is the next pointer; the call's last
-            self._shared.set(offset + n)  # agreement makes every rank wait for this)
-        return self._collective(Access(self._view, offset, buf, writing=writing))
+            try:  # agreement makes every rank wait for this)
+                self._shared.set(offset + n)
+            except Exception as exc:  # (refused in the call's first agreement, everywhere)
+                moved = exc
+        return self._collective(Access(self._view, offset, buf, writing=writing, refusal=moved))
 
     def _submit(self, run: Callable[[], int]) -> Request:
         """Local: a collective call for the worker, after those already given to it."""
