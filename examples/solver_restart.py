@@ -54,12 +54,18 @@ def main(comm: MPI.Intracomm = MPI.COMM_WORLD, directory: str = ".") -> None:
 
     fewer = max(1, comm.size - 1)  # the restart's ranks
     sub = comm.Split(0 if comm.rank < fewer else MPI.UNDEFINED, comm.rank)
+    failed: Exception | None = None
     if sub != MPI.COMM_NULL:
         try:
             restart(sub, path, t=0.01)
+        except Exception as exc:  # (raised on every rank of sub: collio agrees errors)
+            failed = exc
         finally:
             sub.Free()
-    comm.Barrier()
+    # the ranks left out of the restart learn its outcome too, instead of waiting in a
+    # collective of comm that the failed ranks never reach
+    if comm.allreduce(failed is not None, op=MPI.LOR):
+        raise failed or RuntimeError("the restart failed on the other ranks")
     if comm.rank == 0:
         print(f"checkpoint of {SHAPE} written by {comm.size} ranks, read back by {fewer}")
 

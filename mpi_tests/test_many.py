@@ -288,5 +288,7 @@ def test_zarr_batch_of_items_each_rank_stores_alone(comm, mpi_tmp_path):
                           match="share one order")  # fmt: skip
     for got, want in zip(back, datas, strict=True):
         np.testing.assert_array_equal(got, want)
-    want = np.repeat(10.0 * np.arange(p)[:, None] + [1, 2], 4).reshape(-1)
-    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[:, 0], want)
+    # every element of the stored array: rank r's rows 8r..8r+3 hold 10r+1, 8r+4..8r+7 10r+2
+    rows = np.repeat(10.0 * np.arange(p)[:, None] + [1, 2], 4).reshape(-1)
+    want = np.repeat(rows[:, None], 4, axis=1)
+    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)

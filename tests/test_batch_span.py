@@ -48,3 +48,4 @@ def test_read_only_data_and_temporaries(tmp_path):
     with open(path, "rb") as fh:
         raw = fh.read()
     assert raw[:5] == b"abcde" and raw[100:103] == b"fgh"
+    assert raw[16:32] == (np.arange(4, dtype="<i4") * 7).tobytes()  # the Subarray at offset 16
