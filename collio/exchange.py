@@ -199,15 +199,33 @@ def pack_uniform(
 
 
 class Messages:
-    """The point-to-point messages of one round; frees its datatypes when done."""
+    """The point-to-point messages of one round; frees its datatypes when done.
 
-    __slots__ = ("comm", "requests", "types", "tag")
+    Posting a message never raises: a message that cannot be built (a datatype MPI
+    refuses, memory for its runs) is replaced by a stand-in of the same number of bytes
+    from or into a buffer of its own, and the first such error is kept in ``error``.
+    The peer's matching message then completes, so a rank failing here leaves nobody
+    waiting; the caller hands ``error`` to the call's agreement like an I/O error (the
+    stand-in's bytes are zeros for the peer, or dropped here).
+    """
+
+    __slots__ = ("comm", "requests", "types", "tag", "error", "_spare")
 
     def __init__(self, comm: MPI.Comm, tag: int) -> None:
         self.comm = comm
         self.requests: list[MPI.Request] = []
         self.types: list[MPI.Datatype] = []
         self.tag = tag
+        self.error: BaseException | None = None
+        self._spare: list[npt.NDArray[np.uint8]] = []
+
+    def _stand_in(self, start: Any, nbytes: int, peer: int, exc: BaseException) -> None:
+        """Post ``nbytes`` plain bytes to or from ``peer`` in place of a failed message
+        (zeros: calloc'd pages a send never writes cost nothing until touched)."""
+        self.error = self.error or exc
+        spare = np.zeros(nbytes, np.uint8)
+        self._spare.append(spare)
+        self.requests.append(start([spare, MPI.BYTE], peer, self.tag))
 
     def _post(self, start: Any, spec: Any, dtype: MPI.Datatype | None, peer: int) -> None:
         """Start one message (``start``: ``comm.Isend`` or ``comm.Irecv``); its datatype,
@@ -217,6 +235,21 @@ class Messages:
         self.requests.append(start(spec, peer, self.tag))
 
     def send(
+        self,
+        dest: int,
+        buf: npt.NDArray[np.uint8],
+        offsets: I64,
+        lengths: I64,
+        scratch: npt.NDArray[np.uint8] | None = None,
+    ) -> int:
+        """Send the runs (see :meth:`_send`); a stand-in if they cannot be sent."""
+        try:
+            return self._send(dest, buf, offsets, lengths, scratch)
+        except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
+            self._stand_in(self.comm.Isend, int(np.sum(lengths)), dest, exc)
+            return 0
+
+    def _send(
         self,
         dest: int,
         buf: npt.NDArray[np.uint8],
@@ -257,6 +290,22 @@ class Messages:
     ) -> int:
         """:meth:`send` of group ``g`` of a plan's :class:`Shapes` (``runs()`` gives the
         group's offsets and lengths, less ``base``, when its shape is ``OTHER``)."""
+        try:
+            return self._send_group(dest, buf, sh, g, base, runs, scratch)
+        except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
+            self._stand_in(self.comm.Isend, int(sh.total[g]), dest, exc)
+            return 0
+
+    def _send_group(
+        self,
+        dest: int,
+        buf: npt.NDArray[np.uint8],
+        sh: Shapes,
+        g: int,
+        base: int,
+        runs: Callable[[], tuple[I64, I64]],
+        scratch: npt.NDArray[np.uint8] | None,
+    ) -> int:
         kind, block, total = int(sh.kind[g]), int(sh.block[g]), int(sh.total[g])
         if kind == VECTOR and scratch is not None and block <= PACK_MAX_RUN:
             if total <= len(scratch):
@@ -267,7 +316,7 @@ class Messages:
         got = shaped(buf, sh, g, base)
         if got is None:
             offsets, lengths = runs()
-            return self.send(dest, buf, offsets, lengths, scratch)
+            return self._send(dest, buf, offsets, lengths, scratch)
         self._post(self.comm.Isend, *got, dest)
         return 0
 
@@ -281,12 +330,15 @@ class Messages:
         runs: Callable[[], tuple[I64, I64]],
     ) -> None:
         """:meth:`recv` of group ``g`` of a plan's :class:`Shapes` (see :meth:`send_group`)."""
-        got = shaped(buf, sh, g, base)
-        if got is None:
-            offsets, lengths = runs()
-            self.recv(source, buf, offsets, lengths)
-            return
-        self._post(self.comm.Irecv, *got, source)
+        try:
+            got = shaped(buf, sh, g, base)
+            if got is None:
+                offsets, lengths = runs()
+                self._post(self.comm.Irecv, *byte_view(buf, offsets, lengths), source)
+                return
+            self._post(self.comm.Irecv, *got, source)
+        except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
+            self._stand_in(self.comm.Irecv, int(sh.total[g]), source, exc)
 
     def recv(self, source: int, buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64) -> None:
         """Receive the runs straight into ``buf`` (a datatype when they are apart).
@@ -294,7 +346,10 @@ class Messages:
         Not packed, unlike :meth:`send`: spreading packed runs with numpy made writes
         slower than MPICH filling the datatype itself (docs/design.md).
         """
-        self._post(self.comm.Irecv, *byte_view(buf, offsets, lengths), source)
+        try:
+            self._post(self.comm.Irecv, *byte_view(buf, offsets, lengths), source)
+        except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
+            self._stand_in(self.comm.Irecv, int(np.sum(lengths)), source, exc)
 
     def done(self) -> bool:
         """Whether every message has completed (``Testall``: MPI progresses meanwhile);
@@ -313,6 +368,7 @@ class Messages:
             t.Free()
         self.types.clear()
         self.requests.clear()
+        self._spare.clear()
 
 
 @contextmanager

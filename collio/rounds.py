@@ -11,7 +11,9 @@ Writes to a local backend agree on nothing per round (see
 :func:`_write_streamed`): ranks post their sends rounds ahead, and each
 aggregator receives at its own pace, keeping up the messages even after its I/O
 failed, so every send completes; the call's completion agrees on the error.
-Nobody waits for the slowest rank at every round.
+Nobody waits for the slowest rank at every round.  A message a rank cannot build is
+posted as a stand-in of the same size (:class:`~collio.exchange.Messages`), so a
+failure in the exchange itself is agreed the same way instead of stranding its peers.
 
 Reads, and writes to remote backends, agree on the status one round behind
 with a non-blocking allreduce: a rank that fails still takes part in the round's
@@ -279,17 +281,23 @@ def _write_streamed(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | 
             error = _receive_and_write(r, k, sends, error)
             if k + AHEAD < nrounds:  # at most AHEAD rounds of sends outstanding
                 t = time.perf_counter()
-                sends.pop(k).wait()
+                error = _waited(sends.pop(k), error)
                 c.time_exchange += time.perf_counter() - t
                 post(k + AHEAD)
         t = time.perf_counter()
         for k in sorted(sends):
-            sends.pop(k).wait()
+            error = _waited(sends.pop(k), error)
         c.time_exchange += time.perf_counter() - t
     finally:
         for msgs in sends.values():
             msgs.free()
     return drain(r.pending, c, error)
+
+
+def _waited(msgs: Messages, error: BaseException | None) -> BaseException | None:
+    """Complete a round's sends; the first error, a stand-in's if one was sent."""
+    msgs.wait()
+    return error or msgs.error
 
 
 def _receive_and_write(
@@ -308,6 +316,7 @@ def _receive_and_write(
     wbuf = r.buffer(k, req)
     with messages(r.ctx.comm, _TAG + (k & 0x3FF)) as msgs:
         _post_recvs(msgs, r.plan, k, wbuf, req[0], c)
+    error = error or msgs.error  # (a stand-in's zeros are not written)
     c.time_exchange += time.perf_counter() - t
     # the last round is drained right after the loop: write it here, once the I/O
     # thread is done (one request at a time), if this rank's sends are complete (a
@@ -351,11 +360,17 @@ def _write_lockstep(
         if meet and status.failed():
             break
         t = time.perf_counter()
-        send = data if stage is None else stage.gather(k)
+        send = data
+        if stage is not None:
+            step = Attempt()
+            with step:  # (its messages completed: the rounds stop at the next status)
+                stage.gather(k)
+            error, send = error or step.error, stage.staging
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             if ap is not None:
                 _post_recvs(msgs, r.plan, k, r.buffer(k, req), req[0], c)
             _post_sends(msgs, r.ctx, r.plan, r.groups(k), send, c)
+        error = error or msgs.error
         c.time_exchange += time.perf_counter() - t
         if error is None and ap is not None:
             args = (be, req[0], r.buffer(k, req), cover(ap, k, req), c)
@@ -406,8 +421,12 @@ def read_rounds(
         t = time.perf_counter()
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             _exchange_read(r, msgs, k, into, scratch)
+        error = error or msgs.error
         if stage is not None:
-            stage.scatter(k)
+            step = Attempt()
+            with step:
+                stage.scatter(k)
+            error = error or step.error
         c.time_exchange += time.perf_counter() - t
     status.failed()
     return drain(r.pending, c, error)

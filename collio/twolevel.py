@@ -101,15 +101,20 @@ class _Staged:
         return dataclasses.replace(self, buf=buf, staging=staging, messages=[])
 
     def gather(self, k: int) -> npt.NDArray[np.uint8]:
+        """Raises a message's error only once every message completed (Messages)."""
         with messages(self.comm, _TAG + (k & 0x3FF)) as msgs:
             self._leader(msgs, k, sending=False)
             self._member(msgs, k, sending=True)
+        if msgs.error is not None:
+            raise msgs.error
         return self.staging
 
     def scatter(self, k: int) -> None:
         with messages(self.comm, _TAG + (k & 0x3FF)) as msgs:
             self._member(msgs, k, sending=False)
             self._leader(msgs, k, sending=True)
+        if msgs.error is not None:
+            raise msgs.error
 
     def _member(self, msgs: Messages, k: int, *, sending: bool) -> None:
         if k + 1 >= len(self.starts):

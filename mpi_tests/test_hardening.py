@@ -576,3 +576,56 @@ def test_second_thread_in_a_collective_call_raises_at_once(comm, shared_dir):
     got = np.fromfile(path, np.uint8)
     assert np.array_equal(got, np.repeat(np.arange(1, comm.size + 1, dtype=np.uint8), n))
     _still_works(comm, os.path.join(shared_dir, "after.bin"))
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("level", ["one", "two"])
+@pytest.mark.parametrize("writing", [True, False], ids=["write", "read"])
+def test_a_message_that_cannot_be_built_is_agreed_not_a_hang(
+    comm, shared_path, monkeypatch, level, writing
+):
+    """One rank failing to build its round messages (a datatype MPI refuses, no memory
+    for its runs) posts stand-ins of the same size: every rank raises the same error
+    instead of waiting for messages that never come, and the file is usable after."""
+    if comm.size < 2:
+        pytest.skip("messages between ranks need two of them")
+    glob_ = reference((64, 48), "<f8", seed=3)
+    lay = layouts.block(glob_.shape, "<f8", comm=comm, grid=(1, comm.size))
+    hints = {"cb_buffer_size": 4096, "mapped_reads": "disable"}
+    if level == "two":
+        if comm.size < 3:
+            pytest.skip("two levels need a node of two ranks and another node")
+        monkeypatch.setenv("COLLIO_RANKS_PER_NODE", "2")
+        hints.update(cb_two_level="enable", cb_min_message=0)
+
+    def boom(*args, **kwargs):
+        raise MemoryError("no memory for a message's runs")
+
+    dup = comm.Dup()
+    try:
+        with collio.open(shared_path, "w", comm=dup, hints=hints) as f:
+            f.write_all(local_piece(glob_, lay), lay)
+            last = f.stats.last_call
+            assert last["path"] != "direct" and last["rounds"] > 1, last
+            assert last["two_level"] == (level == "two"), last
+            with monkeypatch.context() as m:
+                if comm.rank == comm.size - 1:  # (its sends, and receives as an aggregator)
+                    for name in ("shaped", "byte_view", "pack_vector", "pack_uniform"):
+                        m.setattr(collio.exchange, name, boom)
+                _raises_everywhere(
+                    comm,
+                    collio.CollioError,
+                    lambda: (
+                        f.write_all(local_piece(glob_, lay) + 1, lay)
+                        if writing
+                        else f.read_all(lay)
+                    ),
+                    match="no memory for a message",
+                )
+            f.write_all(local_piece(glob_, lay), lay)
+            np.testing.assert_array_equal(f.read_all(lay), local_piece(glob_, lay))
+    finally:
+        dup.Free()
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(glob_.shape), glob_)
