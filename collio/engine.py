@@ -30,6 +30,7 @@ from mpi4py import MPI
 from . import batch, twolevel
 from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
+from .backends.base import storage_errors
 from .buffers import free_buffers
 from .collective import Attempt, agree_facts, any_flag, call_head, digest, raise_agreed
 from .completion import complete_call, local_summary
@@ -555,7 +556,8 @@ def _direct(
     t = time.perf_counter()
     with step:
         if len(runs):
-            done = action()  # a request count (one per run) or the requests' sizes
+            with storage_errors(ctx.backend):
+                done = action()  # a request count (one per run) or the requests' sizes
             sizes = runs.length if isinstance(done, int) else done
             if writing:
                 call.counters.add_writes(sizes)

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .aggregators.plan import AggregatorPlan
-from .backends.base import Backend
+from .backends.base import Backend, storage_errors
 from .buffers import window_of
 from .collective import Attempt
 from .policy import DEPTH
@@ -100,11 +100,13 @@ def write_window(
     be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, c: Stats
 ) -> None:
     """One round's backend write (in the I/O thread), counted."""
-    c.add_writes(be.write_window(offset, buf, cover))
+    with storage_errors(be):
+        c.add_writes(be.write_window(offset, buf, cover))
 
 
 def read_window(be: Backend, offset: int, buf: npt.NDArray[np.uint8], need: Runs, c: Stats) -> None:
-    c.add_reads(be.read_window(offset, buf, need))
+    with storage_errors(be):
+        c.add_reads(be.read_window(offset, buf, need))
 
 
 def reuse_buffer(
@@ -125,7 +127,8 @@ def reuse_buffer(
     if error is None and ap.rcovered[k] < req[1]:
         t = time.perf_counter()
         win = window_of(bufs[b], *req)
-        c.add_reads(be.fill_holes(req[0], win, round_cover(ap, k)))
+        with storage_errors(be):
+            c.add_reads(be.fill_holes(req[0], win, round_cover(ap, k)))
         c.time_io += time.perf_counter() - t
 
 

@@ -629,3 +629,39 @@ def test_a_message_that_cannot_be_built_is_agreed_not_a_hang(
         dup.Free()
     comm.Barrier()
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(glob_.shape), glob_)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", ["direct", "two-phase"])
+def test_a_library_value_error_in_the_storage_is_a_backend_error(comm, shared_path, path):
+    """A ValueError raised while the backend moves bytes is the storage failing, not the
+    caller's layout: the same BackendError on every rank names the backend."""
+    glob_ = reference((64, 48), "<f8", seed=4)
+    rows = path == "direct"  # row blocks: large disjoint pieces, written by their ranks
+    lay = layouts.block(
+        glob_.shape, "<f8", comm=comm, grid=(comm.size, 1) if rows else (1, comm.size)
+    )
+    with collio.open(shared_path, "w", comm=comm) as f:
+        f.write_all(local_piece(glob_, lay), lay)
+        if f.stats.last_call["path"] != path:
+            assert comm.size == 1, f.stats.last_call  # (one rank: no shuffle to make)
+            pytest.skip(f"one rank takes no {path} path")
+        be, name = f.backend, ("write_runs" if rows else "write_window")
+        real = getattr(be, name)
+
+        def refuse(*args, **kwargs):
+            raise ValueError("codec refused the bytes")
+
+        if comm.rank == comm.size - 1:
+            setattr(be, name, refuse)
+        try:
+            err = _raises_everywhere(
+                comm, collio.BackendError, lambda: f.write_all(local_piece(glob_, lay), lay)
+            )
+        finally:
+            setattr(be, name, real)
+        assert "posix backend: ValueError: codec refused the bytes" in str(err)
+        f.write_all(local_piece(glob_, lay), lay)
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(glob_.shape), glob_)

@@ -32,21 +32,35 @@ from __future__ import annotations
 
 import abc
 import errno
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ..aggregators.domains import file_domains
-from ..errors import BackendError
+from ..errors import BackendError, CollioError
 from ..runs import Runs
 
 if TYPE_CHECKING:
     from .fsync import EarlyFlush
 
 __all__ = ["Backend"]
+
+
+@contextmanager
+def storage_errors(be: Backend) -> Iterator[None]:
+    """A library's ValueError, TypeError or IndexError raised while ``be`` moves bytes
+    (zarr's codecs, h5py, botocore's parameter checks) is the storage failing, not the
+    caller's layout: it becomes a :class:`BackendError` naming the backend (the call's
+    agreement would otherwise file it as a ``LayoutError``)."""
+    try:
+        yield
+    except CollioError:
+        raise
+    except (ValueError, TypeError, IndexError) as exc:
+        raise BackendError(f"{be.name} backend: {type(exc).__name__}: {exc}") from exc
 
 
 class Backend(abc.ABC):
