@@ -104,8 +104,10 @@ def test_pieces_that_s3_cannot_checksum_are_refused_before_writing(server: str) 
     lay = layouts.block((16, 16), "<f8", grid=(1, COMM.size), comm=COMM)
     glob = np.arange(256.0).reshape(16, 16)
     state = {"cols": (np.ascontiguousarray(glob[lay.slices]), lay)}
-    if COMM.size == 1:  # one rank's columns are the whole array: one range
+    if COMM.size == 1:  # one rank's columns are the whole array: one range, saved
         ckpt.save(target, state, **opts)
+        back = ckpt.load(target, {"cols": None}, endpoint_url=server)
+        np.testing.assert_array_equal(back["cols"], glob)
         return
     raises_everywhere(
         COMM, collio.LayoutError, lambda: ckpt.save(target, state, **opts), match="contiguous"
