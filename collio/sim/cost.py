@@ -13,6 +13,13 @@ call's rounds); a round costs
 * ``storage``: the slowest aggregator at ``aggregator_bandwidth``, or all of them at
   ``targets`` x ``target_bandwidth``, whichever is slower.
 
+A call also costs ``call_seconds`` whatever its size (opening, planning, agreeing,
+syncing and closing; 0 on the default cluster, where a call's data dominates).
+
+A node with fewer ``cores`` than ranks runs its processes in turns: the intra-node
+terms, which a process's CPU does, take ``ppn / cores`` times as long (the NIC's and
+the storage's do not).
+
 collio overlaps a round's storage with the next round's exchange (two round buffers);
 ROMIO's strategy does one after the other.  Sources of an aggregator are taken spread
 evenly over the nodes.  The defaults describe a typical cluster (see :class:`Cluster`).
@@ -51,7 +58,9 @@ class Cluster:
     (:data:`~collio.aggregators.select.STORAGE_TARGETS` and its neighbours: 64 Lustre
     OSTs of 4 GB/s, 2 GB/s per client process); on a node 5 us per message and 4 GB/s
     per process copying (MPICH's shared-memory transport; not calibrated: see
-    docs/design.md).
+    docs/design.md).  ``cores`` per node (0: one per rank, as on a cluster) scales the
+    CPU-bound intra-node terms when ranks outnumber cores; ``collio-bench --calibrate``
+    measures every figure of this machine.
     """
 
     ppn: int = 64
@@ -62,6 +71,13 @@ class Cluster:
     aggregator_bandwidth: float = AGGREGATOR_BANDWIDTH
     intra_message_seconds: float = 5e-6
     intra_bandwidth: float = 4e9
+    cores: int = 0
+    call_seconds: float = 0.0
+
+    @property
+    def oversubscribed(self) -> float:
+        """How many of a node's ranks share one core (at least 1)."""
+        return max(1.0, self.ppn / self.cores) if self.cores > 0 else 1.0
 
     @classmethod
     def parse(cls, text: str | None) -> Cluster:
@@ -98,6 +114,7 @@ class Prediction:
     intra: float
     storage: float
     overlapped: float  # storage hidden behind the next round's exchange
+    call: float  # the call's fixed cost (``Cluster.call_seconds``)
     predicted_seconds: float
     max_sources: int  # most messages an aggregator takes in one round
     min_message: int  # smallest mean message from a source to an aggregator (bytes)
@@ -137,6 +154,7 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         gb = res.group_bytes / rounds
         stage = res.group_ranks * cl.intra_message_seconds + gb / cl.intra_bandwidth
         proc += float(stage.max(initial=0))
+    proc *= cl.oversubscribed
     store = max(float(b.max(initial=0)) / cl.aggregator_bandwidth,
                 float(b.sum()) / (cl.targets * cl.target_bandwidth))  # fmt: skip
     x = nic + inj + proc
@@ -148,7 +166,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     sizes = b[has] / np.maximum(m[has], 1)
     return Prediction(
         strategy, rounds, rounds * nic, rounds * inj, rounds * proc, rounds * store, hidden,
-        total, int(res.msgs.max(initial=0)), int(sizes.min()) if len(sizes) else 0,
+        cl.call_seconds, total + cl.call_seconds, int(res.msgs.max(initial=0)),
+        int(sizes.min()) if len(sizes) else 0,
     )  # fmt: skip
 
 
@@ -157,7 +176,8 @@ def _direct(res: SimResult, cl: Cluster, strategy: str) -> Prediction:
     per_rank = res.nbytes / max(res.nranks, 1)
     store = max(per_rank / cl.aggregator_bandwidth,
                 res.nbytes / (cl.targets * cl.target_bandwidth))  # fmt: skip
-    return Prediction(strategy, 0, 0.0, 0.0, 0.0, store, 0.0, store, 0, 0)
+    call = cl.call_seconds
+    return Prediction(strategy, 0, 0.0, 0.0, 0.0, store, 0.0, call, store + call, 0, 0)
 
 
 #: The strategies compared: collio in two levels, in one, and ROMIO's (one aggregator
