@@ -248,7 +248,8 @@ def calibration_terms(docs: dict[str, dict[str, Any]]) -> list[str]:
         fixed = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in doc["fixed_seconds"].items())
         out.append(
             f"- {doc['nranks']} ranks: one process copies at {t['copy_bandwidth'] / 1e9:.2f} GB/s, "
-            f"a message costs {t['message_seconds'] * 1e6:.2f} us, {int(t['cores_per_node'])} "
+            f"a message costs {t['message_seconds'] * 1e6:.2f} us, the ranks meet in "
+            f"{t.get('round_seconds', 0) * 1e3:.2f} ms, {int(t['cores_per_node'])} "
             f"core(s) per node for {doc['ppn']} ranks; the ceiling writes at "
             f"{cl['write']['target_bandwidth'] / 1e6:.0f} MB/s and reads at "
             f"{cl['read']['target_bandwidth'] / 1e6:.0f} MB/s beyond its fixed cost; fixed "
@@ -539,10 +540,11 @@ def calibration_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "",
         "`collio-bench --calibrate` measures the model's terms in the same job as the calls",
         "it predicts: one process's memory copy bandwidth and one small message's cost (the",
-        "other ranks asleep), the cores per node, and the ceiling's write and read bandwidth",
-        "(the storage, beyond the ceiling's fixed cost), and each API's fixed cost: the median",
-        "of its calls on a 64 x 64 array. Then it runs the calls (medians of open + transfer +",
-        "fsync + close; 4096 x 4096 float64),",
+        "other ranks asleep), the time the ranks take to meet (each sends every other a tiny",
+        "message, all polling: paid once per round and stage), the cores per node, the",
+        "ceiling's write and read bandwidth beyond its fixed cost (the storage), and each",
+        "API's fixed cost (`fixed cost`: the median of its calls on a 64 x 64 array). Then it",
+        "runs the calls (4096 x 4096 float64; medians of open + transfer + fsync + close),",
         "plans each with the simulator on the hints it used and prices the plan with",
         "`collio.sim.cost` on that cluster, in which a node's ranks share its cores (emulated",
         "nodes share the machine's) and a node's link is its memory.",

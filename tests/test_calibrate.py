@@ -35,6 +35,14 @@ def test_ranks_sharing_cores_scale_the_on_node_terms_alone():
     assert a.intra > 0 and b.intra == pytest.approx(4 * a.intra)
     assert (b.messages, b.injection, b.storage) == (a.messages, a.injection, a.storage)
     assert Cluster.parse("cores=2,ppn=4").oversubscribed == 2.0
+    # a round's meeting, once per stage (already measured with ranks sharing cores)
+    met = predict(res, dataclasses.replace(shared, round_seconds=0.01), "x")
+    assert met.intra == pytest.approx(b.intra + 0.01 * res.rounds * (2 if res.two_level else 1))
+    # every run costs its sender and its receiver: the busiest of them sets the time
+    runs = predict(res, dataclasses.replace(own, run_seconds=1e-6), "x")
+    per_round = max((res.agg_pieces / res.agg_rounds.clip(1)).max(), res.rank_runs_max / res.rounds)
+    assert per_round > 1
+    assert runs.intra == pytest.approx(a.intra + 1e-6 * per_round * res.rounds)
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
@@ -54,6 +62,7 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
     assert [(c["pattern"], c["api"], c["op"]) for c in doc["cases"]] == want
     terms = doc["terms"]
     assert terms["copy_bandwidth"] > 0 and terms["message_seconds"] > 0
+    assert terms["round_seconds"] > 0 and terms["run_seconds"] >= 0
     cores = len(os.sched_getaffinity(0))
     assert terms["cores_per_node"] == max(1, cores // nodes)
     assert set(doc["runs"]) == {"tiny", *PATTERNS}
@@ -63,6 +72,8 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
         assert cl["ppn"] == 4 and cl["cores"] == terms["cores_per_node"] and cl["targets"] == 1
         assert cl["intra_bandwidth"] == terms["copy_bandwidth"]
         assert cl["intra_message_seconds"] == terms["message_seconds"]
+        assert cl["round_seconds"] == terms["round_seconds"]
+        assert cl["run_seconds"] == terms["run_seconds"]
         # the fixed costs are the medians of the tiny calls
         tiny = doc["runs"]["tiny"]["rows"]
         for api, key in ((c["api"], "call_seconds"), ("ceiling", None)):

@@ -4,8 +4,11 @@ Run under mpiexec (4 ranks; 8 ranks with ``COLLIO_RANKS_PER_NODE=4`` for two nod
 In one job it
 
 1. measures the terms the model needs of this machine: one process's memory copy
-   bandwidth and one MPI message's cost between two ranks (the other ranks sleep,
-   so that both are a core's figures), and the cores per node;
+   bandwidth, one MPI message's cost and one run's in a message of many, between two
+   ranks (the other ranks sleep, so that these are a core's figures); the time all
+   ranks take to meet (each sends every other a tiny message, all polling: a round's
+   synchronisation, which ranks sharing cores pay in turns on a core); the cores per
+   node;
 2. runs real calls of column blocks and block-cyclic, collio in one level (and in two
    when there is more than one node) next to the ceiling, and the same APIs on a tiny
    array (:data:`TINY`), whose medians are each call's fixed cost (opening, planning,
@@ -51,6 +54,8 @@ TINY = "64"
 _COPY_BYTES = 64 << 20  # past every cache: the copies of a round are megabytes
 _MESSAGE_BYTES = 256  # the small pieces a block-cyclic round is made of
 _MESSAGES = 2000
+_MEETINGS = 30
+_RUNS = 16384  # a block-cyclic round's runs at an aggregator
 
 
 def _one_rank(comm: MPI.Intracomm, ranks: tuple[int, ...], work: Any) -> float:
@@ -89,15 +94,64 @@ def _message_seconds(comm: MPI.Intracomm) -> float:
     return statistics.median(runs)
 
 
+def _run_seconds(comm: MPI.Intracomm) -> float:
+    """What one run of a message costs beyond its bytes, rank 0 to rank 1: the same
+    bytes as :data:`_RUNS` runs of :data:`_MESSAGE_BYTES` apart, and contiguous."""
+    nbytes = _RUNS * _MESSAGE_BYTES
+    buf = np.zeros(2 * nbytes, np.uint8)
+    disp = np.arange(_RUNS, dtype=np.int64) * (2 * _MESSAGE_BYTES)
+    runs = MPI.BYTE.Create_hindexed_block(_MESSAGE_BYTES, disp.tolist()).Commit()
+    peer = 1 - comm.rank
+    out = {}
+    try:
+        for name, spec in (("runs", [buf, 1, runs]), ("bytes", [buf[:nbytes], MPI.BYTE])):
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                if comm.rank == 0:
+                    comm.Send(spec, dest=peer)
+                    comm.Recv(buf[:1], source=peer)
+                else:
+                    comm.Recv(spec, source=peer)
+                    comm.Send(buf[:1], dest=peer)
+                times.append(time.perf_counter() - t0)
+            out[name] = statistics.median(times)
+    finally:
+        runs.Free()
+    return max(out["runs"] - out["bytes"], 0.0) / _RUNS
+
+
+def _meeting_seconds(comm: MPI.Intracomm) -> float:
+    """Collective over `comm`: the slowest rank's median time for every rank to send a
+    tiny message to every other and receive theirs, every rank polling as in a round."""
+    buf = np.zeros(8 * comm.size, np.uint8)
+    out = np.empty_like(buf)
+    peers = range(1, comm.size)
+    times = []
+    for _ in range(_MEETINGS):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        reqs = [comm.Isend(buf[:8], dest=(comm.rank + d) % comm.size) for d in peers]
+        reqs += [comm.Irecv(out[8 * d : 8 * d + 8], source=(comm.rank - d) % comm.size)
+                 for d in peers]  # fmt: skip
+        MPI.Request.Waitall(reqs)
+        times.append(time.perf_counter() - t0)
+    return float(comm.allreduce(statistics.median(times), op=MPI.MAX))
+
+
 def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
-    """Collective over `comm`: copy bandwidth, message cost and cores per node, here."""
+    """Collective over `comm`: copy bandwidth, message cost, the time ranks take to meet
+    (a round's synchronisation) and cores per node, here."""
     copy = _one_rank(comm, (0,), _copy_bandwidth)
+    meet = _meeting_seconds(comm) if comm.size > 1 else 0.0
+    run = _one_rank(comm, (0, 1), lambda: _run_seconds(comm)) if comm.size > 1 else 0.0
     msg = _one_rank(comm, (0, 1), lambda: _message_seconds(comm)) if comm.size > 1 else 0.0
     hosts = len(set(comm.allgather(MPI.Get_processor_name())))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # emulated nodes on one host share its cores
     per_node = max(1, (cores or 1) * hosts // max(nnodes, 1))
     return {"copy_bandwidth": copy, "message_seconds": msg, "cores_per_node": per_node,
+            "round_seconds": meet, "run_seconds": run,
             "host_cores": float(cores or 1), "hosts": float(hosts)}  # fmt: skip
 
 
@@ -107,7 +161,8 @@ def cluster_for(
     """The cost model's cluster for this machine: its nodes' link is its memory.
 
     A process copies at ``copy_bandwidth`` and pays ``message_seconds`` per message;
-    a node moves bytes and messages on all its cores at once; storage is one target
+    a node moves bytes and messages on all its cores at once; a round's ranks take
+    ``round_seconds`` to meet (measured with all of them polling); storage is one target
     of the ceiling's bandwidth, which one aggregator alone can reach as well; a call
     costs ``call_seconds`` besides.
     """
@@ -119,7 +174,8 @@ def cluster_for(
         message_seconds=terms["message_seconds"] / cores, target_bandwidth=storage_bandwidth,
         targets=1, aggregator_bandwidth=storage_bandwidth,
         intra_message_seconds=terms["message_seconds"], intra_bandwidth=terms["copy_bandwidth"],
-        cores=cores, call_seconds=call_seconds,
+        cores=cores, call_seconds=call_seconds, round_seconds=terms["round_seconds"],
+        run_seconds=terms["run_seconds"],
     )  # fmt: skip
 
 
@@ -166,7 +222,9 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
         f"collio-bench --calibrate: {comm.size} ranks as {nnodes} node(s) of {ppn}, "
         f"{int(terms['cores_per_node'])} core(s) per node; one process copies at "
         f"{terms['copy_bandwidth'] / 1e9:.2f} GB/s, a message costs "
-        f"{terms['message_seconds'] * 1e6:.2f} us"
+        f"{terms['message_seconds'] * 1e6:.2f} us, a run in one "
+        f"{terms['run_seconds'] * 1e9:.0f} ns, ranks meet in "
+        f"{terms['round_seconds'] * 1e3:.2f} ms"
     )
     runs: dict[str, Any] = {}
     cases: list[dict[str, Any]] = []
@@ -180,7 +238,8 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
         except ValueError as exc:
             return failed(comm, exc, 2)
         cfg = BenchConfig(work, apis, iterations, hints=tuple(args.hints))
-        emit(f"== {pattern}: {work.describe()}: {', '.join(apis)}, {iterations} iterations")
+        what = "fixed costs: " if pattern == "tiny" else ""
+        emit(f"== {what}{work.describe()}: {', '.join(apis)}, {iterations} iterations")
         runner, _, _ = run_bench(comm, cfg, emit)
         if comm.rank != 0:
             continue

@@ -8,13 +8,20 @@ call's rounds); a round costs
 * ``injection``: the busiest node's inter-node bytes in or out over ``node_bandwidth``;
 * ``intra-node``: every message costs its receiving (and sending) process
   ``intra_message_seconds``, and bytes that stay on a node are copied by their
-  receiver at ``intra_bandwidth``; two-level calls add the local aggregators' stage
-  (each receives its ranks' pieces of the round);
+  receiver at ``intra_bandwidth``, and every run (a piece of contiguous bytes) in a
+  message ``run_seconds`` at its sender and at its receiver (a datatype's block or a
+  packed run); two-level calls add the local aggregators' stage (each receives its
+  ranks' pieces of the round);
 * ``storage``: the slowest aggregator at ``aggregator_bandwidth``, or all of them at
   ``targets`` x ``target_bandwidth``, whichever is slower.
 
 A call also costs ``call_seconds`` whatever its size (opening, planning, agreeing,
 syncing and closing; 0 on the default cluster, where a call's data dominates).
+
+Every round also costs ``round_seconds`` per stage (two-level calls have two: the
+local aggregators' and the exchange), the time for ranks to meet: on a cluster the
+message terms hold it (0), but ranks that outnumber their cores and poll for messages
+wait for each other's turns on a core.
 
 A node with fewer ``cores`` than ranks runs its processes in turns: the intra-node
 terms, which a process's CPU does, take ``ppn / cores`` times as long (the NIC's and
@@ -73,6 +80,8 @@ class Cluster:
     intra_bandwidth: float = 4e9
     cores: int = 0
     call_seconds: float = 0.0
+    round_seconds: float = 0.0
+    run_seconds: float = 0.0
 
     @property
     def oversubscribed(self) -> float:
@@ -150,6 +159,9 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     per_sender = float(m.sum()) / len(senders)  # messages each source sends per round
     proc = max(float(m.max(initial=0)), per_sender) * cl.intra_message_seconds
     proc += float((b / n).max(initial=0)) / cl.intra_bandwidth
+    if cl.run_seconds:  # the most runs an aggregator takes, or a rank sends, in a round
+        pieces = float((res.agg_pieces / nr).max(initial=0))
+        proc += max(pieces, res.rank_runs_max / rounds) * cl.run_seconds
     if res.two_level:  # the local aggregators' stage: their ranks' pieces of the round
         gb = res.group_bytes / rounds
         stage = res.group_ranks * cl.intra_message_seconds + gb / cl.intra_bandwidth
@@ -157,6 +169,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     proc *= cl.oversubscribed
     store = max(float(b.max(initial=0)) / cl.aggregator_bandwidth,
                 float(b.sum()) / (cl.targets * cl.target_bandwidth))  # fmt: skip
+    meet = cl.round_seconds * (2 if res.two_level else 1)
+    proc += meet
     x = nic + inj + proc
     if overlap:
         total = x + (rounds - 1) * max(x, store) + store
