@@ -248,6 +248,7 @@ def calibration_terms(docs: dict[str, dict[str, Any]]) -> list[str]:
         fixed = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in doc["fixed_seconds"].items())
         out.append(
             f"- {doc['nranks']} ranks: one process copies at {t['copy_bandwidth'] / 1e9:.2f} GB/s, "
+            f"MPI moves {t.get('message_bandwidth', 0) / 1e9:.2f} GB/s between two, "
             f"a message costs {t['message_seconds'] * 1e6:.2f} us, the ranks meet in "
             f"{t.get('round_seconds', 0) * 1e3:.2f} ms, {int(t['cores_per_node'])} "
             f"core(s) per node for {doc['ppn']} ranks; the ceiling writes at "
@@ -539,7 +540,8 @@ def calibration_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "## Cost model checked: predicted and measured 4- and 8-rank calls",
         "",
         "`collio-bench --calibrate` measures the model's terms in the same job as the calls",
-        "it predicts: one process's memory copy bandwidth and one small message's cost (the",
+        "it predicts: one process's memory copy bandwidth, MPI's bandwidth between two ranks",
+        "(the copy the model prices), a small message's cost and a run's (the",
         "other ranks asleep), the time the ranks take to meet (each sends every other a tiny",
         "message, all polling: paid once per round and stage), the cores per node, the",
         "ceiling's write and read bandwidth beyond its fixed cost (the storage), and each",

@@ -61,7 +61,8 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
     want = [(p, a, op) for p in PATTERNS for op in ("write", "read") for a in apis]
     assert [(c["pattern"], c["api"], c["op"]) for c in doc["cases"]] == want
     terms = doc["terms"]
-    assert terms["copy_bandwidth"] > 0 and terms["message_seconds"] > 0
+    assert terms["copy_bandwidth"] > 0 and terms["message_bandwidth"] > 0
+    assert terms["message_seconds"] > 0
     assert terms["round_seconds"] > 0 and terms["run_seconds"] >= 0
     cores = len(os.sched_getaffinity(0))
     assert terms["cores_per_node"] == max(1, cores // nodes)
@@ -70,7 +71,8 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
     for c in doc["cases"]:
         cl = c["cluster"]
         assert cl["ppn"] == 4 and cl["cores"] == terms["cores_per_node"] and cl["targets"] == 1
-        assert cl["intra_bandwidth"] == terms["copy_bandwidth"]
+        assert cl["intra_bandwidth"] == terms["message_bandwidth"]
+        assert cl["node_bandwidth"] == terms["message_bandwidth"] * terms["cores_per_node"]
         assert cl["intra_message_seconds"] == terms["message_seconds"]
         assert cl["round_seconds"] == terms["round_seconds"]
         assert cl["run_seconds"] == terms["run_seconds"]

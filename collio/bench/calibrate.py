@@ -4,8 +4,8 @@ Run under mpiexec (4 ranks; 8 ranks with ``COLLIO_RANKS_PER_NODE=4`` for two nod
 In one job it
 
 1. measures the terms the model needs of this machine: one process's memory copy
-   bandwidth, one MPI message's cost and one run's in a message of many, between two
-   ranks (the other ranks sleep, so that these are a core's figures); the time all
+   bandwidth; MPI's bandwidth, one message's cost and one run's in a message of many,
+   between two ranks (the other ranks sleep, so that these are a core's figures); the time all
    ranks take to meet (each sends every other a tiny message, all polling: a round's
    synchronisation, which ranks sharing cores pay in turns on a core); the cores per
    node;
@@ -72,6 +72,24 @@ def _copy_bandwidth() -> float:
     for _ in range(5):
         t0 = time.perf_counter()
         np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return _COPY_BYTES / statistics.median(times)
+
+
+def _message_bandwidth(comm: MPI.Intracomm) -> float:
+    """Bytes per second of a large message from rank 0 to rank 1: the copy MPI does
+    for a round's bytes between two processes (single-copy or through its cells)."""
+    buf = np.ones(_COPY_BYTES, np.uint8)
+    peer = 1 - comm.rank
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        if comm.rank == 0:
+            comm.Send(buf, dest=peer)
+            comm.Recv(buf[:1], source=peer)
+        else:
+            comm.Recv(buf, source=peer)
+            comm.Send(buf[:1], dest=peer)
         times.append(time.perf_counter() - t0)
     return _COPY_BYTES / statistics.median(times)
 
@@ -143,6 +161,7 @@ def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
     """Collective over `comm`: copy bandwidth, message cost, the time ranks take to meet
     (a round's synchronisation) and cores per node, here."""
     copy = _one_rank(comm, (0,), _copy_bandwidth)
+    mbw = _one_rank(comm, (0, 1), lambda: _message_bandwidth(comm)) if comm.size > 1 else copy
     meet = _meeting_seconds(comm) if comm.size > 1 else 0.0
     run = _one_rank(comm, (0, 1), lambda: _run_seconds(comm)) if comm.size > 1 else 0.0
     msg = _one_rank(comm, (0, 1), lambda: _message_seconds(comm)) if comm.size > 1 else 0.0
@@ -150,8 +169,8 @@ def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # emulated nodes on one host share its cores
     per_node = max(1, (cores or 1) * hosts // max(nnodes, 1))
-    return {"copy_bandwidth": copy, "message_seconds": msg, "cores_per_node": per_node,
-            "round_seconds": meet, "run_seconds": run,
+    return {"copy_bandwidth": copy, "message_bandwidth": mbw, "message_seconds": msg,
+            "cores_per_node": per_node, "round_seconds": meet, "run_seconds": run,
             "host_cores": float(cores or 1), "hosts": float(hosts)}  # fmt: skip
 
 
@@ -160,7 +179,8 @@ def cluster_for(
 ) -> Any:
     """The cost model's cluster for this machine: its nodes' link is its memory.
 
-    A process copies at ``copy_bandwidth`` and pays ``message_seconds`` per message;
+    A process receives bytes at ``message_bandwidth`` (MPI's copy between processes,
+    not numpy's ``copy_bandwidth`` within one) and pays ``message_seconds`` per message;
     a node moves bytes and messages on all its cores at once; a round's ranks take
     ``round_seconds`` to meet (measured with all of them polling); storage is one target
     of the ceiling's bandwidth, which one aggregator alone can reach as well; a call
@@ -170,10 +190,10 @@ def cluster_for(
 
     cores = int(terms["cores_per_node"])
     return Cluster(
-        ppn=ppn, node_bandwidth=terms["copy_bandwidth"] * cores,
+        ppn=ppn, node_bandwidth=terms["message_bandwidth"] * cores,
         message_seconds=terms["message_seconds"] / cores, target_bandwidth=storage_bandwidth,
         targets=1, aggregator_bandwidth=storage_bandwidth,
-        intra_message_seconds=terms["message_seconds"], intra_bandwidth=terms["copy_bandwidth"],
+        intra_message_seconds=terms["message_seconds"], intra_bandwidth=terms["message_bandwidth"],
         cores=cores, call_seconds=call_seconds, round_seconds=terms["round_seconds"],
         run_seconds=terms["run_seconds"],
     )  # fmt: skip
@@ -221,7 +241,8 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
     emit(
         f"collio-bench --calibrate: {comm.size} ranks as {nnodes} node(s) of {ppn}, "
         f"{int(terms['cores_per_node'])} core(s) per node; one process copies at "
-        f"{terms['copy_bandwidth'] / 1e9:.2f} GB/s, a message costs "
+        f"{terms['copy_bandwidth'] / 1e9:.2f} GB/s, MPI moves "
+        f"{terms['message_bandwidth'] / 1e9:.2f} GB/s between two, a message costs "
         f"{terms['message_seconds'] * 1e6:.2f} us, a run in one "
         f"{terms['run_seconds'] * 1e9:.0f} ns, ranks meet in "
         f"{terms['round_seconds'] * 1e3:.2f} ms"
