@@ -237,6 +237,16 @@ def calibration_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def calibration_count(docs: dict[str, dict[str, Any]]) -> str:
+    parts = []
+    for name in CALIBRATE:
+        if name in docs:
+            cases = docs[name]["cases"]
+            ok = sum(1 for c in cases if c["within"])
+            parts.append(f"{docs[name]['nranks']} ranks: {ok} of {len(cases)}")
+    return "Within +-30% of the measured time: " + "; ".join(parts) + "."
+
+
 def calibration_terms(docs: dict[str, dict[str, Any]]) -> list[str]:
     out = []
     for name in CALIBRATE:
@@ -552,6 +562,8 @@ def calibration_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "nodes share the machine's) and a node's link is its memory.",
         "",
         *calibration_table(docs),
+        "",
+        calibration_count(docs),
         "",
         *calibration_terms(docs),
         *provenance(docs, [n for n in CALIBRATE if n in docs]),
