@@ -42,6 +42,9 @@ SWEEP = "sweep"
 #: Two-level aggregation: 8-rank jobs with consecutive groups of 4 ranks as nodes.
 TWO_LEVEL = {"two-level-colblock": "column blocks", "two-level-cyclic": "block-cyclic 64 x 64"}
 LEVELS = ("collio", "collio-two-level", "collio-one-level", "mpiio")
+#: ``collio-bench --calibrate``: the cost model's terms measured here, checked on real calls.
+CALIBRATE = ("calibrate-4", "calibrate-8")
+TINY_ARRAY = "64 x 64 float64"
 
 
 def load() -> dict[str, dict[str, Any]]:
@@ -208,6 +211,61 @@ def prediction_table(docs: dict[str, dict[str, Any]]) -> list[str]:
                      f"{s['min_message'] / 1024:.1f} KiB", f"{s['plan_seconds']:.1f} s",
                      f"{s['predicted_seconds']:.2f} s"]  # fmt: skip
             out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def calibration_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    out = [
+        "| ranks | nodes | workload | API | op | measured | fixed cost | predicted "
+        "| predicted / measured | within +-30% |",
+        "| ---: | ---: | --- | --- | --- |" + " ---: |" * 4 + " --- |",
+    ]
+    for name in CALIBRATE:
+        doc = docs.get(name)
+        if doc is None:
+            continue
+        first = True
+        for c in doc["cases"]:
+            what = {"colblock": "column blocks", "cyclic": "block-cyclic 64 x 64"}[c["pattern"]]
+            cells = [str(doc["nranks"]) if first else "", str(doc["nodes"]) if first else "",
+                     what, c["api"], c["op"], f"{c['measured_seconds']:.3f} s",
+                     f"{c['terms']['call']:.3f} s", f"{c['predicted_seconds']:.3f} s",
+                     f"{c['ratio']:.2f}",
+                     "yes" if c["within"] else "**no**"]  # fmt: skip
+            out.append("| " + " | ".join(cells) + " |")
+            first = False
+    return out
+
+
+def calibration_count(docs: dict[str, dict[str, Any]]) -> str:
+    parts = []
+    for name in CALIBRATE:
+        if name in docs:
+            cases = docs[name]["cases"]
+            ok = sum(1 for c in cases if c["within"])
+            parts.append(f"{docs[name]['nranks']} ranks: {ok} of {len(cases)}")
+    return "Within +-30% of the measured time: " + "; ".join(parts) + "."
+
+
+def calibration_terms(docs: dict[str, dict[str, Any]]) -> list[str]:
+    out = []
+    for name in CALIBRATE:
+        doc = docs.get(name)
+        if doc is None:
+            continue
+        t = doc["terms"]
+        cl = {c["op"]: c["cluster"] for c in doc["cases"]}
+        fixed = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in doc["fixed_seconds"].items())
+        out.append(
+            f"- {doc['nranks']} ranks: one process copies at {t['copy_bandwidth'] / 1e9:.2f} GB/s, "
+            f"MPI moves {t.get('message_bandwidth', 0) / 1e9:.2f} GB/s between two, "
+            f"a message costs {t['message_seconds'] * 1e6:.2f} us, the ranks meet in "
+            f"{t.get('round_seconds', 0) * 1e3:.2f} ms, {int(t['cores_per_node'])} "
+            f"core(s) per node for {doc['ppn']} ranks; the ceiling writes at "
+            f"{cl['write']['target_bandwidth'] / 1e6:.0f} MB/s and reads at "
+            f"{cl['read']['target_bandwidth'] / 1e6:.0f} MB/s beyond its fixed cost; fixed "
+            f"costs (`{TINY_ARRAY}`): {fixed}"
+        )
     return out
 
 
@@ -390,7 +448,7 @@ def errors(docs: dict[str, dict[str, Any]]) -> str:
 
 
 def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
-    bench = [n for n in docs if not n.startswith("sim-") and n != "checkpoint"]
+    bench = [n for n in docs if not n.startswith("sim-") and n not in ("checkpoint", *CALIBRATE)]
     sims = [n for n in docs if n.startswith("sim-")]
     parts = [
         "# Measured",
@@ -479,8 +537,37 @@ def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
         *prediction_table(docs),
         "",
         cluster_line(docs),
+        *calibration_section(docs),
     ]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def calibration_section(docs: dict[str, dict[str, Any]]) -> list[str]:
+    if not any(n in docs for n in CALIBRATE):
+        return []
+    return [
+        "",
+        "## Cost model checked: predicted and measured 4- and 8-rank calls",
+        "",
+        "`collio-bench --calibrate` measures the model's terms in the same job as the calls",
+        "it predicts: one process's memory copy bandwidth, MPI's bandwidth between two ranks",
+        "(the copy the model prices), a small message's cost and a run's (the",
+        "other ranks asleep), the time the ranks take to meet (each sends every other a tiny",
+        "message, all polling: paid once per round and stage), the cores per node, the",
+        "ceiling's write and read bandwidth beyond its fixed cost (the storage), and each",
+        "API's fixed cost (`fixed cost`: the median of its calls on a 64 x 64 array). Then it",
+        "runs the calls (4096 x 4096 float64; medians of open + transfer + fsync + close),",
+        "plans each with the simulator on the hints it used and prices the plan with",
+        "`collio.sim.cost` on that cluster, in which a node's ranks share its cores (emulated",
+        "nodes share the machine's) and a node's link is its memory.",
+        "",
+        *calibration_table(docs),
+        "",
+        calibration_count(docs),
+        "",
+        *calibration_terms(docs),
+        *provenance(docs, [n for n in CALIBRATE if n in docs]),
+    ]
 
 
 def readme_with_table(text: str, docs: dict[str, dict[str, Any]]) -> str:

@@ -34,6 +34,8 @@ jobs=(
   "sweep|--sweep"
   "two-level-colblock|--compare $levels"
   "two-level-cyclic|--pattern cyclic --compare $levels"
+  "calibrate-4|--calibrate"
+  "calibrate-8|--calibrate"  # 8 ranks as 2 nodes: one and two levels
 )
 sim="--simulate --ranks 65536 --size 1TiB"
 sims=(
@@ -62,7 +64,7 @@ for job in "${jobs[@]}"; do
   wanted "$name" ${1+"$@"} || continue
   set_env=() n=4
   [[ $name == single-copy-off-* ]] && set_env=(MPIR_CVAR_CH4_CMA_ENABLE=0)
-  [[ $name == two-level-* ]] && set_env=(COLLIO_RANKS_PER_NODE=4) n=8
+  [[ $name == two-level-* || $name == calibrate-8 ]] && set_env=(COLLIO_RANKS_PER_NODE=4) n=8
   # the sweep picks its calls per size itself (-i there is calls per size); its tables are longer
   it=("${iter[@]}") shown=30; [ "$name" = sweep ] && it=() shown=70
   echo "== $name: mpiexec -n $n collio-bench $args"

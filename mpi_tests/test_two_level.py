@@ -18,6 +18,8 @@ from helpers import all_layouts, file_image, local_piece, reference
 from mpi4py import MPI
 
 import collio
+import collio.exchange
+import collio.twolevel
 from collio.aggregators.nodes import ENV_RANKS_PER_NODE
 from collio.bench.patterns import make_workload
 from collio.hints import Hints
@@ -179,3 +181,61 @@ def test_simulated_counts_equal_real_stats(nodes, mpi_tmp_path, pattern, size, h
         ranks = [len(d.get("local_messages", [])) for d in locals_]
         assert sum(ranks) <= sim.rounds * len(sim.group_ranks)
     comm.Barrier()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_local_aggregator_failing_mid_read_is_agreed(nodes, mpi_tmp_path, monkeypatch):
+    """A local aggregator whose scatter to its node fails from the second round of a
+    read on (no memory for a message's runs): every rank raises the same error naming
+    it, nobody waits for the messages it never built, and the file reads right after."""
+    comm, k = nodes
+    glob = reference((64, 96), "<f8", seed=5)
+    lay = collio.layouts.block(glob.shape, "<f8", comm=comm, grid=(1, comm.size))
+    hints = {**TWO, "cb_buffer_size": 4096}
+    # a local aggregator with other ranks on its node (a node of one scatters nothing)
+    leaders = [r for r in range(0, comm.size, k) if min(k, comm.size - r) > 1]
+    if not leaders:
+        pytest.skip("no node of two ranks")
+    bad = leaders[-1]
+
+    def boom(*args, **kwargs):
+        raise MemoryError("no memory for a message's runs")
+
+    scatter = collio.twolevel._Staged.scatter
+    rounds: list[int] = []
+
+    def failing_scatter(self, k_round):
+        rounds.append(k_round)
+        if k_round < 1:
+            return scatter(self, k_round)
+        with monkeypatch.context() as m:
+            for name in ("shaped", "byte_view", "pack_vector", "pack_uniform"):
+                m.setattr(collio.exchange, name, boom)
+            return scatter(self, k_round)
+
+    path = str(mpi_tmp_path / "r.bin")
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
+        last = f.stats.last_call
+        assert last["two_level"] and last["rounds"] > 1, last
+        assert bad in f.stats.hints["local_aggregator_ranks"]
+        error = None
+        with monkeypatch.context() as m:
+            if comm.rank == bad:
+                m.setattr(collio.twolevel._Staged, "scatter", failing_scatter)
+            try:
+                f.read_all(lay)
+            except collio.CollioError as exc:
+                error = (type(exc).__name__, str(exc), list(exc.ranks))
+        errors = comm.allgather(error)
+        assert all(e == errors[0] for e in errors), errors
+        assert errors[0] is not None and errors[0][2] == [bad], errors
+        assert "no memory for a message" in errors[0][1] and f"rank {bad}" in errors[0][1]
+        if comm.rank == bad:
+            assert rounds[:2] == [0, 1], rounds  # it failed in the second round, not before
+        np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
+        assert f.stats.last_call["two_level"]
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(glob.shape), glob)

@@ -9,6 +9,7 @@ mpiexec -n 4 collio-bench --compare collio-hdf5,hdf5-gather,h5py-mpio
 mpiexec -n 4 collio-bench --sweep               # time per call, 8 B to 128 MiB per rank
 mpiexec -n 4 collio-bench --sweep 4k,1m --sweep-patterns strided -e --batch 0
 collio-bench --simulate --ranks 65536 --pattern colblock --size 1TiB --cb-nodes 512
+mpiexec -n 4 collio-bench --calibrate         # the cost model's terms here, and checked
 collio-bench --plan-speed
 collio-bench --flatten-speed
 """
@@ -161,6 +162,11 @@ def _sim_options(sim: argparse._ArgumentGroup) -> None:
         "--cluster", help="cost model: k=v,... or a JSON file (names: collio.sim.Cluster)"
     )
     sim.add_argument(
+        "--calibrate", action="store_true",
+        help="under mpiexec: measure the cost model's terms here, run column blocks and "
+        "block-cyclic in one and two levels, print predicted vs measured (--size, -i, --json)",
+    )  # fmt: skip
+    sim.add_argument(
         "--plan-speed", action="store_true", help="time planning 10^6 runs on one rank"
     )
     sim.add_argument(
@@ -207,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"collio-bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.calibrate:
+        from .calibrate import calibrate
+
+        return calibrate(args, _workload)
     if args.sweep is not None:
         from .sweep.main import sweep
 

@@ -8,10 +8,24 @@ call's rounds); a round costs
 * ``injection``: the busiest node's inter-node bytes in or out over ``node_bandwidth``;
 * ``intra-node``: every message costs its receiving (and sending) process
   ``intra_message_seconds``, and bytes that stay on a node are copied by their
-  receiver at ``intra_bandwidth``; two-level calls add the local aggregators' stage
-  (each receives its ranks' pieces of the round);
+  receiver at ``intra_bandwidth``, and every run (a piece of contiguous bytes) in a
+  message ``run_seconds`` at its sender and at its receiver (a datatype's block or a
+  packed run); two-level calls add the local aggregators' stage (each receives its
+  ranks' pieces of the round);
 * ``storage``: the slowest aggregator at ``aggregator_bandwidth``, or all of them at
   ``targets`` x ``target_bandwidth``, whichever is slower.
+
+A call also costs ``call_seconds`` whatever its size (opening, planning, agreeing,
+syncing and closing; 0 on the default cluster, where a call's data dominates).
+
+Every round also costs ``round_seconds`` per stage (two-level calls have two: the
+local aggregators' and the exchange), the time for ranks to meet: on a cluster the
+message terms hold it (0), but ranks that outnumber their cores and poll for messages
+wait for each other's turns on a core.
+
+A node with fewer ``cores`` than ranks runs its processes in turns: the intra-node
+terms, which a process's CPU does, take ``ppn / cores`` times as long (the NIC's and
+the storage's do not).
 
 collio overlaps a round's storage with the next round's exchange (two round buffers);
 ROMIO's strategy does one after the other.  Sources of an aggregator are taken spread
@@ -51,7 +65,9 @@ class Cluster:
     (:data:`~collio.aggregators.select.STORAGE_TARGETS` and its neighbours: 64 Lustre
     OSTs of 4 GB/s, 2 GB/s per client process); on a node 5 us per message and 4 GB/s
     per process copying (MPICH's shared-memory transport; not calibrated: see
-    docs/design.md).
+    docs/design.md).  ``cores`` per node (0: one per rank, as on a cluster) scales the
+    CPU-bound intra-node terms when ranks outnumber cores; ``collio-bench --calibrate``
+    measures every figure of this machine.
     """
 
     ppn: int = 64
@@ -62,6 +78,15 @@ class Cluster:
     aggregator_bandwidth: float = AGGREGATOR_BANDWIDTH
     intra_message_seconds: float = 5e-6
     intra_bandwidth: float = 4e9
+    cores: int = 0
+    call_seconds: float = 0.0
+    round_seconds: float = 0.0
+    run_seconds: float = 0.0
+
+    @property
+    def oversubscribed(self) -> float:
+        """How many of a node's ranks share one core (at least 1)."""
+        return max(1.0, self.ppn / self.cores) if self.cores > 0 else 1.0
 
     @classmethod
     def parse(cls, text: str | None) -> Cluster:
@@ -98,6 +123,7 @@ class Prediction:
     intra: float
     storage: float
     overlapped: float  # storage hidden behind the next round's exchange
+    call: float  # the call's fixed cost (``Cluster.call_seconds``)
     predicted_seconds: float
     max_sources: int  # most messages an aggregator takes in one round
     min_message: int  # smallest mean message from a source to an aggregator (bytes)
@@ -133,12 +159,18 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     per_sender = float(m.sum()) / len(senders)  # messages each source sends per round
     proc = max(float(m.max(initial=0)), per_sender) * cl.intra_message_seconds
     proc += float((b / n).max(initial=0)) / cl.intra_bandwidth
+    if cl.run_seconds:  # the most runs an aggregator takes, or a rank sends, in a round
+        pieces = float((res.agg_pieces / nr).max(initial=0))
+        proc += max(pieces, res.rank_runs_max / rounds) * cl.run_seconds
     if res.two_level:  # the local aggregators' stage: their ranks' pieces of the round
         gb = res.group_bytes / rounds
         stage = res.group_ranks * cl.intra_message_seconds + gb / cl.intra_bandwidth
         proc += float(stage.max(initial=0))
+    proc *= cl.oversubscribed
     store = max(float(b.max(initial=0)) / cl.aggregator_bandwidth,
                 float(b.sum()) / (cl.targets * cl.target_bandwidth))  # fmt: skip
+    meet = cl.round_seconds * (2 if res.two_level else 1)
+    proc += meet
     x = nic + inj + proc
     if overlap:
         total = x + (rounds - 1) * max(x, store) + store
@@ -148,7 +180,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     sizes = b[has] / np.maximum(m[has], 1)
     return Prediction(
         strategy, rounds, rounds * nic, rounds * inj, rounds * proc, rounds * store, hidden,
-        total, int(res.msgs.max(initial=0)), int(sizes.min()) if len(sizes) else 0,
+        cl.call_seconds, total + cl.call_seconds, int(res.msgs.max(initial=0)),
+        int(sizes.min()) if len(sizes) else 0,
     )  # fmt: skip
 
 
@@ -157,7 +190,8 @@ def _direct(res: SimResult, cl: Cluster, strategy: str) -> Prediction:
     per_rank = res.nbytes / max(res.nranks, 1)
     store = max(per_rank / cl.aggregator_bandwidth,
                 res.nbytes / (cl.targets * cl.target_bandwidth))  # fmt: skip
-    return Prediction(strategy, 0, 0.0, 0.0, 0.0, store, 0.0, store, 0, 0)
+    call = cl.call_seconds
+    return Prediction(strategy, 0, 0.0, 0.0, 0.0, store, 0.0, call, store + call, 0, 0)
 
 
 #: The strategies compared: collio in two levels, in one, and ROMIO's (one aggregator

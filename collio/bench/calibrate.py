@@ -1,0 +1,326 @@
+"""``collio-bench --calibrate``: the cost model's terms measured here, and checked.
+
+Run under mpiexec (4 ranks; 8 ranks with ``COLLIO_RANKS_PER_NODE=4`` for two nodes).
+In one job it
+
+1. measures the terms the model needs of this machine: one process's memory copy
+   bandwidth; MPI's bandwidth, one message's cost and one run's in a message of many,
+   between two ranks (the other ranks sleep, so that these are a core's figures); the time all
+   ranks take to meet (each sends every other a tiny message, all polling: a round's
+   synchronisation, which ranks sharing cores pay in turns on a core); the cores per
+   node;
+2. runs real calls of column blocks and block-cyclic, collio in one level (and in two
+   when there is more than one node) next to the ceiling, and the same APIs on a tiny
+   array (:data:`TINY`), whose medians are each call's fixed cost (opening, planning,
+   agreeing, syncing, closing); the ceiling's medians less its fixed cost give the
+   storage's write and read bandwidth;
+3. plans each call with the simulator (the hints each call used) and prices it with
+   :func:`collio.sim.cost.predict` on the cluster those figures describe, and prints
+   predicted against measured (medians) with their ratio; ``--json`` has every figure.
+
+It is its own mode, not ``--simulate --check``: the simulator runs without MPI for
+virtual ranks, this runs real calls under mpiexec.  The cluster description is derived
+at run time, because every figure of it is measured by the same job whose calls it
+predicts.  On one machine emulated nodes share its memory, so the inter-node link is
+the same copy and messages: a node's cores move its bytes and messages in parallel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..hints import KNOWN, Hints
+from ..waits import quiet_barrier
+from .main import emitter, failed, machine_facts, single_copies
+from .report import write_json
+from .run import BenchConfig, balanced_orders, run_bench
+
+__all__ = ["PATTERNS", "TINY", "TOLERANCE", "calibrate", "cluster_for", "measure_terms"]
+
+#: The decompositions checked: few large runs per rank, and many small ones.
+PATTERNS = ("colblock", "cyclic")
+#: The model is checked to within this share of the measured time.
+TOLERANCE = 0.30
+#: The tiny array whose calls are all fixed cost: a few KiB per rank.
+TINY = "64"
+_COPY_BYTES = 64 << 20  # past every cache: the copies of a round are megabytes
+_MESSAGE_BYTES = 256  # the small pieces a block-cyclic round is made of
+_MESSAGES = 2000
+_MEETINGS = 30
+_RUNS = 16384  # a block-cyclic round's runs at an aggregator
+
+
+def _one_rank(comm: MPI.Intracomm, ranks: tuple[int, ...], work: Any) -> float:
+    """Collective: ``work()`` timed on ``ranks`` while the others sleep; rank 0's figure."""
+    value = work() if comm.rank in ranks else 0.0
+    quiet_barrier(comm)
+    return float(comm.bcast(value, root=0))
+
+
+def _copy_bandwidth() -> float:
+    src = np.ones(_COPY_BYTES, np.uint8)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return _COPY_BYTES / statistics.median(times)
+
+
+def _message_bandwidth(comm: MPI.Intracomm) -> float:
+    """Bytes per second of a large message from rank 0 to rank 1: the copy MPI does
+    for a round's bytes between two processes (single-copy or through its cells)."""
+    buf = np.ones(_COPY_BYTES, np.uint8)
+    peer = 1 - comm.rank
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        if comm.rank == 0:
+            comm.Send(buf, dest=peer)
+            comm.Recv(buf[:1], source=peer)
+        else:
+            comm.Recv(buf, source=peer)
+            comm.Send(buf[:1], dest=peer)
+        times.append(time.perf_counter() - t0)
+    return _COPY_BYTES / statistics.median(times)
+
+
+def _message_seconds(comm: MPI.Intracomm) -> float:
+    """One-way time of a small message between ranks 0 and 1 (half a round trip)."""
+    buf = np.zeros(_MESSAGE_BYTES, np.uint8)
+    peer = 1 - comm.rank
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(_MESSAGES):
+            if comm.rank == 0:
+                comm.Send(buf, dest=peer)
+                comm.Recv(buf, source=peer)
+            else:
+                comm.Recv(buf, source=peer)
+                comm.Send(buf, dest=peer)
+        runs.append((time.perf_counter() - t0) / (2 * _MESSAGES))
+    return statistics.median(runs)
+
+
+def _run_seconds(comm: MPI.Intracomm) -> float:
+    """What one run of a message costs beyond its bytes, rank 0 to rank 1: the same
+    bytes as :data:`_RUNS` runs of :data:`_MESSAGE_BYTES` apart, and contiguous."""
+    nbytes = _RUNS * _MESSAGE_BYTES
+    buf = np.zeros(2 * nbytes, np.uint8)
+    disp = np.arange(_RUNS, dtype=np.int64) * (2 * _MESSAGE_BYTES)
+    runs = MPI.BYTE.Create_hindexed_block(_MESSAGE_BYTES, disp.tolist()).Commit()
+    peer = 1 - comm.rank
+    out = {}
+    try:
+        for name, spec in (("runs", [buf, 1, runs]), ("bytes", [buf[:nbytes], MPI.BYTE])):
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                if comm.rank == 0:
+                    comm.Send(spec, dest=peer)
+                    comm.Recv(buf[:1], source=peer)
+                else:
+                    comm.Recv(spec, source=peer)
+                    comm.Send(buf[:1], dest=peer)
+                times.append(time.perf_counter() - t0)
+            out[name] = statistics.median(times)
+    finally:
+        runs.Free()
+    return max(out["runs"] - out["bytes"], 0.0) / _RUNS
+
+
+def _meeting_seconds(comm: MPI.Intracomm) -> float:
+    """Collective over `comm`: the slowest rank's median time for every rank to send a
+    tiny message to every other and receive theirs, every rank polling as in a round."""
+    buf = np.zeros(8 * comm.size, np.uint8)
+    out = np.empty_like(buf)
+    peers = range(1, comm.size)
+    times = []
+    for _ in range(_MEETINGS):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        reqs = [comm.Isend(buf[:8], dest=(comm.rank + d) % comm.size) for d in peers]
+        reqs += [comm.Irecv(out[8 * d : 8 * d + 8], source=(comm.rank - d) % comm.size)
+                 for d in peers]  # fmt: skip
+        MPI.Request.Waitall(reqs)
+        times.append(time.perf_counter() - t0)
+    return float(comm.allreduce(statistics.median(times), op=MPI.MAX))
+
+
+def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
+    """Collective over `comm`: copy bandwidth, message cost, the time ranks take to meet
+    (a round's synchronisation) and cores per node, here."""
+    copy = _one_rank(comm, (0,), _copy_bandwidth)
+    mbw = _one_rank(comm, (0, 1), lambda: _message_bandwidth(comm)) if comm.size > 1 else copy
+    meet = _meeting_seconds(comm) if comm.size > 1 else 0.0
+    run = _one_rank(comm, (0, 1), lambda: _run_seconds(comm)) if comm.size > 1 else 0.0
+    msg = _one_rank(comm, (0, 1), lambda: _message_seconds(comm)) if comm.size > 1 else 0.0
+    hosts = len(set(comm.allgather(MPI.Get_processor_name())))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    # emulated nodes on one host share its cores
+    per_node = max(1, (cores or 1) * hosts // max(nnodes, 1))
+    return {"copy_bandwidth": copy, "message_bandwidth": mbw, "message_seconds": msg,
+            "cores_per_node": per_node, "round_seconds": meet, "run_seconds": run,
+            "host_cores": float(cores or 1), "hosts": float(hosts)}  # fmt: skip
+
+
+def cluster_for(
+    terms: dict[str, float], ppn: int, storage_bandwidth: float, call_seconds: float
+) -> Any:
+    """The cost model's cluster for this machine: its nodes' link is its memory.
+
+    A process receives bytes at ``message_bandwidth`` (MPI's copy between processes,
+    not numpy's ``copy_bandwidth`` within one) and pays ``message_seconds`` per message;
+    a node moves bytes and messages on all its cores at once; a round's ranks take
+    ``round_seconds`` to meet (measured with all of them polling); storage is one target
+    of the ceiling's bandwidth, which one aggregator alone can reach as well; a call
+    costs ``call_seconds`` besides.
+    """
+    from ..sim import Cluster
+
+    cores = int(terms["cores_per_node"])
+    return Cluster(
+        ppn=ppn, node_bandwidth=terms["message_bandwidth"] * cores,
+        message_seconds=terms["message_seconds"] / cores, target_bandwidth=storage_bandwidth,
+        targets=1, aggregator_bandwidth=storage_bandwidth,
+        intra_message_seconds=terms["message_seconds"], intra_bandwidth=terms["message_bandwidth"],
+        cores=cores, call_seconds=call_seconds, round_seconds=terms["round_seconds"],
+        run_seconds=terms["run_seconds"],
+    )  # fmt: skip
+
+
+def _sim_hints(used: dict[str, Any]) -> Hints:
+    """The hints a real call used, as the simulator takes them (its choices made explicit)."""
+    keep = {k: v for k, v in used.items() if k in KNOWN and v is not None}
+    if not keep.get("cb_local_aggregators"):
+        keep.pop("cb_local_aggregators", None)
+    return Hints.coerce({k: str(v) for k, v in keep.items()}, warn=False)
+
+
+def predict_case(work: Any, used: dict[str, Any], op: str, cl: Any) -> Any:
+    """The simulator's plan of one real call, priced on cluster ``cl``."""
+    from ..sim import SimConfig, predict, simulate
+
+    cfg = SimConfig(hints=_sim_hints(used), ppn=cl.ppn, writing=op == "write", local_fs=True)
+    res = simulate(work, cfg)
+    return res, predict(res, cl, str(used.get("cb_two_level", "")))
+
+
+def calibrate(args: argparse.Namespace, workload: Any) -> int:
+    """Collective over ``MPI.COMM_WORLD``: measure, run, predict; rank 0 prints and saves."""
+    from ..aggregators.nodes import ranks_per_node_from_env
+
+    comm = MPI.COMM_WORLD
+    emit = emitter(comm)
+    try:
+        k = ranks_per_node_from_env()
+    except ValueError as exc:
+        return failed(comm, exc, 2)
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ppn = k or shared.size
+    shared.Free()
+    ppn = min(ppn, comm.size)
+    nnodes = -(-comm.size // ppn)
+    apis: tuple[str, ...] = ("collio-one-level", "collio-two-level", "ceiling")
+    if nnodes == 1:
+        apis = ("collio-one-level", "ceiling")
+    cycle = len(balanced_orders(len(apis)))
+    iterations = args.iterations or cycle * -(-5 // cycle)
+    copies = single_copies(comm)
+    terms = measure_terms(comm, nnodes)
+    emit(
+        f"collio-bench --calibrate: {comm.size} ranks as {nnodes} node(s) of {ppn}, "
+        f"{int(terms['cores_per_node'])} core(s) per node; one process copies at "
+        f"{terms['copy_bandwidth'] / 1e9:.2f} GB/s, MPI moves "
+        f"{terms['message_bandwidth'] / 1e9:.2f} GB/s between two, a message costs "
+        f"{terms['message_seconds'] * 1e6:.2f} us, a run in one "
+        f"{terms['run_seconds'] * 1e9:.0f} ns, ranks meet in "
+        f"{terms['round_seconds'] * 1e3:.2f} ms"
+    )
+    runs: dict[str, Any] = {}
+    cases: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    size = args.size
+    fixed: dict[tuple[str, str], float] = {}
+    for pattern in ("tiny", *PATTERNS):
+        args.pattern, args.size = ("colblock", TINY) if pattern == "tiny" else (pattern, size)
+        try:
+            work = workload(args, comm.size)
+        except ValueError as exc:
+            return failed(comm, exc, 2)
+        cfg = BenchConfig(work, apis, iterations, hints=tuple(args.hints))
+        what = "fixed costs: " if pattern == "tiny" else ""
+        emit(f"== {what}{work.describe()}: {', '.join(apis)}, {iterations} iterations")
+        runner, _, _ = run_bench(comm, cfg, emit)
+        if comm.rank != 0:
+            continue
+        medians = _medians(runner.rows, apis)
+        runs[pattern] = {"describe": work.describe(), "bytes": work.nbytes,
+                         "rows": [dataclasses.asdict(r) for r in runner.rows],
+                         "hints_used": runner.hints_used}  # fmt: skip
+        if pattern == "tiny":
+            fixed = medians
+            continue
+        for op in ("write", "read"):
+            ceiling = medians[("ceiling", op)]
+            # the ceiling's own fixed cost is no part of the storage's bandwidth
+            moving = max(ceiling - fixed[("ceiling", op)], 1e-3 * ceiling)
+            for api in apis[:-1]:
+                cl = cluster_for(terms, ppn, work.nbytes / moving, fixed[(api, op)])
+                res, p = predict_case(work, runner.hints_used[api], op, cl)
+                measured = medians[(api, op)]
+                ratio = p.predicted_seconds / measured
+                cases.append({
+                    "pattern": pattern, "api": api, "op": op, "measured_seconds": measured,
+                    "predicted_seconds": p.predicted_seconds, "ratio": ratio,
+                    "within": abs(ratio - 1.0) <= TOLERANCE, "two_level": res.two_level,
+                    "aggregators": res.naggs, "terms": p.as_dict(), "cluster": cl.as_dict(),
+                    "ceiling_seconds": ceiling, "ceiling_fixed_seconds": fixed[("ceiling", op)],
+                })  # fmt: skip
+    facts = machine_facts(comm, ".", copies)
+    if comm.rank == 0:
+        print(format_cases(cases))
+        if args.json:
+            from .machine import command
+
+            write_json(args.json, {
+                "command": command(), "nranks": comm.size, "nodes": nnodes, "ppn": ppn,
+                "iterations": iterations, "tolerance": TOLERANCE, "terms": terms,
+                "fixed_seconds": {f"{a} {op}": v for (a, op), v in fixed.items()},
+                "cases": cases, "runs": runs, "machine": facts,
+                "seconds": time.perf_counter() - t0,
+            })  # fmt: skip
+    return 0
+
+
+def _medians(rows: list[Any], apis: tuple[str, ...]) -> dict[tuple[str, str], float]:
+    """Median barrier-to-barrier time by (API, operation)."""
+    return {
+        (api, op): statistics.median(r.total for r in rows if (r.api, r.op) == (api, op))
+        for api in apis for op in ("write", "read")
+    }  # fmt: skip
+
+
+def format_cases(cases: list[dict[str, Any]]) -> str:
+    """Predicted against measured, one line per pattern, API and operation."""
+    lines = [
+        f"{'pattern':<9} {'API':<17} {'op':<5} {'measured':>9} {'fixed':>7} {'predicted':>9} "
+        f"{'ratio':>6}  within +-{TOLERANCE:.0%}"
+    ]
+    for c in cases:
+        lines.append(
+            f"{c['pattern']:<9} {c['api']:<17} {c['op']:<5} {c['measured_seconds']:>8.3f}s "
+            f"{c['terms']['call']:>6.3f}s {c['predicted_seconds']:>8.3f}s {c['ratio']:>6.2f}  "
+            f"{'yes' if c['within'] else 'no'}"
+        )
+    return "\n".join(lines)

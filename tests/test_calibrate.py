@@ -1,0 +1,106 @@
+"""``collio-bench --calibrate``: the cost model's terms measured here and checked on real
+calls.  What is tested is that the mode runs and that its figures agree with each other
+(every prediction is the simulator's plan of the call priced on the cluster it saved, every
+measured time the median of the saved rows), not how close the model comes: that is the
+benchmark's result, in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+
+import pytest
+
+from collio.bench.calibrate import PATTERNS, TINY, TOLERANCE, predict_case
+from collio.bench.patterns import make_workload
+from collio.hints import Hints
+from collio.sim import Cluster, SimConfig, predict, simulate
+from collio.testing.jobs import MPIEXEC, mpiexec
+
+BENCH = [sys.executable, "-m", "collio.bench"]
+
+
+def test_ranks_sharing_cores_scale_the_on_node_terms_alone():
+    """A node of 8 ranks on 2 cores does its processes' copies and messages in turns:
+    the on-node term 4 times a core per rank's, the network's and storage's unchanged."""
+    work = make_workload("cyclic", 8, size="512", cyclic_block=8)
+    res = simulate(work, SimConfig(hints=Hints(cb_buffer_size=65536), ppn=4))
+    own, shared = Cluster(ppn=4), Cluster(ppn=4, cores=1)
+    assert own.oversubscribed == 1.0 and shared.oversubscribed == 4.0
+    assert Cluster(ppn=4, cores=8).oversubscribed == 1.0
+    a, b = predict(res, own, "x"), predict(res, shared, "x")
+    assert a.intra > 0 and b.intra == pytest.approx(4 * a.intra)
+    assert (b.messages, b.injection, b.storage) == (a.messages, a.injection, a.storage)
+    assert Cluster.parse("cores=2,ppn=4").oversubscribed == 2.0
+    # a round's meeting, once per stage (already measured with ranks sharing cores)
+    met = predict(res, dataclasses.replace(shared, round_seconds=0.01), "x")
+    assert met.intra == pytest.approx(b.intra + 0.01 * res.rounds * (2 if res.two_level else 1))
+    # every run costs its sender and its receiver: the busiest of them sets the time
+    runs = predict(res, dataclasses.replace(own, run_seconds=1e-6), "x")
+    per_round = max((res.agg_pieces / res.agg_rounds.clip(1)).max(), res.rank_runs_max / res.rounds)
+    assert per_round > 1
+    assert runs.intra == pytest.approx(a.intra + 1e-6 * per_round * res.rounds)
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
+@pytest.mark.parametrize("nranks", [4, 8], ids=["4ranks", "8ranks-2nodes"])
+def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
+    out = tmp_path / "cal.json"
+    env = {"COLLIO_RANKS_PER_NODE": "4"} if nranks == 8 else {}
+    args = ["-n", str(nranks), *BENCH, "--calibrate", "--size", "256", "-i", "2"]
+    proc = mpiexec([*args, "--json", str(out)], timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    nodes = 2 if nranks == 8 else 1
+    assert doc["nranks"] == nranks and doc["nodes"] == nodes and doc["ppn"] == 4
+    assert doc["tolerance"] == TOLERANCE and doc["iterations"] == 2
+    apis = ["collio-one-level", "collio-two-level"][:nodes]
+    want = [(p, a, op) for p in PATTERNS for op in ("write", "read") for a in apis]
+    assert [(c["pattern"], c["api"], c["op"]) for c in doc["cases"]] == want
+    terms = doc["terms"]
+    assert terms["copy_bandwidth"] > 0 and terms["message_bandwidth"] > 0
+    assert terms["message_seconds"] > 0
+    assert terms["round_seconds"] > 0 and terms["run_seconds"] >= 0
+    cores = len(os.sched_getaffinity(0))
+    assert terms["cores_per_node"] == max(1, cores // nodes)
+    assert set(doc["runs"]) == {"tiny", *PATTERNS}
+    assert doc["runs"]["tiny"]["bytes"] == int(TINY) ** 2 * 8
+    for c in doc["cases"]:
+        cl = c["cluster"]
+        assert cl["ppn"] == 4 and cl["cores"] == terms["cores_per_node"] and cl["targets"] == 1
+        assert cl["intra_bandwidth"] == terms["message_bandwidth"]
+        assert cl["node_bandwidth"] == terms["message_bandwidth"] * terms["cores_per_node"]
+        assert cl["intra_message_seconds"] == terms["message_seconds"]
+        assert cl["round_seconds"] == terms["round_seconds"]
+        assert cl["run_seconds"] == terms["run_seconds"]
+        # the fixed costs are the medians of the tiny calls
+        tiny = doc["runs"]["tiny"]["rows"]
+        for api, key in ((c["api"], "call_seconds"), ("ceiling", None)):
+            mine = [r["total"] for r in tiny if (r["api"], r["op"]) == (api, c["op"])]
+            assert doc["fixed_seconds"][f"{api} {c['op']}"] == statistics.median(mine)
+            if key:
+                assert cl[key] == statistics.median(mine) == c["terms"]["call"]
+        run = doc["runs"][c["pattern"]]
+        rows = [r["total"] for r in run["rows"] if (r["api"], r["op"]) == (c["api"], c["op"])]
+        assert len(rows) == 2 and c["measured_seconds"] == statistics.median(rows)
+        ceiling = [r["total"] for r in run["rows"] if (r["api"], r["op"]) == ("ceiling", c["op"])]
+        assert c["ceiling_seconds"] == statistics.median(ceiling)
+        cl = Cluster(**c["cluster"])
+        moving = c["ceiling_seconds"] - c["ceiling_fixed_seconds"]
+        assert cl.target_bandwidth == run["bytes"] / max(moving, 1e-3 * c["ceiling_seconds"])
+        work = make_workload(c["pattern"], nranks, size="256", cyclic_block=64)
+        assert work.nbytes == run["bytes"]
+        used = run["hints_used"][c["api"]]
+        assert used["cb_two_level"] == ("enable" if c["api"].endswith("two-level") else "disable")
+        res, p = predict_case(work, used, c["op"], cl)
+        assert res.two_level == c["two_level"] == (c["api"] == "collio-two-level")
+        assert dataclasses.asdict(p) == c["terms"]
+        assert c["predicted_seconds"] == p.predicted_seconds > 0
+        assert c["ratio"] == c["predicted_seconds"] / c["measured_seconds"]
+        assert c["within"] == (abs(c["ratio"] - 1) <= TOLERANCE)
+        line = f"{c['pattern']:<9} {c['api']:<17} {c['op']:<5}"
+        assert any(ln.startswith(line) and ln.endswith("yes" if c["within"] else "no")
+                   for ln in proc.stdout.splitlines()), line  # fmt: skip
