@@ -308,6 +308,12 @@ class PosixBackend(Backend):
         finally:
             fcntl.lockf(self.fd, fcntl.LOCK_UN, hi - lo, lo)
 
+    def clean(self) -> bool:
+        """Nothing written since the last fsync and no early flush started since (its
+        error, if it failed, is the next sync's): every written byte is durable."""
+        fl = self.flusher
+        return not self.dirty and (fl is None or (fl.future is None and fl.error is None))
+
     def sync(self) -> None:
         """fsync, after the early flush still running (whose error is raised after it)."""
         early = self.flusher.wait() if self.flusher is not None else None
