@@ -177,7 +177,7 @@ CALLS = (
     "write_all_many", "read_all_many",
 )  # fmt: skip
 #: int64 slots of that agreement: error flag, call code and its negation, the call's own.
-HEAD_SLOTS = 16
+HEAD_SLOTS = 18
 _OWN = 3
 _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
 _CODES = 16  # codes per file: more than len(CALLS)
@@ -199,7 +199,7 @@ def call_head(
     Always one ``Iallreduce`` (MAX) of :data:`HEAD_SLOTS` int64: this rank's error flag;
     a code naming ``call`` (one of :data:`CALLS`) and ``file`` (its serial number on the
     communicator, agreed at open, and its name for messages), then the code negated, so
-    that the two maxima differ unless every rank passed the same code; then up to thirteen
+    that the two maxima differ unless every rank passed the same code; then up to fifteen
     slots of the call's own.  Since every call starts with the same operation, ranks that
     make different calls meet in it (rather than in operations that never match: a
     blocking and a nonblocking allreduce, or two of different lengths) and learn of it

@@ -31,8 +31,9 @@ def complete_call(
 ) -> None:
     """Collective: agree on the call's errors and reduce its counters into the stats.
 
-    The sums (with the error flag) and the maxima are reduced by two non-blocking
-    allreduces completed together: the call's last sync point.  ``patient`` waits
+    The sums (with the error flag) and the maxima are reduced by one non-blocking
+    allreduce (:func:`sum_then_max`): the call's last sync point, and its only
+    agreement after the head when nothing failed.  ``patient`` waits
     sleeping: after writes, after each rank's own I/O (direct path) and on remote
     backends, a rank done early must not spin on a core that another rank's I/O (or
     its I/O thread, or a server on the node) still needs.  ``items``: a batch's number
@@ -45,20 +46,23 @@ def complete_call(
     c.mapped_bytes += ctx.backend.take_mapped_bytes()
     c.runs += call.nruns
     sums, maxes = c.pack()
-    sums = np.append(sums, 0 if error is None else 1)
-    rs, rm = np.empty_like(sums), np.empty_like(maxes)
+    nsum = len(sums) + 1  # (the error flag is summed too)
+    vec = np.empty(nsum + len(maxes), np.int64)
+    vec[: nsum - 1] = sums
+    vec[nsum - 1] = 0 if error is None else 1
+    # times and rounds are never negative: their float64 bits order as int64 do
+    vec[nsum:] = np.maximum(maxes, 0.0).view(np.int64)
+    out = np.empty_like(vec)
     comm = ctx.comm
-    reqs = [
-        comm.Iallreduce([sums, MPI.INT64_T], [rs, MPI.INT64_T], op=MPI.SUM),
-        comm.Iallreduce([maxes, MPI.DOUBLE], [rm, MPI.DOUBLE], op=MPI.MAX),
-    ]
+    req = comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=sum_then_max(nsum))
     if patient:
-        sleep_until_done(reqs)
+        sleep_until_done(req)
     else:
-        MPI.Request.Waitall(reqs)
-    if rs[-1]:
+        req.Wait()
+    if out[nsum - 1]:
         raise_agreed(comm, error, what=what)
-    ctx.stats.absorb(rs[:-1], rm)
+    rs = out[: nsum - 1]
+    ctx.stats.absorb(rs, out[nsum:].view(np.float64))
     # calls are collective: count each once, not once per rank
     if call.hi > call.lo:
         if call.direct:
@@ -77,6 +81,27 @@ def complete_call(
         "nodes": ctx.nodes,
         "two_level": call.two_level,
     }
+
+
+_OPS: dict[int, MPI.Op] = {}
+
+
+def sum_then_max(nsum: int) -> MPI.Op:
+    """The reduction of a completion's vector: the first ``nsum`` int64 summed, the rest
+    (non-negative float64 seen as int64) the maximum.  One allreduce instead of a sum's
+    and a maximum's: every agreement of a small call costs each rank a scheduling round
+    trip, as much as the call's own work.  Made once per length (MPI ops live until the
+    process ends; there are one or two lengths)."""
+    op = _OPS.get(nsum)
+    if op is None:
+
+        def reduce(inbuf: Any, inout: Any, datatype: Any) -> None:
+            a, b = np.frombuffer(inbuf, np.int64), np.frombuffer(inout, np.int64)
+            b[:nsum] += a[:nsum]
+            np.maximum(b[nsum:], a[nsum:], out=b[nsum:])
+
+        op = _OPS[nsum] = MPI.Op.Create(reduce, commute=True)
+    return op
 
 
 def local_summary(ctx: Context, plan: Plan) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from .exchange import Shapes, group_shapes
 from .hints import Hints
 from .plancache import PlanCache
 from .policy import Path
+from .runs import Runs
 from .stats import Stats
 
 __all__ = ["Context", "Call", "Plan"]
@@ -67,6 +68,7 @@ class Call:
     reused: bool = False  # the plan of an earlier, identical call was used
     window: int = 0  # bytes per round (0: no two-phase round)
     plan_epoch: int = -1  # the kept plan every rank's check found for these runs (-1: none)
+    plan_shift: int = 0  # how far these runs lie from that plan's (the same on every rank)
     prekey: tuple[Any, ...] = ()  # what the plan depends on besides runs and extent
     nruns: int = 0  # this rank's runs (a batch's: the union of its items')
     name: str = ""  # the call, for messages (write_all, read_all_many, ...)
@@ -117,6 +119,24 @@ class Plan:
             counts = np.bincount(sround, minlength=nr)
             self._by_round = order, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         return self._by_round
+
+    def shifted(self, d: int) -> Plan:
+        """This plan for the same runs moved ``d`` bytes in the file, with its domains: every
+        file offset moved (domains, pieces, what the aggregator receives, its rounds'
+        extents, its message shapes); what is counted in windows, groups and buffer
+        offsets stays, and so do the shapes and order built from those."""
+        sp, ap = self.sender, self.agg
+        p = sp.pieces
+        sender = dataclasses.replace(sp, pieces=Runs(p.file + d, p.length, p.mem))
+        agg = None
+        if ap is not None:
+            agg = dataclasses.replace(ap, file=ap.file + d, rlo=ap.rlo + d, rhi=ap.rhi + d)
+        shapes = self._agg_shapes
+        if shapes is not None:
+            shapes = dataclasses.replace(shapes, first=shapes.first + d)
+        return dataclasses.replace(
+            self, bounds=self.bounds + d, sender=sender, agg=agg, _agg_shapes=shapes
+        )
 
     def nbytes(self) -> int:
         """Bytes of the plan's arrays (what keeping it costs)."""

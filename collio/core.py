@@ -208,8 +208,12 @@ class FileCore:
 
     def sync(self, call: str = "sync", *, rider: Rider | None = None) -> None:
         """Collective over ``comm``: the head, the rider's settling, then the backend's
-        sync on every rank and one agreement on its errors."""
-        self._agreed_head(call, rider)
+        sync on every rank and one agreement on its errors.  When no rank has anything
+        to make durable (``Backend.clean``: nothing written since its last sync, no early
+        flush running or failed), the head says so and the call ends there: every
+        written byte is durable already, and nothing could fail to agree on."""
+        if self._agreed_head(call, rider):
+            return
         failed, error = self._synced()
         if failed:
             raise_agreed(self.comm, error, what=call)
@@ -220,8 +224,8 @@ class FileCore:
         closing alone would leave the others waiting in their next call."""
         if self.closed:
             return
-        self._agreed_head("close", rider)  # (a call mismatch: failed() closed the file)
-        self._finish(*self._synced(), rider)
+        clean = self._agreed_head("close", rider)  # (a call mismatch: failed() closed it)
+        self._finish(*((False, None) if clean else self._synced()), rider)
 
     def release(self, rider: Rider | None = None) -> None:
         """Local: close the backend and let go of the communicator (idempotent)."""
@@ -244,21 +248,27 @@ class FileCore:
             priv.release()
 
     # -- completion ---------------------------------------------------------------
-    def _agreed_head(self, call: str, rider: Rider | None) -> None:
+    def _agreed_head(self, call: str, rider: Rider | None) -> bool:
         """Collective: the head of ``sync``/``close``, before the backend's sync (which may
         be collective, ``MPI_File_sync``: no rank may enter it while another is in a
         different call).  A rider's failure after the head closes the file on this
-        rank when the call is ``close`` (every rank raises it alike)."""
-        error, own = rider.prepare() if rider is not None else (None, ())
+        rank when the call is ``close`` (every rank raises it alike).
+
+        Returns (alike on every rank) whether the backend's sync may be skipped: without
+        a rider, every rank's backend is :meth:`~collio.backends.base.Backend.clean`."""
+        if rider is None:  # (one slot: some rank has something to make durable)
+            dirty = 0 if self.ctx.backend.clean() else 1
+            _, out = self.head(call, own=(dirty,))
+            return int(out[0]) == 0
+        error, own = rider.prepare()
         failed, out = self.head(call, failed=error is not None, own=own, rider=rider)
-        if rider is None:
-            return
         try:
             rider.settle(call, failed, error, out)
         except BaseException:
             if call == "close":
                 self.release(rider)
             raise
+        return False
 
     def _synced(self) -> tuple[bool, BaseException | None]:
         """Collective: the backend's sync on every rank, then an agreement on its errors

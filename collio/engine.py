@@ -74,6 +74,8 @@ class _Checked(PathFacts):
     moved: bool = fact(How.ANY)
     shift: int | None = fact(How.EQUAL)
     items: int | None = fact(How.EQUAL)  # a batch's items (None: ranks pass different counts)
+    # how far every rank's runs lie from the kept plan's (zigzag coded; None: ranks differ)
+    plan_shift: int | None = fact(How.EQUAL)
 
 
 @record
@@ -112,16 +114,17 @@ def _check(
     step = Attempt()
     prekey = _prekey(ctx, writing)
     # what a rank that fails contributes (its flag makes every rank raise first)
-    local: _Found = (Runs.empty(), np.zeros(0, np.uint8), None, None, -1, False)
+    local: _Found = (Runs.empty(), np.zeros(0, np.uint8), None, None, (-1, 0), False)
     with step:
         local = _check_locally(ctx, source, prekey, writing=writing)
-    runs, buf, extra, sig, plan, mapped = local
+    runs, buf, extra, sig, (plan, shift), mapped = local
     lo, hi = runs.extent() if len(runs) else (_BIG, 0)
     call_name = ("write_all" if writing else "read_all") + ("" if count is None else "_many")
     mine = _Checked(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
         sig=digest(sig), plan=plan, items=-1 if count is None else count,
+        plan_shift=_zigzag(shift) if len(runs) else NOT_COMPARED,
         **_moved(ctx.extents, lo, hi),
     )  # fmt: skip
     # the call's first operation, as of every collective call on a file: a call mismatch
@@ -136,15 +139,27 @@ def _check(
         raise_mismatch(ctx.comm, sig)
     call = _choose(ctx, agreed, runs, (lo, hi), writing=writing)
     call.prekey, call.nruns, call.name = prekey, len(runs), call_name
-    if agreed.plan is not None:  # every rank found the plan of the same earlier call (or none)
+    if agreed.plan is not None and agreed.plan_shift is not None:
+        # every rank found the plan of the same earlier call (or none), its runs shifted alike
         call.plan_epoch = agreed.plan
+        call.plan_shift = _unzigzag(agreed.plan_shift) if agreed.plan_shift >= 0 else 0
     return runs, buf, extra, call
+
+
+def _zigzag(d: int) -> int:
+    """A shift as a non-negative fact (:data:`How.EQUAL` compares those)."""
+    return 2 * d if d >= 0 else -2 * d - 1
+
+
+def _unzigzag(z: int) -> int:
+    return z // 2 if z % 2 == 0 else -(z + 1) // 2
 
 
 #: What a rank's local checks found: its runs, its buffer and what ``prepare`` returned
 #: beside it, the layout's global array (None: not compared), the epoch of the kept
-#: plan for these runs (-1: none), and whether it would copy a read from the mapped file.
-_Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, int, bool]
+#: plan for these runs (-1: none) with how far these runs lie from its runs, and whether it
+#: would copy a read from the mapped file.
+_Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, tuple[int, int], bool]
 
 
 def _moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, Any]:
@@ -158,8 +173,7 @@ def _moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, 
         return {"moved": False, "shift": NOT_COMPARED}
     if hi <= lo or phi <= plo or hi - lo != phi - plo:
         return {"moved": True, "shift": NOT_COMPARED}
-    d = lo - plo
-    return {"moved": False, "shift": 2 * d if d >= 0 else -2 * d - 1}
+    return {"moved": False, "shift": _zigzag(lo - plo)}
 
 
 def _check_locally(ctx: Context, source: Any, prekey: Any, *, writing: bool) -> _Found:
@@ -176,10 +190,10 @@ def _check_locally(ctx: Context, source: Any, prekey: Any, *, writing: bool) -> 
         )
     runs, buf, extra, sig = source()
     # a kept plan for exactly these runs (every rank must find the same one: plancache)
-    plan = -1
+    plan = (-1, 0)
     if ctx.plans is not None:
         plan = ctx.plans.candidate(prekey, runs)
-        kept = ctx.plans.peek(plan) if plan >= 0 else None
+        kept = ctx.plans.peek(plan[0]) if plan[0] >= 0 else None
         if kept is not None:  # (allocations fail here, agreed, not in the rounds)
             prepare_rounds(kept, writing=writing)
     # (the mapping question may fail on one rank, e.g. its fstat: agreed too)
@@ -315,7 +329,9 @@ def _kept(ctx: Context, call: Call, key: tuple[Any, ...], bounds: I64, runs: Run
     if ctx.plans is None:
         return None
     if call.own is None:  # the check agreed on the candidate: no allreduce here
-        kept = ctx.plans.take(call.plan_epoch, key, bounds) if call.plan_epoch >= 0 else None
+        kept = None
+        if call.plan_epoch >= 0:
+            kept = ctx.plans.take(call.plan_epoch, key, bounds, call.plan_shift)
     else:  # the runs were split after the check (kept by their ranks): agree now
         kept = ctx.plans.lookup(ctx.comm, key, bounds, runs)
     call.reused = kept is not None

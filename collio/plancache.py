@@ -4,7 +4,10 @@ Planning a call costs a metadata all-to-all and sorting every piece on the
 aggregators: for a block-cyclic layout of 65,536 runs per rank, a large share of
 the call.  When every rank repeats a call it made before (same runs,
 same file domains and window, same aggregators, same direction), the plan is the
-same, so it is kept.  A rank finds its own candidate locally; the ranks then agree
+same, so it is kept.  So is a call whose runs are every rank's of an earlier call moved
+by one common shift (a time series: the same pattern one step further on), when the
+file domains move with them: its plan is the kept one with every file offset moved
+(``Plan.shifted``).  A rank finds its own candidate locally; the ranks then agree
 that they all found the entry made by the same earlier collective call (its epoch),
 and only then is it used.  The agreement rides in the call's check allreduce
 (:meth:`PlanCache.candidate`, :meth:`PlanCache.take`); calls whose runs a backend
@@ -59,6 +62,27 @@ def _same_runs(a: Runs, b: Runs) -> bool:
     )
 
 
+def _shift(a: Runs, b: Runs) -> int | None:
+    """How far every run of ``b`` lies after (or before) its run of ``a``, the lengths and
+    buffer offsets being equal; None when they are not such runs (0: the same runs)."""
+    if len(a) != len(b):
+        return None
+    if not len(a):
+        return 0
+    d = int(b.file[0]) - int(a.file[0])
+    if not (np.array_equal(a.length, b.length) and np.array_equal(a.mem, b.mem)):
+        return None
+    same = np.array_equal(a.file, b.file) if d == 0 else np.array_equal(a.file, b.file - d)
+    return d if same else None
+
+
+def _moved_by(e: _Entry, bounds: I64, shift: int) -> bool:
+    """The entry's domains are ``bounds`` less ``shift``, and its plan can be moved."""
+    if not shift:
+        return bool(np.array_equal(e.bounds, bounds))
+    return hasattr(e.plan, "shifted") and bool(np.array_equal(e.bounds + shift, bounds))
+
+
 class PlanCache:
     """Plans of earlier calls on one communicator, reused only when every rank agrees."""
 
@@ -93,41 +117,51 @@ class PlanCache:
         self.misses += 1
         return None
 
-    def candidate(self, prekey: tuple[Any, ...], runs: Runs) -> int:
-        """Local: the epoch of this rank's latest plan made with ``prekey`` and these runs, or -1.
+    def candidate(self, prekey: tuple[Any, ...], runs: Runs) -> tuple[int, int]:
+        """Local: the epoch of this rank's latest plan made with ``prekey`` and these runs,
+        or of runs that were these less a common ``shift`` (a time series: each call
+        the same pattern further on); ``(epoch, shift)``, ``(-1, 0)`` for none.
 
         ``prekey`` holds what the plan's key depends on besides the global extent
         (direction, aggregators, hints, the backend's units); with the same runs on
-        every rank the extent is the same too.  The ranks agree on the epoch inside
-        the call's check allreduce (no allreduce of its own); then :meth:`take`
-        confirms it against the call's domains and window.
+        every rank the extent is the same too, shifted alike if every rank's runs are.
+        The ranks agree on the epoch and the shift inside the call's check allreduce (no
+        allreduce of its own); then :meth:`take` confirms it against the call's domains
+        and window.  An empty rank's shift is 0: it has nothing to compare.
         """
-        found = next(
-            (
-                e
-                for e in reversed(self.entries)
-                if e.prekey == prekey and (e.source is runs or _same_runs(e.runs, runs))
-            ),
-            None,
-        )
-        return found.epoch if found is not None else -1
+        for e in reversed(self.entries):
+            if e.prekey != prekey:
+                continue
+            if e.source is runs:
+                return e.epoch, 0
+            d = _shift(e.runs, runs)
+            if d is not None:
+                return e.epoch, d
+        return -1, 0
 
     def peek(self, epoch: int) -> Any:
         """Local: the plan stored at ``epoch``, or None (nothing is counted or reordered)."""
         return next((e.plan for e in self.entries if e.epoch == epoch), None)
 
-    def take(self, epoch: int, key: tuple[Any, ...], bounds: I64) -> Any:
+    def take(self, epoch: int, key: tuple[Any, ...], bounds: I64, shift: int = 0) -> Any:
         """Local: the plan stored at ``epoch`` (agreed by every rank) if it was made with the
-        same ``key`` and ``bounds``, else None.  Entries of one epoch are equal on every
-        rank and ``key``/``bounds`` come from agreed values, so the answer is too."""
+        same ``key`` and ``bounds`` (less the agreed ``shift`` of every rank's runs), else
+        None; with a shift, that plan moved by it (``plan.shifted``: a plan kind without
+        it is not reused).  Entries of one epoch are equal on every rank and
+        ``key``/``bounds``/``shift`` come from agreed values, so the answer is too.
+
+        A shift keeps every domain, window and round: the domains are the entry's moved
+        by ``shift`` (checked), and windows, pieces and messages are placed relative to
+        them, so the plan made anew would be the kept one with every file offset moved.
+        """
         found = next((e for e in self.entries if e.epoch == epoch), None)
-        if found is None or found.key != key or not np.array_equal(found.bounds, bounds):
+        if found is None or found.key != key or not _moved_by(found, bounds, shift):
             self.misses += 1
             return None
         self.hits += 1
         self.entries.remove(found)
         self.entries.append(found)  # most recently used last
-        return found.plan
+        return found.plan.shifted(shift) if shift else found.plan
 
     @property
     def max_bytes(self) -> int:

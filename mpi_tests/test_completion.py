@@ -139,3 +139,47 @@ def test_close_after_sync_still_commits_an_atomic_write(comm, mpi_tmp_path):
     f.close()
     comm.Barrier()
     assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
+
+
+class CountingSync(FailingSync):
+    """Counts the backend syncs this rank ran (and fails as FailingSync when set)."""
+
+    syncs = 0
+
+    def sync(self) -> None:
+        CountingSync.syncs += 1
+        super().sync()
+
+
+register_backend("counting-sync", CountingSync)
+
+
+@pytest.mark.mpi
+def test_a_sync_with_nothing_to_make_durable_is_skipped_on_every_rank(comm, mpi_tmp_path):
+    """Once every rank's written bytes are synced, a sync (and a close) agrees in its head
+    that no rank has anything to make durable and runs no backend sync; a write on one
+    rank alone makes every rank run it again (its fsync error is agreed), and the bytes
+    are those written."""
+    path = str(mpi_tmp_path / "target.bin")
+    CountingSync.syncs, FailingSync.fail_rank = 0, 0
+    f, glob = _written(comm, path, 16, backend="counting-sync")
+    f.sync()
+    assert CountingSync.syncs == 1
+    f.sync()
+    assert CountingSync.syncs == 1  # nothing written since: skipped
+    lay = layouts.Segments([0], [8] if comm.rank == 0 else [0])
+    one = np.arange(1, dtype="<f8") + 7.0 if comm.rank == 0 else np.zeros(0, "<f8")
+    f.write_all(one.view(np.uint8), lay)
+    glob.reshape(-1)[0] = 7.0
+    FailingSync.fail = True
+    try:
+        _raises_everywhere(comm, f.sync, "rank 0: injected fsync error")
+    finally:
+        FailingSync.fail = False
+    assert CountingSync.syncs == 2  # every rank: rank 0 had something to make durable
+    f.sync()  # (rank 0's fsync failed: still dirty, so this one runs again everywhere)
+    assert CountingSync.syncs == 3
+    f.close()
+    assert CountingSync.syncs == 3  # close after a sync: nothing left to make durable
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)

@@ -169,3 +169,88 @@ def test_release_buffers_drops_kept_plans(comm, mpi_tmp_path):
     comm.Barrier()
     np.testing.assert_array_equal(_on_disk(path), glob)
     comm.Barrier()
+
+
+def _step_layout(comm: MPI.Comm, rows: int, cols: int, offset: int) -> layouts.Subarray:
+    """Column block ``comm.rank`` of a ``(rows, cols * size)`` float64 step at ``offset``."""
+    shape = (rows, cols * comm.size)
+    return layouts.Subarray(shape, (0, comm.rank * cols), (rows, cols), "<f8", offset=offset)
+
+
+def _romio_steps(comm, path, rows, cols, offsets, pieces):
+    """ROMIO's file of the same steps: a subarray view at each step's offset."""
+    fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    ft = MPI.DOUBLE.Create_subarray((rows, cols * comm.size), (rows, cols), (0, comm.rank * cols))
+    ft.Commit()
+    for off, piece in zip(offsets, pieces, strict=True):
+        fh.Set_view(off, MPI.DOUBLE, ft)
+        fh.Write_all(piece)
+    ft.Free()
+    fh.Close()
+
+
+@pytest.mark.parametrize("gap", [0, 4096 + 8])
+def test_a_time_series_reuses_the_plan_moved_by_its_step(comm, mpi_tmp_path, gap):
+    """Steps of one strided pattern, each further on in the file (gap: bytes between
+    steps, so the step is not a multiple of any alignment): from the second call on every
+    write and read reuses the kept plan moved by the step, in several rounds and domains;
+    the file is the numpy reference and ROMIO's file of the same steps, byte for byte, and
+    every step reads back."""
+    path, romio = str(mpi_tmp_path / "target.bin"), str(mpi_tmp_path / "romio.bin")
+    rows, cols, nsteps = 32, 24, 5
+    step = rows * cols * comm.size * 8 + gap
+    hints = {"cb_buffer_size": 4096, "romio_cb_write": "enable", "romio_cb_read": "enable",
+             "cb_nodes": comm.size}  # fmt: skip
+    rng = np.random.default_rng(21)
+    steps = [rng.random((rows, cols * comm.size)) for _ in range(nsteps)]
+    offsets = [k * step + 8 for k in range(nsteps)]
+    pieces = [np.ascontiguousarray(s[:, comm.rank * cols : (comm.rank + 1) * cols]) for s in steps]
+    reused, back = [], []
+    collio.release_buffers()  # (no plan of an earlier test: the first call plans)
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        for off, piece in zip(offsets, pieces, strict=True):
+            f.write_all(piece, _step_layout(comm, rows, cols, off))
+            reused.append(f.stats.last_call["plan_reused"])
+        for off in offsets:
+            back.append(f.read_all(_step_layout(comm, rows, cols, off)))
+            reused.append(f.stats.last_call["plan_reused"])
+    assert reused == [False] + [True] * (nsteps - 1) + [False] + [True] * (nsteps - 1)
+    assert all(np.array_equal(b, p) for b, p in zip(back, pieces, strict=True))
+    _romio_steps(comm, romio, rows, cols, offsets, pieces)
+    comm.Barrier()
+    ref = np.zeros(offsets[-1] + rows * cols * comm.size * 8, np.uint8)
+    for off, s in zip(offsets, steps, strict=True):
+        ref[off : off + s.nbytes] = s.reshape(-1).view(np.uint8)
+    got, theirs = np.fromfile(path, np.uint8), np.fromfile(romio, np.uint8)
+    assert np.array_equal(got, ref)
+    for off, s in zip(offsets, steps, strict=True):  # (ROMIO's holes are undefined)
+        assert np.array_equal(theirs[off : off + s.nbytes], got[off : off + s.nbytes])
+
+
+def test_one_rank_moving_by_another_step_is_never_served_a_moved_plan(comm, mpi_tmp_path):
+    """Three steps of one array; rank 0's piece of the second call is its column of the
+    third step, the others' of the second: the ranks' shifts differ, so the plan is made
+    anew, and the bytes are where every rank's layout says."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks whose shifts can differ")
+    path = str(mpi_tmp_path / "target.bin")
+    rows, cols = 16, 8
+    shape = (3, rows, cols * comm.size)
+    hints = {"cb_buffer_size": 4096, "romio_cb_write": "enable", "cb_nodes": comm.size}
+    glob = np.random.default_rng(22).random(shape)
+    collio.release_buffers()
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        for k in (0, 1):
+            at = 2 if k == 1 and comm.rank == 0 else k  # rank 0 writes its column of step 2
+            c0 = comm.rank * cols
+            lay = layouts.Subarray(shape, (at, 0, c0), (1, rows, cols), "<f8")
+            f.write_all(np.ascontiguousarray(glob[at : at + 1, :, c0 : c0 + cols]), lay)
+            assert f.stats.last_call["plan_reused"] is False
+    comm.Barrier()
+    got = np.zeros(glob.size)
+    disk = np.fromfile(path, "<f8")  # (it ends with rank 0's last run of step 2)
+    got[: len(disk)] = disk
+    got = got.reshape(shape)
+    assert np.array_equal(got[0], glob[0])
+    assert np.array_equal(got[1][:, cols:], glob[1][:, cols:])  # every column but rank 0's
+    assert np.array_equal(got[2][:, :cols], glob[2][:, :cols])

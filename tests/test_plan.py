@@ -289,3 +289,53 @@ def test_run_across_an_empty_domain_goes_to_the_right_aggregator():
             piece.file + piece.length <= bounds[d + 1]
         ).all()
     assert sp.per_dom.tolist() == [0, 1, 0, 3]
+
+
+def _plans(runs: list[Runs], bounds, window: int) -> list:
+    """Rank d's Plan of one call (rank d aggregating domain d), as the engine makes it."""
+    from collio.context import Plan
+
+    senders = [plan_sender(r, bounds, window) for r in runs]
+    doms = [s.gdom.repeat(np.diff(s.gstart)) for s in senders]  # each piece's domain
+    out = []
+    for d in range(len(bounds) - 1):
+        mine = [dm == d for dm in doms]
+        file = np.concatenate([s.pieces.file[m] for s, m in zip(senders, mine, strict=True)])
+        length = np.concatenate([s.pieces.length[m] for s, m in zip(senders, mine, strict=True)])
+        src = np.concatenate([np.full(int(m.sum()), r, np.int64) for r, m in enumerate(mine)])
+        ap, _ = plan_aggregator(file, length, src, int(bounds[d]), window)
+        plan = Plan(bounds, window, senders[d], senders[d].gwin.copy(), ap, ap.nrounds)
+        plan.agg_shapes(), plan.sender_shapes(), plan.by_round()
+        out.append(plan)
+    return out
+
+
+@given(st.lists(run_sets(), min_size=1, max_size=4), st.integers(-7, 5000), st.integers(1, 4))
+def test_a_plan_moved_by_a_shift_is_the_plan_of_the_moved_runs(sets, shift, naggs):
+    """Plan.shifted(d) of a call equals the plan made anew for every rank's runs moved by
+    d with its domains moved by d: every array, the message shapes included."""
+    naggs = min(naggs, len(sets))
+    base = 10_000
+    runs = [Runs(r.file + base, r.length, r.mem) for r in sets]
+    moved = [Runs(r.file + shift, r.length, r.mem) for r in runs]
+    ends = [(int(r.file[0]), int((r.file + r.length).max())) for r in runs if len(r)]
+    lo = min((e[0] for e in ends), default=base)
+    hi = max((e[1] for e in ends), default=base)
+    bounds = np.linspace(lo, max(hi, lo + naggs), naggs + 1).astype(np.int64)
+    window = 16
+    kept, fresh = _plans(runs, bounds, window), _plans(moved, bounds + shift, window)
+    for k, f in zip(kept, fresh, strict=True):
+        assert _flat(k.shifted(shift)) == _flat(f)
+
+
+def _flat(obj):
+    """Every array of a plan (nested dataclasses) as lists, for comparison."""
+    import dataclasses
+
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, tuple):
+        return [_flat(x) for x in obj]
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _flat(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return obj

@@ -312,6 +312,13 @@ class Backend(abc.ABC):
     def sync(self) -> None:
         """Make written data durable (on the ranks that wrote)."""
 
+    def clean(self) -> bool:
+        """Local: :meth:`sync` would do nothing on this rank now (nothing written since its
+        last sync, no early flush running or failed), so ``File.sync``/``close`` may skip
+        it when every rank says so.  False unless a backend knows: a sync that is
+        collective (``MPI_File_sync``) or publishes anything must always run."""
+        return False
+
     def commit(self, comm: Any, ok: bool) -> None:  # noqa: B027 - optional hook
         """Collective over `comm`: make the writes visible (``ok``) or drop them."""
 

@@ -36,6 +36,10 @@ __all__ = [
 _O_BINARY = getattr(os, "O_BINARY", 0)
 #: With holes="auto", a round with at most this many covered ranges skips the read.
 _FEW_RUNS = 16
+#: At most this many runs of at most this many bytes in all are read with pread even
+#: where the file is mapped (see read_runs).
+FEW_PREADS = 4
+PREAD_BYTES = 1 << 20
 #: Direct I/O (hint ``direct_write``) for the page-aligned middle of requests this big.
 _DIRECT_MIN = 1 << 20
 #: Bytes per direct write from a buffer that is not page-aligned (copied first).
@@ -240,10 +244,15 @@ class PosixBackend(Backend):
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
         """Copied from the mapped file when :meth:`maps_reads` allows, on every direct
         path (also disjoint extents, ``romio_cb_read=disable``, and a few large runs:
-        numpy's copy out of the map is faster than ``preadv`` into the array), else one
-        ``preadv`` each."""
+        numpy's copy out of the map is faster than ``preadv`` into the array), but for
+        a few small runs (:data:`FEW_PREADS`, :data:`PREAD_BYTES`), else one ``preadv``
+        each."""
         if self.maps_reads(runs):
             self._copyable = None  # (do not keep the runs beyond the call)
+            if len(runs) <= FEW_PREADS and runs.nbytes <= PREAD_BYTES:
+                # a small call's few runs: a pread each costs a few microseconds, a map
+                # (mmap, page faults, munmap and its TLB shootdown) ten or more
+                return super().read_runs(runs, out)
             read_mapped(self.fd, runs, out)
             self.mapped_bytes += runs.nbytes
             return len(runs)
@@ -307,6 +316,12 @@ class PosixBackend(Backend):
             yield
         finally:
             fcntl.lockf(self.fd, fcntl.LOCK_UN, hi - lo, lo)
+
+    def clean(self) -> bool:
+        """Nothing written since the last fsync and no early flush started since (its
+        error, if it failed, is the next sync's): every written byte is durable."""
+        fl = self.flusher
+        return not self.dirty and (fl is None or (fl.future is None and fl.error is None))
 
     def sync(self) -> None:
         """fsync, after the early flush still running (whose error is raised after it)."""

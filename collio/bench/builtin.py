@@ -75,8 +75,8 @@ class CollioApi(Api):
         direct_write), and after a read whether it copied from the map (mapped_reads)."""
         if writing or not hasattr(self, "used"):
             self.used = stats.hints
-        if not writing:
-            self.reads_mapped = stats.mapped_bytes > 0
+        if not writing:  # (the mapped path preads a rank's few small runs: no bytes copied)
+            self.reads_mapped = stats.mapped_bytes > 0 or stats.last_call.get("path") == "mapped"
         self.stats = stats
 
     def hints_used(self) -> dict[str, Any]:

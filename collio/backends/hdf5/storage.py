@@ -80,6 +80,11 @@ class FileBackend(PosixBackend):
         r: Runs = layout.runs()
         return Runs(r.file + self.offset, r.length, r.mem)
 
+    def clean(self) -> bool:
+        """Never: the sync publishes and fsyncs rank 0's metadata, which this backend does
+        not track."""
+        return False
+
     def sync(self) -> None:
         """fsync rank 0's published metadata and chunks, then the raw data (early flush)."""
         self.replica.vfile.sync()
