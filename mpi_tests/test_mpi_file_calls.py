@@ -390,7 +390,8 @@ def test_files_run_on_lanes_of_one_duplicate(comm, mpi_tmp_path):
     priv = private(user)
     assert [lane.busy for lane in priv.lanes] == [False]
     lane = priv.lanes[0]
-    assert lane.plans.hits >= 2  # (the later opens' writes reused the first's plan)
+    # the later opens' writes reused the first's plan (one rank writes its runs itself)
+    assert lane.plans.hits >= 2 or p == 1
     assert MPI.Comm.Compare(lane.comm, user) == MPI.CONGRUENT
     a = mpi.File.Open(user, path, RW)
     b = mpi.File.Open(user, path + ".b", RW | CREATE)
