@@ -11,6 +11,11 @@ completes all its messages before it returns, and collective calls on a
 communicator happen in the same order on every rank.  Calls from two threads at
 once on one communicator break that order (MPI forbids concurrent collectives on a
 communicator): :func:`exclusive` refuses the second at once, in its own thread.
+
+A file whose collective calls may run on a thread of their own (``collio.mpi``'s
+nonblocking collectives) cannot share it: it runs on a :class:`Lane`, another duplicate
+with kept plans of its own, lent to one open file at a time and kept for the next, so
+that opening and closing such files in a loop duplicates once, not at every open.
 """
 
 from __future__ import annotations
