@@ -176,6 +176,14 @@ def views_and_pointers(cls, comm, path):
         fh.Seek_shared(1, MPI.SEEK_CUR)
         out["shared cur"] = fh.Get_position_shared()
         comm.Barrier()
+        fh.Set_view(2, MPI.SHORT)  # (both pointers back to 0)
+        out["shared after view"] = fh.Get_position_shared()
+        comm.Barrier()
+        if comm.rank == comm.size - 1:
+            fh.Write_shared(np.full(3, 9, np.int16))
+        comm.Barrier()
+        out["shared moved"] = fh.Get_position_shared()
+        comm.Barrier()
     finally:
         ft.Free()
     fh.Close()
@@ -400,8 +408,13 @@ def test_files_run_on_lanes_of_one_duplicate(comm, mpi_tmp_path):
     req = b.Iwrite_at_all(8 * n * r, np.arange(n, dtype=np.int64) + n * r)
     req.Wait()
     assert len(_workers(path + ".b")) == 1
+    for _ in range(2):  # (each view's shared pointer has a file of its own, removed)
+        a.Read_shared(np.zeros(1, np.int64))
+        a.Set_view(0, MPI.BYTE)
     a.Close()
     b.Close()
+    comm.Barrier()
+    assert not [f for f in os.listdir(mpi_tmp_path) if "collio-shfp" in f]
     assert not _workers(path + ".b")
     assert [x.busy for x in priv.lanes] == [False, False]
     assert Path(path + ".b").read_bytes() == Path(path).read_bytes()
