@@ -11,6 +11,11 @@ completes all its messages before it returns, and collective calls on a
 communicator happen in the same order on every rank.  Calls from two threads at
 once on one communicator break that order (MPI forbids concurrent collectives on a
 communicator): :func:`exclusive` refuses the second at once, in its own thread.
+
+A file whose collective calls may run on a thread of their own (``collio.mpi``'s
+nonblocking collectives) cannot share it: it runs on a :class:`Lane`, another duplicate
+with kept plans of its own, lent to one open file at a time and kept for the next, so
+that opening and closing such files in a loop duplicates once, not at every open.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ from .collective import Attempt, agree
 from .errors import ConcurrentCallError
 from .plancache import PlanCache
 
-__all__ = ["Private", "exclusive", "node_map", "one_thread", "private"]
+__all__ = ["Lane", "Private", "exclusive", "node_map", "one_thread", "private"]
 
 _lock = threading.Lock()
+_lanes_lock = threading.Lock()  # (a Close on one thread may give a lane back during an Open)
 _keyval: int | None = None
 #: Communicators in a collective call of collio, by handle: (thread, its name, the call,
 #: calls in progress on that thread: a call may make another, e.g. close after a failure).
@@ -89,6 +95,23 @@ def one_thread(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+@dataclasses.dataclass(slots=True, eq=False)
+class Lane:
+    """A duplicate of a :class:`Private`'s communicator, with kept plans of its own, lent
+    to one open file at a time that must have a communicator of its own (a
+    :mod:`collio.mpi` file, whose nonblocking collectives run on a thread of their own).
+
+    Lent again after that file is closed (its calls completed every message), so a
+    program that opens and closes files in a loop pays one ``MPI_Comm_dup`` and plans
+    each layout once, as ``collio.File`` does on the shared duplicate.
+    """
+
+    comm: MPI.Intracomm
+    plans: PlanCache = dataclasses.field(default_factory=PlanCache)
+    busy: bool = False
+    kept: bool = True  # in Private.lanes, lent again (False: freed when given back)
+
+
 @dataclasses.dataclass(slots=True)
 class Private:
     """What collio keeps per user communicator."""
@@ -111,6 +134,8 @@ class Private:
     # a random number rank 0 drew, the same on every rank: names what the ranks make
     # together (a shared file pointer's file) without another message
     token: int = 0
+    # duplicates of ``comm`` lent to files that need their own (Lane), by index
+    lanes: list[Lane] = dataclasses.field(default_factory=list)
 
     def acquire(self) -> None:
         """A file starts using the duplicate."""
@@ -122,9 +147,59 @@ class Private:
         if self.orphaned and self.users <= 0:
             self._free()
 
+    def reserve(self) -> int:
+        """Local: the index of an idle lane, now held for this rank's open, or
+        ``len(lanes)`` when every lane is lent.  The open's first agreement compares
+        it (:meth:`lend`): ranks agree on it unless their lanes differ."""
+        with _lanes_lock:
+            for k, lane in enumerate(self.lanes):
+                if not lane.busy:
+                    lane.busy = True
+                    return k
+            return len(self.lanes)
+
+    def unreserve(self, k: int) -> None:
+        """Local: the open that reserved lane ``k`` failed before :meth:`lend`."""
+        with _lanes_lock:
+            if k < len(self.lanes):
+                self.lanes[k].busy = False
+
+    def lend(self, k: int, same: bool) -> Lane:
+        """Collective over ``comm`` (``same`` alike on every rank: every rank reserved
+        ``k``): lane ``k``, a new one when ``k`` is past the last, kept for later opens.
+        When the ranks reserved different lanes (their lanes differ: opens and closes
+        on threads of their own raced), every rank makes a duplicate that is freed
+        when given back, so no two ranks' calls meet on different communicators."""
+        if same and k < len(self.lanes):
+            return self.lanes[k]
+        if not same:
+            self.unreserve(k)
+        lane = Lane(self.comm.Dup(), busy=True, kept=same)
+        if same:
+            with _lanes_lock:
+                self.lanes.append(lane)
+        return lane
+
+    def give_back(self, lane: Lane) -> None:
+        """Local: the file ``lane`` was lent to is closed (its calls completed); free it
+        when it is not kept or the communicator is gone."""
+        with _lanes_lock:
+            lane.busy = False
+            if lane.kept and self.comm != MPI.COMM_NULL:
+                return
+            if lane in self.lanes:
+                self.lanes.remove(lane)
+        if lane.comm != MPI.COMM_NULL:
+            lane.comm.Free()
+
     def _free(self) -> None:
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
+        with _lanes_lock:  # (a lane still lent is freed when its file gives it back)
+            idle = [lane for lane in self.lanes if not lane.busy]
+            self.lanes = [lane for lane in self.lanes if lane.busy]
+        for lane in idle:
+            lane.comm.Free()
 
     def choose(
         self, cb_nodes: int | None, per_node: int | None, stripes: int | None = None

@@ -24,11 +24,10 @@ from mpi4py import MPI
 
 from .backends.base import Backend
 from .collective import Attempt, any_flag, call_head, raise_agreed, same_slots, settle_same
-from .comms import Private
+from .comms import Lane, Private
 from .context import Context
 from .errors import MismatchError, ModeError
 from .hints import Hints
-from .plancache import PlanCache
 from .stats import Stats, print_at_close
 from .twolevel import local_aggregators
 
@@ -54,11 +53,12 @@ class Rider(Protocol):
 class FileCore:
     """One file open on every rank of a communicator (see the module docstring)."""
 
-    __slots__ = ("ctx", "priv")
+    __slots__ = ("ctx", "priv", "lane")
 
-    def __init__(self, ctx: Context, priv: Private) -> None:
+    def __init__(self, ctx: Context, priv: Private, lane: Lane | None = None) -> None:
         self.ctx = ctx
         self.priv: Private | None = priv  # None once released
+        self.lane = lane  # the communicator of the file's own (open's ``lane``), or None
 
     # -- open -----------------------------------------------------------------
     @classmethod
@@ -74,6 +74,7 @@ class FileCore:
         opener: Callable[[MPI.Intracomm, Hints, T], Backend],
         engine_mode: str | None = None,
         label: str = "open arguments",
+        lane: bool = False,
     ) -> FileCore:
         """Collective over ``priv.comm``: agree on the arguments, open, choose aggregators.
 
@@ -82,6 +83,15 @@ class FileCore:
         needs; ``opener`` (collective) opens the backend.  One allreduce agrees on
         errors and on equal arguments; it is the head of an ``open`` call, so a rank
         opening beside the others' calls on an open file raises as they do.
+
+        ``lane``: the file's calls run on a communicator of its own, with kept plans of
+        its own (as ``MPI_File_open`` duplicates its communicator), for a front end that
+        runs some collective calls of a file on a thread of their own (MPI's nonblocking
+        collectives): those must share neither a communicator nor kept plans with the
+        calls the main thread makes on other files meanwhile.  It is a
+        :class:`~collio.comms.Lane` of ``priv``, lent again once the file is closed, so
+        only the first open (and one beside each file still open) duplicates; which
+        lane rides in this agreement.  The front end gives it back after ``release``.
         """
         comm = priv.comm
         step = Attempt()
@@ -95,15 +105,26 @@ class FileCore:
             compared, payload = check(parsed)
             mine = (mode, parsed, *compared)
         file = (priv.files + 1, repr(target))
-        failed, out = call_head(comm, "open", file, step.error is not None, same_slots(mine))
-        if failed:
-            raise_agreed(comm, step.error, what="open")
-        settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {v!r}")
-        be = opener(comm, parsed, payload)
+        k = priv.reserve() if lane else -1
+        try:
+            own = (*same_slots(mine), k, -k)
+            failed, out = call_head(comm, "open", file, step.error is not None, own)
+            if failed:
+                raise_agreed(comm, step.error, what="open")
+            settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {v!r}")
+            be = opener(comm, parsed, payload)
+        except BaseException:
+            if lane:
+                priv.unreserve(k)
+            raise
         ctx = _context(priv, be, parsed, engine_mode or mode, file)
+        lent = None
+        if lane:  # (every rank reserved the same lane when the maxima of k and -k agree)
+            lent = priv.lend(k, bool(out[2] == -out[3]))
+            ctx.comm, ctx.plans = lent.comm, lent.plans
         priv.acquire()
         priv.files = file[0]
-        return cls(ctx, priv)
+        return cls(ctx, priv, lent)
 
     # -- state ------------------------------------------------------------------
     @property
@@ -123,20 +144,6 @@ class FileCore:
         """A call's context for another backend of this file (an HDF5 dataset's)."""
         c = self.ctx
         return Context(c.comm, backend, c.hints, c.aggregators, c.stats, c.mode, file=c.file)
-
-    def own_comm(self) -> MPI.Comm:
-        """Collective over ``comm``: move this file's later calls onto a duplicate of its
-        own, with kept plans of its own (as ``MPI_File_open`` duplicates its communicator),
-        and return it; the caller frees it once the file is closed.
-
-        For a front end that runs some collective calls of a file on a thread of their own
-        (MPI's nonblocking collectives): those must share neither a communicator nor kept
-        plans with the calls the main thread makes on other files meanwhile.
-        """
-        dup: MPI.Comm = self.ctx.comm.Dup()
-        self.ctx.comm = dup
-        self.ctx.plans = PlanCache()
-        return dup
 
     def retune(self, hints: Hints) -> None:
         """Local (alike on every rank given equal ``hints``): plan later calls with

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from mpi4py import MPI
 
 import collio
 from collio import mpi
+from collio.comms import private
 
 RD, WR, RW = MPI.MODE_RDONLY, MPI.MODE_WRONLY, MPI.MODE_RDWR
 CREATE, EXCL, SEQ = MPI.MODE_CREATE, MPI.MODE_EXCL, MPI.MODE_SEQUENTIAL
@@ -174,6 +176,14 @@ def views_and_pointers(cls, comm, path):
         fh.Seek_shared(1, MPI.SEEK_CUR)
         out["shared cur"] = fh.Get_position_shared()
         comm.Barrier()
+        fh.Set_view(2, MPI.SHORT)  # (both pointers back to 0)
+        out["shared after view"] = fh.Get_position_shared()
+        comm.Barrier()
+        if comm.rank == comm.size - 1:
+            fh.Write_shared(np.full(3, 9, np.int16))
+        comm.Barrier()
+        out["shared moved"] = fh.Get_position_shared()
+        comm.Barrier()
     finally:
         ft.Free()
     fh.Close()
@@ -302,3 +312,118 @@ def test_ranks_writing_the_same_bytes_are_refused(comm, mpi_tmp_path):
         with pytest.raises(mpi.errors.ErrArg, match=r"bytes \[0, 4\) are written by ranks 0"):
             fh.Write_at_all(0, np.full(4, comm.rank, np.uint8))
         assert fh.Get_size() == 0
+
+
+def pending_beside_another_file(cls, comm, path):
+    """A nonblocking collective on file A pending while blocking collectives run on file B
+    of the same communicator, then blocking calls on A once it is complete and a
+    nonblocking one on B.  Odd ranks start A's call only after B's blocking calls: MPI's
+    nonblocking collectives are local, so the even ranks' must return without them (a
+    communicator made or shared at that call would leave the ranks waiting in different
+    operations)."""
+    n, r, p = 64, comm.rank, comm.size
+    nxt = (r + 1) % p
+    mine_a = np.arange(n, dtype=np.int32) + 1000 * r
+    mine_b = -np.arange(n, dtype=np.int32) - 1000 * r
+    a = cls.Open(comm, path, RW | CREATE)
+    b = cls.Open(comm, path + ".b", RW | CREATE)
+    req = a.Iwrite_at_all(4 * n * r, mine_a) if r % 2 == 0 else None
+    b.Write_at_all(4 * n * r, mine_b)
+    b.Sync()
+    comm.Barrier()
+    b.Sync()
+    got_b = np.zeros(n, np.int32)
+    b.Read_at_all(4 * n * nxt, got_b)
+    if req is None:
+        req = a.Iwrite_at_all(4 * n * r, mine_a)
+    req.Wait()
+    a.Sync()
+    comm.Barrier()
+    a.Sync()
+    got_a = np.zeros(n, np.int32)
+    a.Read_at_all(4 * n * nxt, got_a)
+    a.Write_at_all(4 * n * (p + r), mine_b)
+    later = np.zeros(n, np.int32)
+    req = b.Iread_at_all(4 * n * r, later)
+    a.Close()
+    req.Wait()
+    b.Close()
+    np.testing.assert_array_equal(got_a, np.arange(n, dtype=np.int32) + 1000 * nxt)
+    np.testing.assert_array_equal(got_b, -np.arange(n, dtype=np.int32) - 1000 * nxt)
+    np.testing.assert_array_equal(later, mine_b)
+    whole_b = Path(path + ".b").read_bytes()
+    want_b = np.concatenate([-np.arange(n, dtype=np.int32) - 1000 * q for q in range(p)])
+    assert whole_b == want_b.tobytes()
+    comm.Barrier()
+    return {"a": got_a.tolist(), "b": got_b.tolist(), "b file": whole_b}
+
+
+@pytest.mark.mpi
+def test_nonblocking_on_one_file_beside_blocking_on_another(comm, mpi_tmp_path):
+    both(comm, mpi_tmp_path, pending_beside_another_file)
+    path = mpi_tmp_path / "pending_beside_another_file-collio.bin"
+    n, p = 64, comm.size
+    first = [np.arange(n, dtype=np.int32) + 1000 * q for q in range(p)]
+    second = [-np.arange(n, dtype=np.int32) - 1000 * q for q in range(p)]
+    assert path.read_bytes() == np.concatenate(first + second).tobytes()
+
+
+def _workers(path):
+    return [t for t in threading.enumerate() if t.name == f"collio.mpi {path}"]
+
+
+@pytest.mark.mpi
+def test_files_run_on_lanes_of_one_duplicate(comm, mpi_tmp_path):
+    """Files opened and closed one after another run on one duplicate of collio's
+    communicator (a lane, lent again with the plans it kept); blocking calls start no
+    thread; files open at once have communicators of their own; the lanes are freed
+    with the user's communicator, a lane still lent when its file closes."""
+    user = comm.Dup()
+    path = str(mpi_tmp_path / "lanes.bin")
+    n, r, p = 256, comm.rank, comm.size
+    data = np.arange(n, dtype=np.int64) * p + r  # (every p-th element: two-phase, planned)
+    ft = MPI.INT64_T.Create_vector(n, 1, p).Commit()
+    for _ in range(3):
+        fh = mpi.File.Open(user, path, RW | CREATE)
+        fh.Set_view(8 * r, MPI.INT64_T, ft)
+        fh.Write_all(data)
+        got = np.zeros(n, np.int64)
+        fh.Set_view(8 * r, MPI.INT64_T, ft)
+        fh.Read_all(got)
+        np.testing.assert_array_equal(got, data)
+        assert not _workers(path)
+        fh.Close()
+    ft.Free()
+    assert Path(path).read_bytes() == np.arange(n * p, dtype=np.int64).tobytes()
+    priv = private(user)
+    assert [lane.busy for lane in priv.lanes] == [False]
+    lane = priv.lanes[0]
+    # the later opens' writes reused the first's plan (one rank writes its runs itself)
+    assert lane.plans.hits >= 2 or p == 1
+    assert MPI.Comm.Compare(lane.comm, user) == MPI.CONGRUENT
+    a = mpi.File.Open(user, path, RW)
+    b = mpi.File.Open(user, path + ".b", RW | CREATE)
+    assert a._comm is lane.comm and b._comm is not lane.comm
+    assert MPI.Comm.Compare(b._comm, lane.comm) == MPI.CONGRUENT
+    req = b.Iwrite_at_all(8 * n * r, np.arange(n, dtype=np.int64) + n * r)
+    req.Wait()
+    assert len(_workers(path + ".b")) == 1
+    for _ in range(2):  # (each view's shared pointer has a file of its own, removed)
+        a.Read_shared(np.zeros(1, np.int64))
+        a.Set_view(0, MPI.BYTE)
+    a.Close()
+    b.Close()
+    comm.Barrier()
+    assert not [f for f in os.listdir(mpi_tmp_path) if "collio-shfp" in f]
+    assert not _workers(path + ".b")
+    assert [x.busy for x in priv.lanes] == [False, False]
+    assert Path(path + ".b").read_bytes() == Path(path).read_bytes()
+    comms = [x.comm for x in priv.lanes]
+    c = mpi.File.Open(user, path, RD)
+    user.Free()  # (legal with a file open: collio's duplicate and lanes outlive it)
+    assert comms[0] is c._comm and MPI.COMM_NULL not in comms
+    got = np.zeros(n * p, np.int64)
+    c.Read_at_all(0, got)
+    c.Close()
+    np.testing.assert_array_equal(got, np.arange(n * p, dtype=np.int64))
+    assert comms == [MPI.COMM_NULL] * 2 and priv.comm == MPI.COMM_NULL

@@ -45,7 +45,8 @@ class File(DataAccess, Views):
 
     def __init__(self, opened: Opened, errhandler: MPI.Errhandler) -> None:
         self._core = opened.core
-        self._comm = opened.comm  # the file's own duplicate (freed at close)
+        self._comm = opened.comm  # the file's own communicator (given back at close)
+        self._lanes = opened.lanes
         self._shared = opened.shared
         self._amode = opened.amode
         self._path = opened.path
@@ -84,7 +85,7 @@ class File(DataAccess, Views):
             raise error from None  # (no file to return, whatever the handler did)
 
     def Close(self) -> None:
-        """Collective: sync, release, free the file's communicator (``MPI_File_close``)."""
+        """Collective: sync, release, give back the file's communicator (``MPI_File_close``)."""
         with self._errors():
             self._check_open()
             self._drain()
@@ -296,7 +297,7 @@ class File(DataAccess, Views):
 
     def _settle(self) -> None:
         """Collective, once the core is closed (by ``Close``, or by a call mismatch with a
-        rank's ``Close``): delete on close, free the shared pointer and the communicator."""
+        rank's ``Close``): delete on close, free the shared pointer, give back the communicator."""
         if self._released or not self._core.closed:
             return
         self._released = True
@@ -307,7 +308,8 @@ class File(DataAccess, Views):
             self._shared.close(remove=self._comm.Get_rank() == 0)
             self._free_types()
             self._worker.stop()
-            self._comm.Free()
+            assert self._core.lane is not None
+            self._lanes.give_back(self._core.lane)  # (every call on it completed)
 
     def _convert(self, exc: BaseException) -> FileError:
         """An error of a call as MPI's, after what every rank does after it (collective

@@ -6,8 +6,10 @@ error on every rank), ``MODE_CREATE`` makes a missing file on rank 0 without tru
 an existing one, ``MODE_EXCL`` refuses an existing one (the posix backend's ``create``
 option), and ``MODE_APPEND`` starts the pointers at the size rank 0 saw when it opened
 the file, which every rank learns with the open's outcome, before any rank can write.
-The file then gets a communicator of its own (one ``MPI_Comm_dup``, as ROMIO makes) and
-its shared file pointer, which costs no message until it is used.
+The file then runs on a communicator of its own, as ROMIO's does (a lane of collio's
+duplicate, :class:`~collio.comms.Lane`: one ``MPI_Comm_dup`` at the first open, lent
+again to later opens, with the plans it kept), and gets its shared file pointer, which
+costs no message until it is used.
 Paths are MPI's: ROMIO's prefixes of POSIX-visible file systems (``ufs:``, ``nfs:``,
 ``lustre:``, ...) are accepted and dropped.
 """
@@ -24,7 +26,7 @@ from ..backends import get_backend
 from ..backends.base import Backend
 from ..backends.mpiio import _POSIX_PREFIX
 from ..collective import Attempt, bcast_outcome
-from ..comms import exclusive, private
+from ..comms import Private, exclusive, private
 from ..core import FileCore
 from ..hints import Hints
 from .amode import Amode, parse
@@ -36,11 +38,13 @@ __all__ = ["Opened", "delete", "open_file", "path_of", "remove_at_close"]
 
 @dataclasses.dataclass(slots=True)
 class Opened:
-    """What ``MPI_File_open`` made: the core on the file's own communicator, its shared
-    pointer, the amode and where the pointers start."""
+    """What ``MPI_File_open`` made: the core on the file's own communicator (a lane of
+    ``lanes``, given back after close), its shared pointer, the amode and where the
+    pointers start."""
 
     core: FileCore
     comm: MPI.Intracomm
+    lanes: Private
     shared: SharedPointer
     amode: Amode
     path: str
@@ -77,18 +81,15 @@ def open_file(comm: MPI.Intracomm, filename: Any, amode: Any, info: Any) -> Open
     with exclusive(priv.comm, "Open"):
         core = FileCore.open(
             priv, path, mode, hints, modes=("r", "r+"), check=check, opener=opener,
-            engine_mode="r+", label="Open arguments (amode, file name)",
+            engine_mode="r+", label="Open arguments (amode, file name)", lane=True,
         )  # fmt: skip
-    try:
-        own = core.own_comm()
-        assert isinstance(own, MPI.Intracomm)  # (a duplicate of the intracommunicator)
-    except BaseException:
-        core.release()
-        raise
+    assert core.lane is not None
+    own = core.lane.comm
+    assert isinstance(own, MPI.Intracomm)  # (a duplicate of the intracommunicator)
     am = parse(amode)
     start = int(getattr(core.ctx.backend, "opened_size", 0)) if am.has(MPI.MODE_APPEND) else 0
     shared = SharedPointer(pointer_file(path, priv.token, core.ctx.file[0]), start)
-    return Opened(core, own, shared, am, path, start)
+    return Opened(core, own, priv, shared, am, path, start)
 
 
 def remove_at_close(comm: MPI.Intracomm, path: str) -> None:

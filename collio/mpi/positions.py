@@ -67,14 +67,16 @@ class SharedPointer:
     As ROMIO does, the pointer lives in a file beside the target (8 bytes: the position),
     read and moved under an ``fcntl`` lock, so that an independent call moves it without
     any other rank's help and nothing is made before a shared-pointer call needs it; a
-    file not made yet holds the start position.
+    file not made yet holds the start position (0 after a view: :meth:`restart`).
     """
 
-    __slots__ = ("path", "base", "_fd", "_lock")
+    __slots__ = ("path", "base", "stem", "views", "_fd", "_lock")
 
     def __init__(self, path: str, start: int) -> None:
         self.path = path
         self.base = start
+        self.stem = path
+        self.views = 0  # views set (each gets a file of its own, see restart)
         self._fd = -1
         self._lock = threading.Lock()  # (fcntl locks do not exclude a process's threads)
 
@@ -105,6 +107,21 @@ class SharedPointer:
     def set(self, position: int) -> None:
         """Local: put the pointer at ``position`` (the caller makes the others wait)."""
         self._update(lambda _: position)
+
+    def restart(self) -> str:
+        """Local, alike on every rank (``Set_view``, once every rank is in it): the pointer
+        at 0, in a file of its own that is not made until a call moves the pointer, so a
+        view costs neither a message nor a write for it; returns the old file's path,
+        which one rank removes (no rank uses it again: every rank's calls before the
+        view are done)."""
+        with self._lock:
+            old = self.path
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self.views += 1
+            self.path, self.base = f"{self.stem}.{self.views}", 0
+        return old
 
     def close(self, *, remove: bool) -> None:
         """Local: let go of the file (``remove``: and delete it, one rank does)."""

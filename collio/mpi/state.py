@@ -29,7 +29,7 @@ class State:
     """The state of an open :class:`collio.mpi.File` and the helpers every call uses."""
 
     _core: FileCore
-    _comm: MPI.Intracomm  # the file's own duplicate
+    _comm: MPI.Intracomm  # the file's own communicator (a lane of collio's duplicate)
     _view: FileView
     _types: tuple[int, MPI.Datatype, MPI.Datatype]  # Get_view's (disp, etype, filetype)
     _pos: int  # the individual file pointer, in etypes

@@ -4,11 +4,14 @@ individual pointer (``Seek``, ``Get_position``) and the shared one (``Seek_share
 
 Positions count etypes of the view, as MPI's do; the individual pointer is a number on
 each rank, the shared one a :class:`~collio.mpi.positions.SharedPointer`, which rank 0
-moves inside collective calls (after the call's head, the others waiting for its outcome).
+moves inside collective calls (after the call's head, the others waiting for its outcome);
+``Set_view`` starts it at 0 in a file not made yet, with no message.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 import numpy as np
@@ -69,7 +72,11 @@ class Views(State):
                     self._core.failed(exc)
                     raise
             self._view, self._pos = view, 0
-            self._by_rank0("Set_view", lambda: self._shared.set(0))
+            old = self._shared.restart()  # (every rank is past make_view's agreement)
+            if self._comm.Get_rank() == 0:
+                # a file an error leaves behind is never read again: its name is the view's
+                with contextlib.suppress(OSError):
+                    os.unlink(old)
             self._keep_types(int(disp), etype, ft)
 
     def _shared_byte(self) -> int:
