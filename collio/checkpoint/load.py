@@ -208,19 +208,42 @@ def _extents(
     return extents.assign(starts, aid, nbytes, offs, every), crcs, offs
 
 
+#: Each array of a rank's load starts on this boundary of the one allocation they share.
+ALIGN = 64
+
+
+def _allocate(lays: list[ArrayLayout]) -> list[Any]:
+    """This rank's arrays, as views of one allocation.
+
+    A fresh allocation costs a page fault per page on its first touch: the read's
+    copy into hundreds of arrays of a few KiB to a few MiB (a model's tensors) took
+    longer in these faults than in the copy.  One allocation of them all is large
+    enough for numpy to ask for huge pages: a fault per 2 MiB.  An array keeps the
+    allocation alive as long as any of the rank's arrays lives.
+    """
+    sizes = np.array([lay.nbytes for lay in lays], np.int64)
+    room = -(-sizes // ALIGN) * ALIGN
+    starts = np.concatenate([[0], np.cumsum(room)]).astype(np.int64)
+    whole = np.empty(int(starts[-1]) + ALIGN, np.uint8)
+    skip = -whole.ctypes.data % ALIGN  # (numpy aligns to 16 bytes: 64 for every dtype)
+    out = []
+    for lay, a, n in zip(lays, starts[:-1].tolist(), sizes.tolist(), strict=True):
+        raw = whole[skip + a : skip + a + n].view(lay.dtype)
+        out.append(raw.reshape(lay.local_shape, order="F" if lay.order == "F" else "C"))
+    return out
+
+
 def _read(f: File, wanted: list[tuple[str, ArrayLayout]], offs: list[int], every: I64) -> list[Any]:
     """Collective: the arrays whose every piece is one range, read by each rank itself
     as raw bytes into its array (no flattening, no exchange: ranks reading the same
     bytes, a whole array on every rank, read them each); then the others through their
     layouts, two-phase."""
-    arrays: list[Any] = []
+    arrays = _allocate([lay for _, lay in wanted])
     lays: list[list[Any]] = [[], []]
     outs: list[list[Any]] = [[], []]
     flat = [bool(x) for x in np.atleast_1d(every[:, :, 2].all(axis=0))]
-    for (_, lay), off, fl in zip(wanted, offs, flat, strict=True):
-        arr = np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
+    for (_, lay), off, fl, arr in zip(wanted, offs, flat, arrays, strict=True):
         src, one = item(arr, lay, off, fl)
-        arrays.append(arr)
         lays[fl].append(one)
         outs[fl].append(src if isinstance(one, Segments) else arr)
     if any(flat):  # (flat is the same on every rank: it comes from every rank's spans)
@@ -228,6 +251,17 @@ def _read(f: File, wanted: list[tuple[str, ArrayLayout]], offs: list[int], every
     if not all(flat):
         f.read_all_many(lays[False], out=outs[False])
     return arrays
+
+
+def _unmapped(hints: Any) -> Any:
+    """The user's hints, reads of a local file by ``preadv`` where ``mapped_reads`` is
+    left ``automatic``: a load reads few large runs (a piece of an array each) into
+    one allocation, which ``preadv`` copies once, where the copy out of a map gathers
+    and scatters them (``enable`` still maps)."""
+    from ..hints import Hints
+
+    given = Hints.coerce(hints)
+    return given.replace(mapped_reads="disable") if given.mapped_reads == "automatic" else given
 
 
 def load(
@@ -248,7 +282,7 @@ def load(
     :class:`~collio.LayoutError` on every rank before any data is read.
     """
     base = MPI.COMM_WORLD if comm is None else comm
-    with _open(target, "r", comm=base, hints=hints, **options) as f:
+    with _open(target, "r", comm=base, hints=_unmapped(hints), **options) as f:
         index = _read_index(f)
         step = Attempt()
         wanted: list[tuple[str, ArrayLayout]] = []
