@@ -298,3 +298,44 @@ def test_overlapping_row_pieces_are_refused_everywhere(
         assert read_file(path) == before
         assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
     comm.Barrier()
+
+
+def _shifted_rows(rank: int, size: int) -> Any:
+    """Row blocks of ``a`` cut 3 rows off the saving job's edges: every extent the save
+    cut at its edges lies across two pieces of this load."""
+    rows, cols = model.ROWS["a"][0]
+    edges = [0, *[min(rows, rows * r // size + 3) for r in range(1, size)], rows]
+    lo, hi = edges[rank], edges[rank + 1]
+    return layouts.Subarray((rows, cols), (lo, 0), (hi - lo, cols), "<f8")
+
+
+@pytest.mark.mpi
+def test_extents_across_pieces_are_checked_from_the_parts(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load in another row split checks the extents that straddle its pieces from
+    every rank's part in memory (no byte read twice), and a flipped byte there is
+    found on every rank."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    reads: list[Any] = []
+    real = collio.File.read_all
+    monkeypatch.setattr(
+        collio.File, "read_all", lambda s, *a, **k: reads.append(a) or real(s, *a, **k)
+    )
+    lay = _shifted_rows(comm.rank, comm.size)
+    got = ckpt.load(path, {"a": lay}, comm=comm)["a"]
+    assert got.tobytes() == model.rows_reference("a")[lay.slices].tobytes()
+    assert reads == []  # (verified from memory: nothing read back)
+    if comm.rank == 0:  # a byte just after the saving job's first edge (one rank: mid-array)
+        at = ckpt.info(path)["a"]["offset"] + (64 * 1000 * 8) // max(comm.size, 2) + 5
+        with open(path, "r+b") as fh:
+            fh.seek(at)
+            b = fh.read(1)
+            fh.seek(at)
+            fh.write(bytes([b[0] ^ 0x01]))
+    comm.Barrier()
+    err = raises_everywhere(
+        comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
+    )
+    assert err.names == ("a",)

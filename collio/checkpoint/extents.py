@@ -202,6 +202,9 @@ def ends_of(starts: I64, aid: I64, nbytes: I64) -> I64:
     return ends
 
 
+_NONE = np.zeros(0, np.int64)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
     """Every extent of a set of arrays (in array order), and which rank checks it."""
@@ -211,19 +214,70 @@ class Plan:
     aid: I64  # its array's index
     owner: I64  # the rank that checksums it from its piece in memory, or -1
     reader: I64  # the rank that reads it from the file for its checksum, or -1
+    #: extents checked from parts held by several ranks (a load's: see :func:`parts`),
+    #: and those parts, by extent then offset: (extent, lo, hi within the array, rank)
+    joined: I64 = dataclasses.field(default_factory=lambda: _NONE)
+    part: tuple[I64, I64, I64, I64] = (_NONE, _NONE, _NONE, _NONE)
 
     def counts(self, narrays: int) -> I64:
         return np.bincount(self.aid, minlength=narrays).astype(np.int64)
 
 
-def assign(starts: I64, aid: I64, nbytes: I64, offsets: I64, spans: I64) -> Plan:
+def assign(
+    starts: I64, aid: I64, nbytes: I64, offsets: I64, spans: I64, *, join: bool = False
+) -> Plan:
     """The owner (or reader) of every extent, from every rank's ``(lo, hi, contiguous,
-    bytes)`` of each array (``spans``, indexed ``(rank, array)``)."""
+    bytes)`` of each array (``spans``, indexed ``(rank, array)``); with ``join``, the
+    extents no piece holds whole but the pieces of several ranks do are checked from
+    those parts (:func:`parts`) and read by no rank."""
     ends = ends_of(starts, aid, nbytes)
     lo, hi, contig = spans[:, :, 0], spans[:, :, 1], spans[:, :, 2].astype(bool)
     base = offsets[aid]
     owner = owners_all(base + starts, base + ends, aid, offsets, lo, hi, contig)
-    return Plan(starts, ends, aid, owner, deal_all(owner < 0, spans.shape[0]))
+    pending = owner < 0
+    if not join or not pending.any():
+        return Plan(starts, ends, aid, owner, deal_all(pending, spans.shape[0]))
+    joined, (pe, plo, phi, prk) = parts(
+        base + starts, base + ends, aid, offsets, lo, hi, contig, pending
+    )
+    pending[joined] = False
+    pb = offsets[aid[pe]]
+    return Plan(starts, ends, aid, owner, deal_all(pending, spans.shape[0]), joined,
+                (pe, plo - pb, phi - pb, prk))  # fmt: skip
+
+
+def parts(
+    starts: I64,
+    ends: I64,
+    aid: I64,
+    offsets: I64,
+    lo: I64,
+    hi: I64,
+    contiguous: Bools,
+    pending: Bools,
+) -> tuple[I64, tuple[I64, I64, I64, I64]]:
+    """The ``pending`` extents (file offsets) that the ranks' pieces hold whole between
+    them, in arrays whose every piece is one range and no two overlap (row shards
+    loaded at another rank count: an extent across a piece edge); and their parts,
+    (extent, lo, hi, rank) in file offsets, by extent then offset.  Each byte of such
+    an extent is in one piece: its rank checksums that part."""
+    valid = hi > lo
+    split = contiguous.all(axis=0) & disjoint(lo, hi)
+    arr, rk = np.nonzero((valid & split[None, :]).T)
+    plo, phi = offsets[arr] + lo[rk, arr], offsets[arr] + hi[rk, arr]
+    order = np.argsort(plo, kind="stable")  # (disjoint: their ends are sorted too)
+    plo, phi, prk = plo[order], phi[order], rk[order]
+    ext = np.flatnonzero(pending & split[aid])
+    s, e = starts[ext], ends[ext]
+    a = np.searchsorted(phi, s, side="right")  # the first piece that ends after s
+    count = np.maximum(np.searchsorted(plo, e, side="left") - a, 0)
+    at = np.repeat(np.arange(len(ext)), count)
+    idx = np.repeat(a - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
+    p_lo, p_hi = np.maximum(plo[idx], s[at]), np.minimum(phi[idx], e[at])
+    held = np.bincount(at, weights=(p_hi - p_lo).astype(float), minlength=len(ext))
+    whole = (count > 0) & (held == (e - s))
+    keep = whole[at]
+    return ext[whole], (ext[at][keep], p_lo[keep], p_hi[keep], prk[idx][keep])
 
 
 def plan(nbytes: I64, offsets: I64, spans: I64, block: int = BLOCK) -> Plan:

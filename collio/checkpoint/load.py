@@ -18,6 +18,7 @@ from ..file import open as _open
 from ..layouts.arrays import ArrayLayout, array_layout
 from ..layouts.base import Segments
 from . import extents, format
+from .crc import combine as crc_combine
 from .save import item, spans
 from .state import whole
 
@@ -173,14 +174,21 @@ def _verify(
     bad = np.zeros(len(wanted), bool)
     own = np.flatnonzero(x.owner == rank)
     views: dict[int, tuple[memoryview, int]] = {}
-    rows = zip(x.aid[own].tolist(), x.starts[own].tolist(), x.ends[own].tolist(), strict=True)
-    for j, (k, a, b) in zip(own.tolist(), rows, strict=True):
+
+    def view(k: int) -> tuple[memoryview, int]:
+        """This rank's piece of array ``k`` as bytes, and its first byte in the array."""
         if k not in views:
             views[k] = (wanted[k][1].as_bytes(arrays[k]).data, int(every[rank, k, 0]))
-        buf, lo = views[k]
+        return views[k]
+
+    rows = zip(x.aid[own].tolist(), x.starts[own].tolist(), x.ends[own].tolist(), strict=True)
+    for j, (k, a, b) in zip(own.tolist(), rows, strict=True):
+        buf, lo = view(k)
         if crc32c.crc32c(buf[a - lo : b - lo]) != crcs[j]:
             bad[k] = True
-    if bool((x.reader >= 0).any()):  # (the same on every rank: every rank deals alike)
+    if len(x.joined):  # (the same on every rank: every rank plans alike)
+        _check_joined(comm, x, crcs, bad, lambda k: view(k))
+    if bool((x.reader >= 0).any()):
         rd = np.flatnonzero(x.reader == rank)
         lens = x.ends[rd] - x.starts[rd]
         got = f.read_all(Segments(offs[x.aid[rd]] + x.starts[rd], lens)).data
@@ -205,7 +213,36 @@ def _extents(
     aid = np.repeat(np.arange(len(wanted)), [len(p[0]) for p in parts]).astype(np.int64)
     nbytes = np.array([lay.global_nbytes for _, lay in wanted], np.int64)
     offs = np.array([int(index.arrays[name]["offset"]) for name, _ in wanted], np.int64)
-    return extents.assign(starts, aid, nbytes, offs, every), crcs, offs
+    return extents.assign(starts, aid, nbytes, offs, every, join=True), crcs, offs
+
+
+def _check_joined(
+    comm: MPI.Comm,
+    x: extents.Plan,
+    crcs: npt.NDArray[np.uint32],
+    bad: npt.NDArray[np.bool_],
+    view: Any,
+) -> None:
+    """Collective: the extents held by several ranks' pieces, from their parts' checksums
+    (each rank's own parts from memory, combined on every rank alike); marks ``bad``."""
+    import crc32c
+
+    pe, plo, phi, prk = x.part
+    got = np.zeros(len(pe), np.uint32)
+    mine = np.flatnonzero(prk == comm.Get_rank())
+    rows = zip(x.aid[pe[mine]].tolist(), plo[mine].tolist(), phi[mine].tolist(), strict=True)
+    for i, (k, a, b) in zip(mine.tolist(), rows, strict=True):
+        buf, lo = view(k)
+        got[i] = crc32c.crc32c(buf[a - lo : b - lo])
+    comm.Allreduce(MPI.IN_PLACE, got, op=MPI.BOR)  # (each part's rank alone gives it)
+    first = np.searchsorted(pe, x.joined)
+    count = np.diff(np.append(first, len(pe)))
+    crc = got[first]
+    for j in range(1, int(count.max(initial=1))):
+        more = count > j
+        at = first[more] + j
+        crc[more] = crc_combine(crc[more], got[at], phi[at] - plo[at])
+    bad[x.aid[x.joined[crc != crcs[x.joined]]]] = True
 
 
 #: Each array of a rank's load starts on this boundary of the one allocation they share.
