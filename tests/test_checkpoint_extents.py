@@ -69,3 +69,40 @@ def test_direct_needs_one_range_per_rank_and_no_overlap() -> None:
     assert direct(every([(0, 20, 0), (20, 40, 1)])).tolist() == [False]  # several runs
     two = np.concatenate([every([(0, 5, 1), (5, 9, 1)]), every([(0, 9, 0), (0, 9, 0)])], axis=1)
     assert direct(two).tolist() == [True, False]
+
+
+def test_crc_of_two_ranges_from_the_crc_of_each() -> None:
+    import crc32c
+
+    from collio.checkpoint.crc import combine
+
+    rng = np.random.default_rng(5)
+    lens_a = rng.integers(0, 3000, 40)
+    lens_b = np.concatenate([[0, 1, 4096, 1 << 20], rng.integers(0, 70_000, 36)])
+    a = [rng.integers(0, 256, n, np.uint8).tobytes() for n in lens_a]
+    b = [rng.integers(0, 256, n, np.uint8).tobytes() for n in lens_b]
+    ca = np.array([crc32c.crc32c(x) for x in a], np.uint32)
+    cb = np.array([crc32c.crc32c(x) for x in b], np.uint32)
+    got = combine(ca, cb, lens_b.astype(np.int64))
+    assert got.tolist() == [crc32c.crc32c(x + y) for x, y in zip(a, b, strict=True)]
+
+
+def test_parts_of_extents_across_piece_edges() -> None:
+    """Two arrays in row pieces of a 3-rank load, extents cut at a 4-rank save's edges:
+    the extents across the load's edges come in parts, one per rank holding bytes."""
+    nbytes = np.array([120, 40], np.int64)
+    offsets, _ = format.place(nbytes.tolist())
+    load = np.array([[0, 40, 80, 120], [0, 10, 20, 40]], np.int64)  # per array: edges
+    spans = np.zeros((3, 2, 4), np.int64)
+    for k in range(2):
+        spans[:, k, 0], spans[:, k, 1] = load[k, :-1], load[k, 1:]
+    spans[:, :, 2], spans[:, :, 3] = 1, spans[:, :, 1] - spans[:, :, 0]
+    starts = np.array([0, 30, 60, 90, 0, 10, 20, 30], np.int64)  # the saver's: 4 pieces
+    aid = np.array([0, 0, 0, 0, 1, 1, 1, 1], np.int64)
+    x = extents.assign(starts, aid, nbytes, offsets, spans, join=True)
+    assert x.owner.tolist() == [0, -1, -1, 2, 0, 1, 2, 2]
+    assert x.joined.tolist() == [1, 2] and (x.reader == -1).all()
+    pe, lo, hi, rk = x.part
+    assert list(zip(pe.tolist(), lo.tolist(), hi.tolist(), rk.tolist(), strict=True)) == [
+        (1, 30, 40, 0), (1, 40, 60, 1), (2, 60, 80, 1), (2, 80, 90, 2),
+    ]  # fmt: skip
