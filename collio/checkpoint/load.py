@@ -317,6 +317,9 @@ def load(
     the arrays (``names``), after the others were read.  An unknown name, or a layout
     whose global shape, dtype or order differs from the stored array, raises the same
     :class:`~collio.LayoutError` on every rank before any data is read.
+
+    A rank's arrays are views of one allocation (a few page faults for all of them,
+    not one per page of each): any of them keeps the whole allocation alive.
     """
     base = MPI.COMM_WORLD if comm is None else comm
     with _open(target, "r", comm=base, hints=_unmapped(hints), **options) as f:
