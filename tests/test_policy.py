@@ -145,3 +145,12 @@ def test_simulated_facts_are_what_each_rank_contributes(pattern, p):
     assert got.agreed.small == any(small)
     assert got.agreed.mapped == all(policy.copyable_lengths(r.length) for r in runs)
     assert np.array_equal(got.rlo, [int(r.file.min()) for r in runs])
+
+
+def test_the_checked_facts_fit_the_head_of_a_call():
+    """Every call's first allreduce has the same length on every rank, whatever the call
+    (ranks in different calls must meet in it): a call's own facts must fit."""
+    from collio import engine
+    from collio.collective import HEAD_SLOTS
+
+    assert engine._Checked.width() <= HEAD_SLOTS - 3
