@@ -245,29 +245,13 @@ def _check_joined(
     bad[x.aid[x.joined[crc != crcs[x.joined]]]] = True
 
 
-#: Each array of a rank's load starts on this boundary of the one allocation they share.
-ALIGN = 64
-
-
 def _allocate(lays: list[ArrayLayout]) -> list[Any]:
-    """This rank's arrays, as views of one allocation.
-
-    A fresh allocation costs a page fault per page on its first touch: the read's
-    copy into hundreds of arrays of a few KiB to a few MiB (a model's tensors) took
-    longer in these faults than in the copy.  One allocation of them all is large
-    enough for numpy to ask for huge pages: a fault per 2 MiB.  An array keeps the
-    allocation alive as long as any of the rank's arrays lives.
-    """
-    sizes = np.array([lay.nbytes for lay in lays], np.int64)
-    room = -(-sizes // ALIGN) * ALIGN
-    starts = np.concatenate([[0], np.cumsum(room)]).astype(np.int64)
-    whole = np.empty(int(starts[-1]) + ALIGN, np.uint8)
-    skip = -whole.ctypes.data % ALIGN  # (numpy aligns to 16 bytes: 64 for every dtype)
-    out = []
-    for lay, a, n in zip(lays, starts[:-1].tolist(), sizes.tolist(), strict=True):
-        raw = whole[skip + a : skip + a + n].view(lay.dtype)
-        out.append(raw.reshape(lay.local_shape, order="F" if lay.order == "F" else "C"))
-    return out
+    """This rank's arrays, each its own allocation.  (One allocation for them all, in
+    huge pages, faulted in faster on a quiet machine, but after a save's writes had
+    filled the page cache its huge pages came slower and less steadily, and any array
+    kept would have kept them all.)"""
+    return [np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
+            for lay in lays]  # fmt: skip
 
 
 def _read(f: File, wanted: list[tuple[str, ArrayLayout]], offs: list[int], every: I64) -> list[Any]:
@@ -317,9 +301,6 @@ def load(
     the arrays (``names``), after the others were read.  An unknown name, or a layout
     whose global shape, dtype or order differs from the stored array, raises the same
     :class:`~collio.LayoutError` on every rank before any data is read.
-
-    A rank's arrays are views of one allocation (a few page faults for all of them,
-    not one per page of each): any of them keeps the whole allocation alive.
     """
     base = MPI.COMM_WORLD if comm is None else comm
     with _open(target, "r", comm=base, hints=_unmapped(hints), **options) as f:
