@@ -177,7 +177,7 @@ CALLS = (
     "write_all_many", "read_all_many",
 )  # fmt: skip
 #: int64 slots of that agreement: error flag, call code and its negation, the call's own.
-HEAD_SLOTS = 18
+HEAD_SLOTS = 19
 _OWN = 3
 _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
 _CODES = 16  # codes per file: more than len(CALLS)
@@ -199,8 +199,9 @@ def call_head(
     Always one ``Iallreduce`` (MAX) of :data:`HEAD_SLOTS` int64: this rank's error flag;
     a code naming ``call`` (one of :data:`CALLS`) and ``file`` (its serial number on the
     communicator, agreed at open, and its name for messages), then the code negated, so
-    that the two maxima differ unless every rank passed the same code; then up to fifteen
-    slots of the call's own.  Since every call starts with the same operation, ranks that
+    that the two maxima differ unless every rank passed the same code; then up to sixteen
+    slots of the call's own (more would make this rank's allreduce longer than the
+    others': refused).  Since every call starts with the same operation, ranks that
     make different calls meet in it (rather than in operations that never match: a
     blocking and a nonblocking allreduce, or two of different lengths) and learn of it
     before any other step; every rank then raises the same
@@ -215,6 +216,8 @@ def call_head(
     code = file[0] * _CODES + CALLS.index(call) + 1
     if subject is not None:
         code = _SUBJECT | digest((code, subject))
+    if len(own) > HEAD_SLOTS - _OWN:  # (a call's facts outgrew the head: a bug, not input)
+        raise AssertionError(f"{call}: {len(own)} slots of its own, at most {HEAD_SLOTS - _OWN}")
     vec = np.array([1 if failed else 0, code, -code, *own, *_PAD[len(own) :]], np.int64)
     out = np.empty_like(vec)
     req = comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)

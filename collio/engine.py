@@ -76,6 +76,10 @@ class _Checked(PathFacts):
     items: int | None = fact(How.EQUAL)  # a batch's items (None: ranks pass different counts)
     # how far every rank's runs lie from the kept plan's (zigzag coded; None: ranks differ)
     plan_shift: int | None = fact(How.EQUAL)
+    # every rank's caller vouched that no two ranks' runs overlap (a checkpoint's plan,
+    # which proved it from every rank's pieces): each rank may do its own I/O, however
+    # the ranks' extents interleave
+    vouched: bool = fact(How.ALL)
 
 
 @record
@@ -100,13 +104,15 @@ class _Extent(Facts):
 
 
 def _check(
-    ctx: Context, source: Any, *, writing: bool, count: int | None = None
+    ctx: Context, source: Any, *, writing: bool, count: int | None = None, disjoint: bool = False
 ) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:
     """Collective over ``ctx.comm``: local checks, then one agreement (see module doc).
 
     ``source()`` (local) checks the call's layout (or a batch's items) and returns
     its runs, buffer, what goes beside it and the signature; ``count`` is a batch's
-    number of items (-1: not a sequence; None: a single call).  Nothing before that
+    number of items (-1: not a sequence; None: a single call); ``disjoint`` the caller's
+    word that no two ranks' runs overlap (agreed: direct only if every rank gives it).
+    Nothing before that
     agreement communicates (the checks, the runs, the kept plan's lookup): ranks in
     different calls must meet there first.
     """
@@ -123,7 +129,7 @@ def _check(
     mine = _Checked(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
-        sig=digest(sig), plan=plan, items=-1 if count is None else count,
+        sig=digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
         plan_shift=_zigzag(shift) if len(runs) else NOT_COMPARED,
         **_moved(ctx.extents, lo, hi),
     )  # fmt: skip
@@ -246,8 +252,9 @@ def _choose(
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
     be = ctx.backend
     path = choose_path(
-        agreed, mode=mode, independent=be.independent, disjoint=disjoint, split=split
-    )
+        agreed, mode=mode, independent=be.independent, disjoint=disjoint, split=split,
+        vouched=agreed.vouched,
+    )  # fmt: skip
     return Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
 
 
@@ -432,19 +439,21 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
     _write(ctx, lambda: _one_layout(ctx, layout, prepare, writing=True))
 
 
-def write_many(ctx: Context, items: Any) -> None:
+def write_many(ctx: Context, items: Any, *, disjoint: bool = False) -> None:
     """Collective over ``ctx.comm``: one two-phase write of every item of every rank
-    (``(data, layout)`` pairs, the same number on every rank: :mod:`collio.batch`)."""
+    (``(data, layout)`` pairs, the same number on every rank: :mod:`collio.batch`);
+    with ``disjoint`` on every rank, each rank writes its own (see :func:`_check`)."""
     _write(
         ctx,
         lambda: batch.gather(ctx.backend, items, writing=True),
         count=batch.items_count(items),
+        disjoint=disjoint,
     )
 
 
-def _write(ctx: Context, source: Any, count: int | None = None) -> None:
+def _write(ctx: Context, source: Any, count: int | None = None, disjoint: bool = False) -> None:
     t0 = time.perf_counter()
-    runs, buf, kept, call = _check(ctx, source, writing=True, count=count)
+    runs, buf, kept, call = _check(ctx, source, writing=True, count=count, disjoint=disjoint)
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
     error = _transfer(ctx, call, runs, buf, writing=True)
     what = "backend I/O"
@@ -469,23 +478,27 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
     return _read(ctx, lambda c: _one_layout(c, layout, prepare, writing=False))
 
 
-def read_many(ctx: Context, layouts: Any, out: Any) -> list[Any]:
+def read_many(ctx: Context, layouts: Any, out: Any, *, disjoint: bool = False) -> list[Any]:
     """Collective over ``ctx.comm``: one two-phase read of every layout of every rank;
-    returns the arrays, one per layout (``out[k]`` filled when given)."""
+    returns the arrays, one per layout (``out[k]`` filled when given); ``disjoint``: as
+    :func:`write_many`'s."""
     got: list[Any] = _read(
         ctx,
         lambda c: batch.gather(c.backend, layouts, writing=False, outs=out),
         count=batch.items_count(layouts),
+        disjoint=disjoint,
     )
     return got
 
 
-def _read(ctx: Context, source: Any, count: int | None = None) -> Any:
+def _read(ctx: Context, source: Any, count: int | None = None, disjoint: bool = False) -> Any:
     t0 = time.perf_counter()
     if ctx.read_aggregators is not None:  # the backend reads with other aggregators
         ctx = dataclasses.replace(ctx, aggregators=ctx.read_aggregators)
     c = ctx
-    runs, buf, arr, call = _check(c, lambda: source(c), writing=False, count=count)
+    runs, buf, arr, call = _check(
+        c, lambda: source(c), writing=False, count=count, disjoint=disjoint
+    )
     if ctx.hints.read_past_eof == "disable":
         _refuse_past_eof(ctx, runs)
     error = _transfer(ctx, call, runs, buf, writing=False)

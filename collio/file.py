@@ -229,7 +229,7 @@ class File:
             raise
 
     @one_thread
-    def write_all_many(self, items: Any) -> None:
+    def write_all_many(self, items: Any, *, _disjoint: bool = False) -> None:
         """Collective over `comm`: write many arrays in one two-phase call.
 
         ``items`` is a sequence of ``(data, layout)`` pairs, each what :meth:`write_all`
@@ -238,25 +238,33 @@ class File:
         runs of all items are planned, exchanged and written as one call's.  Any error
         (a different count, an item that fails its checks, items that overlap) is
         raised on every rank alike, naming the item, before any byte is written.
+
+        ``_disjoint=True`` (on every rank; internal) is the caller's word that no two
+        ranks' runs overlap and that each rank's runs are few and large: then, on a
+        backend whose ranks may write their own ranges, each rank writes its runs
+        itself, with no exchange, however the ranks' extents interleave.  Between
+        ranks nothing is checked, so it is not public: only a caller that proved it
+        from every rank's pieces (collio.checkpoint's plan) passes it.
         """
         self._check_open()
         try:
-            engine.write_many(self._ctx, items)
+            engine.write_many(self._ctx, items, disjoint=_disjoint)
         except BaseException as exc:
             self._failed(exc, writing=True)
             raise
 
     @one_thread
-    def read_all_many(self, layouts: Any, out: Any = None) -> list[Any]:
+    def read_all_many(self, layouts: Any, out: Any = None, *, _disjoint: bool = False) -> list[Any]:
         """Collective over `comm`: read many arrays in one two-phase call.
 
         Returns a list of ndarrays, one per layout; ``out`` (optional) is a sequence
         of arrays, one per layout, filled in place (as :meth:`read_all`'s ``out``;
-        no two of them may share memory).  The same rules as :meth:`write_all_many`.
+        no two of them may share memory).  The same rules as :meth:`write_all_many`;
+        ``_disjoint=True`` (internal, as for writes): each rank reads its own runs.
         """
         self._check_open()
         try:
-            return engine.read_many(self._ctx, layouts, out)
+            return engine.read_many(self._ctx, layouts, out, disjoint=_disjoint)
         except BaseException as exc:
             self._failed(exc)
             raise

@@ -153,6 +153,7 @@ def choose_path(
     independent: bool,
     disjoint: Callable[[], bool],
     split: Callable[[], bool | None],
+    vouched: bool = False,
 ) -> Path:
     """The path of a call from its agreed ``facts``.
 
@@ -161,12 +162,17 @@ def choose_path(
     communication are asked only when the answer matters: ``disjoint()`` whether no two
     ranks' extents interleave (:func:`extents_disjoint`), ``split()`` the backend's own
     runs (None: no rank keeps any; else whether every rank keeps all of its runs).
+    ``vouched``: every rank's caller said that no two ranks' runs overlap and that its
+    runs are few and large (a checkpoint's row shards): direct, unless the hint forces
+    the shuffle.
     """
     if facts.hi <= facts.lo:
         return Path.NONE
     if independent:
         if facts.mapped:
             return Path.MAPPED
+        if vouched and mode != "enable":
+            return Path.DIRECT
         if mode == "disable" or (mode == "automatic" and not facts.small):
             return Path.DIRECT if disjoint() else Path.TWO_PHASE
         return Path.TWO_PHASE

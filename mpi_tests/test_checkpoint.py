@@ -212,3 +212,130 @@ def test_benchmark_stops_every_rank_when_the_resharded_load_fails(
             sub.Free()
     assert "missing.ckpt" in str(err) and "rank 0" in str(err)
     assert _timed(comm, lambda: None) >= 0.0
+
+
+def _record_paths(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, str]]:
+    """The checkpoint's batch calls as they run: (call, disjoint, the path the call took)."""
+    seen: list[tuple[str, bool, str]] = []
+    for name in ("write_all_many", "read_all_many"):
+        real = getattr(collio.File, name)
+
+        def wrapped(self: collio.File, *a: Any, _f: Any = real, _n: str = name, **kw: Any) -> Any:
+            out = _f(self, *a, **kw)
+            seen.append((_n, bool(kw.get("disjoint")), self.stats.last_call["path"]))
+            return out
+
+        monkeypatch.setattr(collio.File, name, wrapped)
+    return seen
+
+
+@pytest.mark.mpi
+def test_row_shards_are_written_and_read_by_each_rank_directly(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row shards interleave the ranks in the file; each rank writes and reads its own
+    pieces (no exchange), and the file holds every array whole, byte for byte."""
+    path = _path(comm, mpi_tmp_path)
+    seen = _record_paths(monkeypatch)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    if comm.size > 1:
+        assert seen == [("write_all_many", True, "direct")], seen
+    if comm.rank == 0:
+        meta = ckpt.info(path)
+        for name in model.ROWS:
+            want = model.rows_reference(name)
+            raw = np.fromfile(path, np.uint8, count=want.nbytes, offset=meta[name]["offset"])
+            assert raw.tobytes() == want.tobytes(), name
+        rep = np.fromfile(path, "<i8", count=7, offset=meta["rep"]["offset"])
+        assert rep.tobytes() == np.arange(7, dtype="<i8").tobytes()
+    seen.clear()
+    spec: dict[str, Any] = dict(model.rows_layouts(comm.rank, comm.size))
+    spec["rep"] = None
+    got = ckpt.load(path, spec, comm=comm)
+    assert seen[0][:2] == ("read_all_many", True) and seen[0][2] in ("direct", "mapped"), seen
+    for name, lay in model.rows_layouts(comm.rank, comm.size).items():
+        want = model.rows_reference(name)[lay.slices]  # type: ignore[attr-defined]
+        assert got[name].tobytes() == np.ascontiguousarray(want).tobytes(), (comm.rank, name)
+    assert got["rep"].tobytes() == np.arange(7, dtype="<i8").tobytes()
+
+
+@pytest.mark.mpi
+def test_mixed_state_takes_both_paths(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row shards direct, 2-D blocks and block-cyclic pieces through the exchange."""
+    path = _path(comm, mpi_tmp_path)
+    seen = _record_paths(monkeypatch)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    calls = [(c, d, p) for c, d, p in seen if c == "write_all_many"]
+    if comm.size > 1:
+        assert calls[:2] == [("write_all_many", True, "direct"),
+                             ("write_all_many", False, "two-phase")], seen  # fmt: skip
+    else:  # (one rank holds every array whole: one range each)
+        assert calls == [("write_all_many", True, "direct")], seen
+    spec = model.load_spec(comm.rank, comm.size)
+    _check_loaded(comm, ckpt.load(path, spec, comm=comm), spec)
+
+
+@pytest.mark.mpi
+def test_overlapping_row_pieces_are_refused_everywhere(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """Two ranks claiming the same rows (the sizes still adding up) never take the
+    direct path: the exchange refuses them on every rank, the old checkpoint stays."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    before = read_file(path) if comm.rank == 0 else b""
+    state = model.rows_state(comm.rank, comm.size)
+    rows = 8 * comm.size
+    r = 0 if comm.rank < 2 else comm.rank  # ranks 0 and 1 both claim rows 0..7
+    lay = layouts.Subarray((rows, 4), (8 * r, 0), (8, 4), "<f8")
+    state["a"] = (np.zeros((8, 4)), lay)
+    raises_everywhere(comm, collio.OverlapError, lambda: ckpt.save(path, state, comm=comm))
+    if comm.rank == 0:
+        assert read_file(path) == before
+        assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+    comm.Barrier()
+
+
+def _shifted_rows(rank: int, size: int) -> Any:
+    """Row blocks of ``a`` cut 3 rows off the saving job's edges: every extent the save
+    cut at its edges lies across two pieces of this load."""
+    rows, cols = model.ROWS["a"][0]
+    edges = [0, *[min(rows, rows * r // size + 3) for r in range(1, size)], rows]
+    lo, hi = edges[rank], edges[rank + 1]
+    return layouts.Subarray((rows, cols), (lo, 0), (hi - lo, cols), "<f8")
+
+
+@pytest.mark.mpi
+def test_extents_across_pieces_are_checked_from_the_parts(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load in another row split checks the extents that straddle its pieces from
+    every rank's part in memory (no byte read twice), and a flipped byte there is
+    found on every rank."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    reads: list[Any] = []
+    real = collio.File.read_all
+    monkeypatch.setattr(
+        collio.File, "read_all", lambda s, *a, **k: reads.append(a) or real(s, *a, **k)
+    )
+    lay = _shifted_rows(comm.rank, comm.size)
+    got = ckpt.load(path, {"a": lay}, comm=comm)["a"]
+    assert got.tobytes() == model.rows_reference("a")[lay.slices].tobytes()
+    assert reads == []  # (verified from memory: nothing read back)
+    if comm.rank == 0:  # a byte just after the saving job's first edge (one rank: mid-array)
+        at = ckpt.info(path)["a"]["offset"] + (64 * 1000 * 8) // max(comm.size, 2) + 5
+        with open(path, "r+b") as fh:
+            fh.seek(at)
+            b = fh.read(1)
+            fh.seek(at)
+            fh.write(bytes([b[0] ^ 0x01]))
+    comm.Barrier()
+    err = raises_everywhere(
+        comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
+    )
+    assert err.names == ("a",)

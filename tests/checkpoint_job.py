@@ -3,7 +3,9 @@
 ``mpiexec -n N python tests/checkpoint_job.py CASE PATH``; prints ``ok`` on rank 0
 when every rank got what it must.  Cases: ``save``; ``load`` (the test state's other
 decomposition at this job's size, and the saving decomposition when the size is
-the saver's); ``killed`` (save over PATH, rank 1 killed inside the write).
+the saver's); ``killed`` (save over PATH, rank 1 killed inside the write);
+``failing`` (save row shards over PATH, which the job's last rank, started under
+``ulimit -f``, fails to write part of: the save must fail alike on every rank).
 """
 
 from __future__ import annotations
@@ -28,6 +30,32 @@ def _check(got: dict[str, object], spec: dict[str, object]) -> None:
         assert arr.tobytes(order="A") == want.tobytes(order="A"), (comm.rank, name)  # type: ignore[attr-defined]
 
 
+def _failing(path: str) -> None:
+    """Row shards of 32 MiB and more: the last rank's piece of the first array ends
+    below its file-size limit, its pieces of the next ones start above it, so it fails
+    in the middle of its own direct writes while the other ranks' writes succeed."""
+    seen: list[str] = []
+    real = collio.File.write_all_many
+
+    def recorded(self: collio.File, items: object, **kw: bool) -> None:
+        try:
+            real(self, items, **kw)
+        finally:  # (the call's path, as the check agreed it: before any byte moved)
+            seen.append(f"{kw.get('disjoint')}")
+
+    collio.File.write_all_many = recorded  # type: ignore[method-assign]
+    try:
+        ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=64))
+    except collio.CollioError as exc:
+        got = (type(exc).__name__, str(exc))
+    else:
+        got = ("no error", "")
+    every = comm.allgather(got)
+    assert seen == ["True"], seen
+    assert got[0] == "BackendError" and all(g == got for g in every), every
+    assert f"rank {comm.size - 1}" in got[1], got
+
+
 def main(case: str, path: str) -> None:
     if case == "save":
         ckpt.save(path, model.save_state(comm.rank, comm.size), metadata={"ranks": comm.size})
@@ -41,13 +69,15 @@ def main(case: str, path: str) -> None:
     elif case == "killed":
         write_many = collio.File.write_all_many
 
-        def dying(self: collio.File, items: object) -> None:
+        def dying(self: collio.File, items: object, **kw: bool) -> None:
             if comm.rank == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
-            write_many(self, items)
+            write_many(self, items, **kw)
 
         collio.File.write_all_many = dying  # type: ignore[method-assign]
         ckpt.save(path, model.save_state(comm.rank, comm.size))
+    elif case == "failing":
+        _failing(path)
     comm.Barrier()
     if comm.rank == 0:
         print("ok")

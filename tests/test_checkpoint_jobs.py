@@ -18,11 +18,18 @@ JOB = os.path.join(ROOT, "tests", "checkpoint_job.py")
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
 
 
-def _job(n: int, case: str, path: str) -> tuple[bool, str]:
+def _job(n: int, case: str, path: str, limited: int = 0) -> tuple[bool, str]:
     """Whether the job passed (exit 0, and rank 0 printed ``ok`` on a line of its own: a
-    word of a traceback is no pass), and its output."""
+    word of a traceback is no pass), and its output.  ``limited`` > 0: the job's last
+    rank runs under ``ulimit -f limited`` (KiB), set before MPI starts."""
     env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-    proc = mpiexec([sys.executable, JOB, case, path], n=n, timeout=180, env=env)
+    if limited:
+        py = f"{sys.executable} {JOB} {case} {path}"
+        args = ["-n", str(n - 1), sys.executable, JOB, case, path, ":",
+                "-n", "1", "bash", "-c", f"ulimit -f {limited}; exec {py}"]  # fmt: skip
+        proc = mpiexec(args, timeout=180, env=env)
+    else:
+        proc = mpiexec([sys.executable, JOB, case, path], n=n, timeout=180, env=env)
     passed = proc.returncode == 0 and "ok" in proc.stdout.splitlines()
     return passed, proc.stdout + proc.stderr
 
@@ -68,3 +75,23 @@ def test_killed_save_leaves_the_previous_checkpoint(saved: str, tmp_path: os.Pat
     passed, out = _job(3, "save", path)  # the next save reclaims what the killed one left
     assert passed, out
     assert [p for p in leftovers if os.path.exists(p)] == []
+
+
+def test_rank_failing_in_its_direct_writes_keeps_the_previous_checkpoint(
+    saved: str, tmp_path: os.PathLike[str]
+) -> None:
+    """One rank's own writes (no exchange) fail part way (EFBIG): every rank raises the
+    same error, the previous checkpoint is as it was and loads, no temporary is left."""
+    path = os.path.join(str(tmp_path), "model.ckpt")
+    with open(saved, "rb") as src, open(path, "wb") as dst:
+        dst.write(src.read())
+    with open(saved, "rb") as fh:
+        before = fh.read()
+    passed, out = _job(4, "failing", path, limited=33_000)
+    assert passed, out
+    with open(path, "rb") as fh:
+        assert fh.read() == before
+    d, base = os.path.split(path)
+    assert glob.glob(os.path.join(d, f".{glob.escape(base)}.collio-*.tmp")) == []
+    passed, out = _job(3, "load", path)
+    assert passed, out

@@ -46,7 +46,7 @@ def test_each_rule_reduces_as_named():
     assert _Every.agreed([*ranks[0].slots(), 99, 99]) == ranks[0]  # (extra slots ignored)
 
 
-def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None):
+def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None, vouched=False):
     asked = []
 
     def ask_disjoint():
@@ -58,7 +58,7 @@ def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None
         return split
 
     path = policy.choose_path(facts, mode=mode, independent=independent,
-                              disjoint=ask_disjoint, split=ask_split)  # fmt: skip
+                              disjoint=ask_disjoint, split=ask_split, vouched=vouched)  # fmt: skip
     return path, asked
 
 
@@ -82,6 +82,14 @@ MAPS = dataclasses.replace(BIG, mapped=True)
         (BIG, {"independent": False, "mode": "enable", "split": True}, (Path.TWO_PHASE, [])),
         # a backend that is not independent never maps
         (MAPS, {"independent": False}, (Path.TWO_PHASE, ["split"])),
+        # the caller's word that the ranks' runs are disjoint: no question asked, small
+        # runs or not; the hint forcing the shuffle and a backend that is not
+        # independent still decide
+        (BIG, {"vouched": True, "disjoint": False}, (Path.DIRECT, [])),
+        (dataclasses.replace(BIG, small=True), {"vouched": True}, (Path.DIRECT, [])),
+        (MAPS, {"vouched": True}, (Path.MAPPED, [])),
+        (BIG, {"vouched": True, "mode": "enable"}, (Path.TWO_PHASE, [])),
+        (BIG, {"vouched": True, "independent": False}, (Path.TWO_PHASE, ["split"])),
     ],
 )  # fmt: skip
 def test_choose_path_asks_only_what_decides(facts, kw, want):
@@ -137,3 +145,12 @@ def test_simulated_facts_are_what_each_rank_contributes(pattern, p):
     assert got.agreed.small == any(small)
     assert got.agreed.mapped == all(policy.copyable_lengths(r.length) for r in runs)
     assert np.array_equal(got.rlo, [int(r.file.min()) for r in runs])
+
+
+def test_the_checked_facts_fit_the_head_of_a_call():
+    """Every call's first allreduce has the same length on every rank, whatever the call
+    (ranks in different calls must meet in it): a call's own facts must fit."""
+    from collio import engine
+    from collio.collective import HEAD_SLOTS
+
+    assert engine._Checked.width() <= HEAD_SLOTS - 3

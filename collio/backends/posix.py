@@ -8,6 +8,7 @@ import errno
 import fcntl
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -343,8 +344,10 @@ class PosixBackend(Backend):
             with step:
                 if ok:
                     finish_temporary(self.made.lock, self.made.before)
+                    old = _hold(self.final)
                     os.replace(self.path, self.final)
                     _fsync_dir(self.final)
+                    _release_later(old)
                 else:
                     _unlink_quietly(self.path)
             with contextlib.suppress(OSError):  # (others' leftovers: never this call's error)
@@ -453,6 +456,26 @@ def direct_possible(name: str) -> bool:
     if fd >= 0:
         os.close(fd)
     return fd >= 0
+
+
+def _hold(path: str) -> int:
+    """A descriptor of the file at ``path`` (-1: none), held across its replacement."""
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return -1
+
+
+def _release_later(fd: int) -> None:
+    """Close ``fd`` in a thread of its own: the replaced file's blocks are freed there.
+
+    A rename over a large file frees its blocks inside the rename (tens of ms for a
+    few hundred MiB on ext4), while every rank waits for the commit; held open
+    across the rename, the old file is freed by the last close instead, which then
+    runs beside the job.  (The process's exit closes it at the latest.)
+    """
+    if fd >= 0:
+        threading.Thread(target=os.close, args=(fd,), name="collio-free", daemon=True).start()
 
 
 def _unlink_quietly(path: str | None) -> None:

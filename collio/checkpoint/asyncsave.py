@@ -4,11 +4,19 @@ The background save makes its collective calls on a duplicate of the user's
 communicator, made once and kept: MPI orders collectives per communicator, so the
 user's own collectives on theirs, meanwhile, cannot meet the save's, and collio's
 one-thread-per-communicator guard sees two different communicators.
+
+The thread runs at the lowest CPU priority (Linux: ``nice`` 19 for that thread
+alone).  Its work (checksums, the copies into the page cache, MPI's polling while
+it waits for the other ranks) needs cores that the job's compute wants: with more
+ranks than cores every cycle it takes is one the job loses.  At the lowest
+priority it runs when a core is idle, and the job's computing threads come first.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -75,11 +83,28 @@ def _background(comm: MPI.Intracomm) -> _Background:
     return kept
 
 
+#: The save thread's niceness (the lowest priority: see the module's doc).
+NICE = 19
+
+
+def _lower_priority() -> None:
+    """In the save's thread: give it the lowest CPU priority, on Linux, where a thread's
+    id names that thread alone to ``setpriority`` (elsewhere it could name a process)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except OSError:  # (a container that forbids it: the save runs at the job's priority)
+        pass
+
+
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="collio-ckpt")
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="collio-ckpt", initializer=_lower_priority
+            )
         return _pool
 
 

@@ -10,12 +10,16 @@ load reads again only the extents that no single rank's piece covers whole.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BLOCK", "cut", "owners", "span"]
+__all__ = ["BLOCK", "Plan", "assign", "cut", "cut_all", "deal_all", "disjoint", "ends_of",
+           "owners", "owners_all", "plan", "span"]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
 
 #: Extent size where no piece edge cuts: a resharded load re-reads at most one extent
 #: per piece edge, and the table holds one row per extent.
@@ -57,6 +61,17 @@ def box_span(
         lo += st[i] * stride
         stride *= g[i]
     return lo, lo + n * itemsize, True
+
+
+def disjoint(lo: I64, hi: I64) -> npt.NDArray[np.bool_]:
+    """Per column of ``(rank, array)`` ranges ``[lo, hi)``: whether no two ranks' non-empty
+    ranges of that array overlap.  All arrays at once: a sort of each column."""
+    empty = hi <= lo
+    lo, hi = np.where(empty, -1, lo), np.where(empty, -1, hi)  # (empty ones sort first)
+    order = np.argsort(lo, axis=0, kind="stable")
+    slo, shi = np.take_along_axis(lo, order, 0), np.take_along_axis(hi, order, 0)
+    out: npt.NDArray[np.bool_] = np.asarray((shi[:-1] <= slo[1:]).all(axis=0), bool)
+    return out
 
 
 def cut(nbytes: int, lo: I64, hi: I64, block: int = BLOCK) -> I64:
@@ -106,3 +121,169 @@ def deal(uncovered: npt.NDArray[np.bool_], size: int) -> I64:
     out = np.full(len(uncovered), -1, np.int64)
     out[uncovered] = np.arange(int(uncovered.sum())) % max(size, 1)
     return out
+
+
+def cut_all(
+    nbytes: I64, offsets: I64, lo: I64, hi: I64, contiguous: Bools, block: int = BLOCK
+) -> I64:
+    """:func:`cut` of every array at once; the extents' starts as file offsets, sorted.
+
+    ``nbytes`` and ``offsets`` per array (ascending, each array's bytes before the
+    next one's offset), ``lo``, ``hi`` and ``contiguous`` per ``(rank, array)``.  The
+    arrays are disjoint in the file, so one sort of file offsets cuts them all."""
+    grid = -(-nbytes // block)
+    first = np.concatenate([[0], np.cumsum(grid)]).astype(np.int64)
+    at = np.arange(int(first[-1]), dtype=np.int64)
+    aid = np.repeat(np.arange(len(nbytes)), grid)
+    cells = offsets[aid] + (at - first[aid]) * block
+    n = np.broadcast_to(nbytes, lo.shape)
+    edges = [cells]
+    for e in (lo, hi):
+        keep = contiguous & (e >= 0) & (e < n)
+        edges.append((e + offsets)[keep])
+    return np.unique(np.concatenate(edges))
+
+
+def owners_all(
+    starts: I64, ends: I64, aid: I64, offsets: I64, lo: I64, hi: I64, contiguous: Bools
+) -> I64:
+    """:func:`owners` of every array at once: ``starts``/``ends`` are the extents' file
+    offsets, ``aid`` each extent's array; ``lo``, ``hi`` per ``(rank, array)``."""
+    out = np.full(len(starts), -1, np.int64)
+    valid = contiguous & (hi > lo)
+    count = valid.sum(axis=0)
+    big = np.iinfo(np.int64).max
+    lmin, lmax = np.where(valid, lo, big).min(axis=0), np.where(valid, lo, -1).max(axis=0)
+    hmin, hmax = np.where(valid, hi, big).min(axis=0), np.where(valid, hi, -1).max(axis=0)
+    same = (count > 1) & (lmin == lmax) & (hmin == hmax)  # a whole array on several ranks
+    # (several pieces cover such an extent: dealt among them, so that no rank does them all)
+    ranks = np.argsort(~valid, axis=0, kind="stable")  # each array's valid ranks first
+    ex = same[aid]
+    if ex.any():
+        a = aid[ex]
+        rel_s, rel_e = starts[ex] - offsets[a], ends[ex] - offsets[a]
+        inside = (rel_s >= lmin[a]) & (rel_e <= hmax[a])
+        first = np.searchsorted(aid, np.arange(len(offsets)))  # (aid is sorted)
+        j = np.flatnonzero(ex)[inside]
+        k = (j - first[aid[j]]) % count[aid[j]]
+        got = out[ex]
+        got[inside] = ranks[k, aid[j]]
+        out[ex] = got
+    pieces = valid & ~same  # other arrays: a piece that covers the extent whole
+    arr, rk = np.nonzero(pieces.T)  # (array-major, rank order within: ties as owners())
+    if len(arr) and (~ex).any():
+        plo, phi = offsets[arr] + lo[rk, arr], offsets[arr] + hi[rk, arr]
+        order = np.argsort(plo, kind="stable")
+        plo, phi, prk = plo[order], phi[order], rk[order]
+        sel = np.flatnonzero(~ex)
+        k = np.searchsorted(plo, starts[sel], side="right") - 1
+        ok = k >= 0
+        kk = np.where(ok, k, 0)
+        ok &= phi[kk] >= ends[sel]
+        out[sel[ok]] = prk[kk[ok]]
+    return out
+
+
+def deal_all(uncovered: Bools, size: int) -> I64:
+    """Ranks for the extents no piece covers, round-robin over all arrays' extents."""
+    out = np.full(len(uncovered), -1, np.int64)
+    out[uncovered] = np.arange(int(uncovered.sum())) % max(size, 1)
+    return out
+
+
+def ends_of(starts: I64, aid: I64, nbytes: I64) -> I64:
+    """Where each extent ends (relative, as ``starts``): the next one's start in its
+    array, the array's size for its last one."""
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    last = np.ones(len(starts), bool)
+    last[:-1] = aid[1:] != aid[:-1]
+    ends[last] = nbytes[aid[last]]
+    return ends
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """Every extent of a set of arrays (in array order), and which rank checks it."""
+
+    starts: I64  # within its array
+    ends: I64
+    aid: I64  # its array's index
+    owner: I64  # the rank that checksums it from its piece in memory, or -1
+    reader: I64  # the rank that reads it from the file for its checksum, or -1
+    #: extents checked from parts held by several ranks (a load's: see :func:`parts`),
+    #: and those parts, by extent then offset: (extent, lo, hi within the array, rank)
+    joined: I64 = dataclasses.field(default_factory=lambda: _NONE)
+    part: tuple[I64, I64, I64, I64] = (_NONE, _NONE, _NONE, _NONE)
+
+    def counts(self, narrays: int) -> I64:
+        return np.bincount(self.aid, minlength=narrays).astype(np.int64)
+
+
+def assign(
+    starts: I64, aid: I64, nbytes: I64, offsets: I64, spans: I64, *, join: bool = False
+) -> Plan:
+    """The owner (or reader) of every extent, from every rank's ``(lo, hi, contiguous,
+    bytes)`` of each array (``spans``, indexed ``(rank, array)``); with ``join``, the
+    extents no piece holds whole but the pieces of several ranks do are checked from
+    those parts (:func:`parts`) and read by no rank."""
+    ends = ends_of(starts, aid, nbytes)
+    lo, hi, contig = spans[:, :, 0], spans[:, :, 1], spans[:, :, 2].astype(bool)
+    base = offsets[aid]
+    owner = owners_all(base + starts, base + ends, aid, offsets, lo, hi, contig)
+    pending = owner < 0
+    if not join or not pending.any():
+        return Plan(starts, ends, aid, owner, deal_all(pending, spans.shape[0]))
+    joined, (pe, plo, phi, prk) = parts(
+        base + starts, base + ends, aid, offsets, lo, hi, contig, pending
+    )
+    pending[joined] = False
+    pb = offsets[aid[pe]]
+    return Plan(starts, ends, aid, owner, deal_all(pending, spans.shape[0]), joined,
+                (pe, plo - pb, phi - pb, prk))  # fmt: skip
+
+
+def parts(
+    starts: I64,
+    ends: I64,
+    aid: I64,
+    offsets: I64,
+    lo: I64,
+    hi: I64,
+    contiguous: Bools,
+    pending: Bools,
+) -> tuple[I64, tuple[I64, I64, I64, I64]]:
+    """The ``pending`` extents (file offsets) that the ranks' pieces hold whole between
+    them, in arrays whose every piece is one range and no two overlap (row shards
+    loaded at another rank count: an extent across a piece edge); and their parts,
+    (extent, lo, hi, rank) in file offsets, by extent then offset.  Each byte of such
+    an extent is in one piece: its rank checksums that part."""
+    valid = hi > lo
+    split = contiguous.all(axis=0) & disjoint(lo, hi)
+    arr, rk = np.nonzero((valid & split[None, :]).T)
+    plo, phi = offsets[arr] + lo[rk, arr], offsets[arr] + hi[rk, arr]
+    order = np.argsort(plo, kind="stable")  # (disjoint: their ends are sorted too)
+    plo, phi, prk = plo[order], phi[order], rk[order]
+    ext = np.flatnonzero(pending & split[aid])
+    s, e = starts[ext], ends[ext]
+    a = np.searchsorted(phi, s, side="right")  # the first piece that ends after s
+    count = np.maximum(np.searchsorted(plo, e, side="left") - a, 0)
+    at = np.repeat(np.arange(len(ext)), count)
+    idx = np.repeat(a - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
+    p_lo, p_hi = np.maximum(plo[idx], s[at]), np.minimum(phi[idx], e[at])
+    held = np.bincount(at, weights=(p_hi - p_lo).astype(float), minlength=len(ext))
+    whole = (count > 0) & (held == (e - s))
+    keep = whole[at]
+    return ext[whole], (ext[at][keep], p_lo[keep], p_hi[keep], prk[idx][keep])
+
+
+def plan(nbytes: I64, offsets: I64, spans: I64, block: int = BLOCK) -> Plan:
+    """A save's extents (cut as :func:`cut` cuts, every array at once) and their ranks."""
+    contig = spans[:, :, 2].astype(bool)
+    cuts = cut_all(nbytes, offsets, spans[:, :, 0], spans[:, :, 1], contig, block)
+    # (an empty array shares its offset with the next: the last array at or before wins)
+    aid = np.searchsorted(offsets, cuts, side="right") - 1
+    return assign(cuts - offsets[aid], aid, nbytes, offsets, spans)

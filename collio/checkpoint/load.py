@@ -18,6 +18,7 @@ from ..file import open as _open
 from ..layouts.arrays import ArrayLayout, array_layout
 from ..layouts.base import Segments
 from . import extents, format
+from .crc import combine as crc_combine
 from .save import item, spans
 from .state import whole
 
@@ -161,60 +162,127 @@ def _verify(
     every: I64,
 ) -> list[str]:
     """Collective: check every extent of the arrays read, each on one rank; the names
-    whose bytes differ from what was saved (the same list on every rank)."""
+    whose bytes differ from what was saved (the same list on every rank).
+
+    An extent is checked by a rank whose piece holds it whole, from the piece just
+    read (a load in the saving decomposition checks everything so); any other extent
+    by one rank that reads it once more."""
     import crc32c
 
-    rank, size = comm.Get_rank(), comm.Get_size()
-    bad: set[str] = set()
-    back: list[tuple[str, I64, I64, npt.NDArray[np.uint32]]] = []
-    any_back = False  # (the same on every rank: every rank deals the same extents)
-    for k, (name, lay) in enumerate(wanted):
-        starts, crcs = index.extents(name)
-        n = lay.global_nbytes
-        lo, hi, contig = every[:, k, 0], every[:, k, 1], every[:, k, 2].astype(bool)
-        owner = extents.owners(starts, n, lo, hi, contig)
-        reader = extents.deal(owner < 0, size)
-        any_back = any_back or bool((reader >= 0).any())
-        ends = np.append(starts[1:], n)
-        own = np.flatnonzero(owner == rank)
-        if len(own):
-            buf = lay.as_bytes(arrays[k]).data
-            base = int(lo[rank])
-            for j in own.tolist():
-                if crc32c.crc32c(buf[starts[j] - base : ends[j] - base]) != crcs[j]:
-                    bad.add(name)
-                    break
-        rd = np.flatnonzero(reader == rank)
-        if len(rd):
-            off = int(index.arrays[name]["offset"])
-            back.append((name, off + starts[rd], ends[rd] - starts[rd], crcs[rd]))
-    if any_back:
-        offs = np.concatenate([np.zeros(0, np.int64), *[b[1] for b in back]])
-        lens = np.concatenate([np.zeros(0, np.int64), *[b[2] for b in back]])
-        buf = f.read_all(Segments(offs, lens)).data
-        pos = 0
-        for name, _, ln, cs in back:
-            for length, c in zip(ln.tolist(), cs.tolist(), strict=True):
-                if crc32c.crc32c(buf[pos : pos + length]) != c:
-                    bad.add(name)
-                pos += length
-    found: list[set[str]] = comm.allgather(bad)
-    return sorted(set().union(*found))
+    rank = comm.Get_rank()
+    x, crcs, offs = _extents(index, wanted, every)
+    bad = np.zeros(len(wanted), bool)
+    own = np.flatnonzero(x.owner == rank)
+    views: dict[int, tuple[memoryview, int]] = {}
+
+    def view(k: int) -> tuple[memoryview, int]:
+        """This rank's piece of array ``k`` as bytes, and its first byte in the array."""
+        if k not in views:
+            views[k] = (wanted[k][1].as_bytes(arrays[k]).data, int(every[rank, k, 0]))
+        return views[k]
+
+    rows = zip(x.aid[own].tolist(), x.starts[own].tolist(), x.ends[own].tolist(), strict=True)
+    for j, (k, a, b) in zip(own.tolist(), rows, strict=True):
+        buf, lo = view(k)
+        if crc32c.crc32c(buf[a - lo : b - lo]) != crcs[j]:
+            bad[k] = True
+    if len(x.joined):  # (the same on every rank: every rank plans alike)
+        _check_joined(comm, x, crcs, bad, lambda k: view(k))
+    if bool((x.reader >= 0).any()):
+        rd = np.flatnonzero(x.reader == rank)
+        lens = x.ends[rd] - x.starts[rd]
+        got = f.read_all(Segments(offs[x.aid[rd]] + x.starts[rd], lens)).data
+        cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
+        for i, j in enumerate(rd.tolist()):
+            if crc32c.crc32c(got[cuts[i] : cuts[i + 1]]) != crcs[j]:
+                bad[x.aid[j]] = True
+    found = np.empty((comm.Get_size(), len(wanted)), bool)
+    comm.Allgather(bad, found)
+    return [wanted[k][0] for k in np.flatnonzero(found.any(axis=0)).tolist()]
+
+
+def _extents(
+    index: format.Index, wanted: list[tuple[str, ArrayLayout]], every: I64
+) -> tuple[extents.Plan, npt.NDArray[np.uint32], I64]:
+    """The stored extents of the arrays read (every array's at once), with their
+    checksums and the arrays' offsets."""
+    parts = [index.extents(name) for name, _ in wanted]
+    z = np.zeros(0, np.int64)
+    starts = np.concatenate([z, *[p[0] for p in parts]])
+    crcs = np.concatenate([np.zeros(0, np.uint32), *[p[1] for p in parts]])
+    aid = np.repeat(np.arange(len(wanted)), [len(p[0]) for p in parts]).astype(np.int64)
+    nbytes = np.array([lay.global_nbytes for _, lay in wanted], np.int64)
+    offs = np.array([int(index.arrays[name]["offset"]) for name, _ in wanted], np.int64)
+    return extents.assign(starts, aid, nbytes, offs, every, join=True), crcs, offs
+
+
+def _check_joined(
+    comm: MPI.Comm,
+    x: extents.Plan,
+    crcs: npt.NDArray[np.uint32],
+    bad: npt.NDArray[np.bool_],
+    view: Any,
+) -> None:
+    """Collective: the extents held by several ranks' pieces, from their parts' checksums
+    (each rank's own parts from memory, combined on every rank alike); marks ``bad``."""
+    import crc32c
+
+    pe, plo, phi, prk = x.part
+    got = np.zeros(len(pe), np.uint32)
+    mine = np.flatnonzero(prk == comm.Get_rank())
+    rows = zip(x.aid[pe[mine]].tolist(), plo[mine].tolist(), phi[mine].tolist(), strict=True)
+    for i, (k, a, b) in zip(mine.tolist(), rows, strict=True):
+        buf, lo = view(k)
+        got[i] = crc32c.crc32c(buf[a - lo : b - lo])
+    comm.Allreduce(MPI.IN_PLACE, got, op=MPI.BOR)  # (each part's rank alone gives it)
+    first = np.searchsorted(pe, x.joined)
+    count = np.diff(np.append(first, len(pe)))
+    crc = got[first]
+    for j in range(1, int(count.max(initial=1))):
+        more = count > j
+        at = first[more] + j
+        crc[more] = crc_combine(crc[more], got[at], phi[at] - plo[at])
+    bad[x.aid[x.joined[crc != crcs[x.joined]]]] = True
+
+
+def _allocate(lays: list[ArrayLayout]) -> list[Any]:
+    """This rank's arrays, each its own allocation.  (One allocation for them all, in
+    huge pages, faulted in faster on a quiet machine, but after a save's writes had
+    filled the page cache its huge pages came slower and less steadily, and any array
+    kept would have kept them all.)"""
+    return [np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
+            for lay in lays]  # fmt: skip
 
 
 def _read(f: File, wanted: list[tuple[str, ArrayLayout]], offs: list[int], every: I64) -> list[Any]:
-    """Collective: every piece in one read_all_many, a piece that is one range as raw bytes
-    into its array (no flattening), any other through its layout."""
-    arrays, lays, outs = [], [], []
+    """Collective: the arrays whose every piece is one range, read by each rank itself
+    as raw bytes into its array (no flattening, no exchange: ranks reading the same
+    bytes, a whole array on every rank, read them each); then the others through their
+    layouts, two-phase."""
+    arrays = _allocate([lay for _, lay in wanted])
+    lays: list[list[Any]] = [[], []]
+    outs: list[list[Any]] = [[], []]
     flat = [bool(x) for x in np.atleast_1d(every[:, :, 2].all(axis=0))]
-    for (_, lay), off, fl in zip(wanted, offs, flat, strict=True):
-        arr = np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
+    for (_, lay), off, fl, arr in zip(wanted, offs, flat, arrays, strict=True):
         src, one = item(arr, lay, off, fl)
-        arrays.append(arr)
-        lays.append(one)
-        outs.append(src if isinstance(one, Segments) else arr)
-    f.read_all_many(lays, out=outs)
+        lays[fl].append(one)
+        outs[fl].append(src if isinstance(one, Segments) else arr)
+    if any(flat):  # (flat is the same on every rank: it comes from every rank's spans)
+        f.read_all_many(lays[True], out=outs[True], _disjoint=True)
+    if not all(flat):
+        f.read_all_many(lays[False], out=outs[False])
     return arrays
+
+
+def _unmapped(hints: Any) -> Any:
+    """The user's hints, reads of a local file by ``preadv`` where ``mapped_reads`` is
+    left ``automatic``: a load reads few large runs (a piece of an array each) into
+    one allocation, which ``preadv`` copies once, where the copy out of a map gathers
+    and scatters them (``enable`` still maps)."""
+    from ..hints import Hints
+
+    given = Hints.coerce(hints)
+    return given.replace(mapped_reads="disable") if given.mapped_reads == "automatic" else given
 
 
 def load(
@@ -235,7 +303,7 @@ def load(
     :class:`~collio.LayoutError` on every rank before any data is read.
     """
     base = MPI.COMM_WORLD if comm is None else comm
-    with _open(target, "r", comm=base, hints=hints, **options) as f:
+    with _open(target, "r", comm=base, hints=_unmapped(hints), **options) as f:
         index = _read_index(f)
         step = Attempt()
         wanted: list[tuple[str, ArrayLayout]] = []

@@ -10,8 +10,9 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ..collective import Attempt, agree
+from ..collective import Attempt, agree, agree_facts, digest, raise_agreed
 from ..errors import LayoutError, MismatchError
+from ..facts import Facts, How, fact, record
 from ..file import open as _open
 from ..layouts.arrays import ArrayLayout, Subarray
 from ..layouts.base import Segments
@@ -69,33 +70,37 @@ class Plan:
     data_end: int
     spans: I64  # (rank, array, (lo, hi, contiguous, bytes)) of every rank's pieces
     flat: list[bool]  # whether every rank's piece of the array is one range
+    #: whether each rank writes its own piece of the array itself (see :func:`direct`)
+    direct: list[bool]
     metadata: Any
     #: the extents, planned by :meth:`plan_extents` (pure: an async save does it in its thread)
-    starts: list[I64] = dataclasses.field(default_factory=list)  # each array's extent starts
-    owner: list[I64] = dataclasses.field(default_factory=list)  # checksum from memory, or -1
-    reader: list[I64] = dataclasses.field(default_factory=list)  # reads it back, or -1
+    extents: extents.Plan | None = None
 
     def plan_extents(self) -> None:
         """Cut every array into extents and give each to a rank (see :mod:`.extents`)."""
-        size = self.spans.shape[0]
-        self.starts, self.owner, self.reader = [], [], []
-        for k, e in enumerate(self.entries):
-            n = e.layout.global_nbytes
-            lo, hi = self.spans[:, k, 0], self.spans[:, k, 1]
-            contig = self.spans[:, k, 2].astype(bool)
-            s = extents.cut(n, lo[contig], hi[contig])
-            o = extents.owners(s, n, lo, hi, contig)
-            self.starts.append(s)
-            self.owner.append(o)
-            self.reader.append(extents.deal(o < 0, size))
+        nbytes = np.array([e.layout.global_nbytes for e in self.entries], np.int64)
+        self.extents = extents.plan(nbytes, self.offsets, self.spans)
 
     @property
     def reads_back(self) -> bool:
-        return any(bool((r >= 0).any()) for r in self.reader)
+        return self.extents is not None and bool((self.extents.reader >= 0).any())
 
 
-def _agree_entries(comm: MPI.Intracomm, entries: list[Entry]) -> None:
+@record
+class _Entries(Facts):
+    failed: bool = fact(How.ANY)
+    sig: int | None = fact(How.EQUAL)  # digest of every entry's signature (None: ranks differ)
+
+
+def _agree_entries(comm: MPI.Intracomm, error: BaseException | None, entries: list[Entry]) -> None:
+    """Collective: one allreduce agrees on the ranks' errors and on their entries (their
+    digests); only when these differ is rank 0's list sent, to name the entry."""
     sig = [e.signature() for e in entries]
+    agreed = agree_facts(comm, _Entries(failed=error is not None, sig=digest(sig)))
+    if agreed.failed:
+        raise_agreed(comm, error, what="checkpoint.save")
+    if agreed.sig is not None:
+        return
     ref = comm.bcast(sig, root=0)
     err: Exception | None = None
     if sig != ref:
@@ -126,8 +131,7 @@ def prepare(
     with step:
         entries = flatten_state(state)
         meta = format.check_metadata(metadata)
-    agree(comm, step.error, what="checkpoint.save")
-    _agree_entries(comm, entries)
+    _agree_entries(comm, step.error, entries)
     size, rank = comm.Get_size(), comm.Get_rank()
     rep = [k for k, e in enumerate(entries) if e.replicated]
     who = writers([entries[k].layout.nbytes for k in rep], size)
@@ -154,45 +158,53 @@ def prepare(
                 f"the array {shapes[k]}"
             )
     agree(comm, step.error, what="checkpoint.save")
-    flat = [bool(x) for x in np.atleast_1d(every[:, :, 2].all(axis=0))]
-    return Plan(entries, offsets, end, every, flat, meta)
+    flat = np.atleast_1d(every[:, :, 2].all(axis=0))
+    fast = direct(every)
+    return Plan(entries, offsets, end, every, flat.tolist(), fast.tolist(), meta)
+
+
+def direct(every: I64) -> npt.NDArray[np.bool_]:
+    """Per array, from every rank's ``(lo, hi, contiguous, bytes)``: whether each rank
+    writes (and a load at the same decomposition reads) its own piece itself.
+
+    The rule: every rank's piece is one contiguous range of the array's bytes (a row
+    shard, a whole replicated array, an empty piece) and no two ranks' ranges overlap.
+    The ranks' pieces then hold the array's bytes exactly (the save has checked that
+    their sizes add up), so no exchange is needed, however the ranks' ranges
+    interleave in the file; and the ranges are one request each.  A piece of several
+    runs (2-D blocks, block-cyclic) goes through the two-phase exchange, which also
+    refuses pieces that overlap: the overlap of such pieces is known only from their
+    runs, which the plan does not gather.
+    """
+    contiguous = every[:, :, 2].astype(bool).all(axis=0)
+    return contiguous & extents.disjoint(every[:, :, 0], every[:, :, 1])
 
 
 def _crc_owned(plan: Plan, rank: int) -> tuple[list[I64], list[npt.NDArray[np.uint32]]]:
     """Checksums of the extents this rank's pieces cover, from its memory; (ids, crcs)."""
     import crc32c
 
-    ids, crcs = [], []
-    base = 0
-    for k, e in enumerate(plan.entries):
-        s = plan.starts[k]
-        mine = np.flatnonzero(plan.owner[k] == rank)
-        if len(mine):
-            buf = e.layout.as_bytes(e.data).data
-            lo = span_of(e.layout)[0]
-            ends = np.append(s[1:], e.layout.global_nbytes)
-            got = [crc32c.crc32c(buf[s[j] - lo : ends[j] - lo]) for j in mine.tolist()]
-            ids.append(base + mine)
-            crcs.append(np.asarray(got, np.uint32))
-        base += len(s)
-    return ids, crcs
+    assert plan.extents is not None
+    x = plan.extents
+    mine = np.flatnonzero(x.owner == rank)
+    got = np.empty(len(mine), np.uint32)
+    views: dict[int, tuple[memoryview, int]] = {}
+    rows = zip(x.aid[mine].tolist(), x.starts[mine].tolist(), x.ends[mine].tolist(), strict=True)
+    for i, (k, a, b) in enumerate(rows):
+        if k not in views:  # (a piece's bytes, from its first byte within its array)
+            e = plan.entries[k]
+            views[k] = (e.layout.as_bytes(e.data).data, int(plan.spans[rank, k, 0]))
+        buf, lo = views[k]
+        got[i] = crc32c.crc32c(buf[a - lo : b - lo])
+    return [mine], [got]
 
 
 def _read_back_runs(plan: Plan, rank: int) -> tuple[I64, I64, I64]:
     """(extent ids, file offsets, lengths) of the extents this rank reads back."""
-    ids, offs, lens = [], [], []
-    base = 0
-    for k, e in enumerate(plan.entries):
-        s = plan.starts[k]
-        mine = np.flatnonzero(plan.reader[k] == rank)
-        ends = np.append(s[1:], e.layout.global_nbytes)
-        ids.append(base + mine)
-        offs.append(plan.offsets[k] + s[mine])
-        lens.append(ends[mine] - s[mine])
-        base += len(s)
-    cat = np.concatenate
-    z = np.zeros(0, np.int64)
-    return cat([z, *ids]), cat([z, *offs]), cat([z, *lens])
+    assert plan.extents is not None
+    x = plan.extents
+    mine = np.flatnonzero(x.reader == rank)
+    return mine, plan.offsets[x.aid[mine]] + x.starts[mine], x.ends[mine] - x.starts[mine]
 
 
 def _crcs_of(buf: npt.NDArray[np.uint8], lens: I64) -> npt.NDArray[np.uint32]:
@@ -210,8 +222,9 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
     import crc32c
 
     e = plan.entries
-    table = np.zeros(sum(len(s) for s in plan.starts), format.EXTENT)
-    table["start"] = np.concatenate([np.zeros(0, np.int64), *plan.starts])
+    assert plan.extents is not None
+    table = np.zeros(len(plan.extents.starts), format.EXTENT)
+    table["start"] = plan.extents.starts
     table["crc"] = crc
     arrays = format.describe(
         [x.name for x in e],
@@ -220,7 +233,7 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
         [x.layout.order for x in e],
         plan.offsets,
         [x.replicated for x in e],
-        [len(s) for s in plan.starts],
+        plan.extents.counts(len(e)).tolist(),
     )
     idx = format.Index(arrays, plan.metadata, table)
     tbytes, doc = idx.to_bytes(plan.data_end)
@@ -239,19 +252,26 @@ def write(
     its array, the checksums come from memory first and the whole checkpoint is one
     ``write_all_many`` (an S3 object's size is fixed by its first write); otherwise
     the data goes first, is read back for its checksums, and the index follows.
+
+    The arrays :func:`direct` allows are written by each rank itself (``disjoint``:
+    no exchange, where the backend lets ranks write their own ranges; S3 aggregates
+    them into its parts all the same); the others go through the two-phase exchange.
     """
     rank = comm.Get_rank()
     step = Attempt()
     with step:  # (on async_save's thread too: a rank failing alone must not strand the rest)
-        if len(plan.starts) != len(plan.entries):
+        if plan.extents is None:
             plan.plan_extents()
     agree(comm, step.error, what="checkpoint.save")
     with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
         head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
-        items: list[Any] = [(head, Segments([0], [len(head)]))]
-        items += [
-            (e.data, at(e.layout, int(o))) for e, o in zip(plan.entries, plan.offsets, strict=True)
-        ]
+        fast: list[Any] = [(head, Segments([0], [len(head)]))]
+        slow: list[Any] = []
+        for e, o, d in zip(plan.entries, plan.offsets, plan.direct, strict=True):
+            if d:  # (one range: raw bytes, no layout flattened)
+                fast.append(item(e.data, e.layout, int(o), True))
+            else:
+                slow.append((e.data, at(e.layout, int(o))))
         if plan.reads_back:  # before any byte is written
             step = Attempt()
             with step:
@@ -266,10 +286,12 @@ def write(
         with step:
             own_ids, own_crcs = _crc_owned(plan, rank)
         agree(f.comm, step.error, what="checkpoint.save: checksums")
-        if not plan.reads_back:
-            f.write_all_many([*items, _tail(f.comm, plan, own_ids, own_crcs)])
+        if not plan.reads_back:  # (one call: an S3 object's size is fixed by its first write)
+            tail = _tail(f.comm, plan, own_ids, own_crcs)
+            f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
             return
-        f.write_all_many(items)
+        f.write_all_many(fast, _disjoint=True)
+        f.write_all_many(slow)
         ids, offs, lens = _read_back_runs(plan, rank)
         back = _crcs_of(f.read_all(Segments(offs, lens)), lens)
         f.write_all(*_tail(f.comm, plan, [*own_ids, ids], [*own_crcs, back]))
@@ -284,7 +306,8 @@ def _tail(
     got = comm.gather(mine, root=0)
     if comm.Get_rank() != 0:
         return np.zeros(0, np.uint8), Segments([], [])
-    crc = np.zeros(sum(len(s) for s in plan.starts), np.uint32)
+    assert plan.extents is not None
+    crc = np.zeros(len(plan.extents.starts), np.uint32)
     for i, c in got or []:
         crc[i] = c
     tail = np.frombuffer(bytearray(_index(plan, crc)), np.uint8)

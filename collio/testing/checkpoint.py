@@ -10,7 +10,8 @@ import numpy as np
 from ..layouts import Subarray, block, block_cyclic, dims_create
 from ..layouts.arrays import ArrayLayout, BlockCyclic
 
-__all__ = ["GLOBALS", "expected", "load_spec", "reference", "save_state"]
+__all__ = ["GLOBALS", "ROWS", "expected", "load_spec", "reference", "rows_layouts",
+           "rows_reference", "rows_state", "save_state"]  # fmt: skip
 
 #: name -> (global shape, dtype, order)
 GLOBALS: dict[str, tuple[tuple[int, ...], str, str]] = {
@@ -113,3 +114,42 @@ def load_spec(rank: int, size: int) -> dict[str, Any]:
 def expected(name: str, lay: ArrayLayout | None) -> np.ndarray[Any, Any]:
     """What a load with ``lay`` (None: the whole array) must return for ``name``."""
     return reference(name) if lay is None else piece(name, lay)
+
+
+#: A state of row shards only (every piece one range of its array, the ranks' pieces of
+#: every array interleaved in the file): the save's direct path.  name -> (shape, dtype)
+ROWS: dict[str, tuple[tuple[int, ...], str]] = {
+    "a": ((64, 1000), "<f8"),
+    "b": ((37, 333), "<i4"),
+    "c": ((1001,), "<u1"),
+    "d": ((5, 2, 3), "<f4"),
+}
+
+
+def rows_reference(name: str, scale: int = 1) -> np.ndarray[Any, Any]:
+    """The global value of row-state array ``name`` (``scale`` times the rows)."""
+    shape, dtype = ROWS[name]
+    shape = (shape[0] * scale, *shape[1:])
+    rng = np.random.default_rng(sorted(ROWS).index(name) + 101)
+    n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return rng.integers(0, 256, n, np.uint8).view(dtype).reshape(shape)
+
+
+def rows_layouts(rank: int, size: int, scale: int = 1) -> dict[str, ArrayLayout]:
+    """Row blocks of every row-state array over ``size`` ranks."""
+    out: dict[str, ArrayLayout] = {}
+    for name, (shape, dtype) in ROWS.items():
+        shape = (shape[0] * scale, *shape[1:])
+        grid = (size,) + (1,) * (len(shape) - 1)
+        out[name] = block(shape, dtype, grid=grid, rank=rank, size=size)
+    return out
+
+
+def rows_state(rank: int, size: int, scale: int = 1) -> dict[str, Any]:
+    """This rank's row shards of the row state, and one replicated value."""
+    state: dict[str, Any] = {}
+    for name, lay in rows_layouts(rank, size, scale).items():
+        assert isinstance(lay, Subarray)
+        state[name] = (np.ascontiguousarray(rows_reference(name, scale)[lay.slices]), lay)
+    state["rep"] = np.arange(7, dtype="<i8")
+    return state

@@ -1,0 +1,71 @@
+"""CRC-32C of two ranges from the CRC-32C of each (zlib's ``crc32_combine``), for many at once.
+
+A resharded load holds an extent's bytes in two (or more) ranks' pieces: each rank
+checksums its part from memory, and the parts' checksums combine into the extent's,
+so no byte is read twice.  ``crc(A + B)`` is ``crc(A)`` advanced over ``len(B)`` zero
+bytes, xor ``crc(B)``; the advance is a linear map over GF(2), a 32x32 bit matrix per
+power of two of the length.  Pure numpy: all combines of a load in 32 passes per bit
+of the longest length.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["combine"]
+
+U32 = npt.NDArray[np.uint32]
+#: CRC-32C (Castagnoli), reflected
+POLY = 0x82F63B78
+#: Lengths up to 2**BITS bytes
+BITS = 48
+
+
+def _times(mat: list[int], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _square(mat: list[int]) -> list[int]:
+    return [_times(mat, mat[n]) for n in range(32)]
+
+
+@functools.cache
+def _zeros() -> npt.NDArray[np.uint32]:
+    """``ops[k][i]``: the image of bit ``i`` of a CRC advanced over ``2**k`` zero bytes."""
+    one_bit = [POLY] + [1 << n for n in range(31)]
+    mat = _square(_square(_square(one_bit)))  # 8 zero bits: one zero byte
+    ops = []
+    for _ in range(BITS):
+        ops.append(mat)
+        mat = _square(mat)
+    return np.array(ops, np.uint32)
+
+
+def _advance(mat: U32, crc: U32) -> U32:
+    out = np.zeros_like(crc)
+    for i in range(32):
+        out ^= np.where((crc >> np.uint32(i)) & np.uint32(1), mat[i], np.uint32(0))
+    return out
+
+
+def combine(crc1: U32, crc2: U32, len2: npt.NDArray[np.int64]) -> U32:
+    """The CRC-32C of each ``A + B``, given ``crc(A)``, ``crc(B)`` and ``len(B)``."""
+    ops = _zeros()
+    out = np.asarray(crc1, np.uint32).copy()
+    n = np.asarray(len2, np.int64)
+    for k in range(BITS):
+        sel = ((n >> k) & 1).astype(bool)
+        if sel.any():
+            out[sel] = _advance(ops[k], out[sel])
+        if not bool((n >> (k + 1)).any()):
+            break
+    return out ^ np.asarray(crc2, np.uint32)

@@ -1,0 +1,108 @@
+"""The checkpoint's extents of every array at once match those planned array by array."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collio.checkpoint import extents, format
+from collio.checkpoint.save import direct
+
+
+def _spans(rng: np.random.Generator, size: int, nbytes: list[int]) -> np.ndarray:
+    """Every rank's (lo, hi, contiguous, bytes) of arrays of these sizes: row blocks,
+    a whole array on every rank, some empty pieces, some pieces of several runs."""
+    out = np.zeros((size, len(nbytes), 4), np.int64)
+    for k, n in enumerate(nbytes):
+        kind = rng.integers(0, 4)
+        if kind == 0:  # row blocks, cut at random
+            cuts = np.sort(rng.integers(0, n + 1, size - 1)) if size > 1 else []
+            edges = np.concatenate([[0], cuts, [n]]).astype(np.int64)
+            out[:, k, 0], out[:, k, 1] = edges[:-1], edges[1:]
+            out[:, k, 2] = 1
+        elif kind == 1:  # the whole array on every rank
+            out[:, k, 1], out[:, k, 2] = n, 1
+        elif kind == 2:  # one rank holds it, the others nothing
+            out[rng.integers(0, size), k, 1] = n
+            out[:, k, 2] = 1
+        else:  # interleaved pieces of several runs: extents of the same span, not contiguous
+            out[:, k, 1] = n
+            out[:, k, 2] = rng.integers(0, 2, size) if n else 1
+        out[:, k, 3] = out[:, k, 1] - out[:, k, 0]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_plan_of_every_array_matches_array_by_array(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 6))
+    nbytes = [int(x) for x in rng.choice([0, 1, 7, 4096, 10_000, 3 * 4096 + 5], 9)]
+    block = int(rng.choice([4096, 8192, 1 << 22]))
+    spans = _spans(rng, size, nbytes)
+    offsets, _ = format.place(nbytes)
+    got = extents.plan(np.array(nbytes, np.int64), offsets, spans, block)
+    uncovered = 0
+    for k, n in enumerate(nbytes):
+        lo, hi, contig = spans[:, k, 0], spans[:, k, 1], spans[:, k, 2].astype(bool)
+        starts = extents.cut(n, lo[contig], hi[contig], block)
+        owner = extents.owners(starts, n, lo, hi, contig)
+        mine = got.aid == k
+        assert got.starts[mine].tolist() == starts.tolist(), k
+        assert got.ends[mine].tolist() == np.append(starts[1:], n).tolist()[: len(starts)], k
+        assert got.owner[mine].tolist() == owner.tolist(), k
+        uncovered += int((owner < 0).sum())
+    # one reader for each extent no piece covers, dealt over the ranks in turn
+    readers = got.reader[got.owner < 0]
+    assert readers.tolist() == (np.arange(uncovered) % size).tolist()
+    assert (got.reader[got.owner >= 0] == -1).all()
+
+
+def test_direct_needs_one_range_per_rank_and_no_overlap() -> None:
+    def every(pieces: list[tuple[int, int, int]]) -> np.ndarray:
+        out = np.array([[[lo, hi, c, hi - lo]] for lo, hi, c in pieces], np.int64)
+        return out
+
+    assert direct(every([(0, 10, 1), (10, 20, 1), (20, 20, 1)])).tolist() == [True]
+    assert direct(every([(10, 20, 1), (0, 10, 1)])).tolist() == [True]  # any rank order
+    assert direct(every([(0, 10, 1), (0, 0, 1), (0, 10, 1)])).tolist() == [False]  # overlap
+    assert direct(every([(0, 12, 1), (10, 20, 1)])).tolist() == [False]
+    assert direct(every([(0, 20, 0), (20, 40, 1)])).tolist() == [False]  # several runs
+    two = np.concatenate([every([(0, 5, 1), (5, 9, 1)]), every([(0, 9, 0), (0, 9, 0)])], axis=1)
+    assert direct(two).tolist() == [True, False]
+
+
+def test_crc_of_two_ranges_from_the_crc_of_each() -> None:
+    import crc32c
+
+    from collio.checkpoint.crc import combine
+
+    rng = np.random.default_rng(5)
+    lens_a = rng.integers(0, 3000, 40)
+    lens_b = np.concatenate([[0, 1, 4096, 1 << 20], rng.integers(0, 70_000, 36)])
+    a = [rng.integers(0, 256, n, np.uint8).tobytes() for n in lens_a]
+    b = [rng.integers(0, 256, n, np.uint8).tobytes() for n in lens_b]
+    ca = np.array([crc32c.crc32c(x) for x in a], np.uint32)
+    cb = np.array([crc32c.crc32c(x) for x in b], np.uint32)
+    got = combine(ca, cb, lens_b.astype(np.int64))
+    assert got.tolist() == [crc32c.crc32c(x + y) for x, y in zip(a, b, strict=True)]
+
+
+def test_parts_of_extents_across_piece_edges() -> None:
+    """Two arrays in row pieces of a 3-rank load, extents cut at a 4-rank save's edges:
+    the extents across the load's edges come in parts, one per rank holding bytes."""
+    nbytes = np.array([120, 40], np.int64)
+    offsets, _ = format.place(nbytes.tolist())
+    load = np.array([[0, 40, 80, 120], [0, 10, 20, 40]], np.int64)  # per array: edges
+    spans = np.zeros((3, 2, 4), np.int64)
+    for k in range(2):
+        spans[:, k, 0], spans[:, k, 1] = load[k, :-1], load[k, 1:]
+    spans[:, :, 2], spans[:, :, 3] = 1, spans[:, :, 1] - spans[:, :, 0]
+    starts = np.array([0, 30, 60, 90, 0, 10, 20, 30], np.int64)  # the saver's: 4 pieces
+    aid = np.array([0, 0, 0, 0, 1, 1, 1, 1], np.int64)
+    x = extents.assign(starts, aid, nbytes, offsets, spans, join=True)
+    assert x.owner.tolist() == [0, -1, -1, 2, 0, 1, 2, 2]
+    assert x.joined.tolist() == [1, 2] and (x.reader == -1).all()
+    pe, lo, hi, rk = x.part
+    assert list(zip(pe.tolist(), lo.tolist(), hi.tolist(), rk.tolist(), strict=True)) == [
+        (1, 30, 40, 0), (1, 40, 60, 1), (2, 60, 80, 1), (2, 80, 90, 2),
+    ]  # fmt: skip
