@@ -41,7 +41,7 @@ def _failing(path: str) -> None:
         try:
             real(self, items, **kw)
         finally:  # (the call's path, as the check agreed it: before any byte moved)
-            seen.append(f"{kw.get('disjoint')}")
+            seen.append(f"{kw.get('_disjoint')}")
 
     collio.File.write_all_many = recorded  # type: ignore[method-assign]
     try:
