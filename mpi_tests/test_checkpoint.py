@@ -222,7 +222,7 @@ def _record_paths(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, str]
 
         def wrapped(self: collio.File, *a: Any, _f: Any = real, _n: str = name, **kw: Any) -> Any:
             out = _f(self, *a, **kw)
-            seen.append((_n, bool(kw.get("disjoint")), self.stats.last_call["path"]))
+            seen.append((_n, bool(kw.get("_disjoint")), self.stats.last_call["path"]))
             return out
 
         monkeypatch.setattr(collio.File, name, wrapped)
