@@ -44,6 +44,61 @@ U8 = npt.NDArray[np.uint8]
 Gathered = tuple[Runs, U8, list[Any], tuple[Any, ...]]
 
 
+class ItemSigs(tuple):  # type: ignore[type-arg]
+    """The items' signatures, one per item, as a tuple whose ``repr`` (what the ranks'
+    digest of a call's signature hashes) is short: the distinct signatures but for their
+    offsets, then which one each item has and its offset, as hex of int64 arrays.  The
+    repr of 200 full signature tuples costs as much as the rest of a batch's local check;
+    equal sequences have equal keys whichever way they were made (:func:`sig_key`)."""
+
+    _key: str
+
+    def __new__(cls, sigs: Any, key: str | None = None) -> ItemSigs:
+        self = super().__new__(cls, sigs)
+        self._key = sig_key(self) if key is None else key
+        return self
+
+    def __repr__(self) -> str:
+        return self._key
+
+    def __reduce__(self) -> Any:  # (sent whole to every rank when the ranks disagree)
+        return (ItemSigs, (tuple(self), self._key))
+
+
+_I64_MAX = 2**63 - 1
+
+
+def _split_sig(sig: Any) -> tuple[str, int]:
+    """An array layout's signature as (repr of all but its offset, offset); any other
+    signature whole, offset 0."""
+    if (
+        type(sig) is tuple
+        and len(sig) == 5
+        and sig[0] == "array"
+        and type(sig[4]) is int
+        and 0 <= sig[4] <= _I64_MAX
+    ):
+        return repr(sig[:4]), sig[4]
+    return repr(sig), 0
+
+
+def _key_of(prefixes: Sequence[str], which: Any, offsets: Any) -> str:
+    ids = np.asarray(which, np.int64).tobytes().hex()
+    offs = np.asarray(offsets, np.int64).tobytes().hex()
+    return f"items[{'; '.join(prefixes)}] {ids} {offs}"
+
+
+def sig_key(sigs: Sequence[Any]) -> str:
+    """The canonical short key of a sequence of item signatures (see :class:`ItemSigs`)."""
+    seen: dict[str, int] = {}
+    which, offsets = [], []
+    for sig in sigs:  # (the per-item path; a box batch makes the key from its arrays)
+        prefix, offset = _split_sig(sig)
+        which.append(seen.setdefault(prefix, len(seen)))
+        offsets.append(offset)
+    return _key_of(list(seen), which, offsets)
+
+
 def items_count(items: Any) -> int:
     """How many items a rank passes (-1 when ``items`` is not a sequence: that rank's
     check raises, and its count is not compared)."""
@@ -97,7 +152,7 @@ def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gath
             raise at_item(exc, k) from exc
     backend.check_batch(lays)
     union, whole = _union(runs, bufs, arrays, writing=writing)
-    return union, whole, arrays, ("items", tuple(sigs))
+    return union, whole, arrays, ("items", ItemSigs(sigs))
 
 
 #: Layouts whose runs at byte ``offset`` are their runs at offset 0 moved by ``offset``
@@ -159,16 +214,31 @@ def _gather_boxes(backend: Any, items: Any, *, writing: bool, outs: Any) -> Gath
         except LayoutError:
             return None
         templates.append(lay.runs())
-    offsets = np.fromiter((lay.offset for lay in lays), np.int64, len(lays))
+    try:
+        offsets = np.fromiter((lay.offset for lay in lays), np.int64, len(lays))
+    except OverflowError:  # (an offset past int64: the item's own check says so)
+        return None
     if bool((offsets < 0).any()):
         return None
     arrays = _arrays(lays, data, firsts, group, outs, writing=writing)
     if arrays is None:
         return None
     base = np.fromiter((lays[k].offset for k in firsts.tolist()), np.int64, len(firsts))
-    sigs = tuple(lay.signature() for lay in lays)
+    sigs = _box_sigs(lays, firsts, group, offsets)
     union, whole = _union_shifted(templates, group, offsets - base[group], arrays, writing=writing)
     return union, whole, arrays, ("items", sigs)
+
+
+def _box_sigs(lays: list[Any], firsts: Any, group: Any, offsets: I64) -> ItemSigs:
+    """The box items' signatures and their key from the templates' (:func:`sig_key` of
+    them, without a repr per item)."""
+    seen: dict[str, int] = {}
+    ids = np.empty(len(firsts), np.int64)
+    for g, k in enumerate(firsts.tolist()):  # (groups in order of their first item)
+        prefix, _ = _split_sig(lays[k].signature())
+        ids[g] = seen.setdefault(prefix, len(seen))
+    key = _key_of(list(seen), ids[group], offsets)
+    return ItemSigs((lay.signature() for lay in lays), key)
 
 
 def _arrays(

@@ -333,3 +333,31 @@ def test_zarr_batch_of_items_each_rank_stores_alone(comm, mpi_tmp_path):
     rows = np.repeat(10.0 * np.arange(p)[:, None] + [1, 2], 4).reshape(-1)
     want = np.repeat(rows[:, None], 4, axis=1)
     np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
+
+
+@pytest.mark.mpi
+def test_box_batch_signatures_agree_across_the_checks(comm, mpi_tmp_path):
+    """Ranks whose items take the per-item checks (the last rank's data is not contiguous)
+    agree with ranks whose box items share templates; an item whose global array differs
+    on one rank is named on every rank."""
+    path = str(mpi_tmp_path / "sigs.bin")
+    items = _ten(comm, path)
+    last = comm.size - 1
+    mine = list(items)
+    if comm.rank == last:
+        mine = [(np.repeat(d, 2)[::2], lay) for d, lay in items]  # (strided views)
+        assert not mine[0][0].flags.c_contiguous
+    with collio.open(path, "r+", comm=comm) as f:
+        f.write_all_many([(d + 5, lay) for d, lay in mine])
+        back = f.read_all_many([lay for _, lay in items])
+        if comm.size > 1:
+            odd = list(items)
+            if comm.rank == last:
+                d, lay = items[1]
+                wide = layouts.Subarray((8 * comm.size + 1,), (8 * comm.rank,), (8,), "<i8",
+                                        offset=lay.offset)  # fmt: skip
+                odd[1] = (d, wide)
+            raises_everywhere(comm, collio.MismatchError, lambda: f.write_all_many(odd),
+                              match="disagree on the global array of item 1")  # fmt: skip
+    for (d, _), got in zip(items, back, strict=True):
+        np.testing.assert_array_equal(got, d + 5)

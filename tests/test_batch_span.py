@@ -78,7 +78,11 @@ def test_boxes_share_runs_of_one_template_each(tmp_path):
         assert fast is not None
         bufs = [lay.as_bytes(d) for d, lay in items]
         slow, whole = batch._union([lay.runs() for _, lay in items], bufs, bufs, writing=True)
-        assert fast[3] == ("items", tuple(lay.signature() for _, lay in items))
+        sigs = tuple(lay.signature() for _, lay in items)
+        assert fast[3] == ("items", sigs)
+        # the digest's repr: the same short key as the per-item path makes
+        assert repr(fast[3]) == repr(("items", batch.ItemSigs(sigs)))
+        assert repr(fast[3]) != repr(("items", batch.ItemSigs((*sigs[:-1], sigs[0]))))
         for a, b in ((fast[0].file, slow.file), (fast[0].length, slow.length),
                      (fast[0].mem, slow.mem)):  # fmt: skip
             np.testing.assert_array_equal(a, b)
