@@ -162,7 +162,12 @@ _SHIFTABLE = (Subarray, BlockCyclic)
 
 
 def _shape_key(lay: ArrayLayout) -> tuple[Any, ...]:
-    """What an array layout's runs depend on besides its offset (see :data:`_SHIFTABLE`)."""
+    """What an array layout's runs depend on besides its offset (see :data:`_SHIFTABLE`).
+    (A box's dims are made from its start and shape alone: tuples of ints hash and
+    compare in C, a tuple of dataclasses through Python per dimension.)"""
+    if type(lay) is Subarray:
+        return (Subarray, lay.global_shape, lay.start, lay.shape, lay._dtype, lay._order,
+                lay._invalid)  # fmt: skip
     return (type(lay), lay.global_shape, lay.dims, lay._dtype, lay._order, lay._invalid)
 
 
