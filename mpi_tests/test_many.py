@@ -131,6 +131,47 @@ def test_mixed_batch_matches_single_calls_and_romio(comm, mpi_tmp_path, hints):
     assert (a[~mask] == 0xEE).all()  # bytes no item covers keep what was there
 
 
+def _boxes(comm: MPI.Intracomm) -> list[tuple[str, Any, Any]]:
+    """The batch's box and block-cyclic items only (each layout shape's runs made once and
+    moved to every item of that shape), with two more items of the subarray's shape where
+    the segments were, before it in item order and out of file order."""
+    items = [it for it in _items(comm) if it[0] not in ("segments", "datatype")]
+    p, r = comm.size, comm.rank
+    g = reference((10, 4 * p), "<i4", seed=5)
+    for at, base in ((1, BASES[3] + 3000), (2, BASES[3])):
+        lay = layouts.Subarray((10, 4 * p), (2, 4 * r), (7, 4), "<i4", order="F", offset=base)
+        items.insert(at, ("subarray-again", local_piece(g, lay) + at, lay))
+    return items
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", [{}, {"cb_buffer_size": 4096, "cb_nodes": 2}])
+def test_box_batch_matches_single_calls_and_romio(comm, mpi_tmp_path, hints):
+    items = _boxes(comm)
+    many, single, romio = (str(mpi_tmp_path / f"{n}.bin") for n in ("many", "single", "romio"))
+    _prefill(comm, [many, single])
+    with collio.open(many, "r+", comm=comm, hints=hints) as f:
+        f.write_all_many(_guarded_items(items))
+        outs = guarded_like([np.zeros_like(d) for _, d, _ in items])
+        back = f.read_all_many([lay for _, _, lay in items], out=outs)
+        fresh = f.read_all_many([lay for _, _, lay in items])
+    for (kind, data, _), got, new in zip(items, back, fresh, strict=True):
+        np.testing.assert_array_equal(got, data, err_msg=kind)
+        np.testing.assert_array_equal(new, data, err_msg=kind)
+    with collio.open(single, "r+", comm=comm, hints=hints) as f:
+        for _, data, lay in items:
+            f.write_all(data, lay)
+    for kind, data, lay in items:
+        _romio(romio, kind, data, lay, comm)
+    comm.Barrier()
+    ours, theirs = read_file(many), read_file(romio)
+    assert ours == read_file(single)
+    mask = _covered(comm, [lay for _, _, lay in items])
+    a, b = np.frombuffer(ours, np.uint8), np.frombuffer(theirs, np.uint8)
+    np.testing.assert_array_equal(a[: len(b)][mask[: len(b)]], b[mask[: len(b)]])
+    assert (a[~mask] == 0xEE).all()
+
+
 @pytest.mark.mpi
 def test_one_plan_over_the_union(comm, mpi_tmp_path):
     """200 small items: one call, its rounds over the union (a window holds many items),
@@ -292,3 +333,31 @@ def test_zarr_batch_of_items_each_rank_stores_alone(comm, mpi_tmp_path):
     rows = np.repeat(10.0 * np.arange(p)[:, None] + [1, 2], 4).reshape(-1)
     want = np.repeat(rows[:, None], 4, axis=1)
     np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
+
+
+@pytest.mark.mpi
+def test_box_batch_signatures_agree_across_the_checks(comm, mpi_tmp_path):
+    """Ranks whose items take the per-item checks (the last rank's data is not contiguous)
+    agree with ranks whose box items share templates; an item whose global array differs
+    on one rank is named on every rank."""
+    path = str(mpi_tmp_path / "sigs.bin")
+    items = _ten(comm, path)
+    last = comm.size - 1
+    mine = list(items)
+    if comm.rank == last:
+        mine = [(np.repeat(d, 2)[::2], lay) for d, lay in items]  # (strided views)
+        assert not mine[0][0].flags.c_contiguous
+    with collio.open(path, "r+", comm=comm) as f:
+        f.write_all_many([(d + 5, lay) for d, lay in mine])
+        back = f.read_all_many([lay for _, lay in items])
+        if comm.size > 1:
+            odd = list(items)
+            if comm.rank == last:
+                d, lay = items[1]
+                wide = layouts.Subarray((8 * comm.size + 1,), (8 * comm.rank,), (8,), "<i8",
+                                        offset=lay.offset)  # fmt: skip
+                odd[1] = (d, wide)
+            raises_everywhere(comm, collio.MismatchError, lambda: f.write_all_many(odd),
+                              match="disagree on the global array of item 1")  # fmt: skip
+    for (d, _), got in zip(items, back, strict=True):
+        np.testing.assert_array_equal(got, d + 5)

@@ -6,6 +6,7 @@ import gc
 from typing import Any
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import collio
@@ -49,3 +50,88 @@ def test_read_only_data_and_temporaries(tmp_path):
         raw = fh.read()
     assert raw[:5] == b"abcde" and raw[100:103] == b"fgh"
     assert raw[16:32] == (np.arange(4, dtype="<i4") * 7).tobytes()  # the Subarray at offset 16
+
+
+def _boxes() -> list[tuple[Any, Any]]:
+    """Items of three shapes (C and F order, a block-cyclic piece), interleaved in item
+    order and out of file order, one of them empty."""
+    items: list[tuple[Any, Any]] = []
+    for k, off in enumerate((4096, 0, 12288, 8192, 20480)):
+        lay = layouts.Subarray((6, 8), (1, 2), (4, 5), "<f4", offset=off)
+        items.append((np.arange(20, dtype="<f4").reshape(4, 5) + 100 * k, lay))
+        f = layouts.Subarray((5, 7), (0, 1), (3, 4), "<i2", order="F", offset=off + 1024)
+        items.append((np.asfortranarray(np.arange(12, dtype="<i2").reshape(3, 4) - k), f))
+    cyc = layouts.block_cyclic((9, 10), "<f8", block=2, grid=(2, 2), rank=1, size=4, offset=30000)
+    items.insert(
+        3, (np.arange(np.prod(cyc.local_shape), dtype="<f8").reshape(cyc.local_shape), cyc)
+    )
+    items.insert(5, (np.zeros((0, 5), "<f4"), layouts.Subarray((6, 5), (6, 0), (0, 5), "<f4")))
+    return items
+
+
+def test_boxes_share_runs_of_one_template_each(tmp_path):
+    """A batch of box layouts takes the shifted-template path, and its union is the one
+    each item's own runs make (file, length and memory offset of every run)."""
+    items = _boxes()
+    with collio.open(str(tmp_path / "b.bin"), "w", comm=MPI.COMM_SELF) as f:
+        fast = batch._gather_boxes(f.backend, items, writing=True, outs=None)
+        assert fast is not None
+        bufs = [lay.as_bytes(d) for d, lay in items]
+        slow, whole = batch._union([lay.runs() for _, lay in items], bufs, bufs, writing=True)
+        sigs = tuple(lay.signature() for _, lay in items)
+        assert fast[3] == ("items", sigs)
+        # the digest's repr: the same short key as the per-item path makes
+        assert repr(fast[3]) == repr(("items", batch.ItemSigs(sigs)))
+        assert repr(fast[3]) != repr(("items", batch.ItemSigs((*sigs[:-1], sigs[0]))))
+        for a, b in ((fast[0].file, slow.file), (fast[0].length, slow.length),
+                     (fast[0].mem, slow.mem)):  # fmt: skip
+            np.testing.assert_array_equal(a, b)
+        assert fast[1].__array_interface__["data"] == whole.__array_interface__["data"]
+        # an item that is not a contiguous array of its layout: every item checked alone
+        odd = [(d.T.copy().T if d.ndim == 2 and d.flags.c_contiguous and d.size else d, lay)
+               for d, lay in items]  # fmt: skip
+        assert batch._gather_boxes(f.backend, odd, writing=True, outs=None) is None
+        f.write_all_many(odd)
+        back = f.read_all_many([lay for _, lay in items])
+    for (d, _), got in zip(items, back, strict=True):
+        np.testing.assert_array_equal(got, d)
+
+
+def test_boxes_match_one_call_each(tmp_path):
+    """The batch's bytes in the file are those of one write_all per item; reads give the
+    same arrays into given outputs (guarded memory) and new ones."""
+    items = _boxes()
+    many, single = str(tmp_path / "many.bin"), str(tmp_path / "single.bin")
+    with collio.open(many, "w", comm=MPI.COMM_SELF) as f:
+        datas = guarded_like([d for d, _ in items])
+        f.write_all_many(list(zip(datas, [lay for _, lay in items], strict=True)))
+        outs = guarded_like([np.zeros_like(d) for d, _ in items])
+        back = f.read_all_many([lay for _, lay in items], out=outs)
+        fresh = f.read_all_many([lay for _, lay in items])
+    with collio.open(single, "w", comm=MPI.COMM_SELF) as f:
+        for d, lay in items:
+            f.write_all(d, lay)
+    with open(many, "rb") as a, open(single, "rb") as b:
+        assert a.read() == b.read()
+    for (d, _), got, out, new in zip(items, back, outs, fresh, strict=True):
+        assert got is out
+        np.testing.assert_array_equal(got, d)
+        np.testing.assert_array_equal(new, d)
+        assert new.flags.f_contiguous if d.ndim and not d.flags.c_contiguous else True
+
+
+def test_boxes_errors_name_the_item(tmp_path):
+    """Errors of a box batch are the ones each item's own check raises, naming it."""
+    items = _boxes()
+    with collio.open(str(tmp_path / "e.bin"), "w", comm=MPI.COMM_SELF) as f:
+        twice = [*items, items[1]]
+        with pytest.raises(collio.OverlapError, match="items 1 and 12 both write them"):
+            f.write_all_many(twice)
+        bad = list(items)
+        bad[4] = (items[4][0].astype("<f8"), items[4][1])
+        with pytest.raises(collio.LayoutError, match="item 4: data dtype float64"):
+            f.write_all_many(bad)
+        neg = list(items)
+        neg[2] = (items[2][0], layouts.Subarray((6, 8), (1, 2), (4, 5), "<f4", offset=-8))
+        with pytest.raises(collio.LayoutError, match="item 2: offset -8 is negative"):
+            f.write_all_many(neg)
