@@ -242,21 +242,6 @@ class Messages:
         lengths: I64,
         scratch: npt.NDArray[np.uint8] | None = None,
     ) -> int:
-        """Send the runs (see :meth:`_send`); a stand-in if they cannot be sent."""
-        try:
-            return self._send(dest, buf, offsets, lengths, scratch)
-        except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
-            self._stand_in(self.comm.Isend, int(np.sum(lengths)), dest, exc)
-            return 0
-
-    def _send(
-        self,
-        dest: int,
-        buf: npt.NDArray[np.uint8],
-        offsets: I64,
-        lengths: I64,
-        scratch: npt.NDArray[np.uint8] | None = None,
-    ) -> int:
         """Send the runs; small equal runs are first packed into ``scratch`` (if given).
 
         Returns the bytes of ``scratch`` used (kept until the messages complete).
@@ -267,15 +252,18 @@ class Messages:
         runs up to :data:`PACK_MAX_RUN` are packed (docs/design.md).  (A fresh buffer
         per round would cost more than it saves: page faults.)
         """
-        n = len(lengths)
-        if scratch is not None and n > 1 and int(lengths[0]) <= PACK_MAX_RUN:
-            apart = not bool((offsets[1:] == (offsets + lengths)[:-1]).all())  # else one slice
-            equal = bool((lengths == lengths[0]).all()) and int(lengths.sum()) <= len(scratch)
-            if apart and equal:
-                packed = pack_uniform(buf, offsets, int(lengths[0]), scratch)
-                self._post(self.comm.Isend, [packed, MPI.BYTE], None, dest)
-                return len(packed)
-        self._post(self.comm.Isend, *byte_view(buf, offsets, lengths), dest)
+        try:
+            n = len(lengths)
+            if scratch is not None and n > 1 and int(lengths[0]) <= PACK_MAX_RUN:
+                apart = not bool((offsets[1:] == (offsets + lengths)[:-1]).all())  # else a slice
+                equal = bool((lengths == lengths[0]).all()) and int(lengths.sum()) <= len(scratch)
+                if apart and equal:
+                    packed = pack_uniform(buf, offsets, int(lengths[0]), scratch)
+                    self._post(self.comm.Isend, [packed, MPI.BYTE], None, dest)
+                    return len(packed)
+            self._post(self.comm.Isend, *byte_view(buf, offsets, lengths), dest)
+        except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
+            self._stand_in(self.comm.Isend, int(np.sum(lengths)), dest, exc)
         return 0
 
     def send_group(
@@ -291,34 +279,26 @@ class Messages:
         """:meth:`send` of group ``g`` of a plan's :class:`Shapes` (``runs()`` gives the
         group's offsets and lengths, less ``base``, when its shape is ``OTHER``)."""
         try:
-            return self._send_group(dest, buf, sh, g, base, runs, scratch)
+            kind, block, total = int(sh.kind[g]), int(sh.block[g]), int(sh.total[g])
+            if kind == VECTOR and scratch is not None and block <= PACK_MAX_RUN:
+                if total <= len(scratch):
+                    first, count, stride = (
+                        int(sh.first[g]) - base,
+                        int(sh.count[g]),
+                        int(sh.stride[g]),
+                    )
+                    packed = pack_vector(buf, first, count, block, stride, scratch)
+                    self._post(self.comm.Isend, [packed, MPI.BYTE], None, dest)
+                    return total
+            got = shaped(buf, sh, g, base)
+            if got is None:
+                offsets, lengths = runs()
+                return self.send(dest, buf, offsets, lengths, scratch)  # (stands in itself)
+            self._post(self.comm.Isend, *got, dest)
+            return 0
         except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
             self._stand_in(self.comm.Isend, int(sh.total[g]), dest, exc)
             return 0
-
-    def _send_group(
-        self,
-        dest: int,
-        buf: npt.NDArray[np.uint8],
-        sh: Shapes,
-        g: int,
-        base: int,
-        runs: Callable[[], tuple[I64, I64]],
-        scratch: npt.NDArray[np.uint8] | None,
-    ) -> int:
-        kind, block, total = int(sh.kind[g]), int(sh.block[g]), int(sh.total[g])
-        if kind == VECTOR and scratch is not None and block <= PACK_MAX_RUN:
-            if total <= len(scratch):
-                first, count, stride = int(sh.first[g]) - base, int(sh.count[g]), int(sh.stride[g])
-                packed = pack_vector(buf, first, count, block, stride, scratch)
-                self._post(self.comm.Isend, [packed, MPI.BYTE], None, dest)
-                return total
-        got = shaped(buf, sh, g, base)
-        if got is None:
-            offsets, lengths = runs()
-            return self._send(dest, buf, offsets, lengths, scratch)
-        self._post(self.comm.Isend, *got, dest)
-        return 0
 
     def recv_group(
         self,
@@ -334,7 +314,7 @@ class Messages:
             got = shaped(buf, sh, g, base)
             if got is None:
                 offsets, lengths = runs()
-                self._post(self.comm.Irecv, *byte_view(buf, offsets, lengths), source)
+                self.recv(source, buf, offsets, lengths)  # (stands in itself)
                 return
             self._post(self.comm.Irecv, *got, source)
         except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
