@@ -76,22 +76,28 @@ def _copy_bandwidth() -> float:
     return _COPY_BYTES / statistics.median(times)
 
 
-def _message_bandwidth(comm: MPI.Intracomm) -> float:
-    """Bytes per second of a large message from rank 0 to rank 1: the copy MPI does
-    for a round's bytes between two processes (single-copy or through its cells)."""
-    buf = np.ones(_COPY_BYTES, np.uint8)
+def _one_way(comm: MPI.Intracomm, spec: Any, ack: Any) -> float:
+    """Median seconds of ``spec`` sent from rank 0 to rank 1 and a small ``ack`` back
+    (the ack makes the time the transfer's, not the send's return), of five."""
     peer = 1 - comm.rank
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
         if comm.rank == 0:
-            comm.Send(buf, dest=peer)
-            comm.Recv(buf[:1], source=peer)
+            comm.Send(spec, dest=peer)
+            comm.Recv(ack, source=peer)
         else:
-            comm.Recv(buf, source=peer)
-            comm.Send(buf[:1], dest=peer)
+            comm.Recv(spec, source=peer)
+            comm.Send(ack, dest=peer)
         times.append(time.perf_counter() - t0)
-    return _COPY_BYTES / statistics.median(times)
+    return statistics.median(times)
+
+
+def _message_bandwidth(comm: MPI.Intracomm) -> float:
+    """Bytes per second of a large message from rank 0 to rank 1: the copy MPI does
+    for a round's bytes between two processes (single-copy or through its cells)."""
+    buf = np.ones(_COPY_BYTES, np.uint8)
+    return _COPY_BYTES / _one_way(comm, buf, buf[:1])
 
 
 def _message_seconds(comm: MPI.Intracomm) -> float:
@@ -119,21 +125,10 @@ def _run_seconds(comm: MPI.Intracomm) -> float:
     buf = np.zeros(2 * nbytes, np.uint8)
     disp = np.arange(_RUNS, dtype=np.int64) * (2 * _MESSAGE_BYTES)
     runs = MPI.BYTE.Create_hindexed_block(_MESSAGE_BYTES, disp.tolist()).Commit()
-    peer = 1 - comm.rank
     out = {}
     try:
         for name, spec in (("runs", [buf, 1, runs]), ("bytes", [buf[:nbytes], MPI.BYTE])):
-            times = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                if comm.rank == 0:
-                    comm.Send(spec, dest=peer)
-                    comm.Recv(buf[:1], source=peer)
-                else:
-                    comm.Recv(spec, source=peer)
-                    comm.Send(buf[:1], dest=peer)
-                times.append(time.perf_counter() - t0)
-            out[name] = statistics.median(times)
+            out[name] = _one_way(comm, spec, buf[:1])
     finally:
         runs.Free()
     return max(out["runs"] - out["bytes"], 0.0) / _RUNS
