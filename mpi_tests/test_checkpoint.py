@@ -339,3 +339,87 @@ def test_extents_across_pieces_are_checked_from_the_parts(
         comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
     )
     assert err.names == ("a",)
+
+
+def _outs(spec: dict[str, Any], fill: int = 0x5A) -> dict[str, Any]:
+    """Arrays of the shapes ``spec`` loads, every byte ``fill`` (a job's state in memory)."""
+    outs = {}
+    for name, lay in spec.items():
+        want = model.expected(name, lay)
+        out = np.empty_like(want, order="F" if want.flags.f_contiguous and want.ndim > 1 else "C")
+        out.reshape(-1, order="A").view(np.uint8)[:] = fill  # (a view in memory order)
+        outs[name] = out
+    return outs
+
+
+@pytest.mark.mpi
+def test_load_in_place_fills_the_callers_arrays(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """``(out, layout)`` in the spec reads into ``out`` (two-phase and direct pieces, a
+    Fortran-order one, the whole array, a 0-d value) and the result holds ``out``."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    for spec in (model.load_spec(comm.rank, comm.size), model.save_layouts(comm.rank, comm.size)):
+        outs = _outs(spec)
+        got = ckpt.load(path, {n: (outs[n], lay) for n, lay in spec.items()}, comm=comm)
+        assert all(got[n] is outs[n] for n in spec)
+        _check_loaded(comm, got, spec)
+    # in place and new arrays in one load; the rows state goes direct
+    rows = _path(comm, mpi_tmp_path, "rows.ckpt")
+    ckpt.save(rows, model.rows_state(comm.rank, comm.size), comm=comm)
+    lays = model.rows_layouts(comm.rank, comm.size)
+    a = np.full(lays["a"].local_shape, -1.0)
+    got = ckpt.load(rows, {"a": (a, lays["a"]), "b": lays["b"]}, comm=comm)
+    assert got["a"] is a and a.tobytes() == model.rows_reference("a")[lays["a"].slices].tobytes()
+    assert got["b"].tobytes() == model.rows_reference("b")[lays["b"].slices].tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        (lambda out: np.empty((out.shape[0] + 1, *out.shape[1:]), out.dtype), "shape"),
+        (lambda out: np.empty(out.shape, np.float64), "dtype"),
+        (lambda out: np.empty((out.shape[0], 2 * out.shape[1]), out.dtype)[:, ::2], "contiguous"),
+        (lambda out: np.frombuffer(bytes(out.nbytes), out.dtype).reshape(out.shape), "read-only"),
+    ],
+)
+def test_load_into_an_array_that_does_not_fit_raises_everywhere(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, bad: Any, words: str
+) -> None:
+    """One rank's ``out`` of the wrong shape, dtype, memory order or a read-only one: the
+    same LayoutError on every rank, naming the array, before any byte is read; the
+    other ranks' arrays keep their bytes."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    spec = model.load_spec(comm.rank, comm.size)
+    outs = _outs(spec)
+    last = comm.size - 1
+    if comm.rank == last:
+        outs["embed"] = bad(outs["embed"])
+    err = raises_everywhere(
+        comm,
+        collio.LayoutError,
+        lambda: ckpt.load(path, {n: (outs[n], lay) for n, lay in spec.items()}, comm=comm),
+    )
+    assert "'embed'" in str(err) and words in str(err) and f"rank {last}" in str(err), str(err)
+    if comm.rank != last:
+        assert all((o.reshape(-1, order="A").view(np.uint8) == 0x5A).all() for o in outs.values())
+
+
+@pytest.mark.mpi
+def test_load_in_place_still_checks_every_byte(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    if comm.rank == 0:
+        entry = ckpt.info(path)["ffn/w"]
+        with open(path, "r+b") as fh:
+            fh.seek(entry["offset"] + 3)
+            b = fh.read(1)
+            fh.seek(-1, os.SEEK_CUR)
+            fh.write(bytes([b[0] ^ 0x40]))
+    comm.Barrier()
+    spec = model.load_spec(comm.rank, comm.size)
+    outs = _outs(spec)
+    into = {n: (outs[n], lay) for n, lay in spec.items()}
+    err = raises_everywhere(comm, collio.ChecksumError, lambda: ckpt.load(path, into, comm=comm))
+    assert err.names == ("ffn/w",)

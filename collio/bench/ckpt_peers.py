@@ -14,8 +14,8 @@ from mpi4py import MPI
 from .. import layouts
 from ..layouts.arrays import ArrayLayout
 
-__all__ = ["ceiling_read", "ceiling_write", "model_spec", "model_state", "npsave_read",
-           "npsave_write", "per_rank_read", "per_rank_write"]  # fmt: skip
+__all__ = ["ceiling_read", "ceiling_write", "empty_piece", "model_spec", "model_state",
+           "npsave_read", "npsave_write", "per_rank_read", "per_rank_write"]  # fmt: skip
 
 D = 512  # model width: (D, D) float32 attention matrices are 1 MiB, (D, 4D) MLPs 4 MiB
 VOCAB = 32000  # (VOCAB, D) float32 embedding: 62.5 MiB, the largest array
@@ -64,6 +64,12 @@ def model_spec(total: int, comm: Any) -> dict[str, ArrayLayout | None]:
         grid = (comm.Get_size(),) + (1,) * (len(shape) - 1)
         spec[name] = None if replicated else layouts.block(shape, dtype, comm=comm, grid=grid)
     return spec
+
+
+def empty_piece(entry: Any, lay: ArrayLayout | None) -> np.ndarray[Any, Any]:
+    """An array, every page touched, to load ``lay``'s piece of a state ``entry`` into."""
+    like = entry if lay is None else np.empty(lay.local_shape, lay.dtype)
+    return np.ones_like(like)
 
 
 def pieces(state: dict[str, Any], comm: MPI.Intracomm) -> list[np.ndarray[Any, Any]]:

@@ -20,7 +20,7 @@ from ..layouts.base import Segments
 from . import extents, format
 from .crc import combine as crc_combine
 from .save import item, spans
-from .state import whole
+from .state import as_array, whole
 
 __all__ = ["Info", "info", "load"]
 
@@ -126,8 +126,11 @@ def _read_index(f: File) -> format.Index:
     return got
 
 
-def _layouts(index: format.Index, spec: Mapping[str, Any]) -> list[tuple[str, ArrayLayout]]:
-    """Each requested name with this rank's piece (offset 0), checked against the index."""
+def _wanted(
+    index: format.Index, spec: Mapping[str, Any]
+) -> list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | None]]:
+    """Each requested name, sorted, with this rank's piece (offset 0) checked against the
+    index, and the caller's array to read it into (None: a new one)."""
     if not isinstance(spec, Mapping):
         raise LayoutError(f"spec must map names to layouts or None, not {type(spec).__name__}")
     out = []
@@ -136,7 +139,9 @@ def _layouts(index: format.Index, spec: Mapping[str, Any]) -> list[tuple[str, Ar
         if entry is None:
             raise LayoutError(f"array {name!r} is not in the checkpoint")
         shape, dtype, order = tuple(entry["shape"]), index.dtype(name), entry["order"]
-        lay = spec[name]
+        lay, into = spec[name], None
+        if isinstance(lay, tuple) and len(lay) == 2:  # (out, layout or None): in place
+            into, lay = _into(name, lay[0]), lay[1]
         if shape == ():  # a 0-d value is stored as one element
             if lay is not None:
                 raise LayoutError(f"array {name!r} is 0-d: load it with None, not a layout")
@@ -149,8 +154,26 @@ def _layouts(index: format.Index, spec: Mapping[str, Any]) -> list[tuple[str, Ar
                 f"array {name!r}: stored shape {shape} dtype {dtype.str} order {order}; layout "
                 f"has shape {lay.global_shape} dtype {lay.dtype.str} order {lay.order}"
             )
-        out.append((name, lay))
+        if into is not None:
+            if entry["shape"] == [] and into.shape == ():
+                into = into.reshape(1)  # (a view: the stored form of a 0-d value)
+            try:
+                lay.allocate(into)
+            except LayoutError as exc:
+                raise LayoutError(f"array {name!r}: {exc}") from None
+        out.append((name, lay, into))
     return out
+
+
+def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
+    """A numpy view of the caller's array ``obj`` to read array ``name`` into."""
+    try:
+        arr = as_array(obj)
+    except LayoutError as exc:
+        raise LayoutError(f"array {name!r}: {exc}") from None
+    if not arr.flags.writeable:
+        raise LayoutError(f"array {name!r}: the array to load into is read-only")
+    return arr
 
 
 def _verify(
@@ -245,21 +268,27 @@ def _check_joined(
     bad[x.aid[x.joined[crc != crcs[x.joined]]]] = True
 
 
-def _allocate(lays: list[ArrayLayout]) -> list[Any]:
-    """This rank's arrays, each its own allocation.  (One allocation for them all, in
-    huge pages, faulted in faster on a quiet machine, but after a save's writes had
-    filled the page cache its huge pages came slower and less steadily, and any array
-    kept would have kept them all.)"""
-    return [np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
-            for lay in lays]  # fmt: skip
+def _allocate(lays: list[ArrayLayout], into: list[Any]) -> list[Any]:
+    """This rank's arrays: the caller's where given, else each its own allocation.
+    (One allocation for them all, in huge pages, faulted in faster on a quiet machine,
+    but after a save's writes had filled the page cache its huge pages came slower and
+    less steadily, and any array kept would have kept them all.  Reading into arrays the
+    job already has costs no page faults at all.)"""
+    return [
+        np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
+        if arr is None else arr
+        for lay, arr in zip(lays, into, strict=True)
+    ]  # fmt: skip
 
 
-def _read(f: File, wanted: list[tuple[str, ArrayLayout]], offs: list[int], every: I64) -> list[Any]:
+def _read(
+    f: File, wanted: list[tuple[str, ArrayLayout]], into: list[Any], offs: list[int], every: I64
+) -> list[Any]:
     """Collective: the arrays whose every piece is one range, read by each rank itself
     as raw bytes into its array (no flattening, no exchange: ranks reading the same
     bytes, a whole array on every rank, read them each); then the others through their
     layouts, two-phase."""
-    arrays = _allocate([lay for _, lay in wanted])
+    arrays = _allocate([lay for _, lay in wanted], into)
     lays: list[list[Any]] = [[], []]
     outs: list[list[Any]] = [[], []]
     flat = [bool(x) for x in np.atleast_1d(every[:, :, 2].all(axis=0))]
@@ -296,25 +325,35 @@ def load(
     """Collective over `comm`: read the arrays ``spec`` names, each as this rank's piece.
 
     ``spec`` maps names to an array layout (any decomposition, any number of ranks) or
-    None (the whole array on every rank).  Every extent read is verified against its
-    checksum; a difference raises :class:`~collio.ChecksumError` on every rank, naming
-    the arrays (``names``), after the others were read.  An unknown name, or a layout
-    whose global shape, dtype or order differs from the stored array, raises the same
-    :class:`~collio.LayoutError` on every rank before any data is read.
+    None (the whole array on every rank), or to ``(out, layout or None)``: the piece is
+    read into ``out`` in place (a numpy array, or any CPU array with ``__dlpack__`` or
+    ``__array_interface__``, of the piece's shape and dtype, contiguous in the layout's
+    order, writeable), which the result holds for that name.  Every extent read is
+    verified against its checksum; a difference raises :class:`~collio.ChecksumError`
+    on every rank, naming the arrays (``names``), after the others were read (an ``out``
+    of a named array then holds the bytes read, not the saved ones).  An unknown name, a
+    layout whose global shape, dtype or order differs from the stored array, or an
+    ``out`` that does not fit raises the same :class:`~collio.LayoutError` on every rank
+    before any data is read.
     """
     base = MPI.COMM_WORLD if comm is None else comm
     with _open(target, "r", comm=base, hints=_unmapped(hints), **options) as f:
         index = _read_index(f)
         step = Attempt()
         wanted: list[tuple[str, ArrayLayout]] = []
+        into: list[Any] = []
+        given: list[Any] = []
         with step:  # (a layout's runs may be built here first: a rank's error is agreed)
-            wanted = _layouts(index, spec)
+            found = _wanted(index, spec)
+            wanted = [(name, lay) for name, lay, _ in found]
+            into = [arr for _, _, arr in found]
+            given = [spec[name][0] if arr is not None else None for name, _, arr in found]
             mine = spans([lay for _, lay in wanted])
         agree(f.comm, step.error, what="checkpoint.load")
         offs = [int(index.arrays[name]["offset"]) for name, _ in wanted]
         every = np.empty((f.comm.Get_size(), *mine.shape), np.int64)
         f.comm.Allgather(mine, every)
-        got = _read(f, wanted, offs, every)
+        got = _read(f, wanted, into, offs, every)
         bad = _verify(f.comm, f, index, wanted, got, every)
     if bad:
         err = ChecksumError(
@@ -323,6 +362,10 @@ def load(
         err.names = tuple(bad)
         raise err
     return {
-        name: arr.reshape(()) if index.arrays[name]["shape"] == [] else arr
-        for (name, _), arr in zip(wanted, got, strict=True)
+        name: obj
+        if obj is not None
+        else arr.reshape(())
+        if index.arrays[name]["shape"] == []
+        else arr
+        for (name, _), arr, obj in zip(wanted, got, given, strict=True)
     }
