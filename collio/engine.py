@@ -32,7 +32,7 @@ from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import storage_errors
 from .buffers import free_buffers
-from .collective import Attempt, agree_facts, any_flag, call_head, digest, raise_agreed
+from .collective import Attempt, agree, agree_facts, any_flag, call_head, digest, raise_agreed
 from .completion import complete_call, local_summary
 from .context import Call, Context, Plan
 from .errors import LayoutError, ModeError, OverlapError
@@ -43,11 +43,13 @@ from .mismatch import raise_count_mismatch, raise_mismatch
 from .overlaps import overlap_error, raise_plan_error
 from .plancache import clear_all
 from .policy import (
+    CHECKED_MAX_RUNS,
     Path,
     PathFacts,
     choose_path,
     domain_alignment,
     extents_disjoint,
+    few_large_runs,
     has_many_small_runs,
     may_map,
     round_window,
@@ -80,6 +82,9 @@ class _Checked(PathFacts):
     # which proved it from every rank's pieces): each rank may do its own I/O, however
     # the ranks' extents interleave
     vouched: bool = fact(How.ALL)
+    # every rank's runs are few and large (policy.few_large_runs): the ranks may compare
+    # them run by run when their extents interleave
+    coarse: bool = fact(How.ALL)
 
 
 @record
@@ -130,6 +135,7 @@ def _check(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
         sig=digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
+        coarse=_coarse(runs, ctx.hints.cb_min_message),
         plan_shift=_zigzag(shift) if len(runs) else NOT_COMPARED,
         **_moved(ctx.extents, lo, hi),
     )  # fmt: skip
@@ -143,7 +149,7 @@ def _check(
         raise_agreed(ctx.comm, step.error, what=call_name)
     if agreed.sig is None:
         raise_mismatch(ctx.comm, sig)
-    call = _choose(ctx, agreed, runs, (lo, hi), writing=writing)
+    call = _choose(ctx, agreed, runs, (lo, hi), writing=writing, what=call_name)
     call.prekey, call.nruns, call.name = prekey, len(runs), call_name
     if agreed.plan is not None and agreed.plan_shift is not None:
         # every rank found the plan of the same earlier call (or none), its runs shifted alike
@@ -227,7 +233,13 @@ def _one_layout(
 
 
 def _choose(
-    ctx: Context, agreed: _Checked, runs: Runs, extent: tuple[int, int], *, writing: bool
+    ctx: Context,
+    agreed: _Checked,
+    runs: Runs,
+    extent: tuple[int, int],
+    *,
+    writing: bool,
+    what: str,
 ) -> Call:
     """Collective over ``ctx.comm``: the call's path (:func:`~collio.policy.choose_path`)."""
     own: npt.NDArray[np.bool_] | None = None
@@ -249,11 +261,14 @@ def _choose(
         own = kept[0]
         return kept[1]
 
+    def runs_disjoint() -> bool:
+        return _runs_disjoint(ctx.comm, runs, what=what)
+
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
     be = ctx.backend
     path = choose_path(
         agreed, mode=mode, independent=be.independent, disjoint=disjoint, split=split,
-        vouched=agreed.vouched,
+        vouched=agreed.vouched, runs_disjoint=runs_disjoint if agreed.coarse else None,
     )  # fmt: skip
     return Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
 
@@ -291,6 +306,57 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
     every = np.empty(2 * comm.Get_size(), np.int64)
     comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
     return extents_disjoint(every[0::2], every[1::2])
+
+
+def _coarse(runs: Runs, min_length: int) -> bool:
+    """Local: this rank's ``coarse`` fact (:func:`~collio.policy.few_large_runs`)."""
+    n = len(runs)
+    if n == 0 or n > CHECKED_MAX_RUNS:
+        return n == 0
+    return few_large_runs(n, int(runs.length.min()), min_length)
+
+
+def _runs_disjoint(comm: MPI.Comm, runs: Runs, *, what: str) -> bool:
+    """Collective: True when no two ranks' runs overlap (each may do its own I/O).
+
+    One allgather of the run counts, one of every rank's (offset, length) pairs; a rank
+    that cannot allocate them makes every rank raise the same error before the pairs
+    move (as :func:`~collio.exchange.alltoallv_i64`), and so does one failing to sort
+    them (every rank computes the answer from the same pairs).
+    """
+    size = comm.Get_size()
+    counts = np.empty(size, np.int64)
+    comm.Allgather([np.array([2 * len(runs)], np.int64), MPI.INT64_T], [counts, MPI.INT64_T])
+    step = Attempt()
+    mine = every = np.zeros(0, np.int64)
+    with step:
+        mine, every = _pair_buffers(runs, int(counts.sum()))
+    agree(comm, step.error, what=what)
+    displ = np.zeros(size, np.int64)
+    np.cumsum(counts[:-1], out=displ[1:])
+    comm.Allgatherv([mine, MPI.INT64_T], [every, (counts, displ), MPI.INT64_T])
+    disjoint = False
+    with step:
+        disjoint = _pairs_disjoint(every)
+    agree(comm, step.error, what=what)
+    return disjoint
+
+
+def _pair_buffers(runs: Runs, total: int) -> tuple[I64, I64]:
+    """Local: this rank's (offset, length) pairs, interleaved, and room for ``total``
+    values of every rank's."""
+    mine = np.empty(2 * len(runs), np.int64)
+    mine[0::2], mine[1::2] = runs.file, runs.length
+    return mine, np.empty(total, np.int64)
+
+
+def _pairs_disjoint(pairs: I64) -> bool:
+    """Local, pure: whether no two of the runs ``pairs`` (offset, length, interleaved)
+    overlap.  A rank's runs overlapping each other (a read may) answer False too: the
+    shuffle then reads them, as it did before the runs were compared."""
+    file, length = pairs[0::2], pairs[1::2]
+    order = np.argsort(file, kind="stable")
+    return first_overlap(file[order], length[order]) < 0
 
 
 def release_buffers() -> None:

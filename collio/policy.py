@@ -22,6 +22,7 @@ from .runs import Runs
 
 __all__ = [
     "DEPTH",
+    "CHECKED_MAX_RUNS",
     "DIRECT_MAX_RUNS",
     "FEW",
     "MAX_LENGTHS",
@@ -33,6 +34,7 @@ __all__ = [
     "copyable_lengths",
     "domain_alignment",
     "extents_disjoint",
+    "few_large_runs",
     "has_many_small_runs",
     "many_small_runs",
     "maps_file",
@@ -45,6 +47,12 @@ I64 = npt.NDArray[np.int64]
 
 #: A rank with at most this many runs may skip the shuffle whatever their size.
 DIRECT_MAX_RUNS = 16
+#: A rank with at most this many runs, each at least ``cb_min_message`` long, lets the
+#: ranks compare every run (one allgather of the pairs) when their extents interleave: a
+#: batch of many arrays puts item k of every rank before item k+1, so the extents of
+#: all ranks span the file while their runs do not meet, and each rank writing its own
+#: runs costs one request per run instead of copying every byte twice.
+CHECKED_MAX_RUNS = 4096
 #: Largest round window (bytes), whatever ``cb_buffer_size`` asks for.
 MAX_WINDOW = 1 << 30
 #: Round buffers per aggregator: the I/O of round k overlaps the exchange of round k+1.
@@ -113,6 +121,12 @@ def has_many_small_runs(runs: Runs, direct_threshold: int) -> bool:
     return n > DIRECT_MAX_RUNS and bool(many_small_runs(n, runs.nbytes, direct_threshold))
 
 
+def few_large_runs(nruns: int, shortest: int, min_length: int) -> bool:
+    """Whether a rank's ``nruns`` runs (the shortest ``shortest`` bytes) are few and large
+    enough to be compared run by run with every other rank's (:data:`CHECKED_MAX_RUNS`)."""
+    return nruns == 0 or (nruns <= CHECKED_MAX_RUNS and shortest >= min_length)
+
+
 def may_map(hints: Hints, *, writing: bool) -> bool:
     """Whether a call asks the backend if its ranks would copy from the mapped file."""
     return not writing and hints.romio_cb_read == "automatic"
@@ -154,6 +168,7 @@ def choose_path(
     disjoint: Callable[[], bool],
     split: Callable[[], bool | None],
     vouched: bool = False,
+    runs_disjoint: Callable[[], bool] | None = None,
 ) -> Path:
     """The path of a call from its agreed ``facts``.
 
@@ -164,7 +179,9 @@ def choose_path(
     runs (None: no rank keeps any; else whether every rank keeps all of its runs).
     ``vouched``: every rank's caller said that no two ranks' runs overlap and that its
     runs are few and large (a checkpoint's row shards): direct, unless the hint forces
-    the shuffle.
+    the shuffle.  ``runs_disjoint`` (given when every rank's runs are few and large,
+    :func:`few_large_runs`): whether no two ranks' runs overlap, asked when the extents
+    interleave or the runs are many: then each rank does its own I/O too.
     """
     if facts.hi <= facts.lo:
         return Path.NONE
@@ -173,8 +190,12 @@ def choose_path(
             return Path.MAPPED
         if vouched and mode != "enable":
             return Path.DIRECT
-        if mode == "disable" or (mode == "automatic" and not facts.small):
-            return Path.DIRECT if disjoint() else Path.TWO_PHASE
+        if mode == "enable":
+            return Path.TWO_PHASE
+        if (mode == "disable" or not facts.small) and disjoint():
+            return Path.DIRECT
+        if runs_disjoint is not None and runs_disjoint():
+            return Path.DIRECT
         return Path.TWO_PHASE
     if mode == "enable":
         return Path.TWO_PHASE

@@ -46,8 +46,13 @@ def test_each_rule_reduces_as_named():
     assert _Every.agreed([*ranks[0].slots(), 99, 99]) == ranks[0]  # (extra slots ignored)
 
 
-def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None, vouched=False):
+def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None, vouched=False,
+            runs=None):  # fmt: skip
     asked = []
+
+    def ask_runs():
+        asked.append("runs")
+        return runs
 
     def ask_disjoint():
         asked.append("disjoint")
@@ -58,7 +63,8 @@ def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None
         return split
 
     path = policy.choose_path(facts, mode=mode, independent=independent,
-                              disjoint=ask_disjoint, split=ask_split, vouched=vouched)  # fmt: skip
+                              disjoint=ask_disjoint, split=ask_split, vouched=vouched,
+                              runs_disjoint=None if runs is None else ask_runs)  # fmt: skip
     return path, asked
 
 
@@ -90,6 +96,19 @@ MAPS = dataclasses.replace(BIG, mapped=True)
         (MAPS, {"vouched": True}, (Path.MAPPED, [])),
         (BIG, {"vouched": True, "mode": "enable"}, (Path.TWO_PHASE, [])),
         (BIG, {"vouched": True, "independent": False}, (Path.TWO_PHASE, ["split"])),
+        # few large runs (runs given): compared run by run when the extents interleave or
+        # the runs are many; the hint forcing the shuffle and a backend that is not
+        # independent still decide, and disjoint extents need no run check
+        (BIG, {"disjoint": False, "runs": True}, (Path.DIRECT, ["disjoint", "runs"])),
+        (BIG, {"disjoint": False, "runs": False}, (Path.TWO_PHASE, ["disjoint", "runs"])),
+        (BIG, {"runs": True}, (Path.DIRECT, ["disjoint"])),
+        (dataclasses.replace(BIG, small=True), {"runs": True}, (Path.DIRECT, ["runs"])),
+        (dataclasses.replace(BIG, small=True), {"runs": False}, (Path.TWO_PHASE, ["runs"])),
+        (BIG, {"disjoint": False, "runs": True, "mode": "disable"},
+         (Path.DIRECT, ["disjoint", "runs"])),
+        (BIG, {"runs": True, "mode": "enable"}, (Path.TWO_PHASE, [])),
+        (BIG, {"runs": True, "independent": False}, (Path.TWO_PHASE, ["split"])),
+        (MAPS, {"runs": True}, (Path.MAPPED, [])),
     ],
 )  # fmt: skip
 def test_choose_path_asks_only_what_decides(facts, kw, want):
@@ -112,6 +131,11 @@ def test_rules_work_on_one_rank_and_on_every_rank():
     assert policy.copyable_lengths(lengths[:16]) and policy.copyable_lengths(lengths % 8 + 1)
     assert policy.extents_disjoint(np.array([10, 0, 5, 7]), np.array([20, 5, 5, 10]))
     assert not policy.extents_disjoint(np.array([0, 4]), np.array([5, 9]))
+    # few large runs: an empty rank, up to CHECKED_MAX_RUNS runs of at least the minimum
+    most = policy.CHECKED_MAX_RUNS
+    assert policy.few_large_runs(0, 0, 1 << 16) and policy.few_large_runs(most, 1 << 16, 1 << 16)
+    assert not policy.few_large_runs(most + 1, 1 << 20, 1 << 16)
+    assert not policy.few_large_runs(2, (1 << 16) - 1, 1 << 16)
 
 
 def test_round_window_caps_and_shrinks():
