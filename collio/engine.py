@@ -135,7 +135,7 @@ def _check(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
         sig=digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
-        coarse=_coarse(runs, ctx.hints.cb_min_message),
+        coarse=_coarse(runs),
         plan_shift=_zigzag(shift) if len(runs) else NOT_COMPARED,
         **_moved(ctx.extents, lo, hi),
     )  # fmt: skip
@@ -308,12 +308,12 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
     return extents_disjoint(every[0::2], every[1::2])
 
 
-def _coarse(runs: Runs, min_length: int) -> bool:
+def _coarse(runs: Runs) -> bool:
     """Local: this rank's ``coarse`` fact (:func:`~collio.policy.few_large_runs`)."""
     n = len(runs)
     if n == 0 or n > CHECKED_MAX_RUNS:
         return n == 0
-    return few_large_runs(n, int(runs.length.min()), min_length)
+    return few_large_runs(n, int(runs.length.min()))
 
 
 def _runs_disjoint(comm: MPI.Comm, runs: Runs, *, what: str) -> bool:

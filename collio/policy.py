@@ -23,6 +23,7 @@ from .runs import Runs
 __all__ = [
     "DEPTH",
     "CHECKED_MAX_RUNS",
+    "CHECKED_MIN_RUN",
     "DIRECT_MAX_RUNS",
     "FEW",
     "MAX_LENGTHS",
@@ -47,12 +48,16 @@ I64 = npt.NDArray[np.int64]
 
 #: A rank with at most this many runs may skip the shuffle whatever their size.
 DIRECT_MAX_RUNS = 16
-#: A rank with at most this many runs, each at least ``cb_min_message`` long, lets the
-#: ranks compare every run (one allgather of the pairs) when their extents interleave: a
-#: batch of many arrays puts item k of every rank before item k+1, so the extents of
+#: A rank with at most this many runs, each at least :data:`CHECKED_MIN_RUN` long, lets
+#: the ranks compare every run (one allgather of the pairs) when their extents interleave:
+#: a batch of many arrays puts item k of every rank before item k+1, so the extents of
 #: all ranks span the file while their runs do not meet, and each rank writing its own
 #: runs costs one request per run instead of copying every byte twice.
 CHECKED_MAX_RUNS = 4096
+#: ... and the shortest run (bytes) for that: ROMIO's one ``Write_at_all`` per array, each
+#: rank writing its own 64 KiB, beats the shuffle of the same runs in one call.  A constant,
+#: not ``cb_min_message``: that hint sizes two-level messages (0 there means any size).
+CHECKED_MIN_RUN = 64 << 10
 #: Largest round window (bytes), whatever ``cb_buffer_size`` asks for.
 MAX_WINDOW = 1 << 30
 #: Round buffers per aggregator: the I/O of round k overlaps the exchange of round k+1.
@@ -121,10 +126,10 @@ def has_many_small_runs(runs: Runs, direct_threshold: int) -> bool:
     return n > DIRECT_MAX_RUNS and bool(many_small_runs(n, runs.nbytes, direct_threshold))
 
 
-def few_large_runs(nruns: int, shortest: int, min_length: int) -> bool:
+def few_large_runs(nruns: int, shortest: int) -> bool:
     """Whether a rank's ``nruns`` runs (the shortest ``shortest`` bytes) are few and large
     enough to be compared run by run with every other rank's (:data:`CHECKED_MAX_RUNS`)."""
-    return nruns == 0 or (nruns <= CHECKED_MAX_RUNS and shortest >= min_length)
+    return nruns == 0 or (nruns <= CHECKED_MAX_RUNS and shortest >= CHECKED_MIN_RUN)
 
 
 def may_map(hints: Hints, *, writing: bool) -> bool:

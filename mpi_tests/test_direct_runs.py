@@ -2,9 +2,9 @@
 
 A batch of many arrays puts item k of every rank before item k+1: every rank's extent
 spans the file, but its runs meet no other rank's.  When every rank's runs are few and
-at least ``cb_min_message`` long, the ranks gather every run and, when no two overlap,
-each does its own I/O (``stats.last_call["path"]``); otherwise the call goes two-phase,
-where an overlapping write is the agreed ``OverlapError``.
+at least ``policy.CHECKED_MIN_RUN`` (64 KiB) long, the ranks gather every run and, when
+no two overlap, each does its own I/O (``stats.last_call["path"]``); otherwise the call
+goes two-phase, where an overlapping write is the agreed ``OverlapError``.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from helpers import prefill, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
-from collio import layouts
+from collio import layouts, policy
 
 pytestmark = pytest.mark.mpi(min_size=1)
-L = 4096  # bytes of each rank's run of each item
+L = policy.CHECKED_MIN_RUN  # bytes of each rank's run of each item
 ITEMS = 20  # more than policy.DIRECT_MAX_RUNS: the runs count as many small ones
-#: runs of L bytes are large; reads copy from the file, not from a map
-HINTS = {"cb_min_message": L, "mapped_reads": "disable"}
+#: reads copy from the file, not from a map
+HINTS = {"mapped_reads": "disable"}
 
 
 def _batch(comm, length=L, shift=None):

@@ -132,10 +132,10 @@ def test_rules_work_on_one_rank_and_on_every_rank():
     assert policy.extents_disjoint(np.array([10, 0, 5, 7]), np.array([20, 5, 5, 10]))
     assert not policy.extents_disjoint(np.array([0, 4]), np.array([5, 9]))
     # few large runs: an empty rank, up to CHECKED_MAX_RUNS runs of at least the minimum
-    most = policy.CHECKED_MAX_RUNS
-    assert policy.few_large_runs(0, 0, 1 << 16) and policy.few_large_runs(most, 1 << 16, 1 << 16)
-    assert not policy.few_large_runs(most + 1, 1 << 20, 1 << 16)
-    assert not policy.few_large_runs(2, (1 << 16) - 1, 1 << 16)
+    most, least = policy.CHECKED_MAX_RUNS, policy.CHECKED_MIN_RUN
+    assert policy.few_large_runs(0, 0) and policy.few_large_runs(most, least)
+    assert not policy.few_large_runs(most + 1, 1 << 30)
+    assert not policy.few_large_runs(2, least - 1)
 
 
 def test_round_window_caps_and_shrinks():
