@@ -49,7 +49,7 @@ from .policy import (
     choose_path,
     domain_alignment,
     extents_disjoint,
-    few_large_runs,
+    checked_runs,
     has_many_small_runs,
     may_map,
     round_window,
@@ -82,9 +82,6 @@ class _Checked(PathFacts):
     # which proved it from every rank's pieces): each rank may do its own I/O, however
     # the ranks' extents interleave
     vouched: bool = fact(How.ALL)
-    # every rank's runs are few and large (policy.few_large_runs): the ranks may compare
-    # them run by run when their extents interleave
-    coarse: bool = fact(How.ALL)
 
 
 @record
@@ -135,7 +132,7 @@ def _check(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
         sig=digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
-        coarse=_coarse(runs),
+        checked=_checked(runs),
         plan_shift=_zigzag(shift) if len(runs) else NOT_COMPARED,
         **_moved(ctx.extents, lo, hi),
     )  # fmt: skip
@@ -262,13 +259,13 @@ def _choose(
         return kept[1]
 
     def runs_disjoint() -> bool:
-        return _runs_disjoint(ctx.comm, runs, what=what)
+        return _runs_disjoint(ctx.comm, runs, agreed.checked, what=what)
 
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
     be = ctx.backend
     path = choose_path(
         agreed, mode=mode, independent=be.independent, disjoint=disjoint, split=split,
-        vouched=agreed.vouched, runs_disjoint=runs_disjoint if agreed.coarse else None,
+        runs_disjoint=runs_disjoint, vouched=agreed.vouched,
     )  # fmt: skip
     return Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
 
@@ -308,53 +305,55 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
     return extents_disjoint(every[0::2], every[1::2])
 
 
-def _coarse(runs: Runs) -> bool:
-    """Local: this rank's ``coarse`` fact (:func:`~collio.policy.few_large_runs`)."""
+def _checked(runs: Runs) -> int:
+    """Local: this rank's ``checked`` fact (:func:`~collio.policy.checked_runs`)."""
     n = len(runs)
-    if n == 0 or n > CHECKED_MAX_RUNS:
-        return n == 0
-    return few_large_runs(n, int(runs.length.min()))
+    if n == 0 or n > CHECKED_MAX_RUNS:  # (no shortest run to find)
+        return 0 if n == 0 else CHECKED_MAX_RUNS + 1
+    return int(checked_runs(n, int(runs.length.min())))
 
 
-def _runs_disjoint(comm: MPI.Comm, runs: Runs, *, what: str) -> bool:
+def _runs_disjoint(comm: MPI.Comm, runs: Runs, most: int, *, what: str) -> bool:
     """Collective: True when no two ranks' runs overlap (each may do its own I/O).
 
-    One allgather of the run counts, one of every rank's (offset, length) pairs; a rank
-    that cannot allocate them makes every rank raise the same error before the pairs
-    move (as :func:`~collio.exchange.alltoallv_i64`), and so does one failing to sort
-    them (every rank computes the answer from the same pairs).
+    ``most`` is the agreed ``checked`` fact, the most runs of any rank: every rank
+    sends a block of that many (offset, length) pairs after a pair holding its count,
+    so one allgather of fixed blocks moves them, with no allgather of the counts first.
+    A rank that cannot allocate the blocks makes every rank raise the same error before
+    they move (as :func:`~collio.exchange.alltoallv_i64`), and so does one failing to
+    sort them (every rank computes the answer from the same pairs).
     """
-    size = comm.Get_size()
-    counts = np.empty(size, np.int64)
-    comm.Allgather([np.array([2 * len(runs)], np.int64), MPI.INT64_T], [counts, MPI.INT64_T])
     step = Attempt()
     mine = every = np.zeros(0, np.int64)
     with step:
-        mine, every = _pair_buffers(runs, int(counts.sum()))
+        mine, every = _pair_buffers(runs, most, comm.Get_size())
     agree(comm, step.error, what=what)
-    displ = np.zeros(size, np.int64)
-    np.cumsum(counts[:-1], out=displ[1:])
-    comm.Allgatherv([mine, MPI.INT64_T], [every, (counts, displ), MPI.INT64_T])
+    comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
     disjoint = False
     with step:
-        disjoint = _pairs_disjoint(every)
+        disjoint = _pairs_disjoint(every, most)
     agree(comm, step.error, what=what)
     return disjoint
 
 
-def _pair_buffers(runs: Runs, total: int) -> tuple[I64, I64]:
-    """Local: this rank's (offset, length) pairs, interleaved, and room for ``total``
-    values of every rank's."""
-    mine = np.empty(2 * len(runs), np.int64)
-    mine[0::2], mine[1::2] = runs.file, runs.length
-    return mine, np.empty(total, np.int64)
+def _pair_buffers(runs: Runs, most: int, size: int) -> tuple[I64, I64]:
+    """Local: this rank's block (its count, 0, then its (offset, length) pairs, padded
+    to ``most``) and room for every rank's."""
+    n = len(runs)
+    mine = np.zeros(2 * (most + 1), np.int64)
+    mine[0] = n
+    mine[2 : 2 * n + 2 : 2], mine[3 : 2 * n + 3 : 2] = runs.file, runs.length
+    return mine, np.empty(size * len(mine), np.int64)
 
 
-def _pairs_disjoint(pairs: I64) -> bool:
-    """Local, pure: whether no two of the runs ``pairs`` (offset, length, interleaved)
-    overlap.  A rank's runs overlapping each other (a read may) answer False too: the
-    shuffle then reads them, as it did before the runs were compared."""
-    file, length = pairs[0::2], pairs[1::2]
+def _pairs_disjoint(blocks: I64, most: int) -> bool:
+    """Local, pure: whether no two of the runs in ``blocks`` (every rank's block of
+    :func:`_pair_buffers`) overlap.  A rank's runs overlapping each other (a read may)
+    answer False too: the shuffle then reads them, as it did before the runs were
+    compared."""
+    pairs = blocks.reshape(-1, most + 1, 2)
+    real = np.arange(most) < pairs[:, 0, 0, None]  # (the padding past each rank's count)
+    file, length = pairs[:, 1:, 0][real], pairs[:, 1:, 1][real]
     order = np.argsort(file, kind="stable")
     return first_overlap(file[order], length[order]) < 0
 

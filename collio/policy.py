@@ -35,6 +35,7 @@ __all__ = [
     "copyable_lengths",
     "domain_alignment",
     "extents_disjoint",
+    "checked_runs",
     "few_large_runs",
     "has_many_small_runs",
     "many_small_runs",
@@ -110,6 +111,9 @@ class PathFacts(Facts):
     hi: int = fact(How.MAX)  # end of the last byte any rank touches (an empty rank: 0)
     small: bool = fact(How.ANY)  # some rank has many small runs (many_small_runs)
     mapped: bool = fact(How.ALL)  # every rank would copy its runs from the mapped file
+    # the most runs of any rank when every rank's are few and large (checked_runs), else
+    # above CHECKED_MAX_RUNS: the ranks may compare their runs, in blocks of that many
+    checked: int = fact(How.MAX)
 
 
 def many_small_runs(nruns: Any, nbytes: Any, direct_threshold: int) -> Any:
@@ -126,10 +130,19 @@ def has_many_small_runs(runs: Runs, direct_threshold: int) -> bool:
     return n > DIRECT_MAX_RUNS and bool(many_small_runs(n, runs.nbytes, direct_threshold))
 
 
-def few_large_runs(nruns: int, shortest: int) -> bool:
+def few_large_runs(nruns: Any, shortest: Any) -> Any:
     """Whether a rank's ``nruns`` runs (the shortest ``shortest`` bytes) are few and large
-    enough to be compared run by run with every other rank's (:data:`CHECKED_MAX_RUNS`)."""
-    return nruns == 0 or (nruns <= CHECKED_MAX_RUNS and shortest >= CHECKED_MIN_RUN)
+    enough to be compared run by run with every other rank's (:data:`CHECKED_MAX_RUNS`,
+    :data:`CHECKED_MIN_RUN`).  Ints or, elementwise, arrays (one entry per rank)."""
+    return (nruns == 0) | ((nruns <= CHECKED_MAX_RUNS) & (shortest >= CHECKED_MIN_RUN))
+
+
+def checked_runs(nruns: Any, shortest: Any) -> Any:
+    """A rank's :attr:`PathFacts.checked`: its ``nruns`` when they are few and large
+    (:func:`few_large_runs`), else ``CHECKED_MAX_RUNS + 1``, so that the agreed maximum
+    says both whether every rank's are and how many the most of them are.  Ints or,
+    elementwise, arrays."""
+    return np.where(few_large_runs(nruns, shortest), nruns, CHECKED_MAX_RUNS + 1)
 
 
 def may_map(hints: Hints, *, writing: bool) -> bool:
@@ -172,8 +185,8 @@ def choose_path(
     independent: bool,
     disjoint: Callable[[], bool],
     split: Callable[[], bool | None],
+    runs_disjoint: Callable[[], bool],
     vouched: bool = False,
-    runs_disjoint: Callable[[], bool] | None = None,
 ) -> Path:
     """The path of a call from its agreed ``facts``.
 
@@ -184,9 +197,10 @@ def choose_path(
     runs (None: no rank keeps any; else whether every rank keeps all of its runs).
     ``vouched``: every rank's caller said that no two ranks' runs overlap and that its
     runs are few and large (a checkpoint's row shards): direct, unless the hint forces
-    the shuffle.  ``runs_disjoint`` (given when every rank's runs are few and large,
-    :func:`few_large_runs`): whether no two ranks' runs overlap, asked when the extents
-    interleave or the runs are many: then each rank does its own I/O too.
+    the shuffle.  ``runs_disjoint()``: whether no two ranks' runs overlap, asked only
+    when every rank's runs are few and large (``facts.checked``, :func:`checked_runs`)
+    and the extents did not already decide (they interleave, or the runs are many):
+    then each rank does its own I/O too.
     """
     if facts.hi <= facts.lo:
         return Path.NONE
@@ -199,7 +213,7 @@ def choose_path(
             return Path.TWO_PHASE
         if (mode == "disable" or not facts.small) and disjoint():
             return Path.DIRECT
-        if runs_disjoint is not None and runs_disjoint():
+        if facts.checked <= CHECKED_MAX_RUNS and runs_disjoint():
             return Path.DIRECT
         return Path.TWO_PHASE
     if mode == "enable":
