@@ -142,6 +142,8 @@ def checked_runs(nruns: Any, shortest: Any) -> Any:
     (:func:`few_large_runs`), else ``CHECKED_MAX_RUNS + 1``, so that the agreed maximum
     says both whether every rank's are and how many the most of them are.  Ints or,
     elementwise, arrays."""
+    if type(nruns) is int:  # (every call asks for one rank: np.where costs more than the call)
+        return nruns if few_large_runs(nruns, shortest) else CHECKED_MAX_RUNS + 1
     return np.where(few_large_runs(nruns, shortest), nruns, CHECKED_MAX_RUNS + 1)
 
 
