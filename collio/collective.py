@@ -177,7 +177,7 @@ CALLS = (
     "write_all_many", "read_all_many",
 )  # fmt: skip
 #: int64 slots of that agreement: error flag, call code and its negation, the call's own.
-HEAD_SLOTS = 19
+HEAD_SLOTS = 20
 _OWN = 3
 _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
 _CODES = 16  # codes per file: more than len(CALLS)

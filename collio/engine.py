@@ -32,7 +32,7 @@ from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import storage_errors
 from .buffers import free_buffers
-from .collective import Attempt, agree_facts, any_flag, call_head, digest, raise_agreed
+from .collective import Attempt, agree, agree_facts, any_flag, call_head, digest, raise_agreed
 from .completion import complete_call, local_summary
 from .context import Call, Context, Plan
 from .errors import LayoutError, ModeError, OverlapError
@@ -43,8 +43,10 @@ from .mismatch import raise_count_mismatch, raise_mismatch
 from .overlaps import overlap_error, raise_plan_error
 from .plancache import clear_all
 from .policy import (
+    CHECKED_MAX_RUNS,
     Path,
     PathFacts,
+    checked_runs,
     choose_path,
     domain_alignment,
     extents_disjoint,
@@ -130,6 +132,7 @@ def _check(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
         sig=digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
+        checked=_checked(runs),
         plan_shift=_zigzag(shift) if len(runs) else NOT_COMPARED,
         **_moved(ctx.extents, lo, hi),
     )  # fmt: skip
@@ -143,7 +146,7 @@ def _check(
         raise_agreed(ctx.comm, step.error, what=call_name)
     if agreed.sig is None:
         raise_mismatch(ctx.comm, sig)
-    call = _choose(ctx, agreed, runs, (lo, hi), writing=writing)
+    call = _choose(ctx, agreed, runs, (lo, hi), writing=writing, what=call_name)
     call.prekey, call.nruns, call.name = prekey, len(runs), call_name
     if agreed.plan is not None and agreed.plan_shift is not None:
         # every rank found the plan of the same earlier call (or none), its runs shifted alike
@@ -227,7 +230,13 @@ def _one_layout(
 
 
 def _choose(
-    ctx: Context, agreed: _Checked, runs: Runs, extent: tuple[int, int], *, writing: bool
+    ctx: Context,
+    agreed: _Checked,
+    runs: Runs,
+    extent: tuple[int, int],
+    *,
+    writing: bool,
+    what: str,
 ) -> Call:
     """Collective over ``ctx.comm``: the call's path (:func:`~collio.policy.choose_path`)."""
     own: npt.NDArray[np.bool_] | None = None
@@ -249,11 +258,14 @@ def _choose(
         own = kept[0]
         return kept[1]
 
+    def runs_disjoint() -> bool:
+        return _runs_disjoint(ctx.comm, runs, agreed.checked, what=what)
+
     mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
     be = ctx.backend
     path = choose_path(
         agreed, mode=mode, independent=be.independent, disjoint=disjoint, split=split,
-        vouched=agreed.vouched,
+        runs_disjoint=runs_disjoint, vouched=agreed.vouched,
     )  # fmt: skip
     return Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
 
@@ -291,6 +303,59 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
     every = np.empty(2 * comm.Get_size(), np.int64)
     comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
     return extents_disjoint(every[0::2], every[1::2])
+
+
+def _checked(runs: Runs) -> int:
+    """Local: this rank's ``checked`` fact (:func:`~collio.policy.checked_runs`)."""
+    n = len(runs)
+    if n == 0 or n > CHECKED_MAX_RUNS:  # (no shortest run to find)
+        return 0 if n == 0 else CHECKED_MAX_RUNS + 1
+    return int(checked_runs(n, int(runs.length.min())))
+
+
+def _runs_disjoint(comm: MPI.Comm, runs: Runs, most: int, *, what: str) -> bool:
+    """Collective: True when no two ranks' runs overlap (each may do its own I/O).
+
+    ``most`` is the agreed ``checked`` fact, the most runs of any rank: every rank
+    sends a block of that many (offset, length) pairs after a pair holding its count,
+    so one allgather of fixed blocks moves them, with no allgather of the counts first.
+    A rank that cannot allocate the blocks makes every rank raise the same error before
+    they move (as :func:`~collio.exchange.alltoallv_i64`), and so does one failing to
+    sort them (every rank computes the answer from the same pairs).
+    """
+    step = Attempt()
+    mine = every = np.zeros(0, np.int64)
+    with step:
+        mine, every = _pair_buffers(runs, most, comm.Get_size())
+    agree(comm, step.error, what=what)
+    comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
+    disjoint = False
+    with step:
+        disjoint = _pairs_disjoint(every, most)
+    agree(comm, step.error, what=what)
+    return disjoint
+
+
+def _pair_buffers(runs: Runs, most: int, size: int) -> tuple[I64, I64]:
+    """Local: this rank's block (its count, 0, then its (offset, length) pairs, padded
+    to ``most``) and room for every rank's."""
+    n = len(runs)
+    mine = np.zeros(2 * (most + 1), np.int64)
+    mine[0] = n
+    mine[2 : 2 * n + 2 : 2], mine[3 : 2 * n + 3 : 2] = runs.file, runs.length
+    return mine, np.empty(size * len(mine), np.int64)
+
+
+def _pairs_disjoint(blocks: I64, most: int) -> bool:
+    """Local, pure: whether no two of the runs in ``blocks`` (every rank's block of
+    :func:`_pair_buffers`) overlap.  A rank's runs overlapping each other (a read may)
+    answer False too: the shuffle then reads them, as it did before the runs were
+    compared."""
+    pairs = blocks.reshape(-1, most + 1, 2)
+    real = np.arange(most) < pairs[:, 0, 0, None]  # (the padding past each rank's count)
+    file, length = pairs[:, 1:, 0][real], pairs[:, 1:, 1][real]
+    order = np.argsort(file, kind="stable")
+    return first_overlap(file[order], length[order]) < 0
 
 
 def release_buffers() -> None:

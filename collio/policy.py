@@ -22,6 +22,8 @@ from .runs import Runs
 
 __all__ = [
     "DEPTH",
+    "CHECKED_MAX_RUNS",
+    "CHECKED_MIN_RUN",
     "DIRECT_MAX_RUNS",
     "FEW",
     "MAX_LENGTHS",
@@ -33,6 +35,8 @@ __all__ = [
     "copyable_lengths",
     "domain_alignment",
     "extents_disjoint",
+    "checked_runs",
+    "few_large_runs",
     "has_many_small_runs",
     "many_small_runs",
     "maps_file",
@@ -45,6 +49,16 @@ I64 = npt.NDArray[np.int64]
 
 #: A rank with at most this many runs may skip the shuffle whatever their size.
 DIRECT_MAX_RUNS = 16
+#: A rank with at most this many runs, each at least :data:`CHECKED_MIN_RUN` long, lets
+#: the ranks compare every run (one allgather of the pairs) when their extents interleave:
+#: a batch of many arrays puts item k of every rank before item k+1, so the extents of
+#: all ranks span the file while their runs do not meet, and each rank writing its own
+#: runs costs one request per run instead of copying every byte twice.
+CHECKED_MAX_RUNS = 4096
+#: ... and the shortest run (bytes) for that: ROMIO's one ``Write_at_all`` per array, each
+#: rank writing its own 64 KiB, beats the shuffle of the same runs in one call.  A constant,
+#: not ``cb_min_message``: that hint sizes two-level messages (0 there means any size).
+CHECKED_MIN_RUN = 64 << 10
 #: Largest round window (bytes), whatever ``cb_buffer_size`` asks for.
 MAX_WINDOW = 1 << 30
 #: Round buffers per aggregator: the I/O of round k overlaps the exchange of round k+1.
@@ -97,6 +111,9 @@ class PathFacts(Facts):
     hi: int = fact(How.MAX)  # end of the last byte any rank touches (an empty rank: 0)
     small: bool = fact(How.ANY)  # some rank has many small runs (many_small_runs)
     mapped: bool = fact(How.ALL)  # every rank would copy its runs from the mapped file
+    # the most runs of any rank when every rank's are few and large (checked_runs), else
+    # above CHECKED_MAX_RUNS: the ranks may compare their runs, in blocks of that many
+    checked: int = fact(How.MAX)
 
 
 def many_small_runs(nruns: Any, nbytes: Any, direct_threshold: int) -> Any:
@@ -111,6 +128,23 @@ def has_many_small_runs(runs: Runs, direct_threshold: int) -> bool:
     """:func:`many_small_runs` of one rank's runs (their bytes summed only if needed)."""
     n = len(runs)
     return n > DIRECT_MAX_RUNS and bool(many_small_runs(n, runs.nbytes, direct_threshold))
+
+
+def few_large_runs(nruns: Any, shortest: Any) -> Any:
+    """Whether a rank's ``nruns`` runs (the shortest ``shortest`` bytes) are few and large
+    enough to be compared run by run with every other rank's (:data:`CHECKED_MAX_RUNS`,
+    :data:`CHECKED_MIN_RUN`).  Ints or, elementwise, arrays (one entry per rank)."""
+    return (nruns == 0) | ((nruns <= CHECKED_MAX_RUNS) & (shortest >= CHECKED_MIN_RUN))
+
+
+def checked_runs(nruns: Any, shortest: Any) -> Any:
+    """A rank's :attr:`PathFacts.checked`: its ``nruns`` when they are few and large
+    (:func:`few_large_runs`), else ``CHECKED_MAX_RUNS + 1``, so that the agreed maximum
+    says both whether every rank's are and how many the most of them are.  Ints or,
+    elementwise, arrays."""
+    if type(nruns) is int:  # (every call asks for one rank: np.where costs more than the call)
+        return nruns if few_large_runs(nruns, shortest) else CHECKED_MAX_RUNS + 1
+    return np.where(few_large_runs(nruns, shortest), nruns, CHECKED_MAX_RUNS + 1)
 
 
 def may_map(hints: Hints, *, writing: bool) -> bool:
@@ -153,6 +187,7 @@ def choose_path(
     independent: bool,
     disjoint: Callable[[], bool],
     split: Callable[[], bool | None],
+    runs_disjoint: Callable[[], bool],
     vouched: bool = False,
 ) -> Path:
     """The path of a call from its agreed ``facts``.
@@ -164,7 +199,10 @@ def choose_path(
     runs (None: no rank keeps any; else whether every rank keeps all of its runs).
     ``vouched``: every rank's caller said that no two ranks' runs overlap and that its
     runs are few and large (a checkpoint's row shards): direct, unless the hint forces
-    the shuffle.
+    the shuffle.  ``runs_disjoint()``: whether no two ranks' runs overlap, asked only
+    when every rank's runs are few and large (``facts.checked``, :func:`checked_runs`)
+    and the extents did not already decide (they interleave, or the runs are many):
+    then each rank does its own I/O too.
     """
     if facts.hi <= facts.lo:
         return Path.NONE
@@ -173,8 +211,12 @@ def choose_path(
             return Path.MAPPED
         if vouched and mode != "enable":
             return Path.DIRECT
-        if mode == "disable" or (mode == "automatic" and not facts.small):
-            return Path.DIRECT if disjoint() else Path.TWO_PHASE
+        if mode == "enable":
+            return Path.TWO_PHASE
+        if (mode == "disable" or not facts.small) and disjoint():
+            return Path.DIRECT
+        if facts.checked <= CHECKED_MAX_RUNS and runs_disjoint():
+            return Path.DIRECT
         return Path.TWO_PHASE
     if mode == "enable":
         return Path.TWO_PHASE

@@ -21,6 +21,8 @@ CASES = [
     ("colblock", "96x100", {}),  # many small runs: two-phase
     ("colblock", "96x100", {"romio_cb_write": "disable", "romio_cb_read": "disable"}),
     ("colblock", "96x100", {"direct_threshold": 1}),  # small runs count as large
+    ("colblock", "64x32768", {}),  # interleaved runs of 64 KiB: compared, direct
+    ("colblock", "64x32768", {"romio_cb_write": "disable", "romio_cb_read": "disable"}),
     ("cyclic", "64", {"cb_nodes": 3, "cb_buffer_size": 2048}),
     ("block2d", "60", {"striping_unit": 1000, "cb_buffer_size": 3000}),
     ("ior", None, {"cb_nodes": 2, "cb_buffer_size": 3333}),

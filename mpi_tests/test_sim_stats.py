@@ -11,6 +11,7 @@ from helpers import on_local_fs
 from mpi4py import MPI
 
 import collio
+from collio import layouts
 from collio.backends.posix import FEW_PREADS, PREAD_BYTES
 from collio.bench.patterns import make_workload
 from collio.hints import Hints
@@ -34,6 +35,8 @@ CASES = [
     ("cyclic", "1024", {"min_rounds": 4}),
     # ... unless the alignment is larger than the shrunk window
     ("colblock", "1024x1024", {"striping_unit": 3 << 20}),
+    # interleaved runs of 64 KiB (at 4 ranks; more at 3): the ranks compare them, direct
+    ("colblock", "64x32768", {}),
 ]  # fmt: skip
 
 
@@ -132,3 +135,61 @@ def test_direct_choice_matches(comm, mpi_tmp_path):
         direct = f.stats.direct_calls == 1
     assert sim.direct and direct
     assert MPI.COMM_WORLD.allreduce(1) == comm.size
+
+
+def _batch_of_rows(work, rank):
+    """This rank's runs of ``work`` (a ``colblock`` pattern), each as one item of a batch:
+    item k is row k of the global array, the rank's columns of it."""
+    runs = work.layout(rank).runs()
+    data = np.ascontiguousarray(work.data(rank)).view(np.uint8).reshape(len(runs.file), -1)
+    return [
+        (data[k], layouts.Segments([int(runs.file[k])], [int(runs.length[k])]))
+        for k in range(len(runs.file))
+    ]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("size", "want"),
+    # runs of 64 KiB at 4 ranks (of more at 3, of less at 8), interleaved: the ranks compare
+    # them and go direct; runs just too short at 4 ranks keep the shuffle
+    [("12x32768", "direct"), ("12x32000", None)],
+)
+def test_a_batch_of_rows_is_simulated_as_its_pattern(comm, mpi_tmp_path, size, want):
+    """A batch whose item k is row k of a column-block matrix makes the runs the simulator
+    plans for the one call of that matrix: the same path, and the same counts."""
+    work = make_workload("colblock", comm.size, size=size)
+    items = _batch_of_rows(work, comm.rank)
+    path = str(mpi_tmp_path / "batch.bin")
+    local = on_local_fs(mpi_tmp_path)
+    for writing, more in ((True, {}), (False, {}), (False, {"mapped_reads": "disable"})):
+        cfg = SimConfig(hints=Hints.coerce(more), ppn=comm.size, writing=writing, local_fs=local)
+        sim = simulate(work, cfg)
+        if writing:
+            with collio.open(path, "w", comm=comm, hints=more) as f:
+                f.write_all_many(items)
+                stats = f.stats
+        else:
+            with collio.open(path, "r", comm=comm, hints=more) as f:
+                got = f.read_all_many([lay for _, lay in items])
+                stats = f.stats
+            for (data, _), g in zip(items, got, strict=True):
+                np.testing.assert_array_equal(g, data)
+        locals_ = comm.allgather(stats.local)
+        assert stats.last_call["path"] == sim.path.value, (writing, more)
+        if want is not None and 1 < comm.size <= 4 and (writing or more):
+            assert sim.path.value == want
+        if sim.direct:
+            assert all(d.get("direct") for d in locals_), locals_
+            real = np.sort([r for d in locals_ for r in d["requests"]])
+            want_sizes = np.sort(np.repeat(sim.requests, sim.req_count))
+            np.testing.assert_array_equal(real, want_sizes)
+            assert stats.messages == 0
+        else:
+            _check_two_phase(sim, locals_, stats, writing)
+            assert stats.last_call["window"] == sim.window
+    comm.Barrier()
+    # the file holds what the one call of the matrix writes (its bytes, in C order)
+    with collio.open(path, "r", comm=comm) as f:
+        whole = f.read_all(work.layout(comm.rank))
+    np.testing.assert_array_equal(whole, work.data(comm.rank))

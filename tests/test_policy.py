@@ -46,8 +46,13 @@ def test_each_rule_reduces_as_named():
     assert _Every.agreed([*ranks[0].slots(), 99, 99]) == ranks[0]  # (extra slots ignored)
 
 
-def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None, vouched=False):
+def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None, vouched=False,
+            runs=True):  # fmt: skip
     asked = []
+
+    def ask_runs():
+        asked.append("runs")
+        return runs
 
     def ask_disjoint():
         asked.append("disjoint")
@@ -58,12 +63,15 @@ def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None
         return split
 
     path = policy.choose_path(facts, mode=mode, independent=independent,
-                              disjoint=ask_disjoint, split=ask_split, vouched=vouched)  # fmt: skip
+                              disjoint=ask_disjoint, split=ask_split, vouched=vouched,
+                              runs_disjoint=ask_runs)  # fmt: skip
     return path, asked
 
 
-BIG = PathFacts(lo=0, hi=100, small=False, mapped=False)
+#: a call whose runs are not few and large on some rank (never compared run by run)
+BIG = PathFacts(lo=0, hi=100, small=False, mapped=False, checked=policy.CHECKED_MAX_RUNS + 1)
 MAPS = dataclasses.replace(BIG, mapped=True)
+COARSE = dataclasses.replace(BIG, checked=200)  # at most 200 runs of 64 KiB or more
 
 
 @pytest.mark.parametrize(
@@ -90,6 +98,24 @@ MAPS = dataclasses.replace(BIG, mapped=True)
         (MAPS, {"vouched": True}, (Path.MAPPED, [])),
         (BIG, {"vouched": True, "mode": "enable"}, (Path.TWO_PHASE, [])),
         (BIG, {"vouched": True, "independent": False}, (Path.TWO_PHASE, ["split"])),
+        # few large runs on every rank (COARSE): compared run by run when the extents
+        # interleave or the runs are many; the hint forcing the shuffle and a backend that
+        # is not independent still decide, and disjoint extents need no run check
+        (COARSE, {"disjoint": False}, (Path.DIRECT, ["disjoint", "runs"])),
+        (COARSE, {"disjoint": False, "runs": False}, (Path.TWO_PHASE, ["disjoint", "runs"])),
+        (COARSE, {}, (Path.DIRECT, ["disjoint"])),
+        (dataclasses.replace(COARSE, small=True), {}, (Path.DIRECT, ["runs"])),
+        (dataclasses.replace(COARSE, small=True), {"runs": False}, (Path.TWO_PHASE, ["runs"])),
+        (COARSE, {"disjoint": False, "mode": "disable"}, (Path.DIRECT, ["disjoint", "runs"])),
+        (COARSE, {"mode": "enable"}, (Path.TWO_PHASE, [])),
+        (COARSE, {"independent": False}, (Path.TWO_PHASE, ["split"])),
+        (dataclasses.replace(COARSE, mapped=True), {}, (Path.MAPPED, [])),
+        # the most runs that are compared, and one more (the fact of a rank that is not
+        # coarse): not compared
+        (dataclasses.replace(COARSE, small=True, checked=policy.CHECKED_MAX_RUNS), {},
+         (Path.DIRECT, ["runs"])),
+        (dataclasses.replace(BIG, small=True), {}, (Path.TWO_PHASE, [])),
+        (BIG, {"disjoint": False}, (Path.TWO_PHASE, ["disjoint"])),
     ],
 )  # fmt: skip
 def test_choose_path_asks_only_what_decides(facts, kw, want):
@@ -112,6 +138,17 @@ def test_rules_work_on_one_rank_and_on_every_rank():
     assert policy.copyable_lengths(lengths[:16]) and policy.copyable_lengths(lengths % 8 + 1)
     assert policy.extents_disjoint(np.array([10, 0, 5, 7]), np.array([20, 5, 5, 10]))
     assert not policy.extents_disjoint(np.array([0, 4]), np.array([5, 9]))
+    # few large runs: an empty rank, up to CHECKED_MAX_RUNS runs of at least the minimum
+    most, least = policy.CHECKED_MAX_RUNS, policy.CHECKED_MIN_RUN
+    assert policy.few_large_runs(0, 0) and policy.few_large_runs(most, least)
+    assert not policy.few_large_runs(most + 1, 1 << 30)
+    assert not policy.few_large_runs(2, least - 1)
+    # the agreed fact: the most runs of any rank, above the most when one rank's are not
+    nruns, shortest = np.array([0, 3, most, 3, most + 1]), np.array([0, least, least, 9, least])
+    checked = policy.checked_runs(nruns, shortest)
+    assert checked.tolist() == [0, 3, most, most + 1, most + 1]
+    assert [int(policy.checked_runs(int(a), int(b))) for a, b in zip(nruns, shortest,
+            strict=True)] == checked.tolist()  # fmt: skip
 
 
 def test_round_window_caps_and_shrinks():

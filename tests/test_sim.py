@@ -223,13 +223,14 @@ def test_simulator_equals_real_stats_at_8_ranks():
     args = ["-n", "8", sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", test, "-q"]
     proc = mpiexec(args, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    # every case ran on all 8 ranks (none skipped): the CASES plus the direct-path test
+    # every case ran on all 8 ranks (none skipped): the CASES, the direct-path test and the
+    # two batches of rows
     sys.path.insert(0, os.path.join(ROOT, "mpi_tests"))
     try:
         import test_sim_stats as cases
     finally:
         sys.path.pop(0)
-    assert f"{len(cases.CASES) + 1} passed" in proc.stdout
+    assert f"{len(cases.CASES) + 3} passed" in proc.stdout
 
 
 @pytest.mark.parametrize("pattern", ["colblock", "cyclic"])

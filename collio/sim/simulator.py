@@ -176,10 +176,12 @@ def _facts(blocks: Blocks, owner: I64, work: Workload, cfg: SimConfig) -> _Facts
         pairs = np.unique(np.stack([owner, blocks.runlen]), axis=1)
         lengths = np.bincount(pairs[0], minlength=n)
         mapped = bool(policy.copyable(nruns, lengths).all())
+    shortest = np.full(n, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(shortest, owner, blocks.runlen)
     agreed = PathFacts(
         lo=int(rlo.min(initial=np.iinfo(np.int64).max)), hi=int(rhi.max(initial=0)),
         small=bool(policy.many_small_runs(nruns, nbytes, h.direct_threshold).any()),
-        mapped=mapped,
+        mapped=mapped, checked=int(policy.checked_runs(nruns, shortest).max(initial=0)),
     )  # fmt: skip
     return _Facts(agreed, rlo, rhi, nruns)
 
@@ -193,6 +195,9 @@ def _path(facts: _Facts, cfg: SimConfig) -> Path:
         independent=True,
         disjoint=lambda: policy.extents_disjoint(facts.rlo, facts.rhi),
         split=lambda: None,  # (asked only of backends that are not independent)
+        # a pattern gives every byte of its global array to one rank: no two ranks' runs
+        # overlap, which the engine's ranks find by comparing them
+        runs_disjoint=lambda: True,
     )
 
 
