@@ -20,6 +20,15 @@ def _path(comm: MPI.Intracomm, tmp: Any, name: str = "model.ckpt") -> str:
     return str(comm.bcast(os.path.join(str(tmp), name), root=0))
 
 
+def _flip(path: str, at: int, mask: int) -> None:
+    """Flip the bits ``mask`` of the stored byte at ``at`` (one rank damages the target)."""
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ mask]))
+
+
 def _check_loaded(comm: MPI.Intracomm, got: dict[str, Any], spec: dict[str, Any]) -> None:
     assert sorted(got) == sorted(spec)
     for name, lay in spec.items():
@@ -65,11 +74,7 @@ def test_flipped_byte_names_the_array_on_every_rank(comm: MPI.Intracomm, mpi_tmp
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
     if comm.rank == 0:
         entry = ckpt.info(path)["attn/q"]
-        with open(path, "r+b") as fh:
-            fh.seek(entry["offset"] + entry["nbytes"] // 2)
-            b = fh.read(1)
-            fh.seek(-1, os.SEEK_CUR)
-            fh.write(bytes([b[0] ^ 0x10]))
+        _flip(path, entry["offset"] + entry["nbytes"] // 2, 0x10)
     comm.Barrier()
     spec = model.load_spec(comm.rank, comm.size)
     err = raises_everywhere(comm, collio.ChecksumError, lambda: ckpt.load(path, spec, comm=comm))
@@ -328,12 +333,7 @@ def test_extents_across_pieces_are_checked_from_the_parts(
     assert got.tobytes() == model.rows_reference("a")[lay.slices].tobytes()
     assert reads == []  # (verified from memory: nothing read back)
     if comm.rank == 0:  # a byte just after the saving job's first edge (one rank: mid-array)
-        at = ckpt.info(path)["a"]["offset"] + (64 * 1000 * 8) // max(comm.size, 2) + 5
-        with open(path, "r+b") as fh:
-            fh.seek(at)
-            b = fh.read(1)
-            fh.seek(at)
-            fh.write(bytes([b[0] ^ 0x01]))
+        _flip(path, ckpt.info(path)["a"]["offset"] + (64 * 1000 * 8) // max(comm.size, 2) + 5, 1)
     comm.Barrier()
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
@@ -411,12 +411,7 @@ def test_load_in_place_still_checks_every_byte(comm: MPI.Intracomm, mpi_tmp_path
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
     if comm.rank == 0:
-        entry = ckpt.info(path)["ffn/w"]
-        with open(path, "r+b") as fh:
-            fh.seek(entry["offset"] + 3)
-            b = fh.read(1)
-            fh.seek(-1, os.SEEK_CUR)
-            fh.write(bytes([b[0] ^ 0x40]))
+        _flip(path, ckpt.info(path)["ffn/w"]["offset"] + 3, 0x40)
     comm.Barrier()
     spec = model.load_spec(comm.rank, comm.size)
     outs = _outs(spec)
