@@ -12,6 +12,7 @@ so a bad buffer on one rank raises the same error on every rank.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 import numpy as np
@@ -24,20 +25,55 @@ from .errors import LayoutError, MismatchError
 from .layouts.base import Layout
 from .layouts.strided import Blocks
 from .layouts.typemap import Flat, Pair, stream_runs, zip_runs
-from .runs import Runs, merge, sort
+from .runs import Runs, first_overlap, merge, read_only, sort
 
 __all__ = [
     "FileView", "BufferLayout", "DEFAULT_VIEW", "buffer_size", "make_view", "check_filetype",
 ]  # fmt: skip
 
 
+#: The most bytes of arrays a memo keeps for one view: its filetype's runs (the views
+#: :func:`make_view` keeps) or one call's runs (:attr:`FileView.runs_memo`); larger ones
+#: are made anew each time.  The views kept hold at most ``VIEWS_KEPT * 2 * MEMO_BYTES``
+#: (16 MiB) beyond what open files hold; the default view's memo holds one run.
+MEMO_BYTES = 2 << 20
+#: How many views :func:`make_view` keeps to hand out again (least recently used dropped).
+VIEWS_KEPT = 4
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FileView:
-    """``disp`` bytes, then ``filetype`` tiled; positions count ``etype_size``-byte etypes."""
+    """``disp`` bytes, then ``filetype`` tiled; positions count ``etype_size``-byte etypes.
+
+    ``runs_memo`` keeps the runs of the last call through the view from a contiguous
+    buffer (:meth:`BufferLayout.validate`), read-only: the next such call with the same
+    position and size gets the same object, which the engine's checks and the plan cache
+    recognise by identity (a program writes the same piece through a view call after call).
+    """
 
     disp: int
     etype_size: int
     filetype: Flat
+    # (start byte, bytes, buffer offset, runs, first overlapping run): one entry, replaced
+    # whole (a worker thread's call may read it while this thread's call replaces it)
+    runs_memo: list[tuple[int, int, int, Runs, int] | None] = dataclasses.field(
+        init=False, default_factory=lambda: [None], compare=False, repr=False
+    )
+
+    def stream(self, start: int, total: int, mem0: int) -> tuple[Runs, int]:
+        """Local: the runs of ``total`` stream bytes from byte ``start`` of the view, held
+        by a contiguous buffer from its byte ``mem0``, and the first run overlapping an
+        earlier one (-1: none); the same read-only object as the last call's when equal."""
+        seen = self.runs_memo[0]
+        if seen is not None and seen[0] == start and seen[1] == total and seen[2] == mem0:
+            return seen[3], seen[4]
+        mem = (np.array([mem0], np.int64), np.array([total], np.int64))
+        f_runs = stream_runs(self.filetype, self.disp, start, total)
+        runs = read_only(merge(sort(zip_runs(f_runs, mem))) if total else Runs.empty())
+        bad = first_overlap(runs.file, runs.length)
+        if 3 * runs.file.nbytes <= MEMO_BYTES:
+            self.runs_memo[0] = (start, total, mem0, runs, bad)
+        return runs, bad
 
 
 #: What a file opened without ``set_view`` has: displacement 0, etype and filetype bytes.
@@ -109,10 +145,7 @@ def make_view(
             raise LayoutError(
                 f"filetype holds {ft.size} bytes, not a whole number of {et.size}-byte etypes"
             )
-        bad = check_filetype(ft)
-        if bad:
-            raise LayoutError(bad)
-        view = FileView(int(disp), et.size, ft)
+        view = _kept_view(int(disp), et.size, ft)
     size = view.etype_size
     failed, out = call_head(comm, "set_view", file, step.error is not None, [size, -size])
     if failed:
@@ -121,6 +154,44 @@ def make_view(
         low, high = int(-out[1]), int(out[0])
         msg = f"etype sizes differ between ranks: from {low} to {high} bytes"
         raise_agreed(comm, MismatchError(msg), what="set_view")
+    return view
+
+
+_VIEWS: list[FileView] = []  # most recently used last (see VIEWS_KEPT)
+_VIEWS_LOCK = threading.Lock()  # (files of several threads set views)
+
+
+def _same_flat(a: Flat, b: Flat) -> bool:
+    if a is b:
+        return True
+    return (
+        (a.lb, a.extent, a.size, a.nruns) == (b.lb, b.extent, b.size, b.nruns)
+        and np.array_equal(a.off, b.off)
+        and np.array_equal(a.length, b.length)
+    )
+
+
+def _kept_view(disp: int, etype_size: int, ft: Flat) -> FileView:
+    """Local: the checked view of these values, the same object as an earlier
+    :func:`make_view`'s of equal ones (so its runs memo serves the new view too); a
+    filetype MPI refuses raises :class:`~collio.LayoutError`.
+
+    A datatype's typemap is decoded once and kept on the type, so the same type gives the
+    same :class:`Flat` (found by identity); an equal type made anew is compared by content.
+    """
+    with _VIEWS_LOCK:
+        for i, v in enumerate(_VIEWS):
+            if v.disp == disp and v.etype_size == etype_size and _same_flat(v.filetype, ft):
+                _VIEWS.append(_VIEWS.pop(i))
+                return v
+    bad = check_filetype(ft)
+    if bad:
+        raise LayoutError(bad)
+    view = FileView(disp, etype_size, ft)
+    if ft.off.nbytes + ft.length.nbytes <= MEMO_BYTES:
+        with _VIEWS_LOCK:
+            _VIEWS.append(view)
+            del _VIEWS[:-VIEWS_KEPT]
     return view
 
 
@@ -225,8 +296,12 @@ class BufferLayout(Layout):
         if total and not view.filetype.size:
             raise LayoutError("the file view holds no data (its filetype is empty)")
         start = self.position * view.etype_size
-        f_runs = stream_runs(view.filetype, view.disp, start, total)
-        self._runs = merge(sort(zip_runs(f_runs, m_runs))) if total else Runs.empty()
+        if len(m_runs[0]) == 1:  # a contiguous buffer: the view's runs, kept for the next call
+            self._runs, bad = view.stream(start, total, int(m_runs[0][0]))
+            self._overlap = (self._runs, bad)
+        else:
+            f_runs = stream_runs(view.filetype, view.disp, start, total)
+            self._runs = merge(sort(zip_runs(f_runs, m_runs))) if total else Runs.empty()
         self._mem = mem
         self._nbytes = total
         self.etypes = total // view.etype_size

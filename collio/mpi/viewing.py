@@ -63,6 +63,11 @@ class Views(State):
                     "Set_view: MPI.DISPLACEMENT_CURRENT needs MODE_SEQUENTIAL"
                 )
             ft = etype if filetype is None else filetype
+            # the view's one agreement stays here, not deferred into the next call's head:
+            # a rank whose view fails raises in Set_view, so every rank must hear of it
+            # before returning from it; an independent call after it would write through
+            # a view never agreed; and the shared pointer restarts only once every rank is
+            # past its calls before the view
             with self._exclusive("Set_view"):
                 try:
                     view = make_view(
