@@ -20,12 +20,11 @@ that opening and closing such files in a loop duplicates once, not at every open
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -50,32 +49,40 @@ _busy_lock = threading.Lock()
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@contextlib.contextmanager
-def exclusive(comm: MPI.Comm, call: str) -> Iterator[None]:
+class exclusive:  # noqa: N801 - used as a function: ``with exclusive(comm, call):``
     """Local: mark ``comm`` as in collio's collective ``call`` on this thread; raise
     :class:`~collio.errors.ConcurrentCallError` at once if another thread is in one.
 
     The other thread's call goes on undisturbed.  The check is per process: it sees
     two threads of one rank, which is how concurrent collectives on one communicator
     happen (a rank whose threads take turns in a different order than another rank's
-    still mismatches, and is then reported by the call's first agreement).
+    still mismatches, and is then reported by the call's first agreement).  A class,
+    not a generator context manager: every collective call enters it, small ones too.
     """
-    key = comm.py2f()
-    me = threading.current_thread()
-    with _busy_lock:
-        held = _busy.get(key)
-        if held is not None and held[0] != me.ident:
-            raise ConcurrentCallError(
-                f"{call} in thread {me.name!r} while thread {held[1]!r} is in {held[2]} on "
-                "the same communicator: MPI forbids concurrent collective calls on one "
-                "communicator; make collio's calls on it from one thread at a time, or give "
-                "each thread its own communicator (comm.Dup())"
-            )
-        ident = me.ident if me.ident is not None else 0
-        _busy[key] = (ident, me.name, call, 1) if held is None else (*held[:3], held[3] + 1)
-    try:
-        yield
-    finally:
+
+    __slots__ = ("key", "call")
+
+    def __init__(self, comm: MPI.Comm, call: str) -> None:
+        self.key = comm.py2f()
+        self.call = call
+
+    def __enter__(self) -> None:
+        key, me = self.key, threading.current_thread()
+        with _busy_lock:
+            held = _busy.get(key)
+            if held is not None and held[0] != me.ident:
+                raise ConcurrentCallError(
+                    f"{self.call} in thread {me.name!r} while thread {held[1]!r} is in "
+                    f"{held[2]} on the same communicator: MPI forbids concurrent collective "
+                    "calls on one communicator; make collio's calls on it from one thread at "
+                    "a time, or give each thread its own communicator (comm.Dup())"
+                )
+            ident = me.ident if me.ident is not None else 0
+            now = (ident, me.name, self.call, 1) if held is None else (*held[:3], held[3] + 1)
+            _busy[key] = now
+
+    def __exit__(self, *exc: object) -> None:
+        key = self.key
         with _busy_lock:
             t, name, first, depth = _busy[key]
             if depth <= 1:

@@ -310,7 +310,8 @@ def _checked(runs: Runs) -> int:
     n = len(runs)
     if n == 0 or n > CHECKED_MAX_RUNS:  # (no shortest run to find)
         return 0 if n == 0 else CHECKED_MAX_RUNS + 1
-    return int(checked_runs(n, int(runs.length.min())))
+    shortest = int(runs.length[0]) if n == 1 else int(runs.length.min())  # (a small call's)
+    return int(checked_runs(n, shortest))
 
 
 def _runs_disjoint(comm: MPI.Comm, runs: Runs, most: int, *, what: str) -> bool:

@@ -48,13 +48,18 @@ _BUCKET_BOUNDS = np.asarray(BUCKETS, np.int64)
 _FEW = 4
 
 
+def _count(buckets: npt.NDArray[np.int64], sizes: list[int]) -> None:
+    """Add a few request sizes to Darshan bucket counts, one by one."""
+    for size in sizes:
+        buckets[bisect.bisect_left(BUCKETS, size)] += 1
+
+
 def histogram(sizes: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Counts of request sizes per Darshan bucket."""
     s = np.asarray(sizes, np.int64)
     if s.ndim == 1 and len(s) <= _FEW:
         out = np.zeros(len(BUCKET_NAMES), np.int64)
-        for size in s.tolist():
-            out[bisect.bisect_left(BUCKETS, size)] += 1
+        _count(out, s.tolist())
         return out
     idx = np.searchsorted(_BUCKET_BOUNDS, s, side="left")
     return np.bincount(idx, minlength=len(BUCKET_NAMES)).astype(np.int64)
@@ -109,12 +114,24 @@ class Stats:
 
     def add_writes(self, sizes: npt.ArrayLike) -> None:
         s = np.asarray(sizes, np.int64)
+        if s.ndim == 1 and len(s) <= _FEW:  # (a small call's few requests: no numpy passes)
+            few = s.tolist()
+            self.write_ops += len(few)
+            self.bytes_written += sum(few)
+            _count(self.write_sizes, few)
+            return
         self.write_ops += len(s)
         self.bytes_written += int(s.sum())
         self.write_sizes += histogram(s)
 
     def add_reads(self, sizes: npt.ArrayLike) -> None:
         s = np.asarray(sizes, np.int64)
+        if s.ndim == 1 and len(s) <= _FEW:
+            few = s.tolist()
+            self.read_ops += len(few)
+            self.bytes_read += sum(few)
+            _count(self.read_sizes, few)
+            return
         self.read_ops += len(s)
         self.bytes_read += int(s.sum())
         self.read_sizes += histogram(s)
@@ -129,10 +146,15 @@ class Stats:
         """Add reduced per-call counters to the file's totals."""
         n = len(SUMS)
         nb = len(BUCKET_NAMES)
-        for k, a, b in zip(SUMS, sums[:n].tolist(), _get_sums(self), strict=True):
-            setattr(self, k, a + b)
-        self.write_sizes = self.write_sizes + sums[n : n + nb]
-        self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
+        every = sums.tolist()
+        for k, a, b in zip(SUMS, every[:n], _get_sums(self), strict=True):
+            if a:  # (a call moves a few of the counters; the others stay as they are)
+                setattr(self, k, a + b)
+        # (new arrays, not added in place: a caller may hold the totals of before)
+        if any(every[n : n + nb]):
+            self.write_sizes = self.write_sizes + sums[n : n + nb]
+        if any(every[n + nb : n + 2 * nb]):
+            self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
         most = maxes.tolist()
         self.rounds = max(self.rounds, int(most[0]))
         for k, a, b in zip(_MAXES[1:], most[1:], _get_maxes(self)[1:], strict=True):

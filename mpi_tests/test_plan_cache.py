@@ -254,3 +254,50 @@ def test_one_rank_moving_by_another_step_is_never_served_a_moved_plan(comm, mpi_
     assert np.array_equal(got[0], glob[0])
     assert np.array_equal(got[1][:, cols:], glob[1][:, cols:])  # every column but rank 0's
     assert np.array_equal(got[2][:, :cols], glob[2][:, :cols])
+
+
+def test_a_time_series_through_a_view_reuses_the_plan_every_call(comm, mpi_tmp_path):
+    """The benchmark sweep's strided step (64 runs per rank, column blocks of a float64
+    matrix) written with ``write_at_all`` through a subarray view, each call one step
+    further on, with the default hints: every call after the first reuses the kept plan
+    (two-phase; at one rank a view row is contiguous, so the shuffle is forced there),
+    and so does every read of the steps back; the file is ROMIO's of the same calls and
+    the numpy reference, byte for byte, and every step reads back."""
+    path, romio = str(mpi_tmp_path / "target.bin"), str(mpi_tmp_path / "romio.bin")
+    rows, cols, nsteps = 64, 8, 12
+    step = rows * cols * comm.size  # float64 elements of one step: the view's extent
+    hints = None
+    if comm.size == 1:
+        hints = {"romio_cb_write": "enable", "romio_cb_read": "enable"}
+    ft = MPI.DOUBLE.Create_subarray((rows, cols * comm.size), (rows, cols), (0, comm.rank * cols))
+    ft.Commit()
+    rng = np.random.default_rng(23)
+    steps = [rng.random((rows, cols * comm.size)) for _ in range(nsteps)]
+    pieces = [np.ascontiguousarray(s[:, comm.rank * cols : (comm.rank + 1) * cols]) for s in steps]
+    seen, back = [], []
+    collio.release_buffers()  # (no plan of an earlier test: the first call plans)
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        f.set_view(0, MPI.DOUBLE, ft)
+        for k, piece in enumerate(pieces):
+            f.write_at_all(k * rows * cols, piece)  # (offsets in etypes of this rank's view)
+            seen.append((f.stats.last_call["path"], f.stats.last_call["plan_reused"]))
+        for k in range(nsteps):
+            back.append(f.read_at_all(k * rows * cols, np.empty((rows, cols))))
+            if hints is not None:  # (reads copy from the mapped file: no plan to keep)
+                seen.append((f.stats.last_call["path"], f.stats.last_call["plan_reused"]))
+    planned_once = [("two-phase", False)] + [("two-phase", True)] * (nsteps - 1)
+    assert seen[:nsteps] == planned_once  # the writes
+    assert seen[nsteps:] in ([], planned_once)  # the reads (their own plan, kept as well)
+    assert all(np.array_equal(b, p) for b, p in zip(back, pieces, strict=True))
+    fh = MPI.File.Open(comm, romio, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    fh.Set_view(0, MPI.DOUBLE, ft)
+    for k, piece in enumerate(pieces):
+        fh.Write_at_all(k * rows * cols, piece)
+    fh.Close()
+    ft.Free()
+    comm.Barrier()
+    ref = np.concatenate([s.reshape(-1) for s in steps])
+    got = np.fromfile(path, "<f8")
+    assert len(got) == nsteps * step and np.array_equal(got, ref)
+    assert np.array_equal(np.fromfile(romio, "<f8"), got)
+    comm.Barrier()

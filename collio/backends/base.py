@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import abc
 import errno
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -49,18 +49,28 @@ if TYPE_CHECKING:
 __all__ = ["Backend"]
 
 
-@contextmanager
-def storage_errors(be: Backend) -> Iterator[None]:
+class storage_errors:  # noqa: N801 - used as a function: ``with storage_errors(be):``
     """A library's ValueError, TypeError or IndexError raised while ``be`` moves bytes
     (zarr's codecs, h5py, botocore's parameter checks) is the storage failing, not the
     caller's layout: it becomes a :class:`BackendError` naming the backend (the call's
-    agreement would otherwise file it as a ``LayoutError``)."""
-    try:
-        yield
-    except CollioError:
-        raise
-    except (ValueError, TypeError, IndexError) as exc:
-        raise BackendError(f"{be.name} backend: {type(exc).__name__}: {exc}") from exc
+    agreement would otherwise file it as a ``LayoutError``).  A class, not a generator
+    context manager: every direct call and every round enters it."""
+
+    __slots__ = ("be",)
+
+    def __init__(self, be: Backend) -> None:
+        self.be = be
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if isinstance(exc, (ValueError, TypeError, IndexError)) and not isinstance(
+            exc, CollioError
+        ):
+            raise BackendError(f"{self.be.name} backend: {type(exc).__name__}: {exc}") from exc
 
 
 class Backend(abc.ABC):
