@@ -257,7 +257,7 @@ def test_row_shards_are_written_and_read_by_each_rank_directly(
     spec: dict[str, Any] = dict(model.rows_layouts(comm.rank, comm.size))
     spec["rep"] = None
     got = ckpt.load(path, spec, comm=comm)
-    assert seen[0][:2] == ("read_all_many", True) and seen[0][2] in ("direct", "mapped"), seen
+    assert seen == [], seen  # (each rank reads its own pieces itself: no call, no exchange)
     for name, lay in model.rows_layouts(comm.rank, comm.size).items():
         want = model.rows_reference(name)[lay.slices]  # type: ignore[attr-defined]
         assert got[name].tobytes() == np.ascontiguousarray(want).tobytes(), (comm.rank, name)
