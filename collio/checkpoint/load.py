@@ -56,6 +56,11 @@ class Info(collections.abc.Mapping[str, dict[str, Any]]):
 
 def _parse(read: Any, size: int, where: str) -> format.Index:
     """The index of a target of ``size`` bytes, ``read(offset, length)`` giving its bytes."""
+    return _parse_crc(read, size, where)[0]
+
+
+def _parse_crc(read: Any, size: int, where: str) -> tuple[format.Index, int]:
+    """:func:`_parse`, and the index's checksum (as the trailer gives it)."""
     import crc32c
 
     tail = format.TRAILER.size
@@ -67,7 +72,7 @@ def _parse(read: Any, size: int, where: str) -> format.Index:
         raise ChecksumError(f"{where}: the index's checksum differs")
     try:
         toff, tlen = format.Index.table_span(doc)
-        return format.Index.from_bytes(doc, read(toff, tlen), where)
+        return format.Index.from_bytes(doc, read(toff, tlen), where), crc
     except (ValueError, KeyError, TypeError) as exc:
         raise ChecksumError(f"{where}: unreadable index: {exc}") from None
 
@@ -107,25 +112,34 @@ def _parse_s3(url: str, options: dict[str, Any]) -> format.Index:
     return _parse(read, size, url)
 
 
-def _read_index(f: File) -> format.Index:
-    """Collective over ``f.comm``: rank 0 reads and checks the index; every rank gets it."""
-    comm = f.comm
-    root = comm.Get_rank() == 0
-    size = f.backend.size()
-
-    def read(offset: int, length: int) -> bytes:  # rank 0 alone: the backend's own read
+def _backend_read(f: File) -> Any:
+    def read(offset: int, length: int) -> bytes:  # (the backend's own read)
         buf = np.empty(max(length, 0), np.uint8)
         f.backend.read_at(offset, buf)
         return buf.tobytes()
 
+    return read
+
+
+def _read_index(f: File) -> format.Index:
+    """Collective over ``f.comm``: rank 0 reads and checks the index; every rank gets it
+    (an object store: one rank's few ranged GETs)."""
+    comm = f.comm
     step = Attempt()
     index: Any = None
     with step:
-        if root:
-            index = _parse(read, size, str(f.target))
+        if comm.Get_rank() == 0:
+            index = _parse(_backend_read(f), f.backend.size(), str(f.target))
     # (only rank 0 reads: its outcome broadcast is the agreement)
     got: format.Index = bcast_outcome(comm, index, step.error, what="checkpoint.load: index")
     return got
+
+
+def _own_index(f: File) -> tuple[format.Index, int]:
+    """Local: the index as this rank reads it from a local file (a few reads from the page
+    cache, parsed on every rank at once instead of broadcast from one), and its checksum;
+    the ranks' errors and checksums are agreed by :func:`_gather_spans`."""
+    return _parse_crc(_backend_read(f), f.backend.size(), str(f.target))
 
 
 def _wanted(
@@ -178,15 +192,18 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
     return arr
 
 
-def _gather_spans(comm: MPI.Comm, mine: Any, error: BaseException | None) -> I64:
+def _gather_spans(comm: MPI.Comm, mine: Any, digest: int, error: BaseException | None) -> I64:
     """Collective: every rank's spans of its pieces ``(rank, array, (lo, hi, contiguous,
-    bytes))``, and the agreement on the spec in the same gather: a rank's ``error``
-    raised on every rank."""
-    got = comm.allgather(None if error is not None or mine is None else mine)
+    bytes))``; and in the same gather the agreement on what came before: a rank's
+    ``error`` raised on every rank, and the index every rank read itself (``digest``, its
+    checksum) the same on all."""
+    got = comm.allgather(None if error is not None or mine is None else (digest, mine))
     if any(g is None for g in got):
         raise_agreed(comm, error, what="checkpoint.load")
+    if len({d for d, _ in got}) > 1:
+        raise ChecksumError("checkpoint.load: the ranks read different indexes (replaced?)")
     try:
-        return np.stack(got).astype(np.int64, copy=False)
+        return np.stack([m for _, m in got]).astype(np.int64, copy=False)
     except ValueError:  # (the same gathered shapes on every rank: raised on all)
         raise LayoutError(
             "checkpoint.load: the ranks' specs name different numbers of arrays"
@@ -455,25 +472,29 @@ def load(
     base = MPI.COMM_WORLD if comm is None else comm
     given_hints = _unmapped(hints)
     with _open(target, "r", comm=base, hints=given_hints, **options) as f:
-        index = _read_index(f)
+        # a local file: each rank reads the index and its own pieces itself, checksummed
+        # on the way (an object store's requests go from one rank, and in one call of
+        # many ranged GETs at once); mapped_reads=enable maps, in a call
+        direct = not f.backend.remote and given_hints.mapped_reads != "enable"
+        index: Any = None if direct else _read_index(f)
+        digest = 0
         step = Attempt()
         wanted: list[tuple[str, ArrayLayout]] = []
         into: list[Any] = []
         given: list[Any] = []
         mine: Any = None
         with step:  # (a layout's runs may be built here first: a rank's error is agreed)
+            if direct:
+                index, digest = _own_index(f)
             found = _wanted(index, spec)
             wanted = [(name, lay) for name, lay, _ in found]
             into = [arr for _, _, arr in found]
             given = [spec[name][0] if arr is not None else None for name, _, arr in found]
             mine = spans([lay for _, lay in wanted])
-        every = _gather_spans(f.comm, mine, step.error)
+        every = _gather_spans(f.comm, mine, digest, step.error)
         x, crcs, offs = _extents(index, wanted, every)  # (planned before any byte is read)
         checks = _Checks(x, f.comm.Get_rank())
         got = _allocate([lay for _, lay in wanted], into)
-        # a local file: each rank's own reads, checksummed on the way (an object store's
-        # ranged GETs go in one call, many at once); mapped_reads=enable maps, in a call
-        direct = not f.backend.remote and given_hints.mapped_reads != "enable"
         error = _read(f, wanted, got, offs, every, checks, direct)
         flags = _verify(f.comm, f, checks, crcs, offs, len(wanted), error)
         bad = [wanted[k][0] for k in np.flatnonzero(flags).tolist()]
