@@ -192,22 +192,25 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
     return arr
 
 
-def _gather_spans(comm: MPI.Comm, mine: Any, digest: int, error: BaseException | None) -> I64:
+def _gather_spans(
+    comm: MPI.Comm, mine: Any, count: int, digest: int, error: BaseException | None
+) -> I64:
     """Collective: every rank's spans of its pieces ``(rank, array, (lo, hi, contiguous,
-    bytes))``; and in the same gather the agreement on what came before: a rank's
-    ``error`` raised on every rank, and the index every rank read itself (``digest``, its
-    checksum) the same on all."""
-    got = comm.allgather(None if error is not None or mine is None else (digest, mine))
-    if any(g is None for g in got):
+    bytes))``, ``count`` arrays on every rank; and in the same gather the agreement on
+    what came before: a rank's ``error`` raised on every rank, and the index every rank
+    read itself (``digest``, its checksum) the same on all.  Waited for sleeping: the
+    ranks come from their own reads of the index, some later than others."""
+    rows = np.zeros((count + 1, 4), np.int64)
+    rows[0] = (error is not None or mine is None, digest, count, 0)
+    if not rows[0, 0]:
+        rows[1:] = mine
+    every = np.empty((comm.Get_size(), count + 1, 4), np.int64)
+    sleep_until_done(comm.Iallgather([rows, MPI.INT64_T], [every, MPI.INT64_T]))
+    if every[:, 0, 0].any():
         raise_agreed(comm, error, what="checkpoint.load")
-    if len({d for d, _ in got}) > 1:
+    if len(set(every[:, 0, 1].tolist())) > 1:
         raise ChecksumError("checkpoint.load: the ranks read different indexes (replaced?)")
-    try:
-        return np.stack([m for _, m in got]).astype(np.int64, copy=False)
-    except ValueError:  # (the same gathered shapes on every rank: raised on all)
-        raise LayoutError(
-            "checkpoint.load: the ranks' specs name different numbers of arrays"
-        ) from None
+    return every[:, 1:]
 
 
 class _Checks:
@@ -491,7 +494,8 @@ def load(
             into = [arr for _, _, arr in found]
             given = [spec[name][0] if arr is not None else None for name, _, arr in found]
             mine = spans([lay for _, lay in wanted])
-        every = _gather_spans(f.comm, mine, digest, step.error)
+        count = len(spec) if isinstance(spec, Mapping) else 0  # (as many on every rank)
+        every = _gather_spans(f.comm, mine, count, digest, step.error)
         x, crcs, offs = _extents(index, wanted, every)  # (planned before any byte is read)
         checks = _Checks(x, f.comm.Get_rank())
         got = _allocate([lay for _, lay in wanted], into)
