@@ -364,7 +364,8 @@ def _extents(
     starts = np.concatenate([z, *[p[0] for p in parts]])
     crcs = np.concatenate([np.zeros(0, np.uint32), *[p[1] for p in parts]])
     aid = np.repeat(np.arange(len(wanted)), [len(p[0]) for p in parts]).astype(np.int64)
-    nbytes = np.array([lay.global_nbytes for _, lay in wanted], np.int64)
+    # (the index's sizes: each array's shape and dtype were checked against it)
+    nbytes = np.array([int(index.arrays[name]["nbytes"]) for name, _ in wanted], np.int64)
     offs = np.array([int(index.arrays[name]["offset"]) for name, _ in wanted], np.int64)
     return extents.assign(starts, aid, nbytes, offs, every, join=True), crcs, offs
 
