@@ -149,6 +149,30 @@ def test_unknown_name_or_other_shape_raises_everywhere(
 
 
 @pytest.mark.mpi
+def test_specs_naming_other_arrays_on_one_rank_raise_everywhere(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    names = sorted(ckpt.info(path)) if comm.rank == 0 else None
+    names = comm.bcast(names)
+    last = comm.rank == comm.size - 1
+    more = {n: None for n in names[:3]} if last else {n: None for n in names[:2]}
+    raises_everywhere(
+        comm, collio.MismatchError, lambda: ckpt.load(path, more, comm=comm), match="3 arrays"
+    )
+    other = {names[2]: None} if last else {names[1]: None}  # as many, not the same
+    raises_everywhere(
+        comm, collio.MismatchError, lambda: ckpt.load(path, other, comm=comm), match="other arrays"
+    )
+    got = ckpt.load(path, {names[1]: None}, comm=comm)  # the process goes on
+    whole = ckpt.load(path, {names[1]: None}, comm=MPI.COMM_SELF)
+    assert got[names[1]].tobytes() == whole[names[1]].tobytes()
+
+
+@pytest.mark.mpi
 def test_async_save_holds_the_values_at_the_call(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
     path = _path(comm, mpi_tmp_path)
     state = model.save_state(comm.rank, comm.size)

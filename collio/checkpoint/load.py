@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections.abc
 import os
+import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ from mpi4py import MPI
 
 from ..backends.base import storage_errors
 from ..collective import Attempt, bcast_outcome, raise_agreed
-from ..errors import ChecksumError, LayoutError
+from ..errors import ChecksumError, LayoutError, MismatchError
 from ..file import File
 from ..file import open as _open
 from ..layouts.arrays import ArrayLayout, array_layout
@@ -193,24 +194,34 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
 
 
 def _gather_spans(
-    comm: MPI.Comm, mine: Any, count: int, digest: int, error: BaseException | None
+    comm: MPI.Comm, mine: Any, names: list[str], digest: int, error: BaseException | None
 ) -> I64:
     """Collective: every rank's spans of its pieces ``(rank, array, (lo, hi, contiguous,
-    bytes))``, ``count`` arrays on every rank; and in the same gather the agreement on
-    what came before: a rank's ``error`` raised on every rank, and the index every rank
-    read itself (``digest``, its checksum) the same on all.  Waited for sleeping: the
+    bytes))`` of the arrays ``names`` (sorted); and first, in one fixed-size gather, the
+    agreement on what came before: a rank's ``error`` raised on every rank, the index
+    every rank read itself (``digest``, its checksum) the same on all, and the same
+    names asked for on every rank (else array k would be another array on another rank,
+    and the spans' gather would not even have one size).  Both waited for sleeping: the
     ranks come from their own reads of the index, some later than others."""
-    rows = np.zeros((count + 1, 4), np.int64)
-    rows[0] = (error is not None or mine is None, digest, count, 0)
-    if not rows[0, 0]:
-        rows[1:] = mine
-    every = np.empty((comm.Get_size(), count + 1, 4), np.int64)
-    sleep_until_done(comm.Iallgather([rows, MPI.INT64_T], [every, MPI.INT64_T]))
-    if every[:, 0, 0].any():
+    asked = zlib.crc32("\0".join(names).encode())
+    head = np.array([error is not None or mine is None, digest, len(names), asked], np.int64)
+    heads = np.empty((comm.Get_size(), 4), np.int64)
+    sleep_until_done(comm.Iallgather([head, MPI.INT64_T], [heads, MPI.INT64_T]))
+    if heads[:, 0].any():
         raise_agreed(comm, error, what="checkpoint.load")
-    if len(set(every[:, 0, 1].tolist())) > 1:
+    if len(set(heads[:, 1].tolist())) > 1:
         raise ChecksumError("checkpoint.load: the ranks read different indexes (replaced?)")
-    return every[:, 1:]
+    if (heads[:, 2:] != heads[0, 2:]).any():
+        odd = int(np.flatnonzero((heads[:, 2:] != heads[0, 2:]).any(axis=1))[0])
+        n, n0 = int(heads[odd, 2]), int(heads[0, 2])
+        what = f"{n} arrays, rank 0 for {n0}" if n != n0 else f"other arrays than rank 0 ({n})"
+        raise MismatchError(
+            f"checkpoint.load: rank {odd}'s spec asks for {what}: every rank's spec must "
+            "name the same arrays"
+        )
+    every = np.empty((comm.Get_size(), len(names), 4), np.int64)
+    sleep_until_done(comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T]))
+    return every
 
 
 class _Checks:
@@ -495,8 +506,7 @@ def load(
             into = [arr for _, _, arr in found]
             given = [spec[name][0] if arr is not None else None for name, _, arr in found]
             mine = spans([lay for _, lay in wanted])
-        count = len(spec) if isinstance(spec, Mapping) else 0  # (as many on every rank)
-        every = _gather_spans(f.comm, mine, count, digest, step.error)
+        every = _gather_spans(f.comm, mine, [n for n, _ in wanted], digest, step.error)
         x, crcs, offs = _extents(index, wanted, every)  # (planned before any byte is read)
         checks = _Checks(x, f.comm.Get_rank())
         got = _allocate([lay for _, lay in wanted], into)
