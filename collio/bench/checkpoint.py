@@ -53,11 +53,11 @@ def _timed(comm: MPI.Intracomm, fn: Callable[[], Any]) -> float:
     (the resharded load fails on its sub-communicator's ranks alone) is raised on all,
     so none waits in a collective the failed ranks never reach.
 
-    A rank done first waits sleeping (:data:`WAIT`): MPI's blocking wait polls, and with more ranks
-    than cores a polling rank takes a core from the ranks still working; the resharded
-    load's rank outside the load would then measure those ranks on one core less, not
-    a job of their size (each rank's time is taken before the wait, so it is not in
-    the figure)."""
+    A rank done first waits sleeping (:data:`WAIT`): MPI's blocking wait polls, and with
+    more ranks than cores a polling rank takes a core from the ranks still working; the
+    resharded load's rank outside the load would then measure those ranks on one core
+    less, not a job of their size (each rank's time is taken before the wait, so it is
+    not in the figure)."""
     comm.Barrier()
     t0 = time.perf_counter()
     step = Attempt()
