@@ -244,6 +244,26 @@ def test_benchmark_stops_every_rank_when_the_resharded_load_fails(
     assert _timed(comm, lambda: None) >= 0.0
 
 
+@pytest.mark.mpi
+def test_benchmark_ranks_done_first_wait_without_a_core(comm: MPI.Intracomm) -> None:
+    """The benchmark's figure is the slowest rank's time, the same on every rank, and
+    the ranks done first wait sleeping: a rank outside the resharded load must not
+    take a core from the ranks still loading (on a machine with fewer cores than
+    ranks it would measure them on one core less)."""
+    import time
+
+    from collio.bench.checkpoint import _timed
+
+    slow = 0.3
+    cpu = time.process_time()
+    got = _timed(comm, lambda: time.sleep(slow) if comm.rank == 0 else None)
+    cpu = time.process_time() - cpu
+    assert got >= slow
+    assert comm.allgather(got) == [got] * comm.size
+    if comm.rank != 0:
+        assert cpu < slow / 3, f"rank {comm.rank} used {cpu:.3f} s of CPU waiting {slow} s"
+
+
 def _record_paths(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, str]]:
     """The checkpoint's batch calls as they run: (call, disjoint, the path the call took)."""
     seen: list[tuple[str, bool, str]] = []
