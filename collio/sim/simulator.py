@@ -111,6 +111,8 @@ class SimResult:
     group_ranks: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     group_bytes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     agg_nodes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    #: A write (False: a read, whose aggregators send what they read).
+    writing: bool = True
 
     @property
     def two_level(self) -> bool:
@@ -234,6 +236,7 @@ def simulate(work: Workload, cfg: SimConfig) -> SimResult:
     else:
         res = _two_phase(blocks, owner, work, cfg, (lo, hi), total)
         res.rank_runs_max = int(facts.nruns.max(initial=0))
+    res.writing = cfg.writing
     res.seconds = time.perf_counter() - t0
     res.cpu_seconds = time.process_time() - c0
     res.hints = _used(cfg, res)
