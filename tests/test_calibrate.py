@@ -46,6 +46,23 @@ def test_ranks_sharing_cores_scale_the_on_node_terms_alone():
     assert runs.intra == pytest.approx(a.intra + 1e-6 * per_round * res.rounds)
 
 
+def test_a_local_aggregators_staging_pays_for_every_run_of_its_ranks():
+    """Two levels: a local aggregator receives (or sends) each of its ranks' pieces as a
+    run of their message into (or out of) its staging buffer, ``run_seconds`` each."""
+    work = make_workload("cyclic", 8, size="512", cyclic_block=8)
+    hints = Hints(cb_buffer_size=65536, cb_two_level="enable")
+    res = simulate(work, SimConfig(hints=hints, ppn=4))
+    assert res.two_level and len(res.group_runs) == len(res.group_ranks)
+    # every run of a group's ranks, before merging: 8 x 8 blocks of 8 rows of 64 bytes
+    assert int(res.group_runs.sum()) == 512 * 512 // 8
+    own = Cluster(ppn=4)
+    a = predict(res, own, "x")
+    b = predict(res, dataclasses.replace(own, run_seconds=1e-6), "x")
+    per_round = max((res.agg_pieces / res.agg_rounds.clip(1)).max(), res.rank_runs_max / res.rounds)
+    stage = float(res.group_runs.max()) / res.rounds
+    assert b.intra == pytest.approx(a.intra + 1e-6 * (per_round + stage) * res.rounds)
+
+
 def test_page_cache_copies_and_a_reads_packing_take_the_ranks_cores():
     """With every core busy (as many polling ranks as cores), the page cache's copy of a
     round's bytes adds to the exchange instead of hiding behind it, and a read's

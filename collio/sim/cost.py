@@ -184,6 +184,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     if res.two_level:  # the local aggregators' stage: their ranks' pieces of the round
         gb = res.group_bytes / rounds
         stage = res.group_ranks * cl.intra_message_seconds + gb / cl.intra_bandwidth
+        if cl.run_seconds:  # each piece a run of its message into (or out of) staging
+            stage = stage + res.group_runs / rounds * cl.run_seconds
         proc += float(stage.max(initial=0))
     if cl.copy_bandwidth and not res.writing and _packs(res):
         # a read's aggregator packs small runs into one buffer before sending (a copy)

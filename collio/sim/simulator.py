@@ -110,6 +110,8 @@ class SimResult:
     local_per_node: int = 0
     group_ranks: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     group_bytes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    #: Runs of each local aggregator's ranks (its pieces in its staging buffer).
+    group_runs: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     agg_nodes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     #: A write (False: a read, whose aggregators send what they read).
     writing: bool = True
@@ -302,6 +304,9 @@ def _two_phase(
         res.group_ranks = np.bincount(groups.group, minlength=groups.ngroups).astype(np.int64)
         res.group_bytes = np.bincount(
             sources, weights=blocks.nbytes(), minlength=groups.ngroups
+        ).astype(np.int64)
+        res.group_runs = np.bincount(
+            sources, weights=blocks.nruns(), minlength=groups.ngroups
         ).astype(np.int64)
     return res
 
