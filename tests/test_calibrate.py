@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 
+import numpy as np
 import pytest
 
 from collio.bench.calibrate import PATTERNS, TINY, TOLERANCE, predict_case
@@ -43,6 +44,60 @@ def test_ranks_sharing_cores_scale_the_on_node_terms_alone():
     per_round = max((res.agg_pieces / res.agg_rounds.clip(1)).max(), res.rank_runs_max / res.rounds)
     assert per_round > 1
     assert runs.intra == pytest.approx(a.intra + 1e-6 * per_round * res.rounds)
+
+
+def test_a_local_aggregators_staging_pays_for_every_run_of_its_ranks():
+    """Two levels: a local aggregator receives (or sends) each of its ranks' pieces as a
+    run of their message into (or out of) its staging buffer, ``run_seconds`` each."""
+    work = make_workload("cyclic", 8, size="512", cyclic_block=8)
+    hints = Hints(cb_buffer_size=65536, cb_two_level="enable")
+    res = simulate(work, SimConfig(hints=hints, ppn=4))
+    assert res.two_level and len(res.group_runs) == len(res.group_ranks)
+    # every run of a group's ranks, before merging: 8 x 8 blocks of 8 rows of 64 bytes
+    assert int(res.group_runs.sum()) == 512 * 512 // 8
+    own = Cluster(ppn=4)
+    a = predict(res, own, "x")
+    b = predict(res, dataclasses.replace(own, run_seconds=1e-6), "x")
+    per_round = max((res.agg_pieces / res.agg_rounds.clip(1)).max(), res.rank_runs_max / res.rounds)
+    stage = float(res.group_runs.max()) / res.rounds
+    assert b.intra == pytest.approx(a.intra + 1e-6 * (per_round + stage) * res.rounds)
+
+
+def test_page_cache_copies_and_a_reads_packing_take_the_ranks_cores():
+    """With every core busy (as many polling ranks as cores), the page cache's copy of a
+    round's bytes adds to the exchange instead of hiding behind it, and a read's
+    aggregator packs small runs (one more copy); with a core per rank, or no copy
+    bandwidth given (a cluster's network storage), neither counts."""
+    from collio.exchange import PACK_MAX_RUN
+    from collio.sim.cost import PACK_MAX_RUN as SIM_PACK
+
+    assert SIM_PACK == PACK_MAX_RUN
+    small = make_workload("cyclic", 8, size="512", cyclic_block=8)  # runs of 64 bytes
+    big = make_workload("colblock", 4, size="4096")  # rows of 8 KiB
+    hints = Hints(cb_buffer_size=65536, cb_two_level="disable")
+    busy = Cluster(ppn=4, cores=2, target_bandwidth=1e9, aggregator_bandwidth=1e9, targets=1)
+    copying = dataclasses.replace(busy, copy_bandwidth=2e9)
+    assert busy.busy_cores and not Cluster(ppn=4).busy_cores
+    assert not Cluster(ppn=4, cores=8).busy_cores
+    for work, packs in ((small, True), (big, False)):
+        for writing in (True, False):
+            res = simulate(work, SimConfig(hints=hints, ppn=4, writing=writing))
+            a, b = predict(res, busy, "x"), predict(res, copying, "x")
+            b_max = float((res.agg_bytes / res.agg_rounds.clip(1)).max())
+            pack = b_max / 2e9 * busy.oversubscribed if packs and not writing else 0.0
+            assert b.intra == pytest.approx(a.intra + res.rounds * pack)
+            x = (b.messages + b.injection + b.intra) / res.rounds
+            store = b.storage / res.rounds
+            per_round = res.agg_bytes / res.agg_rounds.clip(1)
+            node = float(np.bincount(res.agg_nodes, weights=per_round).max())
+            cpu = min(store, node / (2e9 * busy.cores))
+            want = x + (res.rounds - 1) * max(x + cpu, store) + store + b.call
+            assert b.predicted_seconds == pytest.approx(want)
+            # no copy bandwidth: storage hides behind the exchange as before
+            x0 = (a.messages + a.injection + a.intra) / res.rounds
+            assert a.predicted_seconds == pytest.approx(
+                x0 + (res.rounds - 1) * max(x0, store) + store + a.call
+            )
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")

@@ -178,8 +178,9 @@ def cluster_for(
     not numpy's ``copy_bandwidth`` within one) and pays ``message_seconds`` per message;
     a node moves bytes and messages on all its cores at once; a round's ranks take
     ``round_seconds`` to meet (measured with all of them polling); storage is one target
-    of the ceiling's bandwidth, which one aggregator alone can reach as well; a call
-    costs ``call_seconds`` besides.
+    of the ceiling's bandwidth, which one aggregator alone can reach as well, its page
+    cache copying at ``copy_bandwidth`` per core (a read's packing too); a call costs
+    ``call_seconds`` besides.
     """
     from ..sim import Cluster
 
@@ -190,7 +191,7 @@ def cluster_for(
         targets=1, aggregator_bandwidth=storage_bandwidth,
         intra_message_seconds=terms["message_seconds"], intra_bandwidth=terms["message_bandwidth"],
         cores=cores, call_seconds=call_seconds, round_seconds=terms["round_seconds"],
-        run_seconds=terms["run_seconds"],
+        run_seconds=terms["run_seconds"], copy_bandwidth=terms["copy_bandwidth"],
     )  # fmt: skip
 
 

@@ -28,7 +28,13 @@ terms, which a process's CPU does, take ``ppn / cores`` times as long (the NIC's
 the storage's do not).
 
 collio overlaps a round's storage with the next round's exchange (two round buffers);
-ROMIO's strategy does one after the other.  Sources of an aggregator are taken spread
+ROMIO's strategy does one after the other.  A local file system's page cache copies the
+round's bytes on the node's cores (at ``copy_bandwidth`` per core; 0 on the default
+cluster, whose storage is across the network): when the node's ranks keep every core
+busy (as many ranks as cores or more, polling while they wait) that copy cannot hide
+behind the exchange, only the device's part of the storage can.  A read's aggregator
+packs pieces of small runs into one buffer before sending them (one more copy of its
+round's bytes at ``copy_bandwidth``, an on-node term).  Sources of an aggregator are taken spread
 evenly over the nodes.  The defaults describe a typical cluster (see :class:`Cluster`).
 """
 
@@ -43,6 +49,10 @@ import numpy as np
 from ..aggregators.select import AGGREGATOR_BANDWIDTH, STORAGE_TARGETS, TARGET_BANDWIDTH
 from ..bench.patterns import Workload, human
 from .simulator import SimConfig, SimResult, simulate
+
+#: Runs up to this many bytes a read's aggregator packs before sending:
+#: :data:`collio.exchange.PACK_MAX_RUN` (not imported: the simulator runs without MPI).
+PACK_MAX_RUN = 4096
 
 __all__ = [
     "STRATEGIES",
@@ -66,8 +76,9 @@ class Cluster:
     OSTs of 4 GB/s, 2 GB/s per client process); on a node 5 us per message and 4 GB/s
     per process copying (MPICH's shared-memory transport; not calibrated: see
     docs/design.md).  ``cores`` per node (0: one per rank, as on a cluster) scales the
-    CPU-bound intra-node terms when ranks outnumber cores; ``collio-bench --calibrate``
-    measures every figure of this machine.
+    CPU-bound intra-node terms when ranks outnumber cores; ``copy_bandwidth`` (0: not
+    counted) is one process's memory copy, the page cache's and a read's packing;
+    ``collio-bench --calibrate`` measures every figure of this machine.
     """
 
     ppn: int = 64
@@ -82,6 +93,14 @@ class Cluster:
     call_seconds: float = 0.0
     round_seconds: float = 0.0
     run_seconds: float = 0.0
+    copy_bandwidth: float = 0.0
+
+    @property
+    def busy_cores(self) -> bool:
+        """Whether a node's ranks keep all its cores busy (as many ranks as cores or more,
+        polling while they wait): work besides theirs, as the page cache's copies, then
+        takes their turns."""
+        return 0 < self.cores <= self.ppn
 
     @property
     def oversubscribed(self) -> float:
@@ -165,15 +184,25 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     if res.two_level:  # the local aggregators' stage: their ranks' pieces of the round
         gb = res.group_bytes / rounds
         stage = res.group_ranks * cl.intra_message_seconds + gb / cl.intra_bandwidth
+        if cl.run_seconds:  # each piece a run of its message into (or out of) staging
+            stage = stage + res.group_runs / rounds * cl.run_seconds
         proc += float(stage.max(initial=0))
+    if cl.copy_bandwidth and not res.writing and _packs(res):
+        # a read's aggregator packs small runs into one buffer before sending (a copy)
+        proc += float(b.max(initial=0)) / cl.copy_bandwidth
     proc *= cl.oversubscribed
     store = max(float(b.max(initial=0)) / cl.aggregator_bandwidth,
                 float(b.sum()) / (cl.targets * cl.target_bandwidth))  # fmt: skip
+    # a local file system's page cache copies the round's bytes on the node's cores: with
+    # no core to spare that copy cannot hide behind the exchange (the device's part can)
+    cpu = 0.0
+    if cl.copy_bandwidth and cl.busy_cores:
+        cpu = min(store, _node_sum(b, nodes, n) / (cl.copy_bandwidth * cl.cores))
     meet = cl.round_seconds * (2 if res.two_level else 1)
     proc += meet
     x = nic + inj + proc
     if overlap:
-        total = x + (rounds - 1) * max(x, store) + store
+        total = x + (rounds - 1) * max(x + cpu, store) + store
     else:
         total = rounds * (x + store)
     hidden = rounds * (x + store) - total
@@ -183,6 +212,13 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         cl.call_seconds, total + cl.call_seconds, int(res.msgs.max(initial=0)),
         int(sizes.min()) if len(sizes) else 0,
     )  # fmt: skip
+
+
+def _packs(res: SimResult) -> bool:
+    """Whether the aggregators' pieces are small runs, which a read's aggregator packs
+    (:data:`PACK_MAX_RUN`): their mean length, bytes over pieces."""
+    pieces = float(res.agg_pieces.sum())
+    return pieces > 0 and float(res.agg_bytes.sum()) / pieces <= PACK_MAX_RUN
 
 
 def _direct(res: SimResult, cl: Cluster, strategy: str) -> Prediction:

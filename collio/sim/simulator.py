@@ -110,7 +110,11 @@ class SimResult:
     local_per_node: int = 0
     group_ranks: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     group_bytes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    #: Runs of each local aggregator's ranks (its pieces in its staging buffer).
+    group_runs: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     agg_nodes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    #: A write (False: a read, whose aggregators send what they read).
+    writing: bool = True
 
     @property
     def two_level(self) -> bool:
@@ -234,6 +238,7 @@ def simulate(work: Workload, cfg: SimConfig) -> SimResult:
     else:
         res = _two_phase(blocks, owner, work, cfg, (lo, hi), total)
         res.rank_runs_max = int(facts.nruns.max(initial=0))
+    res.writing = cfg.writing
     res.seconds = time.perf_counter() - t0
     res.cpu_seconds = time.process_time() - c0
     res.hints = _used(cfg, res)
@@ -299,6 +304,9 @@ def _two_phase(
         res.group_ranks = np.bincount(groups.group, minlength=groups.ngroups).astype(np.int64)
         res.group_bytes = np.bincount(
             sources, weights=blocks.nbytes(), minlength=groups.ngroups
+        ).astype(np.int64)
+        res.group_runs = np.bincount(
+            sources, weights=blocks.nruns(), minlength=groups.ngroups
         ).astype(np.int64)
     return res
 
