@@ -60,6 +60,9 @@ def write_split(
     """
     view = memoryview(buf).cast("B")  # type: ignore[arg-type]
     total = len(view)
+    if dfd < 0 or total < _DIRECT_MIN:  # (all through the page cache)
+        pwrite_all(fd, view, offset, name)
+        return 0
     parts = [(fd, 0, total)]
     if dfd >= 0 and total >= _DIRECT_MIN:
         a = -(-offset // PAGE) * PAGE - offset  # relative to offset
