@@ -56,7 +56,7 @@ from .policy import (
 )
 from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
-from .runs import Runs, first_overlap, is_read_only
+from .runs import Runs, first_overlap, is_read_only, read_only
 from .stats import Stats
 
 __all__ = ["Context", "read", "read_many", "release_buffers", "write", "write_many"]
@@ -122,7 +122,7 @@ def _check(
     step = Attempt()
     prekey = _prekey(ctx, writing)
     # what a rank that fails contributes (its flag makes every rank raise first)
-    local: _Found = (Runs.empty(), np.zeros(0, np.uint8), None, None, (-1, 0), False)
+    local = _FAILED
     with step:
         local = _check_locally(ctx, source, prekey, writing=writing)
     runs, buf, extra, sig, (plan, shift), mapped = local
@@ -169,6 +169,12 @@ def _unzigzag(z: int) -> int:
 #: plan for these runs (-1: none) with how far these runs lie from its runs, and whether it
 #: would copy a read from the mapped file.
 _Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, tuple[int, int], bool]
+
+
+#: What a rank whose local checks fail contributes (read-only: nothing uses it but the
+#: head, after which every rank raises)
+_FAILED: _Found = (read_only(Runs.empty()), np.zeros(0, np.uint8), None, None, (-1, 0), False)
+_FAILED[1].flags.writeable = False
 
 
 def _moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, Any]:

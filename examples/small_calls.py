@@ -12,51 +12,58 @@ time of ``write_at_all`` and ``read_at_all`` for collio and for ROMIO (mpi4py's
 from __future__ import annotations
 
 import argparse
+import builtins
 import os
 import tempfile
 import time
-
-from mpi4py import MPI
+from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 import collio
 
 
-def _view(f, comm, size, runs, strided):  # noqa: ANN001, ANN202
-    """Set each rank's view: its bytes of each step (contiguous or in ``runs`` blocks)."""
+def _view(f: Any, comm: MPI.Intracomm, size: int, runs: int, strided: bool) -> None:
+    """Strided: each rank's view holds ``runs`` blocks of each step, interleaved with the
+    other ranks' (contiguous: the default view, one run per rank at its offset)."""
     if not strided:
         return
-    block = size // runs
-    ft = MPI.BYTE.Create_vector(runs, block, block * comm.Get_size())
-    ft = ft.Create_resized(0, size * comm.Get_size())
+    block, p = size // runs, comm.Get_size()
+    vec = MPI.BYTE.Create_vector(runs, block, block * p)
+    ft = vec.Create_resized(0, size * p)
     ft.Commit()
-    f.Set_view(comm.Get_rank() * block, MPI.BYTE, ft) if isinstance(f, MPI.File) else f.set_view(
-        comm.Get_rank() * block, MPI.BYTE, ft
-    )
+    if isinstance(f, MPI.File):
+        f.Set_view(comm.Get_rank() * block, MPI.BYTE, ft)
+    else:
+        f.set_view(comm.Get_rank() * block, MPI.BYTE, ft)
     ft.Free()
+    vec.Free()
 
 
-def _offset(step, comm, size, strided):  # noqa: ANN001, ANN202
+def _offset(step: int, comm: MPI.Intracomm, size: int, strided: bool) -> int:
     """The call's offset in etypes (bytes) of the view."""
     if strided:
         return step * size
     return (step * comm.Get_size() + comm.Get_rank()) * size
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=4096, help="bytes per rank per call")
-    ap.add_argument("--calls", type=int, default=2000, help="calls of each kind")
-    ap.add_argument("--runs", type=int, default=64, help="runs per rank (--strided)")
-    ap.add_argument("--strided", action="store_true", help="interleaved runs, through a view")
-    ap.add_argument("--dir", default=None, help="directory of the files (default: a temp dir)")
-    a = ap.parse_args()
-    comm = MPI.COMM_WORLD
+def main(
+    comm: MPI.Intracomm | None = None,
+    directory: str | None = None,
+    *,
+    size: int = 4096,
+    calls: int = 200,
+    runs: int = 64,
+    strided: bool = False,
+) -> None:
+    """Time ``calls`` writes then reads of each library; raise if a read or the files
+    differ from what was written; rank 0 prints the table."""
+    comm = MPI.COMM_WORLD if comm is None else comm
     rank = comm.Get_rank()
-    base = comm.bcast(tempfile.mkdtemp(dir=a.dir) if rank == 0 else None)
-    data = [np.full(a.size, (rank * 31 + k) % 251, np.uint8) for k in range(8)]
-    out = np.empty(a.size, np.uint8)
+    base = comm.bcast(tempfile.mkdtemp(dir=directory) if rank == 0 else None)
+    data = [np.full(size, (rank * 31 + k) % 251, np.uint8) for k in range(8)]
+    out = np.empty(size, np.uint8)
     times: dict[str, list[float]] = {}
     paths = {"collio": os.path.join(base, "collio.bin"), "MPI.File": os.path.join(base, "mpi.bin")}
     for name, path in paths.items():
@@ -66,26 +73,27 @@ def main() -> None:
         else:
             f = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR)
             write, read, close = f.Write_at_all, f.Read_at_all, f.Close
-        _view(f, comm, a.size, a.runs, a.strided)
+        _view(f, comm, size, runs, strided)
         for kind in ("write", "read"):
             call = write if kind == "write" else read
             got = times.setdefault(f"{kind} {name}", [])
             comm.Barrier()
-            for step in range(a.calls):
-                off = _offset(step, comm, a.size, a.strided)
+            for step in range(calls):
+                off = _offset(step, comm, size, strided)
                 buf = data[step % 8] if kind == "write" else out
                 t = time.perf_counter()
                 call(off, buf)
                 got.append(time.perf_counter() - t)
                 if kind == "read" and not np.array_equal(out, data[step % 8]):
-                    raise SystemExit(f"rank {rank}: {name} read back wrong bytes at step {step}")
+                    raise AssertionError(f"rank {rank}: {name} read wrong bytes at step {step}")
         close()
     comm.Barrier()
+    same = None
     if rank == 0:
-        with open(paths["collio"], "rb") as x, open(paths["MPI.File"], "rb") as y:
+        with builtins.open(paths["collio"], "rb") as x, builtins.open(paths["MPI.File"], "rb") as y:
             same = x.read() == y.read()
-        shape = f"{a.runs} runs" if a.strided else "contiguous"
-        print(f"{comm.Get_size()} ranks, {a.size} B per rank per call ({shape}), {a.calls} calls")
+        shape = f"{runs} runs" if strided else "contiguous"
+        print(f"{comm.Get_size()} ranks, {size} B per rank per call ({shape}), {calls} calls")
         print(f"{'call':<18}{'median us':>12}{'best us':>10}{'p90 us':>10}")
         for key, t in times.items():
             us = np.array(t) * 1e6
@@ -94,7 +102,16 @@ def main() -> None:
         for p in paths.values():
             os.remove(p)
         os.rmdir(base)
+    if not comm.bcast(same):
+        raise AssertionError("collio's file differs from MPI.File's")
 
 
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=4096, help="bytes per rank per call")
+    ap.add_argument("--calls", type=int, default=2000, help="calls of each kind")
+    ap.add_argument("--runs", type=int, default=64, help="runs per rank (--strided)")
+    ap.add_argument("--strided", action="store_true", help="interleaved runs, through a view")
+    ap.add_argument("--dir", default=None, help="directory of the files (default: a temp dir)")
+    a = ap.parse_args()
+    main(directory=a.dir, size=a.size, calls=a.calls, runs=a.runs, strided=a.strided)

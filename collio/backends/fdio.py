@@ -43,8 +43,12 @@ def pwrite_full(fd: int, buf: Any, offset: int) -> int:
 def pread_full(fd: int, buf: Any, offset: int) -> int:
     """Fill ``buf`` from ``offset``; the bytes read, fewer than ``len(buf)`` only where the
     file ends."""
-    view = _bytes(buf)
+    view = buf if type(buf) is memoryview and buf.format == "B" and buf.ndim == 1 else _bytes(buf)
     done, total = 0, len(view)
+    if total and total <= MAX_IO:  # (one call nearly always reads it all)
+        done = os.preadv(fd, [view], offset)
+        if done == total or done <= 0:
+            return max(done, 0)
     while done < total:
         n = os.preadv(fd, [view[done : done + MAX_IO]], offset + done)
         if n <= 0:
