@@ -312,7 +312,23 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
 
 
 def _checked(runs: Runs) -> int:
-    """Local: this rank's ``checked`` fact (:func:`~collio.policy.checked_runs`)."""
+    """Local: this rank's ``checked`` fact (:func:`~collio.policy.checked_runs`), kept
+    for the read-only lengths it was found from (a time series' next runs share them)."""
+    seen = _CHECKED[0]
+    if seen is not None and seen[0] is runs.length:
+        return seen[1]
+    got = _checked_anew(runs)
+    if not runs.length.flags.writeable:
+        _CHECKED[0] = (runs.length, got)
+    return got
+
+
+#: the last lengths :func:`_checked` was asked about and its answer (one entry, replaced
+#: whole: another thread's call may read it)
+_CHECKED: list[tuple[npt.NDArray[np.int64], int] | None] = [None]
+
+
+def _checked_anew(runs: Runs) -> int:
     n = len(runs)
     if n == 0 or n > CHECKED_MAX_RUNS:  # (no shortest run to find)
         return 0 if n == 0 else CHECKED_MAX_RUNS + 1
@@ -650,8 +666,10 @@ def _direct(
     ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool
 ) -> BaseException | None:
     """Local: this rank does its own (large, disjoint) I/O; returns its error, not agreed."""
-    lengths = runs.length.view()  # as it is, not a list of (up to millions of) Python ints
-    lengths.flags.writeable = False  # read-only: a caller cannot change the runs
+    lengths = runs.length  # as it is, not a list of (up to millions of) Python ints ...
+    if lengths.flags.writeable:  # ... read-only: a caller cannot change the runs
+        lengths = lengths.view()
+        lengths.flags.writeable = False
     ctx.stats.local = {"domain": -1, "direct": True, "requests": lengths}
     step = Attempt()
     t = time.perf_counter()
