@@ -131,7 +131,7 @@ def _check(
     mine = _Checked(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
-        sig=digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
+        sig=_digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
         checked=_checked(runs),
         plan_shift=_zigzag(shift) if len(runs) else NOT_COMPARED,
         **_moved(ctx.extents, lo, hi),
@@ -153,6 +153,25 @@ def _check(
         call.plan_epoch = agreed.plan
         call.plan_shift = _unzigzag(agreed.plan_shift) if agreed.plan_shift >= 0 else 0
     return runs, buf, extra, call
+
+
+#: the last signature digested and its digest (one entry, replaced whole)
+_SIG: list[tuple[Any, int]] = [(None, digest(None))]
+
+
+def _digest(sig: Any) -> int:
+    """:func:`digest` of a layout's signature, kept for the next call with an equal one
+    (a time series' layouts have the same global array call after call: a tuple compare
+    instead of a repr and a hash)."""
+    seen = _SIG[0]
+    try:  # (equal values digest alike here: the ranks compare with == when digests differ)
+        if type(sig) is type(seen[0]) and bool(sig == seen[0]):
+            return seen[1]
+    except (TypeError, ValueError):  # (a user's signature holding arrays)
+        pass
+    got = digest(sig)
+    _SIG[0] = (sig, got)
+    return got
 
 
 def _zigzag(d: int) -> int:
