@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Any
 
@@ -47,11 +48,14 @@ def complete_call(
     c.runs += call.nruns
     sums, maxes = c.pack()
     nsum = len(sums) + 1  # (the error flag is summed too)
-    vec = np.empty(nsum + len(maxes), np.int64)
-    vec[: nsum - 1] = sums
-    vec[nsum - 1] = 0 if error is None else 1
-    # times and rounds are never negative: their float64 bits order as int64 do
-    vec[nsum:] = np.maximum(maxes, 0.0).view(np.int64)
+    # one C call packs the vector; times and rounds are never negative (clamped), so
+    # their float64 bits order as int64 do
+    vec = np.frombuffer(
+        _packer(nsum, len(maxes)).pack(
+            *sums, 0 if error is None else 1, *[m if m > 0.0 else 0.0 for m in maxes]
+        ),
+        np.int64,
+    )
     out = np.empty_like(vec)
     comm = ctx.comm
     req = comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=sum_then_max(nsum))
@@ -61,26 +65,31 @@ def complete_call(
         req.Wait()
     if out[nsum - 1]:
         raise_agreed(comm, error, what=what)
-    rs = out[: nsum - 1]
-    ctx.stats.absorb(rs, out[nsum:].view(np.float64))
+    ctx.stats.absorb(out[: nsum - 1], out[nsum:].view(np.float64))
     # calls are collective: count each once, not once per rank
     if call.hi > call.lo:
         if call.direct:
             ctx.stats.direct_calls += 1
         else:
             ctx.stats.collective_calls += 1
-    ctx.stats.last_call = {
-        "items": 1 if items is None else items,
-        "runs": int(rs[_RUNS]),
-        "direct": call.direct,
-        "path": call.path.value,
-        "rounds": call.counters.rounds,  # (the plan's, agreed)
-        "extent": [call.lo, call.hi] if call.hi > call.lo else [0, 0],
-        "plan_reused": call.reused,
-        "window": call.window,
-        "nodes": ctx.nodes,
-        "two_level": call.two_level,
-    }
+    # (the order of stats._LAST_KEYS; made into the dict only when read)
+    ctx.stats.last_facts = (
+        1 if items is None else items, int(out[_RUNS]), call.direct, call.path.value,
+        call.counters.rounds,  # (the plan's, agreed)
+        [call.lo, call.hi] if call.hi > call.lo else [0, 0], call.reused, call.window,
+        ctx.nodes, call.two_level,
+    )  # fmt: skip
+
+
+_PACKERS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _packer(nsum: int, nmax: int) -> struct.Struct:
+    """The layout of a completion's vector: ``nsum`` int64, then ``nmax`` float64."""
+    got = _PACKERS.get((nsum, nmax))
+    if got is None:
+        got = _PACKERS[nsum, nmax] = struct.Struct(f"={nsum}q{nmax}d")
+    return got
 
 
 _OPS: dict[int, MPI.Op] = {}

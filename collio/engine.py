@@ -56,7 +56,7 @@ from .policy import (
 )
 from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
-from .runs import Runs, first_overlap, is_read_only
+from .runs import Runs, first_overlap, is_read_only, read_only
 from .stats import Stats
 
 __all__ = ["Context", "read", "read_many", "release_buffers", "write", "write_many"]
@@ -122,7 +122,7 @@ def _check(
     step = Attempt()
     prekey = _prekey(ctx, writing)
     # what a rank that fails contributes (its flag makes every rank raise first)
-    local: _Found = (Runs.empty(), np.zeros(0, np.uint8), None, None, (-1, 0), False)
+    local = _FAILED
     with step:
         local = _check_locally(ctx, source, prekey, writing=writing)
     runs, buf, extra, sig, (plan, shift), mapped = local
@@ -131,7 +131,7 @@ def _check(
     mine = _Checked(
         lo=lo, hi=hi, mapped=mapped,
         small=has_many_small_runs(runs, ctx.hints.direct_threshold),
-        sig=digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
+        sig=_digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
         checked=_checked(runs),
         plan_shift=_zigzag(shift) if len(runs) else NOT_COMPARED,
         **_moved(ctx.extents, lo, hi),
@@ -155,6 +155,25 @@ def _check(
     return runs, buf, extra, call
 
 
+#: the last signature digested and its digest (one entry, replaced whole)
+_SIG: list[tuple[Any, int]] = [(None, digest(None))]
+
+
+def _digest(sig: Any) -> int:
+    """:func:`digest` of a layout's signature, kept for the next call with an equal one
+    (a time series' layouts have the same global array call after call: a tuple compare
+    instead of a repr and a hash)."""
+    seen = _SIG[0]
+    try:  # (equal values digest alike here: the ranks compare with == when digests differ)
+        if type(sig) is type(seen[0]) and bool(sig == seen[0]):
+            return seen[1]
+    except (TypeError, ValueError):  # (a user's signature holding arrays)
+        pass
+    got = digest(sig)
+    _SIG[0] = (sig, got)
+    return got
+
+
 def _zigzag(d: int) -> int:
     """A shift as a non-negative fact (:data:`How.EQUAL` compares those)."""
     return 2 * d if d >= 0 else -2 * d - 1
@@ -169,6 +188,12 @@ def _unzigzag(z: int) -> int:
 #: plan for these runs (-1: none) with how far these runs lie from its runs, and whether it
 #: would copy a read from the mapped file.
 _Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, tuple[int, int], bool]
+
+
+#: What a rank whose local checks fail contributes (read-only: nothing uses it but the
+#: head, after which every rank raises)
+_FAILED: _Found = (read_only(Runs.empty()), np.zeros(0, np.uint8), None, None, (-1, 0), False)
+_FAILED[1].flags.writeable = False
 
 
 def _moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, Any]:
@@ -306,7 +331,23 @@ def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
 
 
 def _checked(runs: Runs) -> int:
-    """Local: this rank's ``checked`` fact (:func:`~collio.policy.checked_runs`)."""
+    """Local: this rank's ``checked`` fact (:func:`~collio.policy.checked_runs`), kept
+    for the read-only lengths it was found from (a time series' next runs share them)."""
+    seen = _CHECKED[0]
+    if seen is not None and seen[0] is runs.length:
+        return seen[1]
+    got = _checked_anew(runs)
+    if not runs.length.flags.writeable:
+        _CHECKED[0] = (runs.length, got)
+    return got
+
+
+#: the last lengths :func:`_checked` was asked about and its answer (one entry, replaced
+#: whole: another thread's call may read it)
+_CHECKED: list[tuple[npt.NDArray[np.int64], int] | None] = [None]
+
+
+def _checked_anew(runs: Runs) -> int:
     n = len(runs)
     if n == 0 or n > CHECKED_MAX_RUNS:  # (no shortest run to find)
         return 0 if n == 0 else CHECKED_MAX_RUNS + 1
@@ -644,8 +685,10 @@ def _direct(
     ctx: Context, call: Call, action: Any, runs: Runs, *, writing: bool
 ) -> BaseException | None:
     """Local: this rank does its own (large, disjoint) I/O; returns its error, not agreed."""
-    lengths = runs.length.view()  # as it is, not a list of (up to millions of) Python ints
-    lengths.flags.writeable = False  # read-only: a caller cannot change the runs
+    lengths = runs.length  # as it is, not a list of (up to millions of) Python ints ...
+    if lengths.flags.writeable:  # ... read-only: a caller cannot change the runs
+        lengths = lengths.view()
+        lengths.flags.writeable = False
     ctx.stats.local = {"domain": -1, "direct": True, "requests": lengths}
     step = Attempt()
     t = time.perf_counter()

@@ -42,6 +42,12 @@ _get_sums = operator.attrgetter(*SUMS)
 _get_maxes = operator.attrgetter(*_MAXES)
 
 
+#: The keys of ``Stats.last_call``, in the order of ``Stats.last_facts``.
+_LAST_KEYS = (
+    "items", "runs", "direct", "path", "rounds", "extent", "plan_reused", "window", "nodes",
+    "two_level",
+)  # fmt: skip
+
 _BUCKET_BOUNDS = np.asarray(BUCKETS, np.int64)
 #: Up to this many sizes are counted one by one (a small call's one or few requests:
 #: cheaper than numpy's passes).
@@ -103,7 +109,11 @@ class Stats:
     aggregators: tuple[int, ...] = ()
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
     backend: dict[str, Any] = dataclasses.field(default_factory=dict)
-    last_call: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The last call's facts as :func:`last_call_facts` packed them (made into the dict
+    #: :attr:`last_call` only when read: most programs never read it, and a small call
+    #: would spend as much on the dict as on a step of its own)
+    last_facts: tuple[Any, ...] | None = dataclasses.field(default=None, repr=False)
+    _last_call: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     #: This rank's own figures of the last call, not reduced (so not in ``as_dict``,
     #: which is the same on every rank): its file domain (-1 if it does not
     #: aggregate), bytes, rounds, messages per round, backend request sizes (see
@@ -111,6 +121,21 @@ class Stats:
     #: ``{"domain": -1, "direct": True, "requests": sizes}``, ``sizes`` a read-only
     #: int64 array of this rank's run lengths.
     local: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def last_call(self) -> dict[str, Any]:
+        """What the last collective call did, the same on every rank: ``items``, ``runs``
+        (summed over ranks), ``direct``, ``path``, ``rounds``, ``extent``, ``plan_reused``,
+        ``window``, ``nodes``, ``two_level``."""
+        facts = self.last_facts
+        if facts is not None:
+            self._last_call = dict(zip(_LAST_KEYS, facts, strict=True))
+            self.last_facts = None
+        return self._last_call
+
+    @last_call.setter
+    def last_call(self, value: dict[str, Any]) -> None:
+        self._last_call, self.last_facts = value, None
 
     def add_writes(self, sizes: npt.ArrayLike) -> None:
         s = np.asarray(sizes, np.int64)
@@ -136,29 +161,33 @@ class Stats:
         self.bytes_read += int(s.sum())
         self.read_sizes += histogram(s)
 
-    def pack(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        """Local counters as (sum vector, max vector) for one reduction."""
-        sums = np.concatenate((_get_sums(self), self.write_sizes, self.read_sizes), dtype=np.int64)
-        maxes = np.array(_get_maxes(self), np.float64)
-        return sums, maxes
+    def pack(self) -> tuple[list[int], list[float]]:
+        """Local counters as (sums, maxima) for one reduction (lists: a small call's few
+        dozen numbers are packed faster without numpy)."""
+        sums = [*_get_sums(self), *self.write_sizes.tolist(), *self.read_sizes.tolist()]
+        return sums, list(_get_maxes(self))
 
     def absorb(self, sums: npt.NDArray[np.int64], maxes: npt.NDArray[np.float64]) -> None:
         """Add reduced per-call counters to the file's totals."""
         n = len(SUMS)
         nb = len(BUCKET_NAMES)
         every = sums.tolist()
-        for k, a, b in zip(SUMS, every[:n], _get_sums(self), strict=True):
+        old = _get_sums(self)
+        for i, a in enumerate(every[:n]):
             if a:  # (a call moves a few of the counters; the others stay as they are)
-                setattr(self, k, a + b)
+                setattr(self, SUMS[i], a + old[i])
         # (new arrays, not added in place: a caller may hold the totals of before)
         if any(every[n : n + nb]):
             self.write_sizes = self.write_sizes + sums[n : n + nb]
         if any(every[n + nb : n + 2 * nb]):
             self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
         most = maxes.tolist()
-        self.rounds = max(self.rounds, int(most[0]))
-        for k, a, b in zip(_MAXES[1:], most[1:], _get_maxes(self)[1:], strict=True):
-            setattr(self, k, a + b)
+        if most[0] > self.rounds:
+            self.rounds = int(most[0])
+        old = _get_maxes(self)
+        for i in range(1, len(_MAXES)):
+            if most[i]:
+                setattr(self, _MAXES[i], most[i] + old[i])
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""

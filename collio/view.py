@@ -65,8 +65,20 @@ class FileView:
         by a contiguous buffer from its byte ``mem0``, and the first run overlapping an
         earlier one (-1: none); the same read-only object as the last call's when equal."""
         seen = self.runs_memo[0]
-        if seen is not None and seen[0] == start and seen[1] == total and seen[2] == mem0:
-            return seen[3], seen[4]
+        if seen is not None and seen[1] == total and seen[2] == mem0:
+            if seen[0] == start:
+                return seen[3], seen[4]
+            size = self.filetype.size
+            if size and (start - seen[0]) % size == 0:
+                # whole tiles further (a time series' next step): the same runs, each
+                # moved by as many extents, so sorted, merged and overlapping alike
+                d = (start - seen[0]) // size * self.filetype.extent
+                r = seen[3]
+                file = r.file + d
+                file.flags.writeable = False  # (length and mem are the read-only same)
+                runs = Runs(file, r.length, r.mem)
+                self.runs_memo[0] = (start, total, mem0, runs, seen[4])
+                return runs, seen[4]
         mem = (np.array([mem0], np.int64), np.array([total], np.int64))
         f_runs = stream_runs(self.filetype, self.disp, start, total)
         runs = read_only(merge(sort(zip_runs(f_runs, mem))) if total else Runs.empty())
@@ -198,6 +210,9 @@ def _kept_view(disp: int, etype_size: int, ft: Flat) -> FileView:
 def _as_bytes(buf: Any) -> npt.NDArray[np.uint8]:
     """The memory of ``buf`` as a flat uint8 array (a view, never a copy)."""
     if isinstance(buf, np.ndarray):
+        if type(buf) is np.ndarray and buf.ndim == 1 and buf.dtype == np.uint8:
+            if buf.flags.c_contiguous:
+                return buf  # (already what the view of it would be)
         if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
             raise LayoutError("buffer must be contiguous in memory")
         return buf.reshape(-1, order="A").view(np.uint8) if buf.size else np.zeros(0, np.uint8)
@@ -280,12 +295,21 @@ class BufferLayout(Layout):
             self.position = int(self._given)
         except (TypeError, ValueError) as exc:
             raise LayoutError(f"offset {self._given!r} is not an integer") from exc
-        buf, count, displ, mtype = _parse(self.spec)
-        mem = _as_bytes(buf)
-        if not self.writing and not mem.flags.writeable:
-            raise LayoutError("read_all needs a writeable buffer")
-        m_runs = self.memory_runs(mem, count, displ, mtype)
-        total = int(m_runs[1].sum())
+        spec = self.spec
+        if type(spec) is np.ndarray:  # (a plain array, the common form: no memory runs)
+            mem = _as_bytes(spec)
+            m0, total, contiguous = 0, len(mem), True
+            if not self.writing and not mem.flags.writeable:
+                raise LayoutError("read_all needs a writeable buffer")
+        else:
+            buf, count, displ, mtype = _parse(spec)
+            mem = _as_bytes(buf)
+            if not self.writing and not mem.flags.writeable:
+                raise LayoutError("read_all needs a writeable buffer")
+            m_runs = self.memory_runs(mem, count, displ, mtype)
+            total = int(m_runs[1].sum())
+            contiguous = len(m_runs[0]) == 1
+            m0 = int(m_runs[0][0]) if contiguous else 0
         view = self.view
         if total % view.etype_size:
             raise LayoutError(
@@ -296,8 +320,8 @@ class BufferLayout(Layout):
         if total and not view.filetype.size:
             raise LayoutError("the file view holds no data (its filetype is empty)")
         start = self.position * view.etype_size
-        if len(m_runs[0]) == 1:  # a contiguous buffer: the view's runs, kept for the next call
-            self._runs, bad = view.stream(start, total, int(m_runs[0][0]))
+        if contiguous:  # a contiguous buffer: the view's runs, kept for the next call
+            self._runs, bad = view.stream(start, total, m0)
             self._overlap = (self._runs, bad)
         else:
             f_runs = stream_runs(view.filetype, view.disp, start, total)

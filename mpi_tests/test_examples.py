@@ -18,6 +18,7 @@ NAMES = [
     "parallel_npy",
     "mpi_dropin",
     "checkpoint_loop",
+    "small_calls",
 ]
 NEEDS = {"h5py_user": "h5py", "zarr_user": "zarr", "s3_user": "moto.server"}
 

@@ -26,8 +26,12 @@ def _bytes(buf: Any) -> memoryview:
 def pwrite_full(fd: int, buf: Any, offset: int) -> int:
     """``pwrite`` all of ``buf`` at ``offset``; the bytes written, fewer than ``len(buf)``
     only if a call wrote nothing."""
-    view = _bytes(buf)
+    view = buf if type(buf) is memoryview and buf.format == "B" and buf.ndim == 1 else _bytes(buf)
     done, total = 0, len(view)
+    if total and total <= MAX_IO:  # (one call nearly always writes it all)
+        done = os.pwrite(fd, view, offset)
+        if done == total or done <= 0:
+            return max(done, 0)
     while done < total:
         n = os.pwrite(fd, view[done : done + MAX_IO], offset + done)
         if n <= 0:
@@ -39,8 +43,12 @@ def pwrite_full(fd: int, buf: Any, offset: int) -> int:
 def pread_full(fd: int, buf: Any, offset: int) -> int:
     """Fill ``buf`` from ``offset``; the bytes read, fewer than ``len(buf)`` only where the
     file ends."""
-    view = _bytes(buf)
+    view = buf if type(buf) is memoryview and buf.format == "B" and buf.ndim == 1 else _bytes(buf)
     done, total = 0, len(view)
+    if total and total <= MAX_IO:  # (one call nearly always reads it all)
+        done = os.preadv(fd, [view], offset)
+        if done == total or done <= 0:
+            return max(done, 0)
     while done < total:
         n = os.preadv(fd, [view[done : done + MAX_IO]], offset + done)
         if n <= 0:
@@ -51,8 +59,9 @@ def pread_full(fd: int, buf: Any, offset: int) -> int:
 
 def pwrite_all(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
     """Write all of ``buf`` at ``offset``, or raise :class:`BackendError` (a short write)."""
-    done = pwrite_full(fd, buf, offset)
-    if done < len(_bytes(buf)):
+    view = buf if type(buf) is memoryview and buf.format == "B" and buf.ndim == 1 else _bytes(buf)
+    done = pwrite_full(fd, view, offset)
+    if done < len(view):
         raise BackendError(f"short write at offset {offset + done} of {name!r}")
 
 

@@ -60,6 +60,9 @@ def write_split(
     """
     view = memoryview(buf).cast("B")  # type: ignore[arg-type]
     total = len(view)
+    if dfd < 0 or total < _DIRECT_MIN:  # (all through the page cache)
+        pwrite_all(fd, view, offset, name)
+        return 0
     parts = [(fd, 0, total)]
     if dfd >= 0 and total >= _DIRECT_MIN:
         a = -(-offset // PAGE) * PAGE - offset  # relative to offset
@@ -235,11 +238,11 @@ class PosixBackend(Backend):
             return False
         if not len(runs):
             return True
-        if runs.extent()[1] > self.size():
-            return False
         seen = self._copyable  # (asked again by read_runs for the same runs object)
         if seen is None or seen[0] is not runs:
-            seen = self._copyable = (runs, copyable(runs))
+            # (the size is asked once a call: nothing writes the file during a read)
+            fits = runs.extent()[1] <= self.size()
+            seen = self._copyable = (runs, fits and copyable(runs))
         return seen[1]
 
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
