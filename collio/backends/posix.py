@@ -238,11 +238,14 @@ class PosixBackend(Backend):
             return False
         if not len(runs):
             return True
+        # the size is asked every time: a kept "it fits" could outlive a call whose
+        # read_runs never came (another path agreed) and meet a file truncated since, where
+        # a map faults; copyable() is the runs' own property, kept for the same object
+        if runs.extent()[1] > self.size():
+            return False
         seen = self._copyable  # (asked again by read_runs for the same runs object)
         if seen is None or seen[0] is not runs:
-            # (the size is asked once a call: nothing writes the file during a read)
-            fits = runs.extent()[1] <= self.size()
-            seen = self._copyable = (runs, fits and copyable(runs))
+            seen = self._copyable = (runs, copyable(runs))
         return seen[1]
 
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
