@@ -170,8 +170,21 @@ def _digest(sig: Any) -> int:
     except (TypeError, ValueError):  # (a user's signature holding arrays)
         pass
     got = digest(sig)
-    _SIG[0] = (sig, got)
+    # (only a signature of immutable values is kept: == takes an element for equal to
+    # itself by identity, so a list or array changed in place would get the old digest)
+    _SIG[0] = (sig, got) if _frozen(sig) else (None, digest(None))
     return got
+
+
+_SCALARS = (int, float, str, bytes, bool, type(None))
+
+
+def _frozen(value: Any) -> bool:
+    """Local: whether ``value`` is a scalar or a tuple of such, nested (a signature's few
+    fields, checked when it is kept, not on every call)."""
+    if type(value) is tuple:
+        return all(_frozen(v) for v in value)
+    return type(value) in _SCALARS
 
 
 def _zigzag(d: int) -> int:
