@@ -60,6 +60,18 @@ def _count(buckets: npt.NDArray[np.int64], sizes: list[int]) -> None:
         buckets[bisect.bisect_left(BUCKETS, size)] += 1
 
 
+def _tally(sizes: npt.ArrayLike, buckets: npt.NDArray[np.int64]) -> tuple[int, int]:
+    """Add request ``sizes`` to ``buckets`` in place; their count and bytes (a small
+    call's few requests without numpy's passes)."""
+    s = np.asarray(sizes, np.int64)
+    if s.ndim == 1 and len(s) <= _FEW:
+        few = s.tolist()
+        _count(buckets, few)
+        return len(few), sum(few)
+    buckets += histogram(s)
+    return len(s), int(s.sum())
+
+
 def histogram(sizes: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Counts of request sizes per Darshan bucket."""
     s = np.asarray(sizes, np.int64)
@@ -109,9 +121,9 @@ class Stats:
     aggregators: tuple[int, ...] = ()
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
     backend: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: The last call's facts as :func:`last_call_facts` packed them (made into the dict
-    #: :attr:`last_call` only when read: most programs never read it, and a small call
-    #: would spend as much on the dict as on a step of its own)
+    #: The last call's facts in the order of ``_LAST_KEYS``, as the completion left them
+    #: (made into the dict :attr:`last_call` only when read: most programs never read it,
+    #: and a small call would spend as much on the dict as on a step of its own)
     last_facts: tuple[Any, ...] | None = dataclasses.field(default=None, repr=False)
     _last_call: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     #: This rank's own figures of the last call, not reduced (so not in ``as_dict``,
@@ -138,28 +150,14 @@ class Stats:
         self._last_call, self.last_facts = value, None
 
     def add_writes(self, sizes: npt.ArrayLike) -> None:
-        s = np.asarray(sizes, np.int64)
-        if s.ndim == 1 and len(s) <= _FEW:  # (a small call's few requests: no numpy passes)
-            few = s.tolist()
-            self.write_ops += len(few)
-            self.bytes_written += sum(few)
-            _count(self.write_sizes, few)
-            return
-        self.write_ops += len(s)
-        self.bytes_written += int(s.sum())
-        self.write_sizes += histogram(s)
+        n, nbytes = _tally(sizes, self.write_sizes)
+        self.write_ops += n
+        self.bytes_written += nbytes
 
     def add_reads(self, sizes: npt.ArrayLike) -> None:
-        s = np.asarray(sizes, np.int64)
-        if s.ndim == 1 and len(s) <= _FEW:
-            few = s.tolist()
-            self.read_ops += len(few)
-            self.bytes_read += sum(few)
-            _count(self.read_sizes, few)
-            return
-        self.read_ops += len(s)
-        self.bytes_read += int(s.sum())
-        self.read_sizes += histogram(s)
+        n, nbytes = _tally(sizes, self.read_sizes)
+        self.read_ops += n
+        self.bytes_read += nbytes
 
     def pack(self) -> tuple[list[int], list[float]]:
         """Local counters as (sums, maxima) for one reduction (lists: a small call's few

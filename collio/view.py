@@ -296,16 +296,17 @@ class BufferLayout(Layout):
         except (TypeError, ValueError) as exc:
             raise LayoutError(f"offset {self._given!r} is not an integer") from exc
         spec = self.spec
-        if type(spec) is np.ndarray:  # (a plain array, the common form: no memory runs)
-            mem = _as_bytes(spec)
-            m0, total, contiguous = 0, len(mem), True
-            if not self.writing and not mem.flags.writeable:
-                raise LayoutError("read_all needs a writeable buffer")
+        plain = type(spec) is np.ndarray  # (the common form: no memory runs)
+        if plain:
+            buf = spec
         else:
             buf, count, displ, mtype = _parse(spec)
-            mem = _as_bytes(buf)
-            if not self.writing and not mem.flags.writeable:
-                raise LayoutError("read_all needs a writeable buffer")
+        mem = _as_bytes(buf)
+        if not self.writing and not mem.flags.writeable:
+            raise LayoutError("read_all needs a writeable buffer")
+        if plain:
+            m0, total, contiguous = 0, len(mem), True
+        else:
             m_runs = self.memory_runs(mem, count, displ, mtype)
             total = int(m_runs[1].sum())
             contiguous = len(m_runs[0]) == 1

@@ -25,9 +25,9 @@ WAIT_CAP = 2e-4
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
-def sleep_until_done(req: MPI.Request | list[MPI.Request]) -> None:
+def sleep_until_done(req: MPI.Request | list[MPI.Request], *, cap: float = WAIT_CAP) -> None:
     """Complete a request (or all of a list): test, yielding the core between tests, for
-    up to :data:`WAIT_YIELD`, then with growing sleeps (10 us to 200 us).
+    up to :data:`WAIT_YIELD`, then with growing sleeps (10 us to ``cap``, 200 us).
 
     For waits that may last: a rank done early must not keep a core that another
     rank's I/O, its I/O thread, or a server on the node needs.  Yielding gives the core
@@ -52,7 +52,7 @@ def sleep_until_done(req: MPI.Request | list[MPI.Request]) -> None:
     delay = WAIT_FIRST
     while not test():
         time.sleep(delay)
-        delay = min(2 * delay, WAIT_CAP)
+        delay = min(2 * delay, cap)
 
 
 def quiet_barrier(comm: MPI.Comm) -> None:

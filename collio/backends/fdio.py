@@ -20,13 +20,15 @@ MAX_IO = 0x7FFFF000
 
 
 def _bytes(buf: Any) -> memoryview:
+    if type(buf) is memoryview and buf.format == "B" and buf.ndim == 1:
+        return buf  # (already flat bytes: a small request's cast costs as much as its call)
     return memoryview(buf).cast("B")
 
 
 def pwrite_full(fd: int, buf: Any, offset: int) -> int:
     """``pwrite`` all of ``buf`` at ``offset``; the bytes written, fewer than ``len(buf)``
     only if a call wrote nothing."""
-    view = buf if type(buf) is memoryview and buf.format == "B" and buf.ndim == 1 else _bytes(buf)
+    view = _bytes(buf)
     done, total = 0, len(view)
     if total and total <= MAX_IO:  # (one call nearly always writes it all)
         done = os.pwrite(fd, view, offset)
@@ -43,7 +45,7 @@ def pwrite_full(fd: int, buf: Any, offset: int) -> int:
 def pread_full(fd: int, buf: Any, offset: int) -> int:
     """Fill ``buf`` from ``offset``; the bytes read, fewer than ``len(buf)`` only where the
     file ends."""
-    view = buf if type(buf) is memoryview and buf.format == "B" and buf.ndim == 1 else _bytes(buf)
+    view = _bytes(buf)
     done, total = 0, len(view)
     if total and total <= MAX_IO:  # (one call nearly always reads it all)
         done = os.preadv(fd, [view], offset)
@@ -59,7 +61,7 @@ def pread_full(fd: int, buf: Any, offset: int) -> int:
 
 def pwrite_all(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
     """Write all of ``buf`` at ``offset``, or raise :class:`BackendError` (a short write)."""
-    view = buf if type(buf) is memoryview and buf.format == "B" and buf.ndim == 1 else _bytes(buf)
+    view = _bytes(buf)
     done = pwrite_full(fd, view, offset)
     if done < len(view):
         raise BackendError(f"short write at offset {offset + done} of {name!r}")

@@ -23,6 +23,7 @@ from mpi4py import MPI
 from .. import checkpoint as ckpt
 from ..collective import Attempt, raise_agreed
 from ..hints import parse_size
+from ..waits import sleep_until_done
 from . import ckpt_peers as peers
 
 __all__ = ["run_checkpoint"]
@@ -43,7 +44,7 @@ TARGETS = (
 )  # fmt: skip
 
 
-#: How long a rank done first sleeps between tests of the others being done: long
+#: The longest a rank done first sleeps between tests of the others being done: long
 #: enough that its wake-ups take next to nothing from the cores the others work on.
 WAIT = 2e-3
 
@@ -53,7 +54,7 @@ def _timed(comm: MPI.Intracomm, fn: Callable[[], Any]) -> float:
     (the resharded load fails on its sub-communicator's ranks alone) is raised on all,
     so none waits in a collective the failed ranks never reach.
 
-    A rank done first waits sleeping (:data:`WAIT`): MPI's blocking wait polls, and with
+    A rank done first waits sleeping (up to :data:`WAIT`): MPI's blocking wait polls, and with
     more ranks than cores a polling rank takes a core from the ranks still working; the
     resharded load's rank outside the load would then measure those ranks on one core
     less, not a job of their size (each rank's time is taken before the wait, so it is
@@ -65,9 +66,8 @@ def _timed(comm: MPI.Intracomm, fn: Callable[[], Any]) -> float:
         fn()
     mine = time.perf_counter() - t0
     vec = np.array([float(step.error is not None), mine])
-    req = comm.Iallreduce(MPI.IN_PLACE, [vec, MPI.DOUBLE], op=MPI.MAX)
-    while not req.Test():  # (waking late delays the next method's barrier, no figure)
-        time.sleep(WAIT)
+    # (waking late delays the next method's barrier, no figure)
+    sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [vec, MPI.DOUBLE], op=MPI.MAX), cap=WAIT)
     if vec[0]:
         raise_agreed(comm, step.error, what="collio-bench checkpoint")
     return float(vec[1])

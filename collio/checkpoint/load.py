@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections.abc
 import os
-import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -13,7 +12,7 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from ..backends.base import storage_errors
-from ..collective import Attempt, bcast_outcome, raise_agreed
+from ..collective import Attempt, bcast_outcome, digest, raise_agreed
 from ..errors import ChecksumError, LayoutError, MismatchError
 from ..file import File
 from ..file import open as _open
@@ -194,17 +193,16 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
 
 
 def _gather_spans(
-    comm: MPI.Comm, mine: Any, names: list[str], digest: int, error: BaseException | None
+    comm: MPI.Comm, mine: Any, names: list[str], crc: int, error: BaseException | None
 ) -> I64:
     """Collective: every rank's spans of its pieces ``(rank, array, (lo, hi, contiguous,
     bytes))`` of the arrays ``names`` (sorted); and first, in one fixed-size gather, the
     agreement on what came before: a rank's ``error`` raised on every rank, the index
-    every rank read itself (``digest``, its checksum) the same on all, and the same
+    every rank read itself (``crc``, its checksum) the same on all, and the same
     names asked for on every rank (else array k would be another array on another rank,
     and the spans' gather would not even have one size).  Both waited for sleeping: the
     ranks come from their own reads of the index, some later than others."""
-    asked = zlib.crc32("\0".join(names).encode())
-    head = np.array([error is not None or mine is None, digest, len(names), asked], np.int64)
+    head = np.array([error is not None or mine is None, crc, len(names), digest(names)], np.int64)
     heads = np.empty((comm.Get_size(), 4), np.int64)
     sleep_until_done(comm.Iallgather([head, MPI.INT64_T], [heads, MPI.INT64_T]))
     if heads[:, 0].any():
@@ -492,24 +490,27 @@ def load(
         # many ranged GETs at once); mapped_reads=enable maps, in a call
         direct = not f.backend.remote and given_hints.mapped_reads != "enable"
         index: Any = None if direct else _read_index(f)
-        digest = 0
+        crc = 0
         step = Attempt()
         wanted: list[tuple[str, ArrayLayout]] = []
         into: list[Any] = []
         given: list[Any] = []
         mine: Any = None
+        got: list[Any] = []
         with step:  # (a layout's runs may be built here first: a rank's error is agreed)
             if direct:
-                index, digest = _own_index(f)
+                index, crc = _own_index(f)
             found = _wanted(index, spec)
             wanted = [(name, lay) for name, lay, _ in found]
             into = [arr for _, _, arr in found]
             given = [spec[name][0] if arr is not None else None for name, _, arr in found]
             mine = spans([lay for _, lay in wanted])
-        every = _gather_spans(f.comm, mine, [n for n, _ in wanted], digest, step.error)
+            # (allocated before the gather: a rank out of memory is agreed there, not left
+            # raising alone before the reads' collectives)
+            got = _allocate([lay for _, lay in wanted], into)
+        every = _gather_spans(f.comm, mine, [n for n, _ in wanted], crc, step.error)
         x, crcs, offs = _extents(index, wanted, every)  # (planned before any byte is read)
         checks = _Checks(x, f.comm.Get_rank())
-        got = _allocate([lay for _, lay in wanted], into)
         error = _read(f, wanted, got, offs, every, checks, direct)
         flags = _verify(f.comm, f, checks, crcs, offs, len(wanted), error)
         bad = [wanted[k][0] for k in np.flatnonzero(flags).tolist()]
