@@ -177,7 +177,7 @@ CALLS = (
     "write_all_many", "read_all_many",
 )  # fmt: skip
 #: int64 slots of that agreement: error flag, call code and its negation, the call's own.
-HEAD_SLOTS = 20
+HEAD_SLOTS = 26
 _OWN = 3
 _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
 _CODES = 16  # codes per file: more than len(CALLS)
@@ -193,6 +193,7 @@ def call_head(
     *,
     patient: bool = False,
     subject: str | None = None,
+    extra: Any = None,
 ) -> tuple[bool, npt.NDArray[np.int64]]:
     """Collective over `comm`: the first operation of every collective call on a file.
 
@@ -210,6 +211,8 @@ def call_head(
     ``subject`` names the part of the file the call is on (``"dataset '/x'"``): it goes
     into the code (then a :func:`digest` of it with the call and the file) and into the
     message, so a write of one dataset beside a write of another is a mismatch too.
+    ``extra`` travels in the mismatch's allgather: the error's ``extras`` holds every
+    rank's (a call that wrote before this agreement learns what it must take back).
 
     Returns whether any rank failed, and the maxima of the call's own slots.
     """
@@ -226,15 +229,16 @@ def call_head(
     else:
         req.Wait()
     if out[1] != -out[2]:
-        _raise_call_mismatch(comm, call, file, subject)
+        _raise_call_mismatch(comm, call, file, subject, extra)
     return bool(out[0]), out[_OWN:]
 
 
 def _raise_call_mismatch(
-    comm: MPI.Comm, call: str, file: tuple[int, str], subject: str | None
+    comm: MPI.Comm, call: str, file: tuple[int, str], subject: str | None, extra: Any
 ) -> NoReturn:
     """Collective over `comm`: every rank raises the same error naming each rank's call."""
-    every: list[tuple[str, tuple[int, str], str | None]] = comm.allgather((call, file, subject))
+    gathered = comm.allgather((call, file, subject, extra))
+    every = [g[:3] for g in gathered]
     one_file = len({f[0] for _, f, _ in every}) == 1
     names = [_name(c, f[1], s, one_file) for c, f, s in every]
     keys = [(c, f[0], s) for c, f, s in every]
@@ -250,6 +254,7 @@ def _raise_call_mismatch(
     err.call_mismatch = True
     err.calls = tuple(c for c, _, _ in every)
     err.one_file = one_file
+    err.extras = tuple((f[0], g[3]) for (_, f, _), g in zip(every, gathered, strict=True))
     raise err
 
 

@@ -65,7 +65,8 @@ def complete_call(
         req.Wait()
     if out[nsum - 1]:
         raise_agreed(comm, error, what=what)
-    ctx.stats.absorb(out[: nsum - 1], out[nsum:].view(np.float64))
+    call.sums = out[: nsum - 1]
+    ctx.stats.absorb(call.sums, out[nsum:].view(np.float64))
     # calls are collective: count each once, not once per rank
     if call.hi > call.lo:
         if call.direct:
@@ -73,11 +74,11 @@ def complete_call(
         else:
             ctx.stats.collective_calls += 1
     # (the order of stats._LAST_KEYS; made into the dict only when read)
-    ctx.stats.last_facts = (
+    call.last = ctx.stats.last_facts = (
         1 if items is None else items, int(out[_RUNS]), call.direct, call.path.value,
         call.counters.rounds,  # (the plan's, agreed)
         [call.lo, call.hi] if call.hi > call.lo else [0, 0], call.reused, call.window,
-        ctx.nodes, call.two_level,
+        ctx.nodes, call.two_level, False,
     )  # fmt: skip
 
 

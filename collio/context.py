@@ -44,6 +44,9 @@ class Context:
     # two-level aggregation: each rank's local aggregator (None: one level), and the nodes
     local: LocalGroups | None = None
     nodes: int = 1
+    # this rank's last read and write that every rank did by itself, for a repeat to
+    # guess from (collio.speculate; a list, shared by the copies a read makes of ctx)
+    guesses: list[Any] = dataclasses.field(default_factory=lambda: [None, None])
 
     @property
     def rank(self) -> int:
@@ -73,6 +76,17 @@ class Call:
     nruns: int = 0  # this rank's runs (a batch's: the union of its items')
     name: str = ""  # the call, for messages (write_all, read_all_many, ...)
     two_level: bool = False  # the call aggregated in two levels (collio.twolevel)
+    # the path is direct because no two ranks' extents interleave (not the runs' check)
+    by_extents: bool = False
+    # what collio.speculate keeps of a completed call: this rank's facts, the agreed
+    # shift, its requests' result, the agreed sums and the last-call facts
+    facts: tuple[Any, ...] | None = None
+    shift: int = -1
+    done: Any = None
+    sums: Any = None
+    last: tuple[Any, ...] = ()
+    early: Any = None  # a guess's I/O (collio.speculate.Guess), done before the head
+    settled: bool = False  # complete already: every rank guessed (collio.speculate.settle)
 
     @property
     def direct(self) -> bool:

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from . import batch, twolevel
+from . import batch, speculate, twolevel
 from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import storage_errors
@@ -35,7 +35,7 @@ from .buffers import free_buffers
 from .collective import Attempt, agree, agree_facts, any_flag, call_head, digest, raise_agreed
 from .completion import complete_call, local_summary
 from .context import Call, Context, Plan
-from .errors import LayoutError, ModeError, OverlapError
+from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .exchange import alltoallv_i64
 from .facts import NOT_COMPARED, Facts, How, fact, record
 from .layouts.base import Layout
@@ -82,6 +82,16 @@ class _Checked(PathFacts):
     # which proved it from every rank's pieces): each rank may do its own I/O, however
     # the ranks' extents interleave
     vouched: bool = fact(How.ALL)
+    # every rank repeated its last call and did its I/O before this agreement
+    # (collio.speculate); the target's size before the call (the smallest any rank that
+    # wrote found); every failure was one of I/O; every rank's requests were its last
+    # call's; the slowest I/O and call so far (float64 bits)
+    guessed: bool = fact(How.ALL)
+    size: int = fact(How.MIN)
+    io_only: bool = fact(How.ALL)
+    same: bool = fact(How.ALL)
+    t_io: int = fact(How.MAX)
+    t_total: int = fact(How.MAX)
 
 
 @record
@@ -106,7 +116,13 @@ class _Extent(Facts):
 
 
 def _check(
-    ctx: Context, source: Any, *, writing: bool, count: int | None = None, disjoint: bool = False
+    ctx: Context,
+    source: Any,
+    *,
+    writing: bool,
+    count: int | None = None,
+    disjoint: bool = False,
+    t0: float = 0.0,
 ) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:
     """Collective over ``ctx.comm``: local checks, then one agreement (see module doc).
 
@@ -116,38 +132,75 @@ def _check(
     word that no two ranks' runs overlap (agreed: direct only if every rank gives it).
     Nothing before that
     agreement communicates (the checks, the runs, the kept plan's lookup): ranks in
-    different calls must meet there first.
+    different calls must meet there first.  A single call that repeats this rank's last
+    one does its I/O before it (:mod:`collio.speculate`, from ``t0`` on); when every rank
+    did, the returned call is ``settled``: complete.
     """
     ctx.stats.local = {}
     step = Attempt()
-    prekey = _prekey(ctx, writing)
     # what a rank that fails contributes (its flag makes every rank raise first)
     local = _FAILED
     with step:
-        local = _check_locally(ctx, source, prekey, writing=writing)
-    runs, buf, extra, sig, (plan, shift), mapped = local
+        local = _check_locally(ctx, source, writing=writing)
+    runs, buf, extra, sig, mapped = local
     lo, hi = runs.extent() if len(runs) else (_BIG, 0)
     call_name = ("write_all" if writing else "read_all") + ("" if count is None else "_many")
+    facts = (
+        has_many_small_runs(runs, ctx.hints.direct_threshold), mapped, _checked(runs),
+        _digest(sig),
+    )  # fmt: skip
+    moved = _moved(ctx.extents, lo, hi)
+    g = None
+    if count is None and step.error is None:
+        g = speculate.attempt(ctx, runs, buf, facts, moved, writing=writing)
+    plan, prekey = (-1, 0), _prekey(ctx, writing) if g is None else ()
+    if g is None and step.error is None:
+        with step:
+            plan = _kept_plan(ctx, prekey, runs, writing=writing)
+    io_error = g.error if g is not None else None
+    seconds = speculate.times(g, t0)
     mine = _Checked(
-        lo=lo, hi=hi, mapped=mapped,
-        small=has_many_small_runs(runs, ctx.hints.direct_threshold),
-        sig=_digest(sig), plan=plan, items=-1 if count is None else count, vouched=disjoint,
-        checked=_checked(runs),
-        plan_shift=_zigzag(shift) if len(runs) else NOT_COMPARED,
-        **_moved(ctx.extents, lo, hi),
+        lo=lo, hi=hi, small=facts[0], mapped=mapped, checked=facts[2], sig=facts[3],
+        plan=plan[0], items=-1 if count is None else count, vouched=disjoint,
+        plan_shift=_zigzag(plan[1]) if len(runs) else NOT_COMPARED,
+        guessed=g is not None and io_error is None, size=g.size if g is not None else _BIG,
+        io_only=step.error is None, same=g is not None and g.key == g.kept.key,
+        t_io=seconds[0], t_total=seconds[1], **moved,
     )  # fmt: skip
     # the call's first operation, as of every collective call on a file: a call mismatch
     # (a read beside a write, a sync, ...) is raised first, before any rank's own error
-    failed, out = call_head(ctx.comm, call_name, ctx.file, step.error is not None, mine.slots())
+    error = step.error or io_error
+    try:
+        failed, out = call_head(
+            ctx.comm, call_name, ctx.file, error is not None, mine.slots(),
+            extra=g.size if g is not None and g.wrote else None,
+        )  # fmt: skip
+    except MismatchError as exc:
+        speculate.after_mismatch(ctx, g, exc)
+        raise
     agreed = _Checked.agreed(out)
+    if failed or agreed.items is None or agreed.sig is None:
+        speculate.take_back(ctx, g, agreed.size)  # (a write guessed: nothing stays)
     if agreed.items is None:  # (item k means nothing when the counts differ)
         raise_count_mismatch(ctx.comm, -1 if count is None else count, call_name)
     if failed:
-        raise_agreed(ctx.comm, step.error, what=call_name)
+        raise_agreed(ctx.comm, error, what="backend I/O" if agreed.io_only else call_name)
     if agreed.sig is None:
         raise_mismatch(ctx.comm, sig)
-    call = _choose(ctx, agreed, runs, (lo, hi), writing=writing, what=call_name)
-    call.prekey, call.nruns, call.name = prekey, len(runs), call_name
+    if agreed.guessed:  # every rank did its I/O: the path can only be the last call's
+        assert g is not None
+        slowest = (agreed.t_io, agreed.t_total)
+        call = speculate.settle(ctx, g, agreed.lo, agreed.hi, (lo, hi), agreed.same, slowest)
+        if call.settled:
+            return runs, buf, extra, call
+    else:
+        call = _choose(ctx, agreed, runs, (lo, hi), writing=writing, what=call_name)
+        if g is not None and call.direct and not (writing and call.path is not Path.DIRECT):
+            call.early = g  # (its I/O is this path's)
+        else:
+            speculate.take_back(ctx, g, agreed.size)
+    call.prekey, call.nruns, call.name = prekey or _prekey(ctx, writing), len(runs), call_name
+    call.facts, call.shift = facts, agreed.shift if agreed.shift is not None else -1
     if agreed.plan is not None and agreed.plan_shift is not None:
         # every rank found the plan of the same earlier call (or none), its runs shifted alike
         call.plan_epoch = agreed.plan
@@ -197,15 +250,14 @@ def _unzigzag(z: int) -> int:
 
 
 #: What a rank's local checks found: its runs, its buffer and what ``prepare`` returned
-#: beside it, the layout's global array (None: not compared), the epoch of the kept
-#: plan for these runs (-1: none) with how far these runs lie from its runs, and whether it
-#: would copy a read from the mapped file.
-_Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, tuple[int, int], bool]
+#: beside it, the layout's global array (None: not compared), and whether it would copy
+#: a read from the mapped file.
+_Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, bool]
 
 
 #: What a rank whose local checks fail contributes (read-only: nothing uses it but the
 #: head, after which every rank raises)
-_FAILED: _Found = (read_only(Runs.empty()), np.zeros(0, np.uint8), None, None, (-1, 0), False)
+_FAILED: _Found = (read_only(Runs.empty()), np.zeros(0, np.uint8), None, None, False)
 _FAILED[1].flags.writeable = False
 
 
@@ -223,7 +275,7 @@ def _moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, 
     return {"moved": False, "shift": _zigzag(lo - plo)}
 
 
-def _check_locally(ctx: Context, source: Any, prekey: Any, *, writing: bool) -> _Found:
+def _check_locally(ctx: Context, source: Any, *, writing: bool) -> _Found:
     """Local: validate the call; raises what the agreement will report."""
     if ctx.mode == "closed":
         raise ModeError("the file is closed")
@@ -236,16 +288,21 @@ def _check_locally(ctx: Context, source: Any, prekey: Any, *, writing: bool) -> 
             f"read_all is not possible on this {ctx.backend.name} target in mode {ctx.mode!r}"
         )
     runs, buf, extra, sig = source()
-    # a kept plan for exactly these runs (every rank must find the same one: plancache)
-    plan = (-1, 0)
-    if ctx.plans is not None:
-        plan = ctx.plans.candidate(prekey, runs)
-        kept = ctx.plans.peek(plan[0]) if plan[0] >= 0 else None
-        if kept is not None:  # (allocations fail here, agreed, not in the rounds)
-            prepare_rounds(kept, writing=writing)
     # (the mapping question may fail on one rank, e.g. its fstat: agreed too)
     mapped = may_map(ctx.hints, writing=writing) and ctx.backend.maps_reads(runs)
-    return runs, buf, extra, sig, plan, mapped
+    return runs, buf, extra, sig, mapped
+
+
+def _kept_plan(ctx: Context, prekey: Any, runs: Runs, *, writing: bool) -> tuple[int, int]:
+    """Local: the kept plan for exactly these runs, as (epoch, shift); (-1, 0): none
+    (every rank must find the same one: plancache)."""
+    if ctx.plans is None:
+        return (-1, 0)
+    plan = ctx.plans.candidate(prekey, runs)
+    kept = ctx.plans.peek(plan[0]) if plan[0] >= 0 else None
+    if kept is not None:  # (allocations fail here, agreed, not in the rounds)
+        prepare_rounds(kept, writing=writing)
+    return plan
 
 
 def _one_layout(
@@ -278,8 +335,10 @@ def _choose(
 ) -> Call:
     """Collective over ``ctx.comm``: the call's path (:func:`~collio.policy.choose_path`)."""
     own: npt.NDArray[np.bool_] | None = None
+    asked = [False]
 
     def disjoint() -> bool:
+        asked[0] = True
         if agreed.moved or agreed.shift is None or ctx.extents is None:
             # (ctx.extents is the same on every rank but for its (lo, hi), so is None
             # on all of them or none)
@@ -305,7 +364,9 @@ def _choose(
         agreed, mode=mode, independent=be.independent, disjoint=disjoint, split=split,
         runs_disjoint=runs_disjoint, vouched=agreed.vouched,
     )  # fmt: skip
-    return Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
+    call = Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
+    call.by_extents = path is Path.DIRECT and asked[0]  # (disjoint() said so: it decided)
+    return call
 
 
 def _first_overlap(layout: Layout, runs: Runs) -> int:
@@ -573,7 +634,9 @@ def write_many(ctx: Context, items: Any, *, disjoint: bool = False) -> None:
 
 def _write(ctx: Context, source: Any, count: int | None = None, disjoint: bool = False) -> None:
     t0 = time.perf_counter()
-    runs, buf, kept, call = _check(ctx, source, writing=True, count=count, disjoint=disjoint)
+    runs, buf, kept, call = _check(ctx, source, writing=True, count=count, disjoint=disjoint, t0=t0)
+    if call.settled:
+        return
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
     error = _transfer(ctx, call, runs, buf, writing=True)
     what = "backend I/O"
@@ -585,6 +648,8 @@ def _write(ctx: Context, source: Any, count: int | None = None, disjoint: bool =
             ctx.backend.flush(ctx.comm)
         error, what = step.error, "backend flush"
     complete_call(ctx, call, t0, error, what, patient=True, items=count)
+    if count is None:
+        speculate.remember(ctx, call, runs, writing=True)
     del kept  # (a batch's item buffers, alive until the call is complete)
 
 
@@ -617,8 +682,10 @@ def _read(ctx: Context, source: Any, count: int | None = None, disjoint: bool = 
         ctx = dataclasses.replace(ctx, aggregators=ctx.read_aggregators)
     c = ctx
     runs, buf, arr, call = _check(
-        c, lambda: source(c), writing=False, count=count, disjoint=disjoint
+        c, lambda: source(c), writing=False, count=count, disjoint=disjoint, t0=t0
     )
+    if call.settled:
+        return arr
     if ctx.hints.read_past_eof == "disable":
         _refuse_past_eof(ctx, runs)
     error = _transfer(ctx, call, runs, buf, writing=False)
@@ -627,6 +694,8 @@ def _read(ctx: Context, source: Any, count: int | None = None, disjoint: bool = 
     # remote backends a rank done early sleeps instead of taking a core the others need
     patient = ctx.backend.remote or call.direct
     complete_call(ctx, call, t0, error, "backend I/O", patient=patient, items=count)
+    if count is None:
+        speculate.remember(ctx, call, runs, writing=False)
     return arr
 
 
@@ -703,16 +772,26 @@ def _direct(
         lengths = lengths.view()
         lengths.flags.writeable = False
     ctx.stats.local = {"domain": -1, "direct": True, "requests": lengths}
-    step = Attempt()
-    t = time.perf_counter()
-    with step:
-        if len(runs):
-            with storage_errors(ctx.backend):
-                done = action()  # a request count (one per run) or the requests' sizes
-            sizes = runs.length if isinstance(done, int) else done
-            if writing:
-                call.counters.add_writes(sizes)
-            else:
-                call.counters.add_reads(sizes)
-    call.counters.time_io += time.perf_counter() - t
-    return step.error
+    g, c = call.early, call.counters
+    if g is not None:  # done before the head (collio.speculate): counted as if done here
+        done, seconds = g.done, g.seconds
+        c.direct_io_bytes, c.early_flushes, c.mapped_bytes = g.key[1:]
+        error = None
+    else:
+        step = Attempt()
+        t = time.perf_counter()
+        done = None
+        with step:
+            if len(runs):
+                with storage_errors(ctx.backend):
+                    done = action()  # a request count (one per run) or the requests' sizes
+        seconds, error = time.perf_counter() - t, step.error
+    if done is not None:
+        sizes = runs.length if isinstance(done, int) else done
+        if writing:
+            c.add_writes(sizes)
+        else:
+            c.add_reads(sizes)
+    call.done = done
+    c.time_io += seconds
+    return error

@@ -49,12 +49,14 @@ class MismatchError(LayoutError):
     ``one_file`` says whether all of them were calls on the same file.  When one of
     them was ``close`` the file is closed on every rank (synced, not committed), and
     ``close_error`` holds that close's error, if it failed (agreed: the same on every
-    rank), else None.
+    rank), else None.  ``extras`` holds each rank's (file serial, what its call passed
+    along: see :func:`collio.collective.call_head`).
     """
 
     call_mismatch: bool = False
     calls: tuple[str, ...] = ()
     one_file: bool = True
+    extras: tuple[tuple[int, object], ...] = ()
 
 
 class OverlapError(CollioError, ValueError):

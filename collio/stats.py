@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Stats", "BUCKETS", "SUMS", "histogram", "print_at_close"]
+__all__ = ["Again", "Stats", "BUCKETS", "SUMS", "histogram", "print_at_close"]
 
 #: Darshan's access-size buckets: inclusive upper bounds in bytes, as darshan-core counts them.
 BUCKETS = (100, 1 << 10, 10 << 10, 100 << 10, 1 << 20, 4 << 20, 10 << 20, 100 << 20, 1 << 30)
@@ -45,7 +45,7 @@ _get_maxes = operator.attrgetter(*_MAXES)
 #: The keys of ``Stats.last_call``, in the order of ``Stats.last_facts``.
 _LAST_KEYS = (
     "items", "runs", "direct", "path", "rounds", "extent", "plan_reused", "window", "nodes",
-    "two_level",
+    "two_level", "guessed",
 )  # fmt: skip
 
 _BUCKET_BOUNDS = np.asarray(BUCKETS, np.int64)
@@ -81,6 +81,16 @@ def histogram(sizes: npt.ArrayLike) -> npt.NDArray[np.int64]:
         return out
     idx = np.searchsorted(_BUCKET_BOUNDS, s, side="left")
     return np.bincount(idx, minlength=len(BUCKET_NAMES)).astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Again:
+    """A call's reduced sums, kept to add again (:meth:`Stats.add_again`): the counters
+    it moved, by name, and its request-size histograms (None: all zero)."""
+
+    moved: tuple[tuple[str, int], ...]
+    write_sizes: npt.NDArray[np.int64] | None
+    read_sizes: npt.NDArray[np.int64] | None
 
 
 @dataclasses.dataclass(slots=True)
@@ -138,7 +148,8 @@ class Stats:
     def last_call(self) -> dict[str, Any]:
         """What the last collective call did, the same on every rank: ``items``, ``runs``
         (summed over ranks), ``direct``, ``path``, ``rounds``, ``extent``, ``plan_reused``,
-        ``window``, ``nodes``, ``two_level``."""
+        ``window``, ``nodes``, ``two_level``, ``guessed`` (every rank did its I/O before
+        the call's one agreement: a repeat of the last call, see collio.speculate)."""
         facts = self.last_facts
         if facts is not None:
             self._last_call = dict(zip(_LAST_KEYS, facts, strict=True))
@@ -186,6 +197,28 @@ class Stats:
         for i in range(1, len(_MAXES)):
             if most[i]:
                 setattr(self, _MAXES[i], most[i] + old[i])
+
+    @staticmethod
+    def again(sums: npt.NDArray[np.int64]) -> Again:
+        """Reduced per-call sums (as :meth:`absorb` takes them) kept for :meth:`add_again`."""
+        n, nb = len(SUMS), len(BUCKET_NAMES)
+        every = sums.tolist()
+        moved = tuple((SUMS[i], a) for i, a in enumerate(every[:n]) if a)
+        w, r = sums[n : n + nb].copy(), sums[n + nb : n + 2 * nb].copy()
+        return Again(moved, w if w.any() else None, r if r.any() else None)
+
+    def add_again(self, sums: Again, io: float, total: float) -> None:
+        """:meth:`absorb` of a call whose sums are an earlier call's (``sums``), whose
+        plan, exchange and rounds took nothing, and whose I/O and whole call took ``io``
+        and ``total`` seconds (the slowest rank's): a repeated small call's."""
+        for name, a in sums.moved:
+            setattr(self, name, getattr(self, name) + a)
+        if sums.write_sizes is not None:  # (new arrays, as absorb makes)
+            self.write_sizes = self.write_sizes + sums.write_sizes
+        if sums.read_sizes is not None:
+            self.read_sizes = self.read_sizes + sums.read_sizes
+        self.time_io += io
+        self.time_total += total
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""

@@ -105,6 +105,8 @@ class Backend(abc.ABC):
         Requests cross a network and take milliseconds (object stores): ranks that
         wait for each other's I/O between rounds sleep instead of polling MPI,
         leaving the CPU to the ranks still doing I/O (and to a server on the node).
+    ``takes_back``
+        A rank's own write can be undone (:meth:`keep_before`, :meth:`take_back`).
     ``atomic``
         Writes become visible only at :meth:`commit` (an S3 multipart upload):
         :class:`collio.File` then treats every write as ``atomic_commit`` does: after
@@ -125,6 +127,9 @@ class Backend(abc.ABC):
     needs_flush: ClassVar[bool] = False  # call flush(comm) after every write_all
     atomic: ClassVar[bool] = False
     remote: ClassVar[bool] = False
+    #: :meth:`keep_before` and :meth:`take_back` work: a repeated small write may go
+    #: before the agreement (collio.speculate)
+    takes_back: ClassVar[bool] = False
     #: Aggregators per node for reads when the hints choose none (None: as for writes).
     read_per_node: ClassVar[int | None] = None
     #: Ranks owning file domains, in domain order (set at open by the file core).
@@ -162,6 +167,21 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         """Fill ``buf`` from byte ``offset``; bytes past the end read as zeros."""
+
+    def keep_before(self, runs: Runs, limit: int) -> Any:
+        """Local: what :meth:`take_back` needs to undo this rank's own write of ``runs``
+        (the bytes they cover now, the target's size), or None when it cannot (more than
+        ``limit`` bytes to keep, or a backend that cannot take writes back: the default).
+
+        A call may then write before the ranks agree (one agreement per small call
+        instead of two) and take the write back if the agreement says it must not stand.
+        """
+        return None
+
+    def take_back(self, kept: Any, size: int) -> None:
+        """Local: put back what :meth:`keep_before` kept, and cut the target back to
+        ``size`` bytes (its size before the call, agreed by the ranks) if it grew."""
+        raise NotImplementedError(f"{self.name} cannot take writes back")
 
     def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int | list[int]:
         """Write a rank's own runs directly; returns the number of requests, or their sizes.

@@ -41,6 +41,8 @@ _FEW_RUNS = 16
 #: where the file is mapped (see read_runs).
 FEW_PREADS = 4
 PREAD_BYTES = 1 << 20
+#: A write of at most this many runs may be taken back (one pread and pwrite each).
+KEEP_RUNS = 16
 #: Direct I/O (hint ``direct_write``) for the page-aligned middle of requests this big.
 _DIRECT_MIN = 1 << 20
 #: Bytes per direct write from a buffer that is not page-aligned (copied first).
@@ -115,6 +117,7 @@ class PosixBackend(Backend):
     """
 
     name: ClassVar[str] = "posix"
+    takes_back: ClassVar[bool] = True
     #: The target's size when rank 0 opened it, the same on every rank (``MODE_APPEND``).
     opened_size: int = 0
 
@@ -290,6 +293,38 @@ class PosixBackend(Backend):
         sizes: list[int] = cover.length.tolist()
         return sizes
 
+    def keep_before(self, runs: Runs, limit: int) -> _Before | None:
+        """The bytes ``runs`` cover below the end of the file (a time series' next step
+        past the end keeps none) and the file's size; None beyond ``limit`` bytes or
+        :data:`KEEP_RUNS` runs."""
+        size = os.fstat(self.fd).st_size
+        n = len(runs)
+        if n > KEEP_RUNS:
+            return None
+        offs: list[int] = runs.file.tolist()
+        lens: list[int] = runs.length.tolist()
+        below = [max(0, min(m, size - f)) for f, m in zip(offs, lens, strict=True)]
+        if sum(below) > limit:
+            return None
+        old = []
+        for f, m in zip(offs, below, strict=True):
+            if m:
+                buf = np.empty(m, np.uint8)
+                pread_zeros(self.fd, buf, f)
+                old.append((f, buf))
+        return _Before(size, old)
+
+    def take_back(self, kept: Any, size: int) -> None:
+        """Write the kept bytes back (those below ``size``: the others are cut off), then
+        truncate to ``size`` if the file grew.  Every rank that wrote does this at once:
+        their runs are disjoint, and none writes at or beyond ``size``."""
+        for f, old in kept.old:
+            n = max(0, min(len(old), size - f))
+            if n:
+                pwrite_all(self.fd, old[:n], f, self.path)
+        if os.fstat(self.fd).st_size > size:
+            os.ftruncate(self.fd, size)
+
     def size(self) -> int:
         return os.fstat(self.fd).st_size
 
@@ -380,6 +415,14 @@ class PosixBackend(Backend):
         out.update(path=self.final or self.path, atomic=self.final is not None)
         out.update(direct_write=self.dfd >= 0, mapped_reads=self.maps)
         return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Before:
+    """What :meth:`PosixBackend.keep_before` kept: the size, and (offset, old bytes)."""
+
+    size: int
+    old: list[tuple[int, npt.NDArray[np.uint8]]]
 
 
 def maps_for(hints: Any, fd: int) -> bool:

@@ -1,0 +1,213 @@
+"""A repeated small call with one agreement: each rank does its I/O first, then the head agrees.
+
+A call that every rank does by itself (the direct and mapped paths) costs two agreements,
+its head and its completion, and on a small call they are most of its time.  When a call
+repeats this rank's last one of its kind on the file (the same facts of its runs, its
+extent moved by the shift on which every rank agreed last time), the head can only choose
+the same path.  So the rank guesses: it does its I/O, then the head agrees on the call,
+its errors and whether every rank guessed:
+
+- every rank guessed and did its I/O: the call is done.  Its requests are the last call's
+  (the same run lengths), so the statistics' sums are that call's again, and the head
+  carries the times;
+- some rank did not guess: the head's facts choose the path as in any call; a rank that
+  wrote takes its write back unless that path is the direct one, whose I/O it has done;
+- any rank failed (its checks, its I/O, a call other than this one): every rank that
+  wrote takes its write back, then every rank raises the agreed error, as before.
+
+A write is taken back from what the backend kept before it (:meth:`Backend.keep_before`:
+the bytes the runs cover and the target's size; a time series' next step past the end
+keeps nothing).  The ranks that guessed moved alike from extents every rank found
+disjoint, so their writes are disjoint and the take-backs need no order; the target's
+size before the call is the smallest size any of them found before writing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .backends.base import Backend, storage_errors
+from .collective import Attempt
+from .context import Call, Context
+from .errors import MismatchError
+from .hints import Hints
+from .policy import Path
+from .stats import Again, Stats
+
+__all__ = [
+    "BIG",
+    "Guess",
+    "Kept",
+    "after_mismatch",
+    "attempt",
+    "remember",
+    "settle",
+    "take_back",
+    "times",
+]
+
+I64 = npt.NDArray[np.int64]
+#: A size above every real one (what a rank that did not write contributes to the MIN).
+BIG = 2**62
+#: Most bytes a write keeps to take back: beyond it the second agreement costs less than
+#: reading the old bytes first (a time series' next step past the end keeps none).
+KEEP_LIMIT = 1 << 20
+_FLOATS = struct.Struct("=2d")
+_INTS = struct.Struct("=2q")
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Kept:
+    """This rank's last call of one kind (write or read) on a file that every rank did by
+    itself: what a repeat must match, and what it then reports."""
+
+    hints: Hints  # (by identity: set_info makes new ones)
+    backend: Backend
+    facts: tuple[Any, ...]  # this rank's facts of that call (engine._Checked's own)
+    shift: int  # the shift every rank agreed on then (zigzag; NOT_COMPARED: none)
+    path: Path
+    lengths: I64  # its run lengths
+    key: tuple[Any, ...]  # its requests and backend counters (equal: equal sums)
+    sums: Again  # the call's sums, as the completion agreed them
+    last: tuple[Any, ...]  # the call's Stats.last_facts
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Guess:
+    """What a rank that guessed did: its I/O's result, error and time, and for a write
+    what it kept to take it back and the target's size before it."""
+
+    kept: Kept
+    writing: bool
+    before: Any = None
+    size: int = BIG
+    key: tuple[Any, ...] = ()
+    done: Any = None
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+    @property
+    def wrote(self) -> bool:
+        return self.writing and self.before is not None
+
+
+def attempt(
+    ctx: Context, runs: Any, buf: Any, facts: tuple[Any, ...], moved: dict[str, Any], *,
+    writing: bool,
+) -> Guess | None:  # fmt: skip
+    """Local: when this call repeats the last one of its kind (see the module doc), do its
+    I/O now and return what was done (its error kept, not raised); else None."""
+    k = ctx.guesses[writing]
+    if k is None or k.facts != facts or k.hints is not ctx.hints or k.backend is not ctx.backend:
+        return None
+    lengths = runs.length
+    if lengths is not k.lengths and not np.array_equal(lengths, k.lengths):
+        return None
+    if not (writing is False and k.path is Path.MAPPED):
+        # the others guess only if they moved by the same shift from disjoint extents
+        ext = ctx.extents
+        if moved["moved"] or moved["shift"] != k.shift or ext is None or not ext[2]:
+            return None
+    g = Guess(k, writing)
+    be = ctx.backend
+    step = Attempt()
+    t = time.perf_counter()
+    with step:
+        if writing:
+            g.before = be.keep_before(runs, KEEP_LIMIT)
+            if g.before is None:
+                return None
+            g.size = g.before.size
+        with storage_errors(be):
+            g.done = be.write_runs(runs, buf) if writing else be.read_runs(runs, buf)
+        g.key = (
+            g.done, be.take_direct_bytes(), be.take_flushes(), be.take_mapped_bytes(),
+        )  # fmt: skip
+    g.seconds = time.perf_counter() - t
+    g.error = step.error
+    return g
+
+
+def take_back(ctx: Context, g: Guess | None, size: int) -> None:
+    """Local: undo a guessed write (none: nothing) before the target's ``size`` bytes, as
+    the ranks agreed it; an error doing so rides on the call's, which is raised."""
+    if g is None or not g.wrote:
+        return
+    g.before, before = None, g.before
+    try:
+        ctx.backend.take_back(before, size)
+    except Exception as exc:  # pragma: no cover - the disk failed twice
+        g.error = g.error or exc
+
+
+def after_mismatch(ctx: Context, g: Guess | None, exc: MismatchError) -> None:
+    """Local: a guessed write met another call: take it back to the smallest size that
+    the ranks writing this file found (each rank's ``extra`` of the head)."""
+    if g is None or not g.wrote:
+        return
+    sizes = [s for f, s in exc.extras if f == ctx.file[0] and isinstance(s, int)]
+    take_back(ctx, g, min(sizes, default=g.size))
+
+
+def times(g: Guess | None, t0: float) -> tuple[int, int]:
+    """The I/O's and the call's seconds so far, as int64 slots ordered as the floats (they
+    are never negative)."""
+    io = g.seconds if g is not None else 0.0
+    got: tuple[int, int] = _INTS.unpack(_FLOATS.pack(io, time.perf_counter() - t0))
+    return got
+
+
+#: What :func:`settle` returns for a call complete already (``Call.settled``: the engine
+#: reads nothing else of it)
+SETTLED = Call(0, 0, Path.DIRECT, Stats(), settled=True)
+
+
+def settle(ctx: Context, g: Guess, lo: int, hi: int, extent: tuple[int, int], same: bool,
+           seconds: tuple[int, int]) -> Call:  # fmt: skip
+    """Local: every rank guessed and did its I/O.  With ``same`` (every rank's requests as
+    its last call's) the call is complete here (:data:`SETTLED`); else the completion
+    reduces its counters as usual."""
+    k = g.kept
+    if k.path is Path.DIRECT:  # (what engine._choose's disjoint() would keep)
+        ctx.extents = (*extent, True)
+    if not same:
+        call = Call(lo, hi, k.path, Stats())
+        call.early = g
+        return call
+    io, total = _FLOATS.unpack(_INTS.pack(*seconds))
+    stats = ctx.stats
+    stats.add_again(k.sums, io, total)
+    stats.direct_calls += 1
+    last = list(k.last)
+    last[5], last[-1] = [lo, hi], True  # (the extent, guessed)
+    stats.last_facts = tuple(last)
+    stats.local = {"domain": -1, "direct": True, "requests": k.lengths}
+    return SETTLED
+
+
+def remember(ctx: Context, call: Call, runs: Any, writing: bool) -> None:
+    """Local: keep this completed call for a repeat to guess from (or forget the last one
+    when a repeat of this call could not be guessed)."""
+    ctx.guesses[writing] = None
+    be, path = ctx.backend, call.path
+    if call.facts is None or call.sums is None or call.own is not None or call.two_level:
+        return
+    if writing:
+        if path is not Path.DIRECT or not call.by_extents or not be.takes_back:
+            return
+    elif not (path is Path.MAPPED or (path is Path.DIRECT and call.by_extents)):
+        return
+    if not writing and ctx.hints.read_past_eof == "disable":
+        return
+    c = call.counters
+    key = (call.done, c.direct_io_bytes, c.early_flushes, c.mapped_bytes)
+    ctx.guesses[writing] = Kept(
+        ctx.hints, be, call.facts, call.shift, path, runs.length, key, Stats.again(call.sums),
+        call.last,
+    )  # fmt: skip

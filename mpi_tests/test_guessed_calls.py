@@ -1,0 +1,209 @@
+"""Repeated small calls that do their I/O before their one agreement (collio.speculate).
+
+From the third call of a time series on, each rank writes (reads) first and the call's
+head agrees after; ``last_call["guessed"]`` says so.  When the head then says that the
+call must not stand (another rank's bad input, its failed I/O, a different call, an
+overlap the new offsets make), every write done before it is taken back: the file keeps
+its bytes and its size, byte for byte, and the series goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import numpy as np
+import pytest
+from helpers import mismatch_message, raises_everywhere, read_file
+from mpi4py import MPI
+
+import collio
+
+pytestmark = pytest.mark.mpi(min_size=1)
+N = 4096  # bytes per rank per call
+
+
+def _data(step, rank, n=N):
+    return np.random.default_rng(7919 * step + rank).integers(0, 256, n, np.uint8)
+
+
+def _append(f, comm, want, steps, first=0):
+    """Steps ``first..first+steps-1`` of a series: rank r's N bytes of step s at
+    ``(s*p + r) * N``, new bytes after the last (the file grows every call)."""
+    p, r = comm.size, comm.rank
+    for s in range(first, first + steps):
+        f.write_at_all((s * p + r) * N, _data(s, r))
+        for q in range(p):
+            want[(s * p + q) * N : (s * p + q + 1) * N] = _data(s, q)
+
+
+def _rewrite(f, comm, want, steps, seed):
+    """The same offsets rewritten ``steps`` times (rank r at ``r * N``): every write
+    covers bytes the file holds."""
+    p, r = comm.size, comm.rank
+    for s in range(steps):
+        f.write_at_all(r * N, _data(seed + s, r))
+    for q in range(p):
+        want[q * N : (q + 1) * N] = _data(seed + steps - 1, q)
+
+
+def _same_file(comm, path, want):
+    comm.Barrier()
+    got = np.frombuffer(read_file(path), np.uint8)
+    # (a rank's next guessed write may start as soon as it enters the call: MPI's collective
+    # calls need not synchronize, so every rank reads before any goes on)
+    comm.Barrier()
+    assert len(got) == len(want)  # (a write taken back leaves no longer file)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.mpi
+def test_a_series_guesses_from_its_third_call_and_writes_what_romio_writes(comm, mpi_tmp_path):
+    path, theirs = str(mpi_tmp_path / "series.bin"), str(mpi_tmp_path / "romio.bin")
+    p, r, steps = comm.size, comm.rank, 12
+    want = np.zeros(steps * p * N, np.uint8)
+    guessed = []
+    fh = MPI.File.Open(comm, theirs, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(steps):
+            _append(f, comm, want, 1, first=s)
+            guessed.append(f.stats.last_call["guessed"])
+            fh.Write_at_all((s * p + r) * N, _data(s, r))
+        st = f.stats.as_dict()
+        last = f.stats.last_call
+        out = np.empty(N, np.uint8)
+        for s in range(steps):  # reads guess too: each rank's bytes, in place
+            f.read_at_all((s * p + r) * N, out)
+            np.testing.assert_array_equal(out, _data(s, r))
+        read_guessed = f.stats.last_call["guessed"]
+    fh.Close()
+    assert guessed == [False, False] + [True] * (steps - 2)
+    assert read_guessed
+    # the statistics count every call as the agreed calls do
+    assert st["bytes_written"] == steps * p * N and st["write_ops"] == steps * p
+    assert st["direct_calls"] == steps and st["write_size_histogram"]["1K_10K"] == steps * p
+    assert last["path"] == "direct" and last["runs"] == p
+    assert last["extent"] == [(steps - 1) * p * N, steps * p * N]
+    _same_file(comm, path, want)
+    assert read_file(path) == read_file(theirs)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("grows", [True, False], ids=["past-the-end", "overwrite"])
+def test_one_rank_bad_buffer_takes_back_every_guessed_write(comm, mpi_tmp_path, grows):
+    path = str(mpi_tmp_path / "bad.bin")
+    p, r, bad = comm.size, comm.rank, comm.size - 1
+    want = np.zeros(6 * p * N, np.uint8)
+    with collio.open(path, "w", comm=comm) as f:
+        _append(f, comm, want, 6)
+        if not grows:
+            _rewrite(f, comm, want, 4, seed=100)
+        assert f.stats.last_call["guessed"]
+        buf = _data(50, r, 2 * N)
+        buf = buf[::2] if r == bad else buf[:N]  # strided memory on one rank
+        at = (6 * p + r) * N if grows else r * N
+        raises_everywhere(
+            comm, collio.LayoutError, lambda: f.write_at_all(at, buf),
+            match=f"rank {bad}: buffer must be contiguous",
+        )  # fmt: skip
+        _same_file(comm, path, want)
+        # the series goes on, guessing again from its third call
+        more = np.zeros(9 * p * N, np.uint8)
+        more[: len(want)] = want
+        _append(f, comm, more, 3, first=6)
+        assert f.stats.last_call["guessed"]
+    _same_file(comm, path, more)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("other", ["sync", "read_at_all"])
+def test_a_different_call_on_one_rank_takes_back_every_guessed_write(comm, mpi_tmp_path, other):
+    path = str(mpi_tmp_path / "other.bin")
+    p, r = comm.size, comm.rank
+    want = np.zeros(5 * p * N, np.uint8)
+    with collio.open(path, "w", comm=comm) as f:
+        _append(f, comm, want, 5)
+        out = np.empty(N, np.uint8)
+
+        def call():
+            if r == 0 and other == "sync":
+                f.sync()
+            elif r == 0:
+                f.read_at_all(0, out)
+            else:
+                f.write_at_all((5 * p + r) * N, _data(5, r))
+
+        err = raises_everywhere(
+            comm, collio.MismatchError, call,
+            match=mismatch_message(comm, "sync" if other == "sync" else "read_all", "write_all"),
+        )  # fmt: skip
+        assert err.call_mismatch
+        _same_file(comm, path, want)
+        _append(f, comm, want[: 4 * p * N], 4)  # (the file still works: rewrite steps 0-3)
+    _same_file(comm, path, want)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_failed_write_on_one_rank_takes_back_the_others(comm, mpi_tmp_path):
+    """A real EFBIG: one rank's file size limit stops its guessed write at the end of the
+    file (Python ignores SIGXFSZ); every rank raises the I/O error, and the bytes the
+    others wrote before the agreement are gone again."""
+    path = str(mpi_tmp_path / "efbig.bin")
+    p, r, bad = comm.size, comm.rank, 1
+    want = np.zeros(5 * p * N, np.uint8)
+    with collio.open(path, "w", comm=comm) as f:
+        _append(f, comm, want, 5)
+        assert f.stats.last_call["guessed"]
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if r == bad:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (len(want), limits[1]))
+        try:
+            err = raises_everywhere(
+                comm, collio.BackendError,
+                lambda: f.write_at_all((5 * p + r) * N, _data(5, r)),
+                match=f"backend I/O: rank {bad}:",
+            )  # fmt: skip
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        assert err.ranks == (bad,)
+        _same_file(comm, path, want)
+        more = np.zeros(7 * p * N, np.uint8)
+        more[: len(want)] = want
+        _append(f, comm, more, 2, first=5)
+    _same_file(comm, path, more)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_that_move_apart_keep_their_guessed_writes_when_the_path_stays_direct(
+    comm, mpi_tmp_path
+):
+    """The last rank skips ahead one step (it does not guess, the others do): the head
+    finds the extents still disjoint, so the direct path stands and the others' guessed
+    writes are that path's; the last rank writes after the head."""
+    path = str(mpi_tmp_path / "apart.bin")
+    p, r = comm.size, comm.rank
+    want = np.zeros(8 * p * N, np.uint8)
+    with collio.open(path, "w", comm=comm) as f:
+        _append(f, comm, want, 5)
+        at = (5 * p + r) * N if r < p - 1 else (7 * p + r) * N
+        f.write_at_all(at, _data(5, r))
+        done = f.stats.last_call
+        st = f.stats.as_dict()
+    for q, a in enumerate(comm.allgather(at)):
+        want[a : a + N] = _data(5, q)
+    assert not done["guessed"] and done["path"] == "direct"
+    assert st["bytes_written"] == 6 * p * N and st["write_ops"] == 6 * p
+    _same_file(comm, path, want[: (7 * p + p) * N])
+
+
+@pytest.mark.mpi(min_size=1)
+def test_a_guessed_series_of_an_atomic_file_commits_at_close(comm, mpi_tmp_path):
+    path = str(mpi_tmp_path / "atomic.bin")
+    p = comm.size
+    want = np.zeros(6 * p * N, np.uint8)
+    with collio.open(path, "w", comm=comm, hints={"atomic_commit": True}) as f:
+        _append(f, comm, want, 6)
+        assert f.stats.last_call["guessed"]
+        comm.Barrier()
+        assert not os.path.exists(path) or os.path.getsize(path) == 0
+    _same_file(comm, path, want)
