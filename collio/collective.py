@@ -11,12 +11,12 @@ nothing hangs and the communicator stays usable.
 from __future__ import annotations
 
 import hashlib
+import struct
 import types
 from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 from mpi4py import MPI
 
 from .errors import MismatchError, classify, make_error
@@ -180,6 +180,7 @@ CALLS = (
 HEAD_SLOTS = 26
 _OWN = 3
 _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
+_HEAD = struct.Struct(f"={HEAD_SLOTS}q")
 _CODES = 16  # codes per file: more than len(CALLS)
 _SUBJECT = 1 << 57  # set in the code of a call on a part of a file: never a plain code
 
@@ -194,7 +195,7 @@ def call_head(
     patient: bool = False,
     subject: str | None = None,
     extra: Any = None,
-) -> tuple[bool, npt.NDArray[np.int64]]:
+) -> tuple[bool, tuple[int, ...]]:
     """Collective over `comm`: the first operation of every collective call on a file.
 
     Always one ``Iallreduce`` (MAX) of :data:`HEAD_SLOTS` int64: this rank's error flag;
@@ -219,18 +220,22 @@ def call_head(
     code = file[0] * _CODES + CALLS.index(call) + 1
     if subject is not None:
         code = _SUBJECT | digest((code, subject))
-    if len(own) > HEAD_SLOTS - _OWN:  # (a call's facts outgrew the head: a bug, not input)
-        raise AssertionError(f"{call}: {len(own)} slots of its own, at most {HEAD_SLOTS - _OWN}")
-    vec = np.array([1 if failed else 0, code, -code, *own, *_PAD[len(own) :]], np.int64)
-    out = np.empty_like(vec)
-    req = comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+    n = len(own)
+    if n > HEAD_SLOTS - _OWN:  # (a call's facts outgrew the head: a bug, not input)
+        raise AssertionError(f"{call}: {n} slots of its own, at most {HEAD_SLOTS - _OWN}")
+    # (packed and unpacked by struct: every call's head, small calls too, where numpy's
+    # conversions of a few dozen ints cost as much as the allreduce)
+    vec = _HEAD.pack(1 if failed else 0, code, -code, *own, *_PAD[n:])
+    got = bytearray(_HEAD.size)
+    req = comm.Iallreduce([vec, MPI.INT64_T], [got, MPI.INT64_T], op=MPI.MAX)
     if patient:
         sleep_until_done(req)
     else:
         req.Wait()
+    out = _HEAD.unpack(got)
     if out[1] != -out[2]:
         _raise_call_mismatch(comm, call, file, subject, extra)
-    return bool(out[0]), out[_OWN:]
+    return out[0] != 0, out[_OWN:]
 
 
 def _raise_call_mismatch(

@@ -43,7 +43,9 @@ class Rider(Protocol):
     def prepare(self) -> tuple[BaseException | None, Sequence[int]]:
         """Local, changes nothing others could see: this rank's error and head slots."""
 
-    def settle(self, call: str, failed: bool, error: BaseException | None, out: I64) -> None:
+    def settle(
+        self, call: str, failed: bool, error: BaseException | None, out: Sequence[int]
+    ) -> None:
         """Collective: act on the head's maxima (``failed``: some rank's prepare failed)."""
 
     def release(self) -> None:
@@ -182,7 +184,7 @@ class FileCore:
         own: Sequence[int] = (),
         subject: str | None = None,
         rider: Rider | None = None,
-    ) -> tuple[bool, I64]:
+    ) -> tuple[bool, tuple[int, ...]]:
         """Collective over ``comm``: the first agreement of a call on this file
         (:func:`~collio.collective.call_head`); a mismatch is handled by :meth:`failed`."""
         try:

@@ -2,12 +2,13 @@
 
 Flow of one call (every rank runs every step, so nothing hangs):
 
-1. *check*: validate the layout and data locally, then one allreduce agrees on
-   the call itself (the first operation of every collective call on a file,
-   :func:`~collio.collective.call_head`), errors, the shared signature (global
-   shape, dtype), the global extent and the other facts (:class:`_Checked`) from
-   which :mod:`collio.policy` chooses the path: direct, mapped, own pieces or
-   two-phase;
+1. *check* (:mod:`collio.check`): validate the layout and data locally, then one
+   allreduce agrees on the call itself (the first operation of every collective call
+   on a file, :func:`~collio.collective.call_head`), errors, the shared signature
+   (global shape, dtype), the global extent and the other facts
+   (:class:`~collio.checkfacts.Checked`) from which :mod:`collio.policy` chooses the
+   path: direct, mapped, own pieces or two-phase (a repeated call may have done its
+   I/O before that allreduce, and end with it: :mod:`collio.speculate`);
 2. *plan*: cut runs at file domains and round windows; send (offset, length)
    lists to the aggregators, which check overlaps and number their rounds;
 3. *rounds* (:mod:`collio.rounds`): messages straight into the round buffers; the
@@ -25,73 +26,34 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from mpi4py import MPI
 
-from . import batch, speculate, twolevel
+from . import batch, check, twolevel
 from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import storage_errors
 from .buffers import free_buffers
-from .collective import Attempt, agree, agree_facts, any_flag, call_head, digest, raise_agreed
+from .collective import Attempt, agree_facts, any_flag, raise_agreed
 from .completion import complete_call, local_summary
 from .context import Call, Context, Plan
-from .errors import LayoutError, MismatchError, ModeError, OverlapError
+from .errors import LayoutError
 from .exchange import alltoallv_i64
-from .facts import NOT_COMPARED, Facts, How, fact, record
+from .facts import Facts, How, fact, record
 from .layouts.base import Layout
-from .mismatch import raise_count_mismatch, raise_mismatch
 from .overlaps import overlap_error, raise_plan_error
 from .plancache import clear_all
-from .policy import (
-    CHECKED_MAX_RUNS,
-    Path,
-    PathFacts,
-    checked_runs,
-    choose_path,
-    domain_alignment,
-    extents_disjoint,
-    has_many_small_runs,
-    may_map,
-    round_window,
-)
+from .policy import domain_alignment, round_window
 from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
-from .runs import Runs, first_overlap, is_read_only, read_only
-from .stats import Stats
+from .runs import Runs
+from .speculate import remember
 
-__all__ = ["Context", "read", "read_many", "release_buffers", "write", "write_many"]
+__all__ = [
+    "Context", "read", "read_again", "read_many", "release_buffers", "write", "write_again",
+    "write_many",
+]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
-_BIG = 2**62  # an empty rank's first byte: above every real one
-
-
-@record
-class _Checked(PathFacts):
-    """The facts of a call's check, carried by its :func:`call_head` (beside the path's)."""
-
-    sig: int | None = fact(How.EQUAL)  # digest of the global array (None: ranks differ)
-    plan: int | None = fact(How.SAME)  # the kept plan's epoch found (-1: none; None: differ)
-    # some rank's extent changed since the ranks compared them, other than all of them
-    # moving by the same ``shift`` (a time series: that keeps the answer; see _moved)
-    moved: bool = fact(How.ANY)
-    shift: int | None = fact(How.EQUAL)
-    items: int | None = fact(How.EQUAL)  # a batch's items (None: ranks pass different counts)
-    # how far every rank's runs lie from the kept plan's (zigzag coded; None: ranks differ)
-    plan_shift: int | None = fact(How.EQUAL)
-    # every rank's caller vouched that no two ranks' runs overlap (a checkpoint's plan,
-    # which proved it from every rank's pieces): each rank may do its own I/O, however
-    # the ranks' extents interleave
-    vouched: bool = fact(How.ALL)
-    # every rank repeated its last call and did its I/O before this agreement
-    # (collio.speculate); the target's size before the call (the smallest any rank that
-    # wrote found); every failure was one of I/O; every rank's requests were its last
-    # call's; the slowest I/O and call so far (float64 bits)
-    guessed: bool = fact(How.ALL)
-    size: int = fact(How.MIN)
-    io_only: bool = fact(How.ALL)
-    same: bool = fact(How.ALL)
-    t_io: int = fact(How.MAX)
-    t_total: int = fact(How.MAX)
+_BIG = check.BIG
 
 
 @record
@@ -113,365 +75,6 @@ class _Extent(Facts):
 
     lo: int = fact(How.MIN)
     hi: int = fact(How.MAX)
-
-
-def _check(
-    ctx: Context,
-    source: Any,
-    *,
-    writing: bool,
-    count: int | None = None,
-    disjoint: bool = False,
-    t0: float = 0.0,
-) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:
-    """Collective over ``ctx.comm``: local checks, then one agreement (see module doc).
-
-    ``source()`` (local) checks the call's layout (or a batch's items) and returns
-    its runs, buffer, what goes beside it and the signature; ``count`` is a batch's
-    number of items (-1: not a sequence; None: a single call); ``disjoint`` the caller's
-    word that no two ranks' runs overlap (agreed: direct only if every rank gives it).
-    Nothing before that
-    agreement communicates (the checks, the runs, the kept plan's lookup): ranks in
-    different calls must meet there first.  A single call that repeats this rank's last
-    one does its I/O before it (:mod:`collio.speculate`, from ``t0`` on); when every rank
-    did, the returned call is ``settled``: complete.
-    """
-    ctx.stats.local = {}
-    step = Attempt()
-    # what a rank that fails contributes (its flag makes every rank raise first)
-    local = _FAILED
-    with step:
-        local = _check_locally(ctx, source, writing=writing)
-    runs, buf, extra, sig, mapped = local
-    lo, hi = runs.extent() if len(runs) else (_BIG, 0)
-    call_name = ("write_all" if writing else "read_all") + ("" if count is None else "_many")
-    facts = (
-        has_many_small_runs(runs, ctx.hints.direct_threshold), mapped, _checked(runs),
-        _digest(sig),
-    )  # fmt: skip
-    moved = _moved(ctx.extents, lo, hi)
-    g = None
-    if count is None and step.error is None:
-        g = speculate.attempt(ctx, runs, buf, facts, moved, writing=writing)
-    plan, prekey = (-1, 0), _prekey(ctx, writing) if g is None else ()
-    if g is None and step.error is None:
-        with step:
-            plan = _kept_plan(ctx, prekey, runs, writing=writing)
-    io_error = g.error if g is not None else None
-    seconds = speculate.times(g, t0)
-    mine = _Checked(
-        lo=lo, hi=hi, small=facts[0], mapped=mapped, checked=facts[2], sig=facts[3],
-        plan=plan[0], items=-1 if count is None else count, vouched=disjoint,
-        plan_shift=_zigzag(plan[1]) if len(runs) else NOT_COMPARED,
-        guessed=g is not None and io_error is None, size=g.size if g is not None else _BIG,
-        io_only=step.error is None, same=g is not None and g.key == g.kept.key,
-        t_io=seconds[0], t_total=seconds[1], **moved,
-    )  # fmt: skip
-    # the call's first operation, as of every collective call on a file: a call mismatch
-    # (a read beside a write, a sync, ...) is raised first, before any rank's own error
-    error = step.error or io_error
-    try:
-        failed, out = call_head(
-            ctx.comm, call_name, ctx.file, error is not None, mine.slots(),
-            extra=g.size if g is not None and g.wrote else None,
-        )  # fmt: skip
-    except MismatchError as exc:
-        speculate.after_mismatch(ctx, g, exc)
-        raise
-    agreed = _Checked.agreed(out)
-    if failed or agreed.items is None or agreed.sig is None:
-        speculate.take_back(ctx, g, agreed.size)  # (a write guessed: nothing stays)
-    if agreed.items is None:  # (item k means nothing when the counts differ)
-        raise_count_mismatch(ctx.comm, -1 if count is None else count, call_name)
-    if failed:
-        raise_agreed(ctx.comm, error, what="backend I/O" if agreed.io_only else call_name)
-    if agreed.sig is None:
-        raise_mismatch(ctx.comm, sig)
-    if agreed.guessed:  # every rank did its I/O: the path can only be the last call's
-        assert g is not None
-        slowest = (agreed.t_io, agreed.t_total)
-        call = speculate.settle(ctx, g, agreed.lo, agreed.hi, (lo, hi), agreed.same, slowest)
-        if call.settled:
-            return runs, buf, extra, call
-    else:
-        call = _choose(ctx, agreed, runs, (lo, hi), writing=writing, what=call_name)
-        if g is not None and call.direct and not (writing and call.path is not Path.DIRECT):
-            call.early = g  # (its I/O is this path's)
-        else:
-            speculate.take_back(ctx, g, agreed.size)
-    call.prekey, call.nruns, call.name = prekey or _prekey(ctx, writing), len(runs), call_name
-    call.facts, call.shift = facts, agreed.shift if agreed.shift is not None else -1
-    if agreed.plan is not None and agreed.plan_shift is not None:
-        # every rank found the plan of the same earlier call (or none), its runs shifted alike
-        call.plan_epoch = agreed.plan
-        call.plan_shift = _unzigzag(agreed.plan_shift) if agreed.plan_shift >= 0 else 0
-    return runs, buf, extra, call
-
-
-#: the last signature digested and its digest (one entry, replaced whole)
-_SIG: list[tuple[Any, int]] = [(None, digest(None))]
-
-
-def _digest(sig: Any) -> int:
-    """:func:`digest` of a layout's signature, kept for the next call with an equal one
-    (a time series' layouts have the same global array call after call: a tuple compare
-    instead of a repr and a hash)."""
-    seen = _SIG[0]
-    try:  # (equal values digest alike here: the ranks compare with == when digests differ)
-        if type(sig) is type(seen[0]) and bool(sig == seen[0]):
-            return seen[1]
-    except (TypeError, ValueError):  # (a user's signature holding arrays)
-        pass
-    got = digest(sig)
-    # (only a signature of immutable values is kept: == takes an element for equal to
-    # itself by identity, so a list or array changed in place would get the old digest)
-    _SIG[0] = (sig, got) if _frozen(sig) else (None, digest(None))
-    return got
-
-
-_SCALARS = (int, float, str, bytes, bool, type(None))
-
-
-def _frozen(value: Any) -> bool:
-    """Local: whether ``value`` is a scalar or a tuple of such, nested (a signature's few
-    fields, checked when it is kept, not on every call)."""
-    if type(value) is tuple:
-        return all(_frozen(v) for v in value)
-    return type(value) in _SCALARS
-
-
-def _zigzag(d: int) -> int:
-    """A shift as a non-negative fact (:data:`How.EQUAL` compares those)."""
-    return 2 * d if d >= 0 else -2 * d - 1
-
-
-def _unzigzag(z: int) -> int:
-    return z // 2 if z % 2 == 0 else -(z + 1) // 2
-
-
-#: What a rank's local checks found: its runs, its buffer and what ``prepare`` returned
-#: beside it, the layout's global array (None: not compared), and whether it would copy
-#: a read from the mapped file.
-_Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, bool]
-
-
-#: What a rank whose local checks fail contributes (read-only: nothing uses it but the
-#: head, after which every rank raises)
-_FAILED: _Found = (read_only(Runs.empty()), np.zeros(0, np.uint8), None, None, False)
-_FAILED[1].flags.writeable = False
-
-
-def _moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, Any]:
-    """This rank's ``moved`` and ``shift`` facts: its extent moved by ``shift`` (zigzag
-    coded, so never negative) keeping its width, or it is empty now as then
-    (``NOT_COMPARED``), or ``moved``."""
-    if before is None:
-        return {"moved": True, "shift": NOT_COMPARED}
-    plo, phi = before[0], before[1]
-    if hi <= lo and phi <= plo:
-        return {"moved": False, "shift": NOT_COMPARED}
-    if hi <= lo or phi <= plo or hi - lo != phi - plo:
-        return {"moved": True, "shift": NOT_COMPARED}
-    return {"moved": False, "shift": _zigzag(lo - plo)}
-
-
-def _check_locally(ctx: Context, source: Any, *, writing: bool) -> _Found:
-    """Local: validate the call; raises what the agreement will report."""
-    if ctx.mode == "closed":
-        raise ModeError("the file is closed")
-    if writing and ctx.mode == "r":
-        raise ModeError("write_all on a file opened in mode 'r'")
-    if writing and ctx.aborted:
-        raise ModeError("an earlier error aborted the atomic commit: nothing more is written")
-    if not writing and not ctx.backend.readable:
-        raise ModeError(
-            f"read_all is not possible on this {ctx.backend.name} target in mode {ctx.mode!r}"
-        )
-    runs, buf, extra, sig = source()
-    # (the mapping question may fail on one rank, e.g. its fstat: agreed too)
-    mapped = may_map(ctx.hints, writing=writing) and ctx.backend.maps_reads(runs)
-    return runs, buf, extra, sig, mapped
-
-
-def _kept_plan(ctx: Context, prekey: Any, runs: Runs, *, writing: bool) -> tuple[int, int]:
-    """Local: the kept plan for exactly these runs, as (epoch, shift); (-1, 0): none
-    (every rank must find the same one: plancache)."""
-    if ctx.plans is None:
-        return (-1, 0)
-    plan = ctx.plans.candidate(prekey, runs)
-    kept = ctx.plans.peek(plan[0]) if plan[0] >= 0 else None
-    if kept is not None:  # (allocations fail here, agreed, not in the rounds)
-        prepare_rounds(kept, writing=writing)
-    return plan
-
-
-def _one_layout(
-    ctx: Context, layout: Any, prepare: Any, *, writing: bool
-) -> tuple[Runs, npt.NDArray[np.uint8], Any, Any]:
-    """Local: a single call's checks of its layout; its runs, buffer, extra and signature."""
-    if not isinstance(layout, Layout):
-        raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
-    layout.checked()
-    ctx.backend.check_layout(layout)
-    buf, extra = prepare(layout)
-    runs = ctx.backend.runs_for(layout)
-    bad = _first_overlap(layout, runs)
-    if bad >= 0 and writing:
-        raise OverlapError(
-            f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
-            f"are written twice by this rank"
-        )
-    return runs, buf, extra, layout.signature()
-
-
-def _choose(
-    ctx: Context,
-    agreed: _Checked,
-    runs: Runs,
-    extent: tuple[int, int],
-    *,
-    writing: bool,
-    what: str,
-) -> Call:
-    """Collective over ``ctx.comm``: the call's path (:func:`~collio.policy.choose_path`)."""
-    own: npt.NDArray[np.bool_] | None = None
-    asked = [False]
-
-    def disjoint() -> bool:
-        asked[0] = True
-        if agreed.moved or agreed.shift is None or ctx.extents is None:
-            # (ctx.extents is the same on every rank but for its (lo, hi), so is None
-            # on all of them or none)
-            ctx.extents = (*extent, _disjoint(ctx.comm, *extent))
-        else:  # every extent as then, or moved alike: the same answer as then
-            ctx.extents = (*extent, ctx.extents[2])
-        return ctx.extents[2]
-
-    def split() -> bool | None:
-        nonlocal own
-        kept = ctx.backend.own_runs(ctx.comm, runs, writing=writing)
-        if kept is None:
-            return None
-        own = kept[0]
-        return kept[1]
-
-    def runs_disjoint() -> bool:
-        return _runs_disjoint(ctx.comm, runs, agreed.checked, what=what)
-
-    mode = ctx.hints.romio_cb_write if writing else ctx.hints.romio_cb_read
-    be = ctx.backend
-    path = choose_path(
-        agreed, mode=mode, independent=be.independent, disjoint=disjoint, split=split,
-        runs_disjoint=runs_disjoint, vouched=agreed.vouched,
-    )  # fmt: skip
-    call = Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
-    call.by_extents = path is Path.DIRECT and asked[0]  # (disjoint() said so: it decided)
-    return call
-
-
-def _first_overlap(layout: Layout, runs: Runs) -> int:
-    """:func:`first_overlap` of the runs, kept on the layout for the next call with them.
-
-    A layout keeps its runs read-only, so the same object holds the same runs; the check
-    costs a sort of every run, and repeated calls are the rule for checkpoints.
-    """
-    seen: tuple[Runs, int] | None = getattr(layout, "_overlap", None)
-    if seen is not None and seen[0] is runs:
-        return seen[1]
-    bad = first_overlap(runs.file, runs.length)
-    if is_read_only(runs):
-        try:
-            layout._overlap = (runs, bad)
-        except AttributeError:  # a layout class without the slot (user-defined)
-            pass
-    return bad
-
-
-def _prekey(ctx: Context, writing: bool) -> tuple[Any, ...]:
-    """What a call's plan depends on besides its runs and their global extent."""
-    be, h = ctx.backend, ctx.hints
-    return (
-        writing, tuple(ctx.aggregators.tolist()), type(be).__name__, be.alignment, be.min_window,
-        h.cb_buffer_size, h.min_rounds, h.striping_unit,
-    )  # fmt: skip
-
-
-def _disjoint(comm: MPI.Comm, lo: int, hi: int) -> bool:
-    """Collective: True when no two ranks' extents interleave (each may write alone)."""
-    mine = np.array([lo, hi], np.int64)
-    every = np.empty(2 * comm.Get_size(), np.int64)
-    comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
-    return extents_disjoint(every[0::2], every[1::2])
-
-
-def _checked(runs: Runs) -> int:
-    """Local: this rank's ``checked`` fact (:func:`~collio.policy.checked_runs`), kept
-    for the read-only lengths it was found from (a time series' next runs share them)."""
-    seen = _CHECKED[0]
-    if seen is not None and seen[0] is runs.length:
-        return seen[1]
-    got = _checked_anew(runs)
-    if not runs.length.flags.writeable:
-        _CHECKED[0] = (runs.length, got)
-    return got
-
-
-#: the last lengths :func:`_checked` was asked about and its answer (one entry, replaced
-#: whole: another thread's call may read it)
-_CHECKED: list[tuple[npt.NDArray[np.int64], int] | None] = [None]
-
-
-def _checked_anew(runs: Runs) -> int:
-    n = len(runs)
-    if n == 0 or n > CHECKED_MAX_RUNS:  # (no shortest run to find)
-        return 0 if n == 0 else CHECKED_MAX_RUNS + 1
-    shortest = int(runs.length[0]) if n == 1 else int(runs.length.min())  # (a small call's)
-    return int(checked_runs(n, shortest))
-
-
-def _runs_disjoint(comm: MPI.Comm, runs: Runs, most: int, *, what: str) -> bool:
-    """Collective: True when no two ranks' runs overlap (each may do its own I/O).
-
-    ``most`` is the agreed ``checked`` fact, the most runs of any rank: every rank
-    sends a block of that many (offset, length) pairs after a pair holding its count,
-    so one allgather of fixed blocks moves them, with no allgather of the counts first.
-    A rank that cannot allocate the blocks makes every rank raise the same error before
-    they move (as :func:`~collio.exchange.alltoallv_i64`), and so does one failing to
-    sort them (every rank computes the answer from the same pairs).
-    """
-    step = Attempt()
-    mine = every = np.zeros(0, np.int64)
-    with step:
-        mine, every = _pair_buffers(runs, most, comm.Get_size())
-    agree(comm, step.error, what=what)
-    comm.Allgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
-    disjoint = False
-    with step:
-        disjoint = _pairs_disjoint(every, most)
-    agree(comm, step.error, what=what)
-    return disjoint
-
-
-def _pair_buffers(runs: Runs, most: int, size: int) -> tuple[I64, I64]:
-    """Local: this rank's block (its count, 0, then its (offset, length) pairs, padded
-    to ``most``) and room for every rank's."""
-    n = len(runs)
-    mine = np.zeros(2 * (most + 1), np.int64)
-    mine[0] = n
-    mine[2 : 2 * n + 2 : 2], mine[3 : 2 * n + 3 : 2] = runs.file, runs.length
-    return mine, np.empty(size * len(mine), np.int64)
-
-
-def _pairs_disjoint(blocks: I64, most: int) -> bool:
-    """Local, pure: whether no two of the runs in ``blocks`` (every rank's block of
-    :func:`_pair_buffers`) overlap.  A rank's runs overlapping each other (a read may)
-    answer False too: the shuffle then reads them, as it did before the runs were
-    compared."""
-    pairs = blocks.reshape(-1, most + 1, 2)
-    real = np.arange(most) < pairs[:, 0, 0, None]  # (the padding past each rank's count)
-    file, length = pairs[:, 1:, 0][real], pairs[:, 1:, 1][real]
-    order = np.argsort(file, kind="stable")
-    return first_overlap(file[order], length[order]) < 0
 
 
 def release_buffers() -> None:
@@ -617,7 +220,7 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
     def prepare(lay: Layout) -> tuple[npt.NDArray[np.uint8], None]:
         return lay.as_bytes(data), None
 
-    _write(ctx, lambda: _one_layout(ctx, layout, prepare, writing=True))
+    _write(ctx, lambda: check.one_layout(ctx, layout, prepare, writing=True))
 
 
 def write_many(ctx: Context, items: Any, *, disjoint: bool = False) -> None:
@@ -632,9 +235,31 @@ def write_many(ctx: Context, items: Any, *, disjoint: bool = False) -> None:
     )
 
 
-def _write(ctx: Context, source: Any, count: int | None = None, disjoint: bool = False) -> None:
+def write_again(ctx: Context, fview: Any, position: Any, data: Any) -> bool:
+    """Collective over ``ctx.comm`` if it returns True: ``data`` written through the file
+    view ``fview`` from etype ``position``, when the call repeats this rank's last one
+    through the view (:func:`collio.check.again`); False (nothing done, nothing
+    communicated): the caller makes the call the general way."""
     t0 = time.perf_counter()
-    runs, buf, kept, call = _check(ctx, source, writing=True, count=count, disjoint=disjoint, t0=t0)
+    p = check.again(ctx, fview, position, data, writing=True, t0=t0)
+    if p is None:
+        return False
+    _write(ctx, None, t0=t0, pending=p)
+    return True
+
+
+def _write(
+    ctx: Context, source: Any, count: int | None = None, disjoint: bool = False,
+    t0: float | None = None, pending: check.Pending | None = None,
+) -> None:  # fmt: skip
+    t0 = time.perf_counter() if t0 is None else t0
+    if pending is None:
+        runs, buf, kept, call = check.check(
+            ctx, source, writing=True, count=count, disjoint=disjoint, t0=t0
+        )
+    else:
+        runs, buf, kept = pending.runs, pending.buf, pending.extra
+        call = check.after_head(ctx, pending, *check.head(ctx, pending))
     if call.settled:
         return
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
@@ -649,7 +274,7 @@ def _write(ctx: Context, source: Any, count: int | None = None, disjoint: bool =
         error, what = step.error, "backend flush"
     complete_call(ctx, call, t0, error, what, patient=True, items=count)
     if count is None:
-        speculate.remember(ctx, call, runs, writing=True)
+        remember(ctx, call, runs, writing=True)
     del kept  # (a batch's item buffers, alive until the call is complete)
 
 
@@ -660,7 +285,7 @@ def read(ctx: Context, layout: Any, out: Any) -> Any:
         arr, view = lay.allocate(out)
         return view, arr
 
-    return _read(ctx, lambda c: _one_layout(c, layout, prepare, writing=False))
+    return _read(ctx, lambda c: check.one_layout(c, layout, prepare, writing=False))
 
 
 def read_many(ctx: Context, layouts: Any, out: Any, *, disjoint: bool = False) -> list[Any]:
@@ -676,14 +301,32 @@ def read_many(ctx: Context, layouts: Any, out: Any, *, disjoint: bool = False) -
     return got
 
 
-def _read(ctx: Context, source: Any, count: int | None = None, disjoint: bool = False) -> Any:
+def read_again(ctx: Context, fview: Any, position: Any, out: Any) -> bool:
+    """Collective over ``ctx.comm`` if it returns True: ``out`` filled through the file
+    view ``fview`` from etype ``position`` (as :func:`write_again`)."""
     t0 = time.perf_counter()
+    p = check.again(ctx, fview, position, out, writing=False, t0=t0)
+    if p is None:
+        return False
+    _read(ctx, None, t0=t0, pending=p)
+    return True
+
+
+def _read(
+    ctx: Context, source: Any, count: int | None = None, disjoint: bool = False,
+    t0: float | None = None, pending: check.Pending | None = None,
+) -> Any:  # fmt: skip
+    t0 = time.perf_counter() if t0 is None else t0
     if ctx.read_aggregators is not None:  # the backend reads with other aggregators
         ctx = dataclasses.replace(ctx, aggregators=ctx.read_aggregators)
     c = ctx
-    runs, buf, arr, call = _check(
-        c, lambda: source(c), writing=False, count=count, disjoint=disjoint, t0=t0
-    )
+    if pending is None:
+        runs, buf, arr, call = check.check(
+            c, lambda: source(c), writing=False, count=count, disjoint=disjoint, t0=t0
+        )
+    else:
+        runs, buf, arr = pending.runs, pending.buf, pending.extra
+        call = check.after_head(ctx, pending, *check.head(ctx, pending))
     if call.settled:
         return arr
     if ctx.hints.read_past_eof == "disable":
@@ -695,7 +338,7 @@ def _read(ctx: Context, source: Any, count: int | None = None, disjoint: bool = 
     patient = ctx.backend.remote or call.direct
     complete_call(ctx, call, t0, error, "backend I/O", patient=patient, items=count)
     if count is None:
-        speculate.remember(ctx, call, runs, writing=False)
+        remember(ctx, call, runs, writing=False)
     return arr
 
 

@@ -6,9 +6,10 @@ import os
 import types
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
-from . import engine, view
+from . import engine, speculate, view
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
 from .comms import Private, exclusive, one_thread, private
@@ -193,9 +194,7 @@ class File:
         if layout is not _VIEW:  # (no buffer layout to build: small calls count every step)
             self._write(data, layout)
             return
-        lay = view.BufferLayout(self._view, self._position, data, writing=True)
-        self._write(data, lay)
-        self._position += lay.etypes
+        self._position += self._through_view(self._position, data, writing=True)
 
     def _write(self, data: Any, layout: Any) -> None:
         try:
@@ -203,6 +202,26 @@ class File:
         except BaseException as exc:
             self._failed(exc, writing=True)
             raise
+
+    def _through_view(self, position: Any, data: Any, *, writing: bool) -> int:
+        """Collective: write (read) ``data`` through the view from etype ``position``;
+        the etypes it moved.  A call repeating the last one through the view skips the
+        buffer's checks (:func:`collio.engine.write_again`)."""
+        ctx, fview = self._ctx, self._view
+        try:
+            if (engine.write_again if writing else engine.read_again)(ctx, fview, position, data):
+                return int(data.nbytes) // fview.etype_size
+            lay = view.BufferLayout(fview, position, data, writing=writing)
+            if writing:
+                engine.write(ctx, data, lay)
+            else:
+                engine.read(ctx, lay, None)
+        except BaseException as exc:
+            self._failed(exc, writing=writing)
+            raise
+        if type(data) is np.ndarray:  # (what check.again accepts)
+            speculate.note_view(ctx, fview, lay.data_bytes, writing=writing)
+        return lay.etypes
 
     @one_thread
     def read_all(self, layout: Any = None, out: Any = None) -> Any:
@@ -216,10 +235,8 @@ class File:
         self._check_open()
         if isinstance(layout, Layout):
             return self._read(layout, out)
-        lay = view.BufferLayout(self._view, self._position, layout, writing=False)
-        self._read(lay, None)
-        self._position += lay.etypes
-        return lay.buffer
+        self._position += self._through_view(self._position, layout, writing=False)
+        return view.BufferLayout.buffer_of(layout)
 
     def _read(self, layout: Any, out: Any) -> Any:
         try:
@@ -269,17 +286,18 @@ class File:
             self._failed(exc)
             raise
 
+    @one_thread
     def write_at_all(self, offset: int, buf: Any) -> None:
         """Collective over `comm`: write ``buf`` through the view from etype ``offset``."""
-        self.write_all(buf, view.BufferLayout(self._view, offset, buf, writing=True))
+        self._check_open()
+        self._through_view(offset, buf, writing=True)
 
     @one_thread
     def read_at_all(self, offset: int, buf: Any) -> Any:
         """Collective over `comm`: fill ``buf`` through the view from etype ``offset``."""
         self._check_open()
-        lay = view.BufferLayout(self._view, offset, buf, writing=False)
-        self._read(lay, None)
-        return lay.buffer
+        self._through_view(offset, buf, writing=False)
+        return view.BufferLayout.buffer_of(buf)
 
     @one_thread
     def sync(self) -> None:

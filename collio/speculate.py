@@ -76,6 +76,9 @@ class Kept:
     key: tuple[Any, ...]  # its requests and backend counters (equal: equal sums)
     sums: Again  # the call's sums, as the completion agreed them
     last: tuple[Any, ...]  # the call's Stats.last_facts
+    # a call through a file view: the view and the buffer's bytes (collio.check.again)
+    view: Any = None
+    nbytes: int = 0
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -126,9 +129,7 @@ def attempt(
             g.size = g.before.size
         with storage_errors(be):
             g.done = be.write_runs(runs, buf) if writing else be.read_runs(runs, buf)
-        g.key = (
-            g.done, be.take_direct_bytes(), be.take_flushes(), be.take_mapped_bytes(),
-        )  # fmt: skip
+        g.key = (g.done, *be.take_counts())
     g.seconds = time.perf_counter() - t
     g.error = step.error
     return g
@@ -211,3 +212,12 @@ def remember(ctx: Context, call: Call, runs: Any, writing: bool) -> None:
         ctx.hints, be, call.facts, call.shift, path, runs.length, key, Stats.again(call.sums),
         call.last,
     )  # fmt: skip
+
+
+def note_view(ctx: Context, fview: Any, nbytes: int, *, writing: bool) -> None:
+    """Local: the call just completed (its kind's :class:`Kept`, if any) was ``nbytes``
+    through the view ``fview``, so that a repeat may skip its checks
+    (:func:`collio.check.again`; on backends that keep runs as the layout gives them)."""
+    k = ctx.guesses[writing]
+    if k is not None and ctx.backend.takes_back:
+        k.view, k.nbytes = fview, nbytes

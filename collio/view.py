@@ -282,6 +282,17 @@ class BufferLayout(Layout):
         """The user's buffer object (what ``read_all`` returns)."""
         return _parse(self.spec)[0]
 
+    @staticmethod
+    def buffer_of(spec: Any) -> Any:
+        """The buffer object of an mpi4py buffer specification (``buf``, ``[buf, type]``,
+        ...): what ``read_all`` returns."""
+        return spec if type(spec) is np.ndarray else _parse(spec)[0]
+
+    @property
+    def data_bytes(self) -> int:
+        """The bytes the call moves (after :meth:`validate`)."""
+        return self._nbytes
+
     @property
     def dtype(self) -> np.dtype[Any]:
         return np.dtype(np.uint8)

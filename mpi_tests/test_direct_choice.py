@@ -69,11 +69,11 @@ def test_extents_moving_alike_keep_the_answer(comm, mpi_tmp_path, monkeypatch):
     """A time series (every rank's extent moves by the same shift, widths kept) reuses
     the answer without comparing extents again; a rank moving otherwise, or changing its
     width, makes the ranks compare again, and the choice follows."""
-    import collio.engine
+    import collio.choose
 
     compared = []
-    real = collio.engine._disjoint
-    monkeypatch.setattr(collio.engine, "_disjoint", lambda *a: compared.append(1) or real(*a))
+    real = collio.choose._disjoint
+    monkeypatch.setattr(collio.choose, "_disjoint", lambda *a: compared.append(1) or real(*a))
     path = str(mpi_tmp_path / "series.bin")
     p, r = comm.size, comm.rank
     hints = {"mapped_reads": "disable"}

@@ -187,7 +187,7 @@ def test_simulated_facts_are_what_each_rank_contributes(pattern, p):
 def test_the_checked_facts_fit_the_head_of_a_call():
     """Every call's first allreduce has the same length on every rank, whatever the call
     (ranks in different calls must meet in it): a call's own facts must fit."""
-    from collio import engine
+    from collio.checkfacts import Checked
     from collio.collective import HEAD_SLOTS
 
-    assert engine._Checked.width() <= HEAD_SLOTS - 3
+    assert Checked.width() <= HEAD_SLOTS - 3

@@ -302,6 +302,11 @@ class Backend(abc.ABC):
         backends that never flush while writing."""
         return self.flusher.take_count() if self.flusher is not None else 0
 
+    def take_counts(self) -> tuple[int, int, int]:
+        """:meth:`take_direct_bytes`, :meth:`take_flushes` and :meth:`take_mapped_bytes`
+        at once (a repeated small call asks every time)."""
+        return self.take_direct_bytes(), self.take_flushes(), self.take_mapped_bytes()
+
     def domain_bounds(self, lo: int, hi: int, naggs: int, align: int) -> npt.NDArray[np.int64]:
         """``naggs + 1`` domain bounds over ``[lo, hi)``, interior ones multiples of ``align``.
 

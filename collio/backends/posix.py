@@ -222,6 +222,13 @@ class PosixBackend(Backend):
         n, self.direct_bytes = self.direct_bytes, 0
         return n
 
+    def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int | list[int]:
+        if len(runs.file) == 1:  # (a small call's one run: no lists to build)
+            m, n = int(runs.mem[0]), int(runs.length[0])
+            self.write_at(int(runs.file[0]), data[m : m + n])
+            return 1
+        return super().write_runs(runs, data)
+
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
         self.dirty = True
@@ -297,12 +304,13 @@ class PosixBackend(Backend):
         """The bytes ``runs`` cover below the end of the file (a time series' next step
         past the end keeps none) and the file's size; None beyond ``limit`` bytes or
         :data:`KEEP_RUNS` runs."""
-        size = os.fstat(self.fd).st_size
-        n = len(runs)
-        if n > KEEP_RUNS:
+        if len(runs.file) > KEEP_RUNS:
             return None
+        size = self.size()
         offs: list[int] = runs.file.tolist()
         lens: list[int] = runs.length.tolist()
+        if len(offs) == 1 and offs[0] >= size:  # (a time series' next step)
+            return _Before(size, [])
         below = [max(0, min(m, size - f)) for f, m in zip(offs, lens, strict=True)]
         if sum(below) > limit:
             return None
@@ -322,11 +330,18 @@ class PosixBackend(Backend):
             n = max(0, min(len(old), size - f))
             if n:
                 pwrite_all(self.fd, old[:n], f, self.path)
-        if os.fstat(self.fd).st_size > size:
+        if self.size() > size:
             os.ftruncate(self.fd, size)
 
     def size(self) -> int:
-        return os.fstat(self.fd).st_size
+        # (the end as lseek finds it: no stat result to build, and collio never uses the
+        # descriptor's offset, reading and writing with pread and pwrite)
+        return os.lseek(self.fd, 0, os.SEEK_END)
+
+    def take_counts(self) -> tuple[int, int, int]:
+        got = (self.direct_bytes, self.take_flushes(), self.mapped_bytes)
+        self.direct_bytes = self.mapped_bytes = 0
+        return got
 
     def set_size(self, size: int) -> None:
         os.ftruncate(self.fd, size)

@@ -276,7 +276,9 @@ class File(DataAccess, Views):
     def _exclusive(self, call: str) -> contextlib.AbstractContextManager[None]:
         return exclusive(self._comm, call)
 
-    def _agreed(self, call: str, refusal: BaseException | None, own: Sequence[int] = ()) -> I64:
+    def _agreed(
+        self, call: str, refusal: BaseException | None, own: Sequence[int] = ()
+    ) -> tuple[int, ...]:
         """Collective: a call's head on the file (after the worker's calls), with this
         rank's refusal agreed; returns the maxima of ``own``."""
         self._drain()

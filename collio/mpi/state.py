@@ -11,8 +11,6 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from mpi4py import MPI
 
 from ..core import FileCore
@@ -56,7 +54,7 @@ class State:
 
     def _agreed(
         self, call: str, refusal: BaseException | None, own: Sequence[int] = ()
-    ) -> npt.NDArray[np.int64]:
+    ) -> tuple[int, ...]:
         raise NotImplementedError
 
     def _by_rank0(self, call: str, action: Any) -> Any:

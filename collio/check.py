@@ -1,0 +1,304 @@
+"""A call up to its path: local checks, then its head, the one agreement before bytes move.
+
+Every rank runs every step, so nothing hangs:
+
+1. *before the head* (local): validate the layout and data, find the runs, the facts the
+   path is chosen from (:class:`~collio.checkfacts.Checked`), a kept plan for these runs;
+   a single call that repeats this rank's last one does its I/O now
+   (:mod:`collio.speculate`).  Nothing here communicates: ranks in different calls must
+   meet in the head first.  :func:`again` is the same for a buffer written (read) through
+   a file view at a new position, when what its checks would find is known from the last
+   call: the same view, a buffer of the same size, the view's runs moved by whole tiles;
+2. *the head* (:func:`~collio.collective.call_head`): one allreduce agrees on the call
+   itself, every rank's errors and the facts;
+3. *after the head*: raise the agreed error on every rank (taking back a guessed write
+   first), or settle a call every rank guessed, or choose the path
+   (:func:`~collio.choose.choose`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import speculate
+from .checkfacts import Checked, digest_kept, moved, unzigzag, zigzag
+from .choose import checked, choose
+from .collective import Attempt, call_head, raise_agreed
+from .context import Call, Context
+from .errors import LayoutError, MismatchError, ModeError, OverlapError
+from .facts import NOT_COMPARED
+from .layouts.base import Layout
+from .mismatch import raise_count_mismatch, raise_mismatch
+from .policy import Path, has_many_small_runs, may_map
+from .rounds import prepare as prepare_rounds
+from .runs import Runs, first_overlap, is_read_only, read_only
+
+__all__ = ["Pending", "again", "check", "one_layout"]
+
+#: An empty rank's first byte: above every real one.
+BIG = 2**62
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Pending:
+    """A call up to its head on this rank: what its checks found, what it contributes."""
+
+    writing: bool
+    name: str  # the call, for messages (write_all, read_all_many, ...)
+    count: int | None  # a batch's items (-1: not a sequence; None: a single call)
+    runs: Runs
+    buf: npt.NDArray[np.uint8]
+    extra: Any  # what the layout's prepare returned beside the buffer
+    sig: Any  # the layout's global array (None: not compared)
+    facts: tuple[Any, ...]  # this rank's (small, mapped, checked, signature digest)
+    extent: tuple[int, int]  # this rank's (lo, hi); (BIG, 0) when empty
+    mine: Checked
+    error: BaseException | None  # this rank's, not yet agreed (its checks' or its I/O's)
+    guess: speculate.Guess | None
+    prekey: tuple[Any, ...]
+
+
+def check(
+    ctx: Context, source: Any, *, writing: bool, count: int | None = None,
+    disjoint: bool = False, t0: float = 0.0,
+) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:  # fmt: skip
+    """Collective over ``ctx.comm``: the steps of the module doc, for a call whose
+    ``source()`` (local) checks its layout (or a batch's items) and returns its runs,
+    buffer, what goes beside it and the signature.  ``disjoint`` is the caller's word
+    that no two ranks' runs overlap (agreed: direct only if every rank gives it); ``t0``
+    the call's start.  Returns the runs, buffer, extra and the call (``settled``: done)."""
+    p = before_head(ctx, source, writing=writing, count=count, disjoint=disjoint, t0=t0)
+    return p.runs, p.buf, p.extra, after_head(ctx, p, *head(ctx, p))
+
+
+def before_head(
+    ctx: Context, source: Any, *, writing: bool, count: int | None, disjoint: bool, t0: float
+) -> Pending:
+    """Local: step 1 of the module doc."""
+    ctx.stats.local = {}
+    step = Attempt()
+    # what a rank that fails contributes (its flag makes every rank raise first)
+    runs, buf, extra, sig, mapped = _FAILED
+    with step:
+        runs, buf, extra, sig, mapped = _check_locally(ctx, source, writing=writing)
+    facts = (
+        has_many_small_runs(runs, ctx.hints.direct_threshold), mapped, checked(runs),
+        digest_kept(sig),
+    )  # fmt: skip
+    extent = runs.extent() if len(runs) else (BIG, 0)
+    where = moved(ctx.extents, *extent)
+    g = None
+    if count is None and step.error is None:
+        g = speculate.attempt(ctx, runs, buf, facts, where, writing=writing)
+    plan, prekey = (-1, 0), ()
+    if g is None and step.error is None:
+        prekey = _prekey(ctx, writing)
+        with step:
+            plan = _kept_plan(ctx, prekey, runs, writing=writing)
+    name = ("write_all" if writing else "read_all") + ("" if count is None else "_many")
+    return _pending(
+        ctx, writing, name, count, (runs, buf, extra, sig), facts, extent, where, g,
+        step.error, disjoint=disjoint, plan=plan, prekey=prekey, t0=t0,
+    )  # fmt: skip
+
+
+def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
+          t0: float) -> Pending | None:  # fmt: skip
+    """Local: step 1 of the module doc for ``data`` through the view ``fview`` from etype
+    ``position``, when this rank's last call of its kind was one through the same view with
+    a buffer of the same size (so its checks would pass again and find the same facts),
+    and its I/O was done now (:func:`collio.speculate.attempt`); None (nothing done): not
+    so, the call takes the general way."""
+    k = ctx.guesses[writing]
+    if k is None or k.view is not fview or type(data) is not np.ndarray:
+        return None
+    if type(position) is not int or position < 0 or data.nbytes != k.nbytes or not k.nbytes:
+        return None
+    flags = data.flags
+    if not (flags.c_contiguous or flags.f_contiguous) or not (writing or flags.writeable):
+        return None
+    if ctx.mode == "closed" or (writing and (ctx.mode == "r" or ctx.aborted)):
+        return None  # (the general way raises what it must)
+    buf = data if data.dtype == np.uint8 and data.ndim == 1 else data.reshape(-1, order="A")
+    buf = buf.view(np.uint8)
+    runs, bad = fview.stream(position * fview.etype_size, k.nbytes, 0)
+    if bad >= 0 or runs.length is not k.lengths:
+        return None
+    facts = k.facts
+    if (
+        not writing
+        and (may_map(ctx.hints, writing=False) and ctx.backend.maps_reads(runs)) != (facts[1])
+    ):
+        return None
+    ctx.stats.local = {}
+    extent = runs.extent()
+    where = moved(ctx.extents, *extent)
+    g = speculate.attempt(ctx, runs, buf, facts, where, writing=writing)
+    if g is None:
+        return None
+    name = "write_all" if writing else "read_all"
+    found = (runs, buf, None if writing else buf, None)
+    return _pending(ctx, writing, name, None, found, facts, extent, where, g, None, t0=t0)
+
+
+def _pending(
+    ctx: Context, writing: bool, name: str, count: int | None,
+    found: tuple[Runs, npt.NDArray[np.uint8], Any, Any], facts: tuple[Any, ...],
+    extent: tuple[int, int], where: dict[str, Any], g: speculate.Guess | None,
+    error: BaseException | None, *, disjoint: bool = False, plan: tuple[int, int] = (-1, 0),
+    prekey: tuple[Any, ...] = (), t0: float,
+) -> Pending:  # fmt: skip
+    """Local: the call up to its head, with this rank's facts for it."""
+    runs = found[0]
+    io_error = g.error if g is not None else None
+    seconds = speculate.times(g, t0)
+    mine = Checked(
+        lo=extent[0], hi=extent[1], small=facts[0], mapped=facts[1], checked=facts[2],
+        sig=facts[3], plan=plan[0], items=-1 if count is None else count, vouched=disjoint,
+        plan_shift=zigzag(plan[1]) if len(runs) else NOT_COMPARED,
+        guessed=g is not None and io_error is None, size=g.size if g is not None else BIG,
+        io_only=error is None, same=g is not None and g.key == g.kept.key,
+        t_io=seconds[0], t_total=seconds[1], **where,
+    )  # fmt: skip
+    return Pending(writing, name, count, *found, facts, extent, mine, error or io_error, g, prekey)
+
+
+def head(ctx: Context, p: Pending) -> tuple[bool, tuple[int, ...]]:
+    """Collective over ``ctx.comm``: the call's first operation, as of every collective
+    call on a file; a call mismatch (a read beside a write, a sync, ...) is raised first,
+    before any rank's own error, a guessed write taken back before.  Returns whether any
+    rank failed, and the maxima of the call's slots."""
+    g = p.guess
+    try:
+        failed, out = call_head(
+            ctx.comm, p.name, ctx.file, p.error is not None, p.mine.slots(),
+            extra=g.size if g is not None and g.wrote else None,
+        )  # fmt: skip
+    except MismatchError as exc:
+        speculate.after_mismatch(ctx, g, exc)
+        raise
+    return failed, out
+
+
+def after_head(ctx: Context, p: Pending, failed: bool, out: tuple[int, ...]) -> Call:
+    """Collective over ``ctx.comm``: step 3 of the module doc."""
+    agreed, g = Checked.agreed(out), p.guess
+    if failed or agreed.items is None or agreed.sig is None:
+        speculate.take_back(ctx, g, agreed.size)  # (a write guessed: nothing stays)
+    if agreed.items is None:  # (item k means nothing when the counts differ)
+        raise_count_mismatch(ctx.comm, -1 if p.count is None else p.count, p.name)
+    if failed:
+        raise_agreed(ctx.comm, p.error, what="backend I/O" if agreed.io_only else p.name)
+    if agreed.sig is None:
+        raise_mismatch(ctx.comm, p.sig)
+    if agreed.guessed:  # every rank did its I/O: the path can only be the last call's
+        assert g is not None
+        slowest = (agreed.t_io, agreed.t_total)
+        call = speculate.settle(ctx, g, agreed.lo, agreed.hi, p.extent, agreed.same, slowest)
+        if call.settled:
+            return call
+    else:
+        call = choose(ctx, agreed, p.runs, p.extent, writing=p.writing, what=p.name)
+        if g is not None and call.direct and not (p.writing and call.path is not Path.DIRECT):
+            call.early = g  # (its I/O is this path's)
+        else:
+            speculate.take_back(ctx, g, agreed.size)
+    call.prekey, call.nruns, call.name = p.prekey or _prekey(ctx, p.writing), len(p.runs), p.name
+    call.facts, call.shift = p.facts, agreed.shift if agreed.shift is not None else -1
+    if agreed.plan is not None and agreed.plan_shift is not None:
+        # every rank found the plan of the same earlier call (or none), its runs shifted alike
+        call.plan_epoch = agreed.plan
+        call.plan_shift = unzigzag(agreed.plan_shift) if agreed.plan_shift >= 0 else 0
+    return call
+
+
+#: What a rank's local checks found: its runs, its buffer and what ``prepare`` returned
+#: beside it, the layout's global array (None: not compared), and whether it would copy
+#: a read from the mapped file.
+_Found = tuple[Runs, npt.NDArray[np.uint8], Any, Any, bool]
+
+
+#: What a rank whose local checks fail contributes (read-only: nothing uses it but the
+#: head, after which every rank raises)
+_FAILED: _Found = (read_only(Runs.empty()), np.zeros(0, np.uint8), None, None, False)
+_FAILED[1].flags.writeable = False
+
+
+def _check_locally(ctx: Context, source: Any, *, writing: bool) -> _Found:
+    """Local: validate the call; raises what the agreement will report."""
+    if ctx.mode == "closed":
+        raise ModeError("the file is closed")
+    if writing and ctx.mode == "r":
+        raise ModeError("write_all on a file opened in mode 'r'")
+    if writing and ctx.aborted:
+        raise ModeError("an earlier error aborted the atomic commit: nothing more is written")
+    if not writing and not ctx.backend.readable:
+        raise ModeError(
+            f"read_all is not possible on this {ctx.backend.name} target in mode {ctx.mode!r}"
+        )
+    runs, buf, extra, sig = source()
+    # (the mapping question may fail on one rank, e.g. its fstat: agreed too)
+    mapped = may_map(ctx.hints, writing=writing) and ctx.backend.maps_reads(runs)
+    return runs, buf, extra, sig, mapped
+
+
+def _kept_plan(ctx: Context, prekey: Any, runs: Runs, *, writing: bool) -> tuple[int, int]:
+    """Local: the kept plan for exactly these runs, as (epoch, shift); (-1, 0): none
+    (every rank must find the same one: plancache)."""
+    if ctx.plans is None:
+        return (-1, 0)
+    plan = ctx.plans.candidate(prekey, runs)
+    kept = ctx.plans.peek(plan[0]) if plan[0] >= 0 else None
+    if kept is not None:  # (allocations fail here, agreed, not in the rounds)
+        prepare_rounds(kept, writing=writing)
+    return plan
+
+
+def one_layout(
+    ctx: Context, layout: Any, prepare: Any, *, writing: bool
+) -> tuple[Runs, npt.NDArray[np.uint8], Any, Any]:
+    """Local: a single call's checks of its layout; its runs, buffer, extra and signature."""
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
+    layout.checked()
+    ctx.backend.check_layout(layout)
+    buf, extra = prepare(layout)
+    runs = ctx.backend.runs_for(layout)
+    bad = _first_overlap(layout, runs)
+    if bad >= 0 and writing:
+        raise OverlapError(
+            f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
+            f"are written twice by this rank"
+        )
+    return runs, buf, extra, layout.signature()
+
+
+def _first_overlap(layout: Layout, runs: Runs) -> int:
+    """:func:`first_overlap` of the runs, kept on the layout for the next call with them.
+
+    A layout keeps its runs read-only, so the same object holds the same runs; the check
+    costs a sort of every run, and repeated calls are the rule for checkpoints.
+    """
+    seen: tuple[Runs, int] | None = getattr(layout, "_overlap", None)
+    if seen is not None and seen[0] is runs:
+        return seen[1]
+    bad = first_overlap(runs.file, runs.length)
+    if is_read_only(runs):
+        try:
+            layout._overlap = (runs, bad)
+        except AttributeError:  # a layout class without the slot (user-defined)
+            pass
+    return bad
+
+
+def _prekey(ctx: Context, writing: bool) -> tuple[Any, ...]:
+    """What a call's plan depends on besides its runs and their global extent."""
+    be, h = ctx.backend, ctx.hints
+    return (
+        writing, tuple(ctx.aggregators.tolist()), type(be).__name__, be.alignment, be.min_window,
+        h.cb_buffer_size, h.min_rounds, h.striping_unit,
+    )  # fmt: skip

@@ -1,0 +1,99 @@
+"""The facts a call's head agrees on (:class:`Checked`), and how a rank finds its own.
+
+Pure: no MPI.  The head is the one agreement before any byte moves
+(:mod:`collio.check`); its record names every fact once (:mod:`collio.facts`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .collective import digest
+from .facts import NOT_COMPARED, How, fact, record
+from .policy import PathFacts
+
+__all__ = ["Checked", "digest_kept", "moved", "unzigzag", "zigzag"]
+
+
+@record
+class Checked(PathFacts):
+    """The facts of a call's check, carried by its :func:`call_head` (beside the path's)."""
+
+    sig: int | None = fact(How.EQUAL)  # digest of the global array (None: ranks differ)
+    plan: int | None = fact(How.SAME)  # the kept plan's epoch found (-1: none; None: differ)
+    # some rank's extent changed since the ranks compared them, other than all of them
+    # moving by the same ``shift`` (a time series: that keeps the answer; see _moved)
+    moved: bool = fact(How.ANY)
+    shift: int | None = fact(How.EQUAL)
+    items: int | None = fact(How.EQUAL)  # a batch's items (None: ranks pass different counts)
+    # how far every rank's runs lie from the kept plan's (zigzag coded; None: ranks differ)
+    plan_shift: int | None = fact(How.EQUAL)
+    # every rank's caller vouched that no two ranks' runs overlap (a checkpoint's plan,
+    # which proved it from every rank's pieces): each rank may do its own I/O, however
+    # the ranks' extents interleave
+    vouched: bool = fact(How.ALL)
+    # every rank repeated its last call and did its I/O before this agreement
+    # (collio.speculate); the target's size before the call (the smallest any rank that
+    # wrote found); every failure was one of I/O; every rank's requests were its last
+    # call's; the slowest I/O and call so far (float64 bits)
+    guessed: bool = fact(How.ALL)
+    size: int = fact(How.MIN)
+    io_only: bool = fact(How.ALL)
+    same: bool = fact(How.ALL)
+    t_io: int = fact(How.MAX)
+    t_total: int = fact(How.MAX)
+
+
+#: the last signature digested and its digest (one entry, replaced whole)
+_SIG: list[tuple[Any, int]] = [(None, digest(None))]
+
+
+def digest_kept(sig: Any) -> int:
+    """:func:`digest` of a layout's signature, kept for the next call with an equal one
+    (a time series' layouts have the same global array call after call: a tuple compare
+    instead of a repr and a hash)."""
+    seen = _SIG[0]
+    try:  # (equal values digest alike here: the ranks compare with == when digests differ)
+        if type(sig) is type(seen[0]) and bool(sig == seen[0]):
+            return seen[1]
+    except (TypeError, ValueError):  # (a user's signature holding arrays)
+        pass
+    got = digest(sig)
+    # (only a signature of immutable values is kept: == takes an element for equal to
+    # itself by identity, so a list or array changed in place would get the old digest)
+    _SIG[0] = (sig, got) if _frozen(sig) else (None, digest(None))
+    return got
+
+
+_SCALARS = (int, float, str, bytes, bool, type(None))
+
+
+def _frozen(value: Any) -> bool:
+    """Local: whether ``value`` is a scalar or a tuple of such, nested (a signature's few
+    fields, checked when it is kept, not on every call)."""
+    if type(value) is tuple:
+        return all(_frozen(v) for v in value)
+    return type(value) in _SCALARS
+
+
+def zigzag(d: int) -> int:
+    """A shift as a non-negative fact (:data:`How.EQUAL` compares those)."""
+    return 2 * d if d >= 0 else -2 * d - 1
+
+
+def unzigzag(z: int) -> int:
+    return z // 2 if z % 2 == 0 else -(z + 1) // 2
+
+
+def moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, Any]:
+    """This rank's ``moved`` and ``shift`` facts: its extent moved by ``shift`` (zigzag
+    coded, so never negative) keeping its width, or it is empty now as then
+    (``NOT_COMPARED``), or ``moved``."""
+    if before is None:
+        return {"moved": True, "shift": NOT_COMPARED}
+    plo, phi = before[0], before[1]
+    if hi <= lo and phi <= plo:
+        return {"moved": False, "shift": NOT_COMPARED}
+    if hi <= lo or phi <= plo or hi - lo != phi - plo:
+        return {"moved": True, "shift": NOT_COMPARED}
+    return {"moved": False, "shift": zigzag(lo - plo)}
