@@ -13,13 +13,13 @@ the items), not in a Python loop: its layout's type, shape fields and offset, it
 array's type, dtype, shape, contiguity and address.  Any item that would fail, or any
 other kind of item, sends the whole batch to the per-item path
 (:func:`collio.batch.gather`), which checks each item alone and names the first bad one.
-Pure: no MPI calls (mpi4py's buffer object only reads an array's address).
+Pure: no communication (``MPI.Get_address`` only reads an array's address).
 """
 
 from __future__ import annotations
 
-from functools import partial
-from operator import attrgetter, itemgetter
+import dataclasses
+from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from .backends.base import Backend
 from .errors import LayoutError
 from .itemsigs import ItemSigs, array_sigs
 from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray
-from .runs import Runs
+from .runs import Runs, read_only
 from .spans import U8, sorted_union, span
 
 __all__ = ["SHIFTABLE", "gather_boxes", "shape_key"]
@@ -59,10 +59,9 @@ _C_CONTIGUOUS = attrgetter("flags.c_contiguous")
 _F_CONTIGUOUS = attrgetter("flags.f_contiguous")
 _WRITEABLE = attrgetter("flags.writeable")
 _NBYTES = attrgetter("nbytes")
-_ADDRESS = attrgetter("address")
-# (mpi4py's buffer object: a tenth of what numpy's ctypes attribute costs per array;
-# read-only, since a write's data may be a read-only array and nothing writes through it)
-_BUFFER = partial(MPI.memory.frombuffer, readonly=True)
+# (MPI_Get_address through the buffer protocol: a tenth of what numpy's ctypes attribute
+# costs per array, and half of an mpi4py buffer object's; it takes read-only arrays too)
+_ADDRESS = MPI.Get_address
 
 
 def shape_key(lay: ArrayLayout) -> tuple[Any, ...]:
@@ -85,13 +84,53 @@ def gather_boxes(backend: Any, items: Any, *, writing: bool, outs: Any) -> Gathe
     """:func:`collio.batch.gather` of a batch of :data:`SHIFTABLE` layouts over C- or
     F-contiguous arrays of their dtype and shape, or None for any other batch, or any
     item that would fail (see the module doc)."""
-    n = len(items)
-    if not n or not _plain(backend):
+    if not len(items) or not _plain(backend):
         return None
     split = _split(items, writing=writing)
     if split is None:
         return None
     lays, data = split
+    shapes = _shapes(lays)
+    if shapes is None:
+        return None
+    arrays = _arrays(shapes, data, outs, writing=writing)
+    if arrays is None:
+        return None
+    union, whole = _union_shifted(shapes, arrays, writing=writing)
+    return union, whole, arrays, ("items", shapes.sigs)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class _Shapes:
+    """What a batch's layouts alone decide: which template each item has, the templates'
+    runs, how far each item lies from its template, the items' signatures, and each
+    template's dtype, local shape and memory order.  Kept for the next batch of the same
+    layout objects (layouts are immutable, and the kept tuple holds them, so the same
+    objects are the same layouts): a checkpoint or a time series passes them again."""
+
+    lays: tuple[Any, ...]
+    group: npt.NDArray[np.intp]
+    firsts: npt.NDArray[np.intp]
+    templates: list[Runs]
+    shift: I64
+    sigs: ItemSigs
+    specs: list[tuple[np.dtype[Any], tuple[int, ...]]]
+    orders: list[str]
+
+
+#: The last batch's :class:`_Shapes` (one entry, replaced whole: another thread's call
+#: may read it) ...
+_KEPT: list[_Shapes | None] = [None]
+#: ... and the last union made over it: (shapes, writing, addresses, sizes, union).
+_UNION: list[tuple[_Shapes, bool, I64, I64, Runs] | None] = [None]
+
+
+def _shapes(lays: list[Any]) -> _Shapes | None:
+    """The batch's :class:`_Shapes`, kept or made; None when an item's layout would fail
+    (its offset, or its template's check)."""
+    kept = _KEPT[0]
+    if kept is not None and len(kept.lays) == len(lays) and all(map(is_, lays, kept.lays)):
+        return kept
     grouped = _group(lays)
     if grouped is None:
         return None
@@ -100,19 +139,20 @@ def gather_boxes(backend: Any, items: Any, *, writing: bool, outs: Any) -> Gathe
     if templates is None:
         return None
     try:
-        offsets = np.fromiter(map(_OFFSET, lays), np.int64, n)
+        offsets = np.fromiter(map(_OFFSET, lays), np.int64, len(lays))
     except (OverflowError, TypeError):  # (an offset past int64: the item's own check says so)
         return None
     if bool((offsets < 0).any()):
         return None
-    arrays = _arrays(lays, data, firsts, group, outs, writing=writing)
-    if arrays is None:
-        return None
     heads = [lays[k].signature()[:4] for k in firsts.tolist()]  # (one per distinct shape)
-    sigs: ItemSigs = array_sigs(heads, group, offsets)
-    base = offsets[firsts]
-    union, whole = _union_shifted(templates, group, offsets - base[group], arrays, writing=writing)
-    return union, whole, arrays, ("items", sigs)
+    made = _Shapes(
+        tuple(lays), group, firsts, templates, offsets - offsets[firsts][group],
+        array_sigs(heads, group, offsets),
+        [(lays[k].dtype, lays[k].local_shape) for k in firsts.tolist()],
+        [lays[k].order for k in firsts.tolist()],
+    )  # fmt: skip
+    _KEPT[0] = made
+    return made
 
 
 def _split(items: Any, *, writing: bool) -> tuple[list[Any], list[Any] | None] | None:
@@ -162,14 +202,13 @@ def _templates(lays: list[Any], firsts: npt.NDArray[np.intp]) -> list[Runs] | No
 
 
 def _arrays(
-    lays: list[Any], data: list[Any] | None, firsts: Any, group: Any, outs: Any, *, writing: bool
+    shapes: _Shapes, data: list[Any] | None, outs: Any, *, writing: bool
 ) -> list[Any] | None:
     """The items' arrays as the batch moves them (a write's data, a read's outputs), or
     None when one is not already an array of its layout's dtype, shape and memory order
     (the per-item checks of :meth:`Layout.as_bytes` / :meth:`Layout.allocate`)."""
-    specs = [(lays[k].dtype, lays[k].local_shape) for k in firsts.tolist()]
-    orders = [lays[k].order for k in firsts.tolist()]
-    n = len(lays)
+    specs, orders, group = shapes.specs, shapes.orders, shapes.group
+    n = len(group)
     if not writing and outs is None:
         per = group.tolist()
         return [np.empty(specs[g][1], specs[g][0], order=orders[g]) for g in per]  # type: ignore[call-overload]
@@ -191,40 +230,58 @@ def _arrays(
     return got
 
 
-def _union_shifted(
-    templates: list[Runs], group: Any, shift: I64, arrays: list[Any], *, writing: bool
-) -> tuple[Runs, U8]:
-    """The union of items whose runs are ``templates[group[k]]`` moved by ``shift[k]``
-    in the file, over the arrays ``arrays`` (contiguous in their layout's order)."""
+def _union_shifted(shapes: _Shapes, arrays: list[Any], *, writing: bool) -> tuple[Runs, U8]:
+    """The union of items whose runs are their templates' moved by ``shapes.shift`` in
+    the file, over the arrays ``arrays`` (contiguous in their layout's order); read-only,
+    and the same object as the last call's when the layouts and the arrays' addresses
+    are (so the engine's checks and kept plan know it by identity)."""
+    templates, group = shapes.templates, shapes.group
     n = len(group)
     counts = np.array([len(t) for t in templates], np.int64)[group]
     if not int(counts.sum()):
         return Runs.empty(), np.zeros(0, np.uint8)
-    addr = np.fromiter(map(_ADDRESS, map(_BUFFER, arrays)), np.int64, n)
+    addr = np.fromiter(map(_ADDRESS, arrays), np.int64, n)
     sizes = np.fromiter(map(_NBYTES, arrays), np.int64, n)
     used = counts > 0
     ends = addr + sizes
     lo, hi = int(addr[used].min()), int(ends[used].max())
+    whole = span(lo, hi - lo, writable=not writing, holds=arrays)
+    last = _UNION[0]
+    if (
+        last is not None
+        and last[0] is shapes
+        and last[1] == writing
+        and np.array_equal(last[2], addr)
+        and np.array_equal(last[3], sizes)
+    ):
+        return last[4], whole
+    file, length, mem, item = _moved(shapes, counts, addr - lo)
+    union = read_only(sorted_union(file, length, mem, item, addr, ends, used, writing=writing))
+    _UNION[0] = (shapes, writing, addr, sizes, union)
+    return union, whole
+
+
+def _moved(shapes: _Shapes, counts: I64, rel: I64) -> tuple[I64, I64, I64, Any]:
+    """Every item's runs: its template's moved by its shift in the file and by ``rel``
+    (its array's address from the span's start) in memory, with the item of each run."""
+    templates, group, shift = shapes.templates, shapes.group, shapes.shift
+    n = len(group)
     if len(templates) == 1:  # (one shape: a 2-D broadcast, no concatenation)
         t = templates[0]
         file = (t.file[None, :] + shift[:, None]).reshape(-1)
-        length = np.tile(t.length, n)
-        mem = (t.mem[None, :] + (addr - lo)[:, None]).reshape(-1)
-        item = np.repeat(np.arange(n), len(t))
-    else:
-        by = np.argsort(group, kind="stable")  # the items of each shape in turn
-        first = np.searchsorted(group[by], np.arange(len(templates) + 1))
-        parts: list[tuple[I64, I64, I64]] = []
-        for g, t in enumerate(templates):  # (a loop per distinct shape, not per item)
-            sel = by[first[g] : first[g + 1]]
-            parts.append(
-                (
-                    (t.file[None, :] + shift[sel][:, None]).reshape(-1),
-                    np.tile(t.length, len(sel)),
-                    (t.mem[None, :] + (addr[sel] - lo)[:, None]).reshape(-1),
-                )
+        mem = (t.mem[None, :] + rel[:, None]).reshape(-1)
+        return file, np.tile(t.length, n), mem, np.repeat(np.arange(n), len(t))
+    by = np.argsort(group, kind="stable")  # the items of each shape in turn
+    first = np.searchsorted(group[by], np.arange(len(templates) + 1))
+    parts: list[tuple[I64, I64, I64]] = []
+    for g, t in enumerate(templates):  # (a loop per distinct shape, not per item)
+        sel = by[first[g] : first[g + 1]]
+        parts.append(
+            (
+                (t.file[None, :] + shift[sel][:, None]).reshape(-1),
+                np.tile(t.length, len(sel)),
+                (t.mem[None, :] + rel[sel][:, None]).reshape(-1),
             )
-        file, length, mem = (np.concatenate([p[i] for p in parts]) for i in range(3))
-        item = np.repeat(by, counts[by])
-    whole = span(lo, hi - lo, writable=not writing, holds=arrays)
-    return sorted_union(file, length, mem, item, addr, ends, used, writing=writing), whole
+        )
+    file, length, mem = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    return file, length, mem, np.repeat(by, counts[by])
