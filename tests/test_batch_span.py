@@ -135,3 +135,28 @@ def test_boxes_errors_name_the_item(tmp_path):
         neg[2] = (items[2][0], layouts.Subarray((6, 8), (1, 2), (4, 5), "<f4", offset=-8))
         with pytest.raises(collio.LayoutError, match="item 2: offset -8 is negative"):
             f.write_all_many(neg)
+
+
+def test_a_batch_of_the_same_layouts_keeps_its_union(tmp_path):
+    """The same layout objects over arrays at the same addresses give the same read-only
+    union object (the engine knows it by identity); other arrays, or equal layouts made
+    anew, give a union of their own with the runs the per-item path makes."""
+    items = _boxes()
+    with collio.open(str(tmp_path / "k.bin"), "w", comm=MPI.COMM_SELF) as f:
+        first = batch.gather(f.backend, items, writing=True)
+        again = batch.gather(f.backend, [(d, lay) for d, lay in items], writing=True)
+        assert again[0] is first[0] and not first[0].file.flags.writeable
+        copies = [(d.copy(order="K"), lay) for d, lay in items]
+        other = batch.gather(f.backend, copies, writing=True)
+        anew = [(d, layouts.Subarray(lay.global_shape, lay.start, lay.shape, lay.dtype,
+                                     lay.order, lay.offset) if type(lay) is layouts.Subarray
+                 else lay) for d, lay in items]  # fmt: skip
+        remade = batch.gather(f.backend, anew, writing=True)
+        bufs = [lay.as_bytes(d) for d, lay in copies]
+        slow, _ = batch._union([lay.runs() for _, lay in items], bufs, bufs, writing=True)
+    assert other[0] is not first[0] and remade[0] is not first[0]
+    np.testing.assert_array_equal(remade[0].file, first[0].file)
+    assert remade[3] == first[3] == other[3] and repr(remade[3]) == repr(first[3])
+    for a, b in ((other[0].file, slow.file), (other[0].length, slow.length),
+                 (other[0].mem, slow.mem)):  # fmt: skip
+        np.testing.assert_array_equal(a, b)
