@@ -65,8 +65,9 @@ _ADDRESS = MPI.Get_address
 
 
 def shape_key(lay: ArrayLayout) -> tuple[Any, ...]:
-    """What an array layout's runs depend on besides its offset, its type included."""
-    return (type(lay), *_KEYS[type(lay)](lay))
+    """What an array layout's runs depend on besides its offset: its type, and the
+    fields its runs are made from."""
+    return (type(lay), _KEYS[type(lay)](lay))
 
 
 def _plain(backend: Any) -> bool:
@@ -134,8 +135,8 @@ def _shapes(lays: list[Any]) -> _Shapes | None:
     grouped = _group(lays)
     if grouped is None:
         return None
-    group, firsts = grouped
-    templates = _templates(lays, firsts)
+    group, firsts, keys = grouped
+    templates = _templates(lays, firsts, keys)
     if templates is None:
         return None
     try:
@@ -144,12 +145,11 @@ def _shapes(lays: list[Any]) -> _Shapes | None:
         return None
     if bool((offsets < 0).any()):
         return None
-    heads = [lays[k].signature()[:4] for k in firsts.tolist()]  # (one per distinct shape)
+    base = np.array([t.base for t in templates], np.int64)
     made = _Shapes(
-        tuple(lays), group, firsts, templates, offsets - offsets[firsts][group],
-        array_sigs(heads, group, offsets),
-        [(lays[k].dtype, lays[k].local_shape) for k in firsts.tolist()],
-        [lays[k].order for k in firsts.tolist()],
+        tuple(lays), group, firsts, [t.runs for t in templates], offsets - base[group],
+        array_sigs([t.head for t in templates], group, offsets),
+        [t.spec for t in templates], [t.order for t in templates],
     )  # fmt: skip
     _KEPT[0] = made
     return made
@@ -169,36 +169,73 @@ def _split(items: Any, *, writing: bool) -> tuple[list[Any], list[Any] | None] |
     return lays, data
 
 
-def _group(lays: list[Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]] | None:
-    """Which template each item has (numbered in order of their first items) and the
-    first item of each; None for a key that does not hash (an invalid layout's)."""
+def _group(lays: list[Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], list[Any]] | None:
+    """Which template each item has (numbered in order of their first items), the first
+    item of each and its :func:`shape_key`; None for a key that does not hash."""
     n = len(lays)
     kinds = set(map(type, lays))
-    keys = list(map(_KEYS[kinds.pop()], lays)) if len(kinds) == 1 else list(map(shape_key, lays))
+    kind = kinds.pop() if len(kinds) == 1 else None
+    keys = list(map(_KEYS[kind], lays)) if kind is not None else list(map(shape_key, lays))
     try:
         if keys.count(keys[0]) == n:  # (one shape: a time series' steps)
-            return np.zeros(n, np.intp), np.zeros(1, np.intp)
+            one = [(kind, keys[0]) if kind is not None else keys[0]]
+            return np.zeros(n, np.intp), np.zeros(1, np.intp), one
         index = {k: i for i, k in enumerate(dict.fromkeys(keys))}  # (a step per distinct)
     except TypeError:
         return None
     group = np.fromiter(map(index.__getitem__, keys), np.intp, n)
     firsts = np.zeros(len(index), np.intp)
     firsts[group[::-1]] = np.arange(n - 1, -1, -1)  # (each key's first item)
-    return group, firsts
+    distinct = list(index) if kind is None else [(kind, k) for k in index]
+    return group, firsts, distinct
 
 
-def _templates(lays: list[Any], firsts: npt.NDArray[np.intp]) -> list[Runs] | None:
-    """The runs of each template, checked (a loop per distinct shape, not per item); None
-    when one is invalid (the per-item path raises its error)."""
-    templates: list[Runs] = []
-    for k in firsts.tolist():
-        lay = lays[k]
-        try:
-            lay.checked()
-        except LayoutError:
-            return None
-        templates.append(lay.runs())
-    return templates
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Template:
+    """What every layout of one :func:`shape_key` shares: its runs at byte ``base`` (the
+    offset of the layout they were made from), its signature but for the offset, its
+    dtype and local shape, and its memory order."""
+
+    base: int
+    runs: Runs
+    head: tuple[Any, ...]
+    spec: tuple[np.dtype[Any], tuple[int, ...]]
+    order: str
+
+
+#: Templates by shape key, for batches that pass layouts of known shapes anew (a time
+#: series at a new offset each step): a layout valid at one offset is valid at every
+#: offset >= 0, and its runs are the template's moved.  Forgotten all at once past
+#: :data:`TEMPLATES_MAX` entries or :data:`TEMPLATE_RUNS_MAX` runs in all.
+_TEMPLATES: dict[Any, _Template] = {}
+_TEMPLATE_RUNS = [0]
+TEMPLATES_MAX = 4096
+TEMPLATE_RUNS_MAX = 1 << 18
+
+
+def _templates(lays: list[Any], firsts: Any, keys: list[Any]) -> list[_Template] | None:
+    """The template of each distinct shape, found or made from its first item (checked:
+    a loop per distinct shape, not per item); None when one is invalid (the per-item
+    path raises its error)."""
+    out: list[_Template] = []
+    for k, key in zip(firsts.tolist(), keys, strict=True):
+        t = _TEMPLATES.get(key)
+        if t is None:
+            lay = lays[k]
+            try:
+                lay.checked()
+            except LayoutError:
+                return None
+            runs = lay.runs()
+            t = _Template(lay.offset, runs, lay.signature()[:4], (lay.dtype, lay.local_shape),
+                          lay.order)  # fmt: skip
+            if len(_TEMPLATES) >= TEMPLATES_MAX or _TEMPLATE_RUNS[0] > TEMPLATE_RUNS_MAX:
+                _TEMPLATES.clear()
+                _TEMPLATE_RUNS[0] = 0
+            _TEMPLATES[key] = t
+            _TEMPLATE_RUNS[0] += len(runs)
+        out.append(t)
+    return out
 
 
 def _arrays(

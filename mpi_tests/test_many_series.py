@@ -1,10 +1,11 @@
 """A time series of batches: the same shapes at new offsets, the same layouts again.
 
-A batch of the same layout objects as the last one reuses what the layouts alone
-decide, and with its arrays at the same addresses the same union of runs
-(:mod:`collio.boxes`); these tests change one thing at a time (the data in place,
-other arrays, an array reshaped in place, an offset on one rank, an item twice) and
-check every file byte for byte against numpy, one call per item, and ROMIO.
+A batch of layouts of known shapes reuses their templates, a batch of the same layout
+objects as the last one what the layouts alone decide, and with its arrays at the same
+addresses the same union of runs (:mod:`collio.boxes`).  These tests change one thing
+at a time (the data in place, other arrays, an array reshaped in place, an offset on
+one rank, an item twice) and check every file byte for byte against numpy, one call per
+item, and ROMIO.
 """
 
 from __future__ import annotations
@@ -20,15 +21,20 @@ import collio
 from collio import layouts
 from collio.testing.romio import romio_write
 
-#: Items per batch: two shapes, alternating.
+#: Items per batch: contiguous pieces of four lengths and one strided shape, alternating.
 N = 24
-#: float64 per rank of a contiguous item; int32 rows and columns per rank of a strided one.
-LEN, ROWS, COLS = 64, 8, 4
+#: int32 rows and columns per rank of a strided item.
+ROWS, COLS = 8, 4
+
+
+def _len(j: int) -> int:
+    """float64 per rank of contiguous item 2j (four distinct shapes)."""
+    return 64 + 8 * (j % 4)
 
 
 def _step_bytes(p: int) -> int:
     """Bytes of one step (every rank's items)."""
-    return N // 2 * (8 * LEN * p + 4 * ROWS * COLS * p)
+    return sum(8 * _len(j) * p + 4 * ROWS * COLS * p for j in range(N // 2))
 
 
 def _layouts(comm: MPI.Intracomm, step: int) -> list[Any]:
@@ -37,9 +43,10 @@ def _layouts(comm: MPI.Intracomm, step: int) -> list[Any]:
     p, r = comm.size, comm.rank
     out: list[Any] = []
     at = step * _step_bytes(p)
-    for _ in range(N // 2):
-        out.append(layouts.Subarray((LEN * p,), (LEN * r,), (LEN,), "<f8", offset=at))
-        at += 8 * LEN * p
+    for j in range(N // 2):
+        n = _len(j)
+        out.append(layouts.Subarray((n * p,), (n * r,), (n,), "<f8", offset=at))
+        at += 8 * n * p
         out.append(
             layouts.Subarray((ROWS, COLS * p), (0, COLS * r), (ROWS, COLS), "<i4", offset=at)
         )
@@ -51,7 +58,9 @@ def _data(comm: MPI.Intracomm, seed: int) -> list[np.ndarray[Any, Any]]:
     """One array per item, different for every rank and seed."""
     rng = np.random.default_rng(1000 * seed + comm.rank)
     return [
-        rng.standard_normal(LEN) if k % 2 == 0 else rng.integers(-9, 9, (ROWS, COLS), np.int32)
+        rng.standard_normal(_len(k // 2))
+        if k % 2 == 0
+        else rng.integers(-9, 9, (ROWS, COLS), np.int32)
         for k in range(N)
     ]
 
@@ -63,9 +72,10 @@ def _pairs(datas: list[Any], lays: list[Any]) -> list[tuple[Any, Any]]:
 @pytest.mark.mpi
 @pytest.mark.parametrize("hints", [{}, {"cb_nodes": 2, "cb_buffer_size": 4096}])
 def test_a_series_of_batches_matches_single_calls_and_romio(comm, mpi_tmp_path, hints):
-    """Steps 0 and 1 at new offsets; step 1 again through its own layout objects with
-    the data changed in place, then with other arrays; reads through the same layouts
-    twice, into the same outputs and into new ones."""
+    """Steps 0 and 1 at new offsets (step 1's layouts made anew, of step 0's shapes);
+    step 1 again through its own layout objects with the data changed in place, then with
+    other arrays; reads through the same layouts twice, into the same outputs and into
+    new ones."""
     many, single, romio = (str(mpi_tmp_path / f"{n}.bin") for n in ("many", "single", "romio"))
     lays0, lays1 = _layouts(comm, 0), _layouts(comm, 1)
     d0, d1 = _data(comm, 0), _data(comm, 1)

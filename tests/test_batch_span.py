@@ -160,3 +160,31 @@ def test_a_batch_of_the_same_layouts_keeps_its_union(tmp_path):
     for a, b in ((other[0].file, slow.file), (other[0].length, slow.length),
                  (other[0].mem, slow.mem)):  # fmt: skip
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("most", [2, 4096])
+def test_templates_of_known_shapes_move_to_new_offsets(tmp_path, monkeypatch, most):
+    """Layouts made anew at other offsets, of shapes an earlier batch had, take those
+    shapes' templates (all kept, or forgotten past ``most``) and give the runs each item's
+    own layout makes."""
+    from collio import boxes
+
+    monkeypatch.setattr(boxes, "TEMPLATES_MAX", most)
+    monkeypatch.setattr(boxes, "_TEMPLATES", {})
+    monkeypatch.setattr(boxes, "_KEPT", [None])
+    items = _boxes()
+    with collio.open(str(tmp_path / "t.bin"), "w", comm=MPI.COMM_SELF) as f:
+        batch.gather(f.backend, items, writing=True)
+        moved = [(d, lay) if type(lay) is not layouts.Subarray else
+                 (d, layouts.Subarray(lay.global_shape, lay.start, lay.shape, lay.dtype,
+                                      lay.order, lay.offset + 65536 + 8 * k))
+                 for k, (d, lay) in enumerate(items)]  # fmt: skip
+        fast = batch.gather(f.backend, moved, writing=True)
+        shapes = {boxes.shape_key(lay) for _, lay in items}
+        assert 0 < len(boxes._TEMPLATES) <= min(most, len(shapes))
+        bufs = [lay.as_bytes(d) for d, lay in moved]
+        slow, _ = batch._union([lay.runs() for _, lay in moved], bufs, bufs, writing=True)
+    for a, b in ((fast[0].file, slow.file), (fast[0].length, slow.length),
+                 (fast[0].mem, slow.mem)):  # fmt: skip
+        np.testing.assert_array_equal(a, b)
+    assert fast[3] == ("items", tuple(lay.signature() for _, lay in moved))
