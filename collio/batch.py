@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .boxes import SHIFTABLE, gather_boxes
+from .boxes import SHIFTABLE, forget, gather_boxes
 from .errors import LayoutError, classify, make_error
 from .itemsigs import ItemSigs, sig_key
 from .layouts.base import Layout
 from .runs import Runs
 from .spans import U8, sorted_union, span
 
-__all__ = ["Gathered", "ItemSigs", "gather", "items_count", "sig_key", "span"]
+__all__ = ["Gathered", "ItemSigs", "forget", "gather", "items_count", "sig_key", "span"]
 
 #: What a batch's check gives the engine: the union of the runs, the span buffer, the
 #: items' arrays (kept alive for the call; a read's results), and ``("items", their

@@ -33,7 +33,7 @@ from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray
 from .runs import Runs, read_only
 from .spans import U8, sorted_union, span
 
-__all__ = ["SHIFTABLE", "gather_boxes", "shape_key"]
+__all__ = ["SHIFTABLE", "forget", "gather_boxes", "shape_key"]
 
 I64 = npt.NDArray[np.int64]
 #: What a batch's check gives the engine (as :data:`collio.batch.Gathered`).
@@ -322,3 +322,12 @@ def _moved(shapes: _Shapes, counts: I64, rel: I64) -> tuple[I64, I64, I64, Any]:
         )
     file, length, mem = (np.concatenate([p[i] for p in parts]) for i in range(3))
     return file, length, mem, np.repeat(by, counts[by])
+
+
+def forget() -> None:
+    """Local: drop what batches keep for the next ones (the last batch's layouts and
+    union, the templates by shape; :func:`collio.release_buffers`)."""
+    _KEPT[0] = None
+    _UNION[0] = None
+    _TEMPLATES.clear()
+    _TEMPLATE_RUNS[0] = 0

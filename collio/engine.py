@@ -414,9 +414,11 @@ def _pairs_disjoint(blocks: I64, most: int) -> bool:
 
 
 def release_buffers() -> None:
-    """Local: free what calls keep for the next ones, the round buffers and the plans."""
+    """Local: free what calls keep for the next ones, the round buffers and the plans
+    (and what batches keep of their layouts)."""
     free_buffers()
     clear_all()
+    batch.forget()
 
 
 # ---------------------------------------------------------------- planning
