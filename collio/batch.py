@@ -128,6 +128,9 @@ def _union(
     file = np.concatenate([r.file for r in runs])
     length = np.concatenate([r.length for r in runs])
     mem = np.concatenate([r.mem for r in runs]) + np.repeat(addr - lo, counts)
-    item = np.repeat(np.arange(len(runs)), counts)
+
+    def item() -> Any:
+        return np.repeat(np.arange(len(runs)), counts)
+
     union = sorted_union(file, length, mem, item, addr, ends, used, writing=writing)
     return union, span(lo, hi - lo, writable=not writing, holds=arrays)

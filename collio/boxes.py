@@ -300,14 +300,15 @@ def _union_shifted(shapes: _Shapes, arrays: list[Any], *, writing: bool) -> tupl
 
 def _moved(shapes: _Shapes, counts: I64, rel: I64) -> tuple[I64, I64, I64, Any]:
     """Every item's runs: its template's moved by its shift in the file and by ``rel``
-    (its array's address from the span's start) in memory, with the item of each run."""
+    (its array's address from the span's start) in memory, and a function giving the
+    item of each run (asked for only if the runs need sorting)."""
     templates, group, shift = shapes.templates, shapes.group, shapes.shift
     n = len(group)
     if len(templates) == 1:  # (one shape: a 2-D broadcast, no concatenation)
         t = templates[0]
         file = (t.file[None, :] + shift[:, None]).reshape(-1)
         mem = (t.mem[None, :] + rel[:, None]).reshape(-1)
-        return file, np.tile(t.length, n), mem, np.repeat(np.arange(n), len(t))
+        return file, np.tile(t.length, n), mem, lambda: np.repeat(np.arange(n), len(t))
     by = np.argsort(group, kind="stable")  # the items of each shape in turn
     first = np.searchsorted(group[by], np.arange(len(templates) + 1))
     parts: list[tuple[I64, I64, I64]] = []
@@ -321,7 +322,7 @@ def _moved(shapes: _Shapes, counts: I64, rel: I64) -> tuple[I64, I64, I64, Any]:
             )
         )
     file, length, mem = (np.concatenate([p[i] for p in parts]) for i in range(3))
-    return file, length, mem, np.repeat(by, counts[by])
+    return file, length, mem, lambda: np.repeat(by, counts[by])
 
 
 def forget() -> None:

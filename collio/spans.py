@@ -18,6 +18,7 @@ caller drops.  Pure: no MPI calls.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,18 +34,31 @@ U8 = npt.NDArray[np.uint8]
 
 
 def sorted_union(
-    file: I64, length: I64, mem: I64, item: Any, addr: I64, ends: I64, used: Any, *, writing: bool
+    file: I64,
+    length: I64,
+    mem: I64,
+    item: Callable[[], I64],
+    addr: I64,
+    ends: I64,
+    used: Any,
+    *,
+    writing: bool,
 ) -> Runs:
-    """The runs sorted by file offset, then item (already so costs one pass), checked
-    for bytes written twice (writes) or arrays sharing memory (reads), merged.  (The
-    item breaks ties: an error names the same items whatever order they came in.)"""
-    step = np.diff(file)
-    if len(file) > 1 and not bool(((step > 0) | ((step == 0) & (np.diff(item) >= 0))).all()):
-        order = np.lexsort((item, file))
-        file, length, mem, item = file[order], length[order], mem[order], item[order]
-    if writing:
-        _refuse_overlap(file, length, item)
-    else:
+    """The runs sorted by file offset, then item, checked for bytes written twice
+    (writes) or arrays sharing memory (reads), merged.  (The item breaks ties: an error
+    names the same items whatever order they came in.)  ``item()`` gives the item of
+    each run; it is asked for only when the runs are not already in file order, each
+    ending before the next starts (a time series' steps, a checkpoint's tensors are:
+    then one pass over the runs is all the sort and the overlap check cost)."""
+    if len(file) > 1 and not bool((file[1:] >= (file + length)[:-1]).all()):
+        it = item()
+        step = np.diff(file)
+        if not bool(((step > 0) | ((step == 0) & (np.diff(it) >= 0))).all()):
+            order = np.lexsort((it, file))
+            file, length, mem, it = file[order], length[order], mem[order], it[order]
+        if writing:
+            _refuse_overlap(file, length, it)
+    if not writing:
         _refuse_shared_memory(addr[used], ends[used], np.flatnonzero(used))
     return merge(Runs(file, length, mem))
 
