@@ -78,9 +78,11 @@ class _Extent(Facts):
 
 
 def release_buffers() -> None:
-    """Local: free what calls keep for the next ones, the round buffers and the plans."""
+    """Local: free what calls keep for the next ones, the round buffers and the plans
+    (and what batches keep of their layouts)."""
     free_buffers()
     clear_all()
+    batch.forget()
 
 
 # ---------------------------------------------------------------- planning

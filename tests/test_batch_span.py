@@ -135,3 +135,74 @@ def test_boxes_errors_name_the_item(tmp_path):
         neg[2] = (items[2][0], layouts.Subarray((6, 8), (1, 2), (4, 5), "<f4", offset=-8))
         with pytest.raises(collio.LayoutError, match="item 2: offset -8 is negative"):
             f.write_all_many(neg)
+
+
+def test_a_batch_of_the_same_layouts_keeps_its_union(tmp_path):
+    """The same layout objects over arrays at the same addresses give the same read-only
+    union object (the engine knows it by identity); other arrays, or equal layouts made
+    anew, give a union of their own with the runs the per-item path makes."""
+    items = _boxes()
+    with collio.open(str(tmp_path / "k.bin"), "w", comm=MPI.COMM_SELF) as f:
+        first = batch.gather(f.backend, items, writing=True)
+        again = batch.gather(f.backend, [(d, lay) for d, lay in items], writing=True)
+        assert again[0] is first[0] and not first[0].file.flags.writeable
+        copies = [(d.copy(order="K"), lay) for d, lay in items]
+        other = batch.gather(f.backend, copies, writing=True)
+        anew = [(d, layouts.Subarray(lay.global_shape, lay.start, lay.shape, lay.dtype,
+                                     lay.order, lay.offset) if type(lay) is layouts.Subarray
+                 else lay) for d, lay in items]  # fmt: skip
+        remade = batch.gather(f.backend, anew, writing=True)
+        bufs = [lay.as_bytes(d) for d, lay in copies]
+        slow, _ = batch._union([lay.runs() for _, lay in items], bufs, bufs, writing=True)
+    assert other[0] is not first[0] and remade[0] is not first[0]
+    np.testing.assert_array_equal(remade[0].file, first[0].file)
+    assert remade[3] == first[3] == other[3] and repr(remade[3]) == repr(first[3])
+    for a, b in ((other[0].file, slow.file), (other[0].length, slow.length),
+                 (other[0].mem, slow.mem)):  # fmt: skip
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("most", [2, 4096])
+def test_templates_of_known_shapes_move_to_new_offsets(tmp_path, monkeypatch, most):
+    """Layouts made anew at other offsets, of shapes an earlier batch had, take those
+    shapes' templates (all kept, or forgotten past ``most``) and give the runs each item's
+    own layout makes."""
+    from collio import boxes
+
+    monkeypatch.setattr(boxes, "TEMPLATES_MAX", most)
+    monkeypatch.setattr(boxes, "_TEMPLATES", {})
+    monkeypatch.setattr(boxes, "_KEPT", [None])
+    items = _boxes()
+    with collio.open(str(tmp_path / "t.bin"), "w", comm=MPI.COMM_SELF) as f:
+        batch.gather(f.backend, items, writing=True)
+        moved = [(d, lay) if type(lay) is not layouts.Subarray else
+                 (d, layouts.Subarray(lay.global_shape, lay.start, lay.shape, lay.dtype,
+                                      lay.order, lay.offset + 65536 + 8 * k))
+                 for k, (d, lay) in enumerate(items)]  # fmt: skip
+        fast = batch.gather(f.backend, moved, writing=True)
+        shapes = {boxes.shape_key(lay) for _, lay in items}
+        assert 0 < len(boxes._TEMPLATES) <= min(most, len(shapes))
+        bufs = [lay.as_bytes(d) for d, lay in moved]
+        slow, _ = batch._union([lay.runs() for _, lay in moved], bufs, bufs, writing=True)
+    for a, b in ((fast[0].file, slow.file), (fast[0].length, slow.length),
+                 (fast[0].mem, slow.mem)):  # fmt: skip
+        np.testing.assert_array_equal(a, b)
+    assert fast[3] == ("items", tuple(lay.signature() for _, lay in moved))
+
+
+def test_release_buffers_forgets_what_batches_keep(tmp_path):
+    """collio.release_buffers() drops the last batch's layouts and the templates; the next
+    batch makes them again and writes the same bytes."""
+    from collio import boxes
+
+    items = _boxes()
+    path = str(tmp_path / "r.bin")
+    with collio.open(path, "w", comm=MPI.COMM_SELF) as f:
+        f.write_all_many(items)
+        assert boxes._KEPT[0] is not None and boxes._TEMPLATES
+        collio.release_buffers()
+        assert boxes._KEPT[0] is None and boxes._UNION[0] is None and not boxes._TEMPLATES
+        f.write_all_many(items)
+        back = f.read_all_many([lay for _, lay in items])
+    for (d, _), got in zip(items, back, strict=True):
+        np.testing.assert_array_equal(got, d)

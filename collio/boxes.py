@@ -1,0 +1,334 @@
+"""A batch of box and block-cyclic pieces: one template per distinct shape, no Python per run.
+
+A checkpoint's tensors and a time series' steps are boxes (or block-cyclic pieces) of
+global arrays, each over a contiguous array of its dtype and shape.  The runs of such a
+layout at byte ``offset`` are its runs at offset 0 moved by ``offset``, so items of the
+same shape share the runs and checks of the first of them (its *template*): one layout
+per distinct shape is checked and flattened, and every item's runs are that template's
+moved by the item's offset in the file and by its array's address in memory, all in a
+few numpy passes over the whole batch.
+
+What is read of each item is read in C-level passes (``map`` of attribute getters over
+the items), not in a Python loop: its layout's type, shape fields and offset, its
+array's type, dtype, shape, contiguity and address.  Any item that would fail, or any
+other kind of item, sends the whole batch to the per-item path
+(:func:`collio.batch.gather`), which checks each item alone and names the first bad one.
+Pure: no communication (``MPI.Get_address`` only reads an array's address).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from operator import attrgetter, is_, itemgetter
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from .backends.base import Backend
+from .errors import LayoutError
+from .itemsigs import ItemSigs, array_sigs
+from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray
+from .runs import Runs, read_only
+from .spans import U8, sorted_union, span
+
+__all__ = ["SHIFTABLE", "forget", "gather_boxes", "shape_key"]
+
+I64 = npt.NDArray[np.int64]
+#: What a batch's check gives the engine (as :data:`collio.batch.Gathered`).
+Gathered = tuple[Runs, U8, list[Any], tuple[Any, ...]]
+
+#: Layouts whose runs at byte ``offset`` are their runs at offset 0 moved by ``offset``
+#: (each a box or block-cyclic piece of a global array: its runs depend on nothing else
+#: than the fields of :func:`shape_key`), checked the same way at every offset.
+SHIFTABLE = (Subarray, BlockCyclic)
+
+#: What a layout's runs depend on besides its offset, per exact type (a tuple of plain
+#: values, made and compared in C: a box's dims are made from its start and shape, a
+#: block-cyclic piece's from its block, grid and coords).
+_KEYS: dict[type, attrgetter[tuple[Any, ...]]] = {
+    Subarray: attrgetter("global_shape", "start", "shape", "_dtype", "_order", "_invalid"),
+    BlockCyclic: attrgetter(
+        "global_shape", "block", "grid", "coords", "_dtype", "_order", "_invalid"
+    ),
+}
+_OFFSET = attrgetter("offset")
+_DTYPE_SHAPE = attrgetter("dtype", "shape")
+_C_CONTIGUOUS = attrgetter("flags.c_contiguous")
+_F_CONTIGUOUS = attrgetter("flags.f_contiguous")
+_WRITEABLE = attrgetter("flags.writeable")
+_NBYTES = attrgetter("nbytes")
+# (MPI_Get_address through the buffer protocol: a tenth of what numpy's ctypes attribute
+# costs per array, and half of an mpi4py buffer object's; it takes read-only arrays too)
+_ADDRESS = MPI.Get_address
+
+
+def shape_key(lay: ArrayLayout) -> tuple[Any, ...]:
+    """What an array layout's runs depend on besides its offset: its type, and the
+    fields its runs are made from."""
+    return (type(lay), _KEYS[type(lay)](lay))
+
+
+def _plain(backend: Any) -> bool:
+    """Whether ``backend`` checks and maps layouts as the base class does (no hook of its
+    own: the runs in its byte space are the layout's, and no layout is refused)."""
+    cls = type(backend)
+    return (
+        cls.runs_for is Backend.runs_for
+        and cls.check_layout is Backend.check_layout
+        and cls.check_batch is Backend.check_batch
+    )
+
+
+def gather_boxes(backend: Any, items: Any, *, writing: bool, outs: Any) -> Gathered | None:
+    """:func:`collio.batch.gather` of a batch of :data:`SHIFTABLE` layouts over C- or
+    F-contiguous arrays of their dtype and shape, or None for any other batch, or any
+    item that would fail (see the module doc)."""
+    if not len(items) or not _plain(backend):
+        return None
+    split = _split(items, writing=writing)
+    if split is None:
+        return None
+    lays, data = split
+    shapes = _shapes(lays)
+    if shapes is None:
+        return None
+    arrays = _arrays(shapes, data, outs, writing=writing)
+    if arrays is None:
+        return None
+    union, whole = _union_shifted(shapes, arrays, writing=writing)
+    return union, whole, arrays, ("items", shapes.sigs)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class _Shapes:
+    """What a batch's layouts alone decide: which template each item has, the templates'
+    runs, how far each item lies from its template, the items' signatures, and each
+    template's dtype, local shape and memory order.  Kept for the next batch of the same
+    layout objects (layouts are immutable, and the kept tuple holds them, so the same
+    objects are the same layouts): a checkpoint or a time series passes them again."""
+
+    lays: tuple[Any, ...]
+    group: npt.NDArray[np.intp]
+    firsts: npt.NDArray[np.intp]
+    templates: list[Runs]
+    shift: I64
+    sigs: ItemSigs
+    specs: list[tuple[np.dtype[Any], tuple[int, ...]]]
+    orders: list[str]
+
+
+#: The last batch's :class:`_Shapes` (one entry, replaced whole: another thread's call
+#: may read it) ...
+_KEPT: list[_Shapes | None] = [None]
+#: ... and the last union made over it: (shapes, writing, addresses, sizes, union).
+_UNION: list[tuple[_Shapes, bool, I64, I64, Runs] | None] = [None]
+
+
+def _shapes(lays: list[Any]) -> _Shapes | None:
+    """The batch's :class:`_Shapes`, kept or made; None when an item's layout would fail
+    (its offset, or its template's check)."""
+    kept = _KEPT[0]
+    if kept is not None and len(kept.lays) == len(lays) and all(map(is_, lays, kept.lays)):
+        return kept
+    grouped = _group(lays)
+    if grouped is None:
+        return None
+    group, firsts, keys = grouped
+    templates = _templates(lays, firsts, keys)
+    if templates is None:
+        return None
+    try:
+        offsets = np.fromiter(map(_OFFSET, lays), np.int64, len(lays))
+    except (OverflowError, TypeError):  # (an offset past int64: the item's own check says so)
+        return None
+    if bool((offsets < 0).any()):
+        return None
+    base = np.array([t.base for t in templates], np.int64)
+    made = _Shapes(
+        tuple(lays), group, firsts, [t.runs for t in templates], offsets - base[group],
+        array_sigs([t.head for t in templates], group, offsets),
+        [t.spec for t in templates], [t.order for t in templates],
+    )  # fmt: skip
+    _KEPT[0] = made
+    return made
+
+
+def _split(items: Any, *, writing: bool) -> tuple[list[Any], list[Any] | None] | None:
+    """The items' layouts and (writes) data, or None unless every item is what this path
+    takes: a (data, layout) pair for writes, and a layout of a :data:`SHIFTABLE` type."""
+    if writing:
+        if not set(map(type, items)) <= {tuple, list} or set(map(len, items)) != {2}:
+            return None
+        lays, data = list(map(itemgetter(1), items)), list(map(itemgetter(0), items))
+    else:
+        lays, data = list(items), None
+    if not set(map(type, lays)) <= set(SHIFTABLE):
+        return None
+    return lays, data
+
+
+def _group(lays: list[Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], list[Any]] | None:
+    """Which template each item has (numbered in order of their first items), the first
+    item of each and its :func:`shape_key`; None for a key that does not hash."""
+    n = len(lays)
+    kinds = set(map(type, lays))
+    kind = kinds.pop() if len(kinds) == 1 else None
+    keys = list(map(_KEYS[kind], lays)) if kind is not None else list(map(shape_key, lays))
+    try:
+        if keys.count(keys[0]) == n:  # (one shape: a time series' steps)
+            one = [(kind, keys[0]) if kind is not None else keys[0]]
+            return np.zeros(n, np.intp), np.zeros(1, np.intp), one
+        index = {k: i for i, k in enumerate(dict.fromkeys(keys))}  # (a step per distinct)
+    except TypeError:
+        return None
+    group = np.fromiter(map(index.__getitem__, keys), np.intp, n)
+    firsts = np.zeros(len(index), np.intp)
+    firsts[group[::-1]] = np.arange(n - 1, -1, -1)  # (each key's first item)
+    distinct = list(index) if kind is None else [(kind, k) for k in index]
+    return group, firsts, distinct
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Template:
+    """What every layout of one :func:`shape_key` shares: its runs at byte ``base`` (the
+    offset of the layout they were made from), its signature but for the offset, its
+    dtype and local shape, and its memory order."""
+
+    base: int
+    runs: Runs
+    head: tuple[Any, ...]
+    spec: tuple[np.dtype[Any], tuple[int, ...]]
+    order: str
+
+
+#: Templates by shape key, for batches that pass layouts of known shapes anew (a time
+#: series at a new offset each step): a layout valid at one offset is valid at every
+#: offset >= 0, and its runs are the template's moved.  Forgotten all at once past
+#: :data:`TEMPLATES_MAX` entries or :data:`TEMPLATE_RUNS_MAX` runs in all.
+_TEMPLATES: dict[Any, _Template] = {}
+_TEMPLATE_RUNS = [0]
+TEMPLATES_MAX = 4096
+TEMPLATE_RUNS_MAX = 1 << 18
+
+
+def _templates(lays: list[Any], firsts: Any, keys: list[Any]) -> list[_Template] | None:
+    """The template of each distinct shape, found or made from its first item (checked:
+    a loop per distinct shape, not per item); None when one is invalid (the per-item
+    path raises its error)."""
+    out: list[_Template] = []
+    for k, key in zip(firsts.tolist(), keys, strict=True):
+        t = _TEMPLATES.get(key)
+        if t is None:
+            lay = lays[k]
+            try:
+                lay.checked()
+            except LayoutError:
+                return None
+            runs = lay.runs()
+            t = _Template(lay.offset, runs, lay.signature()[:4], (lay.dtype, lay.local_shape),
+                          lay.order)  # fmt: skip
+            if len(_TEMPLATES) >= TEMPLATES_MAX or _TEMPLATE_RUNS[0] > TEMPLATE_RUNS_MAX:
+                _TEMPLATES.clear()
+                _TEMPLATE_RUNS[0] = 0
+            _TEMPLATES[key] = t
+            _TEMPLATE_RUNS[0] += len(runs)
+        out.append(t)
+    return out
+
+
+def _arrays(
+    shapes: _Shapes, data: list[Any] | None, outs: Any, *, writing: bool
+) -> list[Any] | None:
+    """The items' arrays as the batch moves them (a write's data, a read's outputs), or
+    None when one is not already an array of its layout's dtype, shape and memory order
+    (the per-item checks of :meth:`Layout.as_bytes` / :meth:`Layout.allocate`)."""
+    specs, orders, group = shapes.specs, shapes.orders, shapes.group
+    n = len(group)
+    if not writing and outs is None:
+        per = group.tolist()
+        return [np.empty(specs[g][1], specs[g][0], order=orders[g]) for g in per]  # type: ignore[call-overload]
+    got = list(data if writing else outs)  # type: ignore[arg-type]
+    if set(map(type, got)) != {np.ndarray}:
+        return None
+    want = specs * n if len(specs) == 1 else list(map(specs.__getitem__, group.tolist()))
+    if list(map(_DTYPE_SHAPE, got)) != want:
+        return None
+    if "F" not in orders:
+        contiguous = all(map(_C_CONTIGUOUS, got))
+    else:
+        f_order = np.array([o == "F" for o in orders])[group]
+        c = np.fromiter(map(_C_CONTIGUOUS, got), bool, n)
+        f = np.fromiter(map(_F_CONTIGUOUS, got), bool, n)
+        contiguous = bool(np.where(f_order, f, c).all())
+    if not contiguous or (not writing and not all(map(_WRITEABLE, got))):
+        return None
+    return got
+
+
+def _union_shifted(shapes: _Shapes, arrays: list[Any], *, writing: bool) -> tuple[Runs, U8]:
+    """The union of items whose runs are their templates' moved by ``shapes.shift`` in
+    the file, over the arrays ``arrays`` (contiguous in their layout's order); read-only,
+    and the same object as the last call's when the layouts and the arrays' addresses
+    are (so the engine's checks and kept plan know it by identity)."""
+    templates, group = shapes.templates, shapes.group
+    n = len(group)
+    counts = np.array([len(t) for t in templates], np.int64)[group]
+    if not int(counts.sum()):
+        return Runs.empty(), np.zeros(0, np.uint8)
+    addr = np.fromiter(map(_ADDRESS, arrays), np.int64, n)
+    sizes = np.fromiter(map(_NBYTES, arrays), np.int64, n)
+    used = counts > 0
+    ends = addr + sizes
+    lo, hi = int(addr[used].min()), int(ends[used].max())
+    whole = span(lo, hi - lo, writable=not writing, holds=arrays)
+    last = _UNION[0]
+    if (
+        last is not None
+        and last[0] is shapes
+        and last[1] == writing
+        and np.array_equal(last[2], addr)
+        and np.array_equal(last[3], sizes)
+    ):
+        return last[4], whole
+    file, length, mem, item = _moved(shapes, counts, addr - lo)
+    union = read_only(sorted_union(file, length, mem, item, addr, ends, used, writing=writing))
+    _UNION[0] = (shapes, writing, addr, sizes, union)
+    return union, whole
+
+
+def _moved(shapes: _Shapes, counts: I64, rel: I64) -> tuple[I64, I64, I64, Any]:
+    """Every item's runs: its template's moved by its shift in the file and by ``rel``
+    (its array's address from the span's start) in memory, and a function giving the
+    item of each run (asked for only if the runs need sorting)."""
+    templates, group, shift = shapes.templates, shapes.group, shapes.shift
+    n = len(group)
+    if len(templates) == 1:  # (one shape: a 2-D broadcast, no concatenation)
+        t = templates[0]
+        file = (t.file[None, :] + shift[:, None]).reshape(-1)
+        mem = (t.mem[None, :] + rel[:, None]).reshape(-1)
+        return file, np.tile(t.length, n), mem, lambda: np.repeat(np.arange(n), len(t))
+    by = np.argsort(group, kind="stable")  # the items of each shape in turn
+    first = np.searchsorted(group[by], np.arange(len(templates) + 1))
+    parts: list[tuple[I64, I64, I64]] = []
+    for g, t in enumerate(templates):  # (a loop per distinct shape, not per item)
+        sel = by[first[g] : first[g + 1]]
+        parts.append(
+            (
+                (t.file[None, :] + shift[sel][:, None]).reshape(-1),
+                np.tile(t.length, len(sel)),
+                (t.mem[None, :] + rel[sel][:, None]).reshape(-1),
+            )
+        )
+    file, length, mem = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    return file, length, mem, lambda: np.repeat(by, counts[by])
+
+
+def forget() -> None:
+    """Local: drop what batches keep for the next ones (the last batch's layouts and
+    union, the templates by shape; :func:`collio.release_buffers`)."""
+    _KEPT[0] = None
+    _UNION[0] = None
+    _TEMPLATES.clear()
+    _TEMPLATE_RUNS[0] = 0

@@ -1,0 +1,149 @@
+"""A time series of batches: the same shapes at new offsets, the same layouts again.
+
+A batch of layouts of known shapes reuses their templates, a batch of the same layout
+objects as the last one what the layouts alone decide, and with its arrays at the same
+addresses the same union of runs (:mod:`collio.boxes`).  These tests change one thing
+at a time (the data in place, other arrays, an array reshaped in place, an offset on
+one rank, an item twice) and check every file byte for byte against numpy, one call per
+item, and ROMIO.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import raises_everywhere, read_file
+from mpi4py import MPI
+
+import collio
+from collio import layouts
+from collio.testing.romio import romio_write
+
+#: Items per batch: contiguous pieces of four lengths and one strided shape, alternating.
+N = 24
+#: int32 rows and columns per rank of a strided item.
+ROWS, COLS = 8, 4
+
+
+def _len(j: int) -> int:
+    """float64 per rank of contiguous item 2j (four distinct shapes)."""
+    return 64 + 8 * (j % 4)
+
+
+def _step_bytes(p: int) -> int:
+    """Bytes of one step (every rank's items)."""
+    return sum(8 * _len(j) * p + 4 * ROWS * COLS * p for j in range(N // 2))
+
+
+def _layouts(comm: MPI.Intracomm, step: int) -> list[Any]:
+    """Step ``step``'s layouts: item 2j a contiguous piece of a 1-D array (the ranks'
+    pieces side by side), item 2j+1 a column block of an int32 matrix (interleaved)."""
+    p, r = comm.size, comm.rank
+    out: list[Any] = []
+    at = step * _step_bytes(p)
+    for j in range(N // 2):
+        n = _len(j)
+        out.append(layouts.Subarray((n * p,), (n * r,), (n,), "<f8", offset=at))
+        at += 8 * n * p
+        out.append(
+            layouts.Subarray((ROWS, COLS * p), (0, COLS * r), (ROWS, COLS), "<i4", offset=at)
+        )
+        at += 4 * ROWS * COLS * p
+    return out
+
+
+def _data(comm: MPI.Intracomm, seed: int) -> list[np.ndarray[Any, Any]]:
+    """One array per item, different for every rank and seed."""
+    rng = np.random.default_rng(1000 * seed + comm.rank)
+    return [
+        rng.standard_normal(_len(k // 2))
+        if k % 2 == 0
+        else rng.integers(-9, 9, (ROWS, COLS), np.int32)
+        for k in range(N)
+    ]
+
+
+def _pairs(datas: list[Any], lays: list[Any]) -> list[tuple[Any, Any]]:
+    return list(zip(datas, lays, strict=True))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", [{}, {"cb_nodes": 2, "cb_buffer_size": 4096}])
+def test_a_series_of_batches_matches_single_calls_and_romio(comm, mpi_tmp_path, hints):
+    """Steps 0 and 1 at new offsets (step 1's layouts made anew, of step 0's shapes);
+    step 1 again through its own layout objects with the data changed in place, then with
+    other arrays; reads through the same layouts twice, into the same outputs and into
+    new ones."""
+    many, single, romio = (str(mpi_tmp_path / f"{n}.bin") for n in ("many", "single", "romio"))
+    lays0, lays1 = _layouts(comm, 0), _layouts(comm, 1)
+    d0, d1 = _data(comm, 0), _data(comm, 1)
+    with collio.open(many, "w", comm=comm, hints=hints) as f:
+        f.write_all_many(_pairs(d0, lays0))
+        f.write_all_many(_pairs(d1, lays1))
+        for d in d1:  # the same arrays, new values: the same layouts and addresses
+            d += 7
+        f.write_all_many(_pairs(d1, lays1))
+        final = [d * 3 for d in d1]  # other arrays at other addresses
+        f.write_all_many(_pairs(final, lays1))
+        assert f.stats.last_call["items"] == N
+        outs = [np.zeros_like(d) for d in final]
+        back = [f.read_all_many(lays1, out=outs) for _ in range(2)]
+        fresh = f.read_all_many(lays1)
+        zero = f.read_all_many(lays0)
+    for got in (*back, fresh):
+        for k, (g, want) in enumerate(zip(got, final, strict=True)):
+            np.testing.assert_array_equal(g, want, err_msg=f"item {k}")
+    assert all(g is o for g, o in zip(back[1], outs, strict=True))
+    for k, (g, want) in enumerate(zip(zero, d0, strict=True)):
+        np.testing.assert_array_equal(g, want, err_msg=f"step 0 item {k}")
+    with collio.open(single, "w", comm=comm, hints=hints) as f:
+        for d, lay in (*_pairs(d0, lays0), *_pairs(final, lays1)):
+            f.write_all(d, lay)
+    for d, lay in (*_pairs(d0, lays0), *_pairs(final, lays1)):
+        romio_write(romio, d, lay, comm)
+    comm.Barrier()
+    ours = read_file(many)
+    assert ours is not None and len(ours) == 2 * _step_bytes(comm.size)
+    assert ours == read_file(single) == read_file(romio)  # (the steps leave no holes)
+
+
+@pytest.mark.mpi
+def test_a_reused_batch_that_changed_is_refused_everywhere(comm, mpi_tmp_path):
+    """After a batch through some layouts, the same layouts again with one thing changed
+    on the last rank: an array reshaped in place, an item passed twice, an item's offset.
+    Each is the same error on every rank, naming the item and the rank, and writes
+    nothing; the series then goes on."""
+    path = str(mpi_tmp_path / "reused.bin")
+    lays, datas = _layouts(comm, 0), _data(comm, 2)
+    last = comm.size - 1
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all_many(_pairs(datas, lays))
+        f.write_all_many(_pairs(datas, lays))
+    before = read_file(path)
+    with collio.open(path, "r+", comm=comm) as f:
+        bad = [d + 1 for d in datas]
+        if comm.rank == last:
+            bad[3].shape = (ROWS * COLS,)  # (the same array object, reshaped in place)
+        raises_everywhere(comm, collio.LayoutError, lambda: f.write_all_many(_pairs(bad, lays)),
+                          match=f"rank {last}: item 3: data shape (32,)")  # fmt: skip
+        twice = _pairs(datas, lays)
+        if comm.rank == last:
+            twice[5] = twice[1]
+        raises_everywhere(comm, collio.OverlapError, lambda: f.write_all_many(twice),
+                          match="items 1 and 5 both write them")  # fmt: skip
+        if comm.size > 1:
+            moved = list(lays)
+            if comm.rank == last:
+                old = lays[4]
+                moved[4] = layouts.Subarray(old.global_shape, old.start, old.shape, "<f8",
+                                            offset=old.offset + 8)  # fmt: skip
+            raises_everywhere(comm, collio.MismatchError,
+                              lambda: f.write_all_many(_pairs(datas, moved)),
+                              match="disagree on the global array of item 4")  # fmt: skip
+        assert read_file(path) == before  # nothing was written
+        f.write_all_many(_pairs([d - 1 for d in datas], lays))
+        back = f.read_all_many(lays)
+    for k, (g, d) in enumerate(zip(back, datas, strict=True)):
+        np.testing.assert_array_equal(g, d - 1, err_msg=f"item {k}")
