@@ -117,8 +117,11 @@ class Stage(Protocol):
     def landing(self, k: int) -> npt.NDArray[np.uint8]:
         """Collective: the buffer read round ``k`` arrives in."""
 
+    def arrived(self, k: int) -> None:
+        """Collective: read round ``k`` arrived (this rank's messages of it completed)."""
+
     def scatter(self, k: int) -> None:
-        """Collective: hand out the buffer of read round ``k``."""
+        """Collective: hand out the buffer of read round ``k`` (after :meth:`arrived`)."""
 
     def finish(self) -> BaseException | None:
         """Collective: complete the stage; this rank's first error in it."""
@@ -395,8 +398,8 @@ def read_rounds(
     """Collective over ``ctx.comm``: every round of a two-phase read (next window read ahead).
 
     Returns this rank's first error, not yet agreed (see :func:`write_rounds`).  With a
-    ``stage``, each round's pieces arrive in its ``landing`` buffer and its ``scatter``
-    hands them out.
+    ``stage``, each round's pieces arrive in its ``landing`` buffer, and its ``scatter``
+    hands them out while the next round's messages are in flight.
     """
     r = _start(ctx, plan, call)
     comm, be, c = ctx.comm, ctx.backend, r.c
@@ -406,6 +409,7 @@ def read_rounds(
     small = plan.agg is not None and r.mine and _packs(plan.agg)
     scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
     error: BaseException | None = None
+    arrived = -1  # the last round that arrived (two levels: handed out one round later)
     step = Attempt()
     with step:
         ap = r.agg(0)
@@ -431,12 +435,17 @@ def read_rounds(
         into = out if stage is None else stage.landing(k)
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             _exchange_read(r, msgs, k, into, scratch)
+            if stage is not None and k:
+                stage.scatter(k - 1)
         error = error or msgs.error
         if stage is not None:
-            stage.scatter(k)
+            stage.arrived(k)
+            arrived = k
         c.time_exchange += time.perf_counter() - t
     status.failed()
     if stage is not None:
+        if arrived >= 0 and error is None:
+            stage.scatter(arrived)
         error = error or stage.finish()
     return drain(r.pending, c, error)
 

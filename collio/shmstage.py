@@ -15,10 +15,12 @@ One nonblocking barrier of the group per round orders it all:
   local aggregator also waits for it (then sends the round), and enters it only once
   the sends of round ``k - SLOTS + 1`` completed, so a rank that passed barrier
   ``k - 1`` may fill round ``k``'s slot (:data:`SLOTS` - 1 rounds of sends in flight);
-* reads: the local aggregator enters barrier ``k`` once round ``k`` arrived in its
-  slot; the others enter it once they copied out round ``k - 1``, then wait for it and
-  copy out round ``k``; the local aggregator receives round ``k`` into a slot only
-  after barrier ``k - SLOTS + 1``.
+* reads: every rank enters barrier ``k`` once its messages of round ``k`` completed
+  (the local aggregator's bring the round into its slot), and copies its pieces of
+  round ``k`` out once it passed it, while the messages of round ``k + 1`` are in
+  flight; so a rank that entered barrier ``k`` copied out round ``k - 1``, and the
+  local aggregator receives round ``k`` into a slot only after barrier
+  ``k - SLOTS + 1``.
 
 The windows and the groups' communicators are kept with the communicator (an MPI
 attribute, freed with it); a window only grows, at planning (an agreed step).
@@ -48,6 +50,8 @@ SLOTS = 3
 NUMPY_LENGTHS = 8
 _TAG = 0x2C02
 _keyval: int | None = None
+import os
+_POLL = bool(os.environ.get("XPOLL"))
 _lock = threading.Lock()
 
 
@@ -155,19 +159,39 @@ def _as_matrix(buf: U8, offsets: I64, size: int) -> bool:
     return whole and not bool((offsets % size).any())
 
 
+def _row_view(buf: U8, offsets: I64, size: int, writeable: bool) -> tuple[Any, I64]:
+    """The runs ``buf[o:o+size]`` as rows ``idx`` of a matrix view of ``buf``: its plain
+    reshape when they are whole rows (numpy copies those faster), else overlapping rows."""
+    if _as_matrix(buf, offsets, size):
+        return buf.reshape(-1, size), offsets // size
+    return _rows(buf, size, int(offsets.max()) + size, writeable), offsets
+
+
+def _span(buf: U8, offsets: I64, size: int) -> Any:
+    """The runs as rows of one view when they follow each other in ``buf``, else None."""
+    n = len(offsets)
+    if not buf.flags.c_contiguous or (n > 1 and not bool((np.diff(offsets) == size).all())):
+        return None
+    first = int(offsets[0])
+    return buf[first : first + n * size].reshape(n, size)
+
+
 def _copy_equal(src: U8, soff: I64, dst: U8, doff: I64, size: int) -> None:
+    """Runs of one length, in one pass when either side is one span (a member's pieces
+    usually are, in its own buffer), else gathered into rows and scattered."""
     if len(soff) == 0:
         return
-    # (runs of one length: rows of overlapping views; rows at whole multiples take the
-    # plain reshaped matrix, which numpy copies faster)
-    if _as_matrix(src, soff, size):
-        rows = src.reshape(-1, size)[soff // size]
-    else:
-        rows = _rows(src, size, int(soff.max()) + size, False)[soff]
-    if _as_matrix(dst, doff, size):
-        dst.reshape(-1, size)[doff // size] = rows
-    else:
-        _rows(dst, size, int(doff.max()) + size, True)[doff] = rows
+    out = _span(dst, doff, size)
+    if out is not None:
+        mat, idx = _row_view(src, soff, size, False)
+        np.take(mat, idx, axis=0, out=out, mode="clip")  # (in range: no buffering)
+        return
+    rows = _span(src, soff, size)
+    if rows is None:
+        mat, idx = _row_view(src, soff, size, False)
+        rows = mat[idx]
+    mat, idx = _row_view(dst, doff, size, True)
+    mat[idx] = rows
 
 
 def _byte_type(offsets: I64, lengths: I64) -> MPI.Datatype:
@@ -236,7 +260,10 @@ class ShmStage:
     def _passed(self, k: int) -> None:
         req = self.barriers.pop(k, None)
         if req is not None:
-            sleep_until_done(req)
+            if _POLL:
+                req.Wait()
+            else:
+                sleep_until_done(req)
 
     def gather(self, k: int) -> U8:
         """Write round ``k``: copy this rank's pieces into the slot (after barrier
@@ -255,11 +282,14 @@ class ShmStage:
             self._passed(k - self.slots + 1)
         return self.slot(k)
 
-    def scatter(self, k: int) -> None:
-        """Read round ``k`` arrived at the local aggregator: every rank copies its pieces out."""
+    def arrived(self, k: int) -> None:
+        """Read round ``k`` arrived at the local aggregator (it enters barrier ``k``); the
+        others enter it too (they copied out round ``k - 1`` before)."""
         self._enter(k)
-        if not self.lead:
-            self._passed(k)
+
+    def scatter(self, k: int) -> None:
+        """Every rank copies its pieces of read round ``k`` out (after barrier ``k``)."""
+        self._passed(k)
         self._copy(k, into_slot=False)
 
     def finish(self) -> BaseException | None:
