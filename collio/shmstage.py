@@ -50,8 +50,6 @@ SLOTS = 3
 NUMPY_LENGTHS = 8
 _TAG = 0x2C02
 _keyval: int | None = None
-import os
-_POLL = bool(os.environ.get("XPOLL"))
 _lock = threading.Lock()
 
 
@@ -260,10 +258,7 @@ class ShmStage:
     def _passed(self, k: int) -> None:
         req = self.barriers.pop(k, None)
         if req is not None:
-            if _POLL:
-                req.Wait()
-            else:
-                sleep_until_done(req)
+            sleep_until_done(req)
 
     def gather(self, k: int) -> U8:
         """Write round ``k``: copy this rank's pieces into the slot (after barrier
