@@ -9,17 +9,20 @@ receiving every piece in messages, and pieces of a few hundred bytes cost a nump
 copy each instead of a datatype block; the local aggregator's messages to the
 file-domain aggregators go from, and come into, the slots.
 
-One nonblocking barrier of the group per round orders it all:
+Flags in the window order it all, one int64 per rank, each saying how far its rank got
+(no MPI call needs the others' progress: a rank sees a flag the moment it is set):
 
-* writes: a rank enters barrier ``k`` once it copied its pieces of round ``k``; the
-  local aggregator also waits for it (then sends the round), and enters it only once
-  the sends of round ``k - SLOTS + 1`` completed, so a rank that passed barrier
-  ``k - 1`` may fill round ``k``'s slot (:data:`SLOTS` - 1 rounds of sends in flight);
-* reads: every rank enters barrier ``k`` once its messages of round ``k`` completed
+* writes: a rank copies its pieces of round ``k`` into their slot once the local
+  aggregator reached round ``k - 1``, then raises its flag to ``k``; the local
+  aggregator reaches round ``k`` only once the sends of round ``k - SLOTS + 1``
+  completed (so a slot is filled again only after its round went out: :data:`SLOTS` - 1
+  rounds of sends in flight), copies its own pieces, and sends round ``k`` once every
+  flag reached it;
+* reads: every rank raises its flag to ``k`` once its messages of round ``k`` completed
   (the local aggregator's bring the round into its slot), and copies its pieces of
-  round ``k`` out once it passed it, while the messages of round ``k + 1`` are in
-  flight; so a rank that entered barrier ``k`` copied out round ``k - 1``, and the
-  local aggregator receives round ``k`` into a slot only after barrier
+  round ``k`` out once the local aggregator's flag reached it, while the messages of
+  round ``k + 1`` are in flight; so a rank at ``k`` copied out round ``k - 1``, and the
+  local aggregator receives round ``k`` into a slot only once every flag reached
   ``k - SLOTS + 1``.
 
 The windows and the groups' communicators are kept with the communicator (an MPI
@@ -29,7 +32,9 @@ attribute, freed with it); a window only grows, at planning (an agreed step).
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -37,7 +42,7 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from .aggregators.nodes import LocalGroups
-from .waits import sleep_until_done
+from .waits import WAIT_CAP, WAIT_FIRST, WAIT_YIELD
 
 __all__ = ["SLOTS", "Group", "ShmStage", "copy_runs", "group_of"]
 
@@ -49,36 +54,50 @@ SLOTS = 3
 #: more go through MPI's datatype engine (one call whatever the runs).
 NUMPY_LENGTHS = 8
 _TAG = 0x2C02
+_LINE = 64  # bytes: each rank's flag on a cache line of its own
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 _keyval: int | None = None
 _lock = threading.Lock()
 
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Group:
-    """One local group's communicator (its local aggregator is rank 0) and window."""
+    """One local group's communicator (its local aggregator is rank 0) and window.
+
+    The window starts with one cache line per rank of the group, whose first int64 is
+    the rank's flag (see :class:`ShmStage`); the staging slots follow (``shared``).
+    """
 
     comm: MPI.Intracomm
     self_comm: MPI.Intracomm  # private: local copies through MPI match nobody else's
     win: MPI.Win | None = None
     nbytes: int = 0
     shared: U8 = dataclasses.field(default_factory=lambda: np.zeros(0, np.uint8))
+    flags: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    calls: int = 0  # the group's two-level calls so far (the same on each of its ranks)
 
     def ensure(self, nbytes: int) -> None:
         """Collective over the group (the same ``nbytes`` on each of its ranks): a window
-        of at least ``nbytes`` at the local aggregator."""
-        if nbytes <= self.nbytes:
+        of at least ``nbytes`` of slots at the local aggregator."""
+        if self.win is not None and nbytes <= self.nbytes:
             return
         self._free_window()
-        mine = nbytes if self.comm.Get_rank() == 0 else 0
+        size = self.comm.Get_size()
+        mine = _LINE * size + nbytes if self.comm.Get_rank() == 0 else 0
         self.win = MPI.Win.Allocate_shared(mine, 1, comm=self.comm)
+        # (a passive epoch for Win.Sync, the memory barrier around the flags)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
         buf, _ = self.win.Shared_query(0)
-        self.shared = np.asarray(buf).view(np.uint8)  # (mpi4py's buffer: numpy-readable)
-        self.nbytes = nbytes
+        whole = np.asarray(buf).view(np.uint8)  # (mpi4py's buffer: numpy-readable)
+        self.flags = whole[: _LINE * size].view(np.int64)[:: _LINE // 8]
+        self.shared, self.nbytes = whole[_LINE * size :], nbytes
 
     def _free_window(self) -> None:
         if self.win is not None:
+            self.win.Unlock_all()
             self.win.Free()
-        self.win, self.nbytes, self.shared = None, 0, np.zeros(0, np.uint8)
+        self.win, self.nbytes = None, 0
+        self.shared, self.flags = np.zeros(0, np.uint8), np.zeros(0, np.int64)
 
     def free(self) -> None:
         """Collective over the group."""
@@ -213,7 +232,13 @@ class ShmStage:
 
     ``order``/``starts``: this rank's pieces by round; ``spos``: each piece's place in
     its round's slot of ``size`` bytes.  Errors of its copies are kept (the rounds go on:
-    every barrier is still entered) and returned by :meth:`finish`.
+    every flag is still raised) and returned by :meth:`finish`.
+
+    Each rank of the group tells how far it got in its flag in the window, ``call``
+    (this call's number) times 2**32 plus the round plus one, so that a flag from an
+    earlier call is below every value this call waits for; a rank waits for another's
+    flag yielding the core, then sleeping, as :func:`~collio.waits.sleep_until_done`
+    does for MPI.
     """
 
     group: Group
@@ -226,8 +251,12 @@ class ShmStage:
     size: int
     lead: bool
     slots: int = SLOTS
-    barriers: dict[int, MPI.Request] = dataclasses.field(default_factory=dict)
+    call: int = 0
     error: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        self.group.calls += 1
+        self.call = self.group.calls << 32
 
     def slot(self, k: int) -> U8:
         at = (k % self.slots) * self.size
@@ -252,43 +281,61 @@ class ShmStage:
         except Exception as exc:  # noqa: BLE001 - returned by finish, agreed by the call
             self.error = self.error or exc
 
-    def _enter(self, k: int) -> None:
-        self.barriers[k] = self.group.comm.Ibarrier()
+    def _raise(self, k: int) -> None:
+        """Tell the group this rank reached point ``k`` (its copies before are visible)."""
+        group = self.group
+        assert group.win is not None
+        group.win.Sync()
+        group.flags[group.comm.Get_rank()] = self.call + k + 1
 
-    def _passed(self, k: int) -> None:
-        req = self.barriers.pop(k, None)
-        if req is not None:
-            sleep_until_done(req)
+    def _wait(self, k: int, *, everyone: bool) -> None:
+        """Wait until the local aggregator (or every rank of the group) reached ``k``."""
+        if k < 0:
+            return
+        group, want = self.group, self.call + k + 1
+        flags = group.flags if everyone else group.flags[:1]
+        assert group.win is not None
+        end, delay = time.perf_counter() + WAIT_YIELD, WAIT_FIRST
+        while not bool((flags >= want).all()):
+            group.comm.Iprobe()  # (MPI's progress for this rank's messages meanwhile)
+            if time.perf_counter() < end:
+                _yield()
+            else:
+                time.sleep(delay)
+                delay = min(2 * delay, WAIT_CAP)
+        group.win.Sync()
 
     def gather(self, k: int) -> U8:
-        """Write round ``k``: copy this rank's pieces into the slot (after barrier
-        ``k - 1``); the local aggregator returns the slot once every rank did."""
-        self._passed(k - 1)
+        """Write round ``k``: copy this rank's pieces into the slot once the local
+        aggregator reached round ``k - 1`` (the slot's earlier round was sent); the local
+        aggregator returns the slot once every rank copied."""
+        if not self.lead:
+            self._wait(k - 1, everyone=False)
         self._copy(k, into_slot=True)
-        self._enter(k)
+        self._raise(k)
         if self.lead:
-            self._passed(k)
+            self._wait(k, everyone=True)
         return self.slot(k)
 
     def landing(self, k: int) -> U8:
-        """Read round ``k``: the slot its pieces arrive in (free: barrier
-        ``k - slots + 1`` passed, every rank copied out round ``k - slots``)."""
+        """Read round ``k``: the slot its pieces arrive in (free: every rank reached
+        ``k - slots + 1``, so copied out round ``k - slots``)."""
         if self.lead:
-            self._passed(k - self.slots + 1)
+            self._wait(k - self.slots + 1, everyone=True)
         return self.slot(k)
 
     def arrived(self, k: int) -> None:
-        """Read round ``k`` arrived at the local aggregator (it enters barrier ``k``); the
-        others enter it too (they copied out round ``k - 1`` before)."""
-        self._enter(k)
+        """Read round ``k`` arrived (at the local aggregator: in the slot; elsewhere
+        this rank copied out round ``k - 1`` before)."""
+        self._raise(k)
 
     def scatter(self, k: int) -> None:
-        """Every rank copies its pieces of read round ``k`` out (after barrier ``k``)."""
-        self._passed(k)
+        """Every rank copies its pieces of read round ``k`` out, once it is in the slot."""
+        if not self.lead:
+            self._wait(k, everyone=False)
         self._copy(k, into_slot=False)
 
     def finish(self) -> BaseException | None:
-        """Complete every barrier entered (a rank leaves only with its copies done)."""
-        for k in sorted(self.barriers):
-            self._passed(k)
+        """This rank's first error in the stage (its flags need no completing: the
+        call's completion orders the next call's copies after this one's messages)."""
         return self.error
