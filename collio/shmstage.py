@@ -18,12 +18,12 @@ Flags in the window order it all, one int64 per rank, each saying how far its ra
   completed (so a slot is filled again only after its round went out: :data:`SLOTS` - 1
   rounds of sends in flight), copies its own pieces, and sends round ``k`` once every
   flag reached it;
-* reads: every rank raises its flag to ``k`` once its messages of round ``k`` completed
-  (the local aggregator's bring the round into its slot), and copies its pieces of
-  round ``k`` out once the local aggregator's flag reached it, while the messages of
-  round ``k + 1`` are in flight; so a rank at ``k`` copied out round ``k - 1``, and the
-  local aggregator receives round ``k`` into a slot only once every flag reached
-  ``k - SLOTS + 1``.
+* reads: each rank of the group receives the group's messages of some domains into
+  the slot (:func:`~collio.aggregators.stage.holders`), raises its flag to ``k`` once its
+  messages of round ``k`` completed, and copies its pieces of round ``k`` out once every
+  flag reached ``k``, while the messages of round ``k + 1`` are in flight; so a rank at
+  ``k`` copied out round ``k - 1``, and a rank receives round ``k`` into a slot only
+  once every flag reached ``k - SLOTS + 1``.
 
 The windows and the groups' communicators are kept with the communicator (an MPI
 attribute, freed with it); a window only grows, at planning (an agreed step).
@@ -319,9 +319,9 @@ class ShmStage:
 
     def landing(self, k: int) -> U8:
         """Read round ``k``: the slot its pieces arrive in (free: every rank reached
-        ``k - slots + 1``, so copied out round ``k - slots``)."""
-        if self.lead:
-            self._wait(k - self.slots + 1, everyone=True)
+        ``k - slots + 1``, so copied out round ``k - slots``).  Every rank of the group
+        may receive a part of a read round (:func:`~collio.aggregators.stage.holders`)."""
+        self._wait(k - self.slots + 1, everyone=True)
         return self.slot(k)
 
     def arrived(self, k: int) -> None:
@@ -330,9 +330,9 @@ class ShmStage:
         self._raise(k)
 
     def scatter(self, k: int) -> None:
-        """Every rank copies its pieces of read round ``k`` out, once it is in the slot."""
-        if not self.lead:
-            self._wait(k, everyone=False)
+        """Every rank copies its pieces of read round ``k`` out, once every rank of the
+        group has its part of the round in the slot."""
+        self._wait(k, everyone=True)
         self._copy(k, into_slot=False)
 
     def finish(self) -> BaseException | None:

@@ -26,11 +26,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from mpi4py import MPI
 
 from . import policy
 from .aggregators.nodes import LocalGroups, local_groups, node_shape
-from .aggregators.plan import AggregatorPlan, SenderPlan, plan_sender
-from .aggregators.stage import by_round, leader_runs, staging
+from .aggregators.plan import AggregatorPlan, plan_sender
+from .aggregators.stage import by_round, holders, leader_runs, round_bytes, staging
 from .collective import Attempt, any_flag, raise_agreed
 from .completion import local_summary
 from .context import Call, Context, Plan
@@ -38,7 +39,7 @@ from .exchange import Shapes, alltoallv_i64
 from .hints import Hints
 from .rounds import read_rounds, write_rounds
 from .runs import Runs
-from .shmstage import SLOTS, ShmStage, group_of
+from .shmstage import SLOTS, Group, ShmStage, group_of
 
 __all__ = ["TwoLevel", "local_aggregators", "plan", "run"]
 
@@ -140,10 +141,27 @@ def plan(
     """Collective over ``ctx.comm``: plan a two-level call (see module doc), and whether
     it may be kept (agreed).
 
+    Each rank's pieces (its runs cut at domains and windows) go to its local
+    aggregator, which merges them into its group's runs and hands the runs of each
+    domain to that domain's holder in the group (:func:`~collio.aggregators.stage.holders`).
     ``new_plan(runs)`` is the engine's one-level planning (collective, errors agreed),
-    run with each local aggregator's merged runs and no runs elsewhere.
+    run with each rank's share.  Then each piece learns its round and its place in the
+    group's staging slot.
     """
-    return _plan(ctx, lambda: plan_sender(runs, bounds, window), new_plan, writing)
+    assert ctx.local is not None
+    what = "write_all" if writing else "read_all"
+    step = Attempt()
+    share, pieces, vpos = _to_holders(ctx, runs, bounds, window, step, writing)
+    plan, keep = new_plan(share)  # (collective; raises the same error on every rank)
+    group = group_of(ctx.comm, ctx.local)
+    base, slot = _slot_bases(group, plan, step)
+    staged, plan = _placed(ctx, group, plan, pieces, vpos, bounds, base, step, writing)
+    staged.size = slot
+    with step:
+        group.ensure(SLOTS * slot)  # (collective over the group: the same size on its ranks)
+    if any_flag(ctx.comm, step.error is not None):
+        raise_agreed(ctx.comm, step.error, what=what)
+    return TwoLevel(staged, plan), keep
 
 
 def run(
@@ -161,61 +179,107 @@ def run(
     return read_rounds(ctx, plan, buf, call, staged)
 
 
-def _plan(
-    ctx: Context,
-    cut: Callable[[], SenderPlan],
-    new_plan: Callable[[Runs], tuple[Plan, bool]],
-    writing: bool,
-) -> tuple[TwoLevel, bool]:
-    """Collective: members' pieces (``cut()``: this rank's runs cut at domains and
-    windows) to their local aggregator, the stage-two plan, and each piece's round and
-    staging position (every step agreed before the rounds)."""
+def _to_holders(
+    ctx: Context, runs: Runs, bounds: I64, window: int, step: Attempt, writing: bool
+) -> tuple[Runs, Runs, I64]:
+    """Collective: this rank's pieces to its local aggregator, which merges its group's
+    and returns each piece's virtual position; the merged runs of each domain go to
+    their holder.  Returns this rank's share, its pieces, and their virtual positions
+    (errors agreed)."""
     assert ctx.local is not None
-    comm, what = ctx.comm, "write_all" if writing else "read_all"
-    size, rank = comm.Get_size(), comm.Get_rank()
+    comm, size, rank = ctx.comm, ctx.comm.Get_size(), ctx.comm.Get_rank()
+    what = "write_all" if writing else "read_all"
     leader = int(ctx.local.leader[rank])
-    step = Attempt()
     pieces, counts, meta = Runs.empty(), np.zeros(size, np.int64), _NONE
     with step:  # (a rank that fails here sends nothing: counts are set last)
-        sp = cut()
-        pieces, meta = sp.pieces, _pairs(sp.pieces.file, sp.pieces.length)
+        pieces = plan_sender(runs, bounds, window).pieces
+        meta = _pairs(pieces.file, pieces.length)
         counts[leader] = len(meta)
     recv, rcounts = alltoallv_i64(comm, meta, counts, what=what)
-    mine, vpos = Runs.empty(), _NONE
+    shares, scounts = _NONE, np.zeros(size, np.int64)
+    vback, vcounts = _NONE, np.zeros(size, np.int64)
     with step:
         if step.error is None and leader == rank:
-            mine, vpos = leader_runs(recv[0::2], recv[1::2])
+            merged, vback = leader_runs(recv[0::2], recv[1::2])
+            members = _members(ctx.local, rank, writing)
+            shares, scounts = _shares(merged, bounds, window, members, size)
+            vcounts = rcounts // 2
+    got, _ = alltoallv_i64(comm, shares, scounts, what=what)
+    vpos, _ = alltoallv_i64(comm, vback, vcounts, what=what)
     if any_flag(comm, step.error is not None):
         raise_agreed(comm, step.error, what=what)
-    plan, keep = new_plan(mine)  # (collective; raises the same error on every rank)
-    src = np.repeat(np.arange(size, dtype=np.int64), rcounts // 2)
-    back, lay = _NONE, None
-    with step:
-        if leader == rank:
-            lay = staging(plan.sender, plan.sround, vpos)
-            back = _pairs(lay.sround, lay.spos)
-    # a leader whose staging failed sends nothing (its buffer is empty); the error is
-    # agreed right after, so its members' counts of zero are never used
-    counts = 2 * np.bincount(src, minlength=size) if lay is not None else np.zeros(size, np.int64)
-    got, _ = alltoallv_i64(comm, back, counts, what=what)
-    group = group_of(comm, ctx.local)
-    slot = int(group.comm.bcast(lay.size if lay is not None else 0, root=0))
-    with step:
-        group.ensure(SLOTS * slot)  # (collective over the group: the same size on its ranks)
-        order, starts = by_round(got[0::2], plan.nrounds)
-        staged = _Staged(leader == rank, pieces, order, starts, got[1::2].copy(), slot)
-        if lay is not None:
-            plan = dataclasses.replace(plan, sender=lay.sender, _sender_shapes=None)
-            plan.sender_shapes()
-            staged.sources = _sources(lay.sround, src, plan.nrounds)
-    if any_flag(comm, step.error is not None):
-        raise_agreed(comm, step.error, what=what)
-    return TwoLevel(staged, plan), keep
+    return Runs(got[0::3].copy(), got[1::3].copy(), got[2::3].copy()), pieces, vpos
 
 
-def _sources(sround: I64, src: I64, nrounds: int) -> list[int]:
-    """Ranks with pieces in each round, from every received piece's round and source."""
-    width = int(src.max(initial=0)) + 1
-    pairs = np.unique(sround * width + src)
-    counts: list[int] = np.bincount(pairs // width, minlength=nrounds)[:nrounds].tolist()
-    return counts
+def _members(local: LocalGroups, rank: int, writing: bool) -> I64:
+    """The ranks of ``rank``'s local group that hold parts of its stage-two plan, sorted:
+    for reads all of them (each receives the group's messages of some domains, so MPI's
+    copies into the staging spread over the group's cores instead of queueing at one
+    rank), for writes its local aggregator alone (the aggregators' receives already
+    spread those copies; each more sender would have to wait for the whole group)."""
+    if writing:
+        return local.leader[rank : rank + 1].copy()
+    return np.flatnonzero(local.group == local.group[rank]).astype(np.int64)
+
+
+def _shares(merged: Runs, bounds: I64, window: int, members: I64, size: int) -> tuple[I64, I64]:
+    """A local aggregator's merged runs cut at domains and windows, as (file, length,
+    virtual position) triples by holder, and the count of values for each rank."""
+    sp = plan_sender(merged, bounds, window)
+    p = sp.pieces
+    hold = holders(np.repeat(sp.gdom, np.diff(sp.gstart)), members)
+    order = np.argsort(hold, kind="stable")
+    out = np.empty(3 * len(order), np.int64)
+    out[0::3], out[1::3], out[2::3] = p.file[order], p.length[order], p.mem[order]
+    return out, 3 * np.bincount(hold, minlength=size).astype(np.int64)
+
+
+def _slot_bases(group: Group, plan: Plan, step: Attempt) -> tuple[I64, int]:
+    """Collective over the group: where this rank's stage-two groups of each round start
+    in the round's slot (after those of the group's lower ranks), and the slot's bytes."""
+    mine = np.zeros(plan.nrounds, np.int64)
+    with step:
+        mine = round_bytes(plan.sender, plan.sround, plan.nrounds)
+    base, total = np.zeros_like(mine), np.zeros_like(mine)
+    group.comm.Exscan([mine, MPI.INT64_T], [base, MPI.INT64_T], op=MPI.SUM)
+    group.comm.Allreduce([mine, MPI.INT64_T], [total, MPI.INT64_T], op=MPI.SUM)
+    if group.comm.Get_rank() == 0:
+        base[:] = 0  # (Exscan leaves the first rank's undefined)
+    return base, int(total.max(initial=0))
+
+
+def _placed(
+    ctx: Context, group: Group, plan: Plan, pieces: Runs, vpos: I64, bounds: I64,
+    base: I64, step: Attempt, writing: bool,
+) -> tuple[_Staged, Plan]:  # fmt: skip
+    """Collective: each piece's virtual position to the holder of its domain, which
+    answers with the piece's round and staging position; this rank's stage record, and
+    its plan sending from (receiving into) the staging slot."""
+    assert ctx.local is not None
+    comm, size, rank = ctx.comm, ctx.comm.Get_size(), ctx.comm.Get_rank()
+    what = "write_all" if writing else "read_all"
+    order, counts, ask = _NONE, np.zeros(size, np.int64), _NONE
+    with step:
+        dom = np.searchsorted(bounds[1:-1], pieces.file, side="right").astype(np.int64)
+        hold = holders(dom, _members(ctx.local, rank, writing))
+        order = np.argsort(hold, kind="stable").astype(np.int64)
+        ask, counts = vpos[order], np.bincount(hold, minlength=size).astype(np.int64)
+    asked, acounts = alltoallv_i64(comm, ask, counts, what=what)
+    back, bcounts = _NONE, np.zeros(size, np.int64)
+    with step:
+        lay = staging(plan.sender, plan.sround, asked, base)
+        back, bcounts = _pairs(lay.sround, lay.spos), 2 * acounts
+        plan = dataclasses.replace(plan, sender=lay.sender, _sender_shapes=None)
+        plan.sender_shapes()
+    got, _ = alltoallv_i64(comm, back, bcounts, what=what)
+    rounds, spos = np.zeros(len(order), np.int64), np.zeros(len(order), np.int64)
+    with step:
+        rounds[order], spos[order] = got[0::2], got[1::2]
+    by, starts = by_round(rounds, plan.nrounds)
+    lead = int(ctx.local.leader[rank]) == rank
+    staged = _Staged(lead, pieces, by, starts, spos, 0)
+    has = (np.diff(starts) > 0).astype(np.int64)
+    sources = np.zeros_like(has)
+    group.comm.Reduce([has, MPI.INT64_T], [sources, MPI.INT64_T], op=MPI.SUM, root=0)
+    staged.sources = sources.tolist() if lead else []
+    return staged, plan

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from ..runs import Runs, merge
 from .plan import SenderPlan
 
-__all__ = ["Staging", "by_round", "leader_runs", "staging"]
+__all__ = ["Staging", "by_round", "holders", "leader_runs", "round_bytes", "staging"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -62,13 +62,23 @@ class Staging:
     size: int
 
 
-def staging(sp: SenderPlan, sround: I64, vpos: I64) -> Staging:
-    """Lay out each round's groups one after another in the staging buffer.
+def round_bytes(sp: SenderPlan, sround: I64, nrounds: int) -> I64:
+    """Bytes of each of the ``nrounds`` rounds of a sender plan (``sround``: its groups')."""
+    if not sp.ngroups:
+        return np.zeros(nrounds, np.int64)
+    gtot = np.add.reduceat(sp.pieces.length, sp.gstart[:-1])
+    return np.bincount(sround, weights=gtot, minlength=nrounds)[:nrounds].astype(np.int64)
+
+
+def staging(sp: SenderPlan, sround: I64, vpos: I64, base: I64 | None = None) -> Staging:
+    """Lay out each round's groups one after another in the staging buffer, from
+    ``base[k]`` in round ``k`` (0 when None: the ranks of a local group that hold parts
+    of its stage-two plan lay theirs out one after another in the same slot).
 
     ``sp`` is the stage-two sender plan over virtual positions, ``sround`` the round
-    of each of its groups, ``vpos`` the virtual position of every received piece (a
-    received piece lies inside one piece of ``sp``: both are cut at the same domain
-    bounds and windows).
+    of each of its groups, ``vpos`` virtual positions of received pieces (a received
+    piece lies inside one piece of ``sp``: both are cut at the same domain bounds and
+    windows).
     """
     p = sp.pieces
     ng = sp.ngroups
@@ -84,8 +94,12 @@ def staging(sp: SenderPlan, sround: I64, vpos: I64) -> Staging:
     first = np.searchsorted(round_sorted, round_sorted, side="left")
     gstage = np.empty(ng, np.int64)
     gstage[gorder] = start_sorted - start_sorted[first] if ng else start_sorted
+    if base is not None and ng:
+        gstage += base[sround]
     mem = gstage[gof] + within
     per_round = np.bincount(sround, weights=gtot).astype(np.int64) if ng else np.zeros(0, np.int64)
+    if base is not None and ng:
+        per_round = per_round + base[: len(per_round)]
     # the piece of ``sp`` holding each received piece: by virtual position
     jorder = np.argsort(p.mem, kind="stable")
     at = np.searchsorted(p.mem[jorder], vpos, side="right") - 1
@@ -95,6 +109,15 @@ def staging(sp: SenderPlan, sround: I64, vpos: I64) -> Staging:
     staged = dataclasses.replace(sp, pieces=Runs(p.file, p.length, mem))
     size = int(per_round.max(initial=0))
     return Staging(staged, spos.astype(np.int64), srnd.astype(np.int64), size)
+
+
+def holders(domains: I64, members: I64) -> I64:
+    """The rank of a local group (``members``, sorted) that sends (writes) or receives
+    (reads) the group's message of each file domain in ``domains``: domain ``d``'s is
+    ``members[d % len(members)]``, so the group's messages, and the copies MPI makes
+    for them, spread over its ranks, while each aggregator still hears from one rank
+    per group."""
+    return members[domains % len(members)]
 
 
 def by_round(rounds: I64, nrounds: int, key: I64 | None = None) -> tuple[I64, I64]:
