@@ -2,7 +2,8 @@
 
 Each local group (a local aggregator and the ranks that hand it their pieces, all on
 one node) shares one window (``MPI.Win.Allocate_shared``) at its local aggregator:
-:data:`SLOTS` staging buffers, each one round's bytes of the group.  Every rank copies
+a few staging slots (:func:`~collio.aggregators.stage.slots`), each one round's bytes of
+the group.  Every rank copies
 its own pieces of a round into (for reads: out of) their places in the round's slot,
 so the copies run on every core of the node at once instead of one local aggregator
 receiving every piece in messages, and pieces of a few hundred bytes cost a numpy
@@ -14,16 +15,16 @@ Flags in the window order it all, one int64 per rank, each saying how far its ra
 
 * writes: a rank copies its pieces of round ``k`` into their slot once the local
   aggregator reached round ``k - 1``, then raises its flag to ``k``; the local
-  aggregator reaches round ``k`` only once the sends of round ``k - SLOTS + 1``
-  completed (so a slot is filled again only after its round went out: :data:`SLOTS` - 1
+  aggregator reaches round ``k`` only once the sends of round ``k - slots + 1``
+  completed (so a slot is filled again only after its round went out: ``slots - 1``
   rounds of sends in flight), copies its own pieces, and sends round ``k`` once every
-  flag reached it;
+  flag reached it; a call's first ``slots`` rounds fill without waiting;
 * reads: each rank of the group receives the group's messages of some domains into
   the slot (:func:`~collio.aggregators.stage.holders`), raises its flag to ``k`` once its
   messages of round ``k`` completed, and copies its pieces of round ``k`` out once every
   flag reached ``k``, while the messages of round ``k + 1`` are in flight; so a rank at
   ``k`` copied out round ``k - 1``, and a rank receives round ``k`` into a slot only
-  once every flag reached ``k - SLOTS + 1``.
+  once every flag reached ``k - slots + 1``.
 
 The windows and the groups' communicators are kept with the communicator (an MPI
 attribute, freed with it); a window only grows, at planning (an agreed step).
@@ -44,12 +45,10 @@ from mpi4py import MPI
 from .aggregators.nodes import LocalGroups
 from .waits import WAIT_CAP, WAIT_FIRST, WAIT_YIELD
 
-__all__ = ["SLOTS", "Group", "ShmStage", "copy_runs", "group_of"]
+__all__ = ["Group", "ShmStage", "copy_runs", "group_of"]
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
-#: Staging buffers per group: rounds in flight at once (see module doc).
-SLOTS = 3
 #: Run lengths up to this many distinct ones are copied with numpy, one pass each;
 #: more go through MPI's datatype engine (one call whatever the runs).
 NUMPY_LENGTHS = 8
@@ -250,7 +249,7 @@ class ShmStage:
     starts: I64
     size: int
     lead: bool
-    slots: int = SLOTS
+    slots: int
     call: int = 0
     error: BaseException | None = None
 
@@ -309,7 +308,7 @@ class ShmStage:
         """Write round ``k``: copy this rank's pieces into the slot once the local
         aggregator reached round ``k - 1`` (the slot's earlier round was sent); the local
         aggregator returns the slot once every rank copied."""
-        if not self.lead:
+        if not self.lead and k >= self.slots:  # (the call's first rounds find their slots free)
             self._wait(k - 1, everyone=False)
         self._copy(k, into_slot=True)
         self._raise(k)

@@ -31,7 +31,7 @@ from mpi4py import MPI
 from . import policy
 from .aggregators.nodes import LocalGroups, local_groups, node_shape
 from .aggregators.plan import AggregatorPlan, plan_sender
-from .aggregators.stage import by_round, holders, leader_runs, round_bytes, staging
+from .aggregators.stage import by_round, holders, leader_runs, round_bytes, slots, staging
 from .collective import Attempt, any_flag, raise_agreed
 from .completion import local_summary
 from .context import Call, Context, Plan
@@ -39,7 +39,7 @@ from .exchange import Shapes, alltoallv_i64
 from .hints import Hints
 from .rounds import read_rounds, write_rounds
 from .runs import Runs
-from .shmstage import SLOTS, Group, ShmStage, group_of
+from .shmstage import Group, ShmStage, group_of
 
 __all__ = ["TwoLevel", "local_aggregators", "plan", "run"]
 
@@ -73,9 +73,9 @@ class _Staged:
     """One rank's part of the intra-node stage, kept with the plan.
 
     This rank's ``pieces`` of round ``k`` are ``pieces[order[starts[k]:starts[k+1]]]``,
-    each at ``spos`` in the round's slot of ``size`` bytes (the same on every rank of the
-    group).  A local aggregator also keeps, per round, how many ranks of its group have
-    pieces in it (``sources``, for the statistics).
+    each at ``spos`` in the round's slot of ``size`` bytes, one of ``slots`` (both the
+    same on every rank of the group).  A local aggregator also keeps, per round, how
+    many ranks of its group have pieces in it (``sources``, for the statistics).
     """
 
     lead: bool
@@ -84,6 +84,7 @@ class _Staged:
     starts: I64
     spos: I64
     size: int
+    slots: int = 0  # staging slots of the group (:func:`~collio.aggregators.stage.slots`)
     sources: list[int] = dataclasses.field(default_factory=list)
 
     def bound(self, ctx: Context, buf: npt.NDArray[np.uint8]) -> ShmStage:
@@ -93,8 +94,9 @@ class _Staged:
         group = group_of(ctx.comm, ctx.local)
         p = self.pieces
         return ShmStage(
-            group, buf, p.mem, p.length, self.spos, self.order, self.starts, self.size, self.lead
-        )
+            group, buf, p.mem, p.length, self.spos, self.order, self.starts, self.size, self.lead,
+            self.slots,
+        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -156,9 +158,9 @@ def plan(
     group = group_of(ctx.comm, ctx.local)
     base, slot = _slot_bases(group, plan, step)
     staged, plan = _placed(ctx, group, plan, pieces, vpos, bounds, base, step, writing)
-    staged.size = slot
-    with step:
-        group.ensure(SLOTS * slot)  # (collective over the group: the same size on its ranks)
+    staged.size, staged.slots = slot, slots(slot, plan.nrounds, ctx.hints.cb_buffer_size)
+    with step:  # (collective over the group: the same size on its ranks)
+        group.ensure(staged.slots * slot)
     if any_flag(ctx.comm, step.error is not None):
         raise_agreed(ctx.comm, step.error, what=what)
     return TwoLevel(staged, plan), keep

@@ -19,9 +19,24 @@ import numpy.typing as npt
 from ..runs import Runs, merge
 from .plan import SenderPlan
 
-__all__ = ["Staging", "by_round", "holders", "leader_runs", "round_bytes", "staging"]
+__all__ = [
+    "MIN_SLOTS",
+    "Staging",
+    "by_round",
+    "holders",
+    "leader_runs",
+    "round_bytes",
+    "slots",
+    "staging",
+]
 
 I64 = npt.NDArray[np.int64]
+#: Fewest staging slots of a local group: a round filling, one in flight, one more.
+MIN_SLOTS = 3
+#: The slots of a group take up to this many ``cb_buffer_size``\ s (more than
+#: :data:`MIN_SLOTS` when rounds are small): each slot more lets the group's ranks copy
+#: one more round ahead of the local aggregator's sends, instead of waiting for them.
+SLOT_BUFFERS = 4
 
 
 def _exclusive_cumsum(values: I64) -> I64:
@@ -127,3 +142,11 @@ def by_round(rounds: I64, nrounds: int, key: I64 | None = None) -> tuple[I64, I6
     order = np.lexsort((idx, rounds) if key is None else (idx, key, rounds)).astype(np.int64)
     counts = np.bincount(rounds, minlength=nrounds)[:nrounds]
     return order, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+
+def slots(slot_bytes: int, nrounds: int, cb_buffer_size: int) -> int:
+    """Staging slots of a local group whose rounds take ``slot_bytes`` each: as many as
+    :data:`SLOT_BUFFERS` x ``cb_buffer_size`` holds, at least :data:`MIN_SLOTS`, and no
+    more than the call's rounds and one (then no rank ever waits for a free slot)."""
+    fit = SLOT_BUFFERS * int(cb_buffer_size) // max(int(slot_bytes), 1)
+    return int(max(MIN_SLOTS, min(fit, int(nrounds) + 1)))
