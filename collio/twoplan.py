@@ -109,50 +109,62 @@ def _to_holders(
     in its domains (errors agreed)."""
     assert ctx.local is not None
     comm, size, rank = ctx.comm, ctx.comm.Get_size(), ctx.comm.Get_rank()
+    share, queries = Runs.empty(), _NONE
     out, counts = _NONE, np.zeros(size, np.int64)
     with step:
         if step.error is None and int(ctx.local.leader[rank]) == rank:
-            out, counts = _bundles(
-                recv, rcounts, bounds, window, _members(ctx.local, rank, writing)
-            )
-    if writing:  # (the local aggregator holds every domain: nothing to send)
-        got = out
-    else:
+            merged, asked = _merged(recv, rcounts)
+            if writing:  # (the local aggregator holds every domain: nothing to send)
+                share, queries = merged, _triples(*asked)
+            else:
+                members = _members(ctx.local, rank, writing)
+                out, counts = _bundles(merged, asked, bounds, window, recv[0::2], members, size)
+    if not writing:
         got, _ = alltoallv_i64(comm, out, counts, what=what)
+        if len(got):
+            n = 3 * int(got[0])
+            trip = got[1 : 1 + n]
+            share = Runs(trip[0::3].copy(), trip[1::3].copy(), trip[2::3].copy())
+            queries = got[1 + n :]
     if any_flag(comm, step.error is not None):
         raise_agreed(comm, step.error, what=what)
-    if not len(got):
-        return Runs.empty(), _NONE
-    n = 3 * int(got[0])
-    share = Runs(got[1 : 1 + n : 3].copy(), got[2 : 1 + n : 3].copy(), got[3 : 1 + n : 3].copy())
-    return share, got[1 + n :]
+    return share, queries
 
 
-def _bundles(recv: I64, rcounts: I64, bounds: I64, window: int, members: I64) -> tuple[I64, I64]:
-    """A local aggregator's step 2: for each holder (``members``) one bundle, [share
-    values, its share as (file, length, virtual position) triples, its queries as
-    triples], and the count of values for each rank."""
-    size = len(rcounts)
-    file, length = recv[0::2], recv[1::2]
-    merged, vpos = leader_runs(file, length)
+def _merged(recv: I64, rcounts: I64) -> tuple[Runs, tuple[I64, I64, I64]]:
+    """A local aggregator's merged runs, and each received piece's (owner, index among
+    the owner's pieces, virtual position)."""
+    merged, vpos = leader_runs(recv[0::2], recv[1::2])
+    each = rcounts // 2
+    owner = np.repeat(np.arange(len(rcounts), dtype=np.int64), each)
+    index = np.arange(len(owner), dtype=np.int64) - np.repeat(np.cumsum(each) - each, each)
+    return merged, (owner, index, vpos)
+
+
+def _triples(a: I64, b: I64, c: I64) -> I64:
+    out = np.empty(3 * len(a), np.int64)
+    out[0::3], out[1::3], out[2::3] = a, b, c
+    return out
+
+
+def _bundles(
+    merged: Runs, asked: tuple[I64, I64, I64], bounds: I64, window: int, file: I64,
+    members: I64, size: int,
+) -> tuple[I64, I64]:  # fmt: skip
+    """A local aggregator's step 2 for reads: for each holder (``members``) one bundle,
+    [share values, its share as (file, length, virtual position) triples, its queries as
+    triples], and the count of values for each of the ``size`` ranks (``file``: the
+    received pieces' offsets)."""
     sp = plan_sender(merged, bounds, window)
     p = sp.pieces
     share_of = holders(np.repeat(sp.gdom, np.diff(sp.gstart)), members)
-    owner = np.repeat(np.arange(size, dtype=np.int64), rcounts // 2)
-    index = np.arange(len(owner), dtype=np.int64) - np.repeat(
-        np.cumsum(rcounts // 2) - rcounts // 2, rcounts // 2
-    )
     query_of = holders(np.searchsorted(bounds[1:-1], file, side="right").astype(np.int64), members)
     parts, counts = [], np.zeros(size, np.int64)
     for h in members.tolist():  # (one bundle per rank of the group)
         s, q = np.flatnonzero(share_of == h), np.flatnonzero(query_of == h)
-        bundle = np.empty(1 + 3 * (len(s) + len(q)), np.int64)
-        bundle[0] = len(s)
-        body = bundle[1:].reshape(-1, 3)
-        body[: len(s)] = np.stack((p.file[s], p.length[s], p.mem[s]), axis=1)
-        body[len(s) :] = np.stack((owner[q], index[q], vpos[q]), axis=1)
-        parts.append(bundle)
-        counts[h] = len(bundle)
+        shares = _triples(p.file[s], p.length[s], p.mem[s])
+        parts += [np.array([len(s)], np.int64), shares, _triples(*(a[q] for a in asked))]
+        counts[h] = 1 + 3 * (len(s) + len(q))
     return np.concatenate(parts), counts
 
 
