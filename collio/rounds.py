@@ -105,16 +105,26 @@ class _Lagged:
 
 class Stage(Protocol):
     """A stage before a write's rounds and after a read's (two-level aggregation's
-    intra-node stage, :mod:`collio.twolevel`): the plan's senders send from, and
-    receive into, ``staging``."""
+    intra-node stage, :mod:`collio.shmstage`): the plan's senders send from, and
+    receive into, one of its ``slots`` buffers; ``slots - 1`` rounds of sends may be in
+    flight while the next round's slot fills."""
 
-    staging: npt.NDArray[np.uint8]
+    slots: int
 
     def gather(self, k: int) -> npt.NDArray[np.uint8]:
-        """Collective: fill the staging buffer for write round ``k``; returns it."""
+        """Collective: fill the buffer for write round ``k``; returns it."""
+
+    def landing(self, k: int) -> npt.NDArray[np.uint8]:
+        """Collective: the buffer read round ``k`` arrives in."""
+
+    def arrived(self, k: int) -> None:
+        """Collective: read round ``k`` arrived (this rank's messages of it completed)."""
 
     def scatter(self, k: int) -> None:
-        """Collective: hand out the staging buffer of read round ``k``."""
+        """Collective: hand out the buffer of read round ``k`` (after :meth:`arrived`)."""
+
+    def finish(self) -> BaseException | None:
+        """Collective: complete the stage; this rank's first error in it."""
 
 
 def prepare(plan: Plan, *, writing: bool) -> None:
@@ -248,16 +258,18 @@ def write_rounds(
 
     Returns this rank's first error, not yet agreed: the call's completion agrees
     on it together with the statistics (one sync point instead of two).  With a
-    ``stage``, each round's sends go from what its ``gather`` returns, and the rounds
-    agree on their status before their messages (as with a remote backend).
+    ``stage``, each round's sends go from what its ``gather`` returns.
     """
-    if ctx.backend.remote or stage is not None:
+    if ctx.backend.remote:
         return _write_lockstep(_start(ctx, plan, call), data, stage)
-    return _write_streamed(_start(ctx, plan, call), data)
+    return _write_streamed(_start(ctx, plan, call), data, stage)
 
 
-def _write_streamed(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | None:
-    """Sends posted :data:`AHEAD` rounds early; each aggregator receives at its own pace.
+def _write_streamed(
+    r: _Rounds, data: npt.NDArray[np.uint8], stage: Stage | None = None
+) -> BaseException | None:
+    """Sends posted :data:`AHEAD` rounds early (with a ``stage``, as many as its slots
+    allow); each aggregator receives at its own pace.
 
     A rank posts the sends of rounds ``k .. k + AHEAD - 1`` before it receives round
     ``k``, so an aggregator never waits for a sender to reach the round: MPI moves
@@ -268,25 +280,29 @@ def _write_streamed(r: _Rounds, data: npt.NDArray[np.uint8]) -> BaseException | 
     comm, nrounds, c = r.ctx.comm, r.plan.nrounds, r.c
     error: BaseException | None = None
     sends: dict[int, Messages] = {}
+    ahead = AHEAD if stage is None else stage.slots - 1
 
     def post(k: int) -> None:
         if k < nrounds:
+            send = data if stage is None else stage.gather(k)
             sends[k] = Messages(comm, _TAG + (k & 0x3FF))
-            _post_sends(sends[k], r.ctx, r.plan, r.groups(k), data, c)
+            _post_sends(sends[k], r.ctx, r.plan, r.groups(k), send, c)
 
     try:
-        for k in range(AHEAD):
+        for k in range(ahead):
             post(k)
         for k in range(nrounds):
             error = _receive_and_write(r, k, sends, error)
-            if k + AHEAD < nrounds:  # at most AHEAD rounds of sends outstanding
+            if k + ahead < nrounds:  # at most ``ahead`` rounds of sends outstanding
                 t = time.perf_counter()
                 error = _waited(sends.pop(k), error)
                 c.time_exchange += time.perf_counter() - t
-                post(k + AHEAD)
+                post(k + ahead)
         t = time.perf_counter()
         for k in sorted(sends):
             error = _waited(sends.pop(k), error)
+        if stage is not None:
+            error = error or stage.finish()
         c.time_exchange += time.perf_counter() - t
     finally:
         for msgs in sends.values():
@@ -344,7 +360,7 @@ def _write_lockstep(
     # writes wait for each other sleeping: an aggregator's request runs in its I/O
     # thread, and a rank that spins in MPI takes the core that thread needs
     status = _Lagged(comm, patient=True)
-    meet = be.remote or stage is not None  # see module doc
+    meet = be.remote  # see module doc
     error: BaseException | None = None
     for k in range(r.plan.nrounds):
         step = Attempt()
@@ -360,12 +376,7 @@ def _write_lockstep(
         if meet and status.failed():
             break
         t = time.perf_counter()
-        send = data
-        if stage is not None:
-            step = Attempt()
-            with step:  # (its messages completed: the rounds stop at the next status)
-                stage.gather(k)
-            error, send = error or step.error, stage.staging
+        send = data if stage is None else stage.gather(k)
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             if ap is not None:
                 _post_recvs(msgs, r.plan, k, r.buffer(k, req), req[0], c)
@@ -376,6 +387,8 @@ def _write_lockstep(
             args = (be, req[0], r.buffer(k, req), cover(ap, k, req), c)
             r.pending[k % DEPTH] = r.pool.submit(write_window, *args)
     status.failed()
+    if stage is not None:
+        error = error or stage.finish()
     return drain(r.pending, c, error)
 
 
@@ -385,18 +398,18 @@ def read_rounds(
     """Collective over ``ctx.comm``: every round of a two-phase read (next window read ahead).
 
     Returns this rank's first error, not yet agreed (see :func:`write_rounds`).  With a
-    ``stage``, each round's pieces arrive in its staging buffer and its ``scatter``
-    hands them out.
+    ``stage``, each round's pieces arrive in its ``landing`` buffer, and its ``scatter``
+    hands them out while the next round's messages are in flight.
     """
     r = _start(ctx, plan, call)
     comm, be, c = ctx.comm, ctx.backend, r.c
     status = _Lagged(comm, be.remote)
-    meet = be.remote or stage is not None  # see module doc
-    into = out if stage is None else stage.staging
+    meet = be.remote  # see module doc
     # small equal runs are packed with numpy before sending (Messages.send)
     small = plan.agg is not None and r.mine and _packs(plan.agg)
     scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
     error: BaseException | None = None
+    arrived = -1  # the last round that arrived (two levels: handed out one round later)
     step = Attempt()
     with step:
         ap = r.agg(0)
@@ -419,16 +432,21 @@ def read_rounds(
         if meet and status.failed():
             break
         t = time.perf_counter()
+        into = out if stage is None else stage.landing(k)
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
             _exchange_read(r, msgs, k, into, scratch)
+            if stage is not None and k:
+                stage.scatter(k - 1)
         error = error or msgs.error
         if stage is not None:
-            step = Attempt()
-            with step:
-                stage.scatter(k)
-            error = error or step.error
+            stage.arrived(k)
+            arrived = k
         c.time_exchange += time.perf_counter() - t
     status.failed()
+    if stage is not None:
+        if arrived >= 0 and error is None:
+            stage.scatter(arrived)
+        error = error or stage.finish()
     return drain(r.pending, c, error)
 
 

@@ -26,24 +26,24 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from mpi4py import MPI
 
 from . import policy
 from .aggregators.nodes import LocalGroups, local_groups, node_shape
-from .aggregators.plan import AggregatorPlan, SenderPlan, plan_sender
-from .aggregators.stage import by_round, leader_runs, staging
+from .aggregators.plan import AggregatorPlan
+from .aggregators.stage import by_round, slots
 from .collective import Attempt, any_flag, raise_agreed
 from .completion import local_summary
 from .context import Call, Context, Plan
-from .exchange import Messages, Shapes, alltoallv_i64, messages
+from .exchange import Shapes
 from .hints import Hints
 from .rounds import read_rounds, write_rounds
 from .runs import Runs
+from .shmstage import ShmStage, group_of
+from .twoplan import place
 
 __all__ = ["TwoLevel", "local_aggregators", "plan", "run"]
 
 I64 = npt.NDArray[np.int64]
-_TAG = 0x2C01
 _NONE = np.zeros(0, np.int64)
 _NOBYTES = np.zeros(0, np.uint8)
 
@@ -70,82 +70,33 @@ def _pairs(file: I64, length: I64) -> I64:
 
 @dataclasses.dataclass(slots=True)
 class _Staged:
-    """One rank's intra-node stage (a :class:`~collio.rounds.Stage`).
+    """One rank's part of the intra-node stage, kept with the plan.
 
-    As a member it sends (writes) or receives (reads) its pieces of round ``k``,
-    ``pieces[order[starts[k]:starts[k+1]]]``, in one message to or from its local
-    aggregator ``leader``.  A local aggregator also receives (or sends) each member's
-    pieces of the round at their staging positions ``spos`` (``lorder``/``lstarts``:
-    the received pieces by round, then member).
+    This rank's ``pieces`` of round ``k`` are ``pieces[order[starts[k]:starts[k+1]]]``,
+    each at ``spos`` in the round's slot of ``size`` bytes, one of ``slots`` (both the
+    same on every rank of the group).  A local aggregator also keeps, per round, how
+    many ranks of its group have pieces in it (``sources``, for the statistics).
     """
 
-    comm: MPI.Comm
-    buf: npt.NDArray[np.uint8]
-    leader: int
+    lead: bool
     pieces: Runs
     order: I64
     starts: I64
-    staging: npt.NDArray[np.uint8]
-    src: I64 = dataclasses.field(default_factory=lambda: _NONE)
-    spos: I64 = dataclasses.field(default_factory=lambda: _NONE)
-    slen: I64 = dataclasses.field(default_factory=lambda: _NONE)
-    lorder: I64 = dataclasses.field(default_factory=lambda: _NONE)
-    lstarts: I64 = dataclasses.field(default_factory=lambda: _NONE)
-    messages: list[int] = dataclasses.field(default_factory=list)
-    size: int = 0  # bytes of the staging buffer (a local aggregator's largest round)
+    spos: I64
+    size: int
+    slots: int = 0  # staging slots of the group (:func:`~collio.aggregators.stage.slots`)
+    sources: list[int] = dataclasses.field(default_factory=list)
 
-    def bound(self, buf: npt.NDArray[np.uint8]) -> _Staged:
-        """This stage for a call on ``buf``, with a staging buffer of its own (a kept
-        plan holds neither: the user's buffer changes, and staging is a round's bytes)."""
-        staging = np.empty(self.size, np.uint8) if self.size else _NOBYTES
-        return dataclasses.replace(self, buf=buf, staging=staging, messages=[])
-
-    def gather(self, k: int) -> npt.NDArray[np.uint8]:
-        """Raises a message's error only once every message completed (Messages)."""
-        with messages(self.comm, _TAG + (k & 0x3FF)) as msgs:
-            self._leader(msgs, k, sending=False)
-            self._member(msgs, k, sending=True)
-        if msgs.error is not None:
-            raise msgs.error
-        return self.staging
-
-    def scatter(self, k: int) -> None:
-        with messages(self.comm, _TAG + (k & 0x3FF)) as msgs:
-            self._member(msgs, k, sending=False)
-            self._leader(msgs, k, sending=True)
-        if msgs.error is not None:
-            raise msgs.error
-
-    def _member(self, msgs: Messages, k: int, *, sending: bool) -> None:
-        if k + 1 >= len(self.starts):
-            return
-        idx = self.order[self.starts[k] : self.starts[k + 1]]
-        if not len(idx):
-            return
-        mem, ln = self.pieces.mem[idx], self.pieces.length[idx]
-        if sending:
-            msgs.send(self.leader, self.buf, mem, ln)
-        else:
-            msgs.recv(self.leader, self.buf, mem, ln)
-
-    def _leader(self, msgs: Messages, k: int, *, sending: bool) -> None:
-        if k + 1 >= len(self.lstarts):
-            return
-        idx = self.lorder[self.lstarts[k] : self.lstarts[k + 1]]
-        if not len(idx):
-            return
-        src = self.src[idx]
-        cuts = np.flatnonzero(np.diff(src)) + 1
-        bounds = [0, *cuts.tolist(), len(idx)]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            peer, part = int(src[a]), idx[a:b]
-            if sending:
-                msgs.send(peer, self.staging, self.spos[part], self.slen[part])
-            else:
-                msgs.recv(peer, self.staging, self.spos[part], self.slen[part])
-        if len(self.messages) <= k:
-            self.messages.extend([0] * (k + 1 - len(self.messages)))
-        self.messages[k] = len(bounds) - 1
+    def bound(self, ctx: Context, buf: npt.NDArray[np.uint8]) -> ShmStage:
+        """This stage for a call on ``buf``, over the group's window (a kept plan holds
+        neither: the user's buffer changes, and the window is the communicator's)."""
+        assert ctx.local is not None
+        group = group_of(ctx.comm, ctx.local)
+        p = self.pieces
+        return ShmStage(
+            group, buf, p.mem, p.length, self.spos, self.order, self.starts, self.size, self.lead,
+            self.slots,
+        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -176,7 +127,7 @@ class TwoLevel:
         """Bytes of its arrays (what keeping it costs)."""
         st = self.stage
         parts = [st.pieces.file, st.pieces.length, st.pieces.mem, st.order, st.starts]
-        parts += [st.src, st.spos, st.slen, st.lorder, st.lstarts]
+        parts += [st.spos]
         return self.plan.nbytes() + sum(a.nbytes for a in parts)
 
 
@@ -189,13 +140,24 @@ def plan(
     *,
     writing: bool,
 ) -> tuple[TwoLevel, bool]:
-    """Collective over ``ctx.comm``: plan a two-level call (see module doc), and whether
-    it may be kept (agreed).
-
-    ``new_plan(runs)`` is the engine's one-level planning (collective, errors agreed),
-    run with each local aggregator's merged runs and no runs elsewhere.
+    """Collective over ``ctx.comm``: plan a two-level call (:mod:`collio.twoplan`), and
+    whether it may be kept (agreed).  ``new_plan(runs)`` is the engine's one-level
+    planning (collective, errors agreed), run with each rank's share of its group's runs.
     """
-    return _plan(ctx, lambda: plan_sender(runs, bounds, window), new_plan, writing)
+    assert ctx.local is not None
+    group = group_of(ctx.comm, ctx.local)
+    got = place(ctx, group, runs, bounds, window, new_plan, writing=writing)
+    rank, nrounds = ctx.comm.Get_rank(), got.plan.nrounds
+    order, starts = by_round(got.rounds, nrounds)
+    lead = int(ctx.local.leader[rank]) == rank
+    staged = _Staged(lead, got.pieces, order, starts, got.spos, got.slot, sources=got.sources)
+    staged.slots = slots(got.slot, nrounds, ctx.hints.cb_buffer_size)
+    step = Attempt()
+    with step:  # (collective over the group: the same size on its ranks)
+        group.ensure(staged.slots * got.slot)
+    if any_flag(ctx.comm, step.error is not None):
+        raise_agreed(ctx.comm, step.error, what="write_all" if writing else "read_all")
+    return TwoLevel(staged, got.plan), got.keep
 
 
 def run(
@@ -203,62 +165,11 @@ def run(
 ) -> BaseException | None:
     """Collective over ``ctx.comm``: the rounds of a two-level call on ``buf``.  Returns
     this rank's error of the rounds, not yet agreed (as :func:`~collio.rounds.write_rounds`)."""
-    staged, plan = tl.stage.bound(buf), tl.plan
+    staged, plan = tl.stage.bound(ctx, buf), tl.plan
     call.two_level = True
     call.counters.rounds = plan.nrounds
     ctx.stats.local = local_summary(ctx, plan)
-    ctx.stats.local["local_messages"] = staged.messages
+    ctx.stats.local["local_sources"] = tl.stage.sources
     if writing:
         return write_rounds(ctx, plan, buf, call, staged)
     return read_rounds(ctx, plan, buf, call, staged)
-
-
-def _plan(
-    ctx: Context,
-    cut: Callable[[], SenderPlan],
-    new_plan: Callable[[Runs], tuple[Plan, bool]],
-    writing: bool,
-) -> tuple[TwoLevel, bool]:
-    """Collective: members' pieces (``cut()``: this rank's runs cut at domains and
-    windows) to their local aggregator, the stage-two plan, and each piece's round and
-    staging position (every step agreed before the rounds)."""
-    assert ctx.local is not None
-    comm, what = ctx.comm, "write_all" if writing else "read_all"
-    size, rank = comm.Get_size(), comm.Get_rank()
-    leader = int(ctx.local.leader[rank])
-    step = Attempt()
-    pieces, counts, meta = Runs.empty(), np.zeros(size, np.int64), _NONE
-    with step:  # (a rank that fails here sends nothing: counts are set last)
-        sp = cut()
-        pieces, meta = sp.pieces, _pairs(sp.pieces.file, sp.pieces.length)
-        counts[leader] = len(meta)
-    recv, rcounts = alltoallv_i64(comm, meta, counts, what=what)
-    mine, vpos = Runs.empty(), _NONE
-    with step:
-        if step.error is None and leader == rank:
-            mine, vpos = leader_runs(recv[0::2], recv[1::2])
-    if any_flag(comm, step.error is not None):
-        raise_agreed(comm, step.error, what=what)
-    plan, keep = new_plan(mine)  # (collective; raises the same error on every rank)
-    src = np.repeat(np.arange(size, dtype=np.int64), rcounts // 2)
-    back, lay = _NONE, None
-    with step:
-        if leader == rank:
-            lay = staging(plan.sender, plan.sround, vpos)
-            back = lay.sround
-    # a leader whose staging failed sends nothing (its buffer is empty); the error is
-    # agreed right after, so its members' counts of zero are never used
-    counts = np.bincount(src, minlength=size) if back is not _NONE else np.zeros(size, np.int64)
-    rounds, _ = alltoallv_i64(comm, back, counts, what=what)
-    with step:
-        order, starts = by_round(rounds, plan.nrounds)
-        staged = _Staged(comm, _NOBYTES, leader, pieces, order, starts, _NOBYTES)
-        if lay is not None:
-            plan = dataclasses.replace(plan, sender=lay.sender, _sender_shapes=None)
-            plan.sender_shapes()
-            staged.size = lay.size
-            staged.src, staged.spos, staged.slen = src, lay.spos, recv[1::2].copy()
-            staged.lorder, staged.lstarts = by_round(lay.sround, plan.nrounds, key=src)
-    if any_flag(comm, step.error is not None):
-        raise_agreed(comm, step.error, what=what)
-    return TwoLevel(staged, plan), keep

@@ -18,8 +18,7 @@ from helpers import all_layouts, file_image, local_piece, reference
 from mpi4py import MPI
 
 import collio
-import collio.exchange
-import collio.twolevel
+import collio.shmstage
 from collio.aggregators.nodes import ENV_RANKS_PER_NODE
 from collio.bench.patterns import make_workload
 from collio.hints import Hints
@@ -177,18 +176,23 @@ def test_simulated_counts_equal_real_stats(nodes, mpi_tmp_path, pattern, size, h
         assert stats.messages == int(sim.msgs.sum()) and stats.rounds == sim.rounds
         assert stats.last_call["window"] == sim.window
         assert stats.hints["cb_local_aggregators"] == sim.local_per_node
-        # each local aggregator takes one message per rank of its group with bytes in a round
-        ranks = [len(d.get("local_messages", [])) for d in locals_]
-        assert sum(ranks) <= sim.rounds * len(sim.group_ranks)
+        # each local aggregator's staging takes, per round, the ranks of its group with
+        # bytes in it: at most its group, and some in some round
+        sources = [d["local_sources"] for d in locals_ if d.get("local_sources")]
+        assert len(sources) == len(sim.group_ranks)
+        assert all(len(s) == sim.rounds for s in sources)
+        assert max(max(s) for s in sources) <= int(sim.group_ranks.max())
+        assert sum(map(sum, sources)) > 0
     comm.Barrier()
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_local_aggregator_failing_mid_read_is_agreed(nodes, mpi_tmp_path, monkeypatch):
-    """A local aggregator whose scatter to its node fails from the second round of a
-    read on (no memory for a message's runs): every rank raises the same error naming
-    it, nobody waits for the messages it never built, and the file reads right after."""
+    """A local aggregator whose copies out of its node's staging fail from the second
+    round of a read on (no memory for a copy's runs): every rank raises the same error
+    naming it, nobody waits for it in the rounds or the stage, and the file reads right
+    after."""
     comm, k = nodes
     glob = reference((64, 96), "<f8", seed=5)
     lay = collio.layouts.block(glob.shape, "<f8", comm=comm, grid=(1, comm.size))
@@ -200,9 +204,9 @@ def test_local_aggregator_failing_mid_read_is_agreed(nodes, mpi_tmp_path, monkey
     bad = leaders[-1]
 
     def boom(*args, **kwargs):
-        raise MemoryError("no memory for a message's runs")
+        raise MemoryError("no memory for a copy's runs")
 
-    scatter = collio.twolevel._Staged.scatter
+    scatter = collio.shmstage.ShmStage.scatter
     rounds: list[int] = []
 
     def failing_scatter(self, k_round):
@@ -210,8 +214,7 @@ def test_local_aggregator_failing_mid_read_is_agreed(nodes, mpi_tmp_path, monkey
         if k_round < 1:
             return scatter(self, k_round)
         with monkeypatch.context() as m:
-            for name in ("shaped", "byte_view", "pack_vector", "pack_uniform"):
-                m.setattr(collio.exchange, name, boom)
+            m.setattr(collio.shmstage, "copy_runs", boom)
             return scatter(self, k_round)
 
     path = str(mpi_tmp_path / "r.bin")
@@ -224,7 +227,7 @@ def test_local_aggregator_failing_mid_read_is_agreed(nodes, mpi_tmp_path, monkey
         error = None
         with monkeypatch.context() as m:
             if comm.rank == bad:
-                m.setattr(collio.twolevel._Staged, "scatter", failing_scatter)
+                m.setattr(collio.shmstage.ShmStage, "scatter", failing_scatter)
             try:
                 f.read_all(lay)
             except collio.CollioError as exc:
@@ -232,7 +235,7 @@ def test_local_aggregator_failing_mid_read_is_agreed(nodes, mpi_tmp_path, monkey
         errors = comm.allgather(error)
         assert all(e == errors[0] for e in errors), errors
         assert errors[0] is not None and errors[0][2] == [bad], errors
-        assert "no memory for a message" in errors[0][1] and f"rank {bad}" in errors[0][1]
+        assert "no memory for a copy" in errors[0][1] and f"rank {bad}" in errors[0][1]
         if comm.rank == bad:
             assert rounds[:2] == [0, 1], rounds  # it failed in the second round, not before
         np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))

@@ -46,9 +46,10 @@ def test_ranks_sharing_cores_scale_the_on_node_terms_alone():
     assert runs.intra == pytest.approx(a.intra + 1e-6 * per_round * res.rounds)
 
 
-def test_a_local_aggregators_staging_pays_for_every_run_of_its_ranks():
-    """Two levels: a local aggregator receives (or sends) each of its ranks' pieces as a
-    run of their message into (or out of) its staging buffer, ``run_seconds`` each."""
+def test_the_local_stage_pays_for_every_run_its_ranks_copy():
+    """Two levels: each rank copies its pieces into (or out of) its group's shared
+    staging, ``run_seconds`` a piece, the group's ranks at once: the busiest group's runs
+    per rank."""
     work = make_workload("cyclic", 8, size="512", cyclic_block=8)
     hints = Hints(cb_buffer_size=65536, cb_two_level="enable")
     res = simulate(work, SimConfig(hints=hints, ppn=4))
@@ -59,8 +60,13 @@ def test_a_local_aggregators_staging_pays_for_every_run_of_its_ranks():
     a = predict(res, own, "x")
     b = predict(res, dataclasses.replace(own, run_seconds=1e-6), "x")
     per_round = max((res.agg_pieces / res.agg_rounds.clip(1)).max(), res.rank_runs_max / res.rounds)
-    stage = float(res.group_runs.max()) / res.rounds
+    stage = float((res.group_runs / res.group_ranks).max()) / res.rounds
     assert b.intra == pytest.approx(a.intra + 1e-6 * (per_round + stage) * res.rounds)
+    # and its bytes at one process's copy bandwidth where it is given
+    copy = predict(res, dataclasses.replace(own, copy_bandwidth=1e9), "x")
+    per_rank = float((res.group_bytes / res.group_ranks).max()) / res.rounds
+    slower = per_rank / 1e9 - per_rank / own.intra_bandwidth
+    assert copy.intra == pytest.approx(a.intra + slower * res.rounds)
 
 
 def test_page_cache_copies_and_a_reads_packing_take_the_ranks_cores():

@@ -19,9 +19,24 @@ import numpy.typing as npt
 from ..runs import Runs, merge
 from .plan import SenderPlan
 
-__all__ = ["Staging", "by_round", "leader_runs", "staging"]
+__all__ = [
+    "MIN_SLOTS",
+    "Staging",
+    "by_round",
+    "holders",
+    "leader_runs",
+    "round_bytes",
+    "slots",
+    "staging",
+]
 
 I64 = npt.NDArray[np.int64]
+#: Fewest staging slots of a local group: a round filling, one in flight, one more.
+MIN_SLOTS = 3
+#: The slots of a group take up to this many ``cb_buffer_size``\ s (more than
+#: :data:`MIN_SLOTS` when rounds are small): each slot more lets the group's ranks copy
+#: one more round ahead of the local aggregator's sends, instead of waiting for them.
+SLOT_BUFFERS = 4
 
 
 def _exclusive_cumsum(values: I64) -> I64:
@@ -62,13 +77,23 @@ class Staging:
     size: int
 
 
-def staging(sp: SenderPlan, sround: I64, vpos: I64) -> Staging:
-    """Lay out each round's groups one after another in the staging buffer.
+def round_bytes(sp: SenderPlan, sround: I64, nrounds: int) -> I64:
+    """Bytes of each of the ``nrounds`` rounds of a sender plan (``sround``: its groups')."""
+    if not sp.ngroups:
+        return np.zeros(nrounds, np.int64)
+    gtot = np.add.reduceat(sp.pieces.length, sp.gstart[:-1])
+    return np.bincount(sround, weights=gtot, minlength=nrounds)[:nrounds].astype(np.int64)
+
+
+def staging(sp: SenderPlan, sround: I64, vpos: I64, base: I64 | None = None) -> Staging:
+    """Lay out each round's groups one after another in the staging buffer, from
+    ``base[k]`` in round ``k`` (0 when None: the ranks of a local group that hold parts
+    of its stage-two plan lay theirs out one after another in the same slot).
 
     ``sp`` is the stage-two sender plan over virtual positions, ``sround`` the round
-    of each of its groups, ``vpos`` the virtual position of every received piece (a
-    received piece lies inside one piece of ``sp``: both are cut at the same domain
-    bounds and windows).
+    of each of its groups, ``vpos`` virtual positions of received pieces (a received
+    piece lies inside one piece of ``sp``: both are cut at the same domain bounds and
+    windows).
     """
     p = sp.pieces
     ng = sp.ngroups
@@ -84,8 +109,12 @@ def staging(sp: SenderPlan, sround: I64, vpos: I64) -> Staging:
     first = np.searchsorted(round_sorted, round_sorted, side="left")
     gstage = np.empty(ng, np.int64)
     gstage[gorder] = start_sorted - start_sorted[first] if ng else start_sorted
+    if base is not None and ng:
+        gstage += base[sround]
     mem = gstage[gof] + within
     per_round = np.bincount(sround, weights=gtot).astype(np.int64) if ng else np.zeros(0, np.int64)
+    if base is not None and ng:
+        per_round = per_round + base[: len(per_round)]
     # the piece of ``sp`` holding each received piece: by virtual position
     jorder = np.argsort(p.mem, kind="stable")
     at = np.searchsorted(p.mem[jorder], vpos, side="right") - 1
@@ -97,6 +126,15 @@ def staging(sp: SenderPlan, sround: I64, vpos: I64) -> Staging:
     return Staging(staged, spos.astype(np.int64), srnd.astype(np.int64), size)
 
 
+def holders(domains: I64, members: I64) -> I64:
+    """The rank of a local group (``members``, sorted) that sends (writes) or receives
+    (reads) the group's message of each file domain in ``domains``: domain ``d``'s is
+    ``members[d % len(members)]``, so the group's messages, and the copies MPI makes
+    for them, spread over its ranks, while each aggregator still hears from one rank
+    per group."""
+    return members[domains % len(members)]
+
+
 def by_round(rounds: I64, nrounds: int, key: I64 | None = None) -> tuple[I64, I64]:
     """Indices ordered by round (then by ``key``, then as given), and where each of the
     ``nrounds`` rounds starts (``nrounds + 1`` entries)."""
@@ -104,3 +142,11 @@ def by_round(rounds: I64, nrounds: int, key: I64 | None = None) -> tuple[I64, I6
     order = np.lexsort((idx, rounds) if key is None else (idx, key, rounds)).astype(np.int64)
     counts = np.bincount(rounds, minlength=nrounds)[:nrounds]
     return order, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+
+def slots(slot_bytes: int, nrounds: int, cb_buffer_size: int) -> int:
+    """Staging slots of a local group whose rounds take ``slot_bytes`` each: as many as
+    :data:`SLOT_BUFFERS` x ``cb_buffer_size`` holds, at least :data:`MIN_SLOTS`, and no
+    more than the call's rounds and one (then no rank ever waits for a free slot)."""
+    fit = SLOT_BUFFERS * int(cb_buffer_size) // max(int(slot_bytes), 1)
+    return int(max(MIN_SLOTS, min(fit, int(nrounds) + 1)))

@@ -10,8 +10,10 @@ call's rounds); a round costs
   ``intra_message_seconds``, and bytes that stay on a node are copied by their
   receiver at ``intra_bandwidth``, and every run (a piece of contiguous bytes) in a
   message ``run_seconds`` at its sender and at its receiver (a datatype's block or a
-  packed run); two-level calls add the local aggregators' stage (each receives its
-  ranks' pieces of the round);
+  packed run); two-level calls add the local stage (each rank copies its pieces of
+  the round into, or out of, its group's shared staging at ``copy_bandwidth``, or
+  ``intra_bandwidth`` where that is not counted, and ``run_seconds`` a piece; the
+  ranks of a group copy at once);
 * ``storage``: the slowest aggregator at ``aggregator_bandwidth``, or all of them at
   ``targets`` x ``target_bandwidth``, whichever is slower.
 
@@ -181,11 +183,12 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     if cl.run_seconds:  # the most runs an aggregator takes, or a rank sends, in a round
         pieces = float((res.agg_pieces / nr).max(initial=0))
         proc += max(pieces, res.rank_runs_max / rounds) * cl.run_seconds
-    if res.two_level:  # the local aggregators' stage: their ranks' pieces of the round
-        gb = res.group_bytes / rounds
-        stage = res.group_ranks * cl.intra_message_seconds + gb / cl.intra_bandwidth
-        if cl.run_seconds:  # each piece a run of its message into (or out of) staging
-            stage = stage + res.group_runs / rounds * cl.run_seconds
+    if res.two_level:  # the local stage: every rank copies its own pieces of the round
+        # into (out of) its group's shared staging, all ranks at once
+        ranks = np.maximum(res.group_ranks, 1) * rounds
+        stage = res.group_bytes / ranks / (cl.copy_bandwidth or cl.intra_bandwidth)
+        if cl.run_seconds:  # each piece a run of its copy
+            stage = stage + res.group_runs / ranks * cl.run_seconds
         proc += float(stage.max(initial=0))
     if cl.copy_bandwidth and not res.writing and _packs(res):
         # a read's aggregator packs small runs into one buffer before sending (a copy)

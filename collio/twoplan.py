@@ -1,0 +1,212 @@
+"""Planning a two-level call: the collective steps behind :func:`collio.twolevel.plan`.
+
+1. Each rank sends the (offset, length) of its pieces (its runs cut at domains and
+   windows) to its local aggregator, which merges its group's in file order, each piece
+   at a virtual position (:func:`~collio.aggregators.stage.leader_runs`).
+2. The local aggregator cuts the merged runs at domains and windows and hands each
+   domain's to its holder in the group (:func:`~collio.aggregators.stage.holders`: the
+   local aggregator itself for writes), with the pieces of its ranks that lie there.
+3. Each rank plans its share as one level does (``new_plan``, collective).
+4. The holders of a group lay their rounds out one after another in each staging slot
+   and tell every piece's owner the piece's round and staging position.
+
+Every step a rank can fail in alone is agreed before the next collective that needs
+its result; the group's steps are collective over the group's communicator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from .aggregators.nodes import LocalGroups
+from .aggregators.plan import plan_sender
+from .aggregators.stage import holders, leader_runs, round_bytes, staging
+from .collective import Attempt, any_flag, raise_agreed
+from .context import Context, Plan
+from .exchange import alltoallv_i64
+from .runs import Runs
+from .shmstage import Group
+
+__all__ = ["Placed", "place"]
+
+I64 = npt.NDArray[np.int64]
+_NONE = np.zeros(0, np.int64)
+
+
+class Placed:
+    """This rank's result of :func:`place`: its stage-two plan (sending from, receiving
+    into, the staging slot), its pieces with their rounds and staging positions, the
+    slot's bytes, and (at a local aggregator) how many ranks have pieces in each round."""
+
+    __slots__ = ("plan", "keep", "pieces", "rounds", "spos", "slot", "sources")
+
+    def __init__(self, plan: Plan, keep: bool, pieces: Runs, rounds: I64, spos: I64) -> None:
+        self.plan, self.keep, self.pieces = plan, keep, pieces
+        self.rounds, self.spos = rounds, spos
+        self.slot, self.sources = 0, list[int]()
+
+
+def place(
+    ctx: Context, group: Group, runs: Runs, bounds: I64, window: int,
+    new_plan: Callable[[Runs], tuple[Plan, bool]], *, writing: bool,
+) -> Placed:  # fmt: skip
+    """Collective over ``ctx.comm``: steps 1-4 of the module doc (errors agreed)."""
+    assert ctx.local is not None
+    what = "write_all" if writing else "read_all"
+    step = Attempt()
+    pieces, recv, rcounts = _to_leader(ctx, runs, bounds, window, step, what)
+    share, queries = _to_holders(ctx, recv, rcounts, bounds, window, step, writing, what)
+    plan, keep = new_plan(share)  # (collective; raises the same error on every rank)
+    base, slot = _slot_bases(group, plan, step)
+    rounds, spos, staged = _answers(ctx, plan, queries, len(pieces.file), base, step, what)
+    placed = Placed(staged, keep, pieces, rounds, spos)
+    placed.slot = slot
+    has = (np.bincount(rounds, minlength=plan.nrounds)[: plan.nrounds] > 0).astype(np.int64)
+    sources = np.zeros_like(has)
+    group.comm.Reduce([has, MPI.INT64_T], [sources, MPI.INT64_T], op=MPI.SUM, root=0)
+    placed.sources = sources.tolist() if group.comm.Get_rank() == 0 else []
+    return placed
+
+
+def _to_leader(
+    ctx: Context, runs: Runs, bounds: I64, window: int, step: Attempt, what: str
+) -> tuple[Runs, I64, I64]:
+    """Step 1's message: this rank's pieces; the local aggregator's received (offset,
+    length) pairs and the count of values from each rank."""
+    assert ctx.local is not None
+    comm, size, rank = ctx.comm, ctx.comm.Get_size(), ctx.comm.Get_rank()
+    pieces, counts, meta = Runs.empty(), np.zeros(size, np.int64), _NONE
+    with step:  # (a rank that fails here sends nothing: counts are set last)
+        pieces = plan_sender(runs, bounds, window).pieces
+        meta = _interleave(pieces.file, pieces.length)
+        counts[int(ctx.local.leader[rank])] = len(meta)
+    recv, rcounts = alltoallv_i64(comm, meta, counts, what=what)
+    return pieces, recv, rcounts
+
+
+def _members(local: LocalGroups, rank: int, writing: bool) -> I64:
+    """The ranks of ``rank``'s local group that hold parts of its stage-two plan, sorted:
+    for reads all of them (each receives the group's messages of some domains, so MPI's
+    copies into the staging spread over the group's cores instead of queueing at one
+    rank), for writes its local aggregator alone (the aggregators' receives already
+    spread those copies; each more sender would have to wait for the whole group)."""
+    if writing:
+        return local.leader[rank : rank + 1].copy()
+    return np.flatnonzero(local.group == local.group[rank]).astype(np.int64)
+
+
+def _to_holders(
+    ctx: Context, recv: I64, rcounts: I64, bounds: I64, window: int, step: Attempt,
+    writing: bool, what: str,
+) -> tuple[Runs, I64]:  # fmt: skip
+    """Step 2: this rank's share of its group's merged runs, and the queries it answers
+    (owner, index among the owner's pieces, virtual position) for the received pieces
+    in its domains (errors agreed)."""
+    assert ctx.local is not None
+    comm, size, rank = ctx.comm, ctx.comm.Get_size(), ctx.comm.Get_rank()
+    share, queries = Runs.empty(), _NONE
+    out, counts = _NONE, np.zeros(size, np.int64)
+    with step:
+        if step.error is None and int(ctx.local.leader[rank]) == rank:
+            merged, asked = _merged(recv, rcounts)
+            if writing:  # (the local aggregator holds every domain: nothing to send)
+                share, queries = merged, _triples(*asked)
+            else:
+                members = _members(ctx.local, rank, writing)
+                out, counts = _bundles(merged, asked, bounds, window, recv[0::2], members, size)
+    if not writing:
+        got, _ = alltoallv_i64(comm, out, counts, what=what)
+        if len(got):
+            n = 3 * int(got[0])
+            trip = got[1 : 1 + n]
+            share = Runs(trip[0::3].copy(), trip[1::3].copy(), trip[2::3].copy())
+            queries = got[1 + n :]
+    if any_flag(comm, step.error is not None):
+        raise_agreed(comm, step.error, what=what)
+    return share, queries
+
+
+def _merged(recv: I64, rcounts: I64) -> tuple[Runs, tuple[I64, I64, I64]]:
+    """A local aggregator's merged runs, and each received piece's (owner, index among
+    the owner's pieces, virtual position)."""
+    merged, vpos = leader_runs(recv[0::2], recv[1::2])
+    each = rcounts // 2
+    owner = np.repeat(np.arange(len(rcounts), dtype=np.int64), each)
+    index = np.arange(len(owner), dtype=np.int64) - np.repeat(np.cumsum(each) - each, each)
+    return merged, (owner, index, vpos)
+
+
+def _triples(a: I64, b: I64, c: I64) -> I64:
+    out = np.empty(3 * len(a), np.int64)
+    out[0::3], out[1::3], out[2::3] = a, b, c
+    return out
+
+
+def _bundles(
+    merged: Runs, asked: tuple[I64, I64, I64], bounds: I64, window: int, file: I64,
+    members: I64, size: int,
+) -> tuple[I64, I64]:  # fmt: skip
+    """A local aggregator's step 2 for reads: for each holder (``members``) one bundle,
+    [share values, its share as (file, length, virtual position) triples, its queries as
+    triples], and the count of values for each of the ``size`` ranks (``file``: the
+    received pieces' offsets)."""
+    sp = plan_sender(merged, bounds, window)
+    p = sp.pieces
+    share_of = holders(np.repeat(sp.gdom, np.diff(sp.gstart)), members)
+    query_of = holders(np.searchsorted(bounds[1:-1], file, side="right").astype(np.int64), members)
+    parts, counts = [], np.zeros(size, np.int64)
+    for h in members.tolist():  # (one bundle per rank of the group)
+        s, q = np.flatnonzero(share_of == h), np.flatnonzero(query_of == h)
+        shares = _triples(p.file[s], p.length[s], p.mem[s])
+        parts += [np.array([len(s)], np.int64), shares, _triples(*(a[q] for a in asked))]
+        counts[h] = 1 + 3 * (len(s) + len(q))
+    return np.concatenate(parts), counts
+
+
+def _slot_bases(group: Group, plan: Plan, step: Attempt) -> tuple[I64, int]:
+    """Collective over the group: where this rank's stage-two groups of each round start
+    in the round's slot (after those of the group's lower ranks), and the slot's bytes."""
+    mine = np.zeros(plan.nrounds, np.int64)
+    with step:
+        mine = round_bytes(plan.sender, plan.sround, plan.nrounds)
+    base, total = np.zeros_like(mine), np.zeros_like(mine)
+    group.comm.Exscan([mine, MPI.INT64_T], [base, MPI.INT64_T], op=MPI.SUM)
+    group.comm.Allreduce([mine, MPI.INT64_T], [total, MPI.INT64_T], op=MPI.SUM)
+    if group.comm.Get_rank() == 0:
+        base[:] = 0  # (Exscan leaves the first rank's undefined)
+    return base, int(total.max(initial=0))
+
+
+def _answers(
+    ctx: Context, plan: Plan, queries: I64, npieces: int, base: I64, step: Attempt, what: str
+) -> tuple[I64, I64, Plan]:
+    """Step 4: each holder lays out its rounds and answers its queries with (index,
+    round, staging position) to the pieces' owners.  Returns this rank's pieces' rounds
+    and positions, and its plan with its pieces' memory at their staging positions."""
+    comm, size = ctx.comm, ctx.comm.Get_size()
+    out, counts = _NONE, np.zeros(size, np.int64)
+    with step:
+        owner, index, vpos = queries[0::3], queries[1::3], queries[2::3]
+        lay = staging(plan.sender, plan.sround, vpos, base)
+        plan = dataclasses.replace(plan, sender=lay.sender, _sender_shapes=None)
+        plan.sender_shapes()
+        order = np.argsort(owner, kind="stable")
+        out = np.empty(3 * len(order), np.int64)
+        out[0::3], out[1::3], out[2::3] = index[order], lay.sround[order], lay.spos[order]
+        counts = 3 * np.bincount(owner, minlength=size).astype(np.int64)
+    got, _ = alltoallv_i64(comm, out, counts, what=what)
+    rounds, spos = np.zeros(npieces, np.int64), np.zeros(npieces, np.int64)
+    with step:
+        rounds[got[0::3]], spos[got[0::3]] = got[1::3], got[2::3]
+    return rounds, spos, plan
+
+
+def _interleave(a: I64, b: I64) -> I64:
+    out = np.empty(2 * len(a), np.int64)
+    out[0::2], out[1::2] = a, b
+    return out
