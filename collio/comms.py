@@ -246,15 +246,15 @@ def node_map(comm: MPI.Intracomm) -> npt.NDArray[np.int64]:
 
     Nodes are MPI's (``COMM_TYPE_SHARED``), or consecutive groups of
     ``COLLIO_RANKS_PER_NODE`` ranks when that is set (the same on every rank: it is
-    read on each, and a rank whose value is not a count raises, agreed).
+    read on each, and a rank whose value is not a count raises, agreed).  An emulated
+    node never spans two of MPI's: the groups are cut where MPI's nodes are, so that
+    what a node shares (two-level aggregation's staging window) is on one machine.
     """
     step = Attempt()
     k: int | None = None
     with step:
         k = ranks_per_node_from_env()
     agree(comm, step.error, what="node map")
-    if k is not None:
-        return consecutive_nodes(comm.Get_size(), k) * k
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         leader = np.array([node.bcast(comm.Get_rank(), root=0)], np.int64)
@@ -262,7 +262,19 @@ def node_map(comm: MPI.Intracomm) -> npt.NDArray[np.int64]:
         node.Free()
     nodes = np.empty(comm.Get_size(), np.int64)
     comm.Allgather([leader, MPI.INT64_T], [nodes, MPI.INT64_T])
-    return nodes
+    if k is None:
+        return nodes
+    return both_nodes(nodes, consecutive_nodes(comm.Get_size(), k) * k)
+
+
+def both_nodes(
+    real: npt.NDArray[np.int64], emulated: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """Local, pure: the nodes that are both an MPI node and an emulated one, each named
+    by its lowest rank (``real`` and ``emulated`` name theirs so)."""
+    pairs = real * len(real) + emulated
+    _, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
+    return first[inverse].astype(np.int64)
 
 
 def private(comm: MPI.Intracomm) -> Private:

@@ -186,6 +186,19 @@ def test_default_aggregators_on_several_nodes_follow_nodes_stripes_and_storage()
     assert (np.bincount(aggs // 64, minlength=64) == 2).all()
 
 
+def test_emulated_nodes_never_span_two_machines():
+    """COLLIO_RANKS_PER_NODE's groups are cut where MPI's nodes are (what a node shares,
+    two-level staging's window, must be on one machine); each named by its lowest rank."""
+    from collio.comms import both_nodes
+
+    real = np.array([0, 0, 0, 0, 4, 4, 4, 4])
+    emulated = consecutive_nodes(8, 3) * 3  # groups of 3: 0-2, 3-5, 6-7
+    assert both_nodes(real, emulated).tolist() == [0, 0, 0, 3, 4, 4, 6, 6]
+    one = np.zeros(8, np.int64)  # one machine: the emulated groups as they are
+    assert both_nodes(one, emulated).tolist() == emulated.tolist()
+    assert both_nodes(real, one).tolist() == real.tolist()
+
+
 def test_choose_aggregators_spreads_within_node():
     assert choose_aggregators([0] * 8, per_node=2).tolist() == [0, 4]
     assert choose_aggregators([0, 0, 1, 1], cb_nodes=2).tolist() == [0, 2]
