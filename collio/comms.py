@@ -274,7 +274,8 @@ def both_nodes(
     by its lowest rank (``real`` and ``emulated`` name theirs so)."""
     pairs = real * len(real) + emulated
     _, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
-    return first[inverse].astype(np.int64)
+    named: npt.NDArray[np.int64] = first[inverse].astype(np.int64)
+    return named
 
 
 def private(comm: MPI.Intracomm) -> Private:
