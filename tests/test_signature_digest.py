@@ -1,11 +1,11 @@
-"""The engine keeps the last layout signature's digest only for immutable signatures."""
+"""A call's check keeps the last layout signature's digest only for immutable signatures."""
 
 from __future__ import annotations
 
 from mpi4py import MPI  # noqa: F401  (as every mpi4py program starts)
 
 from collio.collective import digest
-from collio.engine import _digest
+from collio.checkfacts import digest_kept as _digest
 
 
 def test_a_signature_changed_in_place_is_digested_anew() -> None:
