@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from mpi4py import MPI  # noqa: F401  (as every mpi4py program starts)
 
-from collio.collective import digest
 from collio.checkfacts import digest_kept as _digest
+from collio.collective import digest
 
 
 def test_a_signature_changed_in_place_is_digested_anew() -> None:
