@@ -143,7 +143,7 @@ def test_small_runs_and_the_hint_keep_two_phase(comm, mpi_tmp_path, length, hint
 
 @pytest.mark.parametrize("where", ["_pair_buffers", "_pairs_disjoint"])
 def test_a_rank_failing_in_the_run_check_is_agreed(comm, mpi_tmp_path, monkeypatch, where):
-    import collio.engine
+    import collio.choose
 
     path = str(mpi_tmp_path / "target.bin")
     size = ITEMS * (comm.size + 1) * L
@@ -157,7 +157,7 @@ def test_a_rank_failing_in_the_run_check_is_agreed(comm, mpi_tmp_path, monkeypat
     items = _batch(comm)
     with collio.open(path, "r+", comm=comm, hints=HINTS) as f:
         if comm.rank == last:
-            monkeypatch.setattr(collio.engine, where, failing)
+            monkeypatch.setattr(collio.choose, where, failing)
         err = raises_everywhere(comm, collio.CollioError, lambda: f.write_all_many(items))
         assert f"rank {last}: MemoryError" in str(err) and err.ranks == (last,)
         monkeypatch.undo()
