@@ -207,3 +207,34 @@ def test_a_guessed_series_of_an_atomic_file_commits_at_close(comm, mpi_tmp_path)
         comm.Barrier()
         assert not os.path.exists(path) or os.path.getsize(path) == 0
     _same_file(comm, path, want)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_failing_mapping_question_in_a_guessed_read_series_is_agreed(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """A repeated read through the view asks whether it may copy from the map before its
+    head; failing on one rank there, it takes the general way, whose checks agree on it:
+    every rank raises it, and the series goes on."""
+    path = str(mpi_tmp_path / "mapq.bin")
+    p, r, bad = comm.size, comm.rank, comm.size - 1
+    want = np.zeros(4 * p * N, np.uint8)
+    out = np.empty(N, np.uint8)
+    with collio.open(path, "w", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        _append(f, comm, want, 4)
+        for s in range(4):
+            f.read_at_all((s * p + r) * N, out)
+        assert f.stats.last_call["guessed"] and f.stats.last_call["path"] == "mapped"
+
+        def failing(runs):
+            raise OSError(5, "injected fstat error")
+
+        if r == bad:
+            monkeypatch.setattr(f.backend, "maps_reads", failing)
+        err = raises_everywhere(comm, collio.CollioError, lambda: f.read_at_all(r * N, out))
+        assert f"rank {bad}" in str(err) and "injected fstat error" in str(err)
+        monkeypatch.undo()
+        for s in range(4):
+            f.read_at_all((s * p + r) * N, out)
+            np.testing.assert_array_equal(out, _data(s, r))
+    _same_file(comm, path, want)
