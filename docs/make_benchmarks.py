@@ -360,7 +360,9 @@ def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         f"`strided`: {doc['runs']} runs per rank, interleaved across ranks (fewer when the "
         "size holds fewer float64). `mpiio` is ROMIO with its defaults, `mpiio-tuned` with "
         "`cb_nodes` = ranks and `cb_config_list` = `*:*`; a ratio below 1 is collio ahead. "
-        "Every API's first call per size is checked byte for byte against numpy."
+        "Every API's first call per size is checked byte for byte against numpy. The path "
+        "is the first call's; from the third call of a size on, collio's direct and mapped "
+        "calls do their I/O before their one agreement (`last_call['guessed']`)."
     )
     out = [*_wrap(about), "", *sweep_table(doc, "call")]
     if doc["batch"] and doc["batch_sizes"]:
