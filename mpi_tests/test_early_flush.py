@@ -194,3 +194,19 @@ def test_a_flush_failing_after_its_call_is_reported_by_sync_not_the_next_write(
     f.close()
     comm.Barrier()
     assert np.array_equal(np.fromfile(str(mpi_tmp_path / "late.bin"), "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi
+def test_a_rank_writing_its_own_rows_starts_no_flush(comm, mpi_tmp_path):
+    """Row blocks go direct, each rank its own request: nothing to overlap a flush with
+    inside the call, so none starts (the sync at close makes the rows durable), and the
+    file holds every row."""
+    path = str(mpi_tmp_path / "rows.bin")
+    glob = reference(SHAPE, "<f8", seed=37)
+    lay = layouts.block(SHAPE, "<f8", comm=comm, grid=(comm.size, 1))
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        assert f.stats.last_call["path"] == "direct"
+        assert f.stats.early_flushes == 0
+    comm.Barrier()
+    np.testing.assert_array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)

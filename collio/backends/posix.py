@@ -223,16 +223,26 @@ class PosixBackend(Backend):
         return n
 
     def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int | list[int]:
+        """A rank's own runs (the direct path), without early writeback: with no next round
+        to overlap, starting the disk from inside the call makes each call wait for it and
+        the final ``sync()`` no shorter (docs/design.md, "Durability while the call runs")."""
         if len(runs.file) == 1:  # (a small call's one run: no lists to build)
             m, n = int(runs.mem[0]), int(runs.length[0])
-            self.write_at(int(runs.file[0]), data[m : m + n])
+            self._put(int(runs.file[0]), data[m : m + n])
             return 1
-        return super().write_runs(runs, data)
+        for f, n, m in zip(
+            runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
+        ):
+            self._put(f, data[m : m + n])
+        return len(runs)
+
+    def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        self.dirty = True
+        self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
 
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
-        self.dirty = True
-        self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
+        self._put(offset, buf)
         if self.writeback and total >= (1 << 20):  # (direct parts are written already)
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
