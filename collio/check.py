@@ -175,15 +175,15 @@ def head(ctx: Context, p: Pending) -> tuple[bool, tuple[int, ...]]:
     before any rank's own error, a guessed write taken back before.  Returns whether any
     rank failed, and the maxima of the call's slots."""
     g = p.guess
-    try:
-        failed, out = call_head(
-            ctx.comm, p.name, ctx.file, p.error is not None, p.mine.slots(),
-            extra=g.size if g is not None and g.wrote else None,
-        )  # fmt: skip
-    except MismatchError as exc:
+    size = g.size if g is not None and g.wrote else None
+
+    def undo(exc: MismatchError) -> None:
         speculate.after_mismatch(ctx, g, exc)
-        raise
-    return failed, out
+
+    return call_head(
+        ctx.comm, p.name, ctx.file, p.error is not None, p.mine.slots(),
+        extra=size, undo=None if size is None else undo,
+    )  # fmt: skip
 
 
 def after_head(ctx: Context, p: Pending, failed: bool, out: tuple[int, ...]) -> Call:

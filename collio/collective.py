@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import numpy as np
@@ -195,6 +195,7 @@ def call_head(
     patient: bool = False,
     subject: str | None = None,
     extra: Any = None,
+    undo: Callable[[MismatchError], None] | None = None,
 ) -> tuple[bool, tuple[int, ...]]:
     """Collective over `comm`: the first operation of every collective call on a file.
 
@@ -213,7 +214,8 @@ def call_head(
     into the code (then a :func:`digest` of it with the call and the file) and into the
     message, so a write of one dataset beside a write of another is a mismatch too.
     ``extra`` travels in the mismatch's allgather: the error's ``extras`` holds every
-    rank's (a call that wrote before this agreement learns what it must take back).
+    rank's, and ``undo(error)`` runs before any rank raises (a call that wrote before this
+    agreement takes it back, while no rank can have gone on to its next call).
 
     Returns whether any rank failed, and the maxima of the call's own slots.
     """
@@ -234,14 +236,17 @@ def call_head(
         req.Wait()
     out = _HEAD.unpack(got)
     if out[1] != -out[2]:
-        _raise_call_mismatch(comm, call, file, subject, extra)
+        _raise_call_mismatch(comm, call, file, subject, extra, undo)
     return out[0] != 0, out[_OWN:]
 
 
 def _raise_call_mismatch(
-    comm: MPI.Comm, call: str, file: tuple[int, str], subject: str | None, extra: Any
-) -> NoReturn:
-    """Collective over `comm`: every rank raises the same error naming each rank's call."""
+    comm: MPI.Comm, call: str, file: tuple[int, str], subject: str | None, extra: Any,
+    undo: Callable[[MismatchError], None] | None,
+) -> NoReturn:  # fmt: skip
+    """Collective over `comm`: every rank raises the same error naming each rank's call,
+    after every rank's ``undo`` of it (then a barrier: no rank goes on to its next call
+    while another still takes back what its call did)."""
     gathered = comm.allgather((call, file, subject, extra))
     every = [g[:3] for g in gathered]
     one_file = len({f[0] for _, f, _ in every}) == 1
@@ -260,6 +265,9 @@ def _raise_call_mismatch(
     err.calls = tuple(c for c, _, _ in every)
     err.one_file = one_file
     err.extras = tuple((f[0], g[3]) for (_, f, _), g in zip(every, gathered, strict=True))
+    if undo is not None:
+        undo(err)  # (local; it keeps its own failure)
+    comm.Barrier()
     raise err
 
 

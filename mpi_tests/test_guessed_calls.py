@@ -238,3 +238,38 @@ def test_a_failing_mapping_question_in_a_guessed_read_series_is_agreed(
             f.read_at_all((s * p + r) * N, out)
             np.testing.assert_array_equal(out, _data(s, r))
     _same_file(comm, path, want)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_no_rank_goes_on_before_a_mismatched_guessed_write_is_taken_back(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """Rank 0 syncs while the others append past the end; the others' take-back is slow.
+    Rank 0 must not leave the failed call before it is done: its next (guessed) write
+    would land where the take-back then cuts the file."""
+    import time
+
+    from collio import speculate
+
+    path = str(mpi_tmp_path / "late.bin")
+    p, r = comm.size, comm.rank
+    want = np.zeros(5 * p * N, np.uint8)
+    with collio.open(path, "w", comm=comm) as f:
+        _append(f, comm, want, 4)
+        assert f.stats.last_call["guessed"]
+        if r > 0:
+            slow = speculate.after_mismatch
+
+            def late(*args):
+                time.sleep(0.3)
+                slow(*args)
+
+            monkeypatch.setattr(speculate, "after_mismatch", late)
+        with pytest.raises(collio.MismatchError):  # (no gather after it: nothing waits)
+            if r == 0:
+                f.sync()
+            else:
+                f.write_at_all((4 * p + r) * N, _data(4, r))
+        monkeypatch.undo()
+        _append(f, comm, want, 1, first=4)  # step 4 again, at once, on every rank
+    _same_file(comm, path, want)
