@@ -123,19 +123,19 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
         return None
     if ctx.mode == "closed" or (writing and (ctx.mode == "r" or ctx.aborted)):
         return None  # (the general way raises what it must)
-    buf = data if data.dtype == np.uint8 and data.ndim == 1 else data.reshape(-1, order="A")
-    buf = buf.view(np.uint8)
-    runs, bad = fview.stream(position * fview.etype_size, k.nbytes, 0)
-    if bad >= 0 or runs.length is not k.lengths:
-        return None
-    facts = k.facts
-    if not writing:
-        try:  # (a failure is the general way's to agree on, as its checks find it)
+    try:  # (anything failing here is the general way's to agree on, as its checks find it)
+        buf = data if data.dtype == np.uint8 and data.ndim == 1 else data.reshape(-1, order="A")
+        buf = buf.view(np.uint8)
+        runs, bad = fview.stream(position * fview.etype_size, k.nbytes, 0)
+        if bad >= 0 or runs.length is not k.lengths:
+            return None
+        facts = k.facts
+        if not writing:
             mapped = may_map(ctx.hints, writing=False) and ctx.backend.maps_reads(runs)
-        except Exception:  # noqa: BLE001
-            return None
-        if mapped != facts[1]:
-            return None
+            if mapped != facts[1]:
+                return None
+    except Exception:  # noqa: BLE001
+        return None
     ctx.stats.local = {}
     extent = runs.extent()
     where = moved(ctx.extents, *extent)

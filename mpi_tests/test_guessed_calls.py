@@ -273,3 +273,25 @@ def test_no_rank_goes_on_before_a_mismatched_guessed_write_is_taken_back(
         monkeypatch.undo()
         _append(f, comm, want, 1, first=4)  # step 4 again, at once, on every rank
     _same_file(comm, path, want)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("odd", ["object array", "huge offset"])
+def test_a_repeat_that_cannot_take_the_short_way_on_one_rank_is_agreed(comm, mpi_tmp_path, odd):
+    """A repeated call through the view whose buffer or offset the short way cannot
+    handle on one rank (an object array of the same size, an offset past int64) takes
+    the general way there, whose checks agree on the error; nothing is written."""
+    path = str(mpi_tmp_path / "odd.bin")
+    p, r, bad = comm.size, comm.rank, comm.size - 1
+    want = np.zeros(4 * p * N, np.uint8)
+    with collio.open(path, "w", comm=comm) as f:
+        _append(f, comm, want, 4)
+        data, at = _data(4, r), (4 * p + r) * N
+        if r == bad and odd == "object array":
+            data = np.empty(N // 8, dtype=object)  # (as many bytes, on 64-bit)
+        elif r == bad:
+            at = 2**64
+        raises_everywhere(comm, collio.CollioError, lambda: f.write_at_all(at, data))
+        _same_file(comm, path, want)
+        _append(f, comm, want[: 4 * p * N], 4)
+    _same_file(comm, path, want)
