@@ -64,6 +64,10 @@ def place(
     plan, keep = new_plan(share)  # (collective; raises the same error on every rank)
     base, slot = _slot_bases(group, plan, step)
     rounds, spos, staged = _answers(ctx, plan, queries, len(pieces.file), base, step, what)
+    # (the slot's bases and the answers may fail on one rank: agreed before its result is
+    # used, or that rank would go on with pieces at round 0, position 0)
+    if any_flag(ctx.comm, step.error is not None):
+        raise_agreed(ctx.comm, step.error, what=what)
     placed = Placed(staged, keep, pieces, rounds, spos)
     placed.slot = slot
     has = (np.bincount(rounds, minlength=plan.nrounds)[: plan.nrounds] > 0).astype(np.int64)

@@ -242,3 +242,40 @@ def test_local_aggregator_failing_mid_read_is_agreed(nodes, mpi_tmp_path, monkey
         assert f.stats.last_call["two_level"]
     comm.Barrier()
     assert np.array_equal(np.fromfile(path, "<f8").reshape(glob.shape), glob)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("where", ["staging", "round_bytes"])
+def test_a_rank_failing_after_the_stage_two_plan_is_agreed(nodes, mpi_tmp_path, monkeypatch, where):
+    """Planning's steps after the stage-two plan (the slot's bases, the answers placing
+    each piece in a round and the slot) may fail on one rank: every rank raises it, the
+    target is untouched, and the same call works afterwards."""
+    import collio.twoplan
+
+    comm, k = nodes
+    glob = reference((64, 96), "<f8", seed=9)
+    lay = collio.layouts.block(glob.shape, "<f8", comm=comm, grid=(1, comm.size))
+    path = str(mpi_tmp_path / "p.bin")
+    with collio.open(path, "w", comm=comm, hints={**TWO, "cb_buffer_size": 4096}) as f:
+        bad = comm.size - 1
+
+        def boom(*args, **kwargs):
+            raise MemoryError("no memory for the staging plan")
+
+        with monkeypatch.context() as m:
+            if comm.rank == bad:
+                m.setattr(collio.twoplan, where, boom)
+            error = None
+            try:
+                f.write_all(local_piece(glob, lay), lay)
+            except collio.CollioError as exc:
+                error = (type(exc).__name__, str(exc), list(exc.ranks))
+        errors = comm.allgather(error)
+        assert all(e == errors[0] for e in errors), errors
+        assert errors[0] is not None and errors[0][2] == [bad], errors
+        comm.Barrier()
+        assert os.path.getsize(path) == 0  # (nothing written)
+        f.write_all(local_piece(glob, lay), lay)
+        assert f.stats.last_call["two_level"]
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(glob.shape), glob)
