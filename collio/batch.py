@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .boxes import SHIFTABLE, forget, gather_boxes
+from .boxes import forget, gather_boxes
 from .errors import LayoutError, classify, make_error
 from .itemsigs import ItemSigs, sig_key
 from .layouts.base import Layout
@@ -33,10 +33,6 @@ __all__ = ["Gathered", "ItemSigs", "forget", "gather", "items_count", "sig_key",
 #: items' arrays (kept alive for the call; a read's results), and ``("items", their
 #: signatures)``.
 Gathered = tuple[Runs, U8, list[Any], tuple[Any, ...]]
-
-# (kept under their old names for the tests of both paths)
-_gather_boxes = gather_boxes
-_SHIFTABLE = SHIFTABLE
 
 
 def items_count(items: Any) -> int:

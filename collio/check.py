@@ -193,8 +193,9 @@ def after_head(ctx: Context, p: Pending, failed: bool, out: tuple[int, ...]) -> 
         speculate.take_back(ctx, g, agreed.size)  # (a write guessed: nothing stays)
     if agreed.items is None:  # (item k means nothing when the counts differ)
         raise_count_mismatch(ctx.comm, -1 if p.count is None else p.count, p.name)
-    if failed:
-        raise_agreed(ctx.comm, p.error, what="backend I/O" if agreed.io_only else p.name)
+    if failed:  # (a take-back's failure rides on the call's error)
+        error = p.error or (g.error if g is not None else None)
+        raise_agreed(ctx.comm, error, what="backend I/O" if agreed.io_only else p.name)
     if agreed.sig is None:
         raise_mismatch(ctx.comm, p.sig)
     if agreed.guessed:  # every rank did its I/O: the path can only be the last call's
@@ -207,8 +208,12 @@ def after_head(ctx: Context, p: Pending, failed: bool, out: tuple[int, ...]) -> 
         call = choose(ctx, agreed, p.runs, p.extent, writing=p.writing, what=p.name)
         if g is not None and call.direct and not (p.writing and call.path is not Path.DIRECT):
             call.early = g  # (its I/O is this path's)
-        else:
+        elif g is not None and g.wrote:
+            # (every rank takes its guess back before the path's first collective, so no
+            # aggregator writes before: a kept plan, which needs none, is never found by a
+            # call some rank guessed, whose plan fact is -1; a failure is agreed at the end)
             speculate.take_back(ctx, g, agreed.size)
+            call.failed = g.error
     call.prekey, call.nruns, call.name = p.prekey or _prekey(ctx, p.writing), len(p.runs), p.name
     call.facts, call.shift = p.facts, agreed.shift if agreed.shift is not None else -1
     if agreed.plan is not None and agreed.plan_shift is not None:

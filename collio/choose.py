@@ -66,7 +66,10 @@ def choose(
         runs_disjoint=runs_disjoint, vouched=agreed.vouched,
     )  # fmt: skip
     call = Call(agreed.lo, agreed.hi, path, Stats(), own if path is Path.OWN else None)
-    call.by_extents = path is Path.DIRECT and asked[0]  # (disjoint() said so: it decided)
+    # (disjoint() was asked and said yes: the extents decided, not the runs' check)
+    call.by_extents = (
+        path is Path.DIRECT and asked[0] and ctx.extents is not None and ctx.extents[2]
+    )
     return call
 
 

@@ -87,6 +87,7 @@ class Call:
     last: tuple[Any, ...] = ()
     early: Any = None  # a guess's I/O (collio.speculate.Guess), done before the head
     settled: bool = False  # complete already: every rank guessed (collio.speculate.settle)
+    failed: BaseException | None = None  # before the transfer (a take-back), agreed at the end
 
     @property
     def direct(self) -> bool:

@@ -265,7 +265,8 @@ def _write(
     if call.settled:
         return
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
-    error = _transfer(ctx, call, runs, buf, writing=True)
+    error = _transfer(ctx, call, runs, buf, writing=True)  # (every rank: collective)
+    error = call.failed or error
     what = "backend I/O"
     if active and ctx.backend.needs_flush:  # flush may be collective: agree on the I/O first
         if any_flag(ctx.comm, error is not None, patient=True):

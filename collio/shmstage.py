@@ -90,6 +90,11 @@ class Group:
         whole = np.asarray(buf).view(np.uint8)  # (mpi4py's buffer: numpy-readable)
         self.flags = whole[: _LINE * size].view(np.int64)[:: _LINE // 8]
         self.shared, self.nbytes = whole[_LINE * size :], nbytes
+        # (MPI leaves new shared memory undefined: each rank zeroes its flag, and no rank
+        # reads the flags before every rank has)
+        self.flags[self.comm.Get_rank()] = 0
+        self.win.Sync()
+        self.comm.Barrier()
 
     def _free_window(self) -> None:
         if self.win is not None:

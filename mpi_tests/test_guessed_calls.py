@@ -295,3 +295,37 @@ def test_a_repeat_that_cannot_take_the_short_way_on_one_rank_is_agreed(comm, mpi
         _same_file(comm, path, want)
         _append(f, comm, want[: 4 * p * N], 4)
     _same_file(comm, path, want)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_guessed_writes_taken_back_before_the_shuffle_the_head_chose(comm, mpi_tmp_path):
+    """The others guess their next step; the last rank writes its step in two halves
+    around everybody's blocks (legal, interleaved: the head chooses the shuffle). The
+    guessed writes are taken back before it, and the shuffle writes every byte."""
+    from collio import layouts
+
+    path = str(mpi_tmp_path / "mixed.bin")
+    p, r, last = comm.size, comm.rank, comm.size - 1
+    H = N // 2
+    want = np.zeros((5 * p + 1) * N, np.uint8)
+    with collio.open(path, "w", comm=comm) as f:
+        _append(f, comm, want, 4)
+        base = 4 * p * N
+        mine = _data(4, r)
+        if r < last:
+            f.write_at_all(base + H + r * N, mine)  # (its step, moved as always: guessed)
+        else:  # its halves before the others' blocks and after them
+            halves = layouts.Segments([base, base + H + (p - 1) * N], [H, H])
+            f.write_all(mine, halves)
+        done = f.stats.last_call
+        st = f.stats.as_dict()
+    for q in range(p):
+        data = _data(4, q)
+        if q < last:
+            want[base + H + q * N : base + H + (q + 1) * N] = data
+        else:
+            want[base : base + H] = data[:H]
+            want[base + H + (p - 1) * N : base + (p - 1) * N + 2 * H] = data[H:]
+    assert done["path"] == "two-phase" and not done["guessed"]
+    assert st["bytes_written"] == 5 * p * N
+    _same_file(comm, path, want[: base + p * N])

@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import collio
-from collio import batch, layouts
+from collio import batch, boxes, layouts
 from collio.testing.guarded import guarded_like
 
 
@@ -74,7 +74,7 @@ def test_boxes_share_runs_of_one_template_each(tmp_path):
     each item's own runs make (file, length and memory offset of every run)."""
     items = _boxes()
     with collio.open(str(tmp_path / "b.bin"), "w", comm=MPI.COMM_SELF) as f:
-        fast = batch._gather_boxes(f.backend, items, writing=True, outs=None)
+        fast = boxes.gather_boxes(f.backend, items, writing=True, outs=None)
         assert fast is not None
         bufs = [lay.as_bytes(d) for d, lay in items]
         slow, whole = batch._union([lay.runs() for _, lay in items], bufs, bufs, writing=True)
@@ -90,7 +90,7 @@ def test_boxes_share_runs_of_one_template_each(tmp_path):
         # an item that is not a contiguous array of its layout: every item checked alone
         odd = [(d.T.copy().T if d.ndim == 2 and d.flags.c_contiguous and d.size else d, lay)
                for d, lay in items]  # fmt: skip
-        assert batch._gather_boxes(f.backend, odd, writing=True, outs=None) is None
+        assert boxes.gather_boxes(f.backend, odd, writing=True, outs=None) is None
         f.write_all_many(odd)
         back = f.read_all_many([lay for _, lay in items])
     for (d, _), got in zip(items, back, strict=True):
