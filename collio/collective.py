@@ -33,6 +33,7 @@ __all__ = [
     "bcast_outcome",
     "call_head",
     "digest",
+    "kept",
     "raise_agreed",
     "same_slots",
     "settle_same",
@@ -61,9 +62,7 @@ class Attempt:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> bool:
-        if exc is None:
-            return False
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        if exc is None or not kept(exc):
             return False
         if self.error is None:
             self.error = exc
@@ -73,6 +72,11 @@ class Attempt:
         """Record ``exc`` unless an earlier error is already recorded."""
         if self.error is None:
             self.error = exc
+
+
+def kept(exc: BaseException) -> bool:
+    """Whether :class:`Attempt` records ``exc`` (an interrupt or an exit goes on up)."""
+    return not isinstance(exc, (KeyboardInterrupt, SystemExit))
 
 
 def agree(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> None:
