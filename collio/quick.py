@@ -86,6 +86,8 @@ def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
     if not writing and ctx.read_aggregators is not None:
         return None  # (the general way reads with a copy of the context)
     lo = k.at + position * k.view.etype_size
+    if lo + n >= speculate.BIG:
+        return None  # (past every real size: the general way's checks say so, agreed)
     ext = ctx.extents
     moved, shift = moved_by(ext, lo, lo + n)
     if writing or k.path is not Path.MAPPED:  # (as speculate.attempt)
@@ -95,7 +97,10 @@ def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
         return None
     if data.dtype is _U8 and data.ndim == 1:
         return lo, data, moved, shift
-    return lo, data.reshape(-1, order="A").view(np.uint8), moved, shift
+    try:  # (an object array: the general way's checks raise it, agreed)
+        return lo, data.reshape(-1, order="A").view(np.uint8), moved, shift
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _mapped(ctx: Context, k: speculate.Kept, lo: int, n: int) -> bool | None:
