@@ -46,7 +46,6 @@ _keyval: int | None = None
 #: Communicators in a collective call of collio, by handle: (thread, the call, calls in
 #: progress on that thread: a call may make another, e.g. close after a failure).
 _busy: dict[int, tuple[int, str, int]] = {}
-_busy_lock = threading.Lock()
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -74,18 +73,21 @@ class exclusive:  # noqa: N801 - used as a function: ``with exclusive(comm, call
 
 
 def _enter(key: int, call: str) -> None:
-    """Local: :class:`exclusive`'s entry for the communicator ``key``: every collective
-    call enters it, small ones too, so its lock holds a dict look-up and a store; the
-    threads' names are found only for the error."""
+    """Local: :class:`exclusive`'s entry for the communicator ``key`` (every collective
+    call enters it, small ones too: no lock, and the threads' names only for the error).
+
+    ``dict.setdefault`` is atomic, so of two threads entering at once one's entry
+    stands and the other finds it; an entry is changed and removed only by its own
+    thread (:func:`_exit`), so no other step needs a lock.
+    """
     me = get_ident()
-    with _busy_lock:
-        held = _busy.get(key)
-        if held is None:
-            _busy[key] = (me, call, 1)
-            return
-        if held[0] == me:  # (a call this thread makes within its own, e.g. close)
-            _busy[key] = (me, held[1], held[2] + 1)
-            return
+    mine = (me, call, 1)
+    held = _busy.setdefault(key, mine)
+    if held is mine:
+        return
+    if held[0] == me:  # (a call this thread makes within its own, e.g. close)
+        _busy[key] = (me, held[1], held[2] + 1)
+        return
     raise ConcurrentCallError(
         f"{call} in thread {threading.current_thread().name!r} while thread "
         f"{_thread_name(held[0])!r} is in {held[1]} on the same communicator: MPI forbids "
@@ -95,12 +97,11 @@ def _enter(key: int, call: str) -> None:
 
 
 def _exit(key: int) -> None:
-    with _busy_lock:
-        me, first, depth = _busy[key]
-        if depth <= 1:
-            del _busy[key]
-        else:
-            _busy[key] = (me, first, depth - 1)
+    me, first, depth = _busy[key]
+    if depth <= 1:
+        del _busy[key]
+    else:
+        _busy[key] = (me, first, depth - 1)
 
 
 def _thread_name(ident: int) -> str:

@@ -20,6 +20,7 @@ from its head (:func:`collio.check.after_head`): the same take-backs, errors and
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Literal
 
@@ -117,26 +118,21 @@ def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, move
     """Collective over ``ctx.comm`` unless it returns None (a write that cannot be taken
     back: nothing done): the call's I/O, its head, and its completion or what the
     general way goes on from (the module doc)."""
-    io = _io(ctx.backend, lo, buf, k.nbytes, writing=writing)
-    if io is None:
+    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing)
+    if got is None:
         return None
+    io, end = got
     before, size, key, done, seconds, error = io
     slots = k.slots if k.slots is not None else _template(k)
-    total = time.perf_counter() - t0
     _PATCH(
         slots, lo, lo + k.nbytes, moved, shift, error is None, size, key == k.key,
-        int(seconds * 1e9), int(total * 1e9),
+        int(seconds * 1e9), int((end - t0) * 1e9),
     )  # fmt: skip
-    undo = None
-    if before is not None:
-
-        def undo(exc: MismatchError) -> None:
-            speculate.after_mismatch(ctx, speculate.Guess(k, writing, *io), exc)
-
     try:
         failed, out = call_head(
             ctx.comm, "write_all" if writing else "read_all", ctx.file, error is not None,
-            slots, extra=size if before is not None else None, undo=undo,
+            slots, extra=None if before is None else size,
+            undo=None if before is None else functools.partial(_undo, ctx, k, writing, io),
         )  # fmt: skip
     except MismatchError:
         ctx.stats.local = {}  # (as the general way leaves it)
@@ -149,11 +145,18 @@ def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, move
     return True
 
 
-def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool) -> tuple[Any, ...] | None:
+def _undo(ctx: Context, k: speculate.Kept, writing: bool, io: tuple[Any, ...],
+          exc: MismatchError) -> None:  # fmt: skip
+    """Local: a guessed write met another call (``call_head``'s ``undo``)."""
+    speculate.after_mismatch(ctx, speculate.Guess(k, writing, *io), exc)
+
+
+def _io(be: Any, lo: int, buf: Any, n: int, *,
+        writing: bool) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
     """Local: :func:`collio.speculate.attempt`'s I/O of the one run: what the write kept
     to take back (None: nothing to keep, it was read), the target's size before it, the
-    requests' key, their result, the seconds and the error (kept, not raised); None:
-    the write could not be taken back, nothing was done."""
+    requests' key, their result, the seconds and the error (kept, not raised), and when
+    it ended; None: the write could not be taken back, nothing was done."""
     before, size, key, done, error = None, speculate.BIG, (), None, None
     t = time.perf_counter()
     try:  # (as Attempt and storage_errors: every small call passes here)
@@ -174,7 +177,8 @@ def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool) -> tuple[Any, ...]
         if not kept(exc):
             raise
         error = exc
-    return before, size, key, done, time.perf_counter() - t, error
+    end = time.perf_counter()
+    return (before, size, key, done, end - t, error), end
 
 
 def _template(k: speculate.Kept) -> list[int]:

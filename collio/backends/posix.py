@@ -353,9 +353,9 @@ class PosixBackend(Backend):
 
     def keep_before_one(self, offset: int, nbytes: int, limit: int) -> _Before | None:
         size = self.size()
-        below = max(0, min(nbytes, size - offset))
-        if not below:  # (a time series' next step)
+        if offset >= size or not nbytes:  # (a time series' next step)
             return _Before(size, [])
+        below = nbytes if offset + nbytes <= size else size - offset
         if below > limit:
             return None
         buf = np.empty(below, np.uint8)
@@ -379,7 +379,8 @@ class PosixBackend(Backend):
         return os.lseek(self.fd, 0, os.SEEK_END)
 
     def take_counts(self) -> tuple[int, int, int]:
-        got = (self.direct_bytes, self.take_flushes(), self.mapped_bytes)
+        fl = self.flusher  # (take_flushes, inline: every repeated small call asks)
+        got = (self.direct_bytes, fl.take_count() if fl is not None else 0, self.mapped_bytes)
         self.direct_bytes = self.mapped_bytes = 0
         return got
 
