@@ -240,8 +240,9 @@ def write_many(ctx: Context, items: Any, *, disjoint: bool = False) -> None:
 def write_again(ctx: Context, fview: Any, position: Any, data: Any) -> bool:
     """Collective over ``ctx.comm`` if it returns True: ``data`` written through the file
     view ``fview`` from etype ``position``, when the call repeats this rank's last one
-    through the view (:func:`collio.check.again`); False (nothing done, nothing
-    communicated): the caller makes the call the general way."""
+    through the view (:func:`collio.quick.again`: in ints through a dense view, else
+    :func:`collio.check.again`); False (nothing done, nothing communicated): the caller
+    makes the call the general way."""
     t0 = time.perf_counter()
     got = quick.again(ctx, fview, position, data, writing=True, t0=t0)
     if got is None or got is True:

@@ -8,7 +8,7 @@ When the call repeats this rank's last one through the same view
 :func:`collio.speculate.attempt` requires, its I/O, its head and, when every rank guessed
 and found the same requests, its completion need none of the objects the general way
 builds (runs, the guess, the pending call, the records of the head): the head's slots
-are the last call's (:attr:`~collio.speculate.Kept.slots`) with the few facts that change
+are the last call's (:attr:`~collio.speculate.Kept.head`) with the few facts that change
 patched in, and a few of the agreed maxima decide that the call is complete.
 
 The lane decides before any I/O whether it is taken; not taken (nothing done), the call
@@ -29,7 +29,7 @@ import numpy as np
 from . import check, speculate
 from .backends.base import storage_error
 from .checkfacts import Checked, moved_by
-from .collective import call_head, kept
+from .collective import KeptHead, call_kept_head, kept
 from .context import Context
 from .errors import MismatchError
 from .facts import NOT_COMPARED
@@ -43,7 +43,7 @@ Headed = tuple[check.Pending, tuple[bool, tuple[int, ...]]]
 
 _U8 = np.dtype(np.uint8)
 #: The facts that change from one call of the lane to the next (the others are the
-#: kept call's, packed once into :attr:`Kept.slots`)
+#: kept call's, packed once into :attr:`Kept.head`)
 _PATCH = Checked.patcher(
     "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total"
 )  # fmt: skip
@@ -123,15 +123,14 @@ def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, move
         return None
     io, end = got
     before, size, key, done, seconds, error = io
-    slots = k.slots if k.slots is not None else _template(k)
+    head = k.head if k.head is not None else _head(ctx, k, writing)
     _PATCH(
-        slots, lo, lo + k.nbytes, moved, shift, error is None, size, key == k.key,
+        head.own, lo, lo + k.nbytes, moved, shift, error is None, size, key == k.key,
         int(seconds * 1e9), int((end - t0) * 1e9),
     )  # fmt: skip
     try:
-        failed, out = call_head(
-            ctx.comm, "write_all" if writing else "read_all", ctx.file, error is not None,
-            slots, extra=None if before is None else size,
+        failed, out = call_kept_head(
+            ctx.comm, head, error is not None, extra=None if before is None else size,
             undo=None if before is None else functools.partial(_undo, ctx, k, writing, io),
         )  # fmt: skip
     except MismatchError:
@@ -140,7 +139,7 @@ def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, move
     guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
     if failed or not (guessed and same) or sig is None or items is None:
         g = speculate.Guess(k, writing, *io)
-        return _pending(ctx, g, position, lo, buf), (failed, out)
+        return _pending(ctx, g, position, lo, buf), (failed, tuple(out))
     speculate.complete(ctx, k, alo, ahi, (lo, lo + k.nbytes), (t_io, t_total))
     return True
 
@@ -181,16 +180,17 @@ def _io(be: Any, lo: int, buf: Any, n: int, *,
     return (before, size, key, done, end - t, error), end
 
 
-def _template(k: speculate.Kept) -> list[int]:
-    """The head's slots of a call of the lane that repeats ``k``, before the patch (its
-    facts are ``k``'s, as :func:`collio.check.again` finds them); kept on ``k``."""
+def _head(ctx: Context, k: speculate.Kept, writing: bool) -> KeptHead:
+    """The head of a call of the lane that repeats ``k``, before its patch (its facts are
+    ``k``'s, as :func:`collio.check.again` finds them); kept on ``k``."""
     small, mapped, checked, sig = k.facts
-    k.slots = Checked(
+    own = Checked(
         lo=0, hi=0, small=small, mapped=mapped, checked=checked, sig=sig, plan=-1, items=-1,
         vouched=False, plan_shift=0, guessed=False, size=0, io_only=True, same=False,
         t_io=0, t_total=0, moved=True, shift=NOT_COMPARED,
     ).slots()  # fmt: skip
-    return k.slots
+    head = k.head = KeptHead("write_all" if writing else "read_all", ctx.file, own)
+    return head
 
 
 def _pending(ctx: Context, g: speculate.Guess, position: int, lo: int, buf: Any) -> Any:

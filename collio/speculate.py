@@ -75,12 +75,13 @@ class Kept:
     sums: Again  # the call's sums, as the completion agreed them
     last: tuple[Any, ...]  # the call's Stats.last_facts
     # a call through a file view: the view and the buffer's bytes (collio.check.again);
-    # through a dense view, the file offset of its stream's first byte, and the head's
-    # slots of a repeat before its own facts are patched in (collio.quick)
+    # through a dense view, the file offset of its stream's first byte, and the head of
+    # a repeat (collio.collective.KeptHead) before its own facts are patched in
+    # (collio.quick)
     view: Any = None
     nbytes: int = 0
     at: int | None = None
-    slots: list[int] | None = None
+    head: Any = None
 
 
 @dataclasses.dataclass(slots=True, eq=False)
