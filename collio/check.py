@@ -56,7 +56,7 @@ class Pending:
     sig: Any  # the layout's global array (None: not compared)
     facts: tuple[Any, ...]  # this rank's (small, mapped, checked, signature digest)
     extent: tuple[int, int]  # this rank's (lo, hi); (BIG, 0) when empty
-    mine: Checked
+    mine: Checked | None  # (None: the head was made elsewhere, collio.quick)
     error: BaseException | None  # this rank's, not yet agreed (its checks' or its I/O's)
     guess: speculate.Guess | None
     prekey: tuple[Any, ...]
@@ -157,7 +157,7 @@ def _pending(
     """Local: the call up to its head, with this rank's facts for it."""
     runs = found[0]
     io_error = g.error if g is not None else None
-    seconds = speculate.times(g, t0)
+    seconds = speculate.times(g.seconds if g is not None else 0.0, t0)
     mine = Checked(
         lo=extent[0], hi=extent[1], small=facts[0], mapped=facts[1], checked=facts[2],
         sig=facts[3], plan=plan[0], items=-1 if count is None else count, vouched=disjoint,
@@ -174,14 +174,15 @@ def head(ctx: Context, p: Pending) -> tuple[bool, tuple[int, ...]]:
     call on a file; a call mismatch (a read beside a write, a sync, ...) is raised first,
     before any rank's own error, a guessed write taken back before.  Returns whether any
     rank failed, and the maxima of the call's slots."""
-    g = p.guess
+    g, mine = p.guess, p.mine
+    assert mine is not None
     size = g.size if g is not None and g.wrote else None
 
     def undo(exc: MismatchError) -> None:
         speculate.after_mismatch(ctx, g, exc)
 
     return call_head(
-        ctx.comm, p.name, ctx.file, p.error is not None, p.mine.slots(),
+        ctx.comm, p.name, ctx.file, p.error is not None, mine.slots(),
         extra=size, undo=None if size is None else undo,
     )  # fmt: skip
 

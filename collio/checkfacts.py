@@ -12,7 +12,7 @@ from .collective import digest
 from .facts import NOT_COMPARED, How, fact, record
 from .policy import PathFacts
 
-__all__ = ["Checked", "digest_kept", "moved", "unzigzag", "zigzag"]
+__all__ = ["Checked", "digest_kept", "moved", "moved_by", "unzigzag", "zigzag"]
 
 
 @record
@@ -35,7 +35,7 @@ class Checked(PathFacts):
     # every rank repeated its last call and did its I/O before this agreement
     # (collio.speculate); the target's size before the call (the smallest any rank that
     # wrote found); every failure was one of I/O; every rank's requests were its last
-    # call's; the slowest I/O and call so far (float64 bits)
+    # call's; the slowest I/O and call so far (nanoseconds)
     guessed: bool = fact(How.ALL)
     size: int = fact(How.MIN)
     io_only: bool = fact(How.ALL)
@@ -86,14 +86,21 @@ def unzigzag(z: int) -> int:
 
 
 def moved(before: tuple[int, int, bool] | None, lo: int, hi: int) -> dict[str, Any]:
+    """This rank's ``moved`` and ``shift`` facts (:func:`moved_by`), by name."""
+    m, shift = moved_by(before, lo, hi)
+    return {"moved": m, "shift": shift}
+
+
+def moved_by(before: tuple[int, int, bool] | None, lo: int, hi: int) -> tuple[bool, int]:
     """This rank's ``moved`` and ``shift`` facts: its extent moved by ``shift`` (zigzag
     coded, so never negative) keeping its width, or it is empty now as then
     (``NOT_COMPARED``), or ``moved``."""
     if before is None:
-        return {"moved": True, "shift": NOT_COMPARED}
+        return True, NOT_COMPARED
     plo, phi = before[0], before[1]
     if hi <= lo and phi <= plo:
-        return {"moved": False, "shift": NOT_COMPARED}
+        return False, NOT_COMPARED
     if hi <= lo or phi <= plo or hi - lo != phi - plo:
-        return {"moved": True, "shift": NOT_COMPARED}
-    return {"moved": False, "shift": zigzag(lo - plo)}
+        return True, NOT_COMPARED
+    d = lo - plo  # (zigzag, inline: every repeated call asks)
+    return False, 2 * d if d >= 0 else -2 * d - 1

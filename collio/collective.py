@@ -26,13 +26,16 @@ from .waits import sleep_until_done
 __all__ = [
     "CALLS",
     "Attempt",
+    "KeptHead",
     "agree",
     "agree_facts",
     "agree_same",
     "any_flag",
     "bcast_outcome",
     "call_head",
+    "call_kept_head",
     "digest",
+    "kept",
     "raise_agreed",
     "same_slots",
     "settle_same",
@@ -61,9 +64,7 @@ class Attempt:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> bool:
-        if exc is None:
-            return False
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        if exc is None or not kept(exc):
             return False
         if self.error is None:
             self.error = exc
@@ -73,6 +74,11 @@ class Attempt:
         """Record ``exc`` unless an earlier error is already recorded."""
         if self.error is None:
             self.error = exc
+
+
+def kept(exc: BaseException) -> bool:
+    """Whether :class:`Attempt` records ``exc`` (an interrupt or an exit goes on up)."""
+    return not isinstance(exc, (KeyboardInterrupt, SystemExit))
 
 
 def agree(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> None:
@@ -219,9 +225,7 @@ def call_head(
 
     Returns whether any rank failed, and the maxima of the call's own slots.
     """
-    code = file[0] * _CODES + CALLS.index(call) + 1
-    if subject is not None:
-        code = _SUBJECT | digest((code, subject))
+    code = _code(call, file, subject)
     n = len(own)
     if n > HEAD_SLOTS - _OWN:  # (a call's facts outgrew the head: a bug, not input)
         raise AssertionError(f"{call}: {n} slots of its own, at most {HEAD_SLOTS - _OWN}")
@@ -237,6 +241,42 @@ def call_head(
     out = _HEAD.unpack(got)
     if out[1] != -out[2]:
         _raise_call_mismatch(comm, call, file, subject, extra, undo)
+    return out[0] != 0, out[_OWN:]
+
+
+def _code(call: str, file: tuple[int, str], subject: str | None) -> int:
+    """The code of ``call`` on ``file`` (and ``subject``) that its head carries."""
+    code = file[0] * _CODES + CALLS.index(call) + 1
+    return code if subject is None else _SUBJECT | digest((code, subject))
+
+
+class KeptHead:
+    """The head of a call kept for its repeats (:func:`call_kept_head`): its slots in
+    one buffer, the call's own slots writable in place (``own``, int64), so that a
+    repeat writes the few facts that change instead of packing every slot again."""
+
+    __slots__ = ("call", "file", "buf", "slots", "own")
+
+    def __init__(self, call: str, file: tuple[int, str], own: Sequence[int]) -> None:
+        code = _code(call, file, None)
+        self.call, self.file = call, file
+        self.buf = bytearray(_HEAD.pack(0, code, -code, *own, *_PAD[len(own) :]))
+        self.slots = memoryview(self.buf).cast("q")
+        self.own = self.slots[_OWN:]
+
+
+def call_kept_head(
+    comm: MPI.Comm, head: KeptHead, failed: bool, *, extra: Any = None,
+    undo: Callable[[MismatchError], None] | None = None,
+) -> tuple[bool, memoryview]:  # fmt: skip
+    """Collective over `comm`: :func:`call_head` of ``head``'s call with its own slots as
+    they are now.  The maxima of the own slots come back as an int64 memoryview."""
+    head.slots[0] = 1 if failed else 0
+    got = bytearray(_HEAD.size)
+    comm.Iallreduce([head.buf, MPI.INT64_T], [got, MPI.INT64_T], op=MPI.MAX).Wait()
+    out = memoryview(got).cast("q")
+    if out[1] != -out[2]:
+        _raise_call_mismatch(comm, head.call, head.file, None, extra, undo)
     return out[0] != 0, out[_OWN:]
 
 

@@ -25,6 +25,7 @@ import functools
 import secrets
 import threading
 from collections.abc import Callable
+from threading import get_ident
 from typing import Any, TypeVar
 
 import numpy as np
@@ -42,10 +43,9 @@ __all__ = ["Lane", "Private", "exclusive", "node_map", "one_thread", "private"]
 _lock = threading.Lock()
 _lanes_lock = threading.Lock()  # (a Close on one thread may give a lane back during an Open)
 _keyval: int | None = None
-#: Communicators in a collective call of collio, by handle: (thread, its name, the call,
-#: calls in progress on that thread: a call may make another, e.g. close after a failure).
-_busy: dict[int, tuple[int, str, str, int]] = {}
-_busy_lock = threading.Lock()
+#: Communicators in a collective call of collio, by handle: (thread, the call, calls in
+#: progress on that thread: a call may make another, e.g. close after a failure).
+_busy: dict[int, tuple[int, str, int]] = {}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -56,8 +56,7 @@ class exclusive:  # noqa: N801 - used as a function: ``with exclusive(comm, call
     The other thread's call goes on undisturbed.  The check is per process: it sees
     two threads of one rank, which is how concurrent collectives on one communicator
     happen (a rank whose threads take turns in a different order than another rank's
-    still mismatches, and is then reported by the call's first agreement).  A class,
-    not a generator context manager: every collective call enters it, small ones too.
+    still mismatches, and is then reported by the call's first agreement).
     """
 
     __slots__ = ("key", "call")
@@ -67,37 +66,64 @@ class exclusive:  # noqa: N801 - used as a function: ``with exclusive(comm, call
         self.call = call
 
     def __enter__(self) -> None:
-        key, me = self.key, threading.current_thread()
-        with _busy_lock:
-            held = _busy.get(key)
-            if held is not None and held[0] != me.ident:
-                raise ConcurrentCallError(
-                    f"{self.call} in thread {me.name!r} while thread {held[1]!r} is in "
-                    f"{held[2]} on the same communicator: MPI forbids concurrent collective "
-                    "calls on one communicator; make collio's calls on it from one thread at "
-                    "a time, or give each thread its own communicator (comm.Dup())"
-                )
-            ident = me.ident if me.ident is not None else 0
-            now = (ident, me.name, self.call, 1) if held is None else (*held[:3], held[3] + 1)
-            _busy[key] = now
+        _enter(self.key, self.call)
 
     def __exit__(self, *exc: object) -> None:
-        key = self.key
-        with _busy_lock:
-            t, name, first, depth = _busy[key]
-            if depth <= 1:
-                del _busy[key]
-            else:
-                _busy[key] = (t, name, first, depth - 1)
+        _exit(self.key)
+
+
+def _enter(key: int, call: str) -> None:
+    """Local: :class:`exclusive`'s entry for the communicator ``key`` (every collective
+    call enters it, small ones too: no lock, and the threads' names only for the error).
+
+    ``dict.setdefault`` is atomic, so of two threads entering at once one's entry
+    stands and the other finds it; an entry is changed and removed only by its own
+    thread (:func:`_exit`), so no other step needs a lock.
+    """
+    me = get_ident()
+    mine = (me, call, 1)
+    held = _busy.setdefault(key, mine)
+    if held is mine:
+        return
+    if held[0] == me:  # (a call this thread makes within its own, e.g. close)
+        _busy[key] = (me, held[1], held[2] + 1)
+        return
+    raise ConcurrentCallError(
+        f"{call} in thread {threading.current_thread().name!r} while thread "
+        f"{_thread_name(held[0])!r} is in {held[1]} on the same communicator: MPI forbids "
+        "concurrent collective calls on one communicator; make collio's calls on it from "
+        "one thread at a time, or give each thread its own communicator (comm.Dup())"
+    )
+
+
+def _exit(key: int) -> None:
+    me, first, depth = _busy[key]
+    if depth <= 1:
+        del _busy[key]
+    else:
+        _busy[key] = (me, first, depth - 1)
+
+
+def _thread_name(ident: int) -> str:
+    """The name of the live thread ``ident`` (one that ended: its number)."""
+    for t in threading.enumerate():
+        if t.ident == ident:
+            return t.name
+    return f"#{ident}"
 
 
 def one_thread(method: F) -> F:
     """A method of an object with a ``comm`` property, run under :func:`exclusive`."""
+    name = method.__name__
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with exclusive(self.comm, method.__name__):
+        key = self.comm.py2f()
+        _enter(key, name)
+        try:
             return method(self, *args, **kwargs)
+        finally:
+            _exit(key)
 
     return wrapper  # type: ignore[return-value]
 

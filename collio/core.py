@@ -139,7 +139,7 @@ class FileCore:
 
     def check_open(self, name: Any) -> None:
         """Local: ``close`` is collective, so every rank sees the same state."""
-        if self.closed:
+        if self.ctx.mode == "closed":  # (closed, inline: every call asks)
             raise ModeError(f"{name!r} is closed")
 
     def context(self, backend: Backend) -> Context:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import batch, check, twolevel
+from . import batch, check, quick, twolevel
 from .aggregators import plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import storage_errors
@@ -240,19 +240,20 @@ def write_many(ctx: Context, items: Any, *, disjoint: bool = False) -> None:
 def write_again(ctx: Context, fview: Any, position: Any, data: Any) -> bool:
     """Collective over ``ctx.comm`` if it returns True: ``data`` written through the file
     view ``fview`` from etype ``position``, when the call repeats this rank's last one
-    through the view (:func:`collio.check.again`); False (nothing done, nothing
-    communicated): the caller makes the call the general way."""
+    through the view (:func:`collio.quick.again`: in ints through a dense view, else
+    :func:`collio.check.again`); False (nothing done, nothing communicated): the caller
+    makes the call the general way."""
     t0 = time.perf_counter()
-    p = check.again(ctx, fview, position, data, writing=True, t0=t0)
-    if p is None:
-        return False
-    _write(ctx, None, t0=t0, pending=p)
+    got = quick.again(ctx, fview, position, data, writing=True, t0=t0)
+    if got is None or got is True:
+        return got is not None
+    _write(ctx, None, t0=t0, pending=got)
     return True
 
 
 def _write(
     ctx: Context, source: Any, count: int | None = None, disjoint: bool = False,
-    t0: float | None = None, pending: check.Pending | None = None,
+    t0: float | None = None, pending: quick.Headed | None = None,
 ) -> None:  # fmt: skip
     t0 = time.perf_counter() if t0 is None else t0
     if pending is None:
@@ -260,8 +261,9 @@ def _write(
             ctx, source, writing=True, count=count, disjoint=disjoint, t0=t0
         )
     else:
-        runs, buf, kept = pending.runs, pending.buf, pending.extra
-        call = check.after_head(ctx, pending, *check.head(ctx, pending))
+        p = pending[0]
+        runs, buf, kept = p.runs, p.buf, p.extra
+        call = check.after_head(ctx, p, *pending[1])
     if call.settled:
         return
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
@@ -308,16 +310,16 @@ def read_again(ctx: Context, fview: Any, position: Any, out: Any) -> bool:
     """Collective over ``ctx.comm`` if it returns True: ``out`` filled through the file
     view ``fview`` from etype ``position`` (as :func:`write_again`)."""
     t0 = time.perf_counter()
-    p = check.again(ctx, fview, position, out, writing=False, t0=t0)
-    if p is None:
-        return False
-    _read(ctx, None, t0=t0, pending=p)
+    got = quick.again(ctx, fview, position, out, writing=False, t0=t0)
+    if got is None or got is True:
+        return got is not None
+    _read(ctx, None, t0=t0, pending=got)
     return True
 
 
 def _read(
     ctx: Context, source: Any, count: int | None = None, disjoint: bool = False,
-    t0: float | None = None, pending: check.Pending | None = None,
+    t0: float | None = None, pending: quick.Headed | None = None,
 ) -> Any:  # fmt: skip
     t0 = time.perf_counter() if t0 is None else t0
     if ctx.read_aggregators is not None:  # the backend reads with other aggregators
@@ -328,8 +330,9 @@ def _read(
             c, lambda: source(c), writing=False, count=count, disjoint=disjoint, t0=t0
         )
     else:
-        runs, buf, arr = pending.runs, pending.buf, pending.extra
-        call = check.after_head(ctx, pending, *check.head(ctx, pending))
+        p = pending[0]
+        runs, buf, arr = p.runs, p.buf, p.extra
+        call = check.after_head(ctx, p, *pending[1])
     if call.settled:
         return arr
     if ctx.hints.read_past_eof == "disable":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar, dataclass_transform
 
 import numpy as np
@@ -104,6 +104,53 @@ class Facts:
         made by :func:`record`)."""
         raise TypeError(f"{cls.__name__} is not made by facts.record")
 
+    @classmethod
+    def index(cls) -> dict[str, int]:
+        """Each fact's first slot."""
+        got: dict[str, int] = getattr(cls, "_index")  # noqa: B009 - set by record()
+        return got
+
+    @classmethod
+    def patcher(cls, *names: str) -> Callable[..., None]:
+        """A function ``patch(slots, *values)`` that writes the slots of the facts
+        ``names`` (given in that order) into ``slots``, a list that :meth:`slots` made:
+        a call whose other facts repeat an earlier call's packs only those."""
+        lines = []
+        for n in names:
+            i, how = cls.index()[n], cls._how(n)
+            pack = _RULES[how][0].format(x=n).removeprefix("*")
+            two = how in (How.SAME, How.EQUAL)
+            lines.append(f"    s[{i}], s[{i + 1}] = {pack}" if two else f"    s[{i}] = {pack}")
+        src = f"def patch(s, {', '.join(names)}):\n" + "\n".join(lines) + "\n"
+        return _compiled(src, "patch", f"{cls.__qualname__}.patcher{names}")
+
+    @classmethod
+    def reader(cls, *names: str) -> Callable[[Sequence[int]], tuple[Any, ...]]:
+        """A function ``read(maxima)``: the agreed values of the facts ``names`` alone,
+        as :meth:`agreed` finds them (a caller that needs a few decides before it builds
+        the record)."""
+        got = []
+        for n in names:
+            i = cls.index()[n]
+            got.append(_RULES[cls._how(n)][1].format(a=f"v[{i}]", b=f"v[{i + 1}]"))
+        src = f"def read(v):\n    return ({', '.join(got)},)\n"
+        return _compiled(src, "read", f"{cls.__qualname__}.reader{names}")
+
+    @classmethod
+    def _how(cls, name: str) -> How:
+        how: How = getattr(cls, "_hows")[name]  # noqa: B009 - set by record()
+        return how
+
+
+def _compiled(src: str, name: str, qualname: str) -> Callable[..., Any]:
+    """The function ``name`` that ``src`` defines (with the rules' constants)."""
+    env: dict[str, Any] = {"_UNSET": UNSET, "_UNSET2": (UNSET, UNSET),
+                           "_NOT_COMPARED": NOT_COMPARED}  # fmt: skip
+    exec(compile(src, f"<{qualname}>", "exec"), env)  # noqa: S102
+    made: Callable[..., Any] = env[name]
+    made.__qualname__ = qualname
+    return made
+
 
 _R = TypeVar("_R", bound=type)
 
@@ -120,10 +167,12 @@ def record(cls: _R) -> _R:
     """
     made: Any = dataclasses.dataclass(frozen=True, slots=True)(cls)
     names, packs, unpacks, i = [], [], [], 0
+    index, hows = {}, {}
     for f in dataclasses.fields(made):
         how: How = f.metadata["how"]
         pack, unpack = _RULES[how]
         names.append(f.name)
+        index[f.name], hows[f.name] = i, how
         packs.append(pack.format(x=f"self.{f.name}"))
         unpacks.append(unpack.format(a=f"v[{i}]", b=f"v[{i + 1}]"))
         i += 2 if how in (How.SAME, How.EQUAL) else 1
@@ -147,5 +196,6 @@ def record(cls: _R) -> _R:
     made.slots = env["slots"]
     made.agreed = classmethod(env["agreed"])
     made._width = i
+    made._index, made._hows = index, hows
     out: _R = made
     return out

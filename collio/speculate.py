@@ -25,7 +25,6 @@ size before the call is the smallest size any of them found before writing.
 from __future__ import annotations
 
 import dataclasses
-import struct
 import time
 from typing import Any
 
@@ -46,6 +45,7 @@ __all__ = [
     "Kept",
     "after_mismatch",
     "attempt",
+    "complete",
     "remember",
     "settle",
     "take_back",
@@ -58,8 +58,6 @@ BIG = 2**62
 #: Most bytes a write keeps to take back: beyond it the second agreement costs less than
 #: reading the old bytes first (a time series' next step past the end keeps none).
 KEEP_LIMIT = 1 << 20
-_FLOATS = struct.Struct("=2d")
-_INTS = struct.Struct("=2q")
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -76,9 +74,14 @@ class Kept:
     key: tuple[Any, ...]  # its requests and backend counters (equal: equal sums)
     sums: Again  # the call's sums, as the completion agreed them
     last: tuple[Any, ...]  # the call's Stats.last_facts
-    # a call through a file view: the view and the buffer's bytes (collio.check.again)
+    # a call through a file view: the view and the buffer's bytes (collio.check.again);
+    # through a dense view, the file offset of its stream's first byte, and the head of
+    # a repeat (collio.collective.KeptHead) before its own facts are patched in
+    # (collio.quick)
     view: Any = None
     nbytes: int = 0
+    at: int | None = None
+    head: Any = None
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -156,12 +159,9 @@ def after_mismatch(ctx: Context, g: Guess | None, exc: MismatchError) -> None:
     take_back(ctx, g, min(sizes, default=g.size))
 
 
-def times(g: Guess | None, t0: float) -> tuple[int, int]:
-    """The I/O's and the call's seconds so far, as int64 slots ordered as the floats (they
-    are never negative)."""
-    io = g.seconds if g is not None else 0.0
-    got: tuple[int, int] = _INTS.unpack(_FLOATS.pack(io, time.perf_counter() - t0))
-    return got
+def times(io: float, t0: float) -> tuple[int, int]:
+    """The I/O's ``io`` and the call's seconds so far, in nanoseconds (int64 slots)."""
+    return int(io * 1e9), int((time.perf_counter() - t0) * 1e9)
 
 
 #: What :func:`settle` returns for a call complete already (``Call.settled``: the engine
@@ -175,13 +175,22 @@ def settle(ctx: Context, g: Guess, lo: int, hi: int, extent: tuple[int, int], sa
     its last call's) the call is complete here (:data:`SETTLED`); else the completion
     reduces its counters as usual."""
     k = g.kept
+    if same:
+        return complete(ctx, k, lo, hi, extent, seconds)
     if k.path is Path.DIRECT:  # (what engine._choose's disjoint() would keep)
         ctx.extents = (*extent, True)
-    if not same:
-        call = Call(lo, hi, k.path, Stats())
-        call.early = g
-        return call
-    io, total = _FLOATS.unpack(_INTS.pack(*seconds))
+    call = Call(lo, hi, k.path, Stats())
+    call.early = g
+    return call
+
+
+def complete(ctx: Context, k: Kept, lo: int, hi: int, extent: tuple[int, int],
+             seconds: tuple[int, int]) -> Call:  # fmt: skip
+    """Local: :func:`settle` of a call whose every rank repeated ``k``'s requests: it is
+    complete (:data:`SETTLED`), its statistics ``k``'s sums again."""
+    if k.path is Path.DIRECT:  # (what engine._choose's disjoint() would keep)
+        ctx.extents = (*extent, True)
+    io, total = seconds[0] / 1e9, seconds[1] / 1e9
     stats = ctx.stats
     stats.add_again(k.sums, io, total)
     stats.direct_calls += 1
@@ -221,3 +230,6 @@ def note_view(ctx: Context, fview: Any, nbytes: int, *, writing: bool) -> None:
     k = ctx.guesses[writing]
     if k is not None and ctx.backend.takes_back:
         k.view, k.nbytes = fview, nbytes
+        ft = fview.filetype
+        if ft.dense and nbytes and len(k.lengths) == 1:  # (one run: collio.quick)
+            k.at = fview.disp + int(ft.off[0])

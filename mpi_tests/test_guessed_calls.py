@@ -226,11 +226,11 @@ def test_a_failing_mapping_question_in_a_guessed_read_series_is_agreed(
             f.read_at_all((s * p + r) * N, out)
         assert f.stats.last_call["guessed"] and f.stats.last_call["path"] == "mapped"
 
-        def failing(runs):
+        def failing():
             raise OSError(5, "injected fstat error")
 
-        if r == bad:
-            monkeypatch.setattr(f.backend, "maps_reads", failing)
+        if r == bad:  # (the size that the mapping question asks)
+            monkeypatch.setattr(f.backend, "size", failing)
         err = raises_everywhere(comm, collio.CollioError, lambda: f.read_at_all(r * N, out))
         assert f"rank {bad}" in str(err) and "injected fstat error" in str(err)
         monkeypatch.undo()

@@ -46,6 +46,24 @@ def test_each_rule_reduces_as_named():
     assert _Every.agreed([*ranks[0].slots(), 99, 99]) == ranks[0]  # (extra slots ignored)
 
 
+def test_a_patch_and_a_reader_act_as_the_whole_record():
+    """A repeat packs only the facts that change into a kept record's slots, and reads
+    a few agreed facts without the record: both as slots() and agreed() would."""
+    kept = _Every(5, 9, False, True, 3, 7)
+    assert _Every.index() == {"lo": 0, "hi": 1, "some": 2, "every": 3, "same": 4, "equal": 6}
+    patch = _Every.patcher("lo", "every", "same", "equal")
+    read = _Every.reader("equal", "lo", "some", "same")
+    for new in (dataclasses.replace(kept, lo=1, every=False, same=-4, equal=NOT_COMPARED),
+                dataclasses.replace(kept, lo=7, every=True, same=2, equal=11)):  # fmt: skip
+        slots = kept.slots()
+        patch(slots, new.lo, new.every, new.same, new.equal)
+        assert slots == new.slots()
+    ranks = [_Every(5, 9, False, True, 3, 7), _Every(2, 4, True, True, 4, NOT_COMPARED)]
+    maxima = np.array([r.to_array() for r in ranks]).max(axis=0).tolist()
+    whole = _Every.agreed(maxima)
+    assert read(maxima) == (whole.equal, whole.lo, whole.some, whole.same) == (7, 2, True, None)
+
+
 def _choose(facts, mode="automatic", independent=True, disjoint=True, split=None, vouched=False,
             runs=True):  # fmt: skip
     asked = []

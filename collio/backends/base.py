@@ -67,10 +67,18 @@ class storage_errors:  # noqa: N801 - used as a function: ``with storage_errors(
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
     ) -> None:
-        if isinstance(exc, (ValueError, TypeError, IndexError)) and not isinstance(
-            exc, CollioError
-        ):
-            raise BackendError(f"{self.be.name} backend: {type(exc).__name__}: {exc}") from exc
+        if exc is not None:
+            got = storage_error(self.be, exc)
+            if got is not exc:
+                raise got from exc
+
+
+def storage_error(be: Backend, exc: BaseException) -> BaseException:
+    """What :class:`storage_errors` raises for ``exc`` (``exc`` itself, or a
+    :class:`BackendError` to raise from it)."""
+    if isinstance(exc, (ValueError, TypeError, IndexError)) and not isinstance(exc, CollioError):
+        return BackendError(f"{be.name} backend: {type(exc).__name__}: {exc}")
+    return exc
 
 
 class Backend(abc.ABC):
@@ -202,6 +210,23 @@ class Backend(abc.ABC):
         ):
             self.read_at(f, out[m : m + n])
         return len(runs)
+
+    # -- one run: a repeated small call's (collio.quick), without arrays ------
+    def keep_before_one(self, offset: int, nbytes: int, limit: int) -> Any:
+        """:meth:`keep_before` of the one run of ``nbytes`` at ``offset``."""
+        return self.keep_before(_one(offset, nbytes), limit)
+
+    def write_one(self, offset: int, buf: npt.NDArray[np.uint8]) -> int | list[int]:
+        """:meth:`write_runs` of all of ``buf`` as one run at ``offset``."""
+        return self.write_runs(_one(offset, len(buf)), buf)
+
+    def read_one(self, offset: int, out: npt.NDArray[np.uint8]) -> int | list[int]:
+        """:meth:`read_runs` of all of ``out`` as one run at ``offset``."""
+        return self.read_runs(_one(offset, len(out)), out)
+
+    def maps_one(self, offset: int, nbytes: int) -> bool:
+        """:meth:`maps_reads` of the one run of ``nbytes`` at ``offset``."""
+        return self.maps_reads(_one(offset, nbytes))
 
     # -- windows (what the two-phase engine calls) --------------------------
     def write_window(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
@@ -370,3 +395,8 @@ class Backend(abc.ABC):
             "min_request": self.min_request,
             "max_request": self.max_request,
         }
+
+
+def _one(offset: int, nbytes: int) -> Runs:
+    """The one run of ``nbytes`` at ``offset`` from a buffer's start."""
+    return Runs(np.array([offset], np.int64), np.array([nbytes], np.int64), np.zeros(1, np.int64))

@@ -33,7 +33,7 @@ def pwrite_full(fd: int, buf: Any, offset: int) -> int:
     if total and total <= MAX_IO:  # (one call nearly always writes it all)
         done = os.pwrite(fd, view, offset)
         if done == total or done <= 0:
-            return max(done, 0)
+            return done if done > 0 else 0
     while done < total:
         n = os.pwrite(fd, view[done : done + MAX_IO], offset + done)
         if n <= 0:
@@ -50,7 +50,7 @@ def pread_full(fd: int, buf: Any, offset: int) -> int:
     if total and total <= MAX_IO:  # (one call nearly always reads it all)
         done = os.preadv(fd, [view], offset)
         if done == total or done <= 0:
-            return max(done, 0)
+            return done if done > 0 else 0
     while done < total:
         n = os.preadv(fd, [view[done : done + MAX_IO]], offset + done)
         if n <= 0:
@@ -62,16 +62,28 @@ def pread_full(fd: int, buf: Any, offset: int) -> int:
 def pwrite_all(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
     """Write all of ``buf`` at ``offset``, or raise :class:`BackendError` (a short write)."""
     view = _bytes(buf)
-    done = pwrite_full(fd, view, offset)
-    if done < len(view):
+    total = len(view)
+    # (pwrite_full's first call, inline: a small call's one request passes here)
+    done = os.pwrite(fd, view, offset) if 0 < total <= MAX_IO else 0
+    if done == total:
+        return
+    if done > 0 or total > MAX_IO:
+        done += pwrite_full(fd, view[done:], offset + done)
+    if done < total:
         raise BackendError(f"short write at offset {offset + done} of {name!r}")
 
 
 def pread_zeros(fd: int, buf: Any, offset: int) -> int:
     """Fill ``buf`` from ``offset``, zeros past the end of the file; the bytes read."""
     view = _bytes(buf)
-    done = pread_full(fd, view, offset)
-    if done < len(view):
+    total = len(view)
+    # (pread_full's first call, inline: a small call's one request passes here)
+    done = os.preadv(fd, [view], offset) if 0 < total <= MAX_IO else 0
+    if done == total:
+        return done
+    if done > 0 or total > MAX_IO:
+        done += pread_full(fd, view[done:], offset + done)
+    if done < total:
         np.frombuffer(view, np.uint8)[done:] = 0
     return done
 

@@ -228,8 +228,7 @@ class PosixBackend(Backend):
         the final ``sync()`` no shorter (docs/design.md, "Durability while the call runs")."""
         if len(runs.file) == 1:  # (a small call's one run: no lists to build)
             m, n = int(runs.mem[0]), int(runs.length[0])
-            self._put(int(runs.file[0]), data[m : m + n])
-            return 1
+            return self.write_one(int(runs.file[0]), data[m : m + n])
         for f, n, m in zip(
             runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
         ):
@@ -238,7 +237,21 @@ class PosixBackend(Backend):
 
     def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         self.dirty = True
+        if len(buf) < _DIRECT_MIN:  # (small: all through the page cache)
+            pwrite_all(self.fd, buf, offset, self.path)
+            return
         self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
+
+    def write_one(self, offset: int, buf: npt.NDArray[np.uint8]) -> int:
+        self._put(offset, buf)  # (as write_runs: no early writeback)
+        return 1
+
+    def read_one(self, offset: int, out: npt.NDArray[np.uint8]) -> int | list[int]:
+        """As :meth:`read_runs` of one run: a small one is one ``preadv`` mapped or not."""
+        if len(out) > PREAD_BYTES:
+            return super().read_one(offset, out)
+        self.read_at(offset, out)
+        return 1
 
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
@@ -258,6 +271,8 @@ class PosixBackend(Backend):
             return False
         if not len(runs):
             return True
+        if len(runs) == 1:
+            return self.maps_one(int(runs.file[0]), int(runs.length[0]))
         # the size is asked every time: a kept "it fits" could outlive a call whose
         # read_runs never came (another path agreed) and meet a file truncated since, where
         # a map faults; copyable() is the runs' own property, kept for the same object
@@ -267,6 +282,10 @@ class PosixBackend(Backend):
         if seen is None or seen[0] is not runs:
             seen = self._copyable = (runs, copyable(runs))
         return seen[1]
+
+    def maps_one(self, offset: int, nbytes: int) -> bool:
+        # (one run is copyable; the size asked every time, as for maps_reads)
+        return self.maps and offset + nbytes <= self.size()
 
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
         """Copied from the mapped file when :meth:`maps_reads` allows, on every direct
@@ -314,13 +333,13 @@ class PosixBackend(Backend):
         """The bytes ``runs`` cover below the end of the file (a time series' next step
         past the end keeps none) and the file's size; None beyond ``limit`` bytes or
         :data:`KEEP_RUNS` runs."""
+        if len(runs.file) == 1:
+            return self.keep_before_one(int(runs.file[0]), int(runs.length[0]), limit)
         if len(runs.file) > KEEP_RUNS:
             return None
         size = self.size()
         offs: list[int] = runs.file.tolist()
         lens: list[int] = runs.length.tolist()
-        if len(offs) == 1 and offs[0] >= size:  # (a time series' next step)
-            return _Before(size, [])
         below = [max(0, min(m, size - f)) for f, m in zip(offs, lens, strict=True)]
         if sum(below) > limit:
             return None
@@ -331,6 +350,17 @@ class PosixBackend(Backend):
                 pread_zeros(self.fd, buf, f)
                 old.append((f, buf))
         return _Before(size, old)
+
+    def keep_before_one(self, offset: int, nbytes: int, limit: int) -> _Before | None:
+        size = self.size()
+        if offset >= size or not nbytes:  # (a time series' next step)
+            return _Before(size, [])
+        below = nbytes if offset + nbytes <= size else size - offset
+        if below > limit:
+            return None
+        buf = np.empty(below, np.uint8)
+        pread_zeros(self.fd, buf, offset)
+        return _Before(size, [(offset, buf)])
 
     def take_back(self, kept: Any, size: int) -> None:
         """Write the kept bytes back (those below ``size``: the others are cut off), then
@@ -349,7 +379,8 @@ class PosixBackend(Backend):
         return os.lseek(self.fd, 0, os.SEEK_END)
 
     def take_counts(self) -> tuple[int, int, int]:
-        got = (self.direct_bytes, self.take_flushes(), self.mapped_bytes)
+        fl = self.flusher  # (take_flushes, inline: every repeated small call asks)
+        got = (self.direct_bytes, fl.take_count() if fl is not None else 0, self.mapped_bytes)
         self.direct_bytes = self.mapped_bytes = 0
         return got
 

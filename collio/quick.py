@@ -1,0 +1,207 @@
+"""The one-run lane: a repeated small call through a dense file view, in Python ints.
+
+A time series writes (reads) one buffer per step through a view whose filetype fills
+its extent (``MPI.BYTE``, a contiguous type: :attr:`~collio.layouts.typemap.Flat.dense`),
+so the call's one run is ``disp + position * etype_size``, as many bytes as the buffer.
+When the call repeats this rank's last one through the same view
+(:func:`collio.check.again`'s conditions), and its extent moved as
+:func:`collio.speculate.attempt` requires, its I/O, its head and, when every rank guessed
+and found the same requests, its completion need none of the objects the general way
+builds (runs, the guess, the pending call, the records of the head): the head's slots
+are the last call's (:attr:`~collio.speculate.Kept.head`) with the few facts that change
+patched in, and a few of the agreed maxima decide that the call is complete.
+
+The lane decides before any I/O whether it is taken; not taken (nothing done), the call
+goes the way it went before (:func:`collio.check.again`, else the general way).  A call
+that did its I/O here but is not complete at its head (a rank failed or did not guess,
+another call, other requests) builds what the general way would have built and goes on
+from its head (:func:`collio.check.after_head`): the same take-backs, errors and paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Literal
+
+import numpy as np
+
+from . import check, speculate
+from .backends.base import storage_error
+from .checkfacts import Checked, moved_by
+from .collective import KeptHead, call_kept_head, kept
+from .context import Context
+from .errors import MismatchError
+from .facts import NOT_COMPARED
+from .policy import Path, may_map
+
+__all__ = ["Headed", "again"]
+
+#: A call that went as far as its head here: the pending call and the head's outcome,
+#: for :func:`collio.check.after_head`.
+Headed = tuple[check.Pending, tuple[bool, tuple[int, ...]]]
+
+_U8 = np.dtype(np.uint8)
+#: The facts that change from one call of the lane to the next (the others are the
+#: kept call's, packed once into :attr:`Kept.head`)
+_PATCH = Checked.patcher(
+    "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total"
+)  # fmt: skip
+#: The agreed facts that tell a call complete at its head, and what settles it
+_READ = Checked.reader("guessed", "same", "sig", "items", "lo", "hi", "t_io", "t_total")
+
+
+def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
+          t0: float) -> Literal[True] | Headed | None:  # fmt: skip
+    """Collective over ``ctx.comm`` unless it returns None: ``data`` written (read)
+    through ``fview`` from etype ``position`` as a repeat of this rank's last call of
+    its kind through the view.  True: the call is complete; a :data:`Headed`: the call
+    went as far as its head; None (nothing done, nothing communicated): not a repeat."""
+    k = ctx.guesses[writing]
+    if k is not None and k.view is fview and k.at is not None:
+        taken = _taken(ctx, k, position, data, writing=writing)
+        if taken is not None:
+            got = _run(ctx, k, position, *taken, writing=writing, t0=t0)
+            if got is not None:
+                return got
+    p = check.again(ctx, fview, position, data, writing=writing, t0=t0)
+    return None if p is None else (p, check.head(ctx, p))
+
+
+def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
+           writing: bool) -> tuple[int, Any, bool, int] | None:  # fmt: skip
+    """Local: whether the lane takes the call (its first byte, its buffer as bytes and
+    its extent's ``moved`` and ``shift``), or None: the conditions of
+    :func:`collio.check.again` and :func:`collio.speculate.attempt`, with ints."""
+    if type(data) is not np.ndarray or type(position) is not int or position < 0:
+        return None
+    n = k.nbytes
+    if data.nbytes != n or k.hints is not ctx.hints or k.backend is not ctx.backend:
+        return None
+    flags = data.flags
+    if not (flags.c_contiguous or flags.f_contiguous) or not (writing or flags.writeable):
+        return None
+    mode = ctx.mode
+    if mode == "closed" or (writing and (mode == "r" or ctx.aborted)):
+        return None
+    if not writing and ctx.read_aggregators is not None:
+        return None  # (the general way reads with a copy of the context)
+    lo = k.at + position * k.view.etype_size
+    if lo + n >= speculate.BIG:
+        return None  # (past every real size: the general way's checks say so, agreed)
+    ext = ctx.extents
+    moved, shift = moved_by(ext, lo, lo + n)
+    if writing or k.path is not Path.MAPPED:  # (as speculate.attempt)
+        if moved or shift != k.shift or ext is None or not ext[2]:
+            return None
+    elif _mapped(ctx, k, lo, n) != k.facts[1]:
+        return None
+    if data.dtype is _U8 and data.ndim == 1:
+        return lo, data, moved, shift
+    try:  # (an object array: the general way's checks raise it, agreed)
+        return lo, data.reshape(-1, order="A").view(np.uint8), moved, shift
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _mapped(ctx: Context, k: speculate.Kept, lo: int, n: int) -> bool | None:
+    """Local: whether this rank would copy the read from the mapped file (None: asking
+    failed, which the general way's checks agree on, as in :func:`collio.check.again`)."""
+    try:
+        return bool(may_map(ctx.hints, writing=False) and k.backend.maps_one(lo, n))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, moved: bool,
+         shift: int, *, writing: bool, t0: float) -> Literal[True] | Headed | None:  # fmt: skip
+    """Collective over ``ctx.comm`` unless it returns None (a write that cannot be taken
+    back: nothing done): the call's I/O, its head, and its completion or what the
+    general way goes on from (the module doc)."""
+    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing)
+    if got is None:
+        return None
+    io, end = got
+    before, size, key, done, seconds, error = io
+    head = k.head if k.head is not None else _head(ctx, k, writing)
+    _PATCH(
+        head.own, lo, lo + k.nbytes, moved, shift, error is None, size, key == k.key,
+        int(seconds * 1e9), int((end - t0) * 1e9),
+    )  # fmt: skip
+    try:
+        failed, out = call_kept_head(
+            ctx.comm, head, error is not None, extra=None if before is None else size,
+            undo=None if before is None else functools.partial(_undo, ctx, k, writing, io),
+        )  # fmt: skip
+    except MismatchError:
+        ctx.stats.local = {}  # (as the general way leaves it)
+        raise
+    guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
+    if failed or not (guessed and same) or sig is None or items is None:
+        g = speculate.Guess(k, writing, *io)
+        return _pending(ctx, g, position, lo, buf), (failed, tuple(out))
+    speculate.complete(ctx, k, alo, ahi, (lo, lo + k.nbytes), (t_io, t_total))
+    return True
+
+
+def _undo(ctx: Context, k: speculate.Kept, writing: bool, io: tuple[Any, ...],
+          exc: MismatchError) -> None:  # fmt: skip
+    """Local: a guessed write met another call (``call_head``'s ``undo``)."""
+    speculate.after_mismatch(ctx, speculate.Guess(k, writing, *io), exc)
+
+
+def _io(be: Any, lo: int, buf: Any, n: int, *,
+        writing: bool) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
+    """Local: :func:`collio.speculate.attempt`'s I/O of the one run: what the write kept
+    to take back (None: nothing to keep, it was read), the target's size before it, the
+    requests' key, their result, the seconds and the error (kept, not raised), and when
+    it ended; None: the write could not be taken back, nothing was done."""
+    before, size, key, done, error = None, speculate.BIG, (), None, None
+    t = time.perf_counter()
+    try:  # (as Attempt and storage_errors: every small call passes here)
+        if writing:
+            before = be.keep_before_one(lo, n, speculate.KEEP_LIMIT)
+            if before is None:
+                return None
+            size = before.size
+        try:
+            done = be.write_one(lo, buf) if writing else be.read_one(lo, buf)
+        except BaseException as exc:
+            got = storage_error(be, exc)
+            if got is exc:
+                raise
+            raise got from exc
+        key = (done, *be.take_counts())
+    except BaseException as exc:
+        if not kept(exc):
+            raise
+        error = exc
+    end = time.perf_counter()
+    return (before, size, key, done, end - t, error), end
+
+
+def _head(ctx: Context, k: speculate.Kept, writing: bool) -> KeptHead:
+    """The head of a call of the lane that repeats ``k``, before its patch (its facts are
+    ``k``'s, as :func:`collio.check.again` finds them); kept on ``k``."""
+    small, mapped, checked, sig = k.facts
+    own = Checked(
+        lo=0, hi=0, small=small, mapped=mapped, checked=checked, sig=sig, plan=-1, items=-1,
+        vouched=False, plan_shift=0, guessed=False, size=0, io_only=True, same=False,
+        t_io=0, t_total=0, moved=True, shift=NOT_COMPARED,
+    ).slots()  # fmt: skip
+    head = k.head = KeptHead("write_all" if writing else "read_all", ctx.file, own)
+    return head
+
+
+def _pending(ctx: Context, g: speculate.Guess, position: int, lo: int, buf: Any) -> Any:
+    """Local: the pending call that :func:`collio.check.again` would have made for this
+    call, with its guess ``g`` (for a call not complete at its head)."""
+    k = g.kept
+    ctx.stats.local = {}
+    runs, _ = k.view.stream(position * k.view.etype_size, k.nbytes, 0)
+    name = "write_all" if g.writing else "read_all"
+    extent = (lo, lo + k.nbytes)
+    return check.Pending(
+        g.writing, name, None, runs, buf, None if g.writing else buf, None, k.facts, extent,
+        None, g.error, g, (),
+    )  # fmt: skip
