@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import speculate
-from .checkfacts import Checked, digest_kept, moved, unzigzag, zigzag
+from .checkfacts import Checked, digest_kept, moved, placed, unzigzag, zigzag
 from .choose import checked, choose
 from .collective import Attempt, call_head, raise_agreed
 from .context import Call, Context
@@ -85,10 +85,8 @@ def before_head(
     runs, buf, extra, sig, mapped = _FAILED
     with step:
         runs, buf, extra, sig, mapped = _check_locally(ctx, source, writing=writing)
-    facts = (
-        has_many_small_runs(runs, ctx.hints.direct_threshold), mapped, checked(runs),
-        digest_kept(sig),
-    )  # fmt: skip
+    d, offset = digest_kept(sig)  # (the offset is not a fact: a time series moves it)
+    facts = (has_many_small_runs(runs, ctx.hints.direct_threshold), mapped, checked(runs), d)
     extent = runs.extent() if len(runs) else (BIG, 0)
     where = moved(ctx.extents, *extent)
     g = None
@@ -102,7 +100,7 @@ def before_head(
     name = ("write_all" if writing else "read_all") + ("" if count is None else "_many")
     return _pending(
         ctx, writing, name, count, (runs, buf, extra, sig), facts, extent, where, g,
-        step.error, disjoint=disjoint, plan=plan, prekey=prekey, t0=t0,
+        step.error, disjoint=disjoint, plan=plan, prekey=prekey, t0=t0, offset=offset,
     )  # fmt: skip
 
 
@@ -152,15 +150,17 @@ def _pending(
     found: tuple[Runs, npt.NDArray[np.uint8], Any, Any], facts: tuple[Any, ...],
     extent: tuple[int, int], where: dict[str, Any], g: speculate.Guess | None,
     error: BaseException | None, *, disjoint: bool = False, plan: tuple[int, int] = (-1, 0),
-    prekey: tuple[Any, ...] = (), t0: float,
+    prekey: tuple[Any, ...] = (), t0: float, offset: int = 0,
 ) -> Pending:  # fmt: skip
-    """Local: the call up to its head, with this rank's facts for it."""
+    """Local: the call up to its head, with this rank's facts for it (``offset``: where
+    the layout's global array starts, :func:`collio.checkfacts.digest_kept`)."""
     runs = found[0]
     io_error = g.error if g is not None else None
     seconds = speculate.times(g.seconds if g is not None else 0.0, t0)
     mine = Checked(
         lo=extent[0], hi=extent[1], small=facts[0], mapped=facts[1], checked=facts[2],
-        sig=facts[3], plan=plan[0], items=-1 if count is None else count, vouched=disjoint,
+        sig=placed(facts[3], offset), plan=plan[0], items=-1 if count is None else count,
+        vouched=disjoint,
         plan_shift=zigzag(plan[1]) if len(runs) else NOT_COMPARED,
         guessed=g is not None and io_error is None, size=g.size if g is not None else BIG,
         io_only=error is None, same=g is not None and g.key == g.kept.key,

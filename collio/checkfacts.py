@@ -12,7 +12,7 @@ from .collective import digest
 from .facts import NOT_COMPARED, How, fact, record
 from .policy import PathFacts
 
-__all__ = ["Checked", "digest_kept", "moved", "moved_by", "unzigzag", "zigzag"]
+__all__ = ["Checked", "digest_kept", "moved", "moved_by", "placed", "unzigzag", "zigzag"]
 
 
 @record
@@ -44,25 +44,41 @@ class Checked(PathFacts):
     t_total: int = fact(How.MAX)
 
 
-#: the last signature digested and its digest (one entry, replaced whole)
+#: the last signature digested (without its offset) and its digest (one entry, replaced whole)
 _SIG: list[tuple[Any, int]] = [(None, digest(None))]
+#: :func:`placed` keeps the sum of a digest and an offset below every slot's limit
+_PLACED = (1 << 62) - 1
 
 
-def digest_kept(sig: Any) -> int:
-    """:func:`digest` of a layout's signature, kept for the next call with an equal one
-    (a time series' layouts have the same global array call after call: a tuple compare
-    instead of a repr and a hash)."""
+def digest_kept(sig: Any) -> tuple[int, int]:
+    """:func:`digest` of a layout's signature without the byte offset where its array
+    starts, kept for the next call with an equal one, and that offset (0: a signature
+    without one).  A time series writes the same global array at a new offset each
+    step: its calls digest alike (a tuple compare instead of a repr and a hash), so a
+    repeat is guessed (:func:`collio.speculate.attempt`), and the head still compares
+    the offsets (:func:`placed`)."""
+    what, offset = sig, 0
+    # (an array layout's signature: ("array", shape, dtype, order, offset))
+    if type(sig) is tuple and len(sig) == 5 and sig[0] == "array" and type(sig[4]) is int:
+        what, offset = sig[:4], sig[4]
     seen = _SIG[0]
     try:  # (equal values digest alike here: the ranks compare with == when digests differ)
-        if type(sig) is type(seen[0]) and bool(sig == seen[0]):
-            return seen[1]
+        if type(what) is type(seen[0]) and bool(what == seen[0]):
+            return seen[1], offset
     except (TypeError, ValueError):  # (a user's signature holding arrays)
         pass
-    got = digest(sig)
+    got = digest(what)
     # (only a signature of immutable values is kept: == takes an element for equal to
     # itself by identity, so a list or array changed in place would get the old digest)
-    _SIG[0] = (sig, got) if _frozen(sig) else (None, digest(None))
-    return got
+    _SIG[0] = (what, got) if _frozen(what) else (None, digest(None))
+    return got, offset
+
+
+def placed(d: int, offset: int) -> int:
+    """The head's ``sig`` fact of the global array digested ``d`` (:func:`digest_kept`)
+    starting at byte ``offset``: equal on two ranks with equal digests only when the
+    offsets are equal too (below 2**62); a signature not compared stays so."""
+    return d if d < 0 else (d + offset) & _PLACED
 
 
 _SCALARS = (int, float, str, bytes, bool, type(None))

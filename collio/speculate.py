@@ -35,6 +35,7 @@ from .backends.base import Backend, storage_errors
 from .collective import Attempt
 from .context import Call, Context
 from .errors import MismatchError
+from .facts import NOT_COMPARED
 from .hints import Hints
 from .policy import Path
 from .stats import Again, Stats
@@ -116,9 +117,12 @@ def attempt(
     if lengths is not k.lengths and not np.array_equal(lengths, k.lengths):
         return None
     if not (writing is False and k.path is Path.MAPPED):
-        # the others guess only if they moved by the same shift from disjoint extents
-        ext = ctx.extents
-        if moved["moved"] or moved["shift"] != k.shift or ext is None or not ext[2]:
+        # the others guess only if they moved by the same shift from disjoint extents (a
+        # rank empty now as then moved by none: it writes nothing that could meet another's)
+        ext, shift = ctx.extents, moved["shift"]
+        if moved["moved"] or (shift != k.shift and shift != NOT_COMPARED):
+            return None
+        if ext is None or not ext[2]:
             return None
     g = Guess(k, writing)
     be = ctx.backend

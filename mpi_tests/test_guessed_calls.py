@@ -329,3 +329,56 @@ def test_guessed_writes_taken_back_before_the_shuffle_the_head_chose(comm, mpi_t
     assert done["path"] == "two-phase" and not done["guessed"]
     assert st["bytes_written"] == 5 * p * N
     _same_file(comm, path, want[: base + p * N])
+
+
+def _rows_step(comm, s, rows, cols, *, at=None):
+    """Step ``s`` of a series of one global array (``rows`` rows per rank but rank 0's,
+    which holds an empty piece) at a new offset each step: this rank's piece, its layout
+    (``at``: another offset) and the global array."""
+    p, r = comm.size, comm.rank
+    shape = ((p - 1) * rows, cols)
+    glob = np.arange(shape[0] * cols, dtype=np.float64).reshape(shape) + 1000.0 * s
+    start, n = (0, 0) if r == 0 else ((r - 1) * rows, rows)
+    offset = s * glob.nbytes if at is None else at
+    lay = collio.layouts.Subarray(shape, (start, 0), (n, cols), np.float64, offset=offset)
+    return np.ascontiguousarray(glob[start : start + n]), lay, glob
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_series_of_array_layouts_guesses_and_the_head_still_compares_offsets(comm, mpi_tmp_path):
+    """A time series through layouts (one global array, a new offset each step) is
+    guessed from its third call; a rank whose layout says another offset, though its
+    (empty) piece lets it guess, makes every rank raise, and every guessed write is
+    taken back."""
+    path, theirs = str(mpi_tmp_path / "rows.bin"), str(mpi_tmp_path / "romio.bin")
+    rows, cols, steps = 4, 64, 6
+    parts, guessed = [], []
+    fh = MPI.File.Open(comm, theirs, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(steps):
+            piece, lay, glob = _rows_step(comm, s, rows, cols)
+            f.write_all(piece, lay)
+            guessed.append(f.stats.last_call["guessed"])
+            fh.Write_at_all(s * glob.nbytes + max(comm.rank - 1, 0) * piece[:1].nbytes * rows,
+                            piece)  # fmt: skip
+            parts.append(glob.tobytes())
+        want = np.frombuffer(b"".join(parts), np.uint8)
+        piece, lay, glob = _rows_step(comm, steps, rows, cols)
+        if comm.rank == 0:  # (an empty piece moved alike: only the offset differs)
+            piece, lay, _ = _rows_step(comm, steps, rows, cols, at=(steps + 1) * glob.nbytes)
+        raises_everywhere(
+            comm, collio.MismatchError, lambda: f.write_all(piece, lay),
+            match="ranks disagree on the global array",
+        )  # fmt: skip
+        _same_file(comm, path, want)
+        for s in range(steps, steps + 3):  # (the series goes on)
+            piece, lay, glob = _rows_step(comm, s, rows, cols)
+            f.write_all(piece, lay)
+            parts.append(glob.tobytes())
+        out = np.empty_like(piece)
+        f.read_all(lay, out=out)
+        np.testing.assert_array_equal(out, piece)
+    fh.Close()
+    assert guessed == [False, False] + [True] * (steps - 2)
+    _same_file(comm, path, np.frombuffer(b"".join(parts), np.uint8))
+    assert read_file(theirs) == want.tobytes()
