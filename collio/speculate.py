@@ -113,8 +113,7 @@ def attempt(
     k = ctx.guesses[writing]
     if k is None or k.facts != facts or k.hints is not ctx.hints or k.backend is not ctx.backend:
         return None
-    lengths = runs.length
-    if lengths is not k.lengths and not np.array_equal(lengths, k.lengths):
+    if not _same_lengths(runs.length, k.lengths):
         return None
     if not (writing is False and k.path is Path.MAPPED):
         # the others guess only if they moved by the same shift from disjoint extents (a
@@ -140,6 +139,17 @@ def attempt(
     g.seconds = time.perf_counter() - t
     g.error = step.error
     return g
+
+
+def _same_lengths(a: Any, b: Any) -> bool:
+    """Local: whether two calls' run lengths are equal (a new layout per call, as a time
+    series makes, has new arrays: a few runs compare as bytes, without array_equal's
+    temporaries)."""
+    if a is b:
+        return True
+    if len(a) != len(b):
+        return False
+    return bool(a.tobytes() == b.tobytes()) if len(a) <= 4096 else bool(np.array_equal(a, b))
 
 
 def take_back(ctx: Context, g: Guess | None, size: int) -> None:
