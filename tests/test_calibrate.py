@@ -36,14 +36,30 @@ def test_ranks_sharing_cores_scale_the_on_node_terms_alone():
     assert a.intra > 0 and b.intra == pytest.approx(4 * a.intra)
     assert (b.messages, b.injection, b.storage) == (a.messages, a.injection, a.storage)
     assert Cluster.parse("cores=2,ppn=4").oversubscribed == 2.0
-    # a round's meeting, once per stage (already measured with ranks sharing cores)
-    met = predict(res, dataclasses.replace(shared, round_seconds=0.01), "x")
-    assert met.intra == pytest.approx(b.intra + 0.01 * res.rounds * (2 if res.two_level else 1))
-    # every run costs its sender and its receiver: the busiest of them sets the time
+    # every run of an aggregator's datatype costs it (a rank's part of a window is one
+    # run of its buffer): the busiest aggregator sets the time
     runs = predict(res, dataclasses.replace(own, run_seconds=1e-6), "x")
-    per_round = max((res.agg_pieces / res.agg_rounds.clip(1)).max(), res.rank_runs_max / res.rounds)
+    per_round = (res.agg_pieces / res.agg_rounds.clip(1)).max()
     assert per_round > 1
     assert runs.intra == pytest.approx(a.intra + 1e-6 * per_round * res.rounds)
+
+
+@pytest.mark.parametrize("two_level", [False, True], ids=["one-level", "two-level"])
+def test_ranks_meet_every_round_where_the_call_waits_for_them(two_level):
+    """A read agrees on its status every round and a two-level call's group waits for
+    its ranks' copies every round; a write's exchange (sends posted rounds ahead) does
+    not: ``round_seconds`` once per round for each of those waits."""
+    from collio.sim.cost import meetings
+
+    work = make_workload("cyclic", 8, size="512", cyclic_block=8)
+    hints = Hints(cb_buffer_size=65536, cb_two_level="enable" if two_level else "disable")
+    cl = Cluster(ppn=4, cores=1)
+    for writing, waits in ((True, int(two_level)), (False, 1 + int(two_level))):
+        res = simulate(work, SimConfig(hints=hints, ppn=4, writing=writing))
+        assert res.two_level == two_level and meetings(res) == waits
+        a = predict(res, cl, "x")
+        met = predict(res, dataclasses.replace(cl, round_seconds=0.01), "x")
+        assert met.intra == pytest.approx(a.intra + 0.01 * res.rounds * waits)
 
 
 def test_the_local_stage_pays_for_every_run_its_ranks_copy():
@@ -59,7 +75,7 @@ def test_the_local_stage_pays_for_every_run_its_ranks_copy():
     own = Cluster(ppn=4)
     a = predict(res, own, "x")
     b = predict(res, dataclasses.replace(own, run_seconds=1e-6), "x")
-    per_round = max((res.agg_pieces / res.agg_rounds.clip(1)).max(), res.rank_runs_max / res.rounds)
+    per_round = (res.agg_pieces / res.agg_rounds.clip(1)).max()
     stage = float((res.group_runs / res.group_ranks).max()) / res.rounds
     assert b.intra == pytest.approx(a.intra + 1e-6 * (per_round + stage) * res.rounds)
     # and its bytes at one process's copy bandwidth where it is given
@@ -92,6 +108,9 @@ def test_page_cache_copies_and_a_reads_packing_take_the_ranks_cores():
             b_max = float((res.agg_bytes / res.agg_rounds.clip(1)).max())
             pack = b_max / 2e9 * busy.oversubscribed if packs and not writing else 0.0
             assert b.intra == pytest.approx(a.intra + res.rounds * pack)
+            # a packing read's aggregator sends one buffer: no datatype runs to pay for
+            runs = predict(res, dataclasses.replace(busy, run_seconds=1e-6), "x")
+            assert (runs.intra == a.intra) == (packs and not writing)
             x = (b.messages + b.injection + b.intra) / res.rounds
             store = b.storage / res.rounds
             per_round = res.agg_bytes / res.agg_rounds.clip(1)
@@ -123,8 +142,13 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
     assert [(c["pattern"], c["api"], c["op"]) for c in doc["cases"]] == want
     terms = doc["terms"]
     assert terms["copy_bandwidth"] > 0 and terms["message_bandwidth"] > 0
-    assert terms["message_seconds"] > 0
+    assert terms["message_seconds"] > 0 and terms["node_exchange_bandwidth"] > 0
     assert terms["round_seconds"] > 0 and terms["run_seconds"] >= 0
+    assert terms["read_bandwidth"] > 0
+    # sampled before each pattern's calls and after the last: each term their median
+    samples = doc["term_samples"]
+    assert len(samples) == len(PATTERNS) + 2
+    assert terms == {k: statistics.median(t[k] for t in samples) for k in terms}
     cores = len(os.sched_getaffinity(0))
     assert terms["cores_per_node"] == max(1, cores // nodes)
     assert set(doc["runs"]) == {"tiny", *PATTERNS}
@@ -132,26 +156,37 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
     for c in doc["cases"]:
         cl = c["cluster"]
         assert cl["ppn"] == 4 and cl["cores"] == terms["cores_per_node"] and cl["targets"] == 1
-        assert cl["intra_bandwidth"] == terms["message_bandwidth"]
-        assert cl["node_bandwidth"] == terms["message_bandwidth"] * terms["cores_per_node"]
+        # a node's round moves its bytes on all its cores at once
+        assert cl["node_bandwidth"] == terms["node_exchange_bandwidth"]
+        assert cl["intra_bandwidth"] == terms["node_exchange_bandwidth"] / cl["cores"]
         assert cl["intra_message_seconds"] == terms["message_seconds"]
         assert cl["round_seconds"] == terms["round_seconds"]
         assert cl["run_seconds"] == terms["run_seconds"]
-        # the fixed costs are the medians of the tiny calls
+        # the fixed costs are the medians of the tiny calls; a call's own, less what
+        # the model prices in its tiny call (that round the call's rounds pay again)
         tiny = doc["runs"]["tiny"]["rows"]
-        for api, key in ((c["api"], "call_seconds"), ("ceiling", None)):
+        for api in (c["api"], "ceiling"):
             mine = [r["total"] for r in tiny if (r["api"], r["op"]) == (api, c["op"])]
             assert doc["fixed_seconds"][f"{api} {c['op']}"] == statistics.median(mine)
-            if key:
-                assert cl[key] == statistics.median(mine) == c["terms"]["call"]
+        fixed = doc["fixed_seconds"][f"{c['api']} {c['op']}"]
+        bare = dataclasses.replace(Cluster(**cl), call_seconds=0.0)
+        small = make_workload("colblock", nranks, size=TINY)
+        tiny_used = doc["runs"]["tiny"]["hints_used"][c["api"]]
+        own = predict_case(small, tiny_used, c["op"], bare)[1].predicted_seconds
+        assert c["tiny_predicted_seconds"] == own > 0
+        assert cl["call_seconds"] == max(fixed - own, 0.0) == c["terms"]["call"]
         run = doc["runs"][c["pattern"]]
         rows = [r["total"] for r in run["rows"] if (r["api"], r["op"]) == (c["api"], c["op"])]
         assert len(rows) == 2 and c["measured_seconds"] == statistics.median(rows)
         ceiling = [r["total"] for r in run["rows"] if (r["api"], r["op"]) == ("ceiling", c["op"])]
         assert c["ceiling_seconds"] == statistics.median(ceiling)
         cl = Cluster(**c["cluster"])
+        # storage: a write's the ceiling's beyond its fixed cost, a read's the page
+        # cache's for a round's requests
         moving = c["ceiling_seconds"] - c["ceiling_fixed_seconds"]
-        assert cl.target_bandwidth == run["bytes"] / max(moving, 1e-3 * c["ceiling_seconds"])
+        written = run["bytes"] / max(moving, 1e-3 * c["ceiling_seconds"])
+        want = written if c["op"] == "write" else terms["read_bandwidth"]
+        assert cl.target_bandwidth == cl.aggregator_bandwidth == want
         work = make_workload(c["pattern"], nranks, size="256", cyclic_block=64)
         assert work.nbytes == run["bytes"]
         used = run["hints_used"][c["api"]]

@@ -8,9 +8,10 @@ call's rounds); a round costs
 * ``injection``: the busiest node's inter-node bytes in or out over ``node_bandwidth``;
 * ``intra-node``: every message costs its receiving (and sending) process
   ``intra_message_seconds``, and bytes that stay on a node are copied by their
-  receiver at ``intra_bandwidth``, and every run (a piece of contiguous bytes) in a
-  message ``run_seconds`` at its sender and at its receiver (a datatype's block or a
-  packed run); two-level calls add the local stage (each rank copies its pieces of
+  receiver at ``intra_bandwidth``, and every run (a piece of contiguous bytes) of an
+  aggregator's datatype ``run_seconds`` (a rank's part of a window is one run of its
+  buffer; a read's aggregator packs small runs instead, a copy); two-level calls add
+  the local stage (each rank copies its pieces of
   the round into, or out of, its group's shared staging at ``copy_bandwidth``, or
   ``intra_bandwidth`` where that is not counted, and ``run_seconds`` a piece; the
   ranks of a group copy at once);
@@ -20,8 +21,9 @@ call's rounds); a round costs
 A call also costs ``call_seconds`` whatever its size (opening, planning, agreeing,
 syncing and closing; 0 on the default cluster, where a call's data dominates).
 
-Every round also costs ``round_seconds`` per stage (two-level calls have two: the
-local aggregators' and the exchange), the time for ranks to meet: on a cluster the
+Every round also costs ``round_seconds`` per time its ranks wait for each other
+(:func:`meetings`: a read's status agreement, a two-level call's staging; a write's
+exchange agrees on nothing per round), the time for ranks to meet: on a cluster the
 message terms hold it (0), but ranks that outnumber their cores and poll for messages
 wait for each other's turns on a core.
 
@@ -61,6 +63,7 @@ __all__ = [
     "Cluster",
     "Prediction",
     "format_predictions",
+    "meetings",
     "predict",
     "predictions_json",
     "strategies",
@@ -180,9 +183,11 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     per_sender = float(m.sum()) / len(senders)  # messages each source sends per round
     proc = max(float(m.max(initial=0)), per_sender) * cl.intra_message_seconds
     proc += float((b / n).max(initial=0)) / cl.intra_bandwidth
-    if cl.run_seconds:  # the most runs an aggregator takes, or a rank sends, in a round
-        pieces = float((res.agg_pieces / nr).max(initial=0))
-        proc += max(pieces, res.rank_runs_max / rounds) * cl.run_seconds
+    packs = not res.writing and _packs(res)
+    if cl.run_seconds and not packs:
+        # the most runs an aggregator's datatype holds in a round (a rank's part of a
+        # window is one run of its buffer, which holds its pieces in file order)
+        proc += float((res.agg_pieces / nr).max(initial=0)) * cl.run_seconds
     if res.two_level:  # the local stage: every rank copies its own pieces of the round
         # into (out of) its group's shared staging, all ranks at once
         ranks = np.maximum(res.group_ranks, 1) * rounds
@@ -190,8 +195,9 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         if cl.run_seconds:  # each piece a run of its copy
             stage = stage + res.group_runs / ranks * cl.run_seconds
         proc += float(stage.max(initial=0))
-    if cl.copy_bandwidth and not res.writing and _packs(res):
-        # a read's aggregator packs small runs into one buffer before sending (a copy)
+    if cl.copy_bandwidth and packs:
+        # a read's aggregator packs small runs into one buffer before sending (a copy,
+        # instead of its datatype's runs)
         proc += float(b.max(initial=0)) / cl.copy_bandwidth
     proc *= cl.oversubscribed
     store = max(float(b.max(initial=0)) / cl.aggregator_bandwidth,
@@ -201,8 +207,7 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     cpu = 0.0
     if cl.copy_bandwidth and cl.busy_cores:
         cpu = min(store, _node_sum(b, nodes, n) / (cl.copy_bandwidth * cl.cores))
-    meet = cl.round_seconds * (2 if res.two_level else 1)
-    proc += meet
+    proc += cl.round_seconds * meetings(res)
     x = nic + inj + proc
     if overlap:
         total = x + (rounds - 1) * max(x + cpu, store) + store
@@ -215,6 +220,14 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         cl.call_seconds, total + cl.call_seconds, int(res.msgs.max(initial=0)),
         int(sizes.min()) if len(sizes) else 0,
     )  # fmt: skip
+
+
+def meetings(res: SimResult) -> int:
+    """How many times per round the call's ranks wait for each other: a read agrees on
+    its status every round (one round behind), a two-level call's group waits for its
+    ranks' copies in the staging every round; a write's exchange agrees on nothing per
+    round (its sends are posted rounds ahead, its aggregators receive at their own pace)."""
+    return int(res.two_level) + int(not res.writing)
 
 
 def _packs(res: SimResult) -> bool:
