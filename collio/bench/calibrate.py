@@ -202,6 +202,9 @@ def _read_bandwidth(comm: MPI.Intracomm, directory: str | None) -> float:
             t0 = time.perf_counter()
             for at in range(0, _READ_BYTES, _WINDOW):
                 os.preadv(fd, [buf], comm.rank * _READ_BYTES + at)
+            # until the last rank is done: ranks sharing a core read one after another,
+            # and a rank's own reads would miss the time it waited for its turn
+            quiet_barrier(comm)
             times.append(time.perf_counter() - t0)
     finally:
         os.close(fd)

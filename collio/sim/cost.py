@@ -8,9 +8,9 @@ call's rounds); a round costs
 * ``injection``: the busiest node's inter-node bytes in or out over ``node_bandwidth``;
 * ``intra-node``: every message costs its receiving (and sending) process
   ``intra_message_seconds``, and bytes that stay on a node are copied by their
-  receiver at ``intra_bandwidth``, and every run (a piece of contiguous bytes) of an
-  aggregator's datatype ``run_seconds`` (a rank's part of a window is one run of its
-  buffer; a read's aggregator packs small runs instead, a copy); two-level calls add
+  receiver at ``intra_bandwidth``, and every run (a piece of contiguous bytes) an
+  aggregator takes or sends ``run_seconds`` (a datatype's block, or a run its read
+  packs; a rank's part of a window is one run of its buffer); two-level calls add
   the local stage (each rank copies its pieces of
   the round into, or out of, its group's shared staging at ``copy_bandwidth``, or
   ``intra_bandwidth`` where that is not counted, and ``run_seconds`` a piece; the
@@ -183,10 +183,10 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     per_sender = float(m.sum()) / len(senders)  # messages each source sends per round
     proc = max(float(m.max(initial=0)), per_sender) * cl.intra_message_seconds
     proc += float((b / n).max(initial=0)) / cl.intra_bandwidth
-    packs = not res.writing and _packs(res)
-    if cl.run_seconds and not packs:
-        # the most runs an aggregator's datatype holds in a round (a rank's part of a
-        # window is one run of its buffer, which holds its pieces in file order)
+    if cl.run_seconds:
+        # the most runs an aggregator takes or sends in a round, through its datatype or
+        # its packing (numpy's strided copy, a loop step a run as well); a rank's part of
+        # a window is one run of its buffer, which holds its pieces in file order
         proc += float((res.agg_pieces / nr).max(initial=0)) * cl.run_seconds
     if res.two_level:  # the local stage: every rank copies its own pieces of the round
         # into (out of) its group's shared staging, all ranks at once
@@ -195,9 +195,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         if cl.run_seconds:  # each piece a run of its copy
             stage = stage + res.group_runs / ranks * cl.run_seconds
         proc += float(stage.max(initial=0))
-    if cl.copy_bandwidth and packs:
-        # a read's aggregator packs small runs into one buffer before sending (a copy,
-        # instead of its datatype's runs)
+    if cl.copy_bandwidth and not res.writing and _packs(res):
+        # a read's aggregator packs small runs into one buffer before sending (a copy)
         proc += float(b.max(initial=0)) / cl.copy_bandwidth
     proc *= cl.oversubscribed
     store = max(float(b.max(initial=0)) / cl.aggregator_bandwidth,
