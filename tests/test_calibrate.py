@@ -88,22 +88,22 @@ def test_the_local_stage_pays_for_every_run_its_ranks_copy():
 def test_page_cache_copies_and_a_reads_packing_take_the_ranks_cores():
     """With every core busy (as many polling ranks as cores), the page cache's copy of a
     round's bytes adds to the exchange instead of hiding behind it, and a read's
-    aggregator packs small runs (one more copy); with a core per rank, or no copy
-    bandwidth given (a cluster's network storage), neither counts."""
-    from collio.exchange import PACK_MAX_RUN
-    from collio.sim.cost import PACK_MAX_RUN as SIM_PACK
-
-    assert SIM_PACK == PACK_MAX_RUN
+    aggregator sends messages of several runs packed (by collio or by MPI: one more
+    copy); with a core per rank, or no copy bandwidth given (a cluster's network
+    storage), neither counts."""
     small = make_workload("cyclic", 8, size="512", cyclic_block=8)  # runs of 64 bytes
     big = make_workload("colblock", 4, size="4096")  # rows of 8 KiB
-    hints = Hints(cb_buffer_size=65536, cb_two_level="disable")
+    rows = make_workload("rowblock", 4, size="4096")  # one run a message
+    hints = Hints(cb_buffer_size=65536, cb_two_level="disable", romio_cb_write="enable",
+                  romio_cb_read="enable")  # fmt: skip
     busy = Cluster(ppn=4, cores=2, target_bandwidth=1e9, aggregator_bandwidth=1e9, targets=1)
     copying = dataclasses.replace(busy, copy_bandwidth=2e9)
     assert busy.busy_cores and not Cluster(ppn=4).busy_cores
     assert not Cluster(ppn=4, cores=8).busy_cores
-    for work, packs in ((small, True), (big, False)):
+    for work, packs in ((small, True), (big, True), (rows, False)):
         for writing in (True, False):
             res = simulate(work, SimConfig(hints=hints, ppn=4, writing=writing))
+            assert not res.direct and res.rounds > 1
             a, b = predict(res, busy, "x"), predict(res, copying, "x")
             b_max = float((res.agg_bytes / res.agg_rounds.clip(1)).max())
             pack = b_max / 2e9 * busy.oversubscribed if packs and not writing else 0.0

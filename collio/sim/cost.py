@@ -37,8 +37,9 @@ round's bytes on the node's cores (at ``copy_bandwidth`` per core; 0 on the defa
 cluster, whose storage is across the network): when the node's ranks keep every core
 busy (as many ranks as cores or more, polling while they wait) that copy cannot hide
 behind the exchange, only the device's part of the storage can.  A read's aggregator
-packs pieces of small runs into one buffer before sending them (one more copy of its
-round's bytes at ``copy_bandwidth``, an on-node term).  Sources of an aggregator are taken spread
+sends a message of several runs packed, by collio (small runs) or by MPI (a sender's
+datatype is packed before it moves): one more copy of its round's bytes at
+``copy_bandwidth``, an on-node term.  Sources of an aggregator are taken spread
 evenly over the nodes.  The defaults describe a typical cluster (see :class:`Cluster`).
 """
 
@@ -53,10 +54,6 @@ import numpy as np
 from ..aggregators.select import AGGREGATOR_BANDWIDTH, STORAGE_TARGETS, TARGET_BANDWIDTH
 from ..bench.patterns import Workload, human
 from .simulator import SimConfig, SimResult, simulate
-
-#: Runs up to this many bytes a read's aggregator packs before sending:
-#: :data:`collio.exchange.PACK_MAX_RUN` (not imported: the simulator runs without MPI).
-PACK_MAX_RUN = 4096
 
 __all__ = [
     "STRATEGIES",
@@ -195,9 +192,12 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         if cl.run_seconds:  # each piece a run of its copy
             stage = stage + res.group_runs / ranks * cl.run_seconds
         proc += float(stage.max(initial=0))
-    if cl.copy_bandwidth and not res.writing and _packs(res):
-        # a read's aggregator packs small runs into one buffer before sending (a copy)
-        proc += float(b.max(initial=0)) / cl.copy_bandwidth
+    if cl.copy_bandwidth and not res.writing:
+        # a read's aggregator sends messages of several runs packed, by collio
+        # (small runs) or by MPI (a sender's datatype is packed before it moves): one
+        # more copy of those bytes
+        several = res.agg_pieces / nr >= 2 * m  # (a window's edge splits a run in two)
+        proc += float(b[several].max(initial=0)) / cl.copy_bandwidth
     proc *= cl.oversubscribed
     store = max(float(b.max(initial=0)) / cl.aggregator_bandwidth,
                 float(b.sum()) / (cl.targets * cl.target_bandwidth))  # fmt: skip
@@ -227,13 +227,6 @@ def meetings(res: SimResult) -> int:
     ranks' copies in the staging every round; a write's exchange agrees on nothing per
     round (its sends are posted rounds ahead, its aggregators receive at their own pace)."""
     return int(res.two_level) + int(not res.writing)
-
-
-def _packs(res: SimResult) -> bool:
-    """Whether the aggregators' pieces are small runs, which a read's aggregator packs
-    (:data:`PACK_MAX_RUN`): their mean length, bytes over pieces."""
-    pieces = float(res.agg_pieces.sum())
-    return pieces > 0 and float(res.agg_bytes.sum()) / pieces <= PACK_MAX_RUN
 
 
 def _direct(res: SimResult, cl: Cluster, strategy: str) -> Prediction:
