@@ -147,7 +147,7 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
     assert terms["message_seconds"] > 0 and terms["node_exchange_bandwidth"] > 0
     assert terms["round_seconds"] > 0 and terms["run_seconds"] >= 0
     assert terms["read_bandwidth"] > 0
-    # sampled before each pattern's calls and after the last: each term their median
+    # sampled before each run (the tiny calls first and last): each term their median
     samples = doc["term_samples"]
     assert len(samples) == len(PATTERNS) + 2
     assert terms == {k: statistics.median(t[k] for t in samples) for k in terms}
@@ -169,6 +169,7 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
         tiny = doc["runs"]["tiny"]["rows"]
         for api in (c["api"], "ceiling"):
             mine = [r["total"] for r in tiny if (r["api"], r["op"]) == (api, c["op"])]
+            assert len(mine) == 2 * 2  # two iterations, first and last
             assert doc["fixed_seconds"][f"{api} {c['op']}"] == statistics.median(mine)
         fixed = doc["fixed_seconds"][f"{c['api']} {c['op']}"]
         bare = dataclasses.replace(Cluster(**cl), call_seconds=0.0)

@@ -297,8 +297,8 @@ def predict_case(work: Any, used: dict[str, Any], op: str, cl: Any) -> Any:
 def calibrate(args: argparse.Namespace, workload: Any) -> int:
     """Collective over ``MPI.COMM_WORLD``: measure, run, predict; rank 0 prints and saves.
 
-    The terms are measured before each pattern's calls and after the last, and each
-    term's median is the one used (:func:`median_terms`).
+    The tiny calls run first and last, the terms are measured before each run, and the
+    medians of all are used (:func:`median_terms`).
     """
     from ..aggregators.nodes import ranks_per_node_from_env
 
@@ -322,7 +322,9 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
     samples: list[dict[str, float]] = []
     runs: dict[str, Any] = {}
     size = args.size
-    for pattern in ("tiny", *PATTERNS):
+    # the terms and the fixed costs are sampled before each pattern's calls and after the
+    # last, their medians used: a shared machine's load changes during the job
+    for pattern in ("tiny", *PATTERNS, "tiny"):
         samples.append(measure_terms(comm, nnodes))
         args.pattern, args.size = ("colblock", TINY) if pattern == "tiny" else (pattern, size)
         try:
@@ -333,11 +335,11 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
         what = "fixed costs: " if pattern == "tiny" else ""
         emit(f"== {what}{work.describe()}: {', '.join(apis)}, {iterations} iterations")
         runner, _, _ = run_bench(comm, cfg, emit)
+        rows = [dataclasses.asdict(r) for r in runner.rows]
         runs[pattern] = {"describe": work.describe(), "bytes": work.nbytes, "work": work,
-                         "rows": [dataclasses.asdict(r) for r in runner.rows],
-                         "hints_used": runner.hints_used,
-                         "medians": _medians(runner.rows, apis)}  # fmt: skip
-    samples.append(measure_terms(comm, nnodes))
+                         "rows": runs.get(pattern, {}).get("rows", []) + rows,
+                         "hints_used": runner.hints_used}  # fmt: skip
+        runs[pattern]["medians"] = _medians(runs[pattern]["rows"], apis)
     terms = median_terms(samples)
     emit(_describe_terms(terms, comm.size, nnodes, ppn))
     facts = machine_facts(comm, ".", copies)
@@ -422,10 +424,10 @@ def _cases(
     return out
 
 
-def _medians(rows: list[Any], apis: tuple[str, ...]) -> dict[tuple[str, str], float]:
+def _medians(rows: list[dict[str, Any]], apis: tuple[str, ...]) -> dict[tuple[str, str], float]:
     """Median barrier-to-barrier time by (API, operation)."""
     return {
-        (api, op): statistics.median(r.total for r in rows if (r.api, r.op) == (api, op))
+        (api, op): statistics.median(r["total"] for r in rows if (r["api"], r["op"]) == (api, op))
         for api in apis for op in ("write", "read")
     }  # fmt: skip
 
