@@ -203,3 +203,21 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
         line = f"{c['pattern']:<9} {c['api']:<17} {c['op']:<5}"
         assert any(ln.startswith(line) and ln.endswith("yes" if c["within"] else "no")
                    for ln in proc.stdout.splitlines()), line  # fmt: skip
+
+
+def test_a_reads_receiver_copies_its_round_from_every_aggregator():
+    """A read's bytes are copied by the rank that receives them: when a layout sends a
+    round's windows to a few ranks, the busiest of them sets the on-node copy, not an
+    aggregator's share; a write's aggregator receives (and copies) its window."""
+    work = make_workload("cyclic", 8, size="256", cyclic_block=8)
+    hints = Hints(cb_buffer_size=16384, cb_two_level="disable", min_rounds=1)
+    cl = Cluster(ppn=8, intra_bandwidth=1e9)
+    read = simulate(work, SimConfig(hints=hints, writing=False))
+    b = float((read.agg_bytes / read.agg_rounds).max())
+    assert read.rank_round_bytes > b
+    for writing in (True, False):
+        res = dataclasses.replace(read, writing=writing)
+        unknown = dataclasses.replace(res, rank_round_bytes=0)
+        extra = predict(res, cl, "x").intra - predict(unknown, cl, "x").intra
+        want = 0.0 if writing else (res.rank_round_bytes - b) / 1e9 * res.rounds
+        assert extra == pytest.approx(want)

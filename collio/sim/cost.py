@@ -8,7 +8,8 @@ call's rounds); a round costs
 * ``injection``: the busiest node's inter-node bytes in or out over ``node_bandwidth``;
 * ``intra-node``: every message costs its receiving (and sending) process
   ``intra_message_seconds``, and bytes that stay on a node are copied by their
-  receiver at ``intra_bandwidth``, and every run (a piece of contiguous bytes) an
+  receiver at ``intra_bandwidth`` (a write's aggregator; a read's busiest rank, which
+  may take a round's bytes from every aggregator), and every run (a piece of contiguous bytes) an
   aggregator takes or sends ``run_seconds`` (a datatype's block, or a run its read
   packs; a rank's part of a window is one run of its buffer); two-level calls add
   the local stage (each rank copies its pieces of
@@ -179,7 +180,13 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     senders = res.group_ranks if res.two_level else np.ones(max(res.nranks, 1))
     per_sender = float(m.sum()) / len(senders)  # messages each source sends per round
     proc = max(float(m.max(initial=0)), per_sender) * cl.intra_message_seconds
-    proc += float((b / n).max(initial=0)) / cl.intra_bandwidth
+    # its receiver copies a message: a write's aggregator, a read's rank (the busiest
+    # rank's bytes of a round, where the simulator knows them: a layout may send a
+    # round's windows to a few ranks)
+    recv = float(b.max(initial=0))
+    if not res.writing and res.rank_round_bytes:
+        recv = max(recv, float(res.rank_round_bytes))
+    proc += recv / n / cl.intra_bandwidth
     if cl.run_seconds:
         # the most runs an aggregator takes or sends in a round, through its datatype or
         # its packing (numpy's strided copy, a loop step a run as well); a rank's part of
