@@ -77,10 +77,11 @@ class Cluster:
     cost on such networks); the storage collio's default aggregator count is made for
     (:data:`~collio.aggregators.select.STORAGE_TARGETS` and its neighbours: 64 Lustre
     OSTs of 4 GB/s, 2 GB/s per client process); on a node 5 us per message and 4 GB/s
-    per process copying (MPICH's shared-memory transport; not calibrated: see
-    docs/design.md).  ``cores`` per node (0: one per rank, as on a cluster) scales the
-    CPU-bound intra-node terms when ranks outnumber cores; ``copy_bandwidth`` (0: not
-    counted) is one process's memory copy, the page cache's and a read's packing;
+    per process copying while every core copies (MPICH's shared-memory transport; not
+    calibrated: see docs/design.md).  ``cores`` per node (0: one per rank, as on a
+    cluster) scales the CPU-bound intra-node terms when ranks outnumber cores;
+    ``copy_bandwidth`` (0: not counted) is one process's memory copy, the page cache's
+    and a read's packing;
     ``collio-bench --calibrate`` measures every figure of this machine.
     """
 
