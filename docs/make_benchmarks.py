@@ -258,15 +258,12 @@ def calibration_terms(docs: dict[str, dict[str, Any]]) -> list[str]:
         fixed = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in doc["fixed_seconds"].items())
         out.append(
             f"- {doc['nranks']} ranks: one process copies at {t['copy_bandwidth'] / 1e9:.2f} GB/s, "
-            f"MPI moves {t.get('message_bandwidth', 0) / 1e9:.2f} GB/s between two and "
-            f"{t.get('node_exchange_bandwidth', 0) / 1e9:.2f} GB/s per node in a round, "
-            f"a run in a round costs {t.get('run_seconds', 0) * 1e9:.0f} ns a core, "
+            f"MPI moves {t.get('message_bandwidth', 0) / 1e9:.2f} GB/s between two, "
             f"a message costs {t['message_seconds'] * 1e6:.2f} us, the ranks meet in "
             f"{t.get('round_seconds', 0) * 1e3:.2f} ms, {int(t['cores_per_node'])} "
             f"core(s) per node for {doc['ppn']} ranks; the ceiling writes at "
-            f"{cl['write']['target_bandwidth'] / 1e6:.0f} MB/s beyond its fixed cost and the "
-            f"page cache reads a round's windows at "
-            f"{cl['read']['target_bandwidth'] / 1e6:.0f} MB/s; fixed "
+            f"{cl['write']['target_bandwidth'] / 1e6:.0f} MB/s and reads at "
+            f"{cl['read']['target_bandwidth'] / 1e6:.0f} MB/s beyond its fixed cost; fixed "
             f"costs (`{TINY_ARRAY}`): {fixed}"
         )
     return out
@@ -561,18 +558,14 @@ def calibration_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "`collio-bench --calibrate` measures the model's terms in the same job as the calls",
         "it predicts: one process's memory copy bandwidth (the page cache's copies, which",
         "cannot hide behind the exchange when the ranks keep every core busy, and a read's",
-        "packing of messages of several runs), a round's exchange as a round runs it (every",
-        "rank sending 1 MiB to every rank at once: a node's bytes per second, and a run's",
-        "cost in a received datatype), a small message's cost (two ranks, the others",
-        "asleep), the time the ranks take to meet (each sends every other a tiny message,",
-        "all polling: paid once per round where the call waits for its ranks, a read's",
-        "agreement and a two-level group's staging), the page cache's reads of a round's",
-        "window, the cores per node, the ceiling's write bandwidth beyond its fixed cost (the",
-        "storage), and each API's fixed cost (`fixed cost`: the median of its calls on a",
-        "64 x 64 array, less the one round the model prices in it). The terms are sampled",
-        "before each run and the tiny calls run first and last: their medians are used.",
-        "Then it runs the calls (4096 x 4096 float64; medians of open + transfer + fsync +",
-        "close), plans each with the simulator on the hints it used and prices the plan with",
+        "packing of small runs), MPI's bandwidth between two ranks",
+        "(the copy the model prices), a small message's cost and a run's (the",
+        "other ranks asleep), the time the ranks take to meet (each sends every other a tiny",
+        "message, all polling: paid once per round and stage), the cores per node, the",
+        "ceiling's write and read bandwidth beyond its fixed cost (the storage), and each",
+        "API's fixed cost (`fixed cost`: the median of its calls on a 64 x 64 array). Then it",
+        "runs the calls (4096 x 4096 float64; medians of open + transfer + fsync + close),",
+        "plans each with the simulator on the hints it used and prices the plan with",
         "`collio.sim.cost` on that cluster, in which a node's ranks share its cores (emulated",
         "nodes share the machine's) and a node's link is its memory.",
         "",
