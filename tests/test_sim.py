@@ -333,3 +333,36 @@ def test_simulator_imports_no_engine_internals():
     assert [m for m in loaded if not m.startswith(PURE)] == []
     assert "collio.bench.cli" in loaded  # (the package's __init__: argparse only)
     assert not [m for m in loaded if m.startswith(("collio.bench.run", "collio.bench.apis"))]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "nranks", "method"),
+    [("cyclic", 8, "explicit"), ("cyclic", 8, "auto"), ("colblock", 4, "auto"),
+     ("block2d", 6, "explicit")],
+)  # fmt: skip
+def test_a_reads_busiest_rank_of_a_round_is_the_real_plans(pattern, nranks, method):
+    """The most bytes one rank has in one round (the k-th windows of every domain), from
+    the real sender plans of every rank's listed runs: a block-cyclic read of 8 ranks
+    sends each round's windows to the 2 ranks of one grid row."""
+    # (block-cyclic: a domain of 4 block rows, a window of one)
+    work = make_workload(pattern, nranks, size="256", cyclic_block=8)
+    hints = Hints(cb_buffer_size=16384, cb_two_level="disable", min_rounds=1)
+    res = simulate(work, SimConfig(hints=hints, writing=False, method=method))
+    runs = [work.layout(r).runs() for r in range(nranks)]
+    lo = min(int(r.file[0]) for r in runs)
+    hi = max(int((r.file + r.length).max()) for r in runs)
+    bounds = file_domains(lo, hi, res.naggs, 1)
+    assert np.array_equal(bounds, res.bounds)
+    most = 0
+    for r in runs:
+        sp = plan_sender(r, bounds, res.window)
+        dom = np.searchsorted(bounds[1:-1], sp.pieces.file, side="right")
+        rnd = (sp.pieces.file - bounds[dom]) // res.window
+        most = max(most, int(np.bincount(rnd, weights=sp.pieces.length).max()))
+    assert res.rank_round_bytes == most > 0
+    if pattern == "cyclic":  # a whole round's windows to one grid row's 2 ranks
+        per_agg = int((res.agg_bytes / res.agg_rounds).max())
+        assert most == res.naggs * per_agg // 2
+    # a sample of windows holds parts of rounds: not known then
+    sampled = simulate(work, SimConfig(hints=hints, writing=False, method="sampled"))
+    assert sampled.rank_round_bytes == 0

@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import os
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -43,7 +44,15 @@ from .main import emitter, failed, machine_facts, single_copies
 from .report import write_json
 from .run import BenchConfig, balanced_orders, run_bench
 
-__all__ = ["PATTERNS", "TINY", "TOLERANCE", "calibrate", "cluster_for", "measure_terms"]
+__all__ = [
+    "PATTERNS",
+    "TINY",
+    "TOLERANCE",
+    "calibrate",
+    "cluster_for",
+    "measure_terms",
+    "median_terms",
+]
 
 #: The decompositions checked: few large runs per rank, and many small ones.
 PATTERNS = ("colblock", "cyclic")
@@ -55,7 +64,10 @@ _COPY_BYTES = 64 << 20  # past every cache: the copies of a round are megabytes
 _MESSAGE_BYTES = 256  # the small pieces a block-cyclic round is made of
 _MESSAGES = 2000
 _MEETINGS = 30
-_RUNS = 16384  # a block-cyclic round's runs at an aggregator
+_PAIR_BYTES = 1 << 20  # a column-block round's message from a rank to an aggregator
+_EXCHANGES = 9
+_WINDOW = 4 << 20  # a round's window: an aggregator's read request
+_READ_BYTES = 32 << 20  # per rank
 
 
 def _one_rank(comm: MPI.Intracomm, ranks: tuple[int, ...], work: Any) -> float:
@@ -118,22 +130,6 @@ def _message_seconds(comm: MPI.Intracomm) -> float:
     return statistics.median(runs)
 
 
-def _run_seconds(comm: MPI.Intracomm) -> float:
-    """What one run of a message costs beyond its bytes, rank 0 to rank 1: the same
-    bytes as :data:`_RUNS` runs of :data:`_MESSAGE_BYTES` apart, and contiguous."""
-    nbytes = _RUNS * _MESSAGE_BYTES
-    buf = np.zeros(2 * nbytes, np.uint8)
-    disp = np.arange(_RUNS, dtype=np.int64) * (2 * _MESSAGE_BYTES)
-    runs = MPI.BYTE.Create_hindexed_block(_MESSAGE_BYTES, disp.tolist()).Commit()
-    out = {}
-    try:
-        for name, spec in (("runs", [buf, 1, runs]), ("bytes", [buf[:nbytes], MPI.BYTE])):
-            out[name] = _one_way(comm, spec, buf[:1])
-    finally:
-        runs.Free()
-    return max(out["runs"] - out["bytes"], 0.0) / _RUNS
-
-
 def _meeting_seconds(comm: MPI.Intracomm) -> float:
     """Collective over `comm`: the slowest rank's median time for every rank to send a
     tiny message to every other and receive theirs, every rank polling as in a round."""
@@ -152,21 +148,107 @@ def _meeting_seconds(comm: MPI.Intracomm) -> float:
     return float(comm.allreduce(statistics.median(times), op=MPI.MAX))
 
 
+def _exchange_seconds(comm: MPI.Intracomm, runs: bool) -> float:
+    """Collective over `comm`: the slowest rank's median time of a round's exchange,
+    every rank sending :data:`_PAIR_BYTES` to every rank (itself too) at once, all
+    polling; with ``runs``, each message received as runs of :data:`_MESSAGE_BYTES`
+    apart (a write's aggregator receives a round's small pieces so).
+
+    A round's copies run on every core at once and share the memory: one pair alone
+    (:func:`_message_bandwidth`, the others asleep) moves bytes faster than each of
+    them does in a round.
+    """
+    p, n = comm.size, _PAIR_BYTES
+    src = np.ones(p * n, np.uint8)
+    dst = np.zeros(2 * p * n, np.uint8)
+    vec = MPI.BYTE.Create_vector(n // _MESSAGE_BYTES, _MESSAGE_BYTES, 2 * _MESSAGE_BYTES)
+    vec.Commit()
+    times = []
+    try:
+        for _ in range(_EXCHANGES):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            reqs = []
+            for d in range(p):
+                to, frm = (comm.rank + d) % p, (comm.rank - d) % p
+                part = dst[2 * frm * n :]
+                reqs.append(comm.Irecv([part, 1, vec] if runs else part[:n], source=frm))
+                reqs.append(comm.Isend(src[to * n : (to + 1) * n], dest=to))
+            MPI.Request.Waitall(reqs)
+            times.append(time.perf_counter() - t0)
+    finally:
+        vec.Free()
+    return float(comm.allreduce(statistics.median(times), op=MPI.MAX))
+
+
+def _read_bandwidth(comm: MPI.Intracomm, directory: str | None) -> float:
+    """Collective over `comm`: bytes per second the host reads from a file in the page
+    cache, every rank reading its :data:`_READ_BYTES` in :data:`_WINDOW` requests into
+    one buffer at once, as aggregators read their rounds (a larger request, as the
+    ceiling's, is slower: its buffer is past the caches)."""
+    path = None
+    if comm.rank == 0:
+        fd, path = tempfile.mkstemp(prefix="collio-calibrate-", dir=directory)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(np.ones(comm.size * _READ_BYTES, np.uint8).tobytes())
+    path = comm.bcast(path, root=0)
+    assert path is not None
+    buf = memoryview(np.ones(_WINDOW, np.uint8))  # type: ignore[arg-type]
+    fd = os.open(path, os.O_RDONLY)
+    times = []
+    try:
+        for _ in range(5):
+            quiet_barrier(comm)
+            t0 = time.perf_counter()
+            for at in range(0, _READ_BYTES, _WINDOW):
+                os.preadv(fd, [buf], comm.rank * _READ_BYTES + at)
+            # until the last rank is done: ranks sharing a core read one after another,
+            # and a rank's own reads would miss the time it waited for its turn
+            quiet_barrier(comm)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        quiet_barrier(comm)
+        if comm.rank == 0:
+            os.unlink(path)
+    took = float(comm.allreduce(statistics.median(times), op=MPI.MAX))
+    return comm.size * _READ_BYTES / took
+
+
 def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
     """Collective over `comm`: copy bandwidth, message cost, the time ranks take to meet
-    (a round's synchronisation) and cores per node, here."""
+    (a round's synchronisation), a round's exchange (its bytes and its runs) and reads,
+    and cores per node, here.
+
+    A round's exchange is measured as a round runs it, every rank at once, and its
+    figures are per core: a node's bytes (``node_exchange_bandwidth``) and runs
+    (``run_seconds``) are shared by its cores, whatever ranks it runs in turns.
+    """
     copy = _one_rank(comm, (0,), _copy_bandwidth)
     mbw = _one_rank(comm, (0, 1), lambda: _message_bandwidth(comm)) if comm.size > 1 else copy
     meet = _meeting_seconds(comm) if comm.size > 1 else 0.0
-    run = _one_rank(comm, (0, 1), lambda: _run_seconds(comm)) if comm.size > 1 else 0.0
+    whole, pieces = _exchange_seconds(comm, False), _exchange_seconds(comm, True)
+    rbw = _read_bandwidth(comm, None)
     msg = _one_rank(comm, (0, 1), lambda: _message_seconds(comm)) if comm.size > 1 else 0.0
     hosts = len(set(comm.allgather(MPI.Get_processor_name())))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # emulated nodes on one host share its cores
     per_node = max(1, (cores or 1) * hosts // max(nnodes, 1))
+    turns = max(1.0, comm.size / max(nnodes, 1) / per_node)  # ranks sharing a core
+    moved = comm.size * comm.size * _PAIR_BYTES
+    runs = comm.size * _PAIR_BYTES // _MESSAGE_BYTES  # each rank's in one exchange
     return {"copy_bandwidth": copy, "message_bandwidth": mbw, "message_seconds": msg,
-            "cores_per_node": per_node, "round_seconds": meet, "run_seconds": run,
-            "host_cores": float(cores or 1), "hosts": float(hosts)}  # fmt: skip
+            "cores_per_node": per_node, "round_seconds": meet,
+            "run_seconds": max(pieces - whole, 0.0) / (runs * turns),
+            "host_cores": float(cores or 1), "hosts": float(hosts),
+            "node_exchange_bandwidth": moved / max(whole - meet, 0.5 * whole) / max(nnodes, 1),
+            "read_bandwidth": rbw}  # fmt: skip
+
+
+def median_terms(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Each term's median over samples taken through the job (a shared machine's load
+    changes during it, for the terms as for the calls)."""
+    return {k: float(statistics.median(t[k] for t in samples)) for k in samples[0]}
 
 
 def cluster_for(
@@ -174,22 +256,22 @@ def cluster_for(
 ) -> Any:
     """The cost model's cluster for this machine: its nodes' link is its memory.
 
-    A process receives bytes at ``message_bandwidth`` (MPI's copy between processes,
-    not numpy's ``copy_bandwidth`` within one) and pays ``message_seconds`` per message;
-    a node moves bytes and messages on all its cores at once; a round's ranks take
-    ``round_seconds`` to meet (measured with all of them polling); storage is one target
-    of the ceiling's bandwidth, which one aggregator alone can reach as well, its page
-    cache copying at ``copy_bandwidth`` per core (a read's packing too); a call costs
-    ``call_seconds`` besides.
+    A node moves a round's bytes at ``node_exchange_bandwidth`` (all its ranks
+    exchanging at once, as in a round: each of its cores a share), whether they stay on
+    it or not, and a process pays ``message_seconds`` per message; a round's ranks
+    take ``round_seconds`` to meet (measured with all of them polling); storage is one
+    target of ``storage_bandwidth``, which one aggregator alone can reach as well, its
+    page cache copying at ``copy_bandwidth`` per core (a read's packing too); a call
+    costs ``call_seconds`` besides.
     """
     from ..sim import Cluster
 
     cores = int(terms["cores_per_node"])
+    node = terms["node_exchange_bandwidth"]
     return Cluster(
-        ppn=ppn, node_bandwidth=terms["message_bandwidth"] * cores,
-        message_seconds=terms["message_seconds"] / cores, target_bandwidth=storage_bandwidth,
-        targets=1, aggregator_bandwidth=storage_bandwidth,
-        intra_message_seconds=terms["message_seconds"], intra_bandwidth=terms["message_bandwidth"],
+        ppn=ppn, node_bandwidth=node, message_seconds=terms["message_seconds"] / cores,
+        target_bandwidth=storage_bandwidth, targets=1, aggregator_bandwidth=storage_bandwidth,
+        intra_message_seconds=terms["message_seconds"], intra_bandwidth=node / cores,
         cores=cores, call_seconds=call_seconds, round_seconds=terms["round_seconds"],
         run_seconds=terms["run_seconds"], copy_bandwidth=terms["copy_bandwidth"],
     )  # fmt: skip
@@ -213,7 +295,11 @@ def predict_case(work: Any, used: dict[str, Any], op: str, cl: Any) -> Any:
 
 
 def calibrate(args: argparse.Namespace, workload: Any) -> int:
-    """Collective over ``MPI.COMM_WORLD``: measure, run, predict; rank 0 prints and saves."""
+    """Collective over ``MPI.COMM_WORLD``: measure, run, predict; rank 0 prints and saves.
+
+    The tiny calls run first and last, the terms are measured before each run, and the
+    medians of all are used (:func:`median_terms`).
+    """
     from ..aggregators.nodes import ranks_per_node_from_env
 
     comm = MPI.COMM_WORLD
@@ -223,9 +309,8 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
     except ValueError as exc:
         return failed(comm, exc, 2)
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    ppn = k or shared.size
+    ppn = min(k or shared.size, comm.size)
     shared.Free()
-    ppn = min(ppn, comm.size)
     nnodes = -(-comm.size // ppn)
     apis: tuple[str, ...] = ("collio-one-level", "collio-two-level", "ceiling")
     if nnodes == 1:
@@ -233,22 +318,14 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
     cycle = len(balanced_orders(len(apis)))
     iterations = args.iterations or cycle * -(-5 // cycle)
     copies = single_copies(comm)
-    terms = measure_terms(comm, nnodes)
-    emit(
-        f"collio-bench --calibrate: {comm.size} ranks as {nnodes} node(s) of {ppn}, "
-        f"{int(terms['cores_per_node'])} core(s) per node; one process copies at "
-        f"{terms['copy_bandwidth'] / 1e9:.2f} GB/s, MPI moves "
-        f"{terms['message_bandwidth'] / 1e9:.2f} GB/s between two, a message costs "
-        f"{terms['message_seconds'] * 1e6:.2f} us, a run in one "
-        f"{terms['run_seconds'] * 1e9:.0f} ns, ranks meet in "
-        f"{terms['round_seconds'] * 1e3:.2f} ms"
-    )
-    runs: dict[str, Any] = {}
-    cases: list[dict[str, Any]] = []
     t0 = time.perf_counter()
+    samples: list[dict[str, float]] = []
+    runs: dict[str, Any] = {}
     size = args.size
-    fixed: dict[tuple[str, str], float] = {}
-    for pattern in ("tiny", *PATTERNS):
+    # the terms and the fixed costs are sampled before each pattern's calls and after the
+    # last, their medians used: a shared machine's load changes during the job
+    for pattern in ("tiny", *PATTERNS, "tiny"):
+        samples.append(measure_terms(comm, nnodes))
         args.pattern, args.size = ("colblock", TINY) if pattern == "tiny" else (pattern, size)
         try:
             work = workload(args, comm.size)
@@ -258,33 +335,24 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
         what = "fixed costs: " if pattern == "tiny" else ""
         emit(f"== {what}{work.describe()}: {', '.join(apis)}, {iterations} iterations")
         runner, _, _ = run_bench(comm, cfg, emit)
-        if comm.rank != 0:
-            continue
-        medians = _medians(runner.rows, apis)
-        runs[pattern] = {"describe": work.describe(), "bytes": work.nbytes,
-                         "rows": [dataclasses.asdict(r) for r in runner.rows],
+        rows = [dataclasses.asdict(r) for r in runner.rows]
+        runs[pattern] = {"describe": work.describe(), "bytes": work.nbytes, "work": work,
+                         "rows": runs.get(pattern, {}).get("rows", []) + rows,
                          "hints_used": runner.hints_used}  # fmt: skip
-        if pattern == "tiny":
-            fixed = medians
-            continue
-        for op in ("write", "read"):
-            ceiling = medians[("ceiling", op)]
-            # the ceiling's own fixed cost is no part of the storage's bandwidth
-            moving = max(ceiling - fixed[("ceiling", op)], 1e-3 * ceiling)
-            for api in apis[:-1]:
-                cl = cluster_for(terms, ppn, work.nbytes / moving, fixed[(api, op)])
-                res, p = predict_case(work, runner.hints_used[api], op, cl)
-                measured = medians[(api, op)]
-                ratio = p.predicted_seconds / measured
-                cases.append({
-                    "pattern": pattern, "api": api, "op": op, "measured_seconds": measured,
-                    "predicted_seconds": p.predicted_seconds, "ratio": ratio,
-                    "within": abs(ratio - 1.0) <= TOLERANCE, "two_level": res.two_level,
-                    "aggregators": res.naggs, "terms": p.as_dict(), "cluster": cl.as_dict(),
-                    "ceiling_seconds": ceiling, "ceiling_fixed_seconds": fixed[("ceiling", op)],
-                })  # fmt: skip
+        runs[pattern]["medians"] = _medians(runs[pattern]["rows"], apis)
+    terms = median_terms(samples)
+    emit(_describe_terms(terms, comm.size, nnodes, ppn))
     facts = machine_facts(comm, ".", copies)
     if comm.rank == 0:
+        fixed = runs["tiny"]["medians"]
+        tiny = (runs["tiny"]["work"], runs["tiny"]["hints_used"])
+        cases = []
+        for pattern in PATTERNS:
+            r = runs[pattern]
+            cases += _cases(pattern, r["work"], r["medians"], fixed, tiny, r["hints_used"],
+                            terms, ppn, apis)  # fmt: skip
+        for r in runs.values():
+            del r["work"], r["medians"]
         print(format_cases(cases))
         if args.json:
             from .machine import command
@@ -292,6 +360,7 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
             write_json(args.json, {
                 "command": command(), "nranks": comm.size, "nodes": nnodes, "ppn": ppn,
                 "iterations": iterations, "tolerance": TOLERANCE, "terms": terms,
+                "term_samples": samples,
                 "fixed_seconds": {f"{a} {op}": v for (a, op), v in fixed.items()},
                 "cases": cases, "runs": runs, "machine": facts,
                 "seconds": time.perf_counter() - t0,
@@ -299,10 +368,66 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
     return 0
 
 
-def _medians(rows: list[Any], apis: tuple[str, ...]) -> dict[tuple[str, str], float]:
+def _describe_terms(terms: dict[str, float], nranks: int, nnodes: int, ppn: int) -> str:
+    return (
+        f"collio-bench --calibrate: {nranks} ranks as {nnodes} node(s) of {ppn}, "
+        f"{int(terms['cores_per_node'])} core(s) per node; one process copies at "
+        f"{terms['copy_bandwidth'] / 1e9:.2f} GB/s, MPI moves "
+        f"{terms['message_bandwidth'] / 1e9:.2f} GB/s between two and "
+        f"{terms['node_exchange_bandwidth'] / 1e9:.2f} GB/s per node in a round, reads "
+        f"{terms['read_bandwidth'] / 1e9:.2f} GB/s from the page cache, a message costs "
+        f"{terms['message_seconds'] * 1e6:.2f} us, a run in a round "
+        f"{terms['run_seconds'] * 1e9:.0f} ns a core, ranks meet in "
+        f"{terms['round_seconds'] * 1e3:.2f} ms (medians of {len(PATTERNS) + 2} samples)"
+    )
+
+
+def _cases(
+    pattern: str,
+    work: Any,
+    medians: dict[tuple[str, str], float],
+    fixed: dict[tuple[str, str], float],
+    tiny: tuple[Any, dict[str, Any]],
+    hints_used: dict[str, Any],
+    terms: dict[str, float],
+    ppn: int,
+    apis: tuple[str, ...],
+) -> list[dict[str, Any]]:
+    """Predicted against measured for one pattern's calls (``apis`` less the ceiling).
+
+    Storage: a write's is the ceiling's bandwidth beyond its fixed cost (the device
+    syncing); a read's the page cache's for a round's requests (``read_bandwidth``).
+    A call's fixed cost is its tiny call's time less what the model prices in that
+    call (its one round), which the call's own rounds pay again.
+    """
+    out = []
+    for op in ("write", "read"):
+        ceiling = medians[("ceiling", op)]
+        # the ceiling's own fixed cost is no part of the storage's bandwidth
+        moving = max(ceiling - fixed[("ceiling", op)], 1e-3 * ceiling)
+        storage = work.nbytes / moving if op == "write" else terms["read_bandwidth"]
+        for api in apis[:-1]:
+            bare = cluster_for(terms, ppn, storage, 0.0)
+            own = predict_case(tiny[0], tiny[1][api], op, bare)[1].predicted_seconds
+            cl = dataclasses.replace(bare, call_seconds=max(fixed[(api, op)] - own, 0.0))
+            res, p = predict_case(work, hints_used[api], op, cl)
+            measured = medians[(api, op)]
+            ratio = p.predicted_seconds / measured
+            out.append({
+                "pattern": pattern, "api": api, "op": op, "measured_seconds": measured,
+                "predicted_seconds": p.predicted_seconds, "ratio": ratio,
+                "within": abs(ratio - 1.0) <= TOLERANCE, "two_level": res.two_level,
+                "aggregators": res.naggs, "terms": p.as_dict(), "cluster": cl.as_dict(),
+                "ceiling_seconds": ceiling, "ceiling_fixed_seconds": fixed[("ceiling", op)],
+                "tiny_predicted_seconds": own,
+            })  # fmt: skip
+    return out
+
+
+def _medians(rows: list[dict[str, Any]], apis: tuple[str, ...]) -> dict[tuple[str, str], float]:
     """Median barrier-to-barrier time by (API, operation)."""
     return {
-        (api, op): statistics.median(r.total for r in rows if (r.api, r.op) == (api, op))
+        (api, op): statistics.median(r["total"] for r in rows if (r["api"], r["op"]) == (api, op))
         for api in apis for op in ("write", "read")
     }  # fmt: skip
 

@@ -8,9 +8,11 @@ call's rounds); a round costs
 * ``injection``: the busiest node's inter-node bytes in or out over ``node_bandwidth``;
 * ``intra-node``: every message costs its receiving (and sending) process
   ``intra_message_seconds``, and bytes that stay on a node are copied by their
-  receiver at ``intra_bandwidth``, and every run (a piece of contiguous bytes) in a
-  message ``run_seconds`` at its sender and at its receiver (a datatype's block or a
-  packed run); two-level calls add the local stage (each rank copies its pieces of
+  receiver at ``intra_bandwidth`` (a write's aggregator; a read's busiest rank, which
+  may take a round's bytes from every aggregator), and every run (a piece of contiguous bytes) an
+  aggregator takes or sends ``run_seconds`` (a datatype's block, or a run its read
+  packs; a rank's part of a window is one run of its buffer); two-level calls add
+  the local stage (each rank copies its pieces of
   the round into, or out of, its group's shared staging at ``copy_bandwidth``, or
   ``intra_bandwidth`` where that is not counted, and ``run_seconds`` a piece; the
   ranks of a group copy at once);
@@ -20,8 +22,9 @@ call's rounds); a round costs
 A call also costs ``call_seconds`` whatever its size (opening, planning, agreeing,
 syncing and closing; 0 on the default cluster, where a call's data dominates).
 
-Every round also costs ``round_seconds`` per stage (two-level calls have two: the
-local aggregators' and the exchange), the time for ranks to meet: on a cluster the
+Every round also costs ``round_seconds`` per time its ranks wait for each other
+(:func:`meetings`: a read's status agreement, a two-level call's staging; a write's
+exchange agrees on nothing per round), the time for ranks to meet: on a cluster the
 message terms hold it (0), but ranks that outnumber their cores and poll for messages
 wait for each other's turns on a core.
 
@@ -35,8 +38,9 @@ round's bytes on the node's cores (at ``copy_bandwidth`` per core; 0 on the defa
 cluster, whose storage is across the network): when the node's ranks keep every core
 busy (as many ranks as cores or more, polling while they wait) that copy cannot hide
 behind the exchange, only the device's part of the storage can.  A read's aggregator
-packs pieces of small runs into one buffer before sending them (one more copy of its
-round's bytes at ``copy_bandwidth``, an on-node term).  Sources of an aggregator are taken spread
+sends a message of several runs packed, by collio (small runs) or by MPI (a sender's
+datatype is packed before it moves): one more copy of its round's bytes at
+``copy_bandwidth``, an on-node term.  Sources of an aggregator are taken spread
 evenly over the nodes.  The defaults describe a typical cluster (see :class:`Cluster`).
 """
 
@@ -52,15 +56,12 @@ from ..aggregators.select import AGGREGATOR_BANDWIDTH, STORAGE_TARGETS, TARGET_B
 from ..bench.patterns import Workload, human
 from .simulator import SimConfig, SimResult, simulate
 
-#: Runs up to this many bytes a read's aggregator packs before sending:
-#: :data:`collio.exchange.PACK_MAX_RUN` (not imported: the simulator runs without MPI).
-PACK_MAX_RUN = 4096
-
 __all__ = [
     "STRATEGIES",
     "Cluster",
     "Prediction",
     "format_predictions",
+    "meetings",
     "predict",
     "predictions_json",
     "strategies",
@@ -76,10 +77,11 @@ class Cluster:
     cost on such networks); the storage collio's default aggregator count is made for
     (:data:`~collio.aggregators.select.STORAGE_TARGETS` and its neighbours: 64 Lustre
     OSTs of 4 GB/s, 2 GB/s per client process); on a node 5 us per message and 4 GB/s
-    per process copying (MPICH's shared-memory transport; not calibrated: see
-    docs/design.md).  ``cores`` per node (0: one per rank, as on a cluster) scales the
-    CPU-bound intra-node terms when ranks outnumber cores; ``copy_bandwidth`` (0: not
-    counted) is one process's memory copy, the page cache's and a read's packing;
+    per process copying while every core copies (MPICH's shared-memory transport; not
+    calibrated: see docs/design.md).  ``cores`` per node (0: one per rank, as on a
+    cluster) scales the CPU-bound intra-node terms when ranks outnumber cores;
+    ``copy_bandwidth`` (0: not counted) is one process's memory copy, the page cache's
+    and a read's packing;
     ``collio-bench --calibrate`` measures every figure of this machine.
     """
 
@@ -179,10 +181,18 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     senders = res.group_ranks if res.two_level else np.ones(max(res.nranks, 1))
     per_sender = float(m.sum()) / len(senders)  # messages each source sends per round
     proc = max(float(m.max(initial=0)), per_sender) * cl.intra_message_seconds
-    proc += float((b / n).max(initial=0)) / cl.intra_bandwidth
-    if cl.run_seconds:  # the most runs an aggregator takes, or a rank sends, in a round
-        pieces = float((res.agg_pieces / nr).max(initial=0))
-        proc += max(pieces, res.rank_runs_max / rounds) * cl.run_seconds
+    # its receiver copies a message: a write's aggregator, a read's rank (the busiest
+    # rank's bytes of a round, where the simulator knows them: a layout may send a
+    # round's windows to a few ranks)
+    recv = float(b.max(initial=0))
+    if not res.writing and res.rank_round_bytes:
+        recv = max(recv, float(res.rank_round_bytes))
+    proc += recv / n / cl.intra_bandwidth
+    if cl.run_seconds:
+        # the most runs an aggregator takes or sends in a round, through its datatype or
+        # its packing (numpy's strided copy, a loop step a run as well); a rank's part of
+        # a window is one run of its buffer, which holds its pieces in file order
+        proc += float((res.agg_pieces / nr).max(initial=0)) * cl.run_seconds
     if res.two_level:  # the local stage: every rank copies its own pieces of the round
         # into (out of) its group's shared staging, all ranks at once
         ranks = np.maximum(res.group_ranks, 1) * rounds
@@ -190,9 +200,12 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         if cl.run_seconds:  # each piece a run of its copy
             stage = stage + res.group_runs / ranks * cl.run_seconds
         proc += float(stage.max(initial=0))
-    if cl.copy_bandwidth and not res.writing and _packs(res):
-        # a read's aggregator packs small runs into one buffer before sending (a copy)
-        proc += float(b.max(initial=0)) / cl.copy_bandwidth
+    if cl.copy_bandwidth and not res.writing:
+        # a read's aggregator sends messages of several runs packed, by collio
+        # (small runs) or by MPI (a sender's datatype is packed before it moves): one
+        # more copy of those bytes
+        several = res.agg_pieces / nr >= 2 * m  # (a window's edge splits a run in two)
+        proc += float(b[several].max(initial=0)) / cl.copy_bandwidth
     proc *= cl.oversubscribed
     store = max(float(b.max(initial=0)) / cl.aggregator_bandwidth,
                 float(b.sum()) / (cl.targets * cl.target_bandwidth))  # fmt: skip
@@ -201,8 +214,7 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     cpu = 0.0
     if cl.copy_bandwidth and cl.busy_cores:
         cpu = min(store, _node_sum(b, nodes, n) / (cl.copy_bandwidth * cl.cores))
-    meet = cl.round_seconds * (2 if res.two_level else 1)
-    proc += meet
+    proc += cl.round_seconds * meetings(res)
     x = nic + inj + proc
     if overlap:
         total = x + (rounds - 1) * max(x + cpu, store) + store
@@ -217,11 +229,12 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     )  # fmt: skip
 
 
-def _packs(res: SimResult) -> bool:
-    """Whether the aggregators' pieces are small runs, which a read's aggregator packs
-    (:data:`PACK_MAX_RUN`): their mean length, bytes over pieces."""
-    pieces = float(res.agg_pieces.sum())
-    return pieces > 0 and float(res.agg_bytes.sum()) / pieces <= PACK_MAX_RUN
+def meetings(res: SimResult) -> int:
+    """How many times per round the call's ranks wait for each other: a read agrees on
+    its status every round (one round behind), a two-level call's group waits for its
+    ranks' copies in the staging every round; a write's exchange agrees on nothing per
+    round (its sends are posted rounds ahead, its aggregators receive at their own pace)."""
+    return int(res.two_level) + int(not res.writing)
 
 
 def _direct(res: SimResult, cl: Cluster, strategy: str) -> Prediction:

@@ -110,6 +110,8 @@ class SimResult:
     local_per_node: int = 0
     group_ranks: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     group_bytes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    #: Most bytes one rank has in one round (0: not known, beyond the evaluation budget).
+    rank_round_bytes: int = 0
     #: Runs of each local aggregator's ranks (its pieces in its staging buffer).
     group_runs: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     agg_nodes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
@@ -297,9 +299,10 @@ def _two_phase(
     # two levels: an aggregator hears from local aggregators, each sending its group's
     # pieces of a window as the group's ranks' union
     sources = groups.group[owner] if groups is not None else owner
-    counts, method, evaluated = _evaluate(blocks, sources, grid, cfg.budget, cfg.method, tiled)
+    counts, method, evaluated = _evaluate(blocks, sources, grid, cfg, tiled)
     res = _assemble(work, cfg, grid, counts, method, evaluated, tiled, total, ext)
     res.nnodes, res.local_per_node, res.agg_nodes = nnodes, per, nodes[aggs]
+    res.rank_round_bytes = counts.rank_round if groups is None else 0
     if groups is not None:
         res.group_ranks = np.bincount(groups.group, minlength=groups.ngroups).astype(np.int64)
         res.group_bytes = np.bincount(
@@ -312,9 +315,11 @@ def _two_phase(
 
 
 def _evaluate(
-    blocks: Blocks, owner: I64, grid: Grid, budget: int, force: str, tiled: bool
+    blocks: Blocks, owner: I64, grid: Grid, cfg: SimConfig, tiled: bool
 ) -> tuple[WindowCounts, str, I64]:
-    """Choose the exact method that fits the budget, else sample windows."""
+    """Choose the exact method that fits the budget, else sample windows (a read's
+    busiest rank of a round too, where every pair fits the budget)."""
+    budget, force = cfg.budget, cfg.method
     nw = grid.nwindows
     every = np.arange(nw, dtype=np.int64)
     b0, b1 = blocks.extent()
@@ -328,6 +333,8 @@ def _evaluate(
         # or sub-boxes cut at gaps shorter than a window (they may share one)
         multi = bool((np.bincount(owner) > 1).any()) or (cut < grid.window and bool(levels.any()))
         counts = exploded_intervals(blocks, owner, grid, levels, dedupe=multi, tiled=tiled)
+        if not cfg.writing and explicit_cost <= budget:  # (intervals know no rank's)
+            counts.rank_round = explicit(blocks, owner, grid, every).rank_round
         return counts, "interval", every
     if force == "explicit" or (force == "auto" and explicit_cost <= budget):
         return explicit(blocks, owner, grid, every), "explicit", every
@@ -336,6 +343,7 @@ def _evaluate(
     take = int(min(nw, max(64, budget // per_window)))
     sample = np.unique(np.linspace(0, nw - 1, take).astype(np.int64))
     counts = explicit(blocks, owner, grid, sample)
+    counts.rank_round = 0  # (a sample holds parts of rounds)
     if tiled:  # every byte of a domain is written: its bytes are its size
         counts.dom_bytes = np.diff(grid.bounds).astype(np.int64)
         counts.dom_runs = _scaled_runs(grid, sample, counts.runs)

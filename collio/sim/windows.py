@@ -77,6 +77,9 @@ class WindowCounts:
     rhi: I64
     dom_bytes: I64
     dom_runs: I64
+    #: Most bytes one rank has in one round (the k-th windows of every domain), when
+    #: every window is evaluated (:func:`explicit`); 0: not known.
+    rank_round: int = 0
 
     @classmethod
     def zeros(cls, n: int, naggs: int) -> WindowCounts:
@@ -134,6 +137,7 @@ def explicit(blocks: Blocks, owner: I64, grid: Grid, windows: I64) -> WindowCoun
     wf = np.searchsorted(we, b0, side="right").astype(np.int64)
     wl = np.searchsorted(ws, b1, side="left").astype(np.int64) - 1
     nranks_all = int(owner.max()) + 1 if len(owner) else 1
+    nrounds = int(np.diff(grid.first).max(initial=1))
     for part in pair_chunks(np.maximum(wl - wf + 1, 0), owner):
         rep, w = _expand(wf[part], wl[part])
         box = (np.arange(len(blocks))[part])[rep]
@@ -145,6 +149,12 @@ def explicit(blocks: Blocks, owner: I64, grid: Grid, windows: I64) -> WindowCoun
         out.runs += np.bincount(w, weights=nr, minlength=n).astype(np.int64)
         keys = np.unique(w * nranks_all + who)
         out.ranks += np.bincount(keys // nranks_all, minlength=n).astype(np.int64)
+        if len(who):  # a chunk holds all of its ranks' boxes: their rounds are whole here
+            g = windows[w]
+            rnd = g - grid.first[grid.dom[g]]
+            per = np.unique((who - who.min()) * nrounds + rnd, return_inverse=True)[1]
+            mine = np.bincount(per.reshape(-1), weights=nb)
+            out.rank_round = max(out.rank_round, int(mine.max()))
         np.minimum.at(out.rlo, w, f)
         np.maximum.at(out.rhi, w, last + 1)
     dom = grid.dom[windows]
