@@ -3,9 +3,8 @@ and digests an array's signature without its offset, which the head compares apa
 
 from __future__ import annotations
 
-from mpi4py import MPI  # noqa: F401  (as every mpi4py program starts)
-
 import numpy as np
+from mpi4py import MPI  # noqa: F401  (as every mpi4py program starts)
 
 from collio.checkfacts import digest_kept as _digest
 from collio.checkfacts import placed
