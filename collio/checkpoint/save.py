@@ -11,12 +11,13 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ..collective import Attempt, agree, agree_facts, digest, raise_agreed
+from ..collective import Attempt, agree, any_flag, digest, raise_agreed
 from ..errors import LayoutError, MismatchError
 from ..facts import Facts, How, fact, record
 from ..file import open as _open
 from ..layouts.arrays import ArrayLayout, Subarray
 from ..layouts.base import Segments
+from ..waits import sleep_until_done
 from . import extents, format
 from .state import Entry, flatten_state, writers
 
@@ -97,7 +98,9 @@ def _agree_entries(comm: MPI.Intracomm, error: BaseException | None, entries: li
     """Collective: one allreduce agrees on the ranks' errors and on their entries (their
     digests); only when these differ is rank 0's list sent, to name the entry."""
     sig = [e.signature() for e in entries]
-    agreed = agree_facts(comm, _Entries(failed=error is not None, sig=digest(sig)))
+    vec = _Entries(failed=error is not None, sig=digest(sig)).to_array()
+    sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [vec, MPI.INT64_T], op=MPI.MAX))
+    agreed = _Entries.agreed(vec)
     if agreed.failed:
         raise_agreed(comm, error, what="checkpoint.save")
     if agreed.sig is not None:
@@ -141,27 +144,35 @@ def prepare(
             entries[k] = entries[k].skipped()
     shapes = [e.layout.global_nbytes for e in entries]
     offsets, end = format.place(shapes)
-    step = Attempt()
-    with step:  # (a layout's runs may be built here first: a rank's error is agreed)
-        mine = spans([e.layout for e in entries])
-    agree(comm, step.error, what="checkpoint.save")
-    every = np.empty((size, *mine.shape), np.int64)
-    comm.Allgather(mine, every)
-    step = Attempt()
-    with step:
-        total = every[:, :, 3].sum(axis=0)
-        sharded = ~np.array([e.replicated for e in entries], bool)
-        short = np.flatnonzero((total != np.array(shapes, np.int64)) & sharded)
-        if len(short):
-            k = int(short[0])
-            raise LayoutError(
-                f"entry {entries[k].name!r}: the ranks' pieces hold {int(total[k])} bytes, "
-                f"the array {shapes[k]}"
-            )
-    agree(comm, step.error, what="checkpoint.save")
+    every = _gather_spans(comm, entries)
+    total = every[:, :, 3].sum(axis=0)  # (every rank has every rank's spans: no agreement)
+    sharded = ~np.array([e.replicated for e in entries], bool)
+    short = np.flatnonzero((total != np.array(shapes, np.int64)) & sharded)
+    if len(short):
+        k = int(short[0])
+        raise LayoutError(
+            f"checkpoint.save: entry {entries[k].name!r}: the ranks' pieces hold "
+            f"{int(total[k])} bytes, the array {shapes[k]}"
+        )
     flat = np.atleast_1d(every[:, :, 2].all(axis=0))
     fast = direct(every)
     return Plan(entries, offsets, end, every, flat.tolist(), fast.tolist(), meta)
+
+
+def _gather_spans(comm: MPI.Intracomm, entries: list[Entry]) -> I64:
+    """Collective: every rank's spans of its pieces ``(rank, array, (lo, hi, contiguous,
+    bytes))``, a row more for its error (a layout's runs may be built here first): one
+    gather agrees both, waited for sleeping."""
+    step = Attempt()
+    mine = np.zeros((len(entries) + 1, 4), np.int64)
+    with step:
+        mine[:-1] = spans([e.layout for e in entries])
+    mine[-1, 0] = step.error is not None
+    every = np.empty((comm.Get_size(), *mine.shape), np.int64)
+    sleep_until_done(comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T]))
+    if every[:, -1, 0].any():
+        raise_agreed(comm, step.error, what="checkpoint.save")
+    return every[:, :-1]
 
 
 def direct(every: I64) -> npt.NDArray[np.bool_]:
@@ -260,10 +271,14 @@ def write(
     """
     rank = comm.Get_rank()
     step = Attempt()
+    own_ids: list[I64] = []
+    own_crcs: list[npt.NDArray[np.uint32]] = []
     with step:  # (on async_save's thread too: a rank failing alone must not strand the rest)
         if plan.extents is None:
             plan.plan_extents()
-    agree(comm, step.error, what="checkpoint.save")
+        own_ids, own_crcs = _crc_owned(plan, rank)
+    if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
+        raise_agreed(comm, step.error, what="checkpoint.save: checksums")
     with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
         head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
         fast: list[Any] = [(head, Segments([0], [len(head)]))]
@@ -283,10 +298,6 @@ def write(
                         "while writing; save row-contiguous pieces"
                     )
             agree(f.comm, step.error, what="checkpoint.save")
-        step = Attempt()
-        with step:
-            own_ids, own_crcs = _crc_owned(plan, rank)
-        agree(f.comm, step.error, what="checkpoint.save: checksums")
         if not plan.reads_back:  # (one call: an S3 object's size is fixed by its first write)
             tail = _tail(f.comm, plan, own_ids, own_crcs)
             f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
