@@ -124,3 +124,37 @@ def test_ranks_passing_other_arguments_raise_everywhere(
     got = ckpt.load(path, spec, comm=comm)["b"]
     lay = spec["b"]
     assert got.tobytes() == np.ascontiguousarray(model.rows_reference("b")[lay.slices]).tobytes()
+
+
+@pytest.mark.mpi
+def test_rows_left_out_at_the_saving_split_are_read_back_and_checked(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The saving split with the last rank's rows left out: every rank checks its own
+    pieces alone (no spans gathered), the extents nobody loaded are read back and
+    checked, and a byte flipped in them is found on every rank."""
+    import sys
+
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=8), comm=comm)
+    lay = model.rows_layouts(comm.rank, comm.size, scale=8)["a"]
+    assert isinstance(lay, Subarray)
+    last = comm.rank == comm.size - 1
+    mine = Subarray(lay.global_shape, lay.start, (0, 1000), "<f8") if last else lay
+    loader = sys.modules["collio.checkpoint.load"]
+    gathers: list[Any] = []
+    real = loader._all_spans
+    monkeypatch.setattr(loader, "_all_spans", lambda *a: gathers.append(a) or real(*a))
+    got = ckpt.load(path, {"a": mine}, comm=comm)["a"]
+    assert gathers == []
+    want = np.ascontiguousarray(model.rows_reference("a", 8)[mine.slices])
+    assert got.tobytes() == want.tobytes()
+    if comm.rank == 0:  # a byte of the last rank's rows, which no rank loads
+        info = ckpt.info(path)["a"]
+        _flip(path, info["offset"] + info["nbytes"] - 8000 + 3)
+    comm.Barrier()
+    err = raises_everywhere(
+        comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": mine}, comm=comm)
+    )
+    assert err.names == ("a",)
+    assert gathers == []

@@ -25,7 +25,7 @@ from . import format
 from .index import Info, info, parse, parse_crc
 from .save import at, item, spans
 from .state import as_array, whole
-from .verify import CHUNK, Checks, plan, read_checked, verify
+from .verify import CHUNK, Checks, alone, plan, read_checked, verify, verify_alone
 
 __all__ = ["CHUNK", "Info", "info", "load"]
 
@@ -363,6 +363,7 @@ class _Head(Facts):
     index: int = fact(How.EQUAL)  # the index's checksum: the same file on every rank
     names: int = fact(How.EQUAL)  # digest of the names asked for
     setup: int = fact(How.EQUAL)  # digest of the target, hints and options
+    alone: bool = fact(How.ALL)  # every rank checks its pieces alone (see verify.alone)
 
 
 def _load_local(
@@ -371,11 +372,14 @@ def _load_local(
 ) -> dict[str, Any]:  # fmt: skip
     """Collective over `base`: :func:`load` of a local file.  Each rank reads the index
     and its pieces itself (by ``pread``, each step checksummed right after its read, still
-    in the cache), with three agreements, each waited for sleeping: before any byte is
-    read (errors, the same index, names and arguments on every rank), every rank's
-    spans, the checksums.  A file's open and close would add four more, which on ranks
+    in the cache).  A file's open and close would add four agreements, which on ranks
     that share cores cost more than the reads: the file is opened as a collio file only
-    for pieces that are not one range of their array (two-phase)."""
+    for pieces that are not one range of their array (two-phase).
+
+    Agreements, each waited for sleeping: before any byte is read (errors, the same
+    index, names and arguments on every rank), and the checksums.  Where some rank's
+    pieces cut extents (another decomposition than the save's), every rank's spans are
+    gathered between the two, to check those extents from their parts."""
     priv = private(base)
     comm = priv.comm
     path = os.fspath(target)
@@ -385,35 +389,53 @@ def _load_local(
             step = Attempt()
             got = _Wanted()
             index: Any = None
-            crc = -1
+            crc, solo = -1, False
             with step:
                 kept = {k: v for k, v in options.items() if k != "backend"}
                 get_backend("posix").check_options("r", kept)
                 reader.open(path)
                 index, crc = parse_crc(reader.read, reader.size(), path)
                 got.find(index, spec)
+                x, crcs, offs = plan(index, got.wanted, got.spans[None])  # (this rank's alone)
+                x, solo = alone(x, got.spans, comm.Get_rank())
             setup = (path, repr(hints), sorted(options.items()))
-            _agree_local(comm, (priv.files + 1, path), step.error, crc, got.names, setup)
-            every = _all_spans(comm, got.spans, len(got.wanted))
-            if bool(every[:, :, 2].all()):  # (agreed: every rank has every rank's spans)
-                flags = _read_verified(None, reader, comm, index, got, every)
+            head = _Head(index=crc, names=digest(got.names), setup=digest(setup), alone=solo)
+            if _agree_local(comm, (priv.files + 1, path), step.error, head, got.names, setup):
+                checks = Checks(x, comm.Get_rank())  # (this rank's spans: row 0 of its own)
+                error = _read(
+                    None, reader, 0, got.wanted, got.arrays, offs, got.spans[None], checks
+                )
+                flags = verify_alone(comm, reader, checks, crcs, offs, len(got.wanted), error)
             else:
-                with _open(target, "r", comm=base, hints=hints, **options) as f:
-                    flags = _read_verified(f, reader, f.comm, index, got, every)
+                flags = _gathered(comm, target, base, hints, options, reader, index, got)
         finally:
             reader.close()
     return got.result(index, flags)
 
 
+def _gathered(
+    comm: MPI.Comm, target: Any, base: MPI.Intracomm, hints: Any, options: Mapping[str, Any],
+    reader: _Reader, index: format.Index, got: _Wanted,
+) -> npt.NDArray[np.bool_]:  # fmt: skip
+    """Collective: a local load planned from every rank's spans (the extents across
+    pieces checked from the ranks' parts), through a collio file where some piece is
+    not one range."""
+    every = _all_spans(comm, got.spans, len(got.wanted))
+    if bool(every[:, :, 2].all()):  # (the same on every rank)
+        return _read_verified(None, reader, comm, index, got, every)
+    with _open(target, "r", comm=base, hints=hints, **options) as f:
+        return _read_verified(f, reader, f.comm, index, got, every)
+
+
 def _agree_local(
-    comm: MPI.Comm, file: tuple[int, str], error: BaseException | None, crc: int,
+    comm: MPI.Comm, file: tuple[int, str], error: BaseException | None, head: _Head,
     names: list[str], setup: Any,
-) -> None:  # fmt: skip
+) -> bool:  # fmt: skip
     """Collective: a local load's first agreement, the head of a call as a file's calls
     have (a rank making another collio call meets it there and every rank raises the same
     :class:`~collio.MismatchError`); only when the ranks differ, one gather of what
-    they had, to say how (as :func:`_gather_spans` does)."""
-    head = _Head(index=crc, names=digest(names), setup=digest(setup))
+    they had, to say how (as :func:`_gather_spans` does).  Returns whether every rank
+    checks its pieces alone."""
     failed, out = call_head(
         comm, "open", file, error is not None, head.slots(), patient=True,
         subject="checkpoint.load",
@@ -422,8 +444,8 @@ def _agree_local(
         raise_agreed(comm, error, what="checkpoint.load")
     agreed = _Head.agreed(out[: _Head.width()])
     if None not in (agreed.index, agreed.names, agreed.setup):
-        return
-    mine = [0, crc, len(names), digest(names), digest(setup)]
+        return bool(agreed.alone)
+    mine = [0, head.index, len(names), head.names, head.setup]
     heads = np.array(comm.allgather(mine), np.int64)
     _settle(comm, heads, None)
     odd = int(np.flatnonzero(heads[:, 4] != heads[0, 4])[0])

@@ -19,7 +19,7 @@ from ..waits import sleep_until_done
 from . import extents, format
 from .crc import combine as crc_combine
 
-__all__ = ["CHUNK", "Checks", "plan", "read_checked", "segments", "verify"]
+__all__ = ["CHUNK", "Checks", "alone", "plan", "read_checked", "segments", "verify", "verify_alone"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -214,3 +214,57 @@ def _check_joined(
         at = first[more] + j
         crc[more] = crc_combine(crc[more], got[at], phi[at] - plo[at])
     bad[x.aid[x.joined[crc != crcs[x.joined]]]] = True
+
+
+def alone(x: extents.Plan, spans: I64, rank: int) -> tuple[extents.Plan, bool]:
+    """The checks of a plan made from this rank's spans alone (``x``, planned with
+    ``spans[None]``): this rank checks the extents its pieces hold whole; and whether
+    its pieces are each one range holding whole extents only (the load at the
+    decomposition that saved: no extent is cut by a piece's edge, so no rank needs
+    another's part).  Extents no rank holds are read back (:func:`verify_alone`)."""
+    mine = x.owner == 0
+    lo, hi = spans[x.aid, 0], spans[x.aid, 1]
+    cut = (x.starts < hi) & (x.ends > lo) & ~mine  # (within a piece, not whole in it)
+    whole_ones = bool(spans[:, 2].all()) and not bool(cut.any())
+    none = np.full(len(x.starts), -1, np.int64)
+    return extents.Plan(x.starts, x.ends, x.aid, np.where(mine, rank, -1), none), whole_ones
+
+
+def verify_alone(
+    comm: MPI.Comm, be: Any, checks: Checks, crcs: npt.NDArray[np.uint32], offs: I64,
+    narrays: int, error: BaseException | None,
+) -> npt.NDArray[np.bool_]:  # fmt: skip
+    """Collective: :func:`verify` where every rank planned its checks alone (:func:`alone`),
+    in one reduction of the errors, the arrays that differ and the extents checked; the
+    extents no rank checked (none held them whole: a load of part of an array) are then
+    read back, dealt over the ranks in turn, and agreed in a second one."""
+    x = checks.plan
+    n_own = len(checks.own)
+    vec = np.zeros(1 + narrays + len(x.starts), np.uint32)
+    vec[0] = error is not None
+    vec[1 + x.aid[checks.own[checks.sums[:n_own] != crcs[checks.own]]]] = 1
+    vec[1 + narrays + checks.own] = 1
+    sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [vec, MPI.UINT32_T], op=MPI.BOR))
+    if vec[0]:
+        raise_agreed(comm, error, what="checkpoint.load")
+    bad = vec[1 : 1 + narrays].astype(bool)
+    left = np.flatnonzero(vec[1 + narrays :] == 0)
+    if not len(left):  # (the same on every rank)
+        return bad
+    import crc32c
+
+    rd = left[comm.Get_rank() :: comm.Get_size()]
+    lens = x.ends[rd] - x.starts[rd]
+    step = Attempt()
+    with step:
+        got = _read_back(None, be, offs[x.aid[rd]] + x.starts[rd], lens)
+        cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
+        for i, j in enumerate(rd.tolist()):
+            if crc32c.crc32c(got[cuts[i] : cuts[i + 1]]) != crcs[j]:
+                bad[x.aid[j]] = True
+    more = np.concatenate([[step.error is not None], bad]).astype(np.uint32)
+    sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [more, MPI.UINT32_T], op=MPI.BOR))
+    if more[0]:
+        raise_agreed(comm, step.error, what="checkpoint.load")
+    out: npt.NDArray[np.bool_] = more[1:].astype(bool)
+    return out
