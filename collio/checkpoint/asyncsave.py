@@ -143,7 +143,9 @@ def async_save(
     """Collective over `comm`: :func:`save`, returning once the state is copied.
 
     The entries are checked on every rank alike before this returns (the same errors
-    as :func:`save`); the writing, checksums and commit run in a background thread.
+    as :func:`save`); the copies are made while the ranks agree on them; the writing,
+    checksums and commit run in a background thread.  A copy that fails on some rank
+    (no memory) is raised by :meth:`~SaveHandle.wait`, on every rank.
     A second ``async_save`` on the same communicator first waits for the one running
     (its error stays with its handle's :meth:`~SaveHandle.wait`).
     """
