@@ -186,8 +186,10 @@ def _read(
     call of ``f`` of them all, checksummed after.  ``f`` is None where every piece is
     one range: no call of a file is needed."""
     flat = np.atleast_1d(every[:, :, 2].all(axis=0)).astype(bool)
-    views = [(lay.as_bytes(arr), int(every[rank, k, 0]))
-             for k, ((_, lay), arr) in enumerate(zip(wanted, arrays, strict=True))]  # fmt: skip
+    # (each array's bytes in memory order: a view, as each array is contiguous in its
+    # layout's order, made here or checked so)
+    views = [(np.ravel(arr, order="K").view(np.uint8), int(lo))
+             for arr, lo in zip(arrays, every[rank, :, 0].tolist(), strict=True)]  # fmt: skip
     step = Attempt()
     ids = np.flatnonzero(flat)
     if be is not None and len(ids):

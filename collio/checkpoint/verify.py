@@ -186,11 +186,7 @@ def plan(
 ) -> tuple[extents.Plan, npt.NDArray[np.uint32], I64]:
     """The stored extents of the arrays read (every array's at once), with their
     checksums and the arrays' offsets."""
-    parts = [index.extents(name) for name, _ in wanted]
-    z = np.zeros(0, np.int64)
-    starts = np.concatenate([z, *[p[0] for p in parts]])
-    crcs = np.concatenate([np.zeros(0, np.uint32), *[p[1] for p in parts]])
-    aid = np.repeat(np.arange(len(wanted)), [len(p[0]) for p in parts]).astype(np.int64)
+    starts, crcs, aid = index.extents_of([name for name, _ in wanted])
     # (the index's sizes: each array's shape and dtype were checked against it)
     nbytes = np.array([int(index.arrays[name]["nbytes"]) for name, _ in wanted], np.int64)
     offs = np.array([int(index.arrays[name]["offset"]) for name, _ in wanted], np.int64)
