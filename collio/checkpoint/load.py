@@ -362,7 +362,7 @@ class _Reader:
 class _Head(Facts):
     """What every rank of a local load must agree on before any byte is read."""
 
-    index: int = fact(How.EQUAL)  # the index's checksum: the same file on every rank
+    index_crc: int = fact(How.EQUAL)  # the index's checksum: the same file on every rank
     names: int = fact(How.EQUAL)  # digest of the names asked for
     setup: int = fact(How.EQUAL)  # digest of the target, hints and options
     alone: bool = fact(How.ALL)  # every rank checks its pieces alone (see verify.alone)
@@ -401,7 +401,7 @@ def _load_local(
                 x, crcs, offs = plan(index, got.wanted, got.spans[None])  # (this rank's alone)
                 x, solo = alone(x, got.spans, comm.Get_rank())
             setup = (path, repr(hints), sorted(options.items()))
-            head = _Head(index=crc, names=digest(got.names), setup=digest(setup), alone=solo)
+            head = _Head(index_crc=crc, names=digest(got.names), setup=digest(setup), alone=solo)
             if _agree_local(comm, (priv.files + 1, path), step.error, head, got.names, setup):
                 checks = Checks(x, comm.Get_rank())  # (this rank's spans: row 0 of its own)
                 error = _read(
@@ -445,9 +445,9 @@ def _agree_local(
     if failed:
         raise_agreed(comm, error, what="checkpoint.load")
     agreed = _Head.agreed(out[: _Head.width()])
-    if None not in (agreed.index, agreed.names, agreed.setup):
+    if None not in (agreed.index_crc, agreed.names, agreed.setup):
         return bool(agreed.alone)
-    mine = [0, head.index, len(names), head.names, head.setup]
+    mine = [0, head.index_crc, len(names), head.names, head.setup]
     heads = np.array(comm.allgather(mine), np.int64)
     _settle(comm, heads, None)
     odd = int(np.flatnonzero(heads[:, 4] != heads[0, 4])[0])
