@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .save import Plan, prepare, write
+from .save import prepare, write
 from .state import Entry
 
 __all__ = ["SaveHandle", "async_save"]
@@ -108,18 +108,27 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
         return _pool
 
 
-def _stage(plan: Plan) -> int:
-    """Copy this rank's pieces (the caller may change its arrays as soon as we return);
-    the bytes copied: this rank's state once, no more (replicated entries other ranks
-    write are not copied)."""
-    total = 0
-    for k, e in enumerate(plan.entries):
-        if e.layout.nbytes == 0:
-            continue
-        copy = np.copy(e.data, order="F" if e.layout.order == "F" else "C")
-        plan.entries[k] = Entry(e.name, copy, e.layout, e.replicated, e.scalar)
-        total += copy.nbytes
-    return total
+class _Stage:
+    """Copies of this rank's pieces (the caller may change its arrays as soon as
+    :func:`async_save` returns), made while the ranks agree on the save (see
+    :data:`~.save.Stage`): this rank's state once, no more (replicated entries other
+    ranks write are not copied).  A copy that fails (no memory) fails the save at
+    :meth:`SaveHandle.wait`, on every rank: the ranks have gone on by then."""
+
+    def __init__(self) -> None:
+        self.staged = 0
+        self.error: BaseException | None = None
+
+    def __call__(self, entries: list[Entry], replicated: bool) -> None:
+        try:
+            for k, e in enumerate(entries):
+                if e.replicated != replicated or e.layout.nbytes == 0:
+                    continue
+                copy = np.copy(e.data, order="F" if e.layout.order == "F" else "C")
+                entries[k] = Entry(e.name, copy, e.layout, e.replicated, e.scalar)
+                self.staged += copy.nbytes
+        except Exception as exc:  # noqa: BLE001 - agreed by the save's first agreement
+            self.error = self.error or exc
 
 
 def async_save(
@@ -134,7 +143,9 @@ def async_save(
     """Collective over `comm`: :func:`save`, returning once the state is copied.
 
     The entries are checked on every rank alike before this returns (the same errors
-    as :func:`save`); the writing, checksums and commit run in a background thread.
+    as :func:`save`); the copies are made while the ranks agree on them; the writing,
+    checksums and commit run in a background thread.  A copy that fails on some rank
+    (no memory) is raised by :meth:`~SaveHandle.wait`, on every rank.
     A second ``async_save`` on the same communicator first waits for the one running
     (its error stays with its handle's :meth:`~SaveHandle.wait`).
     """
@@ -143,9 +154,10 @@ def async_save(
     previous = kept.running
     if previous is not None:
         concurrent.futures.wait([previous._future])
-    plan = prepare(base, state, metadata)
-    staged = _stage(plan)
+    stage = _Stage()
+    plan = prepare(base, state, metadata, stage)
+    plan.error = stage.error
     future = _executor().submit(write, kept.dup, target, plan, hints, dict(options))
-    handle = SaveHandle(future, staged)
+    handle = SaveHandle(future, stage.staged)
     kept.running = handle
     return handle

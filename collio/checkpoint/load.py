@@ -2,114 +2,34 @@
 
 from __future__ import annotations
 
-import collections.abc
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ..backends.base import storage_errors
-from ..collective import Attempt, bcast_outcome, digest, raise_agreed
+from ..backends import get_backend, infer_backend
+from ..backends.fdio import pread_zeros
+from ..backends.localfile import open_regular
+from ..collective import Attempt, bcast_outcome, call_head, digest, raise_agreed
+from ..comms import exclusive, private
 from ..errors import ChecksumError, LayoutError, MismatchError
+from ..facts import Facts, How, fact, record
 from ..file import File
 from ..file import open as _open
 from ..layouts.arrays import ArrayLayout, array_layout
-from ..layouts.base import Segments
 from ..waits import sleep_until_done
-from . import extents, format
-from .crc import combine as crc_combine
+from . import format
+from .index import Info, info, parse, parse_crc
 from .save import at, item, spans
 from .state import as_array, whole
+from .verify import CHUNK, Checks, alone, plan, read_checked, verify, verify_alone
 
-__all__ = ["Info", "info", "load"]
+__all__ = ["CHUNK", "Info", "info", "load"]
 
 I64 = npt.NDArray[np.int64]
-
-
-class Info(collections.abc.Mapping[str, dict[str, Any]]):
-    """A checkpoint's arrays by name (shape, dtype, order, offset, nbytes, replicated)
-    and ``metadata``, the user's JSON values."""
-
-    def __init__(self, index: format.Index) -> None:
-        self.index = index
-        self.metadata = index.metadata
-        self._arrays = {
-            name: {**entry, "shape": tuple(entry["shape"]), "dtype": index.dtype(name)}
-            for name, entry in index.arrays.items()
-        }
-
-    def __getitem__(self, name: str) -> dict[str, Any]:
-        return self._arrays[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._arrays)
-
-    def __len__(self) -> int:
-        return len(self._arrays)
-
-    def __repr__(self) -> str:
-        return f"<checkpoint info: {len(self)} arrays, metadata={self.metadata!r}>"
-
-
-def _parse(read: Any, size: int, where: str) -> format.Index:
-    """The index of a target of ``size`` bytes, ``read(offset, length)`` giving its bytes."""
-    return _parse_crc(read, size, where)[0]
-
-
-def _parse_crc(read: Any, size: int, where: str) -> tuple[format.Index, int]:
-    """:func:`_parse`, and the index's checksum (as the trailer gives it)."""
-    import crc32c
-
-    tail = format.TRAILER.size
-    off, length, crc = format.parse_trailer(
-        read(size - tail, tail) if size >= tail else b"", size, where
-    )
-    doc = read(off, length)
-    if crc32c.crc32c(doc) != crc:
-        raise ChecksumError(f"{where}: the index's checksum differs")
-    try:
-        toff, tlen = format.Index.table_span(doc)
-        return format.Index.from_bytes(doc, read(toff, tlen), where), crc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ChecksumError(f"{where}: unreadable index: {exc}") from None
-
-
-def info(target: Any, **options: Any) -> Info:
-    """Local, no MPI: what the checkpoint at ``target`` holds (a path, or ``s3://``:
-    ranged GETs, ``options`` as :func:`collio.open` takes for S3)."""
-    text = os.fspath(target)
-    if text.startswith("s3://"):
-        return Info(_parse_s3(text, options))
-    with open(text, "rb") as fp:
-        size = os.fstat(fp.fileno()).st_size
-
-        def read(offset: int, length: int) -> bytes:
-            fp.seek(offset)
-            return fp.read(length)
-
-        return Info(_parse(read, size, text))
-
-
-def _parse_s3(url: str, options: dict[str, Any]) -> format.Index:
-    from ..backends.s3.client import client_for
-    from ..backends.s3.options import S3Options
-
-    opts = S3Options(**{k: v for k, v in options.items() if k in {"endpoint_url", "region_name"}})
-    client = client_for(opts.endpoint_url, opts.region_name, 3, 4)
-    bucket, _, key = url[len("s3://") :].partition("/")
-    size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
-
-    def read(offset: int, length: int) -> bytes:
-        if length <= 0:
-            return b""
-        rng = f"bytes={offset}-{offset + length - 1}"
-        body: bytes = client.get_object(Bucket=bucket, Key=key, Range=rng)["Body"].read()
-        return body
-
-    return _parse(read, size, url)
 
 
 def _backend_read(f: File) -> Any:
@@ -129,7 +49,7 @@ def _read_index(f: File) -> format.Index:
     index: Any = None
     with step:
         if comm.Get_rank() == 0:
-            index = _parse(_backend_read(f), f.backend.size(), str(f.target))
+            index = parse(_backend_read(f), f.backend.size(), str(f.target))
     # (only rank 0 reads: its outcome broadcast is the agreement)
     got: format.Index = bcast_outcome(comm, index, step.error, what="checkpoint.load: index")
     return got
@@ -139,7 +59,7 @@ def _own_index(f: File) -> tuple[format.Index, int]:
     """Local: the index as this rank reads it from a local file (a few reads from the page
     cache, parsed on every rank at once instead of broadcast from one), and its checksum;
     the ranks' errors and checksums are agreed by :func:`_gather_spans`."""
-    return _parse_crc(_backend_read(f), f.backend.size(), str(f.target))
+    return parse_crc(_backend_read(f), f.backend.size(), str(f.target))
 
 
 def _wanted(
@@ -197,205 +117,39 @@ def _gather_spans(
 ) -> I64:
     """Collective: every rank's spans of its pieces ``(rank, array, (lo, hi, contiguous,
     bytes))`` of the arrays ``names`` (sorted); and first, in one fixed-size gather, the
-    agreement on what came before: a rank's ``error`` raised on every rank, the index
-    every rank read itself (``crc``, its checksum) the same on all, and the same
-    names asked for on every rank (else array k would be another array on another rank,
-    and the spans' gather would not even have one size).  Both waited for sleeping: the
+    agreement on what came before (see :func:`_settle`).  Both waited for sleeping: the
     ranks come from their own reads of the index, some later than others."""
     head = np.array([error is not None or mine is None, crc, len(names), digest(names)], np.int64)
     heads = np.empty((comm.Get_size(), 4), np.int64)
     sleep_until_done(comm.Iallgather([head, MPI.INT64_T], [heads, MPI.INT64_T]))
+    _settle(comm, heads, error)
+    return _all_spans(comm, mine, len(names))
+
+
+def _settle(comm: MPI.Comm, heads: I64, error: BaseException | None) -> None:
+    """Collective: from every rank's ``(failed, index checksum, count, names digest)``, a
+    rank's ``error`` raised on every rank, the index every rank read itself the same
+    on all, and the same names asked for on every rank (else array k would be another
+    array on another rank, and the spans' gather would not even have one size)."""
     if heads[:, 0].any():
         raise_agreed(comm, error, what="checkpoint.load")
     if len(set(heads[:, 1].tolist())) > 1:
         raise ChecksumError("checkpoint.load: the ranks read different indexes (replaced?)")
-    if (heads[:, 2:] != heads[0, 2:]).any():
-        odd = int(np.flatnonzero((heads[:, 2:] != heads[0, 2:]).any(axis=1))[0])
+    if (heads[:, 2:4] != heads[0, 2:4]).any():
+        odd = int(np.flatnonzero((heads[:, 2:4] != heads[0, 2:4]).any(axis=1))[0])
         n, n0 = int(heads[odd, 2]), int(heads[0, 2])
         what = f"{n} arrays, rank 0 for {n0}" if n != n0 else f"other arrays than rank 0 ({n})"
         raise MismatchError(
             f"checkpoint.load: rank {odd}'s spec asks for {what}: every rank's spec must "
             "name the same arrays"
         )
-    every = np.empty((comm.Get_size(), len(names), 4), np.int64)
+
+
+def _all_spans(comm: MPI.Comm, mine: Any, n: int) -> I64:
+    """Collective: every rank's ``mine`` (``n`` rows, ``n`` agreed), waited for sleeping."""
+    every = np.empty((comm.Get_size(), n, 4), np.int64)
     sleep_until_done(comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T]))
     return every
-
-
-class _Checks:
-    """What this rank checksums at a load, planned before any byte is read: the extents
-    its pieces hold whole (``own``: rows of the plan) and its parts of the extents held
-    by several ranks (``mine``: rows of ``plan.part``), as (array, lo, hi) within the
-    array; their checksums fill ``sums`` (``own``'s first) as the bytes pass by."""
-
-    def __init__(self, plan: extents.Plan, rank: int) -> None:
-        self.plan = plan
-        self.own = np.flatnonzero(plan.owner == rank)
-        pe, plo, phi, prk = plan.part
-        self.mine = np.flatnonzero(prk == rank)
-        self.aid = np.concatenate([plan.aid[self.own], plan.aid[pe[self.mine]]])
-        self.lo = np.concatenate([plan.starts[self.own], plo[self.mine]])
-        self.hi = np.concatenate([plan.ends[self.own], phi[self.mine]])
-        self.sums = np.zeros(len(self.aid), np.uint32)
-        self.done = np.zeros(len(self.aid), bool)
-
-    def from_memory(self, views: list[Any], arrays: list[int]) -> None:
-        """The checksums of the ranges in ``arrays`` not summed yet, from this rank's
-        pieces (``views[k]``: array ``k``'s piece as bytes, and its first byte)."""
-        import crc32c
-
-        todo = np.flatnonzero(np.isin(self.aid, arrays) & ~self.done)
-        rows = zip(self.aid[todo].tolist(), self.lo[todo].tolist(), self.hi[todo].tolist(),
-                   strict=True)  # fmt: skip
-        for j, (k, a, b) in zip(todo.tolist(), rows, strict=True):
-            buf, lo = views[k]
-            self.sums[j] = crc32c.crc32c(buf[a - lo : b - lo])
-        self.done[todo] = True
-
-
-def _segments(plo: I64, phi: I64, clo: I64, chi: I64, chunk: int) -> tuple[I64, I64, I64, I64]:
-    """Reads tiling the pieces ``[plo, phi)`` (file offsets, sorted, disjoint), cut at the
-    edges of the checked ranges ``[clo, chi)`` (sorted, disjoint, each in a piece) and
-    every ``chunk`` bytes within them: (start, end, piece, checked range or -1) of each,
-    in file order.  A range's bytes are checksummed right after their read, still in
-    the cache, instead of in a second pass over the arrays."""
-    if len(plo) == 0:
-        return _EMPTY, _EMPTY, _EMPTY, _EMPTY
-    n = np.maximum((chi - clo - 1) // chunk, 0)
-    first = np.cumsum(n) - n
-    step = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(first, n) + 1
-    grid = np.repeat(clo, n) + chunk * step
-    cuts = np.unique(np.concatenate([plo, phi, clo, chi, grid]))
-    s, e = cuts[:-1], cuts[1:]
-    p = np.searchsorted(plo, s, side="right") - 1
-    keep = (p >= 0) & (e <= phi[np.maximum(p, 0)])
-    s, e, p = s[keep], e[keep], p[keep]
-    if len(clo) == 0:
-        return s, e, p, np.full(len(s), -1, np.int64)
-    c = np.searchsorted(clo, s, side="right") - 1
-    inside = (c >= 0) & (e <= chi[np.maximum(c, 0)])
-    return s, e, p, np.where(inside, c, -1)
-
-
-_EMPTY = np.zeros(0, np.int64)
-#: Bytes read (then checksummed) at a time within a checked extent: a few per core's
-#: cache, so the checksum reads them from the cache that the read's copy just filled.
-CHUNK = 256 << 10
-
-
-def _read_checked(
-    f: File, checks: _Checks, views: list[Any], arrays: I64, offs: I64, mine: I64
-) -> None:
-    """Local: this rank's pieces of ``arrays`` (each one range of its array: ``mine``'s
-    (lo, hi) rows, relative to the array at ``offs``), each straight into its array by
-    the backend, the checked ranges in them summed as they are read."""
-    import crc32c
-
-    sel = arrays[mine[arrays, 1] > mine[arrays, 0]]
-    plo, phi = offs[sel] + mine[sel, 0], offs[sel] + mine[sel, 1]
-    order = np.argsort(plo, kind="stable")
-    sel, plo, phi = sel[order], plo[order], phi[order]
-    todo = np.flatnonzero(np.isin(checks.aid, sel) & ~checks.done)
-    base = offs[checks.aid[todo]]
-    clo, chi = base + checks.lo[todo], base + checks.hi[todo]
-    by = np.argsort(clo, kind="stable")
-    todo, clo, chi = todo[by], clo[by], chi[by]
-    s, e, p, c = _segments(plo, phi, clo, chi, CHUNK)
-    slot = np.where(c >= 0, todo[np.maximum(c, 0)] if len(todo) else -1, -1)
-    at = s - plo[p]  # (offset within the piece)
-    bufs = [views[k][0] for k in sel.tolist()]
-    sums = checks.sums.tolist()
-    be = f.backend
-    with storage_errors(be):
-        rows = zip(s.tolist(), (e - s).tolist(), p.tolist(), at.tolist(), slot.tolist(),
-                   strict=True)  # fmt: skip
-        for off, n, k, a, j in rows:
-            buf = bufs[k][a : a + n]
-            be.read_at(off, buf)
-            if j >= 0:
-                sums[j] = crc32c.crc32c(buf, sums[j])
-    checks.sums[:] = sums
-    checks.done[todo] = True
-
-
-def _verify(
-    comm: MPI.Comm,
-    f: File,
-    checks: _Checks,
-    crcs: npt.NDArray[np.uint32],
-    offs: I64,
-    narrays: int,
-    error: BaseException | None,
-) -> npt.NDArray[np.bool_]:
-    """Collective: every checksum compared; which arrays differ (the same on every rank).
-    Raises ``error`` (this rank's, of its reads) agreed on every rank first.
-
-    The extents a rank's piece held whole were summed by it, those several ranks held
-    are combined from their parts' sums; any other extent one rank reads once more.
-    All of it agreed in one reduction, waited for sleeping (a rank done early leaves
-    the core to those still reading)."""
-    import crc32c
-
-    x = checks.plan
-    bad = np.zeros(narrays, bool)
-    n_own = len(checks.own)
-    bad[x.aid[checks.own[checks.sums[:n_own] != crcs[checks.own]]]] = True
-    rank = comm.Get_rank()
-    if bool((x.reader >= 0).any()):  # (the same on every rank: every rank plans alike)
-        rd = np.flatnonzero(x.reader == rank)
-        lens = x.ends[rd] - x.starts[rd]
-        got = f.read_all(Segments(offs[x.aid[rd]] + x.starts[rd], lens)).data
-        cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
-        for i, j in enumerate(rd.tolist()):
-            if crc32c.crc32c(got[cuts[i] : cuts[i + 1]]) != crcs[j]:
-                bad[x.aid[j]] = True
-    pe = x.part[0]
-    vec = np.zeros(len(pe) + narrays + 1, np.uint32)
-    vec[checks.mine] = checks.sums[n_own:]  # (each part's rank alone gives it)
-    vec[len(pe) : len(pe) + narrays] = bad
-    vec[-1] = error is not None
-    sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [vec, MPI.UINT32_T], op=MPI.BOR))
-    if vec[-1]:
-        raise_agreed(comm, error, what="checkpoint.load")
-    bad = vec[len(pe) : len(pe) + narrays].astype(bool)
-    if len(x.joined):
-        _check_joined(x, vec[: len(pe)], crcs, bad)
-    return bad
-
-
-def _extents(
-    index: format.Index, wanted: list[tuple[str, ArrayLayout]], every: I64
-) -> tuple[extents.Plan, npt.NDArray[np.uint32], I64]:
-    """The stored extents of the arrays read (every array's at once), with their
-    checksums and the arrays' offsets."""
-    parts = [index.extents(name) for name, _ in wanted]
-    z = np.zeros(0, np.int64)
-    starts = np.concatenate([z, *[p[0] for p in parts]])
-    crcs = np.concatenate([np.zeros(0, np.uint32), *[p[1] for p in parts]])
-    aid = np.repeat(np.arange(len(wanted)), [len(p[0]) for p in parts]).astype(np.int64)
-    # (the index's sizes: each array's shape and dtype were checked against it)
-    nbytes = np.array([int(index.arrays[name]["nbytes"]) for name, _ in wanted], np.int64)
-    offs = np.array([int(index.arrays[name]["offset"]) for name, _ in wanted], np.int64)
-    return extents.assign(starts, aid, nbytes, offs, every, join=True), crcs, offs
-
-
-def _check_joined(
-    x: extents.Plan,
-    got: npt.NDArray[np.uint32],
-    crcs: npt.NDArray[np.uint32],
-    bad: npt.NDArray[np.bool_],
-) -> None:
-    """The extents held by several ranks' pieces, from their parts' checksums (``got``,
-    every rank's, combined on every rank alike); marks ``bad``."""
-    pe, plo, phi, _ = x.part
-    first = np.searchsorted(pe, x.joined)
-    count = np.diff(np.append(first, len(pe)))
-    crc = got[first]
-    for j in range(1, int(count.max(initial=1))):
-        more = count > j
-        at = first[more] + j
-        crc[more] = crc_combine(crc[more], got[at], phi[at] - plo[at])
-    bad[x.aid[x.joined[crc != crcs[x.joined]]]] = True
 
 
 def _allocate(lays: list[ArrayLayout], into: list[Any]) -> list[Any]:
@@ -412,36 +166,40 @@ def _allocate(lays: list[ArrayLayout], into: list[Any]) -> list[Any]:
 
 
 def _read(
-    f: File,
+    f: File | None,
+    be: Any,
+    rank: int,
     wanted: list[tuple[str, ArrayLayout]],
     arrays: list[Any],
     offs: I64,
     every: I64,
-    checks: _Checks,
-    direct: bool,
+    checks: Checks,
 ) -> BaseException | None:
     """Collective: the arrays whose every piece is one range, read by each rank itself
     into its array (no flattening, no exchange: ranks reading the same bytes, a whole
     array on every rank, read them each); then the others through their layouts,
-    two-phase; every range ``checks`` holds summed.  Returns this rank's error of its
-    own reads, not agreed yet (:func:`_verify` agrees it with the checksums).
+    two-phase, by ``f``; every range ``checks`` holds summed.  Returns this rank's error
+    of its own reads, not agreed yet (:func:`~.verify.verify` agrees it with the checksums).
 
-    ``direct`` (a local file): each piece by the backend's own reads, checksummed as
-    it is read; else (an object store) in one call of them all, checksummed after."""
-    rank = f.comm.Get_rank()
+    With ``be`` (a local file's reader, or the backend of one that reads locally) each
+    piece by its own reads, checksummed as it is read; else (an object store) in one
+    call of ``f`` of them all, checksummed after.  ``f`` is None where every piece is
+    one range: no call of a file is needed."""
     flat = np.atleast_1d(every[:, :, 2].all(axis=0)).astype(bool)
-    views = [(lay.as_bytes(arr), int(every[rank, k, 0]))
-             for k, ((_, lay), arr) in enumerate(zip(wanted, arrays, strict=True))]  # fmt: skip
+    # (each array's bytes in memory order: a view, as each array is contiguous in its
+    # layout's order, made here or checked so)
+    views = [(np.ravel(arr, order="K").view(np.uint8), int(lo))
+             for arr, lo in zip(arrays, every[rank, :, 0].tolist(), strict=True)]  # fmt: skip
     step = Attempt()
     ids = np.flatnonzero(flat)
-    if direct and len(ids):
+    if be is not None and len(ids):
         with step:
-            _read_checked(f, checks, views, ids, offs, every[rank])
-    elif len(ids):  # (flat is the same on every rank: it comes from every rank's spans)
+            read_checked(be, checks, views, ids, offs, every[rank])
+    elif len(ids) and f is not None:  # (flat is the same on every rank: from every rank's spans)
         items = [item(arrays[k], wanted[k][1], int(offs[k]), True) for k in ids.tolist()]
         f.read_all_many([one for _, one in items], out=[src for src, _ in items], _disjoint=True)
     rest = np.flatnonzero(~flat)
-    if len(rest):
+    if len(rest) and f is not None:
         f.read_all_many([at(wanted[k][1], int(offs[k])) for k in rest.tolist()],
                         out=[arrays[k] for k in rest.tolist()])  # fmt: skip
     with step:
@@ -484,47 +242,216 @@ def load(
     """
     base = MPI.COMM_WORLD if comm is None else comm
     given_hints = _unmapped(hints)
+    if _local(target, given_hints, options):
+        return _load_local(target, spec, base, given_hints, options)
     with _open(target, "r", comm=base, hints=given_hints, **options) as f:
-        # a local file: each rank reads the index and its own pieces itself, checksummed
-        # on the way (an object store's requests go from one rank, and in one call of
-        # many ranged GETs at once); mapped_reads=enable maps, in a call
+        # (an object store's requests go from one rank, and in one call of many ranged
+        # GETs at once; mapped_reads=enable maps, in a call; a memory target reads as a
+        # local file does)
         direct = not f.backend.remote and given_hints.mapped_reads != "enable"
         index: Any = None if direct else _read_index(f)
         crc = 0
         step = Attempt()
-        wanted: list[tuple[str, ArrayLayout]] = []
-        into: list[Any] = []
-        given: list[Any] = []
-        mine: Any = None
-        got: list[Any] = []
+        got = _Wanted()
         with step:  # (a layout's runs may be built here first: a rank's error is agreed)
             if direct:
                 index, crc = _own_index(f)
-            found = _wanted(index, spec)
-            wanted = [(name, lay) for name, lay, _ in found]
-            into = [arr for _, _, arr in found]
-            given = [spec[name][0] if arr is not None else None for name, _, arr in found]
-            mine = spans([lay for _, lay in wanted])
-            # (allocated before the gather: a rank out of memory is agreed there, not left
-            # raising alone before the reads' collectives)
-            got = _allocate([lay for _, lay in wanted], into)
-        every = _gather_spans(f.comm, mine, [n for n, _ in wanted], crc, step.error)
-        x, crcs, offs = _extents(index, wanted, every)  # (planned before any byte is read)
-        checks = _Checks(x, f.comm.Get_rank())
-        error = _read(f, wanted, got, offs, every, checks, direct)
-        flags = _verify(f.comm, f, checks, crcs, offs, len(wanted), error)
-        bad = [wanted[k][0] for k in np.flatnonzero(flags).tolist()]
-    if bad:
-        err = ChecksumError(
-            f"{len(bad)} arrays differ from their checksums: {', '.join(map(repr, bad))}"
-        )
-        err.names = tuple(bad)
-        raise err
-    return {
-        name: obj
-        if obj is not None
-        else arr.reshape(())
-        if index.arrays[name]["shape"] == []
-        else arr
-        for (name, _), arr, obj in zip(wanted, got, given, strict=True)
-    }
+            got.find(index, spec)
+        every = _gather_spans(f.comm, got.spans, got.names, crc, step.error)
+        flags = _read_verified(f, f.backend if direct else None, f.comm, index, got, every)
+    return got.result(index, flags)
+
+
+class _Wanted:
+    """This rank's side of a load, before any byte is read: each requested name, sorted,
+    its layout, the array it is read into (the caller's or a new one), the caller's
+    object for the result, and the pieces' spans."""
+
+    def __init__(self) -> None:
+        self.wanted: list[tuple[str, ArrayLayout]] = []
+        self.arrays: list[Any] = []
+        self.given: list[Any] = []
+        self.spans: Any = None
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.wanted]
+
+    def find(self, index: format.Index, spec: Mapping[str, Any]) -> None:
+        found = _wanted(index, spec)
+        self.wanted = [(name, lay) for name, lay, _ in found]
+        into = [arr for _, _, arr in found]
+        self.given = [spec[name][0] if arr is not None else None for name, _, arr in found]
+        self.spans = spans([lay for _, lay in self.wanted])
+        # (allocated before the agreement: a rank out of memory is agreed there, not left
+        # raising alone before the reads' collectives)
+        self.arrays = _allocate([lay for _, lay in self.wanted], into)
+
+    def result(self, index: format.Index, flags: npt.NDArray[np.bool_]) -> dict[str, Any]:
+        """The arrays by name; the agreed checksum error naming those that differ."""
+        bad = [self.wanted[k][0] for k in np.flatnonzero(flags).tolist()]
+        if bad:
+            err = ChecksumError(
+                f"{len(bad)} arrays differ from their checksums: {', '.join(map(repr, bad))}"
+            )
+            err.names = tuple(bad)
+            raise err
+        return {
+            name: obj
+            if obj is not None
+            else arr.reshape(())
+            if index.arrays[name]["shape"] == []
+            else arr
+            for (name, _), arr, obj in zip(self.wanted, self.arrays, self.given, strict=True)
+        }
+
+
+def _read_verified(
+    f: File | None, be: Any, comm: MPI.Comm, index: format.Index, got: _Wanted, every: I64
+) -> npt.NDArray[np.bool_]:
+    """Collective: plan the checks (before any byte is read), read, verify; which arrays
+    differ (the same on every rank)."""
+    x, crcs, offs = plan(index, got.wanted, every)
+    rank = comm.Get_rank()
+    checks = Checks(x, rank)
+    error = _read(f, be, rank, got.wanted, got.arrays, offs, every, checks)
+    return verify(comm, f, be, checks, crcs, offs, len(got.wanted), error)
+
+
+def _local(target: Any, hints: Any, options: Mapping[str, Any]) -> bool:
+    """Whether a load reads ``target`` as a local file, by the ranks' own reads (see
+    :func:`_load_local`): a path of the posix backend, not mapped (``mapped_reads=enable``
+    maps, in a call of the file).  Decided from the arguments alone, which every rank
+    passes alike (the first agreement of either way of loading tells if not)."""
+    return (
+        isinstance(target, (str, os.PathLike))
+        and infer_backend(target) == "posix"
+        and options.get("backend", "posix") == "posix"
+        and hints.mapped_reads != "enable"
+    )
+
+
+class _Reader:
+    """A local file read as the posix backend reads it (``pread``; zeros past the end,
+    which then differ from their checksums), without opening it as a collio file."""
+
+    name = "posix"
+
+    def __init__(self) -> None:
+        self.fd = -1
+
+    def open(self, path: str) -> None:
+        self.fd = open_regular(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+
+    def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        pread_zeros(self.fd, buf, offset)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, max(length, 0), offset)
+
+    def size(self) -> int:
+        return os.lseek(self.fd, 0, os.SEEK_END)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@record
+class _Head(Facts):
+    """What every rank of a local load must agree on before any byte is read."""
+
+    index_crc: int = fact(How.EQUAL)  # the index's checksum: the same file on every rank
+    names: int = fact(How.EQUAL)  # digest of the names asked for
+    setup: int = fact(How.EQUAL)  # digest of the target, hints and options
+    alone: bool = fact(How.ALL)  # every rank checks its pieces alone (see verify.alone)
+
+
+def _load_local(
+    target: Any, spec: Mapping[str, Any], base: MPI.Intracomm, hints: Any,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """Collective over `base`: :func:`load` of a local file.  Each rank reads the index
+    and its pieces itself (by ``pread``, each step checksummed right after its read, still
+    in the cache).  A file's open and close would add four agreements, which on ranks
+    that share cores cost more than the reads: the file is opened as a collio file only
+    for pieces that are not one range of their array (two-phase).
+
+    Agreements, each waited for sleeping: before any byte is read (errors, the same
+    index, names and arguments on every rank), and the checksums.  Where some rank's
+    pieces cut extents (another decomposition than the save's), every rank's spans are
+    gathered between the two, to check those extents from their parts."""
+    priv = private(base)
+    comm = priv.comm
+    path = os.fspath(target)
+    with exclusive(comm, "checkpoint.load"):
+        reader = _Reader()
+        try:
+            step = Attempt()
+            got = _Wanted()
+            index: Any = None
+            crc, solo = -1, False
+            with step:
+                kept = {k: v for k, v in options.items() if k != "backend"}
+                get_backend("posix").check_options("r", kept)
+                reader.open(path)
+                index, crc = parse_crc(reader.read, reader.size(), path)
+                got.find(index, spec)
+                x, crcs, offs = plan(index, got.wanted, got.spans[None])  # (this rank's alone)
+                x, solo = alone(x, got.spans, comm.Get_rank())
+            setup = (path, repr(hints), sorted(options.items()))
+            head = _Head(index_crc=crc, names=digest(got.names), setup=digest(setup), alone=solo)
+            if _agree_local(comm, (priv.files + 1, path), step.error, head, got.names, setup):
+                checks = Checks(x, comm.Get_rank())  # (this rank's spans: row 0 of its own)
+                error = _read(
+                    None, reader, 0, got.wanted, got.arrays, offs, got.spans[None], checks
+                )
+                flags = verify_alone(comm, reader, checks, crcs, offs, len(got.wanted), error)
+            else:
+                flags = _gathered(comm, target, base, hints, options, reader, index, got)
+        finally:
+            reader.close()
+    return got.result(index, flags)
+
+
+def _gathered(
+    comm: MPI.Comm, target: Any, base: MPI.Intracomm, hints: Any, options: Mapping[str, Any],
+    reader: _Reader, index: format.Index, got: _Wanted,
+) -> npt.NDArray[np.bool_]:  # fmt: skip
+    """Collective: a local load planned from every rank's spans (the extents across
+    pieces checked from the ranks' parts), through a collio file where some piece is
+    not one range."""
+    every = _all_spans(comm, got.spans, len(got.wanted))
+    if bool(every[:, :, 2].all()):  # (the same on every rank)
+        return _read_verified(None, reader, comm, index, got, every)
+    with _open(target, "r", comm=base, hints=hints, **options) as f:
+        return _read_verified(f, reader, f.comm, index, got, every)
+
+
+def _agree_local(
+    comm: MPI.Comm, file: tuple[int, str], error: BaseException | None, head: _Head,
+    names: list[str], setup: Any,
+) -> bool:  # fmt: skip
+    """Collective: a local load's first agreement, the head of a call as a file's calls
+    have (a rank making another collio call meets it there and every rank raises the same
+    :class:`~collio.MismatchError`); only when the ranks differ, one gather of what
+    they had, to say how (as :func:`_gather_spans` does).  Returns whether every rank
+    checks its pieces alone."""
+    failed, out = call_head(
+        comm, "open", file, error is not None, head.slots(), patient=True,
+        subject="checkpoint.load",
+    )  # fmt: skip
+    if failed:
+        raise_agreed(comm, error, what="checkpoint.load")
+    agreed = _Head.agreed(out[: _Head.width()])
+    if None not in (agreed.index_crc, agreed.names, agreed.setup):
+        return bool(agreed.alone)
+    mine = [0, head.index_crc, len(names), head.names, head.setup]
+    heads = np.array(comm.allgather(mine), np.int64)
+    _settle(comm, heads, None)
+    odd = int(np.flatnonzero(heads[:, 4] != heads[0, 4])[0])
+    raise MismatchError(
+        f"checkpoint.load: rank {odd} passes other arguments than rank 0: every rank must "
+        f"load the same target with the same hints and options ({setup[0]!r} here)"
+    )

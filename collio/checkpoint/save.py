@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ..collective import Attempt, agree, agree_facts, digest, raise_agreed
+from ..collective import Attempt, agree, any_flag, digest, raise_agreed
 from ..errors import LayoutError, MismatchError
 from ..facts import Facts, How, fact, record
 from ..file import open as _open
 from ..layouts.arrays import ArrayLayout, Subarray
 from ..layouts.base import Segments
+from ..waits import sleep_until_done
 from . import extents, format
 from .state import Entry, flatten_state, writers
 
@@ -76,6 +77,9 @@ class Plan:
     metadata: Any
     #: the extents, planned by :meth:`plan_extents` (pure: an async save does it in its thread)
     extents: extents.Plan | None = None
+    #: this rank's error in preparing it that :func:`write` raises, agreed (an async
+    #: save's copies, made while the ranks agree: see :data:`Stage`)
+    error: BaseException | None = None
 
     def plan_extents(self) -> None:
         """Cut every array into extents and give each to a rank (see :mod:`.extents`)."""
@@ -93,15 +97,29 @@ class _Entries(Facts):
     sig: int | None = fact(How.EQUAL)  # digest of every entry's signature (None: ranks differ)
 
 
-def _agree_entries(comm: MPI.Intracomm, error: BaseException | None, entries: list[Entry]) -> None:
-    """Collective: one allreduce agrees on the ranks' errors and on their entries (their
-    digests); only when these differ is rank 0's list sent, to name the entry."""
+def _post_entries(
+    comm: MPI.Intracomm, error: BaseException | None, entries: list[Entry]
+) -> tuple[MPI.Request, npt.NDArray[np.int64]]:
+    """Collective (begun): one allreduce agreeing on the ranks' errors and entries (their
+    digests); :func:`_agree_entries` completes it."""
     sig = [e.signature() for e in entries]
-    agreed = agree_facts(comm, _Entries(failed=error is not None, sig=digest(sig)))
+    vec = _Entries(failed=error is not None, sig=digest(sig)).to_array()
+    return comm.Iallreduce(MPI.IN_PLACE, [vec, MPI.INT64_T], op=MPI.MAX), vec
+
+
+def _agree_entries(
+    comm: MPI.Intracomm, error: BaseException | None, entries: list[Entry],
+    req: MPI.Request, vec: npt.NDArray[np.int64],
+) -> None:  # fmt: skip
+    """Collective: the agreement :func:`_post_entries` began, waited for sleeping; only
+    when the entries differ is rank 0's list sent, to name the entry."""
+    sleep_until_done(req)
+    agreed = _Entries.agreed(vec)
     if agreed.failed:
         raise_agreed(comm, error, what="checkpoint.save")
     if agreed.sig is not None:
         return
+    sig = [e.signature() for e in entries]
     ref = comm.bcast(sig, root=0)
     err: Exception | None = None
     if sig != ref:
@@ -122,17 +140,30 @@ def _say(sig: Any) -> str:
     return f"{kind} shape {tuple(sig[2])} dtype {sig[3]} order {sig[4]}"
 
 
+#: What a save does with its entries while its agreements travel (an async save copies
+#: them): called with the entries and False (the sharded ones, as the ranks agree on
+#: them), then True (the replicated ones this rank writes, as the spans are gathered).
+Stage = Callable[[list[Entry], bool], None]
+
+
 def prepare(
-    comm: MPI.Intracomm, state: Mapping[str, Any], metadata: Mapping[str, Any] | None
+    comm: MPI.Intracomm,
+    state: Mapping[str, Any],
+    metadata: Mapping[str, Any] | None,
+    stage: Stage | None = None,
 ) -> Plan:
-    """Collective over `comm`: check the state on every rank alike and plan the save."""
+    """Collective over `comm`: check the state on every rank alike and plan the save
+    (``stage`` runs meanwhile, see :data:`Stage`)."""
     step = Attempt()
     entries: list[Entry] = []
     meta: Any = None
     with step:
         entries = flatten_state(state)
         meta = format.check_metadata(metadata)
-    _agree_entries(comm, step.error, entries)
+    req, vec = _post_entries(comm, step.error, entries)
+    if stage is not None and step.error is None:
+        stage(entries, False)
+    _agree_entries(comm, step.error, entries, req, vec)
     size, rank = comm.Get_size(), comm.Get_rank()
     rep = [k for k, e in enumerate(entries) if e.replicated]
     who = writers([entries[k].layout.nbytes for k in rep], size)
@@ -141,27 +172,38 @@ def prepare(
             entries[k] = entries[k].skipped()
     shapes = [e.layout.global_nbytes for e in entries]
     offsets, end = format.place(shapes)
-    step = Attempt()
-    with step:  # (a layout's runs may be built here first: a rank's error is agreed)
-        mine = spans([e.layout for e in entries])
-    agree(comm, step.error, what="checkpoint.save")
-    every = np.empty((size, *mine.shape), np.int64)
-    comm.Allgather(mine, every)
-    step = Attempt()
-    with step:
-        total = every[:, :, 3].sum(axis=0)
-        sharded = ~np.array([e.replicated for e in entries], bool)
-        short = np.flatnonzero((total != np.array(shapes, np.int64)) & sharded)
-        if len(short):
-            k = int(short[0])
-            raise LayoutError(
-                f"entry {entries[k].name!r}: the ranks' pieces hold {int(total[k])} bytes, "
-                f"the array {shapes[k]}"
-            )
-    agree(comm, step.error, what="checkpoint.save")
+    every = _gather_spans(comm, entries, stage)
+    total = every[:, :, 3].sum(axis=0)  # (every rank has every rank's spans: no agreement)
+    sharded = ~np.array([e.replicated for e in entries], bool)
+    short = np.flatnonzero((total != np.array(shapes, np.int64)) & sharded)
+    if len(short):
+        k = int(short[0])
+        raise LayoutError(
+            f"checkpoint.save: entry {entries[k].name!r}: the ranks' pieces hold "
+            f"{int(total[k])} bytes, the array {shapes[k]}"
+        )
     flat = np.atleast_1d(every[:, :, 2].all(axis=0))
     fast = direct(every)
     return Plan(entries, offsets, end, every, flat.tolist(), fast.tolist(), meta)
+
+
+def _gather_spans(comm: MPI.Intracomm, entries: list[Entry], stage: Stage | None) -> I64:
+    """Collective: every rank's spans of its pieces ``(rank, array, (lo, hi, contiguous,
+    bytes))``, a row more for its error (a layout's runs may be built here first): one
+    gather agrees both, waited for sleeping (``stage`` runs while it travels)."""
+    step = Attempt()
+    mine = np.zeros((len(entries) + 1, 4), np.int64)
+    with step:
+        mine[:-1] = spans([e.layout for e in entries])
+    mine[-1, 0] = step.error is not None
+    every = np.empty((comm.Get_size(), *mine.shape), np.int64)
+    req = comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
+    if stage is not None:
+        stage(entries, True)
+    sleep_until_done(req)
+    if every[:, -1, 0].any():
+        raise_agreed(comm, step.error, what="checkpoint.save")
+    return every[:, :-1]
 
 
 def direct(every: I64) -> npt.NDArray[np.bool_]:
@@ -260,10 +302,16 @@ def write(
     """
     rank = comm.Get_rank()
     step = Attempt()
+    own_ids: list[I64] = []
+    own_crcs: list[npt.NDArray[np.uint32]] = []
     with step:  # (on async_save's thread too: a rank failing alone must not strand the rest)
+        if plan.error is not None:
+            raise plan.error
         if plan.extents is None:
             plan.plan_extents()
-    agree(comm, step.error, what="checkpoint.save")
+        own_ids, own_crcs = _crc_owned(plan, rank)
+    if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
+        raise_agreed(comm, step.error, what="checkpoint.save: checksums")
     with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
         head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
         fast: list[Any] = [(head, Segments([0], [len(head)]))]
@@ -283,10 +331,6 @@ def write(
                         "while writing; save row-contiguous pieces"
                     )
             agree(f.comm, step.error, what="checkpoint.save")
-        step = Attempt()
-        with step:
-            own_ids, own_crcs = _crc_owned(plan, rank)
-        agree(f.comm, step.error, what="checkpoint.save: checksums")
         if not plan.reads_back:  # (one call: an S3 object's size is fixed by its first write)
             tail = _tail(f.comm, plan, own_ids, own_crcs)
             f.write_all_many([*fast, *slow, tail], _disjoint=not slow)

@@ -1,0 +1,97 @@
+"""A checkpoint's index as a reader finds it: the trailer, the JSON document and the
+extent table, each checked; and :func:`info`, which needs no MPI."""
+
+from __future__ import annotations
+
+import collections.abc
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import ChecksumError
+from . import format
+
+__all__ = ["Info", "info", "parse", "parse_crc"]
+
+
+class Info(collections.abc.Mapping[str, dict[str, Any]]):
+    """A checkpoint's arrays by name (shape, dtype, order, offset, nbytes, replicated)
+    and ``metadata``, the user's JSON values."""
+
+    def __init__(self, index: format.Index) -> None:
+        self.index = index
+        self.metadata = index.metadata
+        self._arrays = {
+            name: {**entry, "shape": tuple(entry["shape"]), "dtype": index.dtype(name)}
+            for name, entry in index.arrays.items()
+        }
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __repr__(self) -> str:
+        return f"<checkpoint info: {len(self)} arrays, metadata={self.metadata!r}>"
+
+
+def parse(read: Any, size: int, where: str) -> format.Index:
+    """The index of a target of ``size`` bytes, ``read(offset, length)`` giving its bytes."""
+    return parse_crc(read, size, where)[0]
+
+
+def parse_crc(read: Any, size: int, where: str) -> tuple[format.Index, int]:
+    """:func:`parse`, and the index's checksum (as the trailer gives it)."""
+    import crc32c
+
+    tail = format.TRAILER.size
+    off, length, crc = format.parse_trailer(
+        read(size - tail, tail) if size >= tail else b"", size, where
+    )
+    doc = read(off, length)
+    if crc32c.crc32c(doc) != crc:
+        raise ChecksumError(f"{where}: the index's checksum differs")
+    try:
+        toff, tlen = format.Index.table_span(doc)
+        return format.Index.from_bytes(doc, read(toff, tlen), where), crc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ChecksumError(f"{where}: unreadable index: {exc}") from None
+
+
+def info(target: Any, **options: Any) -> Info:
+    """Local, no MPI: what the checkpoint at ``target`` holds (a path, or ``s3://``:
+    ranged GETs, ``options`` as :func:`collio.open` takes for S3)."""
+    text = os.fspath(target)
+    if text.startswith("s3://"):
+        return Info(_parse_s3(text, options))
+    with open(text, "rb") as fp:
+        size = os.fstat(fp.fileno()).st_size
+
+        def read(offset: int, length: int) -> bytes:
+            fp.seek(offset)
+            return fp.read(length)
+
+        return Info(parse(read, size, text))
+
+
+def _parse_s3(url: str, options: dict[str, Any]) -> format.Index:
+    from ..backends.s3.client import client_for
+    from ..backends.s3.options import S3Options
+
+    opts = S3Options(**{k: v for k, v in options.items() if k in {"endpoint_url", "region_name"}})
+    client = client_for(opts.endpoint_url, opts.region_name, 3, 4)
+    bucket, _, key = url[len("s3://") :].partition("/")
+    size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+
+    def read(offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        rng = f"bytes={offset}-{offset + length - 1}"
+        body: bytes = client.get_object(Bucket=bucket, Key=key, Range=rng)["Body"].read()
+        return body
+
+    return parse(read, size, url)

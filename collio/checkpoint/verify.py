@@ -1,0 +1,266 @@
+"""What a load checksums and how: planned before any byte is read, summed as the bytes
+pass by (a local file's pieces right after each step's read, still in the cache), and
+compared in one agreement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from mpi4py import MPI
+
+from ..backends.base import storage_errors
+from ..collective import Attempt, raise_agreed
+from ..file import File
+from ..layouts.arrays import ArrayLayout
+from ..layouts.base import Segments
+from ..waits import sleep_until_done
+from . import extents, format
+from .crc import combine as crc_combine
+
+__all__ = ["CHUNK", "Checks", "alone", "plan", "read_checked", "segments", "verify", "verify_alone"]
+
+I64 = npt.NDArray[np.int64]
+
+
+class Checks:
+    """What this rank checksums at a load, planned before any byte is read: the extents
+    its pieces hold whole (``own``: rows of the plan) and its parts of the extents held
+    by several ranks (``mine``: rows of ``plan.part``), as (array, lo, hi) within the
+    array; their checksums fill ``sums`` (``own``'s first) as the bytes pass by."""
+
+    def __init__(self, plan: extents.Plan, rank: int) -> None:
+        self.plan = plan
+        self.own = np.flatnonzero(plan.owner == rank)
+        pe, plo, phi, prk = plan.part
+        self.mine = np.flatnonzero(prk == rank)
+        self.aid = np.concatenate([plan.aid[self.own], plan.aid[pe[self.mine]]])
+        self.lo = np.concatenate([plan.starts[self.own], plo[self.mine]])
+        self.hi = np.concatenate([plan.ends[self.own], phi[self.mine]])
+        self.sums = np.zeros(len(self.aid), np.uint32)
+        self.done = np.zeros(len(self.aid), bool)
+
+    def from_memory(self, views: list[Any], arrays: list[int]) -> None:
+        """The checksums of the ranges in ``arrays`` not summed yet, from this rank's
+        pieces (``views[k]``: array ``k``'s piece as bytes, and its first byte)."""
+        import crc32c
+
+        todo = np.flatnonzero(np.isin(self.aid, arrays) & ~self.done)
+        rows = zip(self.aid[todo].tolist(), self.lo[todo].tolist(), self.hi[todo].tolist(),
+                   strict=True)  # fmt: skip
+        for j, (k, a, b) in zip(todo.tolist(), rows, strict=True):
+            buf, lo = views[k]
+            self.sums[j] = crc32c.crc32c(buf[a - lo : b - lo])
+        self.done[todo] = True
+
+
+def segments(plo: I64, phi: I64, clo: I64, chi: I64, chunk: int) -> tuple[I64, I64, I64, I64]:
+    """Reads tiling the pieces ``[plo, phi)`` (file offsets, sorted, disjoint), cut at the
+    edges of the checked ranges ``[clo, chi)`` (sorted, disjoint, each in a piece) and
+    every ``chunk`` bytes within them: (start, end, piece, checked range or -1) of each,
+    in file order.  A range's bytes are checksummed right after their read, still in
+    the cache, instead of in a second pass over the arrays."""
+    if len(plo) == 0:
+        return _EMPTY, _EMPTY, _EMPTY, _EMPTY
+    n = np.maximum((chi - clo - 1) // chunk, 0)
+    first = np.cumsum(n) - n
+    step = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(first, n) + 1
+    grid = np.repeat(clo, n) + chunk * step
+    cuts = np.unique(np.concatenate([plo, phi, clo, chi, grid]))
+    s, e = cuts[:-1], cuts[1:]
+    p = np.searchsorted(plo, s, side="right") - 1
+    keep = (p >= 0) & (e <= phi[np.maximum(p, 0)])
+    s, e, p = s[keep], e[keep], p[keep]
+    if len(clo) == 0:
+        return s, e, p, np.full(len(s), -1, np.int64)
+    c = np.searchsorted(clo, s, side="right") - 1
+    inside = (c >= 0) & (e <= chi[np.maximum(c, 0)])
+    return s, e, p, np.where(inside, c, -1)
+
+
+_EMPTY = np.zeros(0, np.int64)
+#: Bytes read (then checksummed) at a time within a checked extent: a few per core's
+#: cache, so the checksum reads them from the cache that the read's copy just filled.
+CHUNK = 256 << 10
+
+
+def read_checked(
+    be: Any, checks: Checks, views: list[Any], arrays: I64, offs: I64, mine: I64
+) -> None:
+    """Local: this rank's pieces of ``arrays`` (each one range of its array: ``mine``'s
+    (lo, hi) rows, relative to the array at ``offs``), each straight into its array by
+    the backend, the checked ranges in them summed as they are read."""
+    import crc32c
+
+    sel = arrays[mine[arrays, 1] > mine[arrays, 0]]
+    plo, phi = offs[sel] + mine[sel, 0], offs[sel] + mine[sel, 1]
+    order = np.argsort(plo, kind="stable")
+    sel, plo, phi = sel[order], plo[order], phi[order]
+    todo = np.flatnonzero(np.isin(checks.aid, sel) & ~checks.done)
+    base = offs[checks.aid[todo]]
+    clo, chi = base + checks.lo[todo], base + checks.hi[todo]
+    by = np.argsort(clo, kind="stable")
+    todo, clo, chi = todo[by], clo[by], chi[by]
+    s, e, p, c = segments(plo, phi, clo, chi, CHUNK)
+    slot = np.where(c >= 0, todo[np.maximum(c, 0)] if len(todo) else -1, -1)
+    at = s - plo[p]  # (offset within the piece)
+    bufs = [views[k][0] for k in sel.tolist()]
+    sums = checks.sums.tolist()
+    with storage_errors(be):
+        rows = zip(s.tolist(), (e - s).tolist(), p.tolist(), at.tolist(), slot.tolist(),
+                   strict=True)  # fmt: skip
+        for off, n, k, a, j in rows:
+            buf = bufs[k][a : a + n]
+            be.read_at(off, buf)
+            if j >= 0:
+                sums[j] = crc32c.crc32c(buf, sums[j])
+    checks.sums[:] = sums
+    checks.done[todo] = True
+
+
+def verify(
+    comm: MPI.Comm,
+    f: File | None,
+    be: Any,
+    checks: Checks,
+    crcs: npt.NDArray[np.uint32],
+    offs: I64,
+    narrays: int,
+    error: BaseException | None,
+) -> npt.NDArray[np.bool_]:
+    """Collective: every checksum compared; which arrays differ (the same on every rank).
+    Raises ``error`` (this rank's, of its reads) agreed on every rank first.
+
+    The extents a rank's piece held whole were summed by it, those several ranks held
+    are combined from their parts' sums; any other extent one rank reads once more.
+    All of it agreed in one reduction, waited for sleeping (a rank done early leaves
+    the core to those still reading).  The extents read once more are read by ``f``'s
+    collective read, or without a file open (None) by this rank alone from ``be``."""
+    import crc32c
+
+    x = checks.plan
+    bad = np.zeros(narrays, bool)
+    n_own = len(checks.own)
+    bad[x.aid[checks.own[checks.sums[:n_own] != crcs[checks.own]]]] = True
+    rank = comm.Get_rank()
+    if bool((x.reader >= 0).any()):  # (the same on every rank: every rank plans alike)
+        rd = np.flatnonzero(x.reader == rank)
+        lens = x.ends[rd] - x.starts[rd]
+        step = Attempt()  # (this rank's own reads fail alone: agreed below)
+        with step:
+            got = _read_back(f, be, offs[x.aid[rd]] + x.starts[rd], lens)
+            cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
+            for i, j in enumerate(rd.tolist()):
+                if crc32c.crc32c(got[cuts[i] : cuts[i + 1]]) != crcs[j]:
+                    bad[x.aid[j]] = True
+        error = error or step.error
+    pe = x.part[0]
+    vec = np.zeros(len(pe) + narrays + 1, np.uint32)
+    vec[checks.mine] = checks.sums[n_own:]  # (each part's rank alone gives it)
+    vec[len(pe) : len(pe) + narrays] = bad
+    vec[-1] = error is not None
+    sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [vec, MPI.UINT32_T], op=MPI.BOR))
+    if vec[-1]:
+        raise_agreed(comm, error, what="checkpoint.load")
+    bad = vec[len(pe) : len(pe) + narrays].astype(bool)
+    if len(x.joined):
+        _check_joined(x, vec[: len(pe)], crcs, bad)
+    return bad
+
+
+def _read_back(f: File | None, be: Any, at: I64, lens: I64) -> Any:
+    """The bytes of the ranges ``(at, lens)`` this rank reads back, one after another."""
+    if f is not None:
+        return f.read_all(Segments(at, lens)).data
+    got = np.empty(int(lens.sum()), np.uint8)
+    cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
+    with storage_errors(be):
+        for i, off in enumerate(at.tolist()):
+            be.read_at(off, got[cuts[i] : cuts[i + 1]])
+    return got
+
+
+def plan(
+    index: format.Index, wanted: list[tuple[str, ArrayLayout]], every: I64
+) -> tuple[extents.Plan, npt.NDArray[np.uint32], I64]:
+    """The stored extents of the arrays read (every array's at once), with their
+    checksums and the arrays' offsets."""
+    starts, crcs, aid = index.extents_of([name for name, _ in wanted])
+    # (the index's sizes: each array's shape and dtype were checked against it)
+    nbytes = np.array([int(index.arrays[name]["nbytes"]) for name, _ in wanted], np.int64)
+    offs = np.array([int(index.arrays[name]["offset"]) for name, _ in wanted], np.int64)
+    return extents.assign(starts, aid, nbytes, offs, every, join=True), crcs, offs
+
+
+def _check_joined(
+    x: extents.Plan,
+    got: npt.NDArray[np.uint32],
+    crcs: npt.NDArray[np.uint32],
+    bad: npt.NDArray[np.bool_],
+) -> None:
+    """The extents held by several ranks' pieces, from their parts' checksums (``got``,
+    every rank's, combined on every rank alike); marks ``bad``."""
+    pe, plo, phi, _ = x.part
+    first = np.searchsorted(pe, x.joined)
+    count = np.diff(np.append(first, len(pe)))
+    crc = got[first]
+    for j in range(1, int(count.max(initial=1))):
+        more = count > j
+        at = first[more] + j
+        crc[more] = crc_combine(crc[more], got[at], phi[at] - plo[at])
+    bad[x.aid[x.joined[crc != crcs[x.joined]]]] = True
+
+
+def alone(x: extents.Plan, spans: I64, rank: int) -> tuple[extents.Plan, bool]:
+    """The checks of a plan made from this rank's spans alone (``x``, planned with
+    ``spans[None]``): this rank checks the extents its pieces hold whole; and whether
+    its pieces are each one range holding whole extents only (the load at the
+    decomposition that saved: no extent is cut by a piece's edge, so no rank needs
+    another's part).  Extents no rank holds are read back (:func:`verify_alone`)."""
+    mine = x.owner == 0
+    lo, hi = spans[x.aid, 0], spans[x.aid, 1]
+    cut = (x.starts < hi) & (x.ends > lo) & ~mine  # (within a piece, not whole in it)
+    whole_ones = bool(spans[:, 2].all()) and not bool(cut.any())
+    none = np.full(len(x.starts), -1, np.int64)
+    return extents.Plan(x.starts, x.ends, x.aid, np.where(mine, rank, -1), none), whole_ones
+
+
+def verify_alone(
+    comm: MPI.Comm, be: Any, checks: Checks, crcs: npt.NDArray[np.uint32], offs: I64,
+    narrays: int, error: BaseException | None,
+) -> npt.NDArray[np.bool_]:  # fmt: skip
+    """Collective: :func:`verify` where every rank planned its checks alone (:func:`alone`),
+    in one reduction of the errors, the arrays that differ and the extents checked; the
+    extents no rank checked (none held them whole: a load of part of an array) are then
+    read back, dealt over the ranks in turn, and agreed in a second one."""
+    x = checks.plan
+    n_own = len(checks.own)
+    vec = np.zeros(1 + narrays + len(x.starts), np.uint32)
+    vec[0] = error is not None
+    vec[1 + x.aid[checks.own[checks.sums[:n_own] != crcs[checks.own]]]] = 1
+    vec[1 + narrays + checks.own] = 1
+    sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [vec, MPI.UINT32_T], op=MPI.BOR))
+    if vec[0]:
+        raise_agreed(comm, error, what="checkpoint.load")
+    bad = vec[1 : 1 + narrays].astype(bool)
+    left = np.flatnonzero(vec[1 + narrays :] == 0)
+    if not len(left):  # (the same on every rank)
+        return bad
+    import crc32c
+
+    rd = left[comm.Get_rank() :: comm.Get_size()]
+    lens = x.ends[rd] - x.starts[rd]
+    step = Attempt()
+    with step:
+        got = _read_back(None, be, offs[x.aid[rd]] + x.starts[rd], lens)
+        cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
+        for i, j in enumerate(rd.tolist()):
+            if crc32c.crc32c(got[cuts[i] : cuts[i + 1]]) != crcs[j]:
+                bad[x.aid[j]] = True
+    more = np.concatenate([[step.error is not None], bad]).astype(np.uint32)
+    sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [more, MPI.UINT32_T], op=MPI.BOR))
+    if more[0]:
+        raise_agreed(comm, step.error, what="checkpoint.load")
+    out: npt.NDArray[np.bool_] = more[1:].astype(bool)
+    return out

@@ -1,0 +1,160 @@
+"""A local file's load: the ranks read it themselves, with no file open unless a piece
+needs the two-phase path; its agreements still catch ranks that differ."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import raises_everywhere
+from mpi4py import MPI
+
+import collio
+import collio.checkpoint as ckpt
+from collio.layouts import Subarray
+from collio.testing import checkpoint as model
+
+
+def _path(comm: MPI.Intracomm, tmp: Any, name: str = "model.ckpt") -> str:
+    return str(comm.bcast(os.path.join(str(tmp), name), root=0))
+
+
+def _flip(path: str, at: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0x10]))
+
+
+def _count_opens(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    opened: list[Any] = []
+    real = collio.File._open.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: Any, *a: Any, **k: Any) -> Any:
+        opened.append(a[1])
+        return real(cls, *a, **k)
+
+    monkeypatch.setattr(collio.File, "_open", classmethod(spy))
+    return opened
+
+
+@pytest.mark.mpi
+def test_part_of_an_array_reads_the_rest_of_its_extents_back(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of the middle of an array, on one rank: the extents they cut are read back
+    by the ranks alone (no file opened), every byte checked; a byte flipped outside the
+    rows but in an extent they touch is found on every rank."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=8), comm=comm)
+    rows = 512  # (f8 x 1000 a row: 8000 bytes, so rows 100-140 lie inside the first 4 MiB)
+    shape = (rows, 1000)
+    mine = (100, 40) if comm.rank == 0 else (0, 0)
+    lay = Subarray(shape, (mine[0], 0), (mine[1], 1000), "<f8")
+    opened = _count_opens(monkeypatch)
+    got = ckpt.load(path, {"a": lay}, comm=comm)["a"]
+    assert opened == []
+    want = model.rows_reference("a", 8)[mine[0] : mine[0] + mine[1]]
+    assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+    if comm.rank == 0:
+        _flip(path, ckpt.info(path)["a"]["offset"] + 3 * 8000 + 7)  # row 3: not loaded
+    comm.Barrier()
+    err = raises_everywhere(
+        comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
+    )
+    assert err.names == ("a",)
+    assert opened == []
+
+
+@pytest.mark.mpi
+def test_row_shards_load_without_a_file_open(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row shards and replicated values: every rank reads its own bytes (no file opened,
+    no two-phase call); a 2-D block in the same load opens it, for that array only."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    spec: dict[str, Any] = dict(model.rows_layouts(comm.rank, comm.size))
+    spec["rep"] = None
+    opened = _count_opens(monkeypatch)
+    got = ckpt.load(path, spec, comm=comm)
+    assert opened == []
+    for name, lay in spec.items():
+        if lay is None:
+            assert got[name].tobytes() == np.arange(7, dtype="<i8").tobytes()
+            continue
+        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+    if comm.size < 2:
+        return
+    cols = Subarray((64, 1000), (0, 500 * (comm.rank % 2)), (64 if comm.rank < 2 else 0, 500),
+                    "<f8")  # fmt: skip
+    got = ckpt.load(path, {"a": cols, "b": spec["b"]}, comm=comm)
+    assert len(opened) == 1
+    want = np.ascontiguousarray(model.rows_reference("a")[cols.slices])
+    assert got["a"].tobytes() == want.tobytes()
+
+
+@pytest.mark.mpi
+def test_ranks_passing_other_arguments_raise_everywhere(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """One rank's other hints, or a load that maps (which opens the file) beside the
+    others' local reads: the same MismatchError on every rank, and the job goes on."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    spec = {"b": model.rows_layouts(comm.rank, comm.size)["b"]}
+    last = comm.rank == comm.size - 1
+    hints = {"cb_buffer_size": 1 << 20} if last else None
+    raises_everywhere(
+        comm,
+        collio.MismatchError,
+        lambda: ckpt.load(path, spec, comm=comm, hints=hints),
+        match=f"rank {comm.size - 1} passes other arguments",
+    )
+    mapped = {"mapped_reads": "enable"} if last else None
+    raises_everywhere(
+        comm, collio.MismatchError, lambda: ckpt.load(path, spec, comm=comm, hints=mapped)
+    )
+    got = ckpt.load(path, spec, comm=comm)["b"]
+    lay = spec["b"]
+    assert got.tobytes() == np.ascontiguousarray(model.rows_reference("b")[lay.slices]).tobytes()
+
+
+@pytest.mark.mpi
+def test_rows_left_out_at_the_saving_split_are_read_back_and_checked(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The saving split with the last rank's rows left out: every rank checks its own
+    pieces alone (no spans gathered), the extents nobody loaded are read back and
+    checked, and a byte flipped in them is found on every rank."""
+    import sys
+
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=8), comm=comm)
+    lay = model.rows_layouts(comm.rank, comm.size, scale=8)["a"]
+    assert isinstance(lay, Subarray)
+    last = comm.rank == comm.size - 1
+    mine = Subarray(lay.global_shape, lay.start, (0, 1000), "<f8") if last else lay
+    loader = sys.modules["collio.checkpoint.load"]
+    gathers: list[Any] = []
+    real = loader._all_spans
+    monkeypatch.setattr(loader, "_all_spans", lambda *a: gathers.append(a) or real(*a))
+    got = ckpt.load(path, {"a": mine}, comm=comm)["a"]
+    assert gathers == []
+    want = np.ascontiguousarray(model.rows_reference("a", 8)[mine.slices])
+    assert got.tobytes() == want.tobytes()
+    if comm.rank == 0:  # a byte of the last rank's rows, which no rank loads
+        info = ckpt.info(path)["a"]
+        _flip(path, info["offset"] + info["nbytes"] - 8000 + 3)
+    comm.Barrier()
+    err = raises_everywhere(
+        comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": mine}, comm=comm)
+    )
+    assert err.names == ("a",)
+    assert gathers == []
