@@ -83,9 +83,12 @@ def before_head(
     step = Attempt()
     # what a rank that fails contributes (its flag makes every rank raise first)
     runs, buf, extra, sig, mapped = _FAILED
+    d, offset = NOT_COMPARED, 0
     with step:
         runs, buf, extra, sig, mapped = _check_locally(ctx, source, writing=writing)
-    d, offset = digest_kept(sig)  # (the offset is not a fact: a time series moves it)
+        # (the offset is not a fact: a time series moves it; a user's signature that
+        # cannot be digested fails this rank's checks, agreed like them)
+        d, offset = digest_kept(sig)
     facts = (has_many_small_runs(runs, ctx.hints.direct_threshold), mapped, checked(runs), d)
     extent = runs.extent() if len(runs) else (BIG, 0)
     where = moved(ctx.extents, *extent)

@@ -59,7 +59,9 @@ def digest_kept(sig: Any) -> tuple[int, int]:
     the offsets (:func:`placed`)."""
     what, offset = sig, 0
     # (an array layout's signature: ("array", shape, dtype, order, offset))
-    if type(sig) is tuple and len(sig) == 5 and sig[0] == "array" and type(sig[4]) is int:
+    # (types first: a user's signature may hold arrays, whose == is elementwise)
+    if (type(sig) is tuple and len(sig) == 5 and type(sig[0]) is str and sig[0] == "array"
+            and type(sig[4]) is int):  # fmt: skip
         what, offset = sig[:4], sig[4]
     seen = _SIG[0]
     try:  # (equal values digest alike here: the ranks compare with == when digests differ)

@@ -123,7 +123,14 @@ def test_ranks_passing_other_arguments_raise_everywhere(
     )
     got = ckpt.load(path, spec, comm=comm)["b"]
     lay = spec["b"]
-    assert got.tobytes() == np.ascontiguousarray(model.rows_reference("b")[lay.slices]).tobytes()
+    want = np.ascontiguousarray(model.rows_reference("b")[lay.slices]).tobytes()
+    assert got.tobytes() == want
+    # the same arguments spelled otherwise on one rank (the backend named, an option as
+    # an int, a hint as a string) are the same load, as a collio file's open finds them
+    spelled: dict[str, Any] = {"backend": "posix", "writeback": 1} if last else {}
+    size = "1048576" if last else 1 << 20
+    got = ckpt.load(path, spec, comm=comm, hints={"cb_buffer_size": size}, **spelled)["b"]
+    assert got.tobytes() == want
 
 
 @pytest.mark.mpi

@@ -382,3 +382,31 @@ def test_a_series_of_array_layouts_guesses_and_the_head_still_compares_offsets(c
     assert guessed == [False, False] + [True] * (steps - 2)
     _same_file(comm, path, np.frombuffer(b"".join(parts), np.uint8))
     assert read_file(theirs) == want.tobytes()
+
+
+class _Tagged(collio.layouts.Subarray):
+    """A user's layout whose signature holds an array."""
+
+    __slots__ = ()
+
+    def signature(self):
+        return (np.arange(3), self.global_shape, self.dtype.str, self.order, self.offset)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_signature_holding_an_array_fails_agreed(comm, mpi_tmp_path):
+    """A user's layout whose signature holds an array writes; one rank's bad piece
+    makes every rank raise its error (none is left waiting in the head)."""
+    path = str(mpi_tmp_path / "tagged.bin")
+    p, r = comm.size, comm.rank
+    lay = _Tagged((p, 4), (r, 0), (1, 4), np.float64)
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(np.full((1, 4), float(r)), lay)
+        bad = np.full((1, 4), r, np.float32 if r == 0 else np.float64)
+        raises_everywhere(
+            comm, collio.LayoutError, lambda: f.write_all(bad, lay),
+            match="rank 0: data dtype float32 does not match layout dtype float64",
+        )  # fmt: skip
+    comm.Barrier()
+    want = np.repeat(np.arange(p, dtype=np.float64), 4)
+    np.testing.assert_array_equal(np.frombuffer(read_file(path), np.float64), want)

@@ -19,6 +19,7 @@ from ..errors import ChecksumError, LayoutError, MismatchError
 from ..facts import Facts, How, fact, record
 from ..file import File
 from ..file import open as _open
+from ..hints import Hints
 from ..layouts.arrays import ArrayLayout, array_layout
 from ..waits import sleep_until_done
 from . import format
@@ -392,7 +393,11 @@ def _load_local(
             got = _Wanted()
             index: Any = None
             crc, solo = -1, False
+            parsed: Any = None
             with step:
+                # (the ranks compare what a collio file's open compares: the target and
+                # the parsed hints, not how each rank spelled the backend's options)
+                parsed = Hints.coerce(hints, warn=False)
                 kept = {k: v for k, v in options.items() if k != "backend"}
                 get_backend("posix").check_options("r", kept)
                 reader.open(path)
@@ -400,7 +405,7 @@ def _load_local(
                 got.find(index, spec)
                 x, crcs, offs = plan(index, got.wanted, got.spans[None])  # (this rank's alone)
                 x, solo = alone(x, got.spans, comm.Get_rank())
-            setup = (path, repr(hints), sorted(options.items()))
+            setup = (path, repr(parsed))
             head = _Head(index_crc=crc, names=digest(got.names), setup=digest(setup), alone=solo)
             if _agree_local(comm, (priv.files + 1, path), step.error, head, got.names, setup):
                 checks = Checks(x, comm.Get_rank())  # (this rank's spans: row 0 of its own)

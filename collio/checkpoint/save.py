@@ -311,7 +311,7 @@ def write(
             plan.plan_extents()
         own_ids, own_crcs = _crc_owned(plan, rank)
     if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
-        raise_agreed(comm, step.error, what="checkpoint.save: checksums")
+        raise_agreed(comm, step.error, what="checkpoint.save")
     with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
         head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
         fast: list[Any] = [(head, Segments([0], [len(head)]))]
