@@ -48,7 +48,7 @@ from .runs import Runs
 from .speculate import remember
 
 __all__ = [
-    "Context", "read", "read_again", "read_many", "release_buffers", "write", "write_again",
+    "Context", "again", "read", "read_many", "release_buffers", "write",
     "write_many",
 ]  # fmt: skip
 
@@ -237,17 +237,17 @@ def write_many(ctx: Context, items: Any, *, disjoint: bool = False) -> None:
     )
 
 
-def write_again(ctx: Context, fview: Any, position: Any, data: Any) -> bool:
-    """Collective over ``ctx.comm`` if it returns True: ``data`` written through the file
-    view ``fview`` from etype ``position``, when the call repeats this rank's last one
-    through the view (:func:`collio.quick.again`: in ints through a dense view, else
-    :func:`collio.check.again`); False (nothing done, nothing communicated): the caller
-    makes the call the general way."""
+def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool) -> bool:
+    """Collective over ``ctx.comm`` if it returns True: ``data`` written (read into)
+    through the file view ``fview`` from etype ``position``, when the call repeats this
+    rank's last one of its kind through the view (:func:`collio.quick.again`: in ints
+    through a dense view, else :func:`collio.check.again`); False (nothing done, nothing
+    communicated): the caller makes the call the general way."""
     t0 = time.perf_counter()
-    got = quick.again(ctx, fview, position, data, writing=True, t0=t0)
+    got = quick.again(ctx, fview, position, data, writing=writing, t0=t0)
     if got is None or got is True:
         return got is not None
-    _write(ctx, None, t0=t0, pending=got)
+    (_write if writing else _read)(ctx, None, t0=t0, pending=got)
     return True
 
 
@@ -304,17 +304,6 @@ def read_many(ctx: Context, layouts: Any, out: Any, *, disjoint: bool = False) -
         disjoint=disjoint,
     )
     return got
-
-
-def read_again(ctx: Context, fview: Any, position: Any, out: Any) -> bool:
-    """Collective over ``ctx.comm`` if it returns True: ``out`` filled through the file
-    view ``fview`` from etype ``position`` (as :func:`write_again`)."""
-    t0 = time.perf_counter()
-    got = quick.again(ctx, fview, position, out, writing=False, t0=t0)
-    if got is None or got is True:
-        return got is not None
-    _read(ctx, None, t0=t0, pending=got)
-    return True
 
 
 def _read(

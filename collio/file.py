@@ -206,10 +206,10 @@ class File:
     def _through_view(self, position: Any, data: Any, *, writing: bool) -> int:
         """Collective: write (read) ``data`` through the view from etype ``position``;
         the etypes it moved.  A call repeating the last one through the view skips the
-        buffer's checks (:func:`collio.engine.write_again`)."""
+        buffer's checks (:func:`collio.engine.again`)."""
         ctx, fview = self._ctx, self._view
         try:
-            if (engine.write_again if writing else engine.read_again)(ctx, fview, position, data):
+            if engine.again(ctx, fview, position, data, writing=writing):
                 return int(data.nbytes) // fview.etype_size
             lay = view.BufferLayout(fview, position, data, writing=writing)
             if writing:
