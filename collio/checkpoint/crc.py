@@ -1,4 +1,5 @@
-"""CRC-32C of two ranges from the CRC-32C of each (zlib's ``crc32_combine``), for many at once.
+"""CRC-32C of two ranges from the CRC-32C of each (zlib's ``crc32_combine``), for many at once;
+and the CRC-32C of consecutive pieces of one buffer (:func:`of_pieces`).
 
 A resharded load holds an extent's bytes in two (or more) ranks' pieces: each rank
 checksums its part from memory, and the parts' checksums combine into the extent's,
@@ -15,7 +16,7 @@ import functools
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["combine"]
+__all__ = ["combine", "of_pieces"]
 
 U32 = npt.NDArray[np.uint32]
 #: CRC-32C (Castagnoli), reflected
@@ -79,3 +80,15 @@ def combine(crc1: U32, crc2: U32, len2: npt.NDArray[np.int64]) -> U32:
         if not bool((n >> (k + 1)).any()):
             break
     return out ^ np.asarray(crc2, np.uint32)
+
+
+def of_pieces(buf: npt.NDArray[np.uint8], lens: npt.NDArray[np.int64]) -> U32:
+    """The CRC-32C of each of the consecutive pieces of ``buf`` of lengths ``lens`` (one
+    call of the library per piece: each is an extent, not a byte run)."""
+    import crc32c
+
+    view = buf.data
+    cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
+    return np.asarray(
+        [crc32c.crc32c(view[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)], np.uint32
+    )

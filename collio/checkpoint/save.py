@@ -19,6 +19,7 @@ from ..layouts.arrays import ArrayLayout, Subarray
 from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
+from .crc import of_pieces
 from .state import Entry, flatten_state, writers
 
 __all__ = ["Plan", "prepare", "write"]
@@ -250,16 +251,6 @@ def _read_back_runs(plan: Plan, rank: int) -> tuple[I64, I64, I64]:
     return mine, plan.offsets[x.aid[mine]] + x.starts[mine], x.ends[mine] - x.starts[mine]
 
 
-def _crcs_of(buf: npt.NDArray[np.uint8], lens: I64) -> npt.NDArray[np.uint32]:
-    import crc32c
-
-    view = buf.data
-    cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
-    return np.asarray(
-        [crc32c.crc32c(view[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)], np.uint32
-    )
-
-
 def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
     """Extent table, JSON index and trailer, as stored from ``plan.data_end``."""
     import crc32c
@@ -338,7 +329,7 @@ def write(
         f.write_all_many(fast, _disjoint=True)
         f.write_all_many(slow)
         ids, offs, lens = _read_back_runs(plan, rank)
-        back = _crcs_of(f.read_all(Segments(offs, lens)), lens)
+        back = of_pieces(f.read_all(Segments(offs, lens)), lens)
         f.write_all(*_tail(f.comm, plan, [*own_ids, ids], [*own_crcs, back]))
 
 

@@ -18,6 +18,7 @@ from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
 from .crc import combine as crc_combine
+from .crc import of_pieces
 
 __all__ = ["CHUNK", "Checks", "alone", "plan", "read_checked", "segments", "verify", "verify_alone"]
 
@@ -137,23 +138,15 @@ def verify(
     All of it agreed in one reduction, waited for sleeping (a rank done early leaves
     the core to those still reading).  The extents read once more are read by ``f``'s
     collective read, or without a file open (None) by this rank alone from ``be``."""
-    import crc32c
-
     x = checks.plan
     bad = np.zeros(narrays, bool)
     n_own = len(checks.own)
     bad[x.aid[checks.own[checks.sums[:n_own] != crcs[checks.own]]]] = True
     rank = comm.Get_rank()
     if bool((x.reader >= 0).any()):  # (the same on every rank: every rank plans alike)
-        rd = np.flatnonzero(x.reader == rank)
-        lens = x.ends[rd] - x.starts[rd]
         step = Attempt()  # (this rank's own reads fail alone: agreed below)
         with step:
-            got = _read_back(f, be, offs[x.aid[rd]] + x.starts[rd], lens)
-            cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
-            for i, j in enumerate(rd.tolist()):
-                if crc32c.crc32c(got[cuts[i] : cuts[i + 1]]) != crcs[j]:
-                    bad[x.aid[j]] = True
+            _check_back(f, be, x, np.flatnonzero(x.reader == rank), crcs, offs, bad)
         error = error or step.error
     pe = x.part[0]
     vec = np.zeros(len(pe) + narrays + 1, np.uint32)
@@ -169,10 +162,22 @@ def verify(
     return bad
 
 
-def _read_back(f: File | None, be: Any, at: I64, lens: I64) -> Any:
+def _check_back(
+    f: File | None, be: Any, x: extents.Plan, rd: I64, crcs: npt.NDArray[np.uint32], offs: I64,
+    bad: npt.NDArray[np.bool_],
+) -> None:  # fmt: skip
+    """The extents ``rd`` of ``x`` read back (:func:`_read_back`) and their checksums
+    compared: the arrays of those that differ marked in ``bad``."""
+    lens = x.ends[rd] - x.starts[rd]
+    got = _read_back(f, be, offs[x.aid[rd]] + x.starts[rd], lens)
+    bad[x.aid[rd[of_pieces(got, lens) != crcs[rd]]]] = True
+
+
+def _read_back(f: File | None, be: Any, at: I64, lens: I64) -> npt.NDArray[np.uint8]:
     """The bytes of the ranges ``(at, lens)`` this rank reads back, one after another."""
     if f is not None:
-        return f.read_all(Segments(at, lens)).data
+        back: npt.NDArray[np.uint8] = f.read_all(Segments(at, lens))
+        return back
     got = np.empty(int(lens.sum()), np.uint8)
     cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
     with storage_errors(be):
@@ -247,17 +252,9 @@ def verify_alone(
     left = np.flatnonzero(vec[1 + narrays :] == 0)
     if not len(left):  # (the same on every rank)
         return bad
-    import crc32c
-
-    rd = left[comm.Get_rank() :: comm.Get_size()]
-    lens = x.ends[rd] - x.starts[rd]
     step = Attempt()
     with step:
-        got = _read_back(None, be, offs[x.aid[rd]] + x.starts[rd], lens)
-        cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
-        for i, j in enumerate(rd.tolist()):
-            if crc32c.crc32c(got[cuts[i] : cuts[i + 1]]) != crcs[j]:
-                bad[x.aid[j]] = True
+        _check_back(None, be, x, left[comm.Get_rank() :: comm.Get_size()], crcs, offs, bad)
     more = np.concatenate([[step.error is not None], bad]).astype(np.uint32)
     sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [more, MPI.UINT32_T], op=MPI.BOR))
     if more[0]:
