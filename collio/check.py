@@ -72,7 +72,19 @@ def check(
     that no two ranks' runs overlap (agreed: direct only if every rank gives it); ``t0``
     the call's start.  Returns the runs, buffer, extra and the call (``settled``: done)."""
     p = before_head(ctx, source, writing=writing, count=count, disjoint=disjoint, t0=t0)
-    return p.runs, p.buf, p.extra, after_head(ctx, p, *head(ctx, p))
+    return resume(ctx, (p, head(ctx, p)))
+
+
+#: A call that went as far as its head: the pending call and the head's outcome (whether
+#: any rank failed, the maxima of its slots), made here or by :mod:`collio.quick`.
+Headed = tuple["Pending", tuple[bool, tuple[int, ...]]]
+
+
+def resume(ctx: Context, headed: Headed) -> tuple[Runs, npt.NDArray[np.uint8], Any, Call]:
+    """Collective over ``ctx.comm``: step 3 of the module doc for a call past its head;
+    the runs, buffer, extra and the call, as :func:`check` returns them."""
+    p, (failed, out) = headed
+    return p.runs, p.buf, p.extra, after_head(ctx, p, failed, out)
 
 
 def before_head(
@@ -115,15 +127,8 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     and its I/O was done now (:func:`collio.speculate.attempt`); None (nothing done): not
     so, the call takes the general way."""
     k = ctx.guesses[writing]
-    if k is None or k.view is not fview or type(data) is not np.ndarray:
+    if k is None or k.view is not fview or not plain(ctx, k, position, data, writing=writing):
         return None
-    if type(position) is not int or position < 0 or data.nbytes != k.nbytes or not k.nbytes:
-        return None
-    flags = data.flags
-    if not (flags.c_contiguous or flags.f_contiguous) or not (writing or flags.writeable):
-        return None
-    if ctx.mode == "closed" or (writing and (ctx.mode == "r" or ctx.aborted)):
-        return None  # (the general way raises what it must)
     try:  # (anything failing here is the general way's to agree on, as its checks find it)
         buf = data if data.dtype == np.uint8 and data.ndim == 1 else data.reshape(-1, order="A")
         buf = buf.view(np.uint8)
@@ -146,6 +151,22 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     name = "write_all" if writing else "read_all"
     found = (runs, buf, None if writing else buf, None)
     return _pending(ctx, writing, name, None, found, facts, extent, where, g, None, t0=t0)
+
+
+def plain(ctx: Context, k: speculate.Kept, position: Any, data: Any, *, writing: bool) -> bool:
+    """Local: whether ``data`` at etype ``position`` may repeat ``k``'s call through its
+    view without the buffer's checks: an ndarray of ``k``'s bytes, contiguous (writeable
+    for a read), at an int position, on a file that takes the call (else the general
+    way raises what it must).  :func:`again` and :mod:`collio.quick` ask the same."""
+    if type(data) is not np.ndarray or type(position) is not int or position < 0:
+        return False
+    if data.nbytes != k.nbytes or not k.nbytes:
+        return False
+    flags = data.flags
+    if not (flags.c_contiguous or flags.f_contiguous) or not (writing or flags.writeable):
+        return False
+    mode = ctx.mode
+    return not (mode == "closed" or (writing and (mode == "r" or ctx.aborted)))
 
 
 def _pending(

@@ -261,9 +261,7 @@ def _write(
             ctx, source, writing=True, count=count, disjoint=disjoint, t0=t0
         )
     else:
-        p = pending[0]
-        runs, buf, kept = p.runs, p.buf, p.extra
-        call = check.after_head(ctx, p, *pending[1])
+        runs, buf, kept, call = check.resume(ctx, pending)
     if call.settled:
         return
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
@@ -319,9 +317,7 @@ def _read(
             c, lambda: source(c), writing=False, count=count, disjoint=disjoint, t0=t0
         )
     else:
-        p = pending[0]
-        runs, buf, arr = p.runs, p.buf, p.extra
-        call = check.after_head(ctx, p, *pending[1])
+        runs, buf, arr, call = check.resume(c, pending)
     if call.settled:
         return arr
     if ctx.hints.read_past_eof == "disable":

@@ -37,9 +37,8 @@ from .policy import Path, may_map
 
 __all__ = ["Headed", "again"]
 
-#: A call that went as far as its head here: the pending call and the head's outcome,
-#: for :func:`collio.check.after_head`.
-Headed = tuple[check.Pending, tuple[bool, tuple[int, ...]]]
+#: A call that went as far as its head (:func:`collio.check.resume` goes on from it)
+Headed = check.Headed
 
 _U8 = np.dtype(np.uint8)
 #: The facts that change from one call of the lane to the next (the others are the
@@ -73,17 +72,11 @@ def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
     """Local: whether the lane takes the call (its first byte, its buffer as bytes and
     its extent's ``moved`` and ``shift``), or None: the conditions of
     :func:`collio.check.again` and :func:`collio.speculate.attempt`, with ints."""
-    if type(data) is not np.ndarray or type(position) is not int or position < 0:
+    if not check.plain(ctx, k, position, data, writing=writing):
+        return None
+    if k.hints is not ctx.hints or k.backend is not ctx.backend:
         return None
     n = k.nbytes
-    if data.nbytes != n or k.hints is not ctx.hints or k.backend is not ctx.backend:
-        return None
-    flags = data.flags
-    if not (flags.c_contiguous or flags.f_contiguous) or not (writing or flags.writeable):
-        return None
-    mode = ctx.mode
-    if mode == "closed" or (writing and (mode == "r" or ctx.aborted)):
-        return None
     if not writing and ctx.read_aggregators is not None:
         return None  # (the general way reads with a copy of the context)
     lo = k.at + position * k.view.etype_size

@@ -191,19 +191,24 @@ def settle(ctx: Context, g: Guess, lo: int, hi: int, extent: tuple[int, int], sa
     k = g.kept
     if same:
         return complete(ctx, k, lo, hi, extent, seconds)
-    if k.path is Path.DIRECT:  # (what engine._choose's disjoint() would keep)
-        ctx.extents = (*extent, True)
+    _keep_extent(ctx, k, extent)
     call = Call(lo, hi, k.path, Stats())
     call.early = g
     return call
+
+
+def _keep_extent(ctx: Context, k: Kept, extent: tuple[int, int]) -> None:
+    """Local: this rank's extent kept for the next call's ``moved`` fact, as
+    :func:`collio.choose.choose` keeps it for a direct call (disjoint)."""
+    if k.path is Path.DIRECT:
+        ctx.extents = (*extent, True)
 
 
 def complete(ctx: Context, k: Kept, lo: int, hi: int, extent: tuple[int, int],
              seconds: tuple[int, int]) -> Call:  # fmt: skip
     """Local: :func:`settle` of a call whose every rank repeated ``k``'s requests: it is
     complete (:data:`SETTLED`), its statistics ``k``'s sums again."""
-    if k.path is Path.DIRECT:  # (what engine._choose's disjoint() would keep)
-        ctx.extents = (*extent, True)
+    _keep_extent(ctx, k, extent)
     io, total = seconds[0] / 1e9, seconds[1] / 1e9
     stats = ctx.stats
     stats.add_again(k.sums, io, total)

@@ -26,7 +26,7 @@ from mpi4py import MPI
 from .aggregators.nodes import LocalGroups
 from .aggregators.plan import plan_sender
 from .aggregators.stage import holders, leader_runs, round_bytes, staging
-from .collective import Attempt, any_flag, raise_agreed
+from .collective import Attempt, agree, any_flag, raise_agreed
 from .context import Context, Plan
 from .exchange import alltoallv_i64
 from .runs import Runs
@@ -66,8 +66,7 @@ def place(
     rounds, spos, staged = _answers(ctx, plan, queries, len(pieces.file), base, step, what)
     # (the slot's bases and the answers may fail on one rank: agreed before its result is
     # used, or that rank would go on with pieces at round 0, position 0)
-    if any_flag(ctx.comm, step.error is not None):
-        raise_agreed(ctx.comm, step.error, what=what)
+    agree(ctx.comm, step.error, what=what)
     placed = Placed(staged, keep, pieces, rounds, spos)
     placed.slot = slot
     has = (np.bincount(rounds, minlength=plan.nrounds)[: plan.nrounds] > 0).astype(np.int64)

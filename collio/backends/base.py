@@ -399,4 +399,4 @@ class Backend(abc.ABC):
 
 def _one(offset: int, nbytes: int) -> Runs:
     """The one run of ``nbytes`` at ``offset`` from a buffer's start."""
-    return Runs(np.array([offset], np.int64), np.array([nbytes], np.int64), np.zeros(1, np.int64))
+    return Runs.sequential(np.array([offset], np.int64), np.array([nbytes], np.int64))
