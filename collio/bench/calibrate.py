@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..collective import Attempt, agree
 from ..hints import KNOWN, Hints
 from ..waits import quiet_barrier
 from .main import emitter, failed, machine_facts, single_copies
@@ -186,30 +187,38 @@ def _read_bandwidth(comm: MPI.Intracomm, directory: str | None) -> float:
     cache, every rank reading its :data:`_READ_BYTES` in :data:`_WINDOW` requests into
     one buffer at once, as aggregators read their rounds (a larger request, as the
     ceiling's, is slower: its buffer is past the caches)."""
+    step = Attempt()  # (a rank failing alone, e.g. a node without rank 0's file: agreed)
     path = None
     if comm.rank == 0:
-        fd, path = tempfile.mkstemp(prefix="collio-calibrate-", dir=directory)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(np.ones(comm.size * _READ_BYTES, np.uint8).tobytes())
+        with step:
+            fd0, path = tempfile.mkstemp(prefix="collio-calibrate-", dir=directory)
+            with os.fdopen(fd0, "wb") as fh:
+                fh.write(np.ones(comm.size * _READ_BYTES, np.uint8).tobytes())
     path = comm.bcast(path, root=0)
-    assert path is not None
     buf = memoryview(np.ones(_WINDOW, np.uint8))  # type: ignore[arg-type]
-    fd = os.open(path, os.O_RDONLY)
+    fd = -1
     times = []
     try:
+        if path is not None:
+            with step:
+                fd = os.open(path, os.O_RDONLY)
+        agree(comm, step.error, what="calibrate: page-cache reads")
         for _ in range(5):
             quiet_barrier(comm)
             t0 = time.perf_counter()
-            for at in range(0, _READ_BYTES, _WINDOW):
-                os.preadv(fd, [buf], comm.rank * _READ_BYTES + at)
+            with step:  # (every rank meets at every barrier: a failed read agreed after)
+                for at in range(0, _READ_BYTES, _WINDOW):
+                    os.preadv(fd, [buf], comm.rank * _READ_BYTES + at)
             # until the last rank is done: ranks sharing a core read one after another,
             # and a rank's own reads would miss the time it waited for its turn
             quiet_barrier(comm)
             times.append(time.perf_counter() - t0)
+        agree(comm, step.error, what="calibrate: page-cache reads")
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         quiet_barrier(comm)
-        if comm.rank == 0:
+        if comm.rank == 0 and path is not None:
             os.unlink(path)
     took = float(comm.allreduce(statistics.median(times), op=MPI.MAX))
     return comm.size * _READ_BYTES / took

@@ -215,7 +215,10 @@ def _unmapped(hints: Any) -> Any:
     and scatters them (``enable`` still maps)."""
     from ..hints import Hints
 
-    given = Hints.coerce(hints)
+    try:
+        given = Hints.coerce(hints)
+    except Exception:  # noqa: BLE001 - parsed again inside the first agreement: agreed there
+        return hints
     return given.replace(mapped_reads="disable") if given.mapped_reads == "automatic" else given
 
 
@@ -328,7 +331,7 @@ def _local(target: Any, hints: Any, options: Mapping[str, Any]) -> bool:
         isinstance(target, (str, os.PathLike))
         and infer_backend(target) == "posix"
         and options.get("backend", "posix") == "posix"
-        and hints.mapped_reads != "enable"
+        and getattr(hints, "mapped_reads", None) != "enable"
     )
 
 

@@ -249,12 +249,13 @@ def verify_alone(
     if vec[0]:
         raise_agreed(comm, error, what="checkpoint.load")
     bad = vec[1 : 1 + narrays].astype(bool)
-    left = np.flatnonzero(vec[1 + narrays :] == 0)
-    if not len(left):  # (the same on every rank)
+    left = vec[1 + narrays :] == 0
+    if not left.any():  # (the same on every rank)
         return bad
+    rd = np.flatnonzero(extents.deal_all(left, comm.Get_size()) == comm.Get_rank())
     step = Attempt()
     with step:
-        _check_back(None, be, x, left[comm.Get_rank() :: comm.Get_size()], crcs, offs, bad)
+        _check_back(None, be, x, rd, crcs, offs, bad)
     more = np.concatenate([[step.error is not None], bad]).astype(np.uint32)
     sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [more, MPI.UINT32_T], op=MPI.BOR))
     if more[0]:
