@@ -96,6 +96,9 @@ def test_row_shards_load_without_a_file_open(
     assert len(opened) == 1
     want = np.ascontiguousarray(model.rows_reference("a")[cols.slices])
     assert got["a"].tobytes() == want.tobytes()
+    # (b, read by each rank itself in the same call as a, through the file)
+    want = np.ascontiguousarray(model.rows_reference("b")[spec["b"].slices])
+    assert got["b"].tobytes() == want.tobytes()
 
 
 @pytest.mark.mpi
@@ -119,8 +122,15 @@ def test_ranks_passing_other_arguments_raise_everywhere(
     )
     mapped = {"mapped_reads": "enable"} if last else None
     raises_everywhere(
-        comm, collio.MismatchError, lambda: ckpt.load(path, spec, comm=comm, hints=mapped)
-    )
+        comm, collio.MismatchError, lambda: ckpt.load(path, spec, comm=comm, hints=mapped),
+        match="different collective operations",
+    )  # fmt: skip
+    # a hint one rank cannot parse: its error on every rank, none left in an agreement
+    bad = {"cb_buffer_size": "abc"} if last else None
+    raises_everywhere(
+        comm, collio.HintError, lambda: ckpt.load(path, spec, comm=comm, hints=bad),
+        match=f"rank {comm.size - 1}: hint cb_buffer_size='abc' is not a size",
+    )  # fmt: skip
     got = ckpt.load(path, spec, comm=comm)["b"]
     lay = spec["b"]
     want = np.ascontiguousarray(model.rows_reference("b")[lay.slices]).tobytes()

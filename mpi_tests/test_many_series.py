@@ -147,3 +147,8 @@ def test_a_reused_batch_that_changed_is_refused_everywhere(comm, mpi_tmp_path):
         back = f.read_all_many(lays)
     for k, (g, d) in enumerate(zip(back, datas, strict=True)):
         np.testing.assert_array_equal(g, d - 1, err_msg=f"item {k}")
+    theirs = str(mpi_tmp_path / "reused-romio.bin")  # (the same items, one ROMIO call each)
+    for d, lay in zip(datas, lays, strict=True):
+        romio_write(theirs, d - 1, lay, comm)
+    comm.Barrier()
+    assert read_file(path) == read_file(theirs)  # (the items leave no holes)

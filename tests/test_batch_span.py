@@ -192,17 +192,24 @@ def test_templates_of_known_shapes_move_to_new_offsets(tmp_path, monkeypatch, mo
 
 def test_release_buffers_forgets_what_batches_keep(tmp_path):
     """collio.release_buffers() drops the last batch's layouts and the templates; the next
-    batch makes them again and writes the same bytes."""
+    batch makes them again and writes its bytes, as one write_all per item does."""
     from collio import boxes
 
     items = _boxes()
-    path = str(tmp_path / "r.bin")
+    again = [((d + 1).astype(d.dtype), lay) for d, lay in items]  # (new bytes, same layouts)
+    path, single = str(tmp_path / "r.bin"), str(tmp_path / "single.bin")
     with collio.open(path, "w", comm=MPI.COMM_SELF) as f:
         f.write_all_many(items)
         assert boxes._KEPT[0] is not None and boxes._TEMPLATES
         collio.release_buffers()
         assert boxes._KEPT[0] is None and boxes._UNION[0] is None and not boxes._TEMPLATES
-        f.write_all_many(items)
+        f.write_all_many(again)
+        assert boxes._KEPT[0] is not None  # (made again)
         back = f.read_all_many([lay for _, lay in items])
-    for (d, _), got in zip(items, back, strict=True):
+    for (d, _), got in zip(again, back, strict=True):
         np.testing.assert_array_equal(got, d)
+    with collio.open(single, "w", comm=MPI.COMM_SELF) as f:
+        for d, lay in again:
+            f.write_all(d, lay)
+    with open(path, "rb") as a, open(single, "rb") as b:
+        assert a.read() == b.read()
