@@ -28,14 +28,15 @@ import numpy as np
 
 from . import check, speculate
 from .backends.base import storage_error
-from .checkfacts import Checked, moved_by
+from .checkfacts import Checked, moved_by, placed
 from .collective import KeptHead, call_kept_head, kept
 from .context import Context
 from .errors import MismatchError
 from .facts import NOT_COMPARED
+from .layouts.arrays import Subarray
 from .policy import Path, may_map
 
-__all__ = ["Headed", "again"]
+__all__ = ["Headed", "again", "layout_again"]
 
 #: A call that went as far as its head (:func:`collio.check.resume` goes on from it)
 Headed = check.Headed
@@ -44,7 +45,7 @@ _U8 = np.dtype(np.uint8)
 #: The facts that change from one call of the lane to the next (the others are the
 #: kept call's, packed once into :attr:`Kept.head`)
 _PATCH = Checked.patcher(
-    "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total"
+    "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total", "sig"
 )  # fmt: skip
 #: The agreed facts that tell a call complete at its head, and what settles it
 _READ = Checked.reader("guessed", "same", "sig", "items", "lo", "hi", "t_io", "t_total")
@@ -67,6 +68,59 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     return None if p is None else (p, check.head(ctx, p))
 
 
+def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
+                 t0: float) -> tuple[Literal[True] | Headed, Any] | None:  # fmt: skip
+    """Collective over ``ctx.comm`` unless it returns None: ``data`` written (read into;
+    None: a new array) through ``layout``, a :class:`~collio.layouts.Subarray` equal to
+    this rank's last call's but for its offset (a time series' next step,
+    :func:`collio.speculate.note_layout`), as :func:`again` does through a view.  Returns
+    its outcome (as :func:`again`'s) and the array read (``data`` when writing); None
+    (nothing done, nothing communicated): not such a repeat."""
+    k = ctx.guesses[writing]
+    if k is None or k.box is None or type(layout) is not Subarray:
+        return None
+    box = k.box
+    if (layout.shape != box[2] or layout.start != box[1] or layout.global_shape != box[0]
+            or layout._dtype != box[3] or layout._order != box[4] or layout._invalid):  # fmt: skip
+        return None
+    offset = layout.offset
+    if offset < 0:
+        return None  # (the general way's checks raise it, agreed)
+    arr = _array(ctx, k, data, writing=writing)
+    if arr is None:
+        return None
+    lo = k.base + offset
+    taken = _tail(ctx, k, lo, writing=writing)
+    if taken is None:
+        return None
+    buf = arr.reshape(-1, order="A").view(np.uint8)
+    got = _run(ctx, k, (layout, offset, arr), lo, buf, *taken, writing=writing, t0=t0)
+    return None if got is None else (got, arr)
+
+
+def _array(ctx: Context, k: speculate.Kept, data: Any, *, writing: bool) -> Any:
+    """Local: the call's array when the layout's checks of it would pass (``data``: of
+    the kept box's dtype and shape, contiguous in its order, writeable for a read; a read
+    without one: a new array), on a file that takes the call; else None."""
+    mode = ctx.mode
+    if mode == "closed" or (writing and (mode == "r" or ctx.aborted)):
+        return None
+    box = k.box
+    assert box is not None
+    if data is None:
+        if writing:
+            return None
+        return np.empty(box[2], box[3], order=box[4])
+    if type(data) is not np.ndarray or data.shape != box[2] or data.dtype != box[3]:
+        return None
+    flags = data.flags
+    if not (flags.f_contiguous if box[4] == "F" else flags.c_contiguous):
+        return None
+    if not (writing or flags.writeable):
+        return None
+    return data
+
+
 def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
            writing: bool) -> tuple[int, Any, bool, int] | None:  # fmt: skip
     """Local: whether the lane takes the call (its first byte, its buffer as bytes and
@@ -74,12 +128,29 @@ def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
     :func:`collio.check.again` and :func:`collio.speculate.attempt`, with ints."""
     if not check.plain(ctx, k, position, data, writing=writing):
         return None
+    assert k.at is not None
+    lo = k.at + position * k.view.etype_size
+    taken = _tail(ctx, k, lo, writing=writing)
+    if taken is None:
+        return None
+    if data.dtype is _U8 and data.ndim == 1:
+        return lo, data, *taken
+    try:  # (an object array: the general way's checks raise it, agreed)
+        return lo, data.reshape(-1, order="A").view(np.uint8), *taken
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _tail(ctx: Context, k: speculate.Kept, lo: int, *,
+          writing: bool) -> tuple[bool, int] | None:  # fmt: skip
+    """Local: whether a call of the lane whose run starts at ``lo`` is taken (its
+    extent's ``moved`` and ``shift``), or None: the conditions of
+    :func:`collio.speculate.attempt` on the file, the extent and the mapping."""
     if k.hints is not ctx.hints or k.backend is not ctx.backend:
         return None
     n = k.nbytes
     if not writing and ctx.read_aggregators is not None:
         return None  # (the general way reads with a copy of the context)
-    lo = k.at + position * k.view.etype_size
     if lo + n >= speculate.BIG:
         return None  # (past every real size: the general way's checks say so, agreed)
     ext = ctx.extents
@@ -89,12 +160,7 @@ def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
             return None
     elif _mapped(ctx, k, lo, n) != k.facts[1]:
         return None
-    if data.dtype is _U8 and data.ndim == 1:
-        return lo, data, moved, shift
-    try:  # (an object array: the general way's checks raise it, agreed)
-        return lo, data.reshape(-1, order="A").view(np.uint8), moved, shift
-    except Exception:  # noqa: BLE001
-        return None
+    return moved, shift
 
 
 def _mapped(ctx: Context, k: speculate.Kept, lo: int, n: int) -> bool | None:
@@ -106,11 +172,12 @@ def _mapped(ctx: Context, k: speculate.Kept, lo: int, n: int) -> bool | None:
         return None
 
 
-def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, moved: bool,
+def _run(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: bool,
          shift: int, *, writing: bool, t0: float) -> Literal[True] | Headed | None:  # fmt: skip
     """Collective over ``ctx.comm`` unless it returns None (a write that cannot be taken
     back: nothing done): the call's I/O, its head, and its completion or what the
-    general way goes on from (the module doc)."""
+    general way goes on from (the module doc).  ``where``: the etype position in the
+    view, or the layout, its offset and the array."""
     got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing)
     if got is None:
         return None
@@ -120,6 +187,7 @@ def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, move
     _PATCH(
         head.own, lo, lo + k.nbytes, moved, shift, error is None, size, key == k.key,
         int(seconds * 1e9), int((end - t0) * 1e9),
+        placed(k.facts[3], 0 if type(where) is int else where[1]),
     )  # fmt: skip
     try:
         failed, out = call_kept_head(
@@ -132,7 +200,7 @@ def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, move
     guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
     if failed or not (guessed and same) or sig is None or items is None:
         g = speculate.Guess(k, writing, *io)
-        return _pending(ctx, g, position, lo, buf), (failed, tuple(out))
+        return _pending(ctx, g, where, lo, buf), (failed, tuple(out))
     speculate.complete(ctx, k, alo, ahi, (lo, lo + k.nbytes), (t_io, t_total))
     return True
 
@@ -186,15 +254,20 @@ def _head(ctx: Context, k: speculate.Kept, writing: bool) -> KeptHead:
     return head
 
 
-def _pending(ctx: Context, g: speculate.Guess, position: int, lo: int, buf: Any) -> Any:
-    """Local: the pending call that :func:`collio.check.again` would have made for this
-    call, with its guess ``g`` (for a call not complete at its head)."""
+def _pending(ctx: Context, g: speculate.Guess, where: Any, lo: int, buf: Any) -> Any:
+    """Local: the pending call that :func:`collio.check.again` (:func:`collio.check.check`
+    for a layout) would have made for this call, with its guess ``g`` (for a call not
+    complete at its head)."""
     k = g.kept
     ctx.stats.local = {}
-    runs, _ = k.view.stream(position * k.view.etype_size, k.nbytes, 0)
     name = "write_all" if g.writing else "read_all"
     extent = (lo, lo + k.nbytes)
+    if type(where) is int:
+        runs, _ = k.view.stream(where * k.view.etype_size, k.nbytes, 0)
+        extra, sig = None if g.writing else buf, None
+    else:  # (a layout, its offset and the array)
+        runs, sig = ctx.backend.runs_for(where[0]), where[0].signature()
+        extra = None if g.writing else where[2]
     return check.Pending(
-        g.writing, name, None, runs, buf, None if g.writing else buf, None, k.facts, extent,
-        None, g.error, g, (),
+        g.writing, name, None, runs, buf, extra, sig, k.facts, extent, None, g.error, g, (),
     )  # fmt: skip

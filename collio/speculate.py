@@ -37,6 +37,7 @@ from .context import Call, Context
 from .errors import MismatchError
 from .facts import NOT_COMPARED
 from .hints import Hints
+from .layouts.arrays import Subarray
 from .policy import Path
 from .stats import Again, Stats
 
@@ -47,6 +48,8 @@ __all__ = [
     "after_mismatch",
     "attempt",
     "complete",
+    "note_layout",
+    "note_view",
     "remember",
     "settle",
     "take_back",
@@ -83,6 +86,10 @@ class Kept:
     nbytes: int = 0
     at: int | None = None
     head: Any = None
+    # a call through a one-run Subarray: its fields but the offset (collio.quick), and
+    # where its run starts less the layout's offset
+    box: tuple[Any, ...] | None = None
+    base: int = 0
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -252,3 +259,23 @@ def note_view(ctx: Context, fview: Any, nbytes: int, *, writing: bool) -> None:
         ft = fview.filetype
         if ft.dense and nbytes and len(k.lengths) == 1:  # (one run: collio.quick)
             k.at = fview.disp + int(ft.off[0])
+
+
+def note_layout(ctx: Context, layout: Any, *, writing: bool) -> None:
+    """Local: the call just completed (its kind's :class:`Kept`, if any) was one through
+    ``layout``; a one-run :class:`~collio.layouts.Subarray` on a backend that keeps the
+    layout's runs is kept for a repeat at another offset (:func:`collio.quick.layout_again`)."""
+    k = ctx.guesses[writing]
+    if k is None or type(layout) is not Subarray or len(k.lengths) != 1:
+        return
+    be = type(ctx.backend)
+    if not ctx.backend.takes_back or be.runs_for is not Backend.runs_for:
+        return
+    if be.check_layout is not Backend.check_layout:
+        return
+    runs = layout.runs()
+    if len(runs) != 1:
+        return
+    k.nbytes = int(runs.length[0])
+    k.base = int(runs.file[0]) - layout.offset
+    k.box = (layout.global_shape, layout.start, layout.shape, layout.dtype, layout.order)
