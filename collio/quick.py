@@ -35,6 +35,7 @@ from .errors import MismatchError
 from .facts import NOT_COMPARED
 from .layouts.arrays import Subarray
 from .policy import Path, may_map
+from .runs import Runs, read_only
 
 __all__ = ["Headed", "again", "layout_again"]
 
@@ -89,12 +90,15 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     arr = _array(ctx, k, data, writing=writing)
     if arr is None:
         return None
-    lo = k.base + offset
-    taken = _tail(ctx, k, lo, writing=writing)
+    lo, runs = k.base + offset, k.runs
+    if runs is not None:  # (several runs: the kept ones, moved by the offset's change)
+        runs = Runs(runs.file + (lo - int(runs.file[0])), runs.length, runs.mem)
+    taken = _tail(ctx, k, lo, writing=writing, runs=runs)
     if taken is None:
         return None
     buf = arr.reshape(-1, order="A").view(np.uint8)
-    got = _run(ctx, k, (layout, offset, arr), lo, buf, *taken, writing=writing, t0=t0)
+    where = (layout, offset, arr, runs)
+    got = _run(ctx, k, where, lo, buf, *taken, writing=writing, t0=t0)
     return None if got is None else (got, arr)
 
 
@@ -141,14 +145,14 @@ def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
         return None
 
 
-def _tail(ctx: Context, k: speculate.Kept, lo: int, *,
-          writing: bool) -> tuple[bool, int] | None:  # fmt: skip
-    """Local: whether a call of the lane whose run starts at ``lo`` is taken (its
-    extent's ``moved`` and ``shift``), or None: the conditions of
-    :func:`collio.speculate.attempt` on the file, the extent and the mapping."""
+def _tail(ctx: Context, k: speculate.Kept, lo: int, *, writing: bool,
+          runs: Runs | None = None) -> tuple[bool, int] | None:  # fmt: skip
+    """Local: whether a call of the lane whose extent starts at ``lo`` is taken (its
+    ``moved`` and ``shift``), or None: the conditions of :func:`collio.speculate.attempt`
+    on the file, the extent and the mapping (``runs``: the call's, when not one)."""
     if k.hints is not ctx.hints or k.backend is not ctx.backend:
         return None
-    n = k.nbytes
+    n = k.span
     if not writing and ctx.read_aggregators is not None:
         return None  # (the general way reads with a copy of the context)
     if lo + n >= speculate.BIG:
@@ -158,16 +162,19 @@ def _tail(ctx: Context, k: speculate.Kept, lo: int, *,
     if writing or k.path is not Path.MAPPED:  # (as speculate.attempt)
         if moved or shift != k.shift or ext is None or not ext[2]:
             return None
-    elif _mapped(ctx, k, lo, n) != k.facts[1]:
+    elif _mapped(ctx, k, lo, n, runs) != k.facts[1]:
         return None
     return moved, shift
 
 
-def _mapped(ctx: Context, k: speculate.Kept, lo: int, n: int) -> bool | None:
+def _mapped(ctx: Context, k: speculate.Kept, lo: int, n: int, runs: Runs | None) -> bool | None:
     """Local: whether this rank would copy the read from the mapped file (None: asking
     failed, which the general way's checks agree on, as in :func:`collio.check.again`)."""
     try:
-        return bool(may_map(ctx.hints, writing=False) and k.backend.maps_one(lo, n))
+        if not may_map(ctx.hints, writing=False):
+            return False
+        be = k.backend
+        return bool(be.maps_one(lo, n) if runs is None else be.maps_reads(runs))
     except Exception:  # noqa: BLE001
         return None
 
@@ -178,14 +185,16 @@ def _run(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: 
     back: nothing done): the call's I/O, its head, and its completion or what the
     general way goes on from (the module doc).  ``where``: the etype position in the
     view, or the layout, its offset and the array."""
-    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing)
+    runs = None if type(where) is int else where[3]
+    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing, runs=runs)
     if got is None:
         return None
     io, end = got
     before, size, key, done, seconds, error = io
     head = k.head if k.head is not None else _head(ctx, k, writing)
+    hi = lo + k.span
     _PATCH(
-        head.own, lo, lo + k.nbytes, moved, shift, error is None, size, key == k.key,
+        head.own, lo, hi, moved, shift, error is None, size, key == k.key,
         int(seconds * 1e9), int((end - t0) * 1e9),
         placed(k.facts[3], 0 if type(where) is int else where[1]),
     )  # fmt: skip
@@ -201,7 +210,7 @@ def _run(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: 
     if failed or not (guessed and same) or sig is None or items is None:
         g = speculate.Guess(k, writing, *io)
         return _pending(ctx, g, where, lo, buf), (failed, tuple(out))
-    speculate.complete(ctx, k, alo, ahi, (lo, lo + k.nbytes), (t_io, t_total))
+    speculate.complete(ctx, k, alo, ahi, (lo, hi), (t_io, t_total))
     return True
 
 
@@ -211,9 +220,10 @@ def _undo(ctx: Context, k: speculate.Kept, writing: bool, io: tuple[Any, ...],
     speculate.after_mismatch(ctx, speculate.Guess(k, writing, *io), exc)
 
 
-def _io(be: Any, lo: int, buf: Any, n: int, *,
-        writing: bool) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
-    """Local: :func:`collio.speculate.attempt`'s I/O of the one run: what the write kept
+def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool,
+        runs: Runs | None = None) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
+    """Local: :func:`collio.speculate.attempt`'s I/O of the one run (of ``runs`` when
+    given): what the write kept
     to take back (None: nothing to keep, it was read), the target's size before it, the
     requests' key, their result, the seconds and the error (kept, not raised), and when
     it ended; None: the write could not be taken back, nothing was done."""
@@ -221,12 +231,18 @@ def _io(be: Any, lo: int, buf: Any, n: int, *,
     t = time.perf_counter()
     try:  # (as Attempt and storage_errors: every small call passes here)
         if writing:
-            before = be.keep_before_one(lo, n, speculate.KEEP_LIMIT)
+            if runs is None:
+                before = be.keep_before_one(lo, n, speculate.KEEP_LIMIT)
+            else:
+                before = be.keep_before(runs, speculate.KEEP_LIMIT)
             if before is None:
                 return None
             size = before.size
         try:
-            done = be.write_one(lo, buf) if writing else be.read_one(lo, buf)
+            if runs is not None:
+                done = be.write_runs(runs, buf) if writing else be.read_runs(runs, buf)
+            else:
+                done = be.write_one(lo, buf) if writing else be.read_one(lo, buf)
         except BaseException as exc:
             got = storage_error(be, exc)
             if got is exc:
@@ -261,12 +277,13 @@ def _pending(ctx: Context, g: speculate.Guess, where: Any, lo: int, buf: Any) ->
     k = g.kept
     ctx.stats.local = {}
     name = "write_all" if g.writing else "read_all"
-    extent = (lo, lo + k.nbytes)
+    extent = (lo, lo + k.span)
     if type(where) is int:
         runs, _ = k.view.stream(where * k.view.etype_size, k.nbytes, 0)
         extra, sig = None if g.writing else buf, None
     else:  # (a layout, its offset and the array)
-        runs, sig = ctx.backend.runs_for(where[0]), where[0].signature()
+        runs = ctx.backend.runs_for(where[0]) if where[3] is None else read_only(where[3])
+        sig = where[0].signature()
         extra = None if g.writing else where[2]
     return check.Pending(
         g.writing, name, None, runs, buf, extra, sig, k.facts, extent, None, g.error, g, (),

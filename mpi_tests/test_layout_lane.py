@@ -147,3 +147,71 @@ def test_a_different_call_or_offset_on_one_rank_meets_the_lane_and_raises_everyw
             parts.append(whole)
         assert f.stats.last_call["guessed"]
     _same_file(comm, path, b"".join(parts))
+
+
+def _slab_step(p, s):
+    return np.arange(p * 4 * 8, dtype=np.float64).reshape(p, 4, 8) - 100 * s
+
+
+def _slab(comm, s, cols=4):
+    """Rank r's half-rows of slab r of step ``s`` (a (p, 4, 8) float64 array): four runs
+    within its own slab, so the ranks' extents are disjoint (the direct path)."""
+    r = comm.rank
+    glob = _slab_step(comm.size, s)
+    lay = Subarray(glob.shape, (r, 0, 8 - cols), (1, 4, cols), "<f8", offset=s * glob.nbytes)
+    return np.ascontiguousarray(glob[r : r + 1, :, 8 - cols :]), lay
+
+
+def test_several_runs_per_rank_take_the_lane_and_match_romio(comm, mpi_tmp_path):
+    path, theirs = str(mpi_tmp_path / "runs.bin"), str(mpi_tmp_path / "romio.bin")
+    steps, guessed = 6, []
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(steps):
+            piece, lay = _slab(comm, s)
+            f.write_all(piece, lay)
+            guessed.append((f.stats.last_call["guessed"], f.stats.last_call["path"]))
+            romio_write(theirs, piece, lay, comm)
+    assert guessed == [(False, "direct")] * 2 + [(True, "direct")] * (steps - 2)
+    comm.Barrier()
+    mine, romio = (np.frombuffer(read_file(x), np.float64) for x in (path, theirs))
+    comm.Barrier()
+    glob = np.stack([_slab_step(comm.size, s) for s in range(steps)])
+    # (the columns the layouts cover: ROMIO leaves the holes of a new file undefined)
+    np.testing.assert_array_equal(mine.reshape(glob.shape)[..., 4:], glob[..., 4:])
+    np.testing.assert_array_equal(romio.reshape(glob.shape)[..., 4:], glob[..., 4:])
+    with collio.open(path, "r", comm=comm) as f:
+        for i, s in enumerate([0, 1, 2, 3, 5, 4]):  # (a step back: a negative shift)
+            piece, lay = _slab(comm, s)
+            out = np.full_like(piece, np.nan)
+            f.read_all(lay, out=out)
+            np.testing.assert_array_equal(out, piece)
+            assert f.stats.last_call["guessed"] == (i > 0)  # (mapped: from the second)
+        piece, lay = _slab(comm, 1)
+        out = np.empty_like(piece) if comm.rank else np.empty(piece.shape, np.float32)
+        raises_everywhere(comm, collio.LayoutError, lambda: f.read_all(lay, out=out),
+                          match="rank 0: out has shape")  # fmt: skip
+        np.testing.assert_array_equal(f.read_all(_slab(comm, 5)[1]), _slab(comm, 5)[0])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_with_other_runs_leaves_the_lane_and_the_others_still_write_right(
+    comm, mpi_tmp_path
+):
+    """The last rank writes fewer columns at the next step (another box): it takes the
+    general way, the others' guessed writes are taken back or kept as the head decides,
+    and the file holds every rank's bytes."""
+    path = str(mpi_tmp_path / "other.bin")
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(4):
+            piece, lay = _slab(comm, s)
+            f.write_all(piece, lay)
+        cols = 2 if comm.rank == comm.size - 1 else 4
+        piece, lay = _slab(comm, 4, cols)
+        f.write_all(piece, lay)
+        assert not f.stats.last_call["guessed"]
+    comm.Barrier()
+    got = np.frombuffer(read_file(path), np.float64).reshape(5, comm.size, 4, 8)
+    comm.Barrier()
+    want = np.stack([_slab_step(comm.size, s) for s in range(5)])
+    want[4, -1, :, 4:6] = 0  # (the last rank's two columns fewer at step 4: a hole)
+    np.testing.assert_array_equal(got[..., 4:], want[..., 4:])
