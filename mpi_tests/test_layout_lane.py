@@ -215,3 +215,35 @@ def test_a_rank_with_other_runs_leaves_the_lane_and_the_others_still_write_right
     want = np.stack([_slab_step(comm.size, s) for s in range(5)])
     want[4, -1, :, 4:6] = 0  # (the last rank's two columns fewer at step 4: a hole)
     np.testing.assert_array_equal(got[..., 4:], want[..., 4:])
+
+
+def _columns(comm, s, rows=8, cols=2, offset=None):
+    """Rank r's column block of step ``s`` (a (rows, p * cols) float64 array): ``rows``
+    runs interleaved with the other ranks' (the shuffled path)."""
+    p, r = comm.size, comm.rank
+    glob = np.arange(rows * p * cols, dtype=np.float64).reshape(rows, p * cols) + 0.5 * s
+    at = s * glob.nbytes if offset is None else offset
+    lay = Subarray(glob.shape, (0, r * cols), (rows, cols), "<f8", offset=at)
+    return np.ascontiguousarray(glob[:, r * cols : (r + 1) * cols]), lay, glob.tobytes()
+
+
+def test_a_shuffled_series_moves_the_last_runs_and_writes_what_romio_does(comm, mpi_tmp_path):
+    """Each step's Subarray equals the last one but for its offset: its runs are the last
+    ones moved (collio.check), byte for byte as ROMIO writes them; a rank whose step has a
+    negative offset still fails its checks, on every rank."""
+    path, theirs = str(mpi_tmp_path / "cols.bin"), str(mpi_tmp_path / "romio.bin")
+    parts = []
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(5):
+            piece, lay, whole = _columns(comm, s)
+            f.write_all(piece, lay)
+            romio_write(theirs, piece, lay, comm)
+            parts.append(whole)
+        piece, lay, _ = _columns(comm, 5, offset=-8 if comm.rank == 0 else None)
+        raises_everywhere(comm, collio.LayoutError, lambda: f.write_all(piece, lay),
+                          match="rank 0: offset -8 is negative")  # fmt: skip
+        for s in (3, 1):  # (back to earlier steps: the runs moved down)
+            piece, lay, _ = _columns(comm, s)
+            np.testing.assert_array_equal(f.read_all(lay), piece)
+    _same_file(comm, path, b"".join(parts))
+    assert read_file(theirs) == b"".join(parts)
