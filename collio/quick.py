@@ -11,6 +11,10 @@ builds (runs, the guess, the pending call, the records of the head): the head's 
 are the last call's (:attr:`~collio.speculate.Kept.head`) with the few facts that change
 patched in, and a few of the agreed maxima decide that the call is complete.
 
+A time series through array layouts takes the lane too (:func:`layout_again`): a
+:class:`~collio.layouts.Subarray` equal to the last call's but for its offset has the
+last call's runs moved by the offset's change, and its data the checks it passed then.
+
 The lane decides before any I/O whether it is taken; not taken (nothing done), the call
 goes the way it went before (:func:`collio.check.again`, else the general way).  A call
 that did its I/O here but is not complete at its head (a rank failed or did not guess,
