@@ -25,12 +25,14 @@ import numpy as np
 import numpy.typing as npt
 
 from . import speculate
+from .backends.base import Backend
 from .checkfacts import Checked, digest_kept, moved, placed, unzigzag, zigzag
 from .choose import checked, choose
 from .collective import Attempt, call_head, raise_agreed
 from .context import Call, Context
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .facts import NOT_COMPARED
+from .layouts.arrays import Subarray
 from .layouts.base import Layout
 from .mismatch import raise_count_mismatch, raise_mismatch
 from .policy import Path, has_many_small_runs, may_map
@@ -296,17 +298,59 @@ def one_layout(
     """Local: a single call's checks of its layout; its runs, buffer, extra and signature."""
     if not isinstance(layout, Layout):
         raise LayoutError(f"layout must be a collio layout, not {type(layout).__name__}")
-    layout.checked()
-    ctx.backend.check_layout(layout)
+    seen = _moved_box(ctx, layout)
+    if seen is None:
+        layout.checked()
+        ctx.backend.check_layout(layout)
     buf, extra = prepare(layout)
-    runs = ctx.backend.runs_for(layout)
-    bad = _first_overlap(layout, runs)
+    if seen is None:
+        runs = ctx.backend.runs_for(layout)
+        bad = _first_overlap(layout, runs)
+        _keep_box(ctx, layout, runs, bad)
+    else:
+        runs, bad = seen
     if bad >= 0 and writing:
         raise OverlapError(
             f"bytes [{int(runs.file[bad])}, {int(runs.file[bad] + runs.length[bad])}) "
             f"are written twice by this rank"
         )
     return runs, buf, extra, layout.signature()
+
+
+#: The last :class:`~collio.layouts.Subarray` checked: its fields but the offset, its
+#: offset, its runs and their first overlap (one entry, replaced whole)
+_BOX: list[Any] = [None]
+
+
+def _plain_runs(ctx: Context, layout: Any) -> bool:
+    """Local: whether ``layout`` is a Subarray on a backend that takes its runs as they
+    are and checks nothing more of it (then its runs follow from its fields)."""
+    be = type(ctx.backend)
+    return (type(layout) is Subarray and be.runs_for is Backend.runs_for
+            and be.check_layout is Backend.check_layout)  # fmt: skip
+
+
+def _moved_box(ctx: Context, layout: Any) -> tuple[Runs, int] | None:
+    """Local: for a Subarray equal to the last one checked but for its offset (a time
+    series' next step), its runs (the last one's moved by the offset's change) and
+    first overlap, kept on it as its own checks would; None: check it."""
+    seen = _BOX[0]
+    if seen is None or not _plain_runs(ctx, layout) or layout._invalid or layout.offset < 0:
+        return None
+    key, offset, runs, bad = seen
+    if (layout.shape, layout.start, layout.global_shape, layout._dtype, layout._order) != key:
+        return None
+    d = layout.offset - offset
+    runs = read_only(Runs(runs.file + d, runs.length, runs.mem)) if d else runs
+    layout._runs, layout._overlap = runs, (runs, bad)
+    return runs, bad
+
+
+def _keep_box(ctx: Context, layout: Any, runs: Runs, bad: int) -> None:
+    """Local: keep a Subarray whose checks passed for :func:`_moved_box`."""
+    if _plain_runs(ctx, layout) and is_read_only(runs):
+        key = (layout.shape, layout.start, layout.global_shape, layout._dtype, layout._order)
+        _BOX[0] = (key, layout.offset, runs, bad)
 
 
 def _first_overlap(layout: Layout, runs: Runs) -> int:

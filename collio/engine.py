@@ -45,7 +45,7 @@ from .policy import domain_alignment, round_window
 from .rounds import prepare as prepare_rounds
 from .rounds import read_rounds, write_rounds
 from .runs import Runs
-from .speculate import remember
+from .speculate import note_layout, remember
 
 __all__ = [
     "Context", "again", "read", "read_many", "release_buffers", "write",
@@ -219,10 +219,18 @@ def _aggregate(
 def write(ctx: Context, data: Any, layout: Any) -> None:
     """Collective over ``ctx.comm``: two-phase write of every rank's piece."""
 
+    t0 = time.perf_counter()
+    got = quick.layout_again(ctx, layout, data, writing=True, t0=t0)
+    if got is not None:
+        if got[0] is not True:
+            _write(ctx, None, t0=t0, pending=got[0])
+        return
+
     def prepare(lay: Layout) -> tuple[npt.NDArray[np.uint8], None]:
         return lay.as_bytes(data), None
 
-    _write(ctx, lambda: check.one_layout(ctx, layout, prepare, writing=True))
+    _write(ctx, lambda: check.one_layout(ctx, layout, prepare, writing=True), t0=t0)
+    note_layout(ctx, layout, writing=True)
 
 
 def write_many(ctx: Context, items: Any, *, disjoint: bool = False) -> None:
@@ -284,11 +292,20 @@ def _write(
 def read(ctx: Context, layout: Any, out: Any) -> Any:
     """Collective over ``ctx.comm``: two-phase read; returns the rank's piece."""
 
+    t0 = time.perf_counter()
+    got = quick.layout_again(ctx, layout, out, writing=False, t0=t0)
+    if got is not None:
+        if got[0] is not True:
+            _read(ctx, None, t0=t0, pending=got[0])
+        return got[1]
+
     def prepare(lay: Layout) -> tuple[npt.NDArray[np.uint8], Any]:
         arr, view = lay.allocate(out)
         return view, arr
 
-    return _read(ctx, lambda c: check.one_layout(c, layout, prepare, writing=False))
+    arr = _read(ctx, lambda c: check.one_layout(c, layout, prepare, writing=False), t0=t0)
+    note_layout(ctx, layout, writing=False)
+    return arr
 
 
 def read_many(ctx: Context, layouts: Any, out: Any, *, disjoint: bool = False) -> list[Any]:

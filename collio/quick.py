@@ -11,6 +11,10 @@ builds (runs, the guess, the pending call, the records of the head): the head's 
 are the last call's (:attr:`~collio.speculate.Kept.head`) with the few facts that change
 patched in, and a few of the agreed maxima decide that the call is complete.
 
+A time series through array layouts takes the lane too (:func:`layout_again`): a
+:class:`~collio.layouts.Subarray` equal to the last call's but for its offset has the
+last call's runs moved by the offset's change, and its data the checks it passed then.
+
 The lane decides before any I/O whether it is taken; not taken (nothing done), the call
 goes the way it went before (:func:`collio.check.again`, else the general way).  A call
 that did its I/O here but is not complete at its head (a rank failed or did not guess,
@@ -28,14 +32,16 @@ import numpy as np
 
 from . import check, speculate
 from .backends.base import storage_error
-from .checkfacts import Checked, moved_by
+from .checkfacts import Checked, moved_by, placed
 from .collective import KeptHead, call_kept_head, kept
 from .context import Context
 from .errors import MismatchError
 from .facts import NOT_COMPARED
+from .layouts.arrays import Subarray
 from .policy import Path, may_map
+from .runs import Runs, read_only
 
-__all__ = ["Headed", "again"]
+__all__ = ["Headed", "again", "layout_again"]
 
 #: A call that went as far as its head (:func:`collio.check.resume` goes on from it)
 Headed = check.Headed
@@ -44,7 +50,7 @@ _U8 = np.dtype(np.uint8)
 #: The facts that change from one call of the lane to the next (the others are the
 #: kept call's, packed once into :attr:`Kept.head`)
 _PATCH = Checked.patcher(
-    "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total"
+    "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total", "sig"
 )  # fmt: skip
 #: The agreed facts that tell a call complete at its head, and what settles it
 _READ = Checked.reader("guessed", "same", "sig", "items", "lo", "hi", "t_io", "t_total")
@@ -67,6 +73,62 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     return None if p is None else (p, check.head(ctx, p))
 
 
+def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
+                 t0: float) -> tuple[Literal[True] | Headed, Any] | None:  # fmt: skip
+    """Collective over ``ctx.comm`` unless it returns None: ``data`` written (read into;
+    None: a new array) through ``layout``, a :class:`~collio.layouts.Subarray` equal to
+    this rank's last call's but for its offset (a time series' next step,
+    :func:`collio.speculate.note_layout`), as :func:`again` does through a view.  Returns
+    its outcome (as :func:`again`'s) and the array read (``data`` when writing); None
+    (nothing done, nothing communicated): not such a repeat."""
+    k = ctx.guesses[writing]
+    if k is None or k.box is None or type(layout) is not Subarray:
+        return None
+    box = k.box
+    if (layout.shape != box[2] or layout.start != box[1] or layout.global_shape != box[0]
+            or layout._dtype != box[3] or layout._order != box[4] or layout._invalid):  # fmt: skip
+        return None
+    offset = layout.offset
+    if offset < 0:
+        return None  # (the general way's checks raise it, agreed)
+    arr = _array(ctx, k, data, writing=writing)
+    if arr is None:
+        return None
+    lo, runs = k.base + offset, k.runs
+    if runs is not None:  # (several runs: the kept ones, moved by the offset's change)
+        runs = Runs(runs.file + (lo - int(runs.file[0])), runs.length, runs.mem)
+    taken = _tail(ctx, k, lo, writing=writing, runs=runs)
+    if taken is None:
+        return None
+    buf = arr.reshape(-1, order="A").view(np.uint8)
+    where = (layout, offset, arr, runs)
+    got = _run(ctx, k, where, lo, buf, *taken, writing=writing, t0=t0)
+    return None if got is None else (got, arr)
+
+
+def _array(ctx: Context, k: speculate.Kept, data: Any, *, writing: bool) -> Any:
+    """Local: the call's array when the layout's checks of it would pass (``data``: of
+    the kept box's dtype and shape, contiguous in its order, writeable for a read; a read
+    without one: a new array), on a file that takes the call; else None."""
+    mode = ctx.mode
+    if mode == "closed" or (writing and (mode == "r" or ctx.aborted)):
+        return None
+    box = k.box
+    assert box is not None
+    if data is None:
+        if writing:
+            return None
+        return np.empty(box[2], box[3], order=box[4])
+    if type(data) is not np.ndarray or data.shape != box[2] or data.dtype != box[3]:
+        return None
+    flags = data.flags
+    if not (flags.f_contiguous if box[4] == "F" else flags.c_contiguous):
+        return None
+    if not (writing or flags.writeable):
+        return None
+    return data
+
+
 def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
            writing: bool) -> tuple[int, Any, bool, int] | None:  # fmt: skip
     """Local: whether the lane takes the call (its first byte, its buffer as bytes and
@@ -74,12 +136,29 @@ def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
     :func:`collio.check.again` and :func:`collio.speculate.attempt`, with ints."""
     if not check.plain(ctx, k, position, data, writing=writing):
         return None
+    assert k.at is not None
+    lo = k.at + position * k.view.etype_size
+    taken = _tail(ctx, k, lo, writing=writing)
+    if taken is None:
+        return None
+    if data.dtype is _U8 and data.ndim == 1:
+        return lo, data, *taken
+    try:  # (an object array: the general way's checks raise it, agreed)
+        return lo, data.reshape(-1, order="A").view(np.uint8), *taken
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _tail(ctx: Context, k: speculate.Kept, lo: int, *, writing: bool,
+          runs: Runs | None = None) -> tuple[bool, int] | None:  # fmt: skip
+    """Local: whether a call of the lane whose extent starts at ``lo`` is taken (its
+    ``moved`` and ``shift``), or None: the conditions of :func:`collio.speculate.attempt`
+    on the file, the extent and the mapping (``runs``: the call's, when not one)."""
     if k.hints is not ctx.hints or k.backend is not ctx.backend:
         return None
-    n = k.nbytes
+    n = k.span
     if not writing and ctx.read_aggregators is not None:
         return None  # (the general way reads with a copy of the context)
-    lo = k.at + position * k.view.etype_size
     if lo + n >= speculate.BIG:
         return None  # (past every real size: the general way's checks say so, agreed)
     ext = ctx.extents
@@ -87,39 +166,41 @@ def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
     if writing or k.path is not Path.MAPPED:  # (as speculate.attempt)
         if moved or shift != k.shift or ext is None or not ext[2]:
             return None
-    elif _mapped(ctx, k, lo, n) != k.facts[1]:
+    elif _mapped(ctx, k, lo, n, runs) != k.facts[1]:
         return None
-    if data.dtype is _U8 and data.ndim == 1:
-        return lo, data, moved, shift
-    try:  # (an object array: the general way's checks raise it, agreed)
-        return lo, data.reshape(-1, order="A").view(np.uint8), moved, shift
-    except Exception:  # noqa: BLE001
-        return None
+    return moved, shift
 
 
-def _mapped(ctx: Context, k: speculate.Kept, lo: int, n: int) -> bool | None:
+def _mapped(ctx: Context, k: speculate.Kept, lo: int, n: int, runs: Runs | None) -> bool | None:
     """Local: whether this rank would copy the read from the mapped file (None: asking
     failed, which the general way's checks agree on, as in :func:`collio.check.again`)."""
     try:
-        return bool(may_map(ctx.hints, writing=False) and k.backend.maps_one(lo, n))
+        if not may_map(ctx.hints, writing=False):
+            return False
+        be = k.backend
+        return bool(be.maps_one(lo, n) if runs is None else be.maps_reads(runs))
     except Exception:  # noqa: BLE001
         return None
 
 
-def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, moved: bool,
+def _run(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: bool,
          shift: int, *, writing: bool, t0: float) -> Literal[True] | Headed | None:  # fmt: skip
     """Collective over ``ctx.comm`` unless it returns None (a write that cannot be taken
     back: nothing done): the call's I/O, its head, and its completion or what the
-    general way goes on from (the module doc)."""
-    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing)
+    general way goes on from (the module doc).  ``where``: the etype position in the
+    view, or the layout, its offset and the array."""
+    runs = None if type(where) is int else where[3]
+    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing, runs=runs)
     if got is None:
         return None
     io, end = got
     before, size, key, done, seconds, error = io
     head = k.head if k.head is not None else _head(ctx, k, writing)
+    hi = lo + k.span
     _PATCH(
-        head.own, lo, lo + k.nbytes, moved, shift, error is None, size, key == k.key,
+        head.own, lo, hi, moved, shift, error is None, size, key == k.key,
         int(seconds * 1e9), int((end - t0) * 1e9),
+        placed(k.facts[3], 0 if type(where) is int else where[1]),
     )  # fmt: skip
     try:
         failed, out = call_kept_head(
@@ -132,8 +213,8 @@ def _run(ctx: Context, k: speculate.Kept, position: int, lo: int, buf: Any, move
     guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
     if failed or not (guessed and same) or sig is None or items is None:
         g = speculate.Guess(k, writing, *io)
-        return _pending(ctx, g, position, lo, buf), (failed, tuple(out))
-    speculate.complete(ctx, k, alo, ahi, (lo, lo + k.nbytes), (t_io, t_total))
+        return _pending(ctx, g, where, lo, buf), (failed, tuple(out))
+    speculate.complete(ctx, k, alo, ahi, (lo, hi), (t_io, t_total))
     return True
 
 
@@ -143,9 +224,10 @@ def _undo(ctx: Context, k: speculate.Kept, writing: bool, io: tuple[Any, ...],
     speculate.after_mismatch(ctx, speculate.Guess(k, writing, *io), exc)
 
 
-def _io(be: Any, lo: int, buf: Any, n: int, *,
-        writing: bool) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
-    """Local: :func:`collio.speculate.attempt`'s I/O of the one run: what the write kept
+def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool,
+        runs: Runs | None = None) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
+    """Local: :func:`collio.speculate.attempt`'s I/O of the one run (of ``runs`` when
+    given): what the write kept
     to take back (None: nothing to keep, it was read), the target's size before it, the
     requests' key, their result, the seconds and the error (kept, not raised), and when
     it ended; None: the write could not be taken back, nothing was done."""
@@ -153,12 +235,18 @@ def _io(be: Any, lo: int, buf: Any, n: int, *,
     t = time.perf_counter()
     try:  # (as Attempt and storage_errors: every small call passes here)
         if writing:
-            before = be.keep_before_one(lo, n, speculate.KEEP_LIMIT)
+            if runs is None:
+                before = be.keep_before_one(lo, n, speculate.KEEP_LIMIT)
+            else:
+                before = be.keep_before(runs, speculate.KEEP_LIMIT)
             if before is None:
                 return None
             size = before.size
         try:
-            done = be.write_one(lo, buf) if writing else be.read_one(lo, buf)
+            if runs is not None:
+                done = be.write_runs(runs, buf) if writing else be.read_runs(runs, buf)
+            else:
+                done = be.write_one(lo, buf) if writing else be.read_one(lo, buf)
         except BaseException as exc:
             got = storage_error(be, exc)
             if got is exc:
@@ -186,15 +274,21 @@ def _head(ctx: Context, k: speculate.Kept, writing: bool) -> KeptHead:
     return head
 
 
-def _pending(ctx: Context, g: speculate.Guess, position: int, lo: int, buf: Any) -> Any:
-    """Local: the pending call that :func:`collio.check.again` would have made for this
-    call, with its guess ``g`` (for a call not complete at its head)."""
+def _pending(ctx: Context, g: speculate.Guess, where: Any, lo: int, buf: Any) -> Any:
+    """Local: the pending call that :func:`collio.check.again` (:func:`collio.check.check`
+    for a layout) would have made for this call, with its guess ``g`` (for a call not
+    complete at its head)."""
     k = g.kept
     ctx.stats.local = {}
-    runs, _ = k.view.stream(position * k.view.etype_size, k.nbytes, 0)
     name = "write_all" if g.writing else "read_all"
-    extent = (lo, lo + k.nbytes)
+    extent = (lo, lo + k.span)
+    if type(where) is int:
+        runs, _ = k.view.stream(where * k.view.etype_size, k.nbytes, 0)
+        extra, sig = None if g.writing else buf, None
+    else:  # (a layout, its offset and the array)
+        runs = ctx.backend.runs_for(where[0]) if where[3] is None else read_only(where[3])
+        sig = where[0].signature()
+        extra = None if g.writing else where[2]
     return check.Pending(
-        g.writing, name, None, runs, buf, None if g.writing else buf, None, k.facts, extent,
-        None, g.error, g, (),
+        g.writing, name, None, runs, buf, extra, sig, k.facts, extent, None, g.error, g, (),
     )  # fmt: skip

@@ -37,6 +37,7 @@ from .context import Call, Context
 from .errors import MismatchError
 from .facts import NOT_COMPARED
 from .hints import Hints
+from .layouts.arrays import Subarray
 from .policy import Path
 from .stats import Again, Stats
 
@@ -47,6 +48,8 @@ __all__ = [
     "after_mismatch",
     "attempt",
     "complete",
+    "note_layout",
+    "note_view",
     "remember",
     "settle",
     "take_back",
@@ -83,6 +86,13 @@ class Kept:
     nbytes: int = 0
     at: int | None = None
     head: Any = None
+    # its extent's width (the lane's calls move it whole)
+    span: int = 0
+    # a call through a Subarray: its fields but the offset (collio.quick), where its
+    # first run starts less the layout's offset, and its runs when there are several
+    box: tuple[Any, ...] | None = None
+    base: int = 0
+    runs: Any = None
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -251,4 +261,26 @@ def note_view(ctx: Context, fview: Any, nbytes: int, *, writing: bool) -> None:
         k.view, k.nbytes = fview, nbytes
         ft = fview.filetype
         if ft.dense and nbytes and len(k.lengths) == 1:  # (one run: collio.quick)
-            k.at = fview.disp + int(ft.off[0])
+            k.at, k.span = fview.disp + int(ft.off[0]), nbytes
+
+
+def note_layout(ctx: Context, layout: Any, *, writing: bool) -> None:
+    """Local: the call just completed (its kind's :class:`Kept`, if any) was one through
+    ``layout``; a :class:`~collio.layouts.Subarray` on a backend that keeps the layout's
+    runs is kept for a repeat at another offset (:func:`collio.quick.layout_again`)."""
+    k = ctx.guesses[writing]
+    if k is None or type(layout) is not Subarray:
+        return
+    be = type(ctx.backend)
+    if not ctx.backend.takes_back or be.runs_for is not Backend.runs_for:
+        return
+    if be.check_layout is not Backend.check_layout:
+        return
+    runs = layout.runs()
+    if not len(runs) or len(runs) != len(k.lengths):
+        return
+    lo, hi = runs.extent()
+    k.nbytes, k.span, k.base = runs.nbytes, hi - lo, lo - layout.offset
+    k.box = (layout.global_shape, layout.start, layout.shape, layout.dtype, layout.order)
+    if len(runs) > 1:  # (the view lane's one run is not this call's)
+        k.runs, k.at = runs, None
