@@ -277,8 +277,13 @@ class Hints:
                 values[key] = parse_size(value, key)
             elif key == "cb_config_list":
                 values[key] = str(value)
-            elif key in ("romio_cb_write", "romio_cb_read", "mapped_reads", "cb_two_level",
-                         "checkpoint_map"):
+            elif key in (
+                "romio_cb_write",
+                "romio_cb_read",
+                "mapped_reads",
+                "cb_two_level",
+                "checkpoint_map",
+            ):
                 values[key] = _parse_tri(value, key)
             elif key == "read_past_eof":
                 values[key] = "enable" if _parse_bool(value, key) else "disable"
