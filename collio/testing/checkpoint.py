@@ -3,7 +3,7 @@ rank must get back when another decomposition (and rank count) loads it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -122,7 +122,7 @@ def one_range(name: str, lay: ArrayLayout | None) -> bool:
     if lay is None:
         return True
     shape = GLOBALS[name][0] if name in GLOBALS else REPLICATED[name][0]
-    order = GLOBALS[name][2] if name in GLOBALS else "C"
+    order: Literal["C", "F"] = "F" if name in GLOBALS and GLOBALS[name][2] == "F" else "C"
     numbers = np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape, order=order)
     if isinstance(lay, Subarray):
         got = numbers[lay.slices]
