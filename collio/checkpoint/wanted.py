@@ -11,8 +11,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BackendError, ChecksumError, LayoutError
-from ..layouts.arrays import ArrayLayout, array_layout
+from ..layouts.arrays import ArrayLayout, Subarray, array_layout
 from . import format
+from .extents import box_spans
 from .filemap import Reader, map_range, pieces
 from .save import spans
 from .state import as_array, whole
@@ -72,6 +73,38 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
     return arr
 
 
+def _spans(lays: list[ArrayLayout]) -> I64:
+    """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array):
+    the boxes (Subarray: a row shard, a whole array) in one numpy pass, the others from
+    their runs (:func:`~.save.spans`)."""
+    boxes = [lay for lay in lays if type(lay) is Subarray]
+    out = np.zeros((len(lays), 4), np.int64)
+    if boxes:
+        d = max(len(lay.global_shape) for lay in boxes)
+        rows = [_box(lay, d) for lay in boxes]
+        g, st, sh = (np.array([r[i] for r in rows], np.int64).reshape(len(rows), d)
+                     for i in range(3))  # fmt: skip
+        size = np.array([lay.dtype.itemsize for lay in boxes], np.int64)
+        at = np.flatnonzero([type(lay) is Subarray for lay in lays])
+        out[at] = box_spans(g, st, sh, size)
+    if len(boxes) < len(lays):
+        other = [k for k, lay in enumerate(lays) if type(lay) is not Subarray]
+        out[other] = spans([lays[k] for k in other])
+    return out
+
+
+def _box(lay: Subarray, d: int) -> tuple[tuple[int, ...], ...]:
+    """A box's global shape, start and count in memory order, padded to ``d`` dimensions."""
+    pad = (1,) * (d - len(lay.global_shape))
+    if lay.order == "F":
+        return (
+            pad + lay.global_shape[::-1],
+            (0,) * len(pad) + lay.start[::-1],
+            pad + lay.shape[::-1],
+        )
+    return pad + lay.global_shape, (0,) * len(pad) + lay.start, pad + lay.shape
+
+
 def _allocate(lays: list[ArrayLayout], into: list[Any], skip: Any = None) -> list[Any]:
     """This rank's arrays: the caller's where given, None where ``skip`` (to be mapped),
     else each its own allocation.
@@ -108,7 +141,7 @@ class Wanted:
         self.wanted = [(name, lay) for name, lay, _ in found]
         into = [arr for _, _, arr in found]
         self.given = [spec[name][0] if arr is not None else None for name, _, arr in found]
-        self.spans = spans([lay for _, lay in self.wanted])
+        self.spans = _spans([lay for _, lay in self.wanted])
         self.mapped = np.zeros(len(found), bool)
         if maps:
             new = np.array([arr is None for arr in into], bool)
