@@ -157,21 +157,24 @@ class Wanted:
         differ from their checksums); where the map fails, allocated, or with
         ``required`` (hint ``checkpoint_map=enable``) the error raised."""
         lo, hi = offs + self.spans[:, 0], offs + self.spans[:, 1]
-        self.mapped &= hi <= reader.size()
+        left = np.flatnonzero(self.mapped & (hi > reader.size()))
+        self.mapped[left] = False
         ids = np.flatnonzero(self.mapped)
-        lays = [self.wanted[k][1] for k in ids.tolist()]
-        if len(ids) == 0:
-            return
-        try:
-            buf = map_range(reader.fd, int(lo[ids].min()), int(hi[ids].max()))
-            got = pieces(buf, lo[ids] - int(lo[ids].min()), lays)
-        except BackendError:
-            if required:
-                raise
-            self.mapped[:] = False
-            got = _allocate(lays, [None] * len(lays))
-        for k, arr in zip(ids.tolist(), got, strict=True):
-            self.arrays[k] = arr
+        if len(ids):
+            try:
+                buf = map_range(reader.fd, int(lo[ids].min()), int(hi[ids].max()))
+                got = pieces(buf, lo[ids] - int(lo[ids].min()), [self.wanted[k][1] for k in ids])
+            except BackendError:
+                if required:
+                    raise
+                self.mapped[:] = False
+                left, got = np.union1d(left, ids), []
+            for k, arr in zip(ids.tolist(), got, strict=False):
+                self.arrays[k] = arr
+        if len(left):  # (read instead: into arrays of their own)
+            new = _allocate([self.wanted[k][1] for k in left.tolist()], [None] * len(left))
+            for k, arr in zip(left.tolist(), new, strict=True):
+                self.arrays[k] = arr
 
     def result(self, index: format.Index, flags: npt.NDArray[np.bool_]) -> dict[str, Any]:
         """The arrays by name; the agreed checksum error naming those that differ."""
