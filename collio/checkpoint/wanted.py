@@ -55,7 +55,7 @@ def _wanted(
             if entry["shape"] == [] and into.shape == ():
                 into = into.reshape(1)  # (a view: the stored form of a 0-d value)
             try:
-                lay.allocate(into)
+                lay.check_out(into)
             except LayoutError as exc:
                 raise LayoutError(f"array {name!r}: {exc}") from None
         out.append((name, lay, into))
