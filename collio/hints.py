@@ -40,6 +40,7 @@ KNOWN = (
     "cb_two_level",
     "cb_local_aggregators",
     "cb_min_message",
+    "checkpoint_map",
 )
 #: Names ROMIO reads (what ``MPI.File.Get_info`` lists for a file of MPICH's ROMIO) and
 #: the MPI standard's reserved ones: kept in ``extra`` without a warning, and the only
@@ -174,6 +175,12 @@ class Hints:
         (:mod:`collio.backends.mapped`); reads that skip the shuffle for another
         reason (disjoint extents, ``romio_cb_read=disable``) copy from the map too.
         ``enable`` maps on any file system, ``disable`` never.
+    checkpoint_map
+        ``automatic`` (default): a checkpoint load of a file on a local file system
+        returns each new piece that is one range of the file as an array over a
+        private (copy-on-write) map of the file, checksummed from the map, with no
+        copy (:mod:`collio.checkpoint.filemap`); ``enable`` maps on any file system,
+        ``disable`` reads every piece into a new array.
     read_past_eof
         ``enable`` (default): bytes a ``read_all`` asks for past the end of the file read
         as zeros (as bytes no rank wrote do); ``disable``: such a read raises the same
@@ -216,6 +223,7 @@ class Hints:
     cb_two_level: str = "automatic"
     cb_local_aggregators: int | None = None
     cb_min_message: int = 64 << 10
+    checkpoint_map: str = "automatic"
     extra: tuple[tuple[str, str], ...] = ()
     adjusted: tuple[tuple[str, int], ...] = ()
 
@@ -247,6 +255,7 @@ class Hints:
         _parse_tri(self.romio_cb_write, "romio_cb_write")
         _parse_tri(self.romio_cb_read, "romio_cb_read")
         _parse_tri(self.cb_two_level, "cb_two_level")
+        _parse_tri(self.checkpoint_map, "checkpoint_map")
         if self.cb_local_aggregators is not None and self.cb_local_aggregators < 1:
             raise HintError(f"hint cb_local_aggregators={self.cb_local_aggregators} must be >= 1")
 
@@ -268,7 +277,13 @@ class Hints:
                 values[key] = parse_size(value, key)
             elif key == "cb_config_list":
                 values[key] = str(value)
-            elif key in ("romio_cb_write", "romio_cb_read", "mapped_reads", "cb_two_level"):
+            elif key in (
+                "romio_cb_write",
+                "romio_cb_read",
+                "mapped_reads",
+                "cb_two_level",
+                "checkpoint_map",
+            ):
                 values[key] = _parse_tri(value, key)
             elif key == "read_past_eof":
                 values[key] = "enable" if _parse_bool(value, key) else "disable"

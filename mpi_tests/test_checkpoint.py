@@ -30,23 +30,35 @@ def _flip(path: str, at: int, mask: int) -> None:
         fh.write(bytes([b[0] ^ mask]))
 
 
-def _check_loaded(comm: MPI.Intracomm, got: dict[str, Any], spec: dict[str, Any]) -> None:
+def _check_loaded(
+    comm: MPI.Intracomm, got: dict[str, Any], spec: dict[str, Any], maps: bool | None = None
+) -> None:
+    """Every array byte for byte; with ``maps``, mapped exactly where its piece is one range."""
     assert sorted(got) == sorted(spec)
     for name, lay in spec.items():
         want = model.expected(name, lay)
         assert got[name].dtype == want.dtype, name
         assert got[name].shape == want.shape, name
         assert got[name].tobytes(order="A") == want.tobytes(order="A"), (comm.rank, name)
+        if maps is not None:
+            one = model.one_range(name, lay)
+            assert model.mapped(got[name]) == (maps and one), (comm.rank, name, one)
 
 
 @pytest.mark.mpi
-def test_save_then_load_in_other_decompositions(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+@pytest.mark.parametrize("maps", ["enable", "disable"])
+def test_save_then_load_in_other_decompositions(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, maps: str
+) -> None:
+    """Every decomposition, mapped (pieces that are one range) or read into new arrays."""
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm, metadata={"step": 7})
+    hints = {"checkpoint_map": maps}
     spec = model.load_spec(comm.rank, comm.size)
-    _check_loaded(comm, ckpt.load(path, spec, comm=comm), spec)
+    got = ckpt.load(path, spec, comm=comm, hints=hints)
+    _check_loaded(comm, got, spec, maps == "enable")
     same = {n: lay for n, lay in model.save_layouts(comm.rank, comm.size).items()}
-    _check_loaded(comm, ckpt.load(path, same, comm=comm), same)
+    _check_loaded(comm, ckpt.load(path, same, comm=comm, hints=hints), same, maps == "enable")
 
 
 @pytest.mark.mpi
@@ -70,18 +82,29 @@ def test_file_holds_each_array_whole_in_order(comm: MPI.Intracomm, mpi_tmp_path:
 
 
 @pytest.mark.mpi
-def test_flipped_byte_names_the_array_on_every_rank(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+@pytest.mark.parametrize(("name", "maps"), [("attn/q", "disable"), ("ffn/w", "enable"),
+                                            ("norm", "enable")])  # fmt: skip
+def test_flipped_byte_names_the_array_on_every_rank(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, name: str, maps: str
+) -> None:
+    """A flipped byte of a block-cyclic piece (read), of row blocks saved block-cyclic
+    (mapped, extents across pieces checked from the parts) or of a whole array on every
+    rank (mapped on each, each extent checked by one rank): the same error everywhere,
+    and the other arrays load."""
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
     if comm.rank == 0:
-        entry = ckpt.info(path)["attn/q"]
+        entry = ckpt.info(path)[name]
         _flip(path, entry["offset"] + entry["nbytes"] // 2, 0x10)
     comm.Barrier()
     spec = model.load_spec(comm.rank, comm.size)
-    err = raises_everywhere(comm, collio.ChecksumError, lambda: ckpt.load(path, spec, comm=comm))
-    assert err.names == ("attn/q",) and "'attn/q'" in str(err)
-    intact = {n: lay for n, lay in spec.items() if n != "attn/q"}
-    _check_loaded(comm, ckpt.load(path, intact, comm=comm), intact)
+    hints = {"checkpoint_map": maps}
+    err = raises_everywhere(
+        comm, collio.ChecksumError, lambda: ckpt.load(path, spec, comm=comm, hints=hints)
+    )
+    assert err.names == (name,) and f"'{name}'" in str(err)
+    intact = {n: lay for n, lay in spec.items() if n != name}
+    _check_loaded(comm, ckpt.load(path, intact, comm=comm, hints=hints), intact)
 
 
 @pytest.mark.mpi
@@ -377,6 +400,7 @@ def test_extents_across_pieces_are_checked_from_the_parts(
     got = ckpt.load(path, {"a": lay}, comm=comm)["a"]
     assert got.tobytes() == model.rows_reference("a")[lay.slices].tobytes()
     assert reads == []  # (verified from memory: nothing read back)
+    comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:  # a byte just after the saving job's first edge (one rank: mid-array)
         _flip(path, ckpt.info(path)["a"]["offset"] + (64 * 1000 * 8) // max(comm.size, 2) + 5, 1)
     comm.Barrier()
@@ -399,6 +423,7 @@ def test_pieces_read_in_steps_are_checked_whole(comm: MPI.Intracomm, mpi_tmp_pat
     for name, lay in spec.items():
         want = model.rows_reference(name, 8)[lay.slices]  # type: ignore[attr-defined]
         assert got[name].tobytes() == np.ascontiguousarray(want).tobytes(), (comm.rank, name)
+    comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:
         entry = ckpt.info(path)["a"]
         _flip(path, entry["offset"] + entry["nbytes"] - 1000, 0x02)

@@ -3,12 +3,13 @@ needs the two-phase path; its agreements still catch ranks that differ."""
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import raises_everywhere
+from helpers import raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
@@ -59,6 +60,7 @@ def test_part_of_an_array_reads_the_rest_of_its_extents_back(
     assert opened == []
     want = model.rows_reference("a", 8)[mine[0] : mine[0] + mine[1]]
     assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+    comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:
         _flip(path, ckpt.info(path)["a"]["offset"] + 3 * 8000 + 7)  # row 3: not loaded
     comm.Barrier()
@@ -125,6 +127,16 @@ def test_ranks_passing_other_arguments_raise_everywhere(
         comm, collio.MismatchError, lambda: ckpt.load(path, spec, comm=comm, hints=mapped),
         match="different collective operations",
     )  # fmt: skip
+    other = {"checkpoint_map": "enable" if last else "disable"}
+    raises_everywhere(
+        comm, collio.MismatchError, lambda: ckpt.load(path, spec, comm=comm, hints=other),
+        match=f"rank {comm.size - 1} passes other arguments",
+    )  # fmt: skip
+    raises_everywhere(
+        comm, collio.HintError,
+        lambda: ckpt.load(path, spec, comm=comm, hints={"checkpoint_map": "always"}),
+        match="checkpoint_map",
+    )  # fmt: skip
     # a hint one rank cannot parse: its error on every rank, none left in an agreement
     bad = {"cb_buffer_size": "abc"} if last else None
     raises_everywhere(
@@ -166,6 +178,7 @@ def test_rows_left_out_at_the_saving_split_are_read_back_and_checked(
     assert gathers == []
     want = np.ascontiguousarray(model.rows_reference("a", 8)[mine.slices])
     assert got.tobytes() == want.tobytes()
+    comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:  # a byte of the last rank's rows, which no rank loads
         info = ckpt.info(path)["a"]
         _flip(path, info["offset"] + info["nbytes"] - 8000 + 3)
@@ -175,3 +188,118 @@ def test_rows_left_out_at_the_saving_split_are_read_back_and_checked(
     )
     assert err.names == ("a",)
     assert gathers == []
+
+
+MAP = {"checkpoint_map": "enable"}
+
+
+def _rows_spec(comm: MPI.Intracomm) -> dict[str, Any]:
+    spec: dict[str, Any] = dict(model.rows_layouts(comm.rank, comm.size))
+    spec["rep"] = None
+    return spec
+
+
+def _want(name: str, lay: Any) -> bytes:
+    if lay is None:
+        return np.arange(7, dtype="<i8").tobytes()
+    return np.ascontiguousarray(model.rows_reference(name)[lay.slices]).tobytes()
+
+
+def _maps_of(path: str) -> list[str]:
+    """This process's maps of ``path`` (``/proc/self/maps`` lines; a replaced file's end
+    in ``(deleted)``)."""
+    with open("/proc/self/maps") as fh:
+        return [line.rstrip("\n") for line in fh if line.rstrip("\n").endswith(
+            (path, path + " (deleted)"))]  # fmt: skip
+
+
+@pytest.mark.mpi
+def test_writes_to_mapped_arrays_never_reach_the_file(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """A mapped array is the process's own: written all over, it keeps what was written,
+    while the file and a second load hold the saved bytes."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    before = read_file(path) if comm.rank == 0 else None
+    spec = _rows_spec(comm)
+    got = ckpt.load(path, spec, comm=comm, hints=MAP)
+    for arr in got.values():
+        arr.view(np.uint8)[...] = 0x5A
+    again = ckpt.load(path, spec, comm=comm, hints=MAP)
+    comm.Barrier()
+    for name, lay in spec.items():
+        assert model.mapped(got[name]) == (got[name].size > 0), (comm.rank, name)
+        assert again[name].tobytes() == _want(name, lay), (comm.rank, name)
+        assert got[name].tobytes() == b"\x5a" * len(_want(name, lay)), (comm.rank, name)
+    if comm.rank == 0:
+        assert read_file(path) == before
+
+
+@pytest.mark.mpi
+def test_save_over_mapped_arrays_keeps_their_values(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """A save to the path of a mapped checkpoint replaces the file (rename): the mapped
+    arrays keep the old bytes, a new load gets the new ones; one map per load and rank,
+    no descriptor held, each map gone with the last array over it."""
+    path = _path(comm, mpi_tmp_path)
+    old = model.rows_state(comm.rank, comm.size)
+    ckpt.save(path, old, comm=comm)
+    spec = _rows_spec(comm)
+    fds = len(os.listdir("/proc/self/fd"))
+    got = ckpt.load(path, spec, comm=comm, hints=MAP)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert len(_maps_of(path)) == 1
+    new = {name: (np.invert(v[0].view(np.uint8)).view(v[0].dtype), v[1])
+           for name, v in old.items() if isinstance(v, tuple)}  # fmt: skip
+    new["rep"] = np.arange(7, 14, dtype="<i8")
+    ckpt.save(path, new, comm=comm)
+    for name, lay in spec.items():
+        assert got[name].tobytes() == _want(name, lay), (comm.rank, name)
+    assert [m.endswith("(deleted)") for m in _maps_of(path)] == [True]
+    fresh = ckpt.load(path, spec, comm=comm, hints=MAP)
+    for name, lay in spec.items():
+        want = np.arange(7, 14, dtype="<i8").tobytes() if lay is None else bytes(
+            255 - b for b in _want(name, lay))  # fmt: skip
+        assert fresh[name].tobytes() == want, (comm.rank, name)
+    keep = fresh["a"]
+    del got, fresh
+    gc.collect()
+    assert [m.endswith("(deleted)") for m in _maps_of(path)] == [False]  # (keep's)
+    del keep
+    gc.collect()
+    assert _maps_of(path) == []
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+@pytest.mark.mpi
+def test_mapped_loads_with_empty_ranks_check_every_extent(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """Rows over all ranks but the last, which asks for empty pieces only (another split
+    than the save's: extents across pieces checked from the parts, each in its map): the
+    bytes, and a byte flipped in any piece found through the maps on every rank."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=8), comm=comm)
+    writers = max(comm.size - 1, 1)
+    spec: dict[str, Any] = {}
+    for name, lay in model.rows_layouts(min(comm.rank, writers - 1), writers, 8).items():
+        assert isinstance(lay, Subarray)
+        if comm.rank >= writers:
+            lay = Subarray(lay.global_shape, (0,) * len(lay.start), (0, *lay.shape[1:]),
+                           lay.dtype)  # fmt: skip
+        spec[name] = lay
+    got = ckpt.load(path, spec, comm=comm, hints=MAP)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name, 8)[lay.slices]).tobytes()
+        assert got[name].tobytes() == want, (comm.rank, name)
+        assert model.mapped(got[name]) == (len(want) > 0), (comm.rank, name)
+    del got
+    comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
+    if comm.rank == 0:  # in the last writer's rows of b
+        info = ckpt.info(path)["b"]
+        _flip(path, info["offset"] + info["nbytes"] - 5)
+    comm.Barrier()
+    err = raises_everywhere(
+        comm, collio.ChecksumError, lambda: ckpt.load(path, spec, comm=comm, hints=MAP)
+    )
+    assert err.names == ("b",)

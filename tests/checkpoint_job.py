@@ -3,9 +3,10 @@
 ``mpiexec -n N python tests/checkpoint_job.py CASE PATH``; prints ``ok`` on rank 0
 when every rank got what it must.  Cases: ``save``; ``load`` (the test state's other
 decomposition at this job's size, and the saving decomposition when the size is
-the saver's); ``killed`` (save over PATH, rank 1 killed inside the write);
-``failing`` (save row shards over PATH, which the job's last rank, started under
-``ulimit -f``, fails to write part of: the save must fail alike on every rank).
+the saver's; each mapped and read into new arrays); ``killed`` (save over PATH, rank
+1 killed inside the write); ``failing`` (save row shards over PATH, which the job's
+last rank, started under ``ulimit -f``, fails to write part of: the save must fail
+alike on every rank).
 """
 
 from __future__ import annotations
@@ -23,11 +24,22 @@ from collio.testing import checkpoint as model
 comm = MPI.COMM_WORLD
 
 
-def _check(got: dict[str, object], spec: dict[str, object]) -> None:
+def _check(got: dict[str, object], spec: dict[str, object], maps: bool | None = None) -> None:
+    """Every array byte for byte; with ``maps``, mapped where its piece is one range."""
     for name, lay in spec.items():
         want = model.expected(name, lay)  # type: ignore[arg-type]
         arr = got[name]
         assert arr.tobytes(order="A") == want.tobytes(order="A"), (comm.rank, name)  # type: ignore[attr-defined]
+        if maps is not None:
+            one = model.one_range(name, lay)  # type: ignore[arg-type]
+            assert model.mapped(arr) == (maps and one), (comm.rank, name, one)
+
+
+def _load_both(path: str, spec: dict[str, object]) -> None:
+    """Mapped and read into new arrays: the same bytes."""
+    for maps in (True, False):
+        hints = {"checkpoint_map": "enable" if maps else "disable"}
+        _check(ckpt.load(path, spec, hints=hints), spec, maps)
 
 
 def _failing(path: str) -> None:
@@ -62,10 +74,10 @@ def main(case: str, path: str) -> None:
     elif case == "load":
         saved = ckpt.info(path).metadata["ranks"]
         spec = model.load_spec(comm.rank, comm.size)
-        _check(ckpt.load(path, spec), spec)
+        _load_both(path, spec)
         if saved == comm.size:
             same = dict(model.save_layouts(comm.rank, comm.size))
-            _check(ckpt.load(path, same), same)
+            _load_both(path, same)
     elif case == "killed":
         write_many = collio.File.write_all_many
 

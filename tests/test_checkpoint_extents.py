@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,28 @@ def test_parts_of_extents_across_piece_edges() -> None:
     assert list(zip(pe.tolist(), lo.tolist(), hi.tolist(), rk.tolist(), strict=True)) == [
         (1, 30, 40, 0), (1, 40, 60, 1), (2, 60, 80, 1), (2, 80, 90, 2),
     ]  # fmt: skip
+
+
+def test_spans_of_boxes_in_one_pass_are_their_runs_spans() -> None:
+    """A load's spans of Subarrays (one numpy pass) are what their runs give, for boxes of
+    1 to 4 dimensions in either order, empty ones, and another layout kind beside them."""
+    from collio.checkpoint.save import spans
+    from collio.checkpoint.wanted import _spans
+    from collio.layouts import Subarray, block_cyclic
+
+    rng = np.random.default_rng(3)
+    lays: list[Any] = []
+    for _ in range(300):
+        d = int(rng.integers(1, 5))
+        g = rng.integers(1, 6, d)
+        st = rng.integers(0, g)
+        sh = rng.integers(0, g - st + 1)
+        if rng.random() < 0.3:  # (rows of the last dimensions whole: often one range)
+            k = int(rng.integers(0, d))
+            st[k + 1 :], sh[k + 1 :] = 0, g[k + 1 :]
+        order = "F" if rng.random() < 0.3 else "C"
+        dtype = ["<f8", "<i2", "u1", "<c8"][int(rng.integers(0, 4))]
+        lays.append(Subarray(tuple(g), tuple(st), tuple(sh), dtype, order))
+    lays.insert(7, block_cyclic((9, 7), "<f4", block=(2, 3), grid=(2, 1), rank=1, size=2))
+    assert _spans(lays).tolist() == spans(lays).tolist()
+    assert {bool(c) for c in spans(lays)[:, 2]} == {True, False}

@@ -6,7 +6,6 @@ import glob
 import os
 import sys
 
-import numpy as np
 import pytest
 
 import collio.checkpoint as ckpt
@@ -48,13 +47,19 @@ def test_saved_at_4_loads_at(saved: str, n: int) -> None:
     assert passed, out
 
 
-def test_one_rank_load_without_mpiexec(saved: str) -> None:
-    """A plain process (MPI's singleton) restores every array whole."""
+@pytest.mark.parametrize("maps", ["enable", "disable"])
+def test_one_rank_load_without_mpiexec(saved: str, maps: str) -> None:
+    """A plain process (MPI's singleton) restores every array whole: mapped (holding no
+    descriptor) or read."""
     spec = {name: None for name in ckpt.info(saved)}
-    got = ckpt.load(saved, spec)
+    fds = len(os.listdir("/proc/self/fd"))
+    got = ckpt.load(saved, spec, hints={"checkpoint_map": maps})
+    assert len(os.listdir("/proc/self/fd")) == fds
     for name in spec:
         want = model.reference(name)
-        assert got[name].dtype == want.dtype and np.array_equal(got[name], want), name
+        assert got[name].dtype == want.dtype, name
+        assert got[name].tobytes() == want.tobytes(), name
+        assert model.mapped(got[name]) == (maps == "enable"), name
 
 
 def test_killed_save_leaves_the_previous_checkpoint(saved: str, tmp_path: os.PathLike[str]) -> None:

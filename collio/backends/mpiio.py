@@ -35,8 +35,8 @@ _POSIX_PREFIX = re.compile(r"^(ufs|nfs|lustre|gpfs|xfs|panfs|testfs):")
 _OTHER_PREFIX = re.compile(r"^(?!(ufs|nfs|lustre|gpfs|xfs|panfs|testfs):)[a-z0-9]+:")
 #: collio's own hints, not ROMIO's: kept out of the MPI.Info.
 _COLLIO_ONLY = (
-    "atomic_commit", "direct_threshold", "direct_write", "early_flush", "mapped_reads",
-    "min_rounds",
+    "atomic_commit", "checkpoint_map", "direct_threshold", "direct_write", "early_flush",
+    "mapped_reads", "min_rounds",
 )  # fmt: skip
 
 

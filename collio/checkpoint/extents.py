@@ -15,8 +15,8 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BLOCK", "Plan", "assign", "cut", "cut_all", "deal_all", "disjoint", "ends_of",
-           "owners", "owners_all", "plan", "span"]  # fmt: skip
+__all__ = ["BLOCK", "Plan", "assign", "box_spans", "cut", "cut_all", "deal_all", "disjoint",
+           "ends_of", "owners", "owners_all", "plan", "span"]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
@@ -61,6 +61,31 @@ def box_span(
         lo += st[i] * stride
         stride *= g[i]
     return lo, lo + n * itemsize, True
+
+
+def box_spans(shape: I64, start: I64, count: I64, itemsize: I64) -> I64:
+    """:func:`box_span` of many boxes at once, as ``(lo, hi, contiguous, bytes)`` rows: the
+    ``(n, d)`` global shapes, starts and counts in memory order (an 'F' array's reversed),
+    padded in front with dimensions of shape 1.  ``lo`` and ``hi`` bound the box's first
+    and last byte (its runs' span) when it is not one range."""
+    n = count.prod(axis=1)
+    d = shape.shape[1]
+    stride = np.ones_like(shape)
+    if d > 1:
+        stride[:, :-1] = np.cumprod(shape[:, :0:-1], axis=1)[:, ::-1]
+    stride *= itemsize[:, None]
+    lo = (start * stride).sum(axis=1)
+    hi = ((start + count - 1) * stride).sum(axis=1) + itemsize
+    many = count != 1
+    first = np.where(many.any(axis=1), many.argmax(axis=1), d)  # (leading dims of one index)
+    cut = (count != shape) & (np.arange(d)[None, :] > first[:, None])
+    empty = n == 0
+    out = np.empty((len(n), 4), np.int64)
+    out[:, 0] = np.where(empty, 0, lo)
+    out[:, 1] = np.where(empty, 0, hi)
+    out[:, 2] = empty | ~cut.any(axis=1)
+    out[:, 3] = n * itemsize
+    return out
 
 
 def disjoint(lo: I64, hi: I64) -> npt.NDArray[np.bool_]:

@@ -11,22 +11,21 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from ..backends import get_backend, infer_backend
-from ..backends.fdio import pread_zeros
-from ..backends.localfile import open_regular
 from ..collective import Attempt, bcast_outcome, call_head, digest, raise_agreed
 from ..comms import exclusive, private
-from ..errors import ChecksumError, LayoutError, MismatchError
+from ..errors import ChecksumError, MismatchError
 from ..facts import Facts, How, fact, record
 from ..file import File
 from ..file import open as _open
 from ..hints import Hints
-from ..layouts.arrays import ArrayLayout, array_layout
+from ..layouts.arrays import ArrayLayout
 from ..waits import sleep_until_done
 from . import format
+from .filemap import Reader, maps
 from .index import Info, info, parse, parse_crc
-from .save import at, item, spans
-from .state import as_array, whole
+from .save import at, item
 from .verify import CHUNK, Checks, alone, plan, read_checked, verify, verify_alone
+from .wanted import Wanted
 
 __all__ = ["CHUNK", "Info", "info", "load"]
 
@@ -61,56 +60,6 @@ def _own_index(f: File) -> tuple[format.Index, int]:
     cache, parsed on every rank at once instead of broadcast from one), and its checksum;
     the ranks' errors and checksums are agreed by :func:`_gather_spans`."""
     return parse_crc(_backend_read(f), f.backend.size(), str(f.target))
-
-
-def _wanted(
-    index: format.Index, spec: Mapping[str, Any]
-) -> list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | None]]:
-    """Each requested name, sorted, with this rank's piece (offset 0) checked against the
-    index, and the caller's array to read it into (None: a new one)."""
-    if not isinstance(spec, Mapping):
-        raise LayoutError(f"spec must map names to layouts or None, not {type(spec).__name__}")
-    out = []
-    for name in sorted(spec):
-        entry = index.arrays.get(name)
-        if entry is None:
-            raise LayoutError(f"array {name!r} is not in the checkpoint")
-        shape, dtype, order = tuple(entry["shape"]), index.dtype(name), entry["order"]
-        lay, into = spec[name], None
-        if isinstance(lay, tuple) and len(lay) == 2:  # (out, layout or None): in place
-            into, lay = _into(name, lay[0]), lay[1]
-        if shape == ():  # a 0-d value is stored as one element
-            if lay is not None:
-                raise LayoutError(f"array {name!r} is 0-d: load it with None, not a layout")
-            shape = (1,)
-        if lay is None:
-            lay = whole(shape, dtype, order)
-        lay = array_layout(lay, f"array {name!r}: a spec")
-        if (lay.global_shape, lay.dtype, lay.order) != (shape, dtype, order):
-            raise LayoutError(
-                f"array {name!r}: stored shape {shape} dtype {dtype.str} order {order}; layout "
-                f"has shape {lay.global_shape} dtype {lay.dtype.str} order {lay.order}"
-            )
-        if into is not None:
-            if entry["shape"] == [] and into.shape == ():
-                into = into.reshape(1)  # (a view: the stored form of a 0-d value)
-            try:
-                lay.allocate(into)
-            except LayoutError as exc:
-                raise LayoutError(f"array {name!r}: {exc}") from None
-        out.append((name, lay, into))
-    return out
-
-
-def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
-    """A numpy view of the caller's array ``obj`` to read array ``name`` into."""
-    try:
-        arr = as_array(obj)
-    except LayoutError as exc:
-        raise LayoutError(f"array {name!r}: {exc}") from None
-    if not arr.flags.writeable:
-        raise LayoutError(f"array {name!r}: the array to load into is read-only")
-    return arr
 
 
 def _gather_spans(
@@ -153,19 +102,6 @@ def _all_spans(comm: MPI.Comm, mine: Any, n: int) -> I64:
     return every
 
 
-def _allocate(lays: list[ArrayLayout], into: list[Any]) -> list[Any]:
-    """This rank's arrays: the caller's where given, else each its own allocation.
-    (One allocation for them all, in huge pages, faulted in faster on a quiet machine,
-    but after a save's writes had filled the page cache its huge pages came slower and
-    less steadily, and any array kept would have kept them all.  Reading into arrays the
-    job already has costs no page faults at all.)"""
-    return [
-        np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
-        if arr is None else arr
-        for lay, arr in zip(lays, into, strict=True)
-    ]  # fmt: skip
-
-
 def _read(
     f: File | None,
     be: Any,
@@ -175,6 +111,7 @@ def _read(
     offs: I64,
     every: I64,
     checks: Checks,
+    mapped: npt.NDArray[np.bool_],
 ) -> BaseException | None:
     """Collective: the arrays whose every piece is one range, read by each rank itself
     into its array (no flattening, no exchange: ranks reading the same bytes, a whole
@@ -185,7 +122,8 @@ def _read(
     With ``be`` (a local file's reader, or the backend of one that reads locally) each
     piece by its own reads, checksummed as it is read; else (an object store) in one
     call of ``f`` of them all, checksummed after.  ``f`` is None where every piece is
-    one range: no call of a file is needed."""
+    one range: no call of a file is needed.  The pieces ``mapped`` (arrays over a map
+    of a local file: :mod:`.filemap`) are not read, only checksummed from the map."""
     flat = np.atleast_1d(every[:, :, 2].all(axis=0)).astype(bool)
     # (each array's bytes in memory order: a view, as each array is contiguous in its
     # layout's order, made here or checked so)
@@ -194,8 +132,9 @@ def _read(
     step = Attempt()
     ids = np.flatnonzero(flat)
     if be is not None and len(ids):
+        own = ids[~mapped[ids]]  # (the local reads: no rank waits for another's)
         with step:
-            read_checked(be, checks, views, ids, offs, every[rank])
+            read_checked(be, checks, views, own, offs, every[rank])
     elif len(ids) and f is not None:  # (flat is the same on every rank: from every rank's spans)
         items = [item(arrays[k], wanted[k][1], int(offs[k]), True) for k in ids.tolist()]
         f.read_all_many([one for _, one in items], out=[src for src, _ in items], _disjoint=True)
@@ -256,7 +195,7 @@ def load(
         index: Any = None if direct else _read_index(f)
         crc = 0
         step = Attempt()
-        got = _Wanted()
+        got = Wanted()
         with step:  # (a layout's runs may be built here first: a rank's error is agreed)
             if direct:
                 index, crc = _own_index(f)
@@ -266,59 +205,15 @@ def load(
     return got.result(index, flags)
 
 
-class _Wanted:
-    """This rank's side of a load, before any byte is read: each requested name, sorted,
-    its layout, the array it is read into (the caller's or a new one), the caller's
-    object for the result, and the pieces' spans."""
-
-    def __init__(self) -> None:
-        self.wanted: list[tuple[str, ArrayLayout]] = []
-        self.arrays: list[Any] = []
-        self.given: list[Any] = []
-        self.spans: Any = None
-
-    @property
-    def names(self) -> list[str]:
-        return [n for n, _ in self.wanted]
-
-    def find(self, index: format.Index, spec: Mapping[str, Any]) -> None:
-        found = _wanted(index, spec)
-        self.wanted = [(name, lay) for name, lay, _ in found]
-        into = [arr for _, _, arr in found]
-        self.given = [spec[name][0] if arr is not None else None for name, _, arr in found]
-        self.spans = spans([lay for _, lay in self.wanted])
-        # (allocated before the agreement: a rank out of memory is agreed there, not left
-        # raising alone before the reads' collectives)
-        self.arrays = _allocate([lay for _, lay in self.wanted], into)
-
-    def result(self, index: format.Index, flags: npt.NDArray[np.bool_]) -> dict[str, Any]:
-        """The arrays by name; the agreed checksum error naming those that differ."""
-        bad = [self.wanted[k][0] for k in np.flatnonzero(flags).tolist()]
-        if bad:
-            err = ChecksumError(
-                f"{len(bad)} arrays differ from their checksums: {', '.join(map(repr, bad))}"
-            )
-            err.names = tuple(bad)
-            raise err
-        return {
-            name: obj
-            if obj is not None
-            else arr.reshape(())
-            if index.arrays[name]["shape"] == []
-            else arr
-            for (name, _), arr, obj in zip(self.wanted, self.arrays, self.given, strict=True)
-        }
-
-
 def _read_verified(
-    f: File | None, be: Any, comm: MPI.Comm, index: format.Index, got: _Wanted, every: I64
+    f: File | None, be: Any, comm: MPI.Comm, index: format.Index, got: Wanted, every: I64
 ) -> npt.NDArray[np.bool_]:
     """Collective: plan the checks (before any byte is read), read, verify; which arrays
     differ (the same on every rank)."""
     x, crcs, offs = plan(index, got.wanted, every)
     rank = comm.Get_rank()
     checks = Checks(x, rank)
-    error = _read(f, be, rank, got.wanted, got.arrays, offs, every, checks)
+    error = _read(f, be, rank, got.wanted, got.arrays, offs, every, checks, got.mapped)
     return verify(comm, f, be, checks, crcs, offs, len(got.wanted), error)
 
 
@@ -333,33 +228,6 @@ def _local(target: Any, hints: Any, options: Mapping[str, Any]) -> bool:
         and options.get("backend", "posix") == "posix"
         and getattr(hints, "mapped_reads", None) != "enable"
     )
-
-
-class _Reader:
-    """A local file read as the posix backend reads it (``pread``; zeros past the end,
-    which then differ from their checksums), without opening it as a collio file."""
-
-    name = "posix"
-
-    def __init__(self) -> None:
-        self.fd = -1
-
-    def open(self, path: str) -> None:
-        self.fd = open_regular(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-
-    def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
-        pread_zeros(self.fd, buf, offset)
-
-    def read(self, offset: int, length: int) -> bytes:
-        return os.pread(self.fd, max(length, 0), offset)
-
-    def size(self) -> int:
-        return os.lseek(self.fd, 0, os.SEEK_END)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 @record
@@ -390,10 +258,10 @@ def _load_local(
     comm = priv.comm
     path = os.fspath(target)
     with exclusive(comm, "checkpoint.load"):
-        reader = _Reader()
+        reader = Reader()
         try:
             step = Attempt()
-            got = _Wanted()
+            got = Wanted()
             index: Any = None
             crc, solo = -1, False
             parsed: Any = None
@@ -405,16 +273,16 @@ def _load_local(
                 get_backend("posix").check_options("r", kept)
                 reader.open(path)
                 index, crc = parse_crc(reader.read, reader.size(), path)
-                got.find(index, spec)
+                got.find(index, spec, maps=maps(parsed.checkpoint_map, reader.fd))
                 x, crcs, offs = plan(index, got.wanted, got.spans[None])  # (this rank's alone)
+                got.map(reader, offs, parsed.checkpoint_map == "enable")
                 x, solo = alone(x, got.spans, comm.Get_rank())
             setup = (path, repr(parsed))
             head = _Head(index_crc=crc, names=digest(got.names), setup=digest(setup), alone=solo)
             if _agree_local(comm, (priv.files + 1, path), step.error, head, got.names, setup):
                 checks = Checks(x, comm.Get_rank())  # (this rank's spans: row 0 of its own)
-                error = _read(
-                    None, reader, 0, got.wanted, got.arrays, offs, got.spans[None], checks
-                )
+                error = _read(None, reader, 0, got.wanted, got.arrays, offs, got.spans[None],
+                              checks, got.mapped)  # fmt: skip
                 flags = verify_alone(comm, reader, checks, crcs, offs, len(got.wanted), error)
             else:
                 flags = _gathered(comm, target, base, hints, options, reader, index, got)
@@ -425,7 +293,7 @@ def _load_local(
 
 def _gathered(
     comm: MPI.Comm, target: Any, base: MPI.Intracomm, hints: Any, options: Mapping[str, Any],
-    reader: _Reader, index: format.Index, got: _Wanted,
+    reader: Reader, index: format.Index, got: Wanted,
 ) -> npt.NDArray[np.bool_]:  # fmt: skip
     """Collective: a local load planned from every rank's spans (the extents across
     pieces checked from the ranks' parts), through a collio file where some piece is

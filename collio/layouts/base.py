@@ -98,18 +98,22 @@ class Layout(abc.ABC):
         if out is None:
             arr: np.ndarray[Any, Any] = np.empty(self.local_shape, self.dtype, order=self.order)  # type: ignore[call-overload]
         else:
-            arr = out
-            if not isinstance(arr, np.ndarray):
-                raise LayoutError(f"out must be a numpy array, not {type(out).__name__}")
-            if arr.dtype != self.dtype or arr.shape != self.local_shape:
-                raise LayoutError(
-                    f"out has shape {arr.shape} and dtype {arr.dtype}, layout needs "
-                    f"{self.local_shape} and {self.dtype}"
-                )
-            contiguous = arr.flags.f_contiguous if self.order == "F" else arr.flags.c_contiguous
-            if not contiguous or not arr.flags.writeable:
-                raise LayoutError(f"out must be writeable and {self.order}-contiguous")
+            arr = self.check_out(out)
         return arr, _memory_bytes(arr, self.order)
+
+    def check_out(self, out: Any) -> np.ndarray[Any, Any]:
+        """The user's output array ``out``, checked to fit this layout (else LayoutError)."""
+        if not isinstance(out, np.ndarray):
+            raise LayoutError(f"out must be a numpy array, not {type(out).__name__}")
+        if out.dtype != self.dtype or out.shape != self.local_shape:
+            raise LayoutError(
+                f"out has shape {out.shape} and dtype {out.dtype}, layout needs "
+                f"{self.local_shape} and {self.dtype}"
+            )
+        contiguous = out.flags.f_contiguous if self.order == "F" else out.flags.c_contiguous
+        if not contiguous or not out.flags.writeable:
+            raise LayoutError(f"out must be writeable and {self.order}-contiguous")
+        return out
 
 
 def _memory_bytes(arr: np.ndarray[Any, Any], order: str) -> npt.NDArray[np.uint8]:

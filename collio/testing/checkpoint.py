@@ -3,15 +3,15 @@ rank must get back when another decomposition (and rank count) loads it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ..layouts import Subarray, block, block_cyclic, dims_create
 from ..layouts.arrays import ArrayLayout, BlockCyclic
 
-__all__ = ["GLOBALS", "ROWS", "expected", "load_spec", "reference", "rows_layouts",
-           "rows_reference", "rows_state", "save_state"]  # fmt: skip
+__all__ = ["GLOBALS", "ROWS", "expected", "load_spec", "mapped", "one_range", "reference",
+           "rows_layouts", "rows_reference", "rows_state", "save_state"]  # fmt: skip
 
 #: name -> (global shape, dtype, order)
 GLOBALS: dict[str, tuple[tuple[int, ...], str, str]] = {
@@ -114,6 +114,35 @@ def load_spec(rank: int, size: int) -> dict[str, Any]:
 def expected(name: str, lay: ArrayLayout | None) -> np.ndarray[Any, Any]:
     """What a load with ``lay`` (None: the whole array) must return for ``name``."""
     return reference(name) if lay is None else piece(name, lay)
+
+
+def one_range(name: str, lay: ArrayLayout | None) -> bool:
+    """Whether the piece ``lay`` of ``name`` is one range of the stored array's bytes held
+    in that order (and not empty), from the elements' global numbers alone."""
+    if lay is None:
+        return True
+    shape = GLOBALS[name][0] if name in GLOBALS else REPLICATED[name][0]
+    order: Literal["C", "F"] = "F" if name in GLOBALS and GLOBALS[name][2] == "F" else "C"
+    numbers = np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape, order=order)
+    if isinstance(lay, Subarray):
+        got = numbers[lay.slices]
+    else:
+        assert isinstance(lay, BlockCyclic)
+        got = numbers[np.ix_(*lay.indices)]
+    flat = got.ravel(order=order)
+    return len(flat) > 0 and bool((np.diff(flat) == 1).all())
+
+
+def mapped(arr: Any) -> bool:
+    """Whether ``arr`` is a view of a checkpoint file's map (:mod:`collio.checkpoint.filemap`)."""
+    from ..checkpoint.filemap import FileMap
+
+    base = arr
+    while base is not None:
+        if isinstance(base, FileMap):
+            return True
+        base = getattr(base, "base", None)
+    return False
 
 
 #: A state of row shards only (every piece one range of its array, the ranks' pieces of

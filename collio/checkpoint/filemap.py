@@ -1,0 +1,157 @@
+"""A checkpoint's pieces as arrays over a private map of its file: a load without a copy.
+
+Every global array is stored whole and in order, so a piece that is one range of its
+array (a row shard, a whole array) is one range of the file.  A load of a file on a
+local file system (hint ``checkpoint_map``) returns such a piece as an array over a
+private map of the file, as ``np.load(mmap_mode="c")``, ``torch.load(mmap=True)`` and
+safetensors do: the checksum pass over the mapped pages is the only read, and nothing
+is copied.  A copy into new arrays costs a page fault per page first touched, more
+than the read itself.
+
+- The map is private (``MAP_PRIVATE``, copy-on-write): a write to a returned array
+  changes this process's own copy of that page, never the file.
+- One map per load and rank, over the range its mapped pieces span; the arrays keep it
+  (numpy keeps an array's ``base``), and the last one gone unmaps it.  It holds no file
+  descriptor: the file is open during the load only.
+- collio's saves replace a target by rename, so arrays mapped from the checkpoint a save
+  replaces keep their values (the replaced file's blocks stay allocated until its last
+  map is gone).  Another program that truncates the file in place makes an access of a
+  page past the new end fault (SIGBUS), as with ``np.memmap``; one that writes into the
+  file in place may show through in pages the process has not written itself.
+- Mapped without reserving swap for the whole range (``MAP_NORESERVE``): only pages the
+  job writes become its own memory, as with any anonymous allocation under Linux's
+  default overcommit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import mmap
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._libc import libc
+from ..backends.fdio import pread_zeros
+from ..backends.localfile import open_regular
+from ..backends.mapped import fs_name
+from ..errors import BackendError
+from ..layouts.arrays import ArrayLayout
+from ..policy import maps_file
+
+__all__ = ["FileMap", "Reader", "map_range", "maps", "pieces"]
+
+I64 = npt.NDArray[np.int64]
+
+#: Linux's ``MAP_NORESERVE`` (the mmap module does not name it)
+_NORESERVE = 0x4000
+
+
+@functools.cache
+def _calls() -> tuple[Any, Any] | None:
+    """libc's ``mmap`` and ``munmap`` (their own function objects: other parts of collio
+    may type libc's shared ones otherwise), or None off Linux."""
+    c = libc()
+    if c is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        mm, um = c["mmap"], c["munmap"]
+    except AttributeError:  # pragma: no cover - every Linux libc has them
+        return None
+    mm.restype = ctypes.c_void_p
+    mm.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int64]  # fmt: skip
+    um.restype = ctypes.c_int
+    um.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return mm, um
+
+
+_FAILED = ctypes.c_void_p(-1).value
+
+
+class FileMap:
+    """A private map of ``length`` bytes of the file ``fd`` from ``offset`` (a multiple of
+    the page size), unmapped when the object goes.  Python's ``mmap.mmap`` would keep a
+    duplicate of the descriptor open as long as any array over it lives."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        self.addr: int = 0
+        self.length = length
+        calls = _calls()
+        if calls is None:
+            raise BackendError("hint checkpoint_map=enable: no private file maps on this system")
+        mm, self._unmap = calls
+        flags = mmap.MAP_PRIVATE | _NORESERVE
+        addr = mm(None, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
+        if addr is None or addr == _FAILED:
+            err = ctypes.get_errno()
+            raise BackendError(
+                f"cannot map {length} bytes of the checkpoint at {offset}: {os.strerror(err)}",
+                errno=err,
+            )
+        self.addr = int(addr)
+        self.__array_interface__ = {
+            "data": (self.addr, False), "shape": (length,), "typestr": "|u1", "version": 3,
+        }  # fmt: skip
+
+    def __del__(self) -> None:
+        if self.addr:
+            self._unmap(self.addr, self.length)
+            self.addr = 0
+
+
+def maps(hint: str, fd: int) -> bool:
+    """Whether a load maps the file ``fd``: hint ``checkpoint_map``, and for ``automatic``
+    whether the file is on a local file system (one page cache), as ``mapped_reads``."""
+    return maps_file(hint, local_fs=hint == "automatic" and fs_name(fd) is not None)
+
+
+def map_range(fd: int, lo: int, hi: int) -> npt.NDArray[np.uint8]:
+    """The bytes ``[lo, hi)`` of the file ``fd`` (``hi > lo``), privately mapped."""
+    base = lo - lo % mmap.PAGESIZE
+    whole: npt.NDArray[np.uint8] = np.asarray(FileMap(fd, base, hi - base))
+    return whole[lo - base :]
+
+
+def pieces(buf: npt.NDArray[np.uint8], at: I64, lays: list[ArrayLayout]) -> list[Any]:
+    """Each layout's piece as an array over ``buf`` from byte ``at[k]``, in the layout's
+    memory order (a view of each: one per array, no bytes touched)."""
+    out = []
+    for a, lay in zip(at.tolist(), lays, strict=True):
+        n = lay.dtype.itemsize
+        for c in lay.local_shape:
+            n *= c
+        arr = buf[a : a + n].view(lay.dtype)
+        out.append(arr.reshape(lay.local_shape, order="F" if lay.order == "F" else "C"))
+    return out
+
+
+class Reader:
+    """A local file read as the posix backend reads it (``pread``; zeros past the end,
+    which then differ from their checksums), without opening it as a collio file."""
+
+    name = "posix"
+
+    def __init__(self) -> None:
+        self.fd = -1
+
+    def open(self, path: str) -> None:
+        self.fd = open_regular(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+
+    def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        pread_zeros(self.fd, buf, offset)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, max(length, 0), offset)
+
+    def size(self) -> int:
+        return os.lseek(self.fd, 0, os.SEEK_END)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

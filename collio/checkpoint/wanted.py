@@ -1,0 +1,195 @@
+"""This rank's side of a load before any byte is read: each requested name checked
+against the index, its layout and span, and the array it is read into (the caller's,
+a new one, or one over a map of the file: :mod:`.filemap`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import BackendError, ChecksumError, LayoutError
+from ..layouts.arrays import ArrayLayout, Subarray, array_layout
+from . import format
+from .extents import box_spans
+from .filemap import Reader, map_range, pieces
+from .save import spans
+from .state import as_array, whole
+
+__all__ = ["Wanted"]
+
+I64 = npt.NDArray[np.int64]
+
+
+def _wanted(
+    index: format.Index, spec: Mapping[str, Any]
+) -> list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | None]]:
+    """Each requested name, sorted, with this rank's piece (offset 0) checked against the
+    index, and the caller's array to read it into (None: a new one)."""
+    if not isinstance(spec, Mapping):
+        raise LayoutError(f"spec must map names to layouts or None, not {type(spec).__name__}")
+    out = []
+    for name in sorted(spec):
+        entry = index.arrays.get(name)
+        if entry is None:
+            raise LayoutError(f"array {name!r} is not in the checkpoint")
+        shape, dtype, order = tuple(entry["shape"]), index.dtype(name), entry["order"]
+        lay, into = spec[name], None
+        if isinstance(lay, tuple) and len(lay) == 2:  # (out, layout or None): in place
+            into, lay = _into(name, lay[0]), lay[1]
+        if shape == ():  # a 0-d value is stored as one element
+            if lay is not None:
+                raise LayoutError(f"array {name!r} is 0-d: load it with None, not a layout")
+            shape = (1,)
+        if lay is None:
+            lay = whole(shape, dtype, order)
+        lay = array_layout(lay, f"array {name!r}: a spec")
+        if (lay.global_shape, lay.dtype, lay.order) != (shape, dtype, order):
+            raise LayoutError(
+                f"array {name!r}: stored shape {shape} dtype {dtype.str} order {order}; layout "
+                f"has shape {lay.global_shape} dtype {lay.dtype.str} order {lay.order}"
+            )
+        if into is not None:
+            if entry["shape"] == [] and into.shape == ():
+                into = into.reshape(1)  # (a view: the stored form of a 0-d value)
+            try:
+                lay.check_out(into)
+            except LayoutError as exc:
+                raise LayoutError(f"array {name!r}: {exc}") from None
+        out.append((name, lay, into))
+    return out
+
+
+def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
+    """A numpy view of the caller's array ``obj`` to read array ``name`` into."""
+    try:
+        arr = as_array(obj)
+    except LayoutError as exc:
+        raise LayoutError(f"array {name!r}: {exc}") from None
+    if not arr.flags.writeable:
+        raise LayoutError(f"array {name!r}: the array to load into is read-only")
+    return arr
+
+
+def _spans(lays: list[ArrayLayout]) -> I64:
+    """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array):
+    the boxes (Subarray: a row shard, a whole array) in one numpy pass, the others from
+    their runs (:func:`~.save.spans`)."""
+    boxes = [lay for lay in lays if type(lay) is Subarray]
+    out = np.zeros((len(lays), 4), np.int64)
+    if boxes:
+        d = max(len(lay.global_shape) for lay in boxes)
+        rows = [_box(lay, d) for lay in boxes]
+        g, st, sh = (np.array([r[i] for r in rows], np.int64).reshape(len(rows), d)
+                     for i in range(3))  # fmt: skip
+        size = np.array([lay.dtype.itemsize for lay in boxes], np.int64)
+        at = np.flatnonzero([type(lay) is Subarray for lay in lays])
+        out[at] = box_spans(g, st, sh, size)
+    if len(boxes) < len(lays):
+        other = [k for k, lay in enumerate(lays) if type(lay) is not Subarray]
+        out[other] = spans([lays[k] for k in other])
+    return out
+
+
+def _box(lay: Subarray, d: int) -> tuple[tuple[int, ...], ...]:
+    """A box's global shape, start and count in memory order, padded to ``d`` dimensions."""
+    pad = (1,) * (d - len(lay.global_shape))
+    if lay.order == "F":
+        return (
+            pad + lay.global_shape[::-1],
+            (0,) * len(pad) + lay.start[::-1],
+            pad + lay.shape[::-1],
+        )
+    return pad + lay.global_shape, (0,) * len(pad) + lay.start, pad + lay.shape
+
+
+def _allocate(lays: list[ArrayLayout], into: list[Any], skip: Any = None) -> list[Any]:
+    """This rank's arrays: the caller's where given, None where ``skip`` (to be mapped),
+    else each its own allocation.
+    (One allocation for them all, in huge pages, faulted in faster on a quiet machine,
+    but after a save's writes had filled the page cache its huge pages came slower and
+    less steadily, and any array kept would have kept them all.  Reading into arrays the
+    job already has costs no page faults at all.)"""
+    return [
+        None if skip is not None and skip[k] else
+        np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
+        if arr is None else arr
+        for k, (lay, arr) in enumerate(zip(lays, into, strict=True))
+    ]  # fmt: skip
+
+
+class Wanted:
+    """This rank's side of a load, before any byte is read: each requested name, sorted,
+    its layout, the array it is read into (the caller's or a new one), the caller's
+    object for the result, and the pieces' spans."""
+
+    def __init__(self) -> None:
+        self.wanted: list[tuple[str, ArrayLayout]] = []
+        self.arrays: list[Any] = []
+        self.given: list[Any] = []
+        self.spans: Any = None
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.wanted]
+
+    def find(self, index: format.Index, spec: Mapping[str, Any], *, maps: bool = False) -> None:
+        """With ``maps``, the pieces that are one range and new are left to :meth:`map`."""
+        found = _wanted(index, spec)
+        self.wanted = [(name, lay) for name, lay, _ in found]
+        into = [arr for _, _, arr in found]
+        self.given = [spec[name][0] if arr is not None else None for name, _, arr in found]
+        self.spans = _spans([lay for _, lay in self.wanted])
+        self.mapped = np.zeros(len(found), bool)
+        if maps:
+            new = np.array([arr is None for arr in into], bool)
+            lo, hi, one = self.spans[:, 0], self.spans[:, 1], self.spans[:, 2].astype(bool)
+            self.mapped = new & one & (hi > lo)
+        # (allocated before the agreement: a rank out of memory is agreed there, not left
+        # raising alone before the reads' collectives)
+        self.arrays = _allocate([lay for _, lay in self.wanted], into, self.mapped)
+
+    def map(self, reader: Reader, offs: I64, required: bool) -> None:
+        """Local: the pieces :meth:`find` left, as arrays over one private map of the file
+        (those within it: a shorter file's bytes past its end read as zeros, which then
+        differ from their checksums); where the map fails, allocated, or with
+        ``required`` (hint ``checkpoint_map=enable``) the error raised."""
+        lo, hi = offs + self.spans[:, 0], offs + self.spans[:, 1]
+        left = np.flatnonzero(self.mapped & (hi > reader.size()))
+        self.mapped[left] = False
+        ids = np.flatnonzero(self.mapped)
+        if len(ids):
+            try:
+                buf = map_range(reader.fd, int(lo[ids].min()), int(hi[ids].max()))
+                got = pieces(buf, lo[ids] - int(lo[ids].min()), [self.wanted[k][1] for k in ids])
+            except BackendError:
+                if required:
+                    raise
+                self.mapped[:] = False
+                left, got = np.union1d(left, ids), []
+            for k, arr in zip(ids.tolist(), got, strict=False):
+                self.arrays[k] = arr
+        if len(left):  # (read instead: into arrays of their own)
+            new = _allocate([self.wanted[k][1] for k in left.tolist()], [None] * len(left))
+            for k, arr in zip(left.tolist(), new, strict=True):
+                self.arrays[k] = arr
+
+    def result(self, index: format.Index, flags: npt.NDArray[np.bool_]) -> dict[str, Any]:
+        """The arrays by name; the agreed checksum error naming those that differ."""
+        bad = [self.wanted[k][0] for k in np.flatnonzero(flags).tolist()]
+        if bad:
+            err = ChecksumError(
+                f"{len(bad)} arrays differ from their checksums: {', '.join(map(repr, bad))}"
+            )
+            err.names = tuple(bad)
+            raise err
+        return {
+            name: obj
+            if obj is not None
+            else arr.reshape(())
+            if index.arrays[name]["shape"] == []
+            else arr
+            for (name, _), arr, obj in zip(self.wanted, self.arrays, self.given, strict=True)
+        }
