@@ -287,6 +287,16 @@ class File:
             raise
 
     @one_thread
+    def _flush_soon(self) -> None:
+        """Local (internal): start making this rank's written bytes durable in the
+        background where the backend can (posix: ``fdatasync`` in a thread, the hint
+        ``early_flush``); ``sync`` and ``close`` wait for it and report its error.  For a
+        caller whose next steps compute rather than write (collio.checkpoint's
+        checksums, made while the disk writes the data)."""
+        self._check_open()
+        self._ctx.backend.flush_soon()
+
+    @one_thread
     def write_at_all(self, offset: int, buf: Any) -> None:
         """Collective over `comm`: write ``buf`` through the view from etype ``offset``."""
         self._check_open()

@@ -415,6 +415,14 @@ class PosixBackend(Backend):
         finally:
             fcntl.lockf(self.fd, fcntl.LOCK_UN, hi - lo, lo)
 
+    def flush_soon(self) -> None:
+        """An ``fdatasync`` in the background (the hint ``early_flush``), started now: for a
+        caller that computes before its next write (a checkpoint's checksums), so the disk
+        works meanwhile.  The direct path does not start one by itself (see
+        :meth:`write_runs`)."""
+        if self.flusher is not None and self.dirty:
+            self.flusher.kick(0, now=True)
+
     def clean(self) -> bool:
         """Nothing written since the last fsync and no early flush started since (its
         error, if it failed, is the next sync's): every written byte is durable."""
