@@ -86,10 +86,10 @@ class EarlyFlush:
 
     def kick(self, nbytes: int, *, now: bool = False) -> None:
         """``nbytes`` were written: start a flush once :data:`AFTER` bytes were written since
-        the last one (with ``now``, after any write), unless one is running or one failed
-        (kept for :meth:`wait`)."""
+        the last one (with ``now``, at once: the caller knows it wrote), unless one is
+        running or one failed (kept for :meth:`wait`)."""
         self.pending += nbytes
-        if self.pending < (1 if now else self.AFTER):
+        if self.pending < self.AFTER and not now:
             return
         fut = self.future
         if fut is not None:
