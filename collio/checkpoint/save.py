@@ -289,7 +289,13 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
 
 
 def write(
-    comm: MPI.Intracomm, target: Any, plan: Plan, hints: Any, options: dict[str, Any]
+    comm: MPI.Intracomm,
+    target: Any,
+    plan: Plan,
+    hints: Any,
+    options: dict[str, Any],
+    *,
+    early: bool = True,
 ) -> None:
     """Collective over `comm`: write the plan's pieces, their checksums and the index; commit.
 
@@ -301,8 +307,10 @@ def write(
     rank then starts the disk on it (:meth:`~collio.File._flush_soon`) and checksums
     its pieces from memory while the disk writes, pieces that are not one range being
     read back for theirs; the index follows, and the close's fsync waits for what is
-    left.  Otherwise (S3: an object's size is fixed by its first write) the checksums
-    come first and the whole checkpoint is one ``write_all_many``.
+    left (without ``early``, no flush is started before that fsync: an async save's,
+    whose flush would run in a thread at the job's priority, beside its compute).
+    Otherwise (S3: an object's size is fixed by its first write) the checksums come
+    first and the whole checkpoint is one ``write_all_many``.
 
     The arrays :func:`direct` allows are written by each rank itself (``disjoint``:
     no exchange, where the backend lets ranks write their own ranges; S3 aggregates
@@ -325,10 +333,11 @@ def write(
             tail = _tail(f.comm, plan, _sums(f.comm, plan, rank))
             f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
             return
+        if early:
+            f._flush_soon()  # (each rank's data to the disk as soon as it wrote it)
         f.write_all_many(fast, _disjoint=True)
         if slow:  # (the same arrays on every rank: plan.direct is agreed)
             f.write_all_many(slow)
-        f._flush_soon()
         crcs = _sums(f.comm, plan, rank)  # (while the disk writes)
         if plan.reads_back:
             offs, lens = _read_back_runs(plan, rank)
