@@ -287,6 +287,17 @@ class File:
             raise
 
     @one_thread
+    def _flush_soon(self) -> None:
+        """Local (internal): from now on, start making this rank's written bytes durable
+        in the background as soon as it has written them, where the backend can (posix:
+        ``fdatasync`` in a thread after a call's own runs, the hint ``early_flush``);
+        ``sync`` and ``close`` wait for it and report its error.  For a caller who
+        computes after its writes (collio.checkpoint's checksums, made while the disk
+        writes the data), called before them."""
+        self._check_open()
+        self._ctx.backend.flush_soon()
+
+    @one_thread
     def write_at_all(self, offset: int, buf: Any) -> None:
         """Collective over `comm`: write ``buf`` through the view from etype ``offset``."""
         self._check_open()

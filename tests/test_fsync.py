@@ -81,3 +81,24 @@ def test_small_writes_flush_once_enough_was_written(tmp_path, monkeypatch):
     flush.kick(1)
     assert flush.future is None  # counted again from the flush
     os.close(fd)
+
+
+def test_kick_now_starts_a_flush_below_the_threshold(tmp_path, monkeypatch):
+    """``now`` (``File._flush_soon``, a checkpoint's data before its checksums): a flush
+    starts whatever was written; a second one waits for the first, as every kick."""
+    fd = _fd(tmp_path)
+    gate, seen = threading.Event(), []
+
+    def held(fd_):
+        seen.append(fd_)
+        gate.wait(10)
+
+    monkeypatch.setattr(fsync, "fdatasync", held)
+    flush = EarlyFlush(fd)
+    flush.kick(0)
+    assert flush.future is None and flush.pending == 0  # (below the threshold: none)
+    flush.kick(0, now=True)
+    flush.kick(0, now=True)
+    gate.set()
+    assert flush.wait() is None and seen == [fd] and flush.take_count() == 1
+    os.close(fd)

@@ -372,6 +372,10 @@ class Backend(abc.ABC):
     def sync(self) -> None:
         """Make written data durable (on the ranks that wrote)."""
 
+    def flush_soon(self) -> None:  # noqa: B027 - optional hook
+        """Local: start making what this rank wrote durable in the background, where the
+        backend can, so that a later :meth:`sync` waits less; nothing by default."""
+
     def clean(self) -> bool:
         """Local: :meth:`sync` would do nothing on this rank now (nothing written since its
         last sync, no early flush running or failed), so ``File.sync``/``close`` may skip

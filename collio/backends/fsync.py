@@ -84,11 +84,12 @@ class EarlyFlush:
         #: The first failed flush since the last :meth:`wait`: none starts while set.
         self.error: BaseException | None = None
 
-    def kick(self, nbytes: int) -> None:
+    def kick(self, nbytes: int, *, now: bool = False) -> None:
         """``nbytes`` were written: start a flush once :data:`AFTER` bytes were written since
-        the last one, unless one is running or one failed (kept for :meth:`wait`)."""
+        the last one (with ``now``, at once: the caller knows it wrote), unless one is
+        running or one failed (kept for :meth:`wait`)."""
         self.pending += nbytes
-        if self.pending < self.AFTER:
+        if self.pending < self.AFTER and not now:
             return
         fut = self.future
         if fut is not None:

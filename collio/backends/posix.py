@@ -136,6 +136,7 @@ class PosixBackend(Backend):
         self.dfd = -1  # O_DIRECT descriptor (hint direct_write)
         self.direct_bytes = 0  # written through it
         self.flusher: EarlyFlush | None = None  # hint early_flush
+        self.eager = False  # flush after each direct write (flush_soon)
         self.maps = False  # reads copy many small runs from a mapped file (mapped_reads)
         self.mapped_bytes = 0  # read that way
         self._copyable: tuple[Runs, bool] | None = None  # the last runs asked about
@@ -233,6 +234,8 @@ class PosixBackend(Backend):
             runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
         ):
             self._put(f, data[m : m + n])
+        if self.eager:  # (see flush_soon)
+            self.flusher.kick(0, now=True)  # type: ignore[union-attr]
         return len(runs)
 
     def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
@@ -414,6 +417,17 @@ class PosixBackend(Backend):
             yield
         finally:
             fcntl.lockf(self.fd, fcntl.LOCK_UN, hi - lo, lo)
+
+    def flush_soon(self) -> None:
+        """From now on, an ``fdatasync`` in the background (the hint ``early_flush``) as
+        soon as this rank's own runs of a call are written (and now, if it wrote): for a
+        caller that computes after its writes (a checkpoint's checksums), so the disk
+        works meanwhile, from the moment each rank is done, before the call's completion
+        waits for the others.  The direct path does not otherwise start one (see
+        :meth:`write_runs`)."""
+        self.eager = self.flusher is not None
+        if self.eager and self.dirty:
+            self.flusher.kick(0, now=True)  # type: ignore[union-attr]
 
     def clean(self) -> bool:
         """Nothing written since the last fsync and no early flush started since (its

@@ -6,15 +6,19 @@ user's own collectives on theirs, meanwhile, cannot meet the save's, and collio'
 one-thread-per-communicator guard sees two different communicators.
 
 The thread runs at the lowest CPU priority (Linux: ``nice`` 19 for that thread
-alone).  Its work (checksums, the copies into the page cache, MPI's polling while
-it waits for the other ranks) needs cores that the job's compute wants: with more
-ranks than cores every cycle it takes is one the job loses.  At the lowest
-priority it runs when a core is idle, and the job's computing threads come first.
+alone), and does all of the save's I/O itself, its fsync included (no early flush
+in a shared thread at the job's priority, as a blocking save starts).  Its work
+(checksums, the copies into the page cache, MPI's polling while it waits for the
+other ranks) needs cores that the job's compute wants: with more ranks than cores
+every cycle it takes is one the job loses.  At the lowest priority it runs when a
+core is idle, and the job's computing threads come first.  The save
+then takes longer when the cores are busy: ``wait()`` gets the rest of it done.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import sys
 import threading
@@ -157,7 +161,9 @@ def async_save(
     stage = _Stage()
     plan = prepare(base, state, metadata, stage)
     plan.error = stage.error
-    future = _executor().submit(write, kept.dup, target, plan, hints, dict(options))
+    # (early=False: all of the save's I/O in its thread, at the lowest priority)
+    job = functools.partial(write, early=False)
+    future = _executor().submit(job, kept.dup, target, plan, hints, dict(options))
     handle = SaveHandle(future, stage.staged)
     kept.running = handle
     return handle

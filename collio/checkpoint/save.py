@@ -224,8 +224,9 @@ def direct(every: I64) -> npt.NDArray[np.bool_]:
     return contiguous & extents.disjoint(every[:, :, 0], every[:, :, 1])
 
 
-def _crc_owned(plan: Plan, rank: int) -> tuple[list[I64], list[npt.NDArray[np.uint32]]]:
-    """Checksums of the extents this rank's pieces cover, from its memory; (ids, crcs)."""
+def _crc_owned(plan: Plan, rank: int) -> npt.NDArray[np.uint32]:
+    """Checksums of the extents this rank's pieces cover, from its memory, in extent order
+    (one library call per extent, each releasing the GIL while it sums)."""
     import crc32c
 
     assert plan.extents is not None
@@ -240,15 +241,27 @@ def _crc_owned(plan: Plan, rank: int) -> tuple[list[I64], list[npt.NDArray[np.ui
             views[k] = (e.layout.as_bytes(e.data).data, int(plan.spans[rank, k, 0]))
         buf, lo = views[k]
         got[i] = crc32c.crc32c(buf[a - lo : b - lo])
-    return [mine], [got]
+    return got
 
 
-def _read_back_runs(plan: Plan, rank: int) -> tuple[I64, I64, I64]:
-    """(extent ids, file offsets, lengths) of the extents this rank reads back."""
+def _sums(comm: MPI.Comm, plan: Plan, rank: int) -> npt.NDArray[np.uint32]:
+    """Collective: :func:`_crc_owned`, its errors agreed (a rank failing alone must not
+    leave the others in the gather of :func:`_tail`)."""
+    step = Attempt()
+    got = np.zeros(0, np.uint32)
+    with step:
+        got = _crc_owned(plan, rank)
+    if any_flag(comm, step.error is not None, patient=True):
+        raise_agreed(comm, step.error, what="checkpoint.save")
+    return got
+
+
+def _read_back_runs(plan: Plan, rank: int) -> tuple[I64, I64]:
+    """(file offsets, lengths) of the extents this rank reads back, in extent order."""
     assert plan.extents is not None
     x = plan.extents
     mine = np.flatnonzero(x.reader == rank)
-    return mine, plan.offsets[x.aid[mine]] + x.starts[mine], x.ends[mine] - x.starts[mine]
+    return plan.offsets[x.aid[mine]] + x.starts[mine], x.ends[mine] - x.starts[mine]
 
 
 def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
@@ -276,16 +289,28 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
 
 
 def write(
-    comm: MPI.Intracomm, target: Any, plan: Plan, hints: Any, options: dict[str, Any]
+    comm: MPI.Intracomm,
+    target: Any,
+    plan: Plan,
+    hints: Any,
+    options: dict[str, Any],
+    *,
+    early: bool = True,
 ) -> None:
-    """Collective over `comm`: checksum the plan's pieces, write them and the index, commit.
+    """Collective over `comm`: write the plan's pieces, their checksums and the index; commit.
 
     The target is opened with ``atomic_commit``: until the close, the bytes go to a
     temporary (or an open multipart upload), so a failure on any rank, or a killed
-    job, leaves the previous checkpoint as it was.  When every piece is one range of
-    its array, the checksums come from memory first and the whole checkpoint is one
-    ``write_all_many`` (an S3 object's size is fixed by its first write); otherwise
-    the data goes first, is read back for its checksums, and the index follows.
+    job, leaves the previous checkpoint as it was.
+
+    Where the backend takes later partial writes (a file), the data goes first; each
+    rank then starts the disk on it (:meth:`~collio.File._flush_soon`) and checksums
+    its pieces from memory while the disk writes, pieces that are not one range being
+    read back for theirs; the index follows, and the close's fsync waits for what is
+    left (without ``early``, no flush is started before that fsync: an async save's,
+    whose flush would run in a thread at the job's priority, beside its compute).
+    Otherwise (S3: an object's size is fixed by its first write) the checksums come
+    first and the whole checkpoint is one ``write_all_many``.
 
     The arrays :func:`direct` allows are written by each rank itself (``disjoint``:
     no exchange, where the backend lets ranks write their own ranges; S3 aggregates
@@ -293,59 +318,88 @@ def write(
     """
     rank = comm.Get_rank()
     step = Attempt()
-    own_ids: list[I64] = []
-    own_crcs: list[npt.NDArray[np.uint32]] = []
     with step:  # (on async_save's thread too: a rank failing alone must not strand the rest)
         if plan.error is not None:
             raise plan.error
         if plan.extents is None:
             plan.plan_extents()
-        own_ids, own_crcs = _crc_owned(plan, rank)
     if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
         raise_agreed(comm, step.error, what="checkpoint.save")
     with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
-        head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
-        fast: list[Any] = [(head, Segments([0], [len(head)]))]
-        slow: list[Any] = []
-        for e, o, d in zip(plan.entries, plan.offsets, plan.direct, strict=True):
-            if d:  # (one range: raw bytes, no layout flattened)
-                fast.append(item(e.data, e.layout, int(o), True))
-            else:
-                slow.append((e.data, at(e.layout, int(o))))
+        fast, slow = _items(plan, rank)
         if plan.reads_back:  # before any byte is written
-            step = Attempt()
-            with step:
-                if not f.backend.readable:
-                    raise LayoutError(
-                        f"{f.backend.name}: a piece that is not one contiguous range of its "
-                        "array is checksummed by reading it back, which this backend cannot "
-                        "while writing; save row-contiguous pieces"
-                    )
-            agree(f.comm, step.error, what="checkpoint.save")
-        if not plan.reads_back:  # (one call: an S3 object's size is fixed by its first write)
-            tail = _tail(f.comm, plan, own_ids, own_crcs)
+            _check_readable(f)
+        if not f.backend.partial_write and not plan.reads_back:
+            tail = _tail(f.comm, plan, _sums(f.comm, plan, rank))
             f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
             return
+        if early:
+            f._flush_soon()  # (each rank's data to the disk as soon as it wrote it)
         f.write_all_many(fast, _disjoint=True)
-        f.write_all_many(slow)
-        ids, offs, lens = _read_back_runs(plan, rank)
-        back = of_pieces(f.read_all(Segments(offs, lens)), lens)
-        f.write_all(*_tail(f.comm, plan, [*own_ids, ids], [*own_crcs, back]))
+        if slow:  # (the same arrays on every rank: plan.direct is agreed)
+            f.write_all_many(slow)
+        crcs = _sums(f.comm, plan, rank)  # (while the disk writes)
+        if plan.reads_back:
+            offs, lens = _read_back_runs(plan, rank)
+            crcs = np.concatenate([crcs, of_pieces(f.read_all(Segments(offs, lens)), lens)])
+        f.write_all(*_tail(f.comm, plan, crcs))
+
+
+def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
+    """This rank's writes: the header (rank 0) and the arrays :func:`direct` allows, as
+    raw bytes at their ranges (from the plan's spans: no layout flattened again); the
+    others through their layouts."""
+    head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
+    fast: list[Any] = [(head, Segments([0], [len(head)]))]
+    slow: list[Any] = []
+    lohi = plan.spans[rank, :, :2].tolist()
+    for e, o, d, (lo, hi) in zip(
+        plan.entries, plan.offsets.tolist(), plan.direct, lohi, strict=True
+    ):
+        if d:
+            runs = ([o + lo], [hi - lo]) if hi > lo else ([], [])
+            fast.append((e.layout.as_bytes(e.data), Segments(*runs)))
+        else:
+            slow.append((e.data, at(e.layout, o)))
+    return fast, slow
+
+
+def _check_readable(f: Any) -> None:
+    """Collective: pieces that are not one range are checksummed by reading them back."""
+    step = Attempt()
+    with step:
+        if not f.backend.readable:
+            raise LayoutError(
+                f"{f.backend.name}: a piece that is not one contiguous range of its "
+                "array is checksummed by reading it back, which this backend cannot "
+                "while writing; save row-contiguous pieces"
+            )
+    agree(f.comm, step.error, what="checkpoint.save")
 
 
 def _tail(
-    comm: MPI.Comm, plan: Plan, ids: list[I64], crcs: list[npt.NDArray[np.uint32]]
+    comm: MPI.Comm, plan: Plan, crcs: npt.NDArray[np.uint32]
 ) -> tuple[npt.NDArray[np.uint8], Segments]:
-    """Collective: every rank's checksums to rank 0, which makes the index; rank 0's item."""
-    z = np.zeros(0, np.int64)
-    mine = (np.concatenate([z, *ids]), np.concatenate([np.zeros(0, np.uint32), *crcs]))
-    got = comm.gather(mine, root=0)
-    if comm.Get_rank() != 0:
-        return np.zeros(0, np.uint8), Segments([], [])
+    """Collective: every rank's checksums to rank 0, which makes the index; rank 0's item.
+
+    ``crcs`` are this rank's: of the extents it owns, then of those it read back, each
+    in extent order; every rank knows every rank's extents from the plan, so the sums
+    travel as one gather of numbers (waited for sleeping: the others leave the cores to
+    rank 0's index and the disk's work)."""
     assert plan.extents is not None
-    crc = np.zeros(len(plan.extents.starts), np.uint32)
-    for i, c in got or []:
-        crc[i] = c
+    x = plan.extents
+    who = np.where(x.owner >= 0, x.owner, x.reader)
+    order = np.lexsort((x.owner < 0, who))  # (by rank; its own first, each in extent order)
+    counts = np.bincount(who, minlength=comm.Get_size()).astype(np.int64)
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    root = comm.Get_rank() == 0
+    got = np.empty(len(who) if root else 0, np.uint32)
+    recv = [got, (counts, displs), MPI.UINT32_T] if root else None
+    sleep_until_done(comm.Igatherv([crcs, MPI.UINT32_T], recv, root=0))
+    if not root:
+        return np.zeros(0, np.uint8), Segments([], [])
+    crc = np.empty(len(who), np.uint32)
+    crc[order] = got
     tail = np.frombuffer(bytearray(_index(plan, crc)), np.uint8)
     return tail, Segments([plan.data_end], [len(tail)])
 

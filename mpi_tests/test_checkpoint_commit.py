@@ -1,0 +1,101 @@
+"""A save whose data is written before its checksums and index: what fails after the data
+(the early flush started for the disk, a checksum) still keeps the previous checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import raises_everywhere, read_file
+from mpi4py import MPI
+
+import collio
+import collio.checkpoint as ckpt
+from collio.backends import fsync
+from collio.testing import checkpoint as model
+
+
+def _path(comm: MPI.Intracomm, tmp: Any) -> str:
+    return str(comm.bcast(os.path.join(str(tmp), "model.ckpt"), root=0))
+
+
+def _kept(comm: MPI.Intracomm, path: str, before: bytes) -> None:
+    """The target holds ``before`` byte for byte, nothing else is left beside it, and it
+    loads (its checksums hold)."""
+    if comm.rank == 0:
+        assert read_file(path) == before
+        assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+    spec = model.rows_layouts(comm.rank, comm.size)
+    got = ckpt.load(path, dict(spec), comm=comm)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+
+
+@pytest.mark.mpi
+def test_an_early_flush_that_fails_on_one_rank_keeps_the_previous_checkpoint(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last rank's background fdatasync of the written data fails (EIO): the save
+    raises the same BackendError on every rank at its close, and the commit is dropped."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    before = read_file(path) if comm.rank == 0 else b""
+    if comm.rank == comm.size - 1:
+
+        def failing(fd: int) -> None:
+            raise OSError(errno.EIO, "injected fdatasync error")
+
+        monkeypatch.setattr(fsync, "fdatasync", failing)
+    state = model.rows_state(comm.rank, comm.size, scale=2)
+    err = raises_everywhere(comm, collio.BackendError, lambda: ckpt.save(path, state, comm=comm))
+    assert "injected fdatasync error" in str(err)
+    monkeypatch.undo()
+    _kept(comm, path, before)
+
+
+@pytest.mark.mpi
+def test_a_checksum_that_fails_on_one_rank_after_the_data_keeps_the_previous_checkpoint(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checksums are made once the data is written: the last rank's failing there
+    (the library raising) is raised on every rank, naming it, and the temporary with the
+    new data is removed."""
+    import crc32c
+
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    before = read_file(path) if comm.rank == 0 else b""
+    if comm.rank == comm.size - 1:
+
+        def failing(data: Any, value: int = 0) -> int:
+            raise MemoryError("injected checksum failure")
+
+        monkeypatch.setattr(crc32c, "crc32c", failing)
+    state = model.rows_state(comm.rank, comm.size, scale=2)
+    err = raises_everywhere(comm, collio.CollioError, lambda: ckpt.save(path, state, comm=comm))
+    assert f"rank {comm.size - 1}" in str(err) and "injected checksum failure" in str(err)
+    monkeypatch.undo()
+    _kept(comm, path, before)
+
+
+@pytest.mark.mpi
+def test_a_save_over_a_checkpoint_writes_the_same_bytes_as_into_a_new_file(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """The index written in its own call after the data: a save over an older checkpoint
+    gives the very bytes of a save into a new file, and those bytes load."""
+    path = _path(comm, mpi_tmp_path)
+    fresh = path + ".new"
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=2), comm=comm)
+    state = model.rows_state(comm.rank, comm.size)
+    ckpt.save(path, state, comm=comm)
+    ckpt.save(fresh, state, comm=comm)
+    if comm.rank == 0:
+        assert read_file(path) == read_file(fresh)
+        os.unlink(fresh)
+    comm.Barrier()
+    _kept(comm, path, read_file(path) if comm.rank == 0 else b"")
