@@ -7,12 +7,16 @@ In one job it
    bandwidth; MPI's bandwidth, one message's cost and one run's in a message of many,
    between two ranks (the other ranks sleep, so that these are a core's figures); the time all
    ranks take to meet (each sends every other a tiny message, all polling: a round's
-   synchronisation, which ranks sharing cores pay in turns on a core); the cores per
-   node;
+   synchronisation, which ranks sharing cores pay in turns on a core); a round's
+   exchange with every rank polling, of large messages (the bytes' bandwidth) and of
+   64 KiB ones (what a rendezvous waits); the cores per node;
 2. runs real calls of column blocks and block-cyclic, collio in one level (and in two
    when there is more than one node) next to the ceiling, and the same APIs on a tiny
    array (:data:`TINY`), whose medians are each call's fixed cost (opening, planning,
-   agreeing, syncing, closing); the ceiling's medians less its fixed cost give the
+   agreeing, syncing, closing), on that array cut into :data:`ROUNDS` rounds (a
+   round's own cost, :func:`step_seconds`) and on an array of few bytes in as many runs
+   as the block-cyclic calls (:data:`RUNS`: planning's cost per run,
+   :func:`plan_run_seconds`); the ceiling's medians less its fixed cost give the
    storage's write and read bandwidth;
 3. plans each call with the simulator (the hints each call used) and prices it with
    :func:`collio.sim.cost.predict` on the cluster those figures describe, and prints
