@@ -216,9 +216,9 @@ def prediction_table(docs: dict[str, dict[str, Any]]) -> list[str]:
 
 def calibration_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     out = [
-        "| ranks | nodes | workload | API | op | measured | fixed cost | predicted "
-        "| predicted / measured | within +-30% |",
-        "| ---: | ---: | --- | --- | --- |" + " ---: |" * 4 + " --- |",
+        "| ranks | nodes | workload | API | op | measured | fixed cost | a round's own "
+        "| predicted | predicted / measured | within +-30% |",
+        "| ---: | ---: | --- | --- | --- |" + " ---: |" * 5 + " --- |",
     ]
     for name in CALIBRATE:
         doc = docs.get(name)
@@ -229,12 +229,19 @@ def calibration_table(docs: dict[str, dict[str, Any]]) -> list[str]:
             what = {"colblock": "column blocks", "cyclic": "block-cyclic 64 x 64"}[c["pattern"]]
             cells = [str(doc["nranks"]) if first else "", str(doc["nodes"]) if first else "",
                      what, c["api"], c["op"], f"{c['measured_seconds']:.3f} s",
-                     f"{c['terms']['call']:.3f} s", f"{c['predicted_seconds']:.3f} s",
+                     f"{c['terms']['call']:.3f} s",
+                     _ms(c["cluster"].get("step_seconds")),
+                     f"{c['predicted_seconds']:.3f} s",
                      f"{c['ratio']:.2f}",
                      "yes" if c["within"] else "**no**"]  # fmt: skip
             out.append("| " + " | ".join(cells) + " |")
             first = False
     return out
+
+
+def _ms(seconds: float | None) -> str:
+    """Milliseconds, or a dash for a figure the run did not measure."""
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
 
 def calibration_count(docs: dict[str, dict[str, Any]]) -> str:
@@ -256,15 +263,25 @@ def calibration_terms(docs: dict[str, dict[str, Any]]) -> list[str]:
         t = doc["terms"]
         cl = {c["op"]: c["cluster"] for c in doc["cases"]}
         fixed = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in doc["fixed_seconds"].items())
+        per_run = {f"{c['api']} {c['op']}": c["cluster"].get("plan_run_seconds")
+                   for c in doc["cases"]}  # fmt: skip
+        planning = ", ".join(f"{k} {(v or 0) * 1e9:.0f} ns" for k, v in per_run.items())
+        planning = f"; planning per run: {planning}" if None not in per_run.values() else ""
         out.append(
             f"- {doc['nranks']} ranks: one process copies at {t['copy_bandwidth'] / 1e9:.2f} GB/s, "
             f"MPI moves {t.get('message_bandwidth', 0) / 1e9:.2f} GB/s between two, "
-            f"a message costs {t['message_seconds'] * 1e6:.2f} us, the ranks meet in "
+            f"a message costs {t['message_seconds'] * 1e6:.2f} us, "
+            + (
+                f"a rendezvous waits {t['handshake_seconds'] * 1e6:.0f} us, "
+                if "handshake_seconds" in t
+                else ""
+            )
+            + "the ranks meet in "
             f"{t.get('round_seconds', 0) * 1e3:.2f} ms, {int(t['cores_per_node'])} "
             f"core(s) per node for {doc['ppn']} ranks; the ceiling writes at "
             f"{cl['write']['target_bandwidth'] / 1e6:.0f} MB/s and reads at "
             f"{cl['read']['target_bandwidth'] / 1e6:.0f} MB/s beyond its fixed cost; fixed "
-            f"costs (`{TINY_ARRAY}`): {fixed}"
+            f"costs (`{TINY_ARRAY}`): {fixed}{planning}"
         )
     return out
 
@@ -560,12 +577,23 @@ def calibration_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "`collio-bench --calibrate` measures the model's terms in the same job as the calls",
         "it predicts: one process's memory copy bandwidth (the page cache's copies, which",
         "cannot hide behind the exchange when the ranks keep every core busy, and a read's",
-        "packing of small runs), MPI's bandwidth between two ranks",
-        "(the copy the model prices), a small message's cost and a run's (the",
-        "other ranks asleep), the time the ranks take to meet (each sends every other a tiny",
-        "message, all polling: paid once per round and stage), the cores per node, the",
-        "ceiling's write and read bandwidth beyond its fixed cost (the storage), and each",
-        "API's fixed cost (`fixed cost`: the median of its calls on a 64 x 64 array). Then it",
+        "packing of small runs), MPI's bandwidth between two ranks and in a round (every",
+        "rank sending to every other at once), a small message's cost and a run's (the",
+        "other ranks asleep), what a rendezvous message (MPICH's single copy, 16 KiB and",
+        "more) waits for its peer's turn with every rank polling (a round of 64 KiB",
+        "messages beyond its bytes and a round of tiny ones), the time the ranks take to",
+        "meet (each sends every other a tiny message, all polling), the cores per node, the",
+        "ceiling's write and read bandwidth beyond its fixed cost (the storage), each",
+        "API's fixed cost (`fixed cost`: the median of its calls on a 64 x 64 array), its",
+        "cost per round (`a round's own`: its calls on that array cut into 8 rounds",
+        "beyond its calls in one, less what the model prices for those rounds, per round:",
+        "each rank's work for a round, the round's agreement and a two-level group's",
+        "handoffs, with the waits for the ranks they need, paid in turns where ranks",
+        "share cores; the meetings are in it) and its planning's cost per run (its calls",
+        "on a 512 x 512 array in blocks of one element, as many runs a rank as the",
+        "block-cyclic calls and few bytes, beyond the 64 x 64 array's and what the model",
+        "prices for them, per run of the rank, or two-level group, that plans the most).",
+        "Then it",
         "runs the calls (4096 x 4096 float64; medians of open + transfer + fsync + close),",
         "plans each with the simulator on the hints it used and prices the plan with",
         "`collio.sim.cost` on that cluster, in which a node's ranks share its cores (emulated",

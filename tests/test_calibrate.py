@@ -15,10 +15,20 @@ import sys
 import numpy as np
 import pytest
 
-from collio.bench.calibrate import PATTERNS, TINY, TOLERANCE, predict_case
+from collio.bench.calibrate import (
+    PATTERNS,
+    ROUNDS,
+    RUNS,
+    TINY,
+    TOLERANCE,
+    plan_run_seconds,
+    predict_case,
+    step_seconds,
+)
 from collio.bench.patterns import make_workload
 from collio.hints import Hints
 from collio.sim import Cluster, SimConfig, predict, simulate
+from collio.sim.cost import planned_runs
 from collio.testing.jobs import MPIEXEC, mpiexec
 
 BENCH = [sys.executable, "-m", "collio.bench"]
@@ -60,6 +70,132 @@ def test_ranks_meet_every_round_where_the_call_waits_for_them(two_level):
         a = predict(res, cl, "x")
         met = predict(res, dataclasses.replace(cl, round_seconds=0.01), "x")
         assert met.intra == pytest.approx(a.intra + 0.01 * res.rounds * waits)
+
+
+def _per_round(res):
+    """Each aggregator's mean sources and bytes per round, as the cost model takes them."""
+    has = res.agg_rounds > 0
+    m = np.zeros(res.naggs)
+    m[has] = np.add.reduceat(res.msgs, res.rstart[:-1][has]) / np.diff(res.rstart)[has]
+    return m, res.agg_bytes / res.agg_rounds.clip(1)
+
+
+@pytest.mark.parametrize("two_level", [False, True], ids=["one-level", "two-level"])
+def test_a_rendezvous_message_costs_its_busiest_rank_turns(two_level):
+    """Messages of ``handshake_bytes`` or more (MPICH's single-copy protocol) cost the
+    busiest rank ``handshake_seconds`` each per round, already in turns (measured with
+    every rank polling: not scaled by the ranks sharing a core); smaller messages
+    (eager) and the default cluster cost nothing."""
+    from collio.sim.cost import handshakes
+
+    assert Cluster().handshake_seconds == 0.0 == Cluster().step_seconds
+    big = make_workload("colblock", 8, size="1024")  # 1 KiB rows of a rank
+    small = make_workload("cyclic", 8, size="512", cyclic_block=8)
+    hints = Hints(cb_buffer_size=1 << 20, cb_two_level="enable" if two_level else "disable")
+    cl = Cluster(ppn=4, cores=1)
+    shaking = dataclasses.replace(cl, handshake_seconds=1e-3, handshake_bytes=16384)
+    for writing in (True, False):
+        res = simulate(big, SimConfig(hints=hints, ppn=4, writing=writing))
+        assert res.two_level == two_level and not res.direct
+        m, b = _per_round(res)
+        senders = len(res.group_ranks) if two_level else res.nranks
+        count = handshakes(m, b, senders, 16384)
+        # every message of a round is at least 16 KiB here: the busiest aggregator's
+        # sources, or a sender's share of all of them
+        assert count == max(m.max(), m.sum() / senders) > 0
+        a, h = predict(res, cl, "x"), predict(res, shaking, "x")
+        assert h.intra == pytest.approx(a.intra + 1e-3 * count * res.rounds)
+        assert (h.messages, h.injection, h.storage) == (a.messages, a.injection, a.storage)
+        # a message under the threshold is eager: no rendezvous
+        eager = dataclasses.replace(shaking, handshake_bytes=int(b.max()) + 1)
+        assert predict(res, eager, "x").intra == pytest.approx(a.intra)
+    res = simulate(small, SimConfig(hints=Hints(cb_buffer_size=16384), ppn=4))
+    m, b = _per_round(res)
+    assert res.rounds > 1 and float((b / m.clip(1)).max()) < 16384
+    assert predict(res, shaking, "x").intra == pytest.approx(predict(res, cl, "x").intra)
+
+
+def test_a_round_costs_its_own_step_in_turns_already():
+    """``step_seconds`` (a round's cost beyond its terms, measured whole from calls
+    whose rounds carry no bytes) once per round, not scaled by the ranks sharing a core."""
+    work = make_workload("cyclic", 8, size="512", cyclic_block=8)
+    for two_level in ("disable", "enable"):
+        hints = Hints(cb_buffer_size=65536, cb_two_level=two_level)
+        res = simulate(work, SimConfig(hints=hints, ppn=4, writing=False))
+        assert res.rounds > 1
+        cl = Cluster(ppn=4, cores=1)
+        a, b = predict(res, cl, "x"), predict(res, dataclasses.replace(cl, step_seconds=2e-3), "x")
+        assert b.intra == pytest.approx(a.intra + 2e-3 * res.rounds)
+        assert b.predicted_seconds == pytest.approx(a.predicted_seconds + 2e-3 * res.rounds)
+
+
+@pytest.mark.parametrize("nranks", [4, 8])
+def test_a_rounds_step_is_what_the_tiny_arrays_extra_rounds_take_beyond_their_terms(nranks):
+    """The tiny array's calls cut into ``ROUNDS`` rounds (both levels), and the step:
+    their time beyond the one-round calls', less what the model prices for the extra
+    rounds, per extra round; never below 0."""
+    from collio.bench.calibrate import _round_hints
+
+    small = make_workload("colblock", nranks, size=TINY)
+    cl = Cluster(ppn=4, cores=2 if nranks == 4 else 1, round_seconds=0.0)
+    used = {}
+    for name, extra in (("tiny", ()), ("rounds", _round_hints(small))):
+        given = {"mapped_reads": "disable", **dict(extra)}
+        used[name] = {api: {**given, "cb_two_level": lvl}
+                      for api, lvl in (("one", "disable"), ("two", "enable"))}  # fmt: skip
+    for api in ("one", "two"):
+        for op in ("write", "read"):
+            one, p1 = predict_case(small, used["tiny"][api], op, cl)
+            many, pr = predict_case(small, used["rounds"][api], op, cl)
+            assert (one.rounds, many.rounds) == (1, ROUNDS)
+            assert many.two_level == one.two_level == (api == "two" and nranks == 8)
+            priced = pr.predicted_seconds - p1.predicted_seconds
+            for took in (0.5, 0.0):  # seconds the extra rounds took beyond one round's call
+                med1 = {(api, op): 0.01}
+                med_r = {(api, op): 0.01 + took}
+                tiny = {
+                    "tiny": (small, used["tiny"], med1),
+                    "rounds": (small, used["rounds"], med_r),
+                }
+                want = max(took - priced, 0.0) / (ROUNDS - 1)
+                assert step_seconds(tiny, api, op, cl) == pytest.approx(want)
+            assert step_seconds(tiny, api, op, cl) == 0.0
+
+
+@pytest.mark.parametrize("nranks", [4, 8])
+def test_planning_costs_each_run_of_the_process_that_plans_the_most(nranks):
+    """``plan_run_seconds`` once per run that the busiest planner plans: a rank its own
+    runs, a two-level group's local aggregator its group's; and the figure is what the
+    calls of ``RUNS`` (as many runs a rank as the block-cyclic calls) took beyond the
+    tiny array's and beyond their priced terms, per run more."""
+    big = make_workload("cyclic", nranks, size="4096", cyclic_block=64)
+    many = make_workload("cyclic", nranks, size=RUNS, cyclic_block=1)
+    small = make_workload("colblock", nranks, size=TINY)
+    cl = Cluster(ppn=4, cores=2 if nranks == 4 else 1)
+    used = {"one": {"cb_two_level": "disable", "mapped_reads": "disable"},
+            "two": {"cb_two_level": "enable", "mapped_reads": "disable"}}  # fmt: skip
+    for api, hints in used.items():
+        res, p = predict_case(big, hints, "write", cl)
+        two = api == "two" and nranks == 8
+        assert res.two_level == two
+        runs = int(res.group_runs.max()) if two else res.rank_runs_max
+        assert planned_runs(res) == runs == (4 if two else 1) * 4096**2 // 64 // nranks
+        planned = predict(res, dataclasses.replace(cl, plan_run_seconds=1e-7), "x")
+        assert planned.plan == pytest.approx(1e-7 * runs)
+        assert planned.predicted_seconds == pytest.approx(p.predicted_seconds + 1e-7 * runs)
+        assert planned.intra == p.intra and p.plan == 0.0
+        # the planning call: as many runs as the block-cyclic call's, few bytes
+        assert planned_runs(predict_case(many, hints, "write", cl)[0]) == runs
+        for op in ("write", "read"):
+            r0, p0 = predict_case(small, hints, op, cl)
+            r1, p1 = predict_case(many, hints, op, cl)
+            priced = p1.predicted_seconds - p0.predicted_seconds
+            calls = {"tiny": (small, {api: hints}, {(api, op): 0.01}),
+                     "runs": (many, {api: hints}, {(api, op): 0.01 + priced + 0.02})}  # fmt: skip
+            more = planned_runs(r1) - planned_runs(r0)
+            assert plan_run_seconds(calls, api, op, cl) == pytest.approx(0.02 / more)
+            calls["runs"] = (many, {api: hints}, {(api, op): 0.01})
+            assert plan_run_seconds(calls, api, op, cl) == 0.0
 
 
 def test_the_local_stage_pays_for_every_run_its_ranks_copy():
@@ -146,15 +282,30 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
     assert terms["copy_bandwidth"] > 0 and terms["message_bandwidth"] > 0
     assert terms["message_seconds"] > 0 and terms["node_exchange_bandwidth"] > 0
     assert terms["round_seconds"] > 0 and terms["run_seconds"] >= 0
-    assert terms["read_bandwidth"] > 0
+    assert terms["read_bandwidth"] > 0 and terms["handshake_seconds"] >= 0
     # sampled before each run (the tiny calls first and last): each term their median
     samples = doc["term_samples"]
     assert len(samples) == len(PATTERNS) + 2
     assert terms == {k: statistics.median(t[k] for t in samples) for k in terms}
     cores = len(os.sched_getaffinity(0))
     assert terms["cores_per_node"] == max(1, cores // nodes)
-    assert set(doc["runs"]) == {"tiny", *PATTERNS}
-    assert doc["runs"]["tiny"]["bytes"] == int(TINY) ** 2 * 8
+    assert set(doc["runs"]) == {"tiny", "rounds", "runs", *PATTERNS}
+    assert doc["runs"]["tiny"]["bytes"] == doc["runs"]["rounds"]["bytes"] == int(TINY) ** 2 * 8
+    assert doc["runs"]["runs"]["bytes"] == int(RUNS) ** 2 * 8
+    small = make_workload("colblock", nranks, size=TINY)
+    many = make_workload("cyclic", nranks, size=RUNS, cyclic_block=1)
+    calls = {}
+    for name in ("tiny", "rounds", "runs"):
+        run = doc["runs"][name]
+        if name == "rounds":  # each aggregator's domain (one a rank) cut in ROUNDS windows
+            for api in apis:
+                want = int(TINY) ** 2 * 8 // nranks // ROUNDS
+                assert int(run["hints_used"][api]["cb_buffer_size"]) == want
+        by = {(r["api"], r["op"]): [] for r in run["rows"]}
+        for r in run["rows"]:
+            by[(r["api"], r["op"])].append(r["total"])
+        work = many if name == "runs" else small
+        calls[name] = (work, run["hints_used"], {k: statistics.median(v) for k, v in by.items()})
     for c in doc["cases"]:
         cl = c["cluster"]
         assert cl["ppn"] == 4 and cl["cores"] == terms["cores_per_node"] and cl["targets"] == 1
@@ -162,8 +313,21 @@ def test_calibrate_runs_and_its_figures_agree(tmp_path, nranks):
         assert cl["node_bandwidth"] == terms["node_exchange_bandwidth"]
         assert cl["intra_bandwidth"] == terms["node_exchange_bandwidth"] / cl["cores"]
         assert cl["intra_message_seconds"] == terms["message_seconds"]
-        assert cl["round_seconds"] == terms["round_seconds"]
         assert cl["run_seconds"] == terms["run_seconds"]
+        assert cl["handshake_seconds"] == terms["handshake_seconds"]
+        # a round's meetings are in its step, measured whole from the tiny calls
+        assert cl["round_seconds"] == 0.0
+        plain = dataclasses.replace(
+            Cluster(**cl), step_seconds=0.0, call_seconds=0.0, plan_run_seconds=0.0
+        )
+        assert cl["step_seconds"] == step_seconds(calls, c["api"], c["op"], plain) >= 0
+        stepped = dataclasses.replace(plain, step_seconds=cl["step_seconds"])
+        assert cl["plan_run_seconds"] == plan_run_seconds(calls, c["api"], c["op"], stepped) >= 0
+        assert c["terms"]["plan"] == pytest.approx(
+            cl["plan_run_seconds"] * planned_runs(
+                predict_case(make_workload(c["pattern"], nranks, size="256", cyclic_block=64),
+                             doc["runs"][c["pattern"]]["hints_used"][c["api"]], c["op"],
+                             Cluster(**cl))[0]))  # fmt: skip
         # the fixed costs are the medians of the tiny calls; a call's own, less what
         # the model prices in its tiny call (that round the call's rounds pay again)
         tiny = doc["runs"]["tiny"]["rows"]

@@ -7,12 +7,16 @@ In one job it
    bandwidth; MPI's bandwidth, one message's cost and one run's in a message of many,
    between two ranks (the other ranks sleep, so that these are a core's figures); the time all
    ranks take to meet (each sends every other a tiny message, all polling: a round's
-   synchronisation, which ranks sharing cores pay in turns on a core); the cores per
-   node;
+   synchronisation, which ranks sharing cores pay in turns on a core); a round's
+   exchange with every rank polling, of large messages (the bytes' bandwidth) and of
+   64 KiB ones (what a rendezvous waits); the cores per node;
 2. runs real calls of column blocks and block-cyclic, collio in one level (and in two
    when there is more than one node) next to the ceiling, and the same APIs on a tiny
    array (:data:`TINY`), whose medians are each call's fixed cost (opening, planning,
-   agreeing, syncing, closing); the ceiling's medians less its fixed cost give the
+   agreeing, syncing, closing), on that array cut into :data:`ROUNDS` rounds (a
+   round's own cost, :func:`step_seconds`) and on an array of few bytes in as many runs
+   as the block-cyclic calls (:data:`RUNS`: planning's cost per run,
+   :func:`plan_run_seconds`); the ceiling's medians less its fixed cost give the
    storage's write and read bandwidth;
 3. plans each call with the simulator (the hints each call used) and prices it with
    :func:`collio.sim.cost.predict` on the cluster those figures describe, and prints
@@ -33,6 +37,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,12 +52,16 @@ from .run import BenchConfig, balanced_orders, run_bench
 
 __all__ = [
     "PATTERNS",
+    "ROUNDS",
+    "RUNS",
     "TINY",
     "TOLERANCE",
     "calibrate",
     "cluster_for",
     "measure_terms",
     "median_terms",
+    "plan_run_seconds",
+    "step_seconds",
 ]
 
 #: The decompositions checked: few large runs per rank, and many small ones.
@@ -61,11 +70,25 @@ PATTERNS = ("colblock", "cyclic")
 TOLERANCE = 0.30
 #: The tiny array whose calls are all fixed cost: a few KiB per rank.
 TINY = "64"
+#: Its calls are run in as many rounds as the checked calls' (``min_rounds``' default)
+#: too, for the cost of a round without bytes (:func:`step_seconds`).
+ROUNDS = 8
+#: An array of few bytes, in blocks of one element: as many runs a rank as the
+#: block-cyclic calls, for planning's cost per run (:func:`plan_run_seconds`).
+RUNS = "512"
+#: A kind of run's calls: its workload, the hints each API used, and medians by (API, op).
+Calls = dict[str, tuple[Any, dict[str, Any], dict[tuple[str, str], float]]]
 _COPY_BYTES = 64 << 20  # past every cache: the copies of a round are megabytes
 _MESSAGE_BYTES = 256  # the small pieces a block-cyclic round is made of
 _MESSAGES = 2000
 _MEETINGS = 30
 _PAIR_BYTES = 1 << 20  # a column-block round's message from a rank to an aggregator
+#: A message past MPICH's single-copy threshold (16 KiB; the cost model's
+#: ``handshake_bytes``): a rendezvous, whose ends wait for each other, but few bytes.
+_HANDSHAKE_BYTES = 64 << 10
+#: MPICH's ``MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD`` default: messages this long or longer
+#: move by single copy, after a rendezvous.
+_SINGLE_COPY_BYTES = 16 << 10
 _EXCHANGES = 9
 _WINDOW = 4 << 20  # a round's window: an aggregator's read request
 _READ_BYTES = 32 << 20  # per rank
@@ -149,9 +172,9 @@ def _meeting_seconds(comm: MPI.Intracomm) -> float:
     return float(comm.allreduce(statistics.median(times), op=MPI.MAX))
 
 
-def _exchange_seconds(comm: MPI.Intracomm, runs: bool) -> float:
+def _exchange_seconds(comm: MPI.Intracomm, runs: bool, n: int = _PAIR_BYTES) -> float:
     """Collective over `comm`: the slowest rank's median time of a round's exchange,
-    every rank sending :data:`_PAIR_BYTES` to every rank (itself too) at once, all
+    every rank sending ``n`` bytes to every rank (itself too) at once, all
     polling; with ``runs``, each message received as runs of :data:`_MESSAGE_BYTES`
     apart (a write's aggregator receives a round's small pieces so).
 
@@ -159,7 +182,7 @@ def _exchange_seconds(comm: MPI.Intracomm, runs: bool) -> float:
     (:func:`_message_bandwidth`, the others asleep) moves bytes faster than each of
     them does in a round.
     """
-    p, n = comm.size, _PAIR_BYTES
+    p = comm.size
     src = np.ones(p * n, np.uint8)
     dst = np.zeros(2 * p * n, np.uint8)
     vec = MPI.BYTE.Create_vector(n // _MESSAGE_BYTES, _MESSAGE_BYTES, 2 * _MESSAGE_BYTES)
@@ -233,24 +256,31 @@ def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
     figures are per core: a node's bytes (``node_exchange_bandwidth``) and runs
     (``run_seconds``) are shared by its cores, whatever ranks it runs in turns.
     """
+    p = comm.size
     copy = _one_rank(comm, (0,), _copy_bandwidth)
-    mbw = _one_rank(comm, (0, 1), lambda: _message_bandwidth(comm)) if comm.size > 1 else copy
-    meet = _meeting_seconds(comm) if comm.size > 1 else 0.0
+    mbw = _one_rank(comm, (0, 1), lambda: _message_bandwidth(comm)) if p > 1 else copy
+    meet = _meeting_seconds(comm) if p > 1 else 0.0
     whole, pieces = _exchange_seconds(comm, False), _exchange_seconds(comm, True)
+    shaken = _exchange_seconds(comm, False, _HANDSHAKE_BYTES)
     rbw = _read_bandwidth(comm, None)
-    msg = _one_rank(comm, (0, 1), lambda: _message_seconds(comm)) if comm.size > 1 else 0.0
+    msg = _one_rank(comm, (0, 1), lambda: _message_seconds(comm)) if p > 1 else 0.0
     hosts = len(set(comm.allgather(MPI.Get_processor_name())))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # emulated nodes on one host share its cores
     per_node = max(1, (cores or 1) * hosts // max(nnodes, 1))
-    turns = max(1.0, comm.size / max(nnodes, 1) / per_node)  # ranks sharing a core
-    moved = comm.size * comm.size * _PAIR_BYTES
-    runs = comm.size * _PAIR_BYTES // _MESSAGE_BYTES  # each rank's in one exchange
+    turns = max(1.0, p / max(nnodes, 1) / per_node)  # ranks sharing a core
+    # the bytes' time is the large exchange's beyond the small one's (both pay a meeting
+    # and a rendezvous a message); the small one's beyond its bytes and the meeting is
+    # the rendezvous' waits, less what a message's processing in turns is priced already
+    per_byte = max(whole - shaken, 0.1 * whole) / (p * (_PAIR_BYTES - _HANDSHAKE_BYTES))
+    waits = shaken - meet - p * _HANDSHAKE_BYTES * per_byte
+    runs = p * _PAIR_BYTES // _MESSAGE_BYTES  # each rank's in one exchange
     return {"copy_bandwidth": copy, "message_bandwidth": mbw, "message_seconds": msg,
             "cores_per_node": per_node, "round_seconds": meet,
             "run_seconds": max(pieces - whole, 0.0) / (runs * turns),
             "host_cores": float(cores or 1), "hosts": float(hosts),
-            "node_exchange_bandwidth": moved / max(whole - meet, 0.5 * whole) / max(nnodes, 1),
+            "node_exchange_bandwidth": p / per_byte / max(nnodes, 1),
+            "handshake_seconds": max(waits / max(p - 1, 1) - msg * turns, 0.0) if p > 1 else 0.0,
             "read_bandwidth": rbw}  # fmt: skip
 
 
@@ -283,6 +313,7 @@ def cluster_for(
         intra_message_seconds=terms["message_seconds"], intra_bandwidth=node / cores,
         cores=cores, call_seconds=call_seconds, round_seconds=terms["round_seconds"],
         run_seconds=terms["run_seconds"], copy_bandwidth=terms["copy_bandwidth"],
+        handshake_seconds=terms["handshake_seconds"], handshake_bytes=_SINGLE_COPY_BYTES,
     )  # fmt: skip
 
 
@@ -335,30 +366,33 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
     # last, their medians used: a shared machine's load changes during the job
     for pattern in ("tiny", *PATTERNS, "tiny"):
         samples.append(measure_terms(comm, nnodes))
-        args.pattern, args.size = ("colblock", TINY) if pattern == "tiny" else (pattern, size)
-        try:
-            work = workload(args, comm.size)
-        except ValueError as exc:
-            return failed(comm, exc, 2)
-        cfg = BenchConfig(work, apis, iterations, hints=tuple(args.hints))
-        what = "fixed costs: " if pattern == "tiny" else ""
-        emit(f"== {what}{work.describe()}: {', '.join(apis)}, {iterations} iterations")
-        runner, _, _ = run_bench(comm, cfg, emit)
-        rows = [dataclasses.asdict(r) for r in runner.rows]
-        runs[pattern] = {"describe": work.describe(), "bytes": work.nbytes, "work": work,
-                         "rows": runs.get(pattern, {}).get("rows", []) + rows,
-                         "hints_used": runner.hints_used}  # fmt: skip
-        runs[pattern]["medians"] = _medians(runs[pattern]["rows"], apis)
+        for name in ("tiny", "rounds", "runs") if pattern == "tiny" else (pattern,):
+            try:
+                work = _workload_of(name, args, workload, comm.size, size)
+            except ValueError as exc:
+                return failed(comm, exc, 2)
+            hints = tuple(args.hints) + (_round_hints(work) if name == "rounds" else ())
+            cfg = BenchConfig(work, apis, iterations, hints=hints)
+            what = {"tiny": "fixed costs: ", "rounds": f"{ROUNDS} rounds' costs: ",
+                    "runs": "planning's costs: "}.get(name, "")  # fmt: skip
+            emit(f"== {what}{work.describe()}: {', '.join(apis)}, {iterations} iterations")
+            runner, _, _ = run_bench(comm, cfg, emit)
+            rows = [dataclasses.asdict(r) for r in runner.rows]
+            runs[name] = {"describe": work.describe(), "bytes": work.nbytes, "work": work,
+                          "rows": runs.get(name, {}).get("rows", []) + rows,
+                          "hints_used": runner.hints_used}  # fmt: skip
+            runs[name]["medians"] = _medians(runs[name]["rows"], apis)
     terms = median_terms(samples)
     emit(_describe_terms(terms, comm.size, nnodes, ppn))
     facts = machine_facts(comm, ".", copies)
     if comm.rank == 0:
         fixed = runs["tiny"]["medians"]
-        tiny = (runs["tiny"]["work"], runs["tiny"]["hints_used"])
+        tiny = {name: (runs[name]["work"], runs[name]["hints_used"], runs[name]["medians"])
+                for name in ("tiny", "rounds", "runs")}  # fmt: skip
         cases = []
         for pattern in PATTERNS:
             r = runs[pattern]
-            cases += _cases(pattern, r["work"], r["medians"], fixed, tiny, r["hints_used"],
+            cases += _cases(pattern, r["work"], r["medians"], tiny, r["hints_used"],
                             terms, ppn, apis)  # fmt: skip
         for r in runs.values():
             del r["work"], r["medians"]
@@ -386,7 +420,8 @@ def _describe_terms(terms: dict[str, float], nranks: int, nnodes: int, ppn: int)
         f"{terms['node_exchange_bandwidth'] / 1e9:.2f} GB/s per node in a round, reads "
         f"{terms['read_bandwidth'] / 1e9:.2f} GB/s from the page cache, a message costs "
         f"{terms['message_seconds'] * 1e6:.2f} us, a run in a round "
-        f"{terms['run_seconds'] * 1e9:.0f} ns a core, ranks meet in "
+        f"{terms['run_seconds'] * 1e9:.0f} ns a core, a rendezvous waits "
+        f"{terms['handshake_seconds'] * 1e6:.0f} us, ranks meet in "
         f"{terms['round_seconds'] * 1e3:.2f} ms (medians of {len(PATTERNS) + 2} samples)"
     )
 
@@ -395,8 +430,7 @@ def _cases(
     pattern: str,
     work: Any,
     medians: dict[tuple[str, str], float],
-    fixed: dict[tuple[str, str], float],
-    tiny: tuple[Any, dict[str, Any]],
+    tiny: Calls,
     hints_used: dict[str, Any],
     terms: dict[str, float],
     ppn: int,
@@ -406,19 +440,25 @@ def _cases(
 
     Storage: a write's is the ceiling's bandwidth beyond its fixed cost (the device
     syncing); a read's the page cache's for a round's requests (``read_bandwidth``).
-    A call's fixed cost is its tiny call's time less what the model prices in that
-    call (its one round), which the call's own rounds pay again.
+    A round's own cost (:func:`step_seconds`) comes from the tiny array's calls in one
+    round and in :data:`ROUNDS`; a call's fixed cost is its tiny call's time less what
+    the model prices in that call (its one round), which the call's own rounds pay again.
     """
     out = []
+    fixed = tiny["tiny"][2]
     for op in ("write", "read"):
         ceiling = medians[("ceiling", op)]
         # the ceiling's own fixed cost is no part of the storage's bandwidth
         moving = max(ceiling - fixed[("ceiling", op)], 1e-3 * ceiling)
         storage = work.nbytes / moving if op == "write" else terms["read_bandwidth"]
         for api in apis[:-1]:
-            bare = cluster_for(terms, ppn, storage, 0.0)
-            own = predict_case(tiny[0], tiny[1][api], op, bare)[1].predicted_seconds
-            cl = dataclasses.replace(bare, call_seconds=max(fixed[(api, op)] - own, 0.0))
+            # a round's meetings are the engine's own, in its step: measured whole
+            bare = dataclasses.replace(cluster_for(terms, ppn, storage, 0.0), round_seconds=0.0)
+            bare = dataclasses.replace(bare, step_seconds=step_seconds(tiny, api, op, bare))
+            bare = dataclasses.replace(bare, plan_run_seconds=plan_run_seconds(tiny, api, op, bare))
+            own = predict_case(tiny["tiny"][0], tiny["tiny"][1][api], op, bare)[1]
+            call = max(fixed[(api, op)] - own.predicted_seconds, 0.0)
+            cl = dataclasses.replace(bare, call_seconds=call)
             res, p = predict_case(work, hints_used[api], op, cl)
             measured = medians[(api, op)]
             ratio = p.predicted_seconds / measured
@@ -428,9 +468,73 @@ def _cases(
                 "within": abs(ratio - 1.0) <= TOLERANCE, "two_level": res.two_level,
                 "aggregators": res.naggs, "terms": p.as_dict(), "cluster": cl.as_dict(),
                 "ceiling_seconds": ceiling, "ceiling_fixed_seconds": fixed[("ceiling", op)],
-                "tiny_predicted_seconds": own,
+                "tiny_predicted_seconds": own.predicted_seconds,
             })  # fmt: skip
     return out
+
+
+def step_seconds(tiny: Calls, api: str, op: str, cl: Any) -> float:
+    """A round's own cost to ``api``'s ``op`` (seconds): what the tiny array's calls in
+    :data:`ROUNDS` rounds take beyond its calls in one, less what the model prices for
+    their extra rounds on ``cl``, per extra round.
+
+    A round's bytes are nothing there; what is left is each rank's work for a round
+    (its posting, its agreement, a two-level group's handoffs) and its waits for the
+    ranks it needs, which ranks sharing a core pay in turns: the meetings the model
+    prices by ``round_seconds`` (a tiny message from every rank to every other) as the
+    engine has them, so ``cl`` should price none.
+    """
+    return _beyond(tiny, "rounds", api, op, cl, lambda res: res.rounds)
+
+
+def plan_run_seconds(tiny: Calls, api: str, op: str, cl: Any) -> float:
+    """Planning's cost per run to ``api``'s ``op`` (seconds): what the calls of
+    :data:`RUNS` (as many runs as the block-cyclic calls, few bytes) take beyond the
+    tiny array's, less what the model prices for them on ``cl``, per run more that the
+    busiest process plans (:func:`~collio.sim.cost.planned_runs`); every rank plans at
+    once, so ranks sharing a core plan in turns."""
+    from ..sim.cost import planned_runs
+
+    return _beyond(tiny, "runs", api, op, cl, planned_runs)
+
+
+def _beyond(
+    tiny: Calls, name: str, api: str, op: str, cl: Any, count: Callable[[Any], int]
+) -> float:
+    """What calls ``name`` took beyond the tiny array's and beyond what ``cl`` prices
+    for them, per unit of ``count`` more (never below 0)."""
+    work0, used0, med0 = tiny["tiny"]
+    work1, used1, med1 = tiny[name]
+    res0, p0 = predict_case(work0, used0[api], op, cl)
+    res1, p1 = predict_case(work1, used1[api], op, cl)
+    more = count(res1) - count(res0)
+    if more <= 0:
+        return 0.0
+    took = med1[(api, op)] - med0[(api, op)] - float(p1.predicted_seconds - p0.predicted_seconds)
+    return max(took, 0.0) / more
+
+
+def _workload_of(name: str, args: argparse.Namespace, workload: Any, nranks: int,
+                 size: str) -> Any:  # fmt: skip
+    """The workload of a run: a checked pattern's, or a tiny array's (:data:`RUNS` is
+    block-cyclic in blocks of one element)."""
+    block = args.cyclic_block
+    args.pattern, args.size = {"tiny": ("colblock", TINY), "rounds": ("colblock", TINY),
+                               "runs": ("cyclic", RUNS)}.get(name, (name, size))  # fmt: skip
+    if name == "runs":
+        args.cyclic_block = 1
+    try:
+        return workload(args, nranks)
+    finally:
+        args.cyclic_block = block
+
+
+def _round_hints(work: Any) -> tuple[tuple[str, str], ...]:
+    """Hints that cut the tiny array's file domains (one an aggregator) into
+    :data:`ROUNDS` windows, two levels too (whose windows keep a large message from each
+    local aggregator otherwise)."""
+    window = max(work.nbytes // work.nranks // ROUNDS, 1)
+    return (("cb_buffer_size", str(window)), ("cb_min_message", "1"))
 
 
 def _medians(rows: list[dict[str, Any]], apis: tuple[str, ...]) -> dict[tuple[str, str], float]:

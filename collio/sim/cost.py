@@ -28,6 +28,25 @@ exchange agrees on nothing per round), the time for ranks to meet: on a cluster 
 message terms hold it (0), but ranks that outnumber their cores and poll for messages
 wait for each other's turns on a core.
 
+A message of at least ``handshake_bytes`` is a rendezvous (MPICH's single-copy
+protocol above its threshold): its receiver and its sender each wait for the other to
+answer before the bytes move, so where ranks outnumber cores and poll, each such
+message costs the busiest rank ``handshake_seconds`` of turns on its core besides its
+processing (0 on a cluster, where ``message_seconds`` holds a message's latency and no
+rank waits for a core).
+
+Every round also costs ``step_seconds`` beyond what the terms above price (0 on the
+default cluster: a round's bytes and messages dominate there): each rank's own work for
+a round (posting its messages, its part of the agreement, a two-level group's
+handoffs) and its waits for the ranks it needs, which ranks sharing a core pay in
+turns; measured whole, from calls whose rounds carry no bytes.
+
+A call also plans its runs: ``plan_run_seconds`` for each run of the process that plans
+the most (:func:`planned_runs`; numpy's passes over them, a few per run, and a two-level
+group's merge), measured with every rank planning at once as in a call, so in turns
+where ranks share cores (0 on the default cluster: the simulator times its own
+planning, ``plan_seconds``, for the plan's scale).
+
 A node with fewer ``cores`` than ranks runs its processes in turns: the intra-node
 terms, which a process's CPU does, take ``ppn / cores`` times as long (the NIC's and
 the storage's do not).
@@ -61,7 +80,9 @@ __all__ = [
     "Cluster",
     "Prediction",
     "format_predictions",
+    "handshakes",
     "meetings",
+    "planned_runs",
     "predict",
     "predictions_json",
     "strategies",
@@ -81,7 +102,10 @@ class Cluster:
     calibrated: see docs/design.md).  ``cores`` per node (0: one per rank, as on a
     cluster) scales the CPU-bound intra-node terms when ranks outnumber cores;
     ``copy_bandwidth`` (0: not counted) is one process's memory copy, the page cache's
-    and a read's packing;
+    and a read's packing.  Where ranks share cores (0 on a cluster): ``handshake_seconds``
+    is what a rendezvous message of ``handshake_bytes`` or more (MPICH's single-copy
+    threshold) costs a rank in waits for its peer's turn, ``step_seconds`` a round's cost
+    beyond its terms, ``plan_run_seconds`` planning's cost per run.
     ``collio-bench --calibrate`` measures every figure of this machine.
     """
 
@@ -98,6 +122,10 @@ class Cluster:
     round_seconds: float = 0.0
     run_seconds: float = 0.0
     copy_bandwidth: float = 0.0
+    handshake_seconds: float = 0.0
+    handshake_bytes: int = 16384
+    step_seconds: float = 0.0
+    plan_run_seconds: float = 0.0
 
     @property
     def busy_cores(self) -> bool:
@@ -150,6 +178,7 @@ class Prediction:
     predicted_seconds: float
     max_sources: int  # most messages an aggregator takes in one round
     min_message: int  # smallest mean message from a source to an aggregator (bytes)
+    plan: float = 0.0  # planning the runs (``Cluster.plan_run_seconds``)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -215,6 +244,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     if cl.copy_bandwidth and cl.busy_cores:
         cpu = min(store, _node_sum(b, nodes, n) / (cl.copy_bandwidth * cl.cores))
     proc += cl.round_seconds * meetings(res)
+    proc += handshakes(m, b, len(senders), cl.handshake_bytes) * cl.handshake_seconds
+    proc += cl.step_seconds
     x = nic + inj + proc
     if overlap:
         total = x + (rounds - 1) * max(x + cpu, store) + store
@@ -222,11 +253,30 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         total = rounds * (x + store)
     hidden = rounds * (x + store) - total
     sizes = b[has] / np.maximum(m[has], 1)
+    plan = planned_runs(res) * cl.plan_run_seconds
     return Prediction(
         strategy, rounds, rounds * nic, rounds * inj, rounds * proc, rounds * store, hidden,
-        cl.call_seconds, total + cl.call_seconds, int(res.msgs.max(initial=0)),
-        int(sizes.min()) if len(sizes) else 0,
+        cl.call_seconds, total + cl.call_seconds + plan, int(res.msgs.max(initial=0)),
+        int(sizes.min()) if len(sizes) else 0, plan,
     )  # fmt: skip
+
+
+def planned_runs(res: SimResult) -> int:
+    """The most runs one process plans in the call: a rank its own (flattened, cut at
+    domains and windows, its messages' datatypes), a two-level group's local aggregator
+    the runs of its whole group (merged in file order, cut again)."""
+    if res.two_level and len(res.group_runs):
+        return int(res.group_runs.max())
+    return int(res.rank_runs_max)
+
+
+def handshakes(m: np.ndarray[Any, Any], b: np.ndarray[Any, Any], senders: int,
+               threshold: int) -> float:  # fmt: skip
+    """Rendezvous messages (a mean size of ``threshold`` bytes or more) the busiest rank
+    takes part in per round: an aggregator's ``m`` sources of ``b`` bytes, or a sender's
+    share of all of them (it waits for each of its receivers as they wait for it)."""
+    big = (m > 0) & (b >= threshold * np.maximum(m, 1))
+    return max(float(m[big].max(initial=0)), float(m[big].sum()) / max(senders, 1))
 
 
 def meetings(res: SimResult) -> int:
