@@ -118,7 +118,10 @@ def _array(ctx: Context, k: speculate.Kept, data: Any, *, writing: bool) -> Any:
     if data is None:
         if writing:
             return None
-        return np.empty(box[2], box[3], order=box[4])
+        try:
+            return np.empty(box[2], box[3], order=box[4])
+        except MemoryError:  # (the general way allocates again, inside an agreed step)
+            return None
     if type(data) is not np.ndarray or data.shape != box[2] or data.dtype != box[3]:
         return None
     flags = data.flags
