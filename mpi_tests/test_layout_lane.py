@@ -247,3 +247,44 @@ def test_a_shuffled_series_moves_the_last_runs_and_writes_what_romio_does(comm, 
             np.testing.assert_array_equal(f.read_all(lay), piece)
     _same_file(comm, path, b"".join(parts))
     assert read_file(theirs) == b"".join(parts)
+
+
+class _NoMemory:
+    """numpy as collio.quick sees it on one rank whose allocations fail (a rank short of
+    memory); every other name is numpy's own."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def empty(self, *args, **kwargs):
+        raise MemoryError("no memory for the lane's array")
+
+
+def test_a_lane_read_whose_array_cannot_be_allocated_on_one_rank_reads_the_general_way(
+    comm, mpi_tmp_path, monkeypatch
+):
+    # The lane allocates before the call's agreement: a rank that cannot must leave the
+    # lane (the general way allocates inside an agreed step), not raise alone.
+    import collio.quick
+
+    path = str(mpi_tmp_path / "lane.bin")
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(4):
+            piece, lay, _ = _step(comm, s)
+            f.write_all(piece, lay)
+    with collio.open(path, "r", comm=comm) as f:
+        for s in range(4):
+            piece, lay, _ = _step(comm, s)
+            if s == 3 and comm.rank == comm.size - 1:
+                monkeypatch.setattr(collio.quick, "np", _NoMemory())
+            np.testing.assert_array_equal(f.read_all(lay), piece)
+            monkeypatch.undo()
+
+
+def test_a_layouts_offset_cannot_change_after_it_is_made(comm):
+    # Its runs are kept once worked out, and reused for the next step of a series:
+    # a changed offset would write where the old one pointed.
+    _, lay, _ = _step(comm, 0)
+    with pytest.raises(AttributeError):
+        lay.offset = 8
+    assert lay.offset == 0

@@ -75,7 +75,7 @@ def numroc(n: int, nb: int, iproc: int, nprocs: int) -> int:
 class ArrayLayout(Layout):
     """A rank's elements of a global array stored from byte ``offset`` of the target."""
 
-    __slots__ = ("global_shape", "_dtype", "_order", "offset", "dims", "_invalid")
+    __slots__ = ("global_shape", "_dtype", "_order", "_offset", "dims", "_invalid")
 
     def __init__(
         self,
@@ -100,7 +100,14 @@ class ArrayLayout(Layout):
             self._invalid = self._invalid or f"order must be 'C' or 'F', not {order!r}"
             order = "C"
         self._order = order
-        self.offset = int(offset)
+        self._offset = int(offset)
+
+    @property
+    def offset(self) -> int:
+        """Byte offset of the global array in the target.  Read-only, as the layout is:
+        its runs are kept once worked out, and collio reuses a checked layout's runs for
+        the next step of a series (a new step is a new layout)."""
+        return self._offset
 
     @property
     def dtype(self) -> np.dtype[Any]:
