@@ -99,3 +99,61 @@ def test_a_save_over_a_checkpoint_writes_the_same_bytes_as_into_a_new_file(
         os.unlink(fresh)
     comm.Barrier()
     _kept(comm, path, read_file(path) if comm.rank == 0 else b"")
+
+
+def _flushes_started(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The early flushes this rank starts from now on (each the bytes it was kicked
+    with): the real :meth:`EarlyFlush.kick` runs, and each flush it starts is noted."""
+    started: list[int] = []
+    real = fsync.EarlyFlush.kick
+
+    def kick(self: Any, nbytes: int, *, now: bool = False) -> None:
+        before = self.count
+        real(self, nbytes, now=now)
+        if self.count > before:
+            started.append(nbytes)
+
+    monkeypatch.setattr(fsync.EarlyFlush, "kick", kick)
+    return started
+
+
+def _columns(comm: MPI.Intracomm) -> tuple[np.ndarray, Any, np.ndarray]:
+    """An 8 MiB-per-rank array cut in column blocks (pieces not one range: two-phase)."""
+    rows, cols = 2048, 512
+    whole = np.arange(rows * cols * comm.size, dtype=np.float64).reshape(rows, -1)
+    piece = np.ascontiguousarray(whole[:, comm.rank * cols : (comm.rank + 1) * cols])
+    lay = collio.layouts.Subarray(whole.shape, (0, comm.rank * cols), (rows, cols), "<f8")
+    return piece, lay, whole
+
+
+@pytest.mark.mpi
+def test_a_save_starts_each_ranks_flush_after_its_one_piece(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row shard per rank (one run each) still starts the rank's early flush."""
+    path = _path(comm, mpi_tmp_path)
+    whole = np.arange(64 * 1024 * comm.size, dtype=np.float64).reshape(64 * comm.size, 1024)
+    lay = collio.layouts.Subarray(whole.shape, (64 * comm.rank, 0), (64, 1024), "<f8")
+    piece = np.ascontiguousarray(whole[64 * comm.rank : 64 * (comm.rank + 1)])
+    started = _flushes_started(monkeypatch)
+    ckpt.save(path, {"a": (piece, lay)}, comm=comm)
+    monkeypatch.undo()
+    every = comm.allgather(len(started))  # (every rank asserts the same: none waits alone)
+    assert min(every) >= 1, every
+    np.testing.assert_array_equal(ckpt.load(path, {"a": None}, comm=comm)["a"], whole)
+
+
+@pytest.mark.mpi
+def test_an_async_save_starts_no_early_flush(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """async_save's only flush is its thread's fsync at the close (at the lowest
+    priority): two-phase pieces' rounds start none beside the job's compute."""
+    path = _path(comm, mpi_tmp_path)
+    piece, lay, whole = _columns(comm)
+    started = _flushes_started(monkeypatch)
+    ckpt.async_save(path, {"a": (piece, lay)}, comm=comm).wait()
+    monkeypatch.undo()
+    every = comm.allgather(len(started))
+    assert max(every) == 0, every
+    np.testing.assert_array_equal(ckpt.load(path, {"a": None}, comm=comm)["a"], whole)

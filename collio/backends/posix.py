@@ -229,11 +229,12 @@ class PosixBackend(Backend):
         the final ``sync()`` no shorter (docs/design.md, "Durability while the call runs")."""
         if len(runs.file) == 1:  # (a small call's one run: no lists to build)
             m, n = int(runs.mem[0]), int(runs.length[0])
-            return self.write_one(int(runs.file[0]), data[m : m + n])
-        for f, n, m in zip(
-            runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
-        ):
-            self._put(f, data[m : m + n])
+            self.write_one(int(runs.file[0]), data[m : m + n])
+        else:
+            for f, n, m in zip(
+                runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
+            ):
+                self._put(f, data[m : m + n])
         if self.eager:  # (see flush_soon)
             self.flusher.kick(0, now=True)  # type: ignore[union-attr]
         return len(runs)

@@ -325,7 +325,10 @@ def write(
             plan.plan_extents()
     if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
         raise_agreed(comm, step.error, what="checkpoint.save")
-    with _open(target, "w", comm=comm, hints=_atomic(hints), **options) as f:
+    # (without ``early`` no flush at all before the close: the rounds of two-phase pieces
+    # would otherwise start fdatasyncs on the file's flush thread, at the job's priority)
+    opened = _atomic(hints) if early else _atomic(hints).replace(early_flush=False)
+    with _open(target, "w", comm=comm, hints=opened, **options) as f:
         fast, slow = _items(plan, rank)
         if plan.reads_back:  # before any byte is written
             _check_readable(f)
