@@ -22,9 +22,8 @@ def _fd(tmp_path, name="f.bin"):
     return fd
 
 
-def test_kick_starts_one_flush_at_a_time(tmp_path, monkeypatch):
-    """A kick while a flush runs starts nothing; after it finished, the next one does."""
-    fd = _fd(tmp_path)
+def _held(monkeypatch):
+    """fdatasync held until the returned gate is set; the descriptors it was called for."""
     gate, seen = threading.Event(), []
 
     def held(fd_):
@@ -32,6 +31,13 @@ def test_kick_starts_one_flush_at_a_time(tmp_path, monkeypatch):
         gate.wait(10)
 
     monkeypatch.setattr(fsync, "fdatasync", held)
+    return gate, seen
+
+
+def test_kick_starts_one_flush_at_a_time(tmp_path, monkeypatch):
+    """A kick while a flush runs starts nothing; after it finished, the next one does."""
+    fd = _fd(tmp_path)
+    gate, seen = _held(monkeypatch)
     flush = EarlyFlush(fd)
     flush.kick(EarlyFlush.AFTER)
     flush.kick(EarlyFlush.AFTER)
@@ -87,13 +93,7 @@ def test_kick_now_starts_a_flush_below_the_threshold(tmp_path, monkeypatch):
     """``now`` (``File._flush_soon``, a checkpoint's data before its checksums): a flush
     starts whatever was written; a second one waits for the first, as every kick."""
     fd = _fd(tmp_path)
-    gate, seen = threading.Event(), []
-
-    def held(fd_):
-        seen.append(fd_)
-        gate.wait(10)
-
-    monkeypatch.setattr(fsync, "fdatasync", held)
+    gate, seen = _held(monkeypatch)
     flush = EarlyFlush(fd)
     flush.kick(0)
     assert flush.future is None and flush.pending == 0  # (below the threshold: none)

@@ -60,18 +60,22 @@ def _copy_bandwidth() -> float:
 def _one_way(comm: MPI.Intracomm, spec: Any, ack: Any) -> float:
     """Median seconds of ``spec`` sent from rank 0 to rank 1 and a small ``ack`` back
     (the ack makes the time the transfer's, not the send's return), of five."""
+    return statistics.median(_round_trips(comm, spec, ack, 1) for _ in range(5))
+
+
+def _round_trips(comm: MPI.Intracomm, spec: Any, ack: Any, n: int) -> float:
+    """Seconds of ``n`` round trips between ranks 0 and 1: ``spec`` from rank 0, ``ack``
+    back."""
     peer = 1 - comm.rank
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    for _ in range(n):
         if comm.rank == 0:
             comm.Send(spec, dest=peer)
             comm.Recv(ack, source=peer)
         else:
             comm.Recv(spec, source=peer)
             comm.Send(ack, dest=peer)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return time.perf_counter() - t0
 
 
 def _message_bandwidth(comm: MPI.Intracomm) -> float:
@@ -84,18 +88,7 @@ def _message_bandwidth(comm: MPI.Intracomm) -> float:
 def _message_seconds(comm: MPI.Intracomm) -> float:
     """One-way time of a small message between ranks 0 and 1 (half a round trip)."""
     buf = np.zeros(_MESSAGE_BYTES, np.uint8)
-    peer = 1 - comm.rank
-    runs = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(_MESSAGES):
-            if comm.rank == 0:
-                comm.Send(buf, dest=peer)
-                comm.Recv(buf, source=peer)
-            else:
-                comm.Recv(buf, source=peer)
-                comm.Send(buf, dest=peer)
-        runs.append((time.perf_counter() - t0) / (2 * _MESSAGES))
+    runs = [_round_trips(comm, buf, buf, _MESSAGES) / (2 * _MESSAGES) for _ in range(3)]
     return statistics.median(runs)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import mmap
 import os
 import sys
@@ -122,9 +123,7 @@ def pieces(buf: npt.NDArray[np.uint8], at: I64, lays: list[ArrayLayout]) -> list
     memory order (a view of each: one per array, no bytes touched)."""
     out = []
     for a, lay in zip(at.tolist(), lays, strict=True):
-        n = lay.dtype.itemsize
-        for c in lay.local_shape:
-            n *= c
+        n = lay.dtype.itemsize * math.prod(lay.local_shape)
         arr = buf[a : a + n].view(lay.dtype)
         out.append(arr.reshape(lay.local_shape, order="F" if lay.order == "F" else "C"))
     return out
