@@ -157,3 +157,27 @@ def test_an_async_save_starts_no_early_flush(
     every = comm.allgather(len(started))
     assert max(every) == 0, every
     np.testing.assert_array_equal(ckpt.load(path, {"a": None}, comm=comm)["a"], whole)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["save", "async_save"])
+def test_a_hint_one_rank_cannot_parse_raises_everywhere_and_keeps_the_checkpoint(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, how: str
+) -> None:
+    """The last rank's unparsable hint: the same HintError on every rank, before the
+    target is opened, and the previous checkpoint as it was."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    before = read_file(path) if comm.rank == 0 else b""
+    hints = {"cb_buffer_size": "bogus"} if comm.rank == comm.size - 1 else None
+    state = model.rows_state(comm.rank, comm.size, scale=2)
+
+    def saving() -> None:
+        if how == "save":
+            ckpt.save(path, state, comm=comm, hints=hints)
+        else:
+            ckpt.async_save(path, state, comm=comm, hints=hints).wait()
+
+    err = raises_everywhere(comm, collio.HintError, saving)
+    assert f"rank {comm.size - 1}" in str(err) and "'bogus'" in str(err)
+    _kept(comm, path, before)

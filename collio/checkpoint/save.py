@@ -318,16 +318,19 @@ def write(
     """
     rank = comm.Get_rank()
     step = Attempt()
+    opened: Any = None
     with step:  # (on async_save's thread too: a rank failing alone must not strand the rest)
         if plan.error is not None:
             raise plan.error
         if plan.extents is None:
             plan.plan_extents()
+        # (hints one rank cannot parse raise here, agreed, not alone before the open;
+        # without ``early`` no flush at all before the close: the rounds of two-phase
+        # pieces would otherwise start fdatasyncs on the file's flush thread, at the
+        # job's priority)
+        opened = _atomic(hints) if early else _atomic(hints).replace(early_flush=False)
     if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
         raise_agreed(comm, step.error, what="checkpoint.save")
-    # (without ``early`` no flush at all before the close: the rounds of two-phase pieces
-    # would otherwise start fdatasyncs on the file's flush thread, at the job's priority)
-    opened = _atomic(hints) if early else _atomic(hints).replace(early_flush=False)
     with _open(target, "w", comm=comm, hints=opened, **options) as f:
         fast, slow = _items(plan, rank)
         if plan.reads_back:  # before any byte is written
