@@ -24,6 +24,7 @@ from .boxes import forget, gather_boxes
 from .errors import LayoutError, classify, make_error
 from .itemsigs import ItemSigs, sig_key
 from .layouts.base import Layout
+from .rawbatch import gather_raw
 from .runs import Runs
 from .spans import U8, sorted_union, span
 
@@ -60,6 +61,8 @@ def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gath
     if outs is not None and (items_count(outs) != len(items)):
         raise LayoutError(f"out must be a sequence of {len(items)} arrays (one per layout) or None")
     fast = gather_boxes(backend, items, writing=writing, outs=outs)
+    if fast is None:
+        fast = gather_raw(backend, items, writing=writing)
     if fast is not None:
         return fast
     runs: list[Runs] = []

@@ -70,7 +70,7 @@ def shape_key(lay: ArrayLayout) -> tuple[Any, ...]:
     return (type(lay), _KEYS[type(lay)](lay))
 
 
-def _plain(backend: Any) -> bool:
+def plain_backend(backend: Any) -> bool:
     """Whether ``backend`` checks and maps layouts as the base class does (no hook of its
     own: the runs in its byte space are the layout's, and no layout is refused)."""
     cls = type(backend)
@@ -85,7 +85,7 @@ def gather_boxes(backend: Any, items: Any, *, writing: bool, outs: Any) -> Gathe
     """:func:`collio.batch.gather` of a batch of :data:`SHIFTABLE` layouts over C- or
     F-contiguous arrays of their dtype and shape, or None for any other batch, or any
     item that would fail (see the module doc)."""
-    if not len(items) or not _plain(backend):
+    if not len(items) or not plain_backend(backend):
         return None
     split = _split(items, writing=writing)
     if split is None:

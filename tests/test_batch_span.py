@@ -213,3 +213,57 @@ def test_release_buffers_forgets_what_batches_keep(tmp_path):
             f.write_all(d, lay)
     with open(path, "rb") as a, open(single, "rb") as b:
         assert a.read() == b.read()
+
+
+def _raw_pieces() -> list[tuple[Any, Any]]:
+    """Raw byte pieces as a checkpoint writes them: out of file order, one of several
+    segments (unsorted, two of them adjacent), an empty one, one of an empty segment."""
+    rng = np.random.default_rng(7)
+    segs = [([4096], [100]), ([0], [64]), ([], []), ([9000, 5000, 5100], [10, 100, 50]),
+            ([300], [0]), ([8192], [1])]  # fmt: skip
+    return [(rng.integers(0, 256, sum(n), dtype=np.uint8), layouts.Segments(o, n))
+            for o, n in segs]  # fmt: skip
+
+
+def test_raw_pieces_take_one_pass_and_match_the_per_item_path(tmp_path, monkeypatch):
+    """A batch of (uint8, Segments) pairs is joined in numpy passes (no layout's runs are
+    built), into the union the per-item path makes, and the file gets the same bytes."""
+    items = _raw_pieces()
+    with collio.open(str(tmp_path / "a.bin"), "w", comm=MPI.COMM_SELF) as f:
+        fast = batch.gather(f.backend, items, writing=True)
+        assert all(lay._runs is None for _, lay in items)  # (the fast path built none)
+        monkeypatch.setattr(batch, "gather_raw", lambda *a, **k: None)
+        slow = batch.gather(f.backend, items, writing=True)
+        monkeypatch.undo()
+    for name in ("file", "length"):
+        np.testing.assert_array_equal(getattr(fast[0], name), getattr(slow[0], name))
+    got = [fast[1][m : m + n].tobytes() for m, n in zip(fast[0].mem, fast[0].length, strict=True)]
+    want = [slow[1][m : m + n].tobytes() for m, n in zip(slow[0].mem, slow[0].length, strict=True)]
+    assert got == want and repr(fast[3][1]) == repr(slow[3][1])
+    many, single = str(tmp_path / "many.bin"), str(tmp_path / "single.bin")
+    with collio.open(many, "w", comm=MPI.COMM_SELF) as f:
+        f.write_all_many(items)
+    with collio.open(single, "w", comm=MPI.COMM_SELF) as f:
+        for d, lay in items:
+            f.write_all(d, lay)
+    with open(many, "rb") as a, open(single, "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_raw_pieces_errors_name_the_item(tmp_path):
+    """A raw batch with a bad item is checked item by item: the errors name it."""
+    items = _raw_pieces()
+    with collio.open(str(tmp_path / "e.bin"), "w", comm=MPI.COMM_SELF) as f:
+        with pytest.raises(collio.OverlapError, match="items 0 and 6 both write them"):
+            f.write_all_many([*items, (np.zeros(2, np.uint8), layouts.Segments([4150], [2]))])
+        with pytest.raises(collio.OverlapError, match="item 3 writes them twice"):
+            again = layouts.Segments([9000, 5000, 5090], [10, 100, 50])
+            f.write_all_many([*items[:3], (items[3][0], again)])
+        short = list(items)
+        short[1] = (items[1][0][:10], items[1][1])
+        with pytest.raises(collio.LayoutError, match="item 1: "):
+            f.write_all_many(short)
+        neg = list(items)
+        neg[5] = (items[5][0], layouts.Segments([-3], [1]))
+        with pytest.raises(collio.LayoutError, match="item 5: segment 0 has negative offset -3"):
+            f.write_all_many(neg)

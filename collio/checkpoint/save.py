@@ -238,7 +238,7 @@ def _crc_owned(plan: Plan, rank: int) -> npt.NDArray[np.uint32]:
     for i, (k, a, b) in enumerate(rows):
         if k not in views:  # (a piece's bytes, from its first byte within its array)
             e = plan.entries[k]
-            views[k] = (e.layout.as_bytes(e.data).data, int(plan.spans[rank, k, 0]))
+            views[k] = (e.raw().data, int(plan.spans[rank, k, 0]))
         buf, lo = views[k]
         got[i] = crc32c.crc32c(buf[a - lo : b - lo])
     return got
@@ -364,7 +364,7 @@ def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
     ):
         if d:
             runs = ([o + lo], [hi - lo]) if hi > lo else ([], [])
-            fast.append((e.layout.as_bytes(e.data), Segments(*runs)))
+            fast.append((e.raw(), Segments(*runs)))
         else:
             slow.append((e.data, at(e.layout, o)))
     return fast, slow

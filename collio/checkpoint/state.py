@@ -51,6 +51,15 @@ class Entry:
     replicated: bool
     #: a 0-d value, written as one element of shape (1,) (a layout has no empty 0-d piece)
     scalar: bool = False
+    #: the piece's bytes (:meth:`raw`), once worked out
+    bytes_: np.ndarray[Any, Any] | None = dataclasses.field(default=None, repr=False)
+
+    def raw(self) -> np.ndarray[Any, Any]:
+        """The piece's bytes as its layout writes them (a uint8 view where it can be),
+        worked out once: the save's check, its writes and its checksums all use them."""
+        if self.bytes_ is None:
+            self.bytes_ = self.layout.as_bytes(self.data)
+        return self.bytes_
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -74,8 +83,8 @@ def _entry(name: str, value: Any) -> Entry:
         if lay.offset:
             raise LayoutError(f"entry {name!r}: layout offset {lay.offset}; the save places it")
         arr = as_array(data)
-        lay.as_bytes(arr)  # the shape and dtype checks of a write, before any byte moves
-        return Entry(name, arr, lay, False)
+        # (the shape and dtype checks of a write, before any byte moves)
+        return Entry(name, arr, lay, False, bytes_=lay.as_bytes(arr))
     arr = as_array(value)
     if arr.dtype.hasobject:
         raise LayoutError(f"entry {name!r}: dtype {arr.dtype} holds Python objects")
