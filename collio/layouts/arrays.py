@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,7 +125,7 @@ class ArrayLayout(Layout):
 
     @property
     def global_nbytes(self) -> int:
-        return int(np.prod(self.global_shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.global_shape) * self.dtype.itemsize
 
     def signature(self) -> tuple[Any, ...]:
         return ("array", self.global_shape, self.dtype.str, self.order, self.offset)
@@ -350,5 +351,5 @@ def array_layout(layout: Any, who: str) -> ArrayLayout:
             f"{who} needs an array layout (Subarray, block, block_cyclic, a subarray or "
             f"darray datatype), not {type(layout).__name__}"
         )
-    layout.validate()
+    layout.checked()  # (once per layout: it is immutable, and a job passes the same ones)
     return layout
