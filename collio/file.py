@@ -288,10 +288,10 @@ class File:
 
     @one_thread
     def _flush_soon(self) -> None:
-        """Local (internal): from now on, start making this rank's written bytes durable
-        in the background as soon as it has written them, where the backend can (posix:
-        ``fdatasync`` in a thread after a call's own runs, the hint ``early_flush``);
-        ``sync`` and ``close`` wait for it and report its error.  For a caller who
+        """Local (internal): from now on, start the disk on this rank's written bytes as
+        soon as it has written them, where the backend can (posix: writeback of a call's
+        own runs, the hint ``early_flush``); ``sync`` and ``close`` make them durable and
+        report any error.  For a caller who
         computes after its writes (collio.checkpoint's checksums, made while the disk
         writes the data), called before them."""
         self._check_open()
