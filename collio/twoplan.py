@@ -178,15 +178,30 @@ def _bundles(
     received pieces' offsets)."""
     sp = plan_sender(merged, bounds, window)
     p = sp.pieces
-    share_of = holders(np.repeat(sp.gdom, np.diff(sp.gstart)), members)
-    query_of = holders(np.searchsorted(bounds[1:-1], file, side="right").astype(np.int64), members)
+    where = np.zeros(size, np.int64)
+    where[members] = np.arange(len(members))
+    share_of = where[holders(np.repeat(sp.gdom, np.diff(sp.gstart)), members)]
+    domain = np.searchsorted(bounds[1:-1], file, side="right").astype(np.int64)
+    sorder, sstart = _grouped(share_of, len(members))
+    qorder, qstart = _grouped(where[holders(domain, members)], len(members))
     parts, counts = [], np.zeros(size, np.int64)
-    for h in members.tolist():  # (one bundle per rank of the group)
-        s, q = np.flatnonzero(share_of == h), np.flatnonzero(query_of == h)
+    for i, h in enumerate(members.tolist()):  # (one bundle per rank of the group)
+        s, q = sorder[sstart[i] : sstart[i + 1]], qorder[qstart[i] : qstart[i + 1]]
         shares = _triples(p.file[s], p.length[s], p.mem[s])
         parts += [np.array([len(s)], np.int64), shares, _triples(*(a[q] for a in asked))]
         counts[h] = 1 + 3 * (len(s) + len(q))
     return np.concatenate(parts), counts
+
+
+def _grouped(key: I64, n: int) -> tuple[I64, I64]:
+    """Indices of ``key`` (values 0..n-1) grouped by value, in order within each, and
+    where each value's start (``n + 1`` entries).  The keys sort as 16-bit integers where
+    they fit: numpy sorts those stably by radix, one pass, where int64 keys of a few
+    values take a merge sort's many."""
+    small = key.astype(np.int16 if n <= np.iinfo(np.int16).max else np.int32)
+    order = np.argsort(small, kind="stable").astype(np.int64)
+    counts = np.bincount(key, minlength=n)[:n]
+    return order, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
 def _slot_bases(group: Group, plan: Plan, step: Attempt, writing: bool) -> tuple[I64, int]:
@@ -226,7 +241,9 @@ def _answers(
         lay = staging(plan.sender, plan.sround, vpos, base)
         plan = dataclasses.replace(plan, sender=lay.sender, _sender_shapes=None)
         plan.sender_shapes()
-        at = np.searchsorted(members, owner).astype(np.int64)  # (ranks in the group)
+        where = np.zeros(ctx.comm.Get_size(), np.int64)
+        where[members] = np.arange(gsize)
+        at = where[owner]  # (the owners' ranks in the group)
         if writing and group.comm.Get_rank() == 0:
             sources = _distinct(at, lay.sround, gsize, plan.nrounds)
         order = np.argsort(at, kind="stable")
@@ -245,9 +262,11 @@ def _answers(
 
 
 def _distinct(at: I64, rounds: I64, gsize: int, nrounds: int) -> list[int]:
-    """How many of the group's ranks (``at``) have pieces in each round."""
-    pairs = np.unique(rounds * gsize + at)
-    return np.bincount(pairs // gsize, minlength=nrounds)[:nrounds].tolist()  # type: ignore[no-any-return]
+    """How many of the group's ranks (``at``) have pieces in each round (marks in a
+    rounds x ranks table: one pass, where ``np.unique`` sorts or hashes every piece)."""
+    seen = np.zeros((nrounds, gsize), bool)
+    seen[rounds, at] = True
+    return seen.sum(axis=1).tolist()  # type: ignore[no-any-return]
 
 
 def _group_alltoallv(group: Group, out: I64, counts: I64, rcounts: I64, room: I64) -> I64:
