@@ -30,8 +30,7 @@ import numpy.typing as npt
 from . import policy
 from .aggregators.nodes import LocalGroups, local_groups, node_shape
 from .aggregators.plan import AggregatorPlan
-from .aggregators.stage import by_round, slots
-from .collective import Attempt, any_flag, raise_agreed
+from .aggregators.stage import by_round
 from .completion import local_summary
 from .context import Call, Context, Plan
 from .exchange import Shapes
@@ -151,12 +150,7 @@ def plan(
     order, starts = by_round(got.rounds, nrounds)
     lead = int(ctx.local.leader[rank]) == rank
     staged = _Staged(lead, got.pieces, order, starts, got.spos, got.slot, sources=got.sources)
-    staged.slots = slots(got.slot, nrounds, ctx.hints.cb_buffer_size)
-    step = Attempt()
-    with step:  # (collective over the group: the same size on its ranks)
-        group.ensure(staged.slots * got.slot)
-    if any_flag(ctx.comm, step.error is not None):
-        raise_agreed(ctx.comm, step.error, what="write_all" if writing else "read_all")
+    staged.slots = got.slots  # (the group's window holds them: grown by place)
     return TwoLevel(staged, got.plan), got.keep
 
 

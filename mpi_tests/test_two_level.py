@@ -279,3 +279,63 @@ def test_a_rank_failing_after_the_stage_two_plan_is_agreed(nodes, mpi_tmp_path, 
         assert f.stats.last_call["two_level"]
     comm.Barrier()
     assert np.array_equal(np.fromfile(path, "<f8").reshape(glob.shape), glob)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("op", ["write", "read"])
+@pytest.mark.parametrize("where", ["leader_runs", "holders"])
+def test_a_local_aggregator_failing_to_merge_its_groups_runs_is_agreed(
+    nodes, mpi_tmp_path, monkeypatch, where, op
+):
+    """A local aggregator that fails merging its group's runs (or, for a read, handing
+    them to its group's holders) goes on planning with nothing; every rank then raises
+    its error naming it, nobody hangs, the target is untouched, and the call works next."""
+    import collio.twoplan
+
+    comm, k = nodes
+    glob = reference((64, 96), "<f8", seed=13)
+    lay = collio.layouts.block(glob.shape, "<f8", comm=comm, grid=(1, comm.size))
+    leaders = [r for r in range(0, comm.size, k) if min(k, comm.size - r) > 1]
+    if not leaders:
+        pytest.skip("no node of two ranks")
+    bad = leaders[-1]
+    path = str(mpi_tmp_path / "m.bin")
+    hints = {**TWO, "cb_buffer_size": 4096}
+
+    def boom(*args, **kwargs):
+        raise MemoryError("no memory for the group's runs")
+
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        if op == "read":
+            f.write_all(local_piece(glob, lay), lay)
+            f.sync()
+        out = np.full_like(local_piece(glob, lay), -1.0)
+        error = None
+        with monkeypatch.context() as m:
+            if comm.rank == bad:
+                m.setattr(collio.twoplan, where, boom)
+            try:
+                if op == "write":
+                    f.write_all(local_piece(glob, lay), lay)
+                else:
+                    f.read_all(lay, out=out)
+            except collio.CollioError as exc:
+                error = (type(exc).__name__, str(exc), list(exc.ranks))
+        errors = comm.allgather(error)
+        if where == "holders" and op == "write":  # (a write's local aggregator holds all)
+            assert errors == [None] * comm.size, errors
+        else:
+            assert all(e == errors[0] for e in errors), errors
+            assert errors[0] is not None and errors[0][2] == [bad], errors
+            assert "no memory for the group" in errors[0][1] and f"rank {bad}" in errors[0][1]
+            comm.Barrier()
+            if op == "write":
+                assert os.path.getsize(path) == 0  # (nothing written)
+            else:
+                assert bool((out == -1.0).all())  # (nothing read into the array)
+        if op == "write":
+            f.write_all(local_piece(glob, lay), lay)
+        np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
+        assert f.stats.last_call["two_level"]
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(glob.shape), glob)

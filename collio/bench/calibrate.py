@@ -17,7 +17,7 @@ In one job it
    round's own cost, :func:`step_seconds`) and on an array of few bytes in as many runs
    as the block-cyclic calls (:data:`RUNS`: planning's cost per run,
    :func:`plan_run_seconds`); the ceiling's medians less its fixed cost give the
-   storage's write and read bandwidth;
+   storage's write and read bandwidth (a read's: the page cache's copy);
 3. plans each call with the simulator (the hints each call used) and prices it with
    :func:`collio.sim.cost.predict` on the cluster those figures describe, and prints
    predicted against measured (medians) with their ratio; ``--json`` has every figure.
@@ -203,8 +203,7 @@ def _describe_terms(terms: dict[str, float], nranks: int, nnodes: int, ppn: int)
         f"{int(terms['cores_per_node'])} core(s) per node; one process copies at "
         f"{terms['copy_bandwidth'] / 1e9:.2f} GB/s, MPI moves "
         f"{terms['message_bandwidth'] / 1e9:.2f} GB/s between two and "
-        f"{terms['node_exchange_bandwidth'] / 1e9:.2f} GB/s per node in a round, reads "
-        f"{terms['read_bandwidth'] / 1e9:.2f} GB/s from the page cache, a message costs "
+        f"{terms['node_exchange_bandwidth'] / 1e9:.2f} GB/s per node in a round, a message costs "
         f"{terms['message_seconds'] * 1e6:.2f} us, a run in a round "
         f"{terms['run_seconds'] * 1e9:.0f} ns a core, a rendezvous waits "
         f"{terms['handshake_seconds'] * 1e6:.0f} us, ranks meet in "
@@ -224,8 +223,10 @@ def _cases(
 ) -> list[dict[str, Any]]:
     """Predicted against measured for one pattern's calls (``apis`` less the ceiling).
 
-    Storage: a write's is the ceiling's bandwidth beyond its fixed cost (the device
-    syncing); a read's the page cache's for a round's requests (``read_bandwidth``).
+    Storage: the ceiling's bandwidth beyond its fixed cost, a write's (the device
+    syncing) and a read's (the page cache's copy into memory past the caches, as a
+    call's reads land: the aggregators' round buffers, then the ranks' arrays, sweep
+    the caches of the window the aggregator reads into).
     A round's own cost (:func:`step_seconds`) comes from the tiny array's calls in one
     round and in :data:`ROUNDS`; a call's fixed cost is its tiny call's time less what
     the model prices in that call (its one round), which the call's own rounds pay again.
@@ -236,7 +237,7 @@ def _cases(
         ceiling = medians[("ceiling", op)]
         # the ceiling's own fixed cost is no part of the storage's bandwidth
         moving = max(ceiling - fixed[("ceiling", op)], 1e-3 * ceiling)
-        storage = work.nbytes / moving if op == "write" else terms["read_bandwidth"]
+        storage = work.nbytes / moving
         for api in apis[:-1]:
             # a round's meetings are the engine's own, in its step: measured whole
             bare = dataclasses.replace(cluster_for(terms, ppn, storage, 0.0), round_seconds=0.0)

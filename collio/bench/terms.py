@@ -3,22 +3,21 @@
 Each figure is what one physical cost takes here, measured the way a call's round pays
 it: a process's memory copy, MPI's bandwidth and a message's cost between two ranks (the
 other ranks asleep), the time all ranks take to meet, a round's exchange with every rank
-polling (its bytes, its runs, the rendezvous of 64 KiB messages), page-cache reads at a
-round's window, and the cores per node.
+polling (its bytes, its runs, the rendezvous of 64 KiB messages), and the cores per node
+(the storage's write and read bandwidth come from the ceiling's calls, in
+:mod:`collio.bench.calibrate`).
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ..collective import Attempt, agree
 from ..waits import quiet_barrier
 
 __all__ = ["SINGLE_COPY_BYTES", "measure_terms", "median_terms"]
@@ -35,8 +34,6 @@ _HANDSHAKE_BYTES = 64 << 10
 #: move by single copy, after a rendezvous.
 SINGLE_COPY_BYTES = 16 << 10
 _EXCHANGES = 9
-_WINDOW = 4 << 20  # a round's window: an aggregator's read request
-_READ_BYTES = 32 << 20  # per rank
 
 
 def _one_rank(comm: MPI.Intracomm, ranks: tuple[int, ...], work: Any) -> float:
@@ -143,52 +140,10 @@ def _exchange_seconds(comm: MPI.Intracomm, runs: bool, n: int = _PAIR_BYTES) -> 
     return float(comm.allreduce(statistics.median(times), op=MPI.MAX))
 
 
-def _read_bandwidth(comm: MPI.Intracomm, directory: str | None) -> float:
-    """Collective over `comm`: bytes per second the host reads from a file in the page
-    cache, every rank reading its :data:`_READ_BYTES` in :data:`_WINDOW` requests into
-    one buffer at once, as aggregators read their rounds (a larger request, as the
-    ceiling's, is slower: its buffer is past the caches)."""
-    step = Attempt()  # (a rank failing alone, e.g. a node without rank 0's file: agreed)
-    path = None
-    if comm.rank == 0:
-        with step:
-            fd0, path = tempfile.mkstemp(prefix="collio-calibrate-", dir=directory)
-            with os.fdopen(fd0, "wb") as fh:
-                fh.write(np.ones(comm.size * _READ_BYTES, np.uint8).tobytes())
-    path = comm.bcast(path, root=0)
-    buf = memoryview(np.ones(_WINDOW, np.uint8))  # type: ignore[arg-type]
-    fd = -1
-    times = []
-    try:
-        if path is not None:
-            with step:
-                fd = os.open(path, os.O_RDONLY)
-        agree(comm, step.error, what="calibrate: page-cache reads")
-        for _ in range(5):
-            quiet_barrier(comm)
-            t0 = time.perf_counter()
-            with step:  # (every rank meets at every barrier: a failed read agreed after)
-                for at in range(0, _READ_BYTES, _WINDOW):
-                    os.preadv(fd, [buf], comm.rank * _READ_BYTES + at)
-            # until the last rank is done: ranks sharing a core read one after another,
-            # and a rank's own reads would miss the time it waited for its turn
-            quiet_barrier(comm)
-            times.append(time.perf_counter() - t0)
-        agree(comm, step.error, what="calibrate: page-cache reads")
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        quiet_barrier(comm)
-        if comm.rank == 0 and path is not None:
-            os.unlink(path)
-    took = float(comm.allreduce(statistics.median(times), op=MPI.MAX))
-    return comm.size * _READ_BYTES / took
-
-
 def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
     """Collective over `comm`: copy bandwidth, message cost, the time ranks take to meet
-    (a round's synchronisation), a round's exchange (its bytes and its runs) and reads,
-    and cores per node, here.
+    (a round's synchronisation), a round's exchange (its bytes and its runs), and cores
+    per node, here.
 
     A round's exchange is measured as a round runs it, every rank at once, and its
     figures are per core: a node's bytes (``node_exchange_bandwidth``) and runs
@@ -200,7 +155,6 @@ def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
     meet = _meeting_seconds(comm) if p > 1 else 0.0
     whole, pieces = _exchange_seconds(comm, False), _exchange_seconds(comm, True)
     shaken = _exchange_seconds(comm, False, _HANDSHAKE_BYTES)
-    rbw = _read_bandwidth(comm, None)
     msg = _one_rank(comm, (0, 1), lambda: _message_seconds(comm)) if p > 1 else 0.0
     hosts = len(set(comm.allgather(MPI.Get_processor_name())))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -219,7 +173,7 @@ def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
             "host_cores": float(cores or 1), "hosts": float(hosts),
             "node_exchange_bandwidth": p / per_byte / max(nnodes, 1),
             "handshake_seconds": max(waits / max(p - 1, 1) - msg * turns, 0.0) if p > 1 else 0.0,
-            "read_bandwidth": rbw}  # fmt: skip
+            }  # fmt: skip
 
 
 def median_terms(samples: list[dict[str, float]]) -> dict[str, float]:

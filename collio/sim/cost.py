@@ -56,7 +56,8 @@ ROMIO's strategy does one after the other.  A local file system's page cache cop
 round's bytes on the node's cores (at ``copy_bandwidth`` per core; 0 on the default
 cluster, whose storage is across the network): when the node's ranks keep every core
 busy (as many ranks as cores or more, polling while they wait) that copy cannot hide
-behind the exchange, only the device's part of the storage can.  A read's aggregator
+behind the exchange, only the device's part of the storage can; a read from the page
+cache is that copy alone, so none of it hides.  A read's aggregator
 sends a message of several runs packed, by collio (small runs) or by MPI (a sender's
 datatype is packed before it moves): one more copy of its round's bytes at
 ``copy_bandwidth``, an on-node term.  Sources of an aggregator are taken spread
@@ -242,7 +243,9 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     # no core to spare that copy cannot hide behind the exchange (the device's part can)
     cpu = 0.0
     if cl.copy_bandwidth and cl.busy_cores:
-        cpu = min(store, _node_sum(b, nodes, n) / (cl.copy_bandwidth * cl.cores))
+        copy = _node_sum(b, nodes, n) / (cl.copy_bandwidth * cl.cores)
+        # (a read from the page cache is that copy and nothing else: all of it)
+        cpu = min(store, copy) if res.writing else store
     proc += cl.round_seconds * meetings(res)
     proc += handshakes(m, b, len(senders), cl.handshake_bytes) * cl.handshake_seconds
     proc += cl.step_seconds
