@@ -448,15 +448,21 @@ def _outs(spec: dict[str, Any], fill: int = 0x5A) -> dict[str, Any]:
 
 
 @pytest.mark.mpi
-def test_load_in_place_fills_the_callers_arrays(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+@pytest.mark.parametrize("maps", ["enable", "disable"])
+def test_load_in_place_fills_the_callers_arrays(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, maps: str
+) -> None:
     """``(out, layout)`` in the spec reads into ``out`` (two-phase and direct pieces, a
-    Fortran-order one, the whole array, a 0-d value) and the result holds ``out``."""
+    Fortran-order one, the whole array, a 0-d value; copied out of a map of the file or
+    read) and the result holds ``out``."""
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    hints = {"checkpoint_map": maps}
     for spec in (model.load_spec(comm.rank, comm.size), model.save_layouts(comm.rank, comm.size)):
         outs = _outs(spec)
-        got = ckpt.load(path, {n: (outs[n], lay) for n, lay in spec.items()}, comm=comm)
-        assert all(got[n] is outs[n] for n in spec)
+        got = ckpt.load(path, {n: (outs[n], lay) for n, lay in spec.items()}, comm=comm,
+                        hints=hints)  # fmt: skip
+        assert all(got[n] is outs[n] and not model.mapped(got[n]) for n in spec)
         _check_loaded(comm, got, spec)
     # in place and new arrays in one load; the rows state goes direct
     rows = _path(comm, mpi_tmp_path, "rows.ckpt")
@@ -502,14 +508,25 @@ def test_load_into_an_array_that_does_not_fit_raises_everywhere(
 
 
 @pytest.mark.mpi
-def test_load_in_place_still_checks_every_byte(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+@pytest.mark.parametrize("maps", ["enable", "disable"])
+def test_load_in_place_still_checks_every_byte(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, maps: str
+) -> None:
+    """A flipped byte, in the caller's array that holds it once loaded too."""
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
+    at = ckpt.info(path)["ffn/w"]["offset"] + 3
     if comm.rank == 0:
-        _flip(path, ckpt.info(path)["ffn/w"]["offset"] + 3, 0x40)
+        _flip(path, at, 0x40)
     comm.Barrier()
-    spec = model.load_spec(comm.rank, comm.size)
-    outs = _outs(spec)
-    into = {n: (outs[n], lay) for n, lay in spec.items()}
-    err = raises_everywhere(comm, collio.ChecksumError, lambda: ckpt.load(path, into, comm=comm))
-    assert err.names == ("ffn/w",)
+    for spec in (model.load_spec(comm.rank, comm.size), model.save_layouts(comm.rank, comm.size)):
+        outs = _outs(spec)
+        into = {n: (outs[n], lay) for n, lay in spec.items()}
+        err = raises_everywhere(
+            comm, collio.ChecksumError,
+            lambda into=into: ckpt.load(path, into, comm=comm, hints={"checkpoint_map": maps}),
+        )  # fmt: skip
+        assert err.names == ("ffn/w",)
+        for name in set(spec) - {"ffn/w"}:  # (the others hold their bytes)
+            want = model.expected(name, spec[name])
+            assert outs[name].tobytes(order="A") == want.tobytes(order="A"), (comm.rank, name)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import mmap
 import os
 import sys
@@ -121,12 +120,10 @@ def map_range(fd: int, lo: int, hi: int) -> npt.NDArray[np.uint8]:
 def pieces(buf: npt.NDArray[np.uint8], at: I64, lays: list[ArrayLayout]) -> list[Any]:
     """Each layout's piece as an array over ``buf`` from byte ``at[k]``, in the layout's
     memory order (a view of each: one per array, no bytes touched)."""
-    out = []
-    for a, lay in zip(at.tolist(), lays, strict=True):
-        n = lay.dtype.itemsize * math.prod(lay.local_shape)
-        arr = buf[a : a + n].view(lay.dtype)
-        out.append(arr.reshape(lay.local_shape, order="F" if lay.order == "F" else "C"))
-    return out
+    return [
+        np.ndarray(lay.local_shape, lay.dtype, buf, a, order="F" if lay.order == "F" else "C")
+        for a, lay in zip(at.tolist(), lays, strict=True)
+    ]
 
 
 class Reader:

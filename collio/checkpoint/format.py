@@ -155,10 +155,10 @@ class Index:
         return table, json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes, table: bytes, where: str) -> Index:
+    def from_doc(cls, doc: Mapping[str, Any], table: bytes, where: str) -> Index:
+        """The index of the parsed JSON document ``doc`` and its extent table's bytes."""
         import crc32c
 
-        doc = json.loads(raw)
         spec = doc["extent_table"]
         if crc32c.crc32c(table) != spec["crc32c"]:
             raise ChecksumError(f"{where}: the extent table's checksum differs")
@@ -166,8 +166,9 @@ class Index:
         return cls(doc["arrays"], doc.get("metadata"), rows)
 
     @staticmethod
-    def table_span(raw: bytes) -> tuple[int, int]:
-        spec = json.loads(raw)["extent_table"]
+    def table_span(doc: Mapping[str, Any]) -> tuple[int, int]:
+        """(offset, length) of the extent table of the parsed JSON document ``doc``."""
+        spec = doc["extent_table"]
         return int(spec["offset"]), int(spec["count"]) * EXTENT.itemsize
 
 

@@ -4,6 +4,7 @@ extent table, each checked; and :func:`info`, which needs no MPI."""
 from __future__ import annotations
 
 import collections.abc
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -56,8 +57,9 @@ def parse_crc(read: Any, size: int, where: str) -> tuple[format.Index, int]:
     if crc32c.crc32c(doc) != crc:
         raise ChecksumError(f"{where}: the index's checksum differs")
     try:
-        toff, tlen = format.Index.table_span(doc)
-        return format.Index.from_bytes(doc, read(toff, tlen), where), crc
+        parsed = json.loads(doc)  # (once: the table's place and the arrays are both in it)
+        toff, tlen = format.Index.table_span(parsed)
+        return format.Index.from_doc(parsed, read(toff, tlen), where), crc
     except (ValueError, KeyError, TypeError) as exc:
         raise ChecksumError(f"{where}: unreadable index: {exc}") from None
 

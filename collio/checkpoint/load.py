@@ -127,7 +127,7 @@ def _read(
     flat = np.atleast_1d(every[:, :, 2].all(axis=0)).astype(bool)
     # (each array's bytes in memory order: a view, as each array is contiguous in its
     # layout's order, made here or checked so)
-    views = [(np.ravel(arr, order="K").view(np.uint8), int(lo))
+    views = [(arr.ravel("K").view(np.uint8), int(lo))
              for arr, lo in zip(arrays, every[rank, :, 0].tolist(), strict=True)]  # fmt: skip
     step = Attempt()
     ids = np.flatnonzero(flat)
