@@ -24,7 +24,7 @@ from .base import Backend
 from .fdio import pread_zeros, pwrite_all
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
 from .localfile import check_target, finish_temporary, make_temporary, open_regular, reclaim
-from .mapped import copyable, fs_name, read_mapped
+from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
 
 __all__ = [
     "PosixBackend",
@@ -140,6 +140,7 @@ class PosixBackend(Backend):
         self.maps = False  # reads copy many small runs from a mapped file (mapped_reads)
         self.mapped_bytes = 0  # read that way
         self._copyable: tuple[Runs, bool] | None = None  # the last runs asked about
+        self._gather: npt.NDArray[np.uint8] | None = None  # read_gathered's, kept
         self.made = Prepared(path, -1, None)  # rank 0's temporary (atomic_commit), see open
 
     # -- open ---------------------------------------------------------------
@@ -303,10 +304,22 @@ class PosixBackend(Backend):
                 # a small call's few runs: a pread each costs a few microseconds, a map
                 # (mmap, page faults, munmap and its TLB shootdown) ten or more
                 return super().read_runs(runs, out)
-            read_mapped(self.fd, runs, out)
+            lo, hi = runs.extent()
+            if hi - lo <= GATHER_BYTES:
+                read_gathered(self.fd, runs, out, self._gather_buffer(hi - lo))
+            else:
+                read_mapped(self.fd, runs, out)
             self.mapped_bytes += runs.nbytes
             return len(runs)
         return super().read_runs(runs, out)
+
+    def _gather_buffer(self, nbytes: int) -> npt.NDArray[np.uint8]:
+        """This file's buffer for :func:`read_gathered`, kept (at most
+        :data:`GATHER_BYTES`): a fresh one would pay a page fault per page."""
+        buf = self._gather
+        if buf is None or len(buf) < nbytes:
+            buf = self._gather = np.empty(max(nbytes, 64 << 10), np.uint8)
+        return buf
 
     def take_mapped_bytes(self) -> int:
         n, self.mapped_bytes = self.mapped_bytes, 0
@@ -479,6 +492,7 @@ class PosixBackend(Backend):
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        self._gather = None
         self.made.release()
 
     def describe(self) -> dict[str, Any]:
