@@ -33,9 +33,9 @@ import numpy.typing as npt
 
 from .._libc import libc
 from ..exchange import pack_uniform
-from .fdio import pread_zeros
 from ..policy import FEW, copyable_lengths
 from ..runs import Runs, sort, split_grid
+from .fdio import pread_zeros
 
 __all__ = [
     "FEW", "GATHER_BYTES", "LOCAL_FS", "WINDOW", "copyable", "fs_name", "read_gathered",
