@@ -283,6 +283,9 @@ class PosixBackend(Backend):
         # a map faults; copyable() is the runs' own property, kept for the same object
         if runs.extent()[1] > self.size():
             return False
+        return self._is_copyable(runs)
+
+    def _is_copyable(self, runs: Runs) -> bool:
         seen = self._copyable  # (asked again by read_runs for the same runs object)
         if seen is None or seen[0] is not runs:
             seen = self._copyable = (runs, copyable(runs))
@@ -297,18 +300,24 @@ class PosixBackend(Backend):
         path (also disjoint extents, ``romio_cb_read=disable``, and a few large runs:
         numpy's copy out of the map is faster than ``preadv`` into the array), but for
         a few small runs (:data:`FEW_PREADS`, :data:`PREAD_BYTES`), else one ``preadv``
-        each."""
+        each.  Runs within :data:`~collio.backends.mapped.GATHER_BYTES` of the file are
+        one ``pread`` of their extent and one gather instead of a map."""
+        if self.maps and len(runs) > FEW_PREADS:
+            lo, hi = runs.extent()
+            if hi - lo <= GATHER_BYTES and self._is_copyable(runs):
+                # no map, so nothing faults: bytes past the end read as zeros, as the
+                # preads' do, and the file's size need not be asked (an fstat per call)
+                self._copyable = None
+                read_gathered(self.fd, runs, out, self._gather_buffer(hi - lo))
+                self.mapped_bytes += runs.nbytes
+                return len(runs)
         if self.maps_reads(runs):
             self._copyable = None  # (do not keep the runs beyond the call)
             if len(runs) <= FEW_PREADS and runs.nbytes <= PREAD_BYTES:
                 # a small call's few runs: a pread each costs a few microseconds, a map
                 # (mmap, page faults, munmap and its TLB shootdown) ten or more
                 return super().read_runs(runs, out)
-            lo, hi = runs.extent()
-            if hi - lo <= GATHER_BYTES:
-                read_gathered(self.fd, runs, out, self._gather_buffer(hi - lo))
-            else:
-                read_mapped(self.fd, runs, out)
+            read_mapped(self.fd, runs, out)
             self.mapped_bytes += runs.nbytes
             return len(runs)
         return super().read_runs(runs, out)
