@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +47,9 @@ class Context:
     # this rank's last read and write that every rank did by itself, for a repeat to
     # guess from (collio.speculate; a list, shared by the copies a read makes of ctx)
     guesses: list[Any] = dataclasses.field(default_factory=lambda: [None, None])
+    # my_domain's answer for the aggregators array it was asked of (not copied by
+    # dataclasses.replace, which gives a read its own aggregators)
+    _domain: tuple[Any, int] | None = dataclasses.field(default=None, init=False, repr=False)
 
     @property
     def rank(self) -> int:
@@ -55,8 +58,13 @@ class Context:
     @property
     def my_domain(self) -> int:
         """Index of this rank's file domain, or -1 when it does not aggregate."""
+        kept = self._domain
+        if kept is not None and kept[0] is self.aggregators:
+            return int(kept[1])
         hit = np.flatnonzero(self.aggregators == self.rank)
-        return int(hit[0]) if len(hit) else -1
+        d = int(hit[0]) if len(hit) else -1
+        self._domain = (self.aggregators, d)
+        return d
 
 
 @dataclasses.dataclass(slots=True)
@@ -142,16 +150,14 @@ class Plan:
         offsets stays, and so do the shapes and order built from those."""
         sp, ap = self.sender, self.agg
         p = sp.pieces
-        sender = dataclasses.replace(sp, pieces=Runs(p.file + d, p.length, p.mem))
+        sender = _with(sp, pieces=Runs(p.file + d, p.length, p.mem))
         agg = None
         if ap is not None:
-            agg = dataclasses.replace(ap, file=ap.file + d, rlo=ap.rlo + d, rhi=ap.rhi + d)
+            agg = _with(ap, file=ap.file + d, rlo=ap.rlo + d, rhi=ap.rhi + d)
         shapes = self._agg_shapes
         if shapes is not None:
-            shapes = dataclasses.replace(shapes, first=shapes.first + d)
-        return dataclasses.replace(
-            self, bounds=self.bounds + d, sender=sender, agg=agg, _agg_shapes=shapes
-        )
+            shapes = _with(shapes, first=shapes.first + d)
+        return _with(self, bounds=self.bounds + d, sender=sender, agg=agg, _agg_shapes=shapes)
 
     def nbytes(self) -> int:
         """Bytes of the plan's arrays (what keeping it costs)."""
@@ -160,6 +166,20 @@ class Plan:
         if self.agg is not None:
             parts += _arrays(self.agg)
         return sum(a.nbytes for a in parts if isinstance(a, np.ndarray))
+
+
+_T = TypeVar("_T")
+_INIT: dict[type, tuple[str, ...]] = {}
+
+
+def _with(obj: _T, **changes: Any) -> _T:
+    """``dataclasses.replace`` for a kept plan's parts, which a time series moves every
+    call: the field names are looked up once per class, not per call."""
+    cls = type(obj)
+    names = _INIT.get(cls)
+    if names is None:
+        names = _INIT[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)  # type: ignore[arg-type]
+    return cls(*[changes[n] if n in changes else getattr(obj, n) for n in names])
 
 
 def _arrays(obj: object) -> list[object]:

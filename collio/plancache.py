@@ -62,6 +62,13 @@ def _same_runs(a: Runs, b: Runs) -> bool:
     )
 
 
+def _equal(a: I64, b: I64) -> bool:
+    """``np.array_equal`` of two run arrays of one length, without its conversions (asked
+    on every call of a time series); the same object is equal at once (a moved layout
+    shares its lengths and buffer offsets with the runs it was moved from)."""
+    return a is b or bool((a == b).all())
+
+
 def _shift(a: Runs, b: Runs) -> int | None:
     """How far every run of ``b`` lies after (or before) its run of ``a``, the lengths and
     buffer offsets being equal; None when they are not such runs (0: the same runs)."""
@@ -70,17 +77,19 @@ def _shift(a: Runs, b: Runs) -> int | None:
     if not len(a):
         return 0
     d = int(b.file[0]) - int(a.file[0])
-    if not (np.array_equal(a.length, b.length) and np.array_equal(a.mem, b.mem)):
+    if not (_equal(a.length, b.length) and _equal(a.mem, b.mem)):
         return None
-    same = np.array_equal(a.file, b.file) if d == 0 else np.array_equal(a.file, b.file - d)
+    same = _equal(a.file, b.file) if d == 0 else bool((a.file + d == b.file).all())
     return d if same else None
 
 
 def _moved_by(e: _Entry, bounds: I64, shift: int) -> bool:
     """The entry's domains are ``bounds`` less ``shift``, and its plan can be moved."""
+    if len(e.bounds) != len(bounds):
+        return False
     if not shift:
-        return bool(np.array_equal(e.bounds, bounds))
-    return hasattr(e.plan, "shifted") and bool(np.array_equal(e.bounds + shift, bounds))
+        return _equal(e.bounds, bounds)
+    return hasattr(e.plan, "shifted") and bool((e.bounds + shift == bounds).all())
 
 
 class PlanCache:

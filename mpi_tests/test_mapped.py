@@ -115,23 +115,25 @@ def _failing(*args, **kwargs):
     raise OSError(errno.EIO, "injected read error")
 
 
-def test_a_failed_mapped_read_is_raised_everywhere(comm, mpi_tmp_path, monkeypatch):
-    """Every rank, at any size, copies 512 runs (32 of the 32p + 8 columns)."""
+@pytest.mark.parametrize(("copier", "rows"), [("read_gathered", 512), ("read_mapped", 4096)])
+def test_a_failed_mapped_read_is_raised_everywhere(comm, mpi_tmp_path, monkeypatch, copier, rows):
+    """Every rank, at any size, copies ``rows`` runs (32 of the 32p + 8 columns): within
+    GATHER_BYTES of the file through one pread, beyond it through a map."""
     path = str(mpi_tmp_path / "target.bin")
-    shape = (512, 32 * comm.size + 8)
-    lay = layouts.Subarray(shape, (0, 32 * comm.rank), (512, 32), "<f8")
+    shape = (rows, 32 * comm.size + 8)
+    lay = layouts.Subarray(shape, (0, 32 * comm.rank), (rows, 32), "<f8")
     glob = reference(shape, "<f8", seed=43)
     if comm.rank == 0:
         glob.tofile(path)
     comm.Barrier()
     f = collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"})
     if comm.rank == comm.size - 1:
-        monkeypatch.setattr(posix, "read_mapped", _failing)
+        monkeypatch.setattr(posix, copier, _failing)
     err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay))
     assert f"rank {comm.size - 1}" in str(err) and "injected read error" in str(err)
     monkeypatch.undo()
     assert np.array_equal(f.read_all(lay), glob[:, 32 * comm.rank : 32 * comm.rank + 32])
-    assert f.stats.mapped_bytes == 512 * 32 * 8 * comm.size  # (the failed call counts none)
+    assert f.stats.mapped_bytes == rows * 32 * 8 * comm.size  # (the failed call counts none)
     f.close()
 
 

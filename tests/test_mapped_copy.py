@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from collio.backends.mapped import FEW, copyable, fs_name, read_mapped
+from collio.backends.mapped import FEW, copyable, fs_name, read_gathered, read_mapped
 from collio.batch import span
 from collio.runs import Runs
 from collio.testing.guarded import far_apart
@@ -75,6 +75,19 @@ def test_read_mapped_equals_slices(blob, name, runs, window):
     nbytes = int((runs.mem + runs.length).max()) + 100
     out = np.full(nbytes, 0xEE, np.uint8)
     read_mapped(fd, runs, out, window=window)
+    np.testing.assert_array_equal(out, _reference(data, runs, nbytes))
+
+
+@pytest.mark.parametrize(("name", "runs"), list(_cases()), ids=[c[0] for c in _cases()])
+def test_read_gathered_equals_slices(blob, name, runs):
+    """The same runs through one pread of their extent into a buffer that held other
+    bytes (kept from an earlier call) and one gather."""
+    fd, data = blob
+    lo, hi = runs.extent()
+    buf = np.full(hi - lo + 999, 0x5A, np.uint8)
+    nbytes = int((runs.mem + runs.length).max()) + 100
+    out = np.full(nbytes, 0xEE, np.uint8)
+    read_gathered(fd, runs, out, buf)
     np.testing.assert_array_equal(out, _reference(data, runs, nbytes))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -68,6 +69,16 @@ def file_domains(lo: int, hi: int, naggs: int, align: int = 1) -> I64:
     if naggs < 1:
         raise ValueError(f"naggs={naggs} must be >= 1")
     hi = max(hi, lo)
+    # a time series moves the same extent along the file: the bounds are those of the
+    # same extent at lo's offset within an alignment unit, moved by whole units
+    m = lo % align if align > 1 else 0
+    return _domains_at(hi - lo, naggs, align, m) + (lo - m)
+
+
+@functools.lru_cache(maxsize=8)
+def _domains_at(span: int, naggs: int, align: int, lo: int) -> I64:
+    """:func:`file_domains` of ``[lo, lo + span)`` (read-only: kept)."""
+    hi = lo + span
     i = np.arange(naggs + 1, dtype=np.int64)
     span = hi - lo
     # lo + span*i//naggs without overflow for huge spans
@@ -77,4 +88,6 @@ def file_domains(lo: int, hi: int, naggs: int, align: int = 1) -> I64:
         cuts = (cuts // align) * align
     cuts = np.clip(cuts, lo, hi)
     cuts[0], cuts[-1] = lo, hi
-    return np.maximum.accumulate(cuts).astype(np.int64)
+    got = np.maximum.accumulate(cuts).astype(np.int64)
+    got.flags.writeable = False
+    return got

@@ -35,8 +35,12 @@ from .._libc import libc
 from ..exchange import pack_uniform
 from ..policy import FEW, copyable_lengths
 from ..runs import Runs, sort, split_grid
+from .fdio import pread_zeros
 
-__all__ = ["FEW", "LOCAL_FS", "WINDOW", "copyable", "fs_name", "read_mapped"]
+__all__ = [
+    "FEW", "GATHER_BYTES", "LOCAL_FS", "WINDOW", "copyable", "fs_name", "read_gathered",
+    "read_mapped",
+]  # fmt: skip
 
 #: File systems whose page cache is the file (one node): f_type from statfs(2).
 LOCAL_FS = {
@@ -54,6 +58,10 @@ LOCAL_FS = {
 }
 #: Bytes of the file mapped at once (the resident file pages a rank adds).
 WINDOW = 16 << 20
+#: Runs within this many bytes of the file are read with one pread and gathered
+#: (:func:`read_gathered`): up to here the pread's copy of the bytes between the runs
+#: costs less than a map's mmap, page faults, munmap and TLB shootdown.
+GATHER_BYTES = 1 << 20
 
 
 def fs_name(fd: int) -> str | None:
@@ -100,7 +108,7 @@ def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = W
         stop = int(end[i:j].max())
         mm = mmap.mmap(fd, stop - base, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=base)
         try:
-            _copy(mm, runs.take(slice(i, j)), base, out)
+            _copy(np.frombuffer(mm, np.uint8), runs.take(slice(i, j)), base, out)
         except BaseException as exc:
             # the traceback's frames hold numpy views of the map: drop them, or close()
             # raises BufferError in place of this error and the map stays open
@@ -111,8 +119,19 @@ def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = W
         i = j
 
 
-def _copy(mm: mmap.mmap, runs: Runs, base: int, out: npt.NDArray[np.uint8]) -> None:
-    src = np.frombuffer(mm, np.uint8)
+def read_gathered(
+    fd: int, runs: Runs, out: npt.NDArray[np.uint8], buf: npt.NDArray[np.uint8]
+) -> None:
+    """:func:`read_mapped` through one ``pread`` of the runs' extent into ``buf`` (at
+    least that long): the same numpy gather, from memory instead of a map."""
+    lo, hi = runs.extent()
+    src = buf[: hi - lo]
+    pread_zeros(fd, src, lo)
+    _copy(src, runs, lo, out)
+
+
+def _copy(src: npt.NDArray[np.uint8], runs: Runs, base: int, out: npt.NDArray[np.uint8]) -> None:
+    """Copy ``runs`` from ``src``, which holds the file's bytes from offset ``base``."""
     rel = runs.file - base
     if len(runs) <= FEW:
         for s, k, m in zip(rel.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True):

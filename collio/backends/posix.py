@@ -24,7 +24,7 @@ from .base import Backend
 from .fdio import pread_zeros, pwrite_all
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
 from .localfile import check_target, finish_temporary, make_temporary, open_regular, reclaim
-from .mapped import copyable, fs_name, read_mapped
+from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
 
 __all__ = [
     "PosixBackend",
@@ -140,6 +140,7 @@ class PosixBackend(Backend):
         self.maps = False  # reads copy many small runs from a mapped file (mapped_reads)
         self.mapped_bytes = 0  # read that way
         self._copyable: tuple[Runs, bool] | None = None  # the last runs asked about
+        self._gather: npt.NDArray[np.uint8] | None = None  # read_gathered's, kept
         self.made = Prepared(path, -1, None)  # rank 0's temporary (atomic_commit), see open
 
     # -- open ---------------------------------------------------------------
@@ -295,6 +296,9 @@ class PosixBackend(Backend):
         # a map faults; copyable() is the runs' own property, kept for the same object
         if runs.extent()[1] > self.size():
             return False
+        return self._is_copyable(runs)
+
+    def _is_copyable(self, runs: Runs) -> bool:
         seen = self._copyable  # (asked again by read_runs for the same runs object)
         if seen is None or seen[0] is not runs:
             seen = self._copyable = (runs, copyable(runs))
@@ -309,7 +313,17 @@ class PosixBackend(Backend):
         path (also disjoint extents, ``romio_cb_read=disable``, and a few large runs:
         numpy's copy out of the map is faster than ``preadv`` into the array), but for
         a few small runs (:data:`FEW_PREADS`, :data:`PREAD_BYTES`), else one ``preadv``
-        each."""
+        each.  Runs within :data:`~collio.backends.mapped.GATHER_BYTES` of the file are
+        one ``pread`` of their extent and one gather instead of a map."""
+        if self.maps and len(runs) > FEW_PREADS:
+            lo, hi = runs.extent()
+            if hi - lo <= GATHER_BYTES and self._is_copyable(runs):
+                # no map, so nothing faults: bytes past the end read as zeros, as the
+                # preads' do, and the file's size need not be asked (an fstat per call)
+                self._copyable = None
+                read_gathered(self.fd, runs, out, self._gather_buffer(hi - lo))
+                self.mapped_bytes += runs.nbytes
+                return len(runs)
         if self.maps_reads(runs):
             self._copyable = None  # (do not keep the runs beyond the call)
             if len(runs) <= FEW_PREADS and runs.nbytes <= PREAD_BYTES:
@@ -320,6 +334,14 @@ class PosixBackend(Backend):
             self.mapped_bytes += runs.nbytes
             return len(runs)
         return super().read_runs(runs, out)
+
+    def _gather_buffer(self, nbytes: int) -> npt.NDArray[np.uint8]:
+        """This file's buffer for :func:`read_gathered`, kept (at most
+        :data:`GATHER_BYTES`): a fresh one would pay a page fault per page."""
+        buf = self._gather
+        if buf is None or len(buf) < nbytes:
+            buf = self._gather = np.empty(max(nbytes, 64 << 10), np.uint8)
+        return buf
 
     def take_mapped_bytes(self) -> int:
         n, self.mapped_bytes = self.mapped_bytes, 0
@@ -495,6 +517,7 @@ class PosixBackend(Backend):
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        self._gather = None
         self.made.release()
 
     def describe(self) -> dict[str, Any]:
