@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from .boxes import forget, gather_boxes
 from .errors import LayoutError, classify, make_error
@@ -26,7 +25,7 @@ from .itemsigs import ItemSigs, sig_key
 from .layouts.base import Layout
 from .rawbatch import gather_raw
 from .runs import Runs
-from .spans import U8, sorted_union, span
+from .spans import U8, addresses, sorted_union, span
 
 __all__ = ["Gathered", "ItemSigs", "forget", "gather", "items_count", "sig_key", "span"]
 
@@ -115,14 +114,8 @@ def _union(
     counts = np.fromiter((len(r) for r in runs), np.int64, len(runs))
     if not int(counts.sum()):
         return Runs.empty(), np.zeros(0, np.uint8)
-    # (mpi4py's buffer address: a tenth of what numpy's ctypes attribute costs per item)
-    # (read-only: a write's data may be a read-only buffer, and nothing writes through it)
-    address = MPI.memory.frombuffer
-    addr = np.fromiter(
-        (address(b, readonly=True).address if len(b) else 0 for b in bufs), np.int64, len(bufs)
-    )
+    addr, ends = addresses(bufs, np.fromiter((len(b) for b in bufs), np.int64, len(bufs)))
     used = counts > 0
-    ends = addr + np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
     lo, hi = int(addr[used].min()), int(ends[used].max())
     file = np.concatenate([r.file for r in runs])
     length = np.concatenate([r.length for r in runs])

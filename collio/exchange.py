@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from .collective import Attempt, agree
 
-__all__ = ["alltoallv_i64", "byte_view", "Messages", "Shapes", "group_shapes"]
+__all__ = ["alltoallv_i64", "alltoallv_into", "byte_view", "Messages", "Shapes", "group_shapes"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -36,16 +36,23 @@ def alltoallv_i64(comm: MPI.Comm, send: I64, counts: I64, *, what: str = "") -> 
     counts = np.ascontiguousarray(counts, np.int64)
     rcounts = np.empty_like(counts)
     comm.Alltoall([counts, MPI.INT64_T], [rcounts, MPI.INT64_T])
-    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-    rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
     step = Attempt()
     recv = np.zeros(0, np.int64)
     with step:
         recv = np.empty(int(rcounts.sum()), np.int64)
     agree(comm, step.error, what=what)
+    alltoallv_into(comm, send, counts, recv, rcounts)
+    return recv, rcounts
+
+
+def alltoallv_into(comm: MPI.Comm, send: I64, counts: I64, recv: I64, rcounts: I64) -> None:
+    """Collective over `comm`: ``counts[r]`` consecutive int64 values of ``send`` to rank
+    r, ``rcounts[r]`` from rank r into ``recv`` (which holds them), grouped by source:
+    the exchange of :func:`alltoallv_i64` once both sides know the counts."""
+    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
     # mpi4py 4 switches to MPI-4 large-count calls by itself when counts exceed int
     comm.Alltoallv([send, (counts, sdispl), MPI.INT64_T], [recv, (rcounts, rdispl), MPI.INT64_T])
-    return recv, rcounts
 
 
 def _make_type(disp: I64, length: I64) -> MPI.Datatype:

@@ -291,9 +291,9 @@ class File:
         """Local (internal): from now on, start the disk on this rank's written bytes as
         soon as it has written them, where the backend can (posix: writeback of a call's
         own runs, the hint ``early_flush``); ``sync`` and ``close`` make them durable and
-        report any error.  For a caller who
-        computes after its writes (collio.checkpoint's checksums, made while the disk
-        writes the data), called before them."""
+        report any error.  For a caller who computes after its writes
+        (collio.checkpoint's checksums, made while the disk writes the data), called
+        before them."""
         self._check_open()
         self._ctx.backend.flush_soon()
 

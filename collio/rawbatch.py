@@ -15,13 +15,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from mpi4py import MPI
 
 from .boxes import plain_backend
 from .itemsigs import ItemSigs, key_of
 from .layouts.base import Segments
 from .runs import Runs
-from .spans import U8, sorted_union, span
+from .spans import U8, addresses, sorted_union, span
 
 __all__ = ["gather_raw"]
 
@@ -69,11 +68,7 @@ def _union(
     used = held > 0
     if not used.any():
         return Runs.empty(), np.zeros(0, np.uint8), data, ("items", sigs)
-    address = MPI.memory.frombuffer  # (as collio.batch: a tenth of numpy's ctypes per item)
-    addr = np.fromiter(
-        (address(b, readonly=True).address if len(b) else 0 for b in data), np.int64, n
-    )
-    ends = addr + held
+    addr, ends = addresses(data, held)
     lo, hi = int(addr[used].min()), int(ends[used].max())
     item = np.repeat(np.arange(n, dtype=np.int64), count)
     keep = length > 0

@@ -31,7 +31,7 @@ from .aggregators.plan import plan_sender
 from .aggregators.stage import holders, leader_runs, round_bytes, slots, staging
 from .collective import Attempt, agree
 from .context import Context, Plan
-from .exchange import alltoallv_i64
+from .exchange import alltoallv_i64, alltoallv_into
 from .runs import Runs
 from .shmstage import Group
 
@@ -274,11 +274,7 @@ def _group_alltoallv(group: Group, out: I64, counts: I64, rcounts: I64, room: I6
     into ``room`` (which holds them: a rank's answers are about pieces it sent)."""
     total = int(rcounts.sum())
     recv = room[:total] if total <= len(room) else np.empty(total, np.int64)
-    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-    rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
-    group.comm.Alltoallv(
-        [out, (counts, sdispl), MPI.INT64_T], [recv, (rcounts, rdispl), MPI.INT64_T]
-    )
+    alltoallv_into(group.comm, out, counts, recv, rcounts)
     return recv
 
 
