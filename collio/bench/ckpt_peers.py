@@ -153,6 +153,9 @@ def ceiling_write(path: str, buf: np.ndarray[Any, Any], total: int, comm: MPI.In
 
 
 def ceiling_read(path: str, buf: np.ndarray[Any, Any], total: int, comm: MPI.Intracomm) -> int:
+    """Each rank's share of the ceiling's file read back into ``buf`` by one ``preadv``:
+    memory the job already touched (the bound for a load into its arrays), or new
+    memory (``np.empty``: what a load that makes new arrays gets, as ``np.fromfile``)."""
     off, _ = share(total, comm)
     fd = os.open(path, os.O_RDONLY)
     try:
