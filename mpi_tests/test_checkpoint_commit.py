@@ -166,6 +166,37 @@ def test_a_save_starts_the_disk_on_each_ranks_piece_as_it_writes_it(
 
 
 @pytest.mark.mpi
+def test_a_save_leaves_small_pieces_and_partial_pages_to_the_close(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pieces of 1 KiB (several ranks' in one page) start no writeback of their own; a
+    piece of 125 KiB that starts and ends inside pages starts it on its whole pages
+    only: a page written back half filled is written again once its neighbours fill it.
+    The close's fsync takes the rest, and every byte loads."""
+    path = _path(comm, mpi_tmp_path)
+    r, p = comm.rank, comm.size
+    big = np.arange(16 * p * 1000, dtype=np.float64).reshape(16 * p, 1000)
+    small = np.arange(128 * p, dtype=np.float64)
+    state = {
+        "big": (big[16 * r : 16 * (r + 1)].copy(),
+                collio.layouts.Subarray(big.shape, (16 * r, 0), (16, 1000), "<f8")),
+        "small": (small[128 * r : 128 * (r + 1)].copy(),
+                  collio.layouts.Subarray(small.shape, (128 * r,), (128,), "<f8")),
+    }  # fmt: skip
+    ranges = _writeback_started(monkeypatch)
+    ckpt.save(path, state, comm=comm)
+    monkeypatch.undo()
+    if posix.sync_file_range is not None:  # (the same on every rank)
+        at = int(ckpt.info(path)["big"]["offset"]) + 128000 * r
+        lo, hi = -(-at // 4096) * 4096, (at + 128000) // 4096 * 4096
+        every = comm.allgather([x for x in ranges if x[1] > 0] == [(lo, hi - lo)])
+        assert all(every), (every, ranges, (lo, hi))
+    got = ckpt.load(path, {"big": None, "small": None}, comm=comm)
+    np.testing.assert_array_equal(got["big"], big)
+    np.testing.assert_array_equal(got["small"], small)
+
+
+@pytest.mark.mpi
 def test_an_async_save_starts_no_early_flush(
     comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

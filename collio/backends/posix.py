@@ -45,6 +45,12 @@ PREAD_BYTES = 1 << 20
 KEEP_RUNS = 16
 #: Direct I/O (hint ``direct_write``) for the page-aligned middle of requests this big.
 _DIRECT_MIN = 1 << 20
+#: Write-behind (:meth:`PosixBackend._write_behind`) starts the disk on a run's whole
+#: pages only, and only where they come to this much: a small run's pages are mostly
+#: shared with the runs other ranks write beside it (a page written back half filled
+#: is written again once they fill it), and a small request costs the disk about what
+#: a large one does.  The close's fsync takes those pages with the rest.
+WRITE_BEHIND_MIN = 64 << 10
 #: Bytes per direct write from a buffer that is not page-aligned (copied first).
 _BOUNCE = 8 << 20
 
@@ -242,7 +248,8 @@ class PosixBackend(Backend):
 
     def _write_behind(self, runs: Runs) -> None:
         """Start the disk on the runs just written (:meth:`flush_soon`): writeback of
-        their own byte ranges (``sync_file_range``, which does not wait).  An
+        their own whole pages (``sync_file_range``, which does not wait), where they come
+        to :data:`WRITE_BEHIND_MIN` or more.  An
         ``fdatasync`` of the whole file, as the rounds' early flush, would also take the
         pages other ranks are still filling into one shared file, and their writes wait
         for it; the close's fsync makes everything durable.  Where Linux's call is
@@ -250,8 +257,11 @@ class PosixBackend(Backend):
         if not self.writeback:
             self.flusher.kick(0, now=True)  # type: ignore[union-attr]
             return
-        for f, n in zip(runs.file.tolist(), runs.length.tolist(), strict=True):
-            sync_file_range(self.fd, f, n, SYNC_FILE_RANGE_WRITE)  # type: ignore[misc]
+        lo = -(-runs.file // PAGE) * PAGE
+        n = (runs.file + runs.length) // PAGE * PAGE - lo
+        big = n >= WRITE_BEHIND_MIN
+        for f, k in zip(lo[big].tolist(), n[big].tolist(), strict=True):
+            sync_file_range(self.fd, f, k, SYNC_FILE_RANGE_WRITE)  # type: ignore[misc]
 
     def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         self.dirty = True
