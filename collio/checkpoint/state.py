@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 from collections.abc import Mapping
 from typing import Any
@@ -31,11 +32,15 @@ def as_array(obj: Any) -> np.ndarray[Any, Any]:
     return np.asarray(obj)
 
 
+# (kept: a layout is immutable, and a job saves and loads the same replicated entries
+# step after step; one made anew costs more than the rest of the entry's checks)
+@functools.lru_cache(maxsize=4096)
 def whole(shape: tuple[int, ...], dtype: Any, order: str = "C") -> Subarray:
     """The whole array as one rank's piece."""
     return Subarray(shape, (0,) * len(shape), shape, dtype, order)
 
 
+@functools.lru_cache(maxsize=4096)
 def nothing(shape: tuple[int, ...], dtype: Any, order: str = "C") -> Subarray:
     """No element of the array (a rank that does not write a replicated entry)."""
     return Subarray(shape, (0,) * len(shape), (0,) * len(shape), dtype, order)

@@ -45,7 +45,10 @@ def _wanted(
             shape = (1,)
         if lay is None:
             lay = whole(shape, dtype, order)
-        lay = array_layout(lay, f"array {name!r}: a spec")
+        if isinstance(lay, ArrayLayout):
+            lay.checked()  # (as array_layout, without its message made for every entry)
+        else:
+            lay = array_layout(lay, f"array {name!r}: a spec")
         if (lay.global_shape, lay.dtype, lay.order) != (shape, dtype, order):
             raise LayoutError(
                 f"array {name!r}: stored shape {shape} dtype {dtype.str} order {order}; layout "
