@@ -10,6 +10,7 @@ back: the trailer at the very end is what a reader finds first.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -182,20 +183,34 @@ def describe(
     counts: Sequence[int],
 ) -> dict[str, dict[str, Any]]:
     """The index's entry of every array, its extents being ``counts[k]`` rows of the table."""
-    firsts: Any = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int) if len(counts) else []
-    out: dict[str, dict[str, Any]] = {}
-    for k, name in enumerate(names):
-        dt = dtypes[k]
-        out[name] = {
-            "shape": list(shapes[k]),
-            "dtype": np.lib.format.dtype_to_descr(dt),
-            "order": orders[k],
-            "offset": int(offsets[k]),
-            "nbytes": int(np.prod(shapes[k], dtype=np.int64)) * dt.itemsize,
-            "replicated": bool(replicated[k]),
-            "extents": [int(firsts[k]), int(counts[k])],
+    counts_ = [int(c) for c in counts]
+    firsts = np.concatenate([[0], np.cumsum(counts_)[:-1]]).astype(int).tolist() if counts_ else []
+    descr: dict[np.dtype[Any], Any] = {}  # (a state holds a few dtypes, hundreds of arrays)
+    for dt in dtypes:
+        if dt not in descr:
+            descr[dt] = np.lib.format.dtype_to_descr(dt)
+    return {
+        name: {
+            "shape": list(shape),
+            "dtype": descr[dt],
+            "order": order,
+            "offset": off,
+            "nbytes": math.prod(shape) * dt.itemsize,
+            "replicated": bool(rep),
+            "extents": [first, count],
         }
-    return out
+        for name, shape, dt, order, off, rep, first, count in zip(
+            names,
+            shapes,
+            dtypes,
+            orders,
+            np.asarray(offsets).tolist(),
+            replicated,
+            firsts,
+            counts_,
+            strict=True,
+        )
+    }
 
 
 def check_metadata(metadata: Mapping[str, Any] | None) -> Any:

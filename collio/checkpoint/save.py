@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,20 +35,26 @@ def at(layout: ArrayLayout, offset: int) -> ArrayLayout:
 
 def spans(layouts: list[ArrayLayout]) -> I64:
     """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array)."""
-    out = np.zeros((len(layouts), 4), np.int64)
-    for k, lay in enumerate(layouts):  # (math.prod: np.prod costs more than the rest here)
-        out[k] = (*span_of(lay), math.prod(lay.local_shape) * lay.dtype.itemsize)
-    return out
+    # (math.prod: np.prod costs more than the rest here)
+    rows = [(*span_of(lay), math.prod(lay.local_shape) * lay.dtype.itemsize) for lay in layouts]
+    return np.array(rows, np.int64).reshape(len(layouts), 4)
 
 
 def span_of(lay: ArrayLayout) -> tuple[int, int, bool]:
     """(lo, hi, contiguous) of a piece within its array."""
     if isinstance(lay, Subarray):
-        got = extents.box_span(
-            lay.global_shape, lay.start, lay.shape, lay.dtype.itemsize, lay.order
-        )
-        if got is not None:
-            return got
+        return _box_span(lay)
+    runs = lay.runs()
+    return extents.span(runs.file, runs.length, runs.mem)
+
+
+# (kept per box, as a layout is immutable and a job saves the same ones every step:
+# the arithmetic costs more than the rest of an entry's planning)
+@functools.lru_cache(maxsize=1024)
+def _box_span(lay: Subarray) -> tuple[int, int, bool]:
+    got = extents.box_span(lay.global_shape, lay.start, lay.shape, lay.dtype.itemsize, lay.order)
+    if got is not None:
+        return got
     runs = lay.runs()
     return extents.span(runs.file, runs.length, runs.mem)
 
@@ -358,15 +365,16 @@ def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
     head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
     fast: list[Any] = [(head, Segments([0], [len(head)]))]
     slow: list[Any] = []
-    lohi = plan.spans[rank, :, :2].tolist()
-    for e, o, d, (lo, hi) in zip(
-        plan.entries, plan.offsets.tolist(), plan.direct, lohi, strict=True
-    ):
+    lo, hi = plan.spans[rank, :, 0], plan.spans[rank, :, 1]
+    # (each piece's one run, or none where it is empty, as read-only views of two arrays)
+    starts, lengths = plan.offsets + lo, hi - lo
+    starts.flags.writeable = lengths.flags.writeable = False
+    for k, (e, d) in enumerate(zip(plan.entries, plan.direct, strict=True)):
         if d:
-            runs = ([o + lo], [hi - lo]) if hi > lo else ([], [])
-            fast.append((e.raw(), Segments(*runs)))
+            one = slice(k, k + 1) if lengths[k] > 0 else slice(0, 0)
+            fast.append((e.raw(), Segments.trusted(starts[one], lengths[one])))
         else:
-            slow.append((e.data, at(e.layout, o)))
+            slow.append((e.data, at(e.layout, int(plan.offsets[k]))))
     return fast, slow
 
 
