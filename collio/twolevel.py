@@ -135,12 +135,13 @@ def plan(
     runs: Runs,
     bounds: I64,
     window: int,
-    new_plan: Callable[[Runs], tuple[Plan, bool]],
+    new_plan: Callable[[Runs], tuple[Plan, int | None]],
     *,
     writing: bool,
-) -> tuple[TwoLevel, bool]:
+) -> tuple[TwoLevel, int | None]:
     """Collective over ``ctx.comm``: plan a two-level call (:mod:`collio.twoplan`), and
-    whether it may be kept (agreed).  ``new_plan(runs)`` is the engine's one-level
+    what keeping it costs, None: not kept (agreed; the stage-two plan's cost, as
+    ``new_plan`` returns it).  ``new_plan(runs)`` is the engine's one-level
     planning (collective, errors agreed), run with each rank's share of its group's runs.
     """
     assert ctx.local is not None
