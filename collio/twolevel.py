@@ -48,11 +48,12 @@ _NOBYTES = np.zeros(0, np.uint8)
 
 
 def local_aggregators(
-    nodes: I64, hints: Hints, used: dict[str, Any]
+    nodes: I64, hints: Hints, used: dict[str, Any], shape: tuple[int, int] | None = None
 ) -> tuple[LocalGroups | None, int]:
     """A file's local aggregators (None: one level) and its node count, from the node
-    map and :func:`~collio.policy.two_level`; ``used`` (``stats.hints``) records them."""
-    nnodes, fullest = node_shape(nodes)
+    map and :func:`~collio.policy.two_level`; ``used`` (``stats.hints``) records them.
+    ``shape``: the map's :func:`~collio.aggregators.nodes.node_shape`, if known."""
+    nnodes, fullest = node_shape(nodes) if shape is None else shape
     per = policy.two_level(hints, nranks=len(nodes), nnodes=nnodes, fullest=fullest)
     groups = local_groups(nodes, per) if per else None
     used["nodes"] = nnodes
