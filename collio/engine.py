@@ -80,10 +80,11 @@ class _Extent(Facts):
 
 def release_buffers() -> None:
     """Local: free what calls keep for the next ones, the round buffers and the plans
-    (and what batches keep of their layouts)."""
+    (and what batches and the checks of single calls keep of their layouts)."""
     free_buffers()
     clear_all()
     batch.forget()
+    check.forget()
 
 
 # ---------------------------------------------------------------- planning

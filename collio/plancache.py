@@ -53,6 +53,7 @@ class _Entry:
     plan: Any
     cost: int  # agreed: the most any rank's entry holds
     source: Runs | None = None  # the caller's runs object when read-only (a layout's)
+    nruns: int = 0  # len(runs): most entries a lookup passes differ in it
 
 
 def _same_runs(a: Runs, b: Runs) -> bool:
@@ -108,14 +109,16 @@ class PlanCache:
 
     def lookup(self, comm: MPI.Comm, key: tuple[Any, ...], bounds: I64, runs: Runs) -> Any:
         """Collective over ``comm``: the plan every rank made in one earlier call, or None."""
+        n = len(runs.file)
         found = next(
             (
                 e
                 for e in reversed(self.entries)
-                if e.key == key and np.array_equal(e.bounds, bounds) and _same_runs(e.runs, runs)
+                if e.nruns == n and e.key == key and np.array_equal(e.bounds, bounds)
+                and _same_runs(e.runs, runs)
             ),
             None,
-        )
+        )  # fmt: skip
         mine = found.epoch if found is not None else -1
         vec = np.array([mine, -mine], np.int64)
         out = np.empty_like(vec)
@@ -140,8 +143,9 @@ class PlanCache:
         allreduce of its own); then :meth:`take` confirms it against the call's domains
         and window.  An empty rank's shift is 0: it has nothing to compare.
         """
+        n = len(runs.file)
         for e in reversed(self.entries):
-            if e.prekey != prekey:
+            if e.nruns != n or e.prekey != prekey:
                 continue
             if e.source is runs:
                 return e.epoch, 0
@@ -201,14 +205,18 @@ class PlanCache:
         self.epoch += 1
         if cost is None:
             return
+        n = len(runs.file)
         self.entries = [
-            e for e in self.entries if not (e.prekey == prekey and _same_runs(e.runs, runs))
-        ]
+            e for e in self.entries
+            if not (e.nruns == n and e.prekey == prekey and _same_runs(e.runs, runs))
+        ]  # fmt: skip
         if is_read_only(runs):  # a layout's own runs: kept as they are, found by identity
             kept, source = runs, runs
         else:
             kept, source = Runs(runs.file.copy(), runs.length.copy(), runs.mem.copy()), None
-        entry = _Entry(self.epoch, key, prekey, bounds.copy(), kept, plan, cost, source)
+        entry = _Entry(
+            self.epoch, key, prekey, bounds.copy(), kept, plan, cost, source, len(kept.file)
+        )
         self.entries.append(entry)
         total = sum(e.cost for e in self.entries)
         drop = 0

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import collio
-from collio import layouts
+from collio import check, layouts
 
 pytestmark = pytest.mark.mpi(min_size=1)
 N = 96
@@ -331,6 +331,8 @@ def test_alternating_variables_each_reuse_their_plan(comm, mpi_tmp_path):
         for (off, r, _), piece in zip(calls, mine, strict=True):
             f.write_all(piece, _step_layout(comm, r, cols, off))
             reused.append(f.stats.last_call["plan_reused"])
+        # each variable's checked runs are kept too, moved to its next step's offset
+        assert len(check._BOX) == len(rows)
         for off, r, _ in calls:
             back.append(f.read_all(_step_layout(comm, r, cols, off)))
             reused.append(f.stats.last_call["plan_reused"])
