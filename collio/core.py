@@ -220,7 +220,9 @@ class FileCore:
         sync on every rank and one agreement on its errors.  When no rank has anything
         to make durable (``Backend.clean``: nothing written since its last sync, no early
         flush running or failed), the head says so and the call ends there: every
-        written byte is durable already, and nothing could fail to agree on."""
+        written byte is durable already, and nothing could fail to agree on.  The head
+        is made even then: it is how a rank syncing beside another call learns of it (a
+        rank that skipped it would leave the others waiting in their call's head)."""
         if self._agreed_head(call, rider):
             return
         failed, error = self._synced()
