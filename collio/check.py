@@ -317,9 +317,13 @@ def one_layout(
     return runs, buf, extra, layout.signature()
 
 
-#: The last :class:`~collio.layouts.Subarray` checked: its fields but the offset, its
-#: offset, its runs and their first overlap (one entry, replaced whole)
-_BOX: list[Any] = [None]
+#: The last :class:`~collio.layouts.Subarray` layouts checked, by their fields but the
+#: offset: their offset, runs and first overlap; the least recently used go past
+#: :data:`BOXES` entries or :data:`BOX_RUNS` runs together, the last one always kept (a
+#: solver alternates its variables' layouts, each a time series)
+_BOX: dict[tuple[Any, ...], tuple[int, Runs, int]] = {}
+BOXES = 16
+BOX_RUNS = 1 << 20
 
 
 def _plain_runs(ctx: Context, layout: Any) -> bool:
@@ -334,23 +338,34 @@ def _moved_box(ctx: Context, layout: Any) -> tuple[Runs, int] | None:
     """Local: for a Subarray equal to the last one checked but for its offset (a time
     series' next step), its runs (the last one's moved by the offset's change) and
     first overlap, kept on it as its own checks would; None: check it."""
-    seen = _BOX[0]
-    if seen is None or not _plain_runs(ctx, layout) or layout._invalid or layout.offset < 0:
+    if not _BOX or not _plain_runs(ctx, layout) or layout._invalid or layout.offset < 0:
         return None
-    key, offset, runs, bad = seen
-    if (layout.shape, layout.start, layout.global_shape, layout._dtype, layout._order) != key:
+    key = (layout.shape, layout.start, layout.global_shape, layout._dtype, layout._order)
+    seen = _BOX.pop(key, None)
+    if seen is None:
         return None
+    _BOX[key] = seen  # (most recently used last)
+    offset, runs, bad = seen
     d = layout.offset - offset
     runs = read_only(Runs(runs.file + d, runs.length, runs.mem)) if d else runs
     layout._runs, layout._overlap = runs, (runs, bad)
     return runs, bad
 
 
+def forget() -> None:
+    """Local: drop the kept Subarray checks (:data:`_BOX`)."""
+    _BOX.clear()
+
+
 def _keep_box(ctx: Context, layout: Any, runs: Runs, bad: int) -> None:
     """Local: keep a Subarray whose checks passed for :func:`_moved_box`."""
     if _plain_runs(ctx, layout) and is_read_only(runs):
         key = (layout.shape, layout.start, layout.global_shape, layout._dtype, layout._order)
-        _BOX[0] = (key, layout.offset, runs, bad)
+        _BOX.pop(key, None)
+        _BOX[key] = (layout.offset, runs, bad)
+        held = sum(len(b[1].file) for b in _BOX.values())
+        while len(_BOX) > 1 and (len(_BOX) > BOXES or held > BOX_RUNS):
+            held -= len(_BOX.pop(next(iter(_BOX)))[1].file)
 
 
 def _first_overlap(layout: Layout, runs: Runs) -> int:

@@ -93,8 +93,7 @@ def agree(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> Non
     what
         A short phrase naming the step, put in front of the message.
     """
-    failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
-    if failed:
+    if any_flag(comm, error is not None):
         raise_agreed(comm, error, what=what)
 
 
@@ -370,9 +369,10 @@ def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:
     polling: for waits that may last (fsync, object stores), where a polling rank
     would take a core from the ranks still doing I/O, or from a server on the node.
     """
-    if not patient:
-        return bool(comm.allreduce(1 if flag else 0, op=MPI.MAX))
     mine = np.array([1 if flag else 0], np.int64)
     out = np.zeros(1, np.int64)
+    if not patient:  # (a buffer's allreduce: the object one is a reduce and a bcast of pickles)
+        comm.Allreduce([mine, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+        return bool(out[0])
     sleep_until_done(comm.Iallreduce([mine, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX))
     return bool(out[0])

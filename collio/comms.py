@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .aggregators.nodes import consecutive_nodes, ranks_per_node_from_env
+from .aggregators.nodes import consecutive_nodes, node_shape, ranks_per_node_from_env
 from .aggregators.select import choose_aggregators
 from .collective import Attempt, agree
 from .errors import ConcurrentCallError
@@ -169,6 +169,8 @@ class Private:
     token: int = 0
     # duplicates of ``comm`` lent to files that need their own (Lane), by index
     lanes: list[Lane] = dataclasses.field(default_factory=list)
+    # (number of nodes, ranks on the fullest) of ``nodes``: asked at every open, kept
+    shape: tuple[int, int] | None = None
 
     def acquire(self) -> None:
         """A file starts using the duplicate."""
@@ -233,6 +235,12 @@ class Private:
             self.lanes = [lane for lane in self.lanes if lane.busy]
         for lane in idle:
             lane.comm.Free()
+
+    def node_shape(self) -> tuple[int, int]:
+        """:func:`~collio.aggregators.nodes.node_shape` of :attr:`nodes`, kept."""
+        if self.shape is None:
+            self.shape = node_shape(self.nodes)
+        return self.shape
 
     def choose(
         self, cb_nodes: int | None, per_node: int | None, stripes: int | None = None

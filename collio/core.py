@@ -27,7 +27,7 @@ from .collective import Attempt, any_flag, call_head, raise_agreed, same_slots, 
 from .comms import Lane, Private
 from .context import Context
 from .errors import MismatchError, ModeError
-from .hints import Hints
+from .hints import DEFAULT_HINTS, Hints
 from .stats import Stats, print_at_close
 from .twolevel import local_aggregators
 
@@ -97,7 +97,7 @@ class FileCore:
         """
         comm = priv.comm
         step = Attempt()
-        parsed = Hints()
+        parsed = DEFAULT_HINTS
         mine: tuple[Any, ...] | None = None
         payload: Any = None
         with step:
@@ -220,7 +220,9 @@ class FileCore:
         sync on every rank and one agreement on its errors.  When no rank has anything
         to make durable (``Backend.clean``: nothing written since its last sync, no early
         flush running or failed), the head says so and the call ends there: every
-        written byte is durable already, and nothing could fail to agree on."""
+        written byte is durable already, and nothing could fail to agree on.  The head
+        is made even then: it is how a rank syncing beside another call learns of it (a
+        rank that skipped it would leave the others waiting in their call's head)."""
         if self._agreed_head(call, rider):
             return
         failed, error = self._synced()
@@ -323,7 +325,7 @@ def _context(priv: Private, be: Backend, hints: Hints, mode: str, file: tuple[in
     be.aggregators = aggs
     stats = Stats(aggregators=tuple(aggs.tolist()))
     stats.hints = _used_hints(hints, aggs)
-    local = local_aggregators(priv.nodes, hints, stats.hints)
+    local = local_aggregators(priv.nodes, hints, stats.hints, priv.node_shape())
     read_aggs = None
     if be.read_per_node is not None and hints.cb_nodes is None and not hints.cb_config_list:
         read_aggs = priv.choose(None, be.read_per_node)

@@ -67,6 +67,7 @@ class _Planned(Facts):
     sparse: bool = fact(How.ANY)
     # a plan kept by only some ranks (an aggregator's is larger) could never be reused
     big: bool = fact(How.ANY)  # some rank's plan is too large to keep: no rank keeps it
+    cost: int = fact(How.MAX)  # what keeping it holds on the rank it costs most (plancache)
 
 
 @record
@@ -79,10 +80,11 @@ class _Extent(Facts):
 
 def release_buffers() -> None:
     """Local: free what calls keep for the next ones, the round buffers and the plans
-    (and what batches keep of their layouts)."""
+    (and what batches and the checks of single calls keep of their layouts)."""
     free_buffers()
     clear_all()
     batch.forget()
+    check.forget()
 
 
 # ---------------------------------------------------------------- planning
@@ -95,9 +97,9 @@ def _plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     if kept is not None:
         call.counters.time_plan += time.perf_counter() - t0
         return kept  # type: ignore[no-any-return]
-    plan, keep = _new_plan(ctx, runs, bounds, window, writing=writing, what=call.name)
+    plan, cost = _new_plan(ctx, runs, bounds, window, writing=writing, what=call.name)
     if ctx.plans is not None:
-        ctx.plans.store(key, bounds, runs, plan, call.prekey, keep=keep)
+        ctx.plans.store(key, bounds, runs, plan, call.prekey, cost=cost)
     call.counters.time_plan += time.perf_counter() - t0
     return plan
 
@@ -144,21 +146,22 @@ def _two_level(
     tl = _kept(ctx, call, key, bounds, runs)
     if tl is None:
 
-        def stage_two(mine: Runs) -> tuple[Plan, bool]:
+        def stage_two(mine: Runs) -> tuple[Plan, int | None]:
             return _new_plan(ctx, mine, bounds, window, writing=writing, what=call.name)
 
-        tl, keep = twolevel.plan(ctx, runs, bounds, window, stage_two, writing=writing)
+        tl, cost = twolevel.plan(ctx, runs, bounds, window, stage_two, writing=writing)
         if ctx.plans is not None:
-            ctx.plans.store(key, bounds, runs, tl, call.prekey, keep=keep)
+            ctx.plans.store(key, bounds, runs, tl, call.prekey, cost=cost)
     call.counters.time_plan += time.perf_counter() - t0
     return twolevel.run(ctx, call, tl, buf, writing=writing)
 
 
 def _new_plan(
     ctx: Context, runs: Runs, bounds: I64, window: int, *, writing: bool, what: str
-) -> tuple[Plan, bool]:
+) -> tuple[Plan, int | None]:
     """Collective over ``ctx.comm``: metadata exchange, overlap check, rounds; returns the
-    plan and whether it may be kept (agreed)."""
+    plan and what keeping it costs on the rank it costs most, None when some rank may not
+    keep it (agreed: :meth:`~collio.plancache.PlanCache.store`)."""
     # every step a rank could fail alone in is inside ``step``, agreed before the rounds
     comm, call_name = ctx.comm, what
     step = Attempt()
@@ -173,7 +176,7 @@ def _new_plan(
     recv, rcounts = alltoallv_i64(comm, meta, counts, what=call_name)
     ap, replies, rep_counts = _aggregate(ctx, step, recv, rcounts, bounds, window, writing)
     draft: Plan | None = None
-    big = False
+    big, est = False, 0
     with step:
         if step.error is None and sp is not None:
             draft = Plan(bounds, window, sp, sp.gwin, ap, 0)
@@ -181,7 +184,7 @@ def _new_plan(
             est = draft.nbytes() + 3 * runs.length.nbytes
             big = ctx.plans is not None and est > ctx.plans.max_bytes
     mine = _Planned(
-        failed=step.error is not None, nrounds=ap.nrounds if ap else 0, big=big,
+        failed=step.error is not None, nrounds=ap.nrounds if ap else 0, big=big, cost=est,
         sparse=ap is not None and ap.nrounds > 0 and int(ap.rwin[-1]) != ap.nrounds - 1,
     )  # fmt: skip
     agreed = agree_facts(comm, mine)
@@ -194,7 +197,7 @@ def _new_plan(
         sround = draft.sender.gwin.copy()
     # (the draft's shapes, made by prepare, are kept; the rounds' order is made anew)
     plan = dataclasses.replace(draft, sround=sround, nrounds=agreed.nrounds, _by_round=None)
-    return plan, not agreed.big
+    return plan, None if agreed.big else agreed.cost
 
 
 def _aggregate(

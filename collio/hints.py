@@ -263,7 +263,7 @@ class Hints:
     def coerce(cls, hints: Any, *, warn: bool = True) -> Hints:
         """Build Hints from None, a dict, an ``MPI.Info`` or Hints (returned as is)."""
         if hints is None:
-            return cls()
+            return DEFAULT_HINTS
         if isinstance(hints, Hints):
             return hints
         items = _items(hints)
@@ -314,15 +314,15 @@ class Hints:
     def as_dict(self) -> dict[str, Any]:
         """The values, ``extra`` flattened in; ``adjusted`` as ``{name: {"requested": r,
         "used": u}}`` when some value was raised."""
-        skip = ("extra", "adjusted")
-        out = {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip
-        }
+        out = {name: getattr(self, name) for name in _VALUES}
         out.update(dict(self.extra))
         if self.adjusted:
             out["adjusted"] = {k: {"requested": v, "used": out[k]} for k, v in self.adjusted}
         return out
 
+
+#: The fields :meth:`Hints.as_dict` reports as they are (``extra`` and ``adjusted`` aside).
+_VALUES = tuple(f.name for f in dataclasses.fields(Hints) if f.name not in ("extra", "adjusted"))
 
 _INTS = ("cb_buffer_size", "direct_threshold", "min_rounds", "cb_min_message")
 _OPTIONAL_INTS = ("cb_nodes", "striping_unit", "striping_factor", "cb_local_aggregators")
@@ -373,3 +373,7 @@ def _config_per_node(text: str) -> int | None:
     if n < 1:
         raise HintError(f"hint cb_config_list={text!r}: per-node count must be >= 1")
     return n
+
+
+#: The defaults, validated once (Hints are frozen: every open without hints shares them).
+DEFAULT_HINTS = Hints()

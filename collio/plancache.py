@@ -15,10 +15,12 @@ splits after the check (zarr's own chunks) agree in a small allreduce of their o
 (:meth:`PlanCache.lookup`).  Entries are made by
 collective calls in the same order on every rank, so epochs match across ranks.
 
-At most :data:`KEEP` plans are kept per communicator (a write and a read of one
-layout), and none that would hold more than :data:`MAX_BYTES` (the plan and the snapshot
-of its runs) on any rank: that is agreed, since an entry only some ranks hold could never
-be reused.
+At most :data:`KEEP` plans are kept per communicator, the least recently used dropped
+first (a solver writes and reads several variables per step, a benchmark alternates
+layouts: each is a plan of its own), and together they hold at most :data:`MAX_BYTES`
+(each plan and the snapshot of its runs) on any rank.  What an entry costs is agreed
+(the most of any rank), so every rank keeps and drops the same entries: an entry only
+some ranks hold could never be reused.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from .runs import Runs, is_read_only
 __all__ = ["PlanCache", "clear_all"]
 
 I64 = npt.NDArray[np.int64]
-KEEP = 2
+KEEP = 32
 _ALL: weakref.WeakSet[PlanCache] = weakref.WeakSet()  # every cache, for clear_all
 MAX_BYTES = 32 << 20
 
@@ -49,8 +51,9 @@ class _Entry:
     bounds: I64
     runs: Runs
     plan: Any
-    nbytes: int
+    cost: int  # agreed: the most any rank's entry holds
     source: Runs | None = None  # the caller's runs object when read-only (a layout's)
+    nruns: int = 0  # len(runs): most entries a lookup passes differ in it
 
 
 def _same_runs(a: Runs, b: Runs) -> bool:
@@ -106,14 +109,16 @@ class PlanCache:
 
     def lookup(self, comm: MPI.Comm, key: tuple[Any, ...], bounds: I64, runs: Runs) -> Any:
         """Collective over ``comm``: the plan every rank made in one earlier call, or None."""
+        n = len(runs.file)
         found = next(
             (
                 e
                 for e in reversed(self.entries)
-                if e.key == key and np.array_equal(e.bounds, bounds) and _same_runs(e.runs, runs)
+                if e.nruns == n and e.key == key and np.array_equal(e.bounds, bounds)
+                and _same_runs(e.runs, runs)
             ),
             None,
-        )
+        )  # fmt: skip
         mine = found.epoch if found is not None else -1
         vec = np.array([mine, -mine], np.int64)
         out = np.empty_like(vec)
@@ -138,8 +143,9 @@ class PlanCache:
         allreduce of its own); then :meth:`take` confirms it against the call's domains
         and window.  An empty rank's shift is 0: it has nothing to compare.
         """
+        n = len(runs.file)
         for e in reversed(self.entries):
-            if e.prekey != prekey:
+            if e.nruns != n or e.prekey != prekey:
                 continue
             if e.source is runs:
                 return e.epoch, 0
@@ -174,7 +180,7 @@ class PlanCache:
 
     @property
     def max_bytes(self) -> int:
-        """The most a kept entry may hold: its plan and the snapshot of its runs."""
+        """The most the kept entries may hold together: plans and snapshots of runs."""
         return MAX_BYTES
 
     def store(
@@ -185,28 +191,39 @@ class PlanCache:
         plan: Any,
         prekey: tuple[Any, ...] = (),
         *,
-        keep: bool = True,
+        cost: int | None,
     ) -> None:
         """Collective in effect: every rank stores after the same planning call.
 
-        ``keep`` must be agreed (every rank's entry under :attr:`max_bytes`): an entry
-        only some ranks hold can never be reused.  An older entry for the same runs is
-        replaced (a repeated call that could not reuse it plans again).
+        ``cost`` must be agreed: the most any rank's entry holds (its plan and the
+        snapshot of its runs), None when some rank's would exceed :attr:`max_bytes` (an
+        entry only some ranks hold can never be reused).  Entries are dropped least
+        recently used first while more than :data:`KEEP` are kept or their costs
+        exceed :attr:`max_bytes`: the same ones on every rank.  An older entry for the
+        same runs is replaced (a repeated call that could not reuse it plans again).
         """
         self.epoch += 1
-        if not keep:
+        if cost is None:
             return
+        n = len(runs.file)
         self.entries = [
-            e for e in self.entries if not (e.prekey == prekey and _same_runs(e.runs, runs))
-        ]
+            e for e in self.entries
+            if not (e.nruns == n and e.prekey == prekey and _same_runs(e.runs, runs))
+        ]  # fmt: skip
         if is_read_only(runs):  # a layout's own runs: kept as they are, found by identity
             kept, source = runs, runs
         else:
             kept, source = Runs(runs.file.copy(), runs.length.copy(), runs.mem.copy()), None
-        nbytes = int(plan.nbytes()) + kept.file.nbytes * 3
-        entry = _Entry(self.epoch, key, prekey, bounds.copy(), kept, plan, nbytes, source)
+        entry = _Entry(
+            self.epoch, key, prekey, bounds.copy(), kept, plan, cost, source, len(kept.file)
+        )
         self.entries.append(entry)
-        del self.entries[:-KEEP]
+        total = sum(e.cost for e in self.entries)
+        drop = 0
+        while len(self.entries) - drop > KEEP or total > self.max_bytes:
+            total -= self.entries[drop].cost
+            drop += 1
+        del self.entries[:drop]
 
     def clear(self) -> None:
         self.entries.clear()

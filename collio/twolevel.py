@@ -48,11 +48,12 @@ _NOBYTES = np.zeros(0, np.uint8)
 
 
 def local_aggregators(
-    nodes: I64, hints: Hints, used: dict[str, Any]
+    nodes: I64, hints: Hints, used: dict[str, Any], shape: tuple[int, int] | None = None
 ) -> tuple[LocalGroups | None, int]:
     """A file's local aggregators (None: one level) and its node count, from the node
-    map and :func:`~collio.policy.two_level`; ``used`` (``stats.hints``) records them."""
-    nnodes, fullest = node_shape(nodes)
+    map and :func:`~collio.policy.two_level`; ``used`` (``stats.hints``) records them.
+    ``shape``: the map's :func:`~collio.aggregators.nodes.node_shape`, if known."""
+    nnodes, fullest = node_shape(nodes) if shape is None else shape
     per = policy.two_level(hints, nranks=len(nodes), nnodes=nnodes, fullest=fullest)
     groups = local_groups(nodes, per) if per else None
     used["nodes"] = nnodes
@@ -135,12 +136,13 @@ def plan(
     runs: Runs,
     bounds: I64,
     window: int,
-    new_plan: Callable[[Runs], tuple[Plan, bool]],
+    new_plan: Callable[[Runs], tuple[Plan, int | None]],
     *,
     writing: bool,
-) -> tuple[TwoLevel, bool]:
+) -> tuple[TwoLevel, int | None]:
     """Collective over ``ctx.comm``: plan a two-level call (:mod:`collio.twoplan`), and
-    whether it may be kept (agreed).  ``new_plan(runs)`` is the engine's one-level
+    what keeping it costs, None: not kept (agreed; the stage-two plan's cost, as
+    ``new_plan`` returns it).  ``new_plan(runs)`` is the engine's one-level
     planning (collective, errors agreed), run with each rank's share of its group's runs.
     """
     assert ctx.local is not None

@@ -49,7 +49,7 @@ class Placed:
 
     __slots__ = ("plan", "keep", "pieces", "rounds", "spos", "slot", "slots", "sources")
 
-    def __init__(self, plan: Plan, keep: bool, pieces: Runs, rounds: I64, spos: I64) -> None:
+    def __init__(self, plan: Plan, keep: int | None, pieces: Runs, rounds: I64, spos: I64) -> None:
         self.plan, self.keep, self.pieces = plan, keep, pieces
         self.rounds, self.spos = rounds, spos
         self.slot, self.slots, self.sources = 0, 0, list[int]()
@@ -57,7 +57,7 @@ class Placed:
 
 def place(
     ctx: Context, group: Group, runs: Runs, bounds: I64, window: int,
-    new_plan: Callable[[Runs], tuple[Plan, bool]], *, writing: bool,
+    new_plan: Callable[[Runs], tuple[Plan, int | None]], *, writing: bool,
 ) -> Placed:  # fmt: skip
     """Collective over ``ctx.comm``: steps 1-4 of the module doc, and the group's window
     grown to its slots (errors agreed)."""

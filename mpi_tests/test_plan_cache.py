@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import collio
-from collio import layouts
+from collio import check, layouts
 
 pytestmark = pytest.mark.mpi(min_size=1)
 N = 96
@@ -301,3 +301,76 @@ def test_a_time_series_through_a_view_reuses_the_plan_every_call(comm, mpi_tmp_p
     assert len(got) == nsteps * step and np.array_equal(got, ref)
     assert np.array_equal(np.fromfile(romio, "<f8"), got)
     comm.Barrier()
+
+
+def test_alternating_variables_each_reuse_their_plan(comm, mpi_tmp_path):
+    """A solver's step: five variables of different shapes, one strided call each, then
+    the next step further on in the file: more layouts alternate than a write and a read,
+    and from the second step on every call reuses its variable's kept plan moved by the
+    step, writes and reads alike; the file is the numpy reference and ROMIO's file of the
+    same calls, byte for byte, and every call reads back."""
+    path, romio = str(mpi_tmp_path / "target.bin"), str(mpi_tmp_path / "romio.bin")
+    cols, nsteps = 8, 3
+    hints = {"cb_buffer_size": 4096, "romio_cb_write": "enable", "romio_cb_read": "enable",
+             "cb_nodes": comm.size}  # fmt: skip
+    rows = [16 + 8 * v for v in range(5)]
+    sizes = [r * cols * comm.size * 8 for r in rows]
+    rng = np.random.default_rng(24)
+    calls = []  # (offset, rows, global array) of every call, in order
+    for k in range(nsteps):
+        off = 8 + k * sum(sizes)
+        for r, n in zip(rows, sizes, strict=True):
+            calls.append((off, r, rng.random((r, cols * comm.size))))
+            off += n
+    mine = [
+        np.ascontiguousarray(g[:, comm.rank * cols : (comm.rank + 1) * cols]) for *_, g in calls
+    ]
+    reused, back = [], []
+    collio.release_buffers()
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        for (off, r, _), piece in zip(calls, mine, strict=True):
+            f.write_all(piece, _step_layout(comm, r, cols, off))
+            reused.append(f.stats.last_call["plan_reused"])
+        # each variable's checked runs are kept too, moved to its next step's offset
+        assert len(check._BOX) == len(rows)
+        for off, r, _ in calls:
+            back.append(f.read_all(_step_layout(comm, r, cols, off)))
+            reused.append(f.stats.last_call["plan_reused"])
+    first = [False] * len(rows) + [True] * (len(calls) - len(rows))
+    assert reused == first + first
+    assert all(np.array_equal(b, p) for b, p in zip(back, mine, strict=True))
+    fh = MPI.File.Open(comm, romio, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    for (off, r, _), piece in zip(calls, mine, strict=True):
+        ft = MPI.DOUBLE.Create_subarray((r, cols * comm.size), (r, cols), (0, comm.rank * cols))
+        ft.Commit()
+        fh.Set_view(off, MPI.DOUBLE, ft)
+        fh.Write_all(piece)
+        ft.Free()
+    fh.Close()
+    comm.Barrier()
+    ref = np.zeros(calls[-1][0] + calls[-1][2].nbytes, np.uint8)
+    for off, _, g in calls:
+        ref[off : off + g.nbytes] = g.reshape(-1).view(np.uint8)
+    got, theirs = np.fromfile(path, np.uint8), np.fromfile(romio, np.uint8)
+    assert np.array_equal(got, ref)
+    for off, _, g in calls:  # (ROMIO's holes are undefined)
+        assert np.array_equal(theirs[off : off + g.nbytes], got[off : off + g.nbytes])
+
+
+def test_what_a_kept_plan_costs_is_the_same_on_every_rank(comm, mpi_tmp_path):
+    """An aggregator's plan holds more than a sender's; the cost the cache counts is the
+    most of any rank, so every rank drops the same entries when the kept plans exceed
+    their bytes."""
+    from collio.comms import private
+
+    path = str(mpi_tmp_path / "target.bin")
+    collio.release_buffers()
+    hints = {"cb_buffer_size": 4096, "romio_cb_write": "enable", "cb_nodes": 1}
+    _write(
+        path, comm, _global(30), layouts.block((N, N), "<f8", comm=comm, grid=(1, comm.size)), hints
+    )
+    entries = private(comm).plans.entries
+    assert len(entries) == 1
+    costs = comm.allgather(entries[0].cost)
+    assert len(set(costs)) == 1
+    assert costs[0] >= entries[0].plan.nbytes() > 0
