@@ -35,10 +35,10 @@ TARGETS = (
     ("save vs file-per-rank (bandwidth)", "file-per-rank write", "collio save", 1.0, True),
     ("async_save return vs one numpy copy (time)", "async_save return", "numpy copy", 1.25, False),
     ("compute slowdown during async I/O", "compute during I/O", "compute alone", 1.10, False),
-    # (a load makes new arrays: against reading the file's bytes into new memory, as
-    # np.fromfile does; a load into the job's arrays against reading into memory the job
+    # (a load makes new arrays: against reading the file's bytes into new arrays of the
+    # pieces' shapes; a load into the job's arrays against reading into memory the job
     # already touched; the first also against the second, the harder bound)
-    ("load vs ceiling read into new memory (bandwidth)", "ceiling read new", "collio load",
+    ("load vs ceiling read into new arrays (bandwidth)", "ceiling read new", "collio load",
      0.9, True),
     ("load vs ceiling read into touched memory (bandwidth)", "ceiling read", "collio load",
      0.9, True),
@@ -151,8 +151,11 @@ class _Run:
                 c, lambda: peers.ceiling_read(ceil, self.share, self.nbytes, c)
             ),
             "ceiling read new": lambda: _timed(
-                c, lambda: peers.ceiling_read(ceil, np.empty_like(self.share), self.nbytes, c)
-            ),
+                c,
+                lambda: peers.ceiling_read(
+                    ceil, [np.empty_like(a) for a in peers.pieces(st, c)], self.nbytes, c
+                ),
+            ),  # fmt: skip
         }
 
     def _load_sub(self) -> None:

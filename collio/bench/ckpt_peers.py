@@ -152,13 +152,14 @@ def ceiling_write(path: str, buf: np.ndarray[Any, Any], total: int, comm: MPI.In
         os.close(fd)
 
 
-def ceiling_read(path: str, buf: np.ndarray[Any, Any], total: int, comm: MPI.Intracomm) -> int:
-    """Each rank's share of the ceiling's file read back into ``buf`` by one ``preadv``:
-    memory the job already touched (the bound for a load into its arrays), or new
-    memory (``np.empty``: what a load that makes new arrays gets, as ``np.fromfile``)."""
+def ceiling_read(path: str, buf: Any, total: int, comm: MPI.Intracomm) -> int:
+    """Each rank's share of the ceiling's file read back by one ``preadv`` into ``buf``
+    (memory the job already touched: the bound for a load into its arrays), or into a
+    list of arrays (new ones shaped as the rank's pieces: what a load that makes new
+    arrays has to beat)."""
     off, _ = share(total, comm)
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.preadv(fd, [buf.data], off)
+        return os.preadv(fd, [b.data for b in buf] if isinstance(buf, list) else [buf.data], off)
     finally:
         os.close(fd)
