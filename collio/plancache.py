@@ -15,10 +15,11 @@ splits after the check (zarr's own chunks) agree in a small allreduce of their o
 (:meth:`PlanCache.lookup`).  Entries are made by
 collective calls in the same order on every rank, so epochs match across ranks.
 
-At most :data:`KEEP` plans are kept per communicator (a write and a read of one
-layout), and none that would hold more than :data:`MAX_BYTES` (the plan and the snapshot
-of its runs) on any rank: that is agreed, since an entry only some ranks hold could never
-be reused.
+At most :data:`KEEP` plans are kept per communicator (a write and a read of each of two
+layouts, or of one layout in one level and in two: a job that alternates between them
+would otherwise plan every call anew), and none that would hold more than
+:data:`MAX_BYTES` (the plan and the snapshot of its runs) on any rank: that is agreed,
+since an entry only some ranks hold could never be reused.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .runs import Runs, is_read_only
 __all__ = ["PlanCache", "clear_all"]
 
 I64 = npt.NDArray[np.int64]
-KEEP = 2
+KEEP = 4
 _ALL: weakref.WeakSet[PlanCache] = weakref.WeakSet()  # every cache, for clear_all
 MAX_BYTES = 32 << 20
 
