@@ -380,3 +380,31 @@ def test_a_rank_failing_to_take_its_share_of_a_read_is_agreed(nodes, mpi_tmp_pat
         assert bool((out == -1.0).all())  # (nothing read into the array)
         np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
         assert f.stats.last_call["two_level"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_and_two_levels_alternating_keep_their_plans(nodes, mpi_tmp_path):
+    """A job that alternates a file in two levels and one in one level (a write and a
+    read of each) on one communicator plans each call once: the repeats reuse the kept
+    plans, and the bytes are the same."""
+    comm, k = nodes
+    glob = reference((48, 64), "<f8", seed=21)
+    lay = collio.layouts.block_cyclic(glob.shape, "<f8", block=(4, 4), grid=(2, comm.size // 2)
+                                      if comm.size % 2 == 0 else (1, comm.size), rank=comm.rank,
+                                      size=comm.size)  # fmt: skip
+    piece = local_piece(glob, lay)
+    paths = {two: str(mpi_tmp_path / f"alt{two}.bin") for two in (True, False)}
+    hints = {True: {**TWO, "cb_buffer_size": 4096},
+             False: {**TWO, "cb_two_level": "disable", "cb_buffer_size": 4096}}  # fmt: skip
+    for repeat in range(2):
+        for two in (True, False):
+            with collio.open(paths[two], "w", comm=comm, hints=hints[two]) as f:
+                f.write_all(piece, lay)
+                assert f.stats.last_call["two_level"] == two
+                assert f.stats.last_call["plan_reused"] == bool(repeat), (repeat, two)
+            with collio.open(paths[two], "r", comm=comm, hints=hints[two]) as f:
+                np.testing.assert_array_equal(f.read_all(lay), piece)
+                assert f.stats.last_call["plan_reused"] == bool(repeat), (repeat, two)
+    comm.Barrier()
+    for two in (True, False):
+        assert np.array_equal(np.fromfile(paths[two], "<f8").reshape(glob.shape), glob)
