@@ -387,9 +387,13 @@ def _first_overlap(layout: Layout, runs: Runs) -> int:
 
 
 def _prekey(ctx: Context, writing: bool) -> tuple[Any, ...]:
-    """What a call's plan depends on besides its runs and their global extent."""
+    """What a call's plan depends on besides its runs and their global extent (a
+    two-level call's: its local aggregators, and the messages its window keeps large;
+    without them a job alternating one level and two would find the other's plan, and
+    replace it)."""
     be, h = ctx.backend, ctx.hints
+    two = (tuple(ctx.local.leaders.tolist()), h.cb_min_message) if ctx.local is not None else ()
     return (
         writing, tuple(ctx.aggregators.tolist()), type(be).__name__, be.alignment, be.min_window,
-        h.cb_buffer_size, h.min_rounds, h.striping_unit,
+        h.cb_buffer_size, h.min_rounds, h.striping_unit, two,
     )  # fmt: skip

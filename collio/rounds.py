@@ -403,7 +403,9 @@ def read_rounds(
     """
     r = _start(ctx, plan, call)
     comm, be, c = ctx.comm, ctx.backend, r.c
-    status = _Lagged(comm, be.remote)
+    # (two levels: the ranks that wait sleep, leaving the cores to a group's ranks still
+    # copying a round out of the staging; their messages are complete at that point)
+    status = _Lagged(comm, be.remote or stage is not None)
     meet = be.remote  # see module doc
     # small equal runs are packed with numpy before sending (Messages.send)
     small = plan.agg is not None and r.mine and _packs(plan.agg)

@@ -52,6 +52,11 @@ U8 = npt.NDArray[np.uint8]
 #: Run lengths up to this many distinct ones are copied with numpy, one pass each;
 #: more go through MPI's datatype engine (one call whatever the runs).
 NUMPY_LENGTHS = 8
+#: Runs of one length copy span by span (one pass) while one side is at most this many
+#: spans of runs that follow each other ...
+MAX_SPANS = 64
+#: ... of at least this many runs each on average; else they are gathered, then scattered.
+SPAN_RUNS = 16
 _TAG = 0x2C02
 _LINE = 64  # bytes: each rank's flag on a cache line of its own
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -188,31 +193,45 @@ def _row_view(buf: U8, offsets: I64, size: int, writeable: bool) -> tuple[Any, I
     return _rows(buf, size, int(offsets.max()) + size, writeable), offsets
 
 
-def _span(buf: U8, offsets: I64, size: int) -> Any:
-    """The runs as rows of one view when they follow each other in ``buf``, else None."""
+def _spans(buf: U8, offsets: I64, size: int) -> I64 | None:
+    """Where the runs' maximal spans start (runs that follow each other in ``buf`` are
+    one span), and their end (``n``) last; None when there are :data:`MAX_SPANS` or
+    more, or several of fewer than :data:`SPAN_RUNS` runs each (a numpy call per span
+    would cost more than the gather it saves)."""
     n = len(offsets)
-    if not buf.flags.c_contiguous or (n > 1 and not bool((np.diff(offsets) == size).all())):
+    if not buf.flags.c_contiguous:
         return None
-    first = int(offsets[0])
+    breaks = np.flatnonzero(offsets[1:] != offsets[:-1] + size) + 1
+    if len(breaks) >= MAX_SPANS or (len(breaks) and (len(breaks) + 1) * SPAN_RUNS > n):
+        return None
+    return np.concatenate(([0], breaks, [n])).astype(np.int64)
+
+
+def _rows_at(buf: U8, first: int, n: int, size: int) -> npt.NDArray[np.uint8]:
     return buf[first : first + n * size].reshape(n, size)
 
 
 def _copy_equal(src: U8, soff: I64, dst: U8, doff: I64, size: int) -> None:
-    """Runs of one length, in one pass when either side is one span (a member's pieces
-    usually are, in its own buffer), else gathered into rows and scattered."""
+    """Runs of one length, in one pass: when either side is a few spans (a member's
+    pieces of a round are, in its own buffer), a copy per span between those rows and
+    the other side's; else gathered into rows and scattered (two passes)."""
     if len(soff) == 0:
         return
-    out = _span(dst, doff, size)
-    if out is not None:
+    cuts = _spans(dst, doff, size)
+    if cuts is not None:
         mat, idx = _row_view(src, soff, size, False)
-        np.take(mat, idx, axis=0, out=out, mode="clip")  # (in range: no buffering)
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):  # (few spans)
+            out = _rows_at(dst, int(doff[a]), b - a, size)
+            np.take(mat, idx[a:b], axis=0, out=out, mode="clip")  # (in range: no buffering)
         return
-    rows = _span(src, soff, size)
-    if rows is None:
-        mat, idx = _row_view(src, soff, size, False)
-        rows = mat[idx]
+    cuts = _spans(src, soff, size)
     mat, idx = _row_view(dst, doff, size, True)
-    mat[idx] = rows
+    if cuts is None:
+        smat, sidx = _row_view(src, soff, size, False)
+        mat[idx] = smat[sidx]
+        return
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):  # (few spans)
+        mat[idx[a:b]] = _rows_at(src, int(soff[a]), b - a, size)
 
 
 def _byte_type(offsets: I64, lengths: I64) -> MPI.Datatype:

@@ -13,8 +13,10 @@
 A rank that fails in a step goes on with empty results (sending nothing), so that every
 collective after it still matches; the steps' errors are agreed once, at the end, with
 the window's growth (each collective step costs a wait for every rank: on a node whose
-ranks outnumber its cores, a scheduling slice each).  Steps 2-4 within a group are
-collective over the group's communicator.
+ranks outnumber its cores, a scheduling slice each).  Steps 1, 2 and 4 are collective
+over the group's communicator (a node's ranks only: a job of many nodes would otherwise
+send every rank's counts to every rank to reach one on its node); step 3 and the
+agreement are the whole communicator's.
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .aggregators.nodes import LocalGroups
 from .aggregators.plan import plan_sender
 from .aggregators.stage import holders, leader_runs, round_bytes, slots, staging
 from .collective import Attempt, agree
 from .context import Context, Plan
-from .exchange import alltoallv_i64, alltoallv_into
+from .exchange import alltoallv_into
 from .runs import Runs
 from .shmstage import Group
+from .waits import sleep_until_done
 
 __all__ = ["Placed", "place"]
 
@@ -64,11 +66,11 @@ def place(
     assert ctx.local is not None
     what = "write_all" if writing else "read_all"
     step = Attempt()
-    pieces, recv, rcounts, answers = _to_leader(ctx, runs, bounds, window, step, what)
-    share, queries = _to_holders(ctx, recv, rcounts, bounds, window, step, writing, what)
+    pieces, recv, rcounts, answers = _to_leader(group, runs, bounds, window, step)
+    share, queries = _to_holders(group, recv, rcounts, bounds, window, step, writing)
     plan, keep = new_plan(share)  # (collective; raises the same error on every rank)
     base, slot = _slot_bases(group, plan, step, writing)
-    got = _answers(ctx, group, plan, queries, (base, slot), answers, step, writing)
+    got = _answers(group, plan, queries, (base, slot), answers, step, writing)
     rounds, spos, staged, slot, sources = got
     placed = Placed(staged, keep, pieces, rounds, spos)
     if not writing:  # (a read's holders each know the rounds of some pieces only)
@@ -93,57 +95,91 @@ def _sources(group: Group, rounds: I64, nrounds: int) -> list[int]:
 
 
 def _to_leader(
-    ctx: Context, runs: Runs, bounds: I64, window: int, step: Attempt, what: str
+    group: Group, runs: Runs, bounds: I64, window: int, step: Attempt
 ) -> tuple[Runs, I64, I64, I64]:
-    """Step 1's message: this rank's pieces; the local aggregator's received (offset,
-    length) pairs and the count of values from each rank; and room for step 4's answers
-    about the pieces sent (at most three values each, made here, where a rank that
-    cannot make it still sends nothing)."""
-    assert ctx.local is not None
-    comm, size, rank = ctx.comm, ctx.comm.Get_size(), ctx.comm.Get_rank()
-    pieces, counts, meta, answers = Runs.empty(), np.zeros(size, np.int64), _NONE, _NONE
-    with step:  # (a rank that fails here sends nothing: counts are set last)
+    """Step 1's message (collective over the group): this rank's pieces; the local
+    aggregator's received (offset, length) pairs and the count of values from each rank
+    of the group; and room for step 4's answers about the pieces sent (at most three
+    values each, made here, where a rank that cannot make it still sends nothing)."""
+    pieces, meta, answers = Runs.empty(), _NONE, _NONE
+    with step:  # (a rank that fails here sends nothing)
         sent = plan_sender(runs, bounds, window).pieces
         meta = _interleave(sent.file, sent.length)
         answers = np.empty(3 * len(sent.file), np.int64)
         pieces = sent
-        counts[int(ctx.local.leader[rank])] = len(meta)
-    recv, rcounts = alltoallv_i64(comm, meta, counts, what=what)
+    recv, rcounts = _gather(group.comm, meta, step)
     return pieces, recv, rcounts, answers
 
 
-def _members(local: LocalGroups, rank: int, writing: bool) -> I64:
-    """The ranks of ``rank``'s local group that hold parts of its stage-two plan, sorted:
-    for reads all of them (each receives the group's messages of some domains, so MPI's
-    copies into the staging spread over the group's cores instead of queueing at one
-    rank), for writes its local aggregator alone (the aggregators' receives already
-    spread those copies; each more sender would have to wait for the whole group)."""
-    if writing:
-        return local.leader[rank : rank + 1].copy()
-    return np.flatnonzero(local.group == local.group[rank]).astype(np.int64)
+def _gather(comm: MPI.Intracomm, send: I64, step: Attempt) -> tuple[I64, I64]:
+    """Collective over a group's ``comm``: every rank's ``send`` to its rank 0, which gets
+    them one rank after another and the count from each (the others: nothing).  A rank 0
+    that cannot hold them keeps the error in ``step`` and says so: then nobody sends."""
+    root = comm.Get_rank() == 0
+    mine = np.array([len(send)], np.int64)
+    counts = np.zeros(comm.Get_size() if root else 1, np.int64)
+    comm.Gather([mine, MPI.INT64_T], [counts, MPI.INT64_T], root=0)
+    recv, ok, held = _NONE, np.ones(1, np.int64), Attempt()
+    if root:
+        with held:
+            recv = _room(int(counts.sum()))
+        if held.error is not None:
+            step.fail(held.error)
+            ok[0], counts[:] = 0, 0
+    comm.Bcast([ok, MPI.INT64_T], root=0)
+    send = send if ok[0] else _NONE
+    displ = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    comm.Gatherv([send, MPI.INT64_T], [recv, (counts, displ), MPI.INT64_T], root=0)
+    return recv, counts if root else _NONE
+
+
+def _room(n: int) -> I64:
+    """Room for ``n`` values received in a group's step."""
+    return np.empty(n, np.int64)
+
+
+def _scatter(comm: MPI.Intracomm, out: I64, counts: I64, step: Attempt) -> I64:
+    """Collective over a group's ``comm``: ``counts[g]`` values of its rank 0's ``out``
+    (one rank's after another) to its rank g; returns this rank's.  A rank that cannot
+    hold them keeps the error in ``step`` and says so: then it gets nothing."""
+    root, size = comm.Get_rank() == 0, comm.Get_size()
+    mine = np.zeros(1, np.int64)
+    counts = counts if root else np.zeros(size, np.int64)
+    # (the ranks wait for rank 0's merge: sleeping, so that it has the node's cores)
+    sleep_until_done(comm.Iscatter([counts, MPI.INT64_T], [mine, MPI.INT64_T], root=0))
+    recv, held = _NONE, Attempt()
+    with held:
+        recv = _room(int(mine[0]))
+    if held.error is not None:
+        step.fail(held.error)
+    ok = np.array([held.error is None], np.int64)
+    oks = np.ones(size, np.int64)
+    comm.Gather([ok, MPI.INT64_T], [oks, MPI.INT64_T], root=0)
+    displ = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    comm.Scatterv([out, (counts * oks, displ), MPI.INT64_T], [recv, MPI.INT64_T], root=0)
+    return recv
 
 
 def _to_holders(
-    ctx: Context, recv: I64, rcounts: I64, bounds: I64, window: int, step: Attempt,
-    writing: bool, what: str,
+    group: Group, recv: I64, rcounts: I64, bounds: I64, window: int,
+    step: Attempt, writing: bool,
 ) -> tuple[Runs, I64]:  # fmt: skip
     """Step 2: this rank's share of its group's merged runs, and the queries it answers
-    (owner, index among the owner's pieces, virtual position) for the received pieces
-    in its domains (errors kept in ``step``)."""
-    assert ctx.local is not None
-    comm, size, rank = ctx.comm, ctx.comm.Get_size(), ctx.comm.Get_rank()
+    (owner's rank in the group, index among the owner's pieces, virtual position) for the
+    received pieces in its domains (errors kept in ``step``; a read's bundles go out
+    collective over the group)."""
     share, queries = Runs.empty(), _NONE
-    out, counts = _NONE, np.zeros(size, np.int64)
+    gsize = group.comm.Get_size()
+    out, counts = _NONE, np.zeros(gsize, np.int64)
     with step:
-        if step.error is None and int(ctx.local.leader[rank]) == rank:
+        if step.error is None and group.comm.Get_rank() == 0:
             merged, asked = _merged(recv, rcounts)
             if writing:  # (the local aggregator holds every domain: nothing to send)
                 share, queries = merged, _triples(*asked)
             else:
-                members = _members(ctx.local, rank, writing)
-                out, counts = _bundles(merged, asked, bounds, window, recv[0::2], members, size)
+                out, counts = _bundles(merged, asked, bounds, window, recv[0::2], gsize)
     if not writing:  # (a local aggregator that failed sends nothing: empty shares)
-        got, _ = alltoallv_i64(comm, out, counts, what=what)
+        got = _scatter(group.comm, out, counts, step)
         if len(got):
             n = 3 * int(got[0])
             trip = got[1 : 1 + n]
@@ -170,26 +206,30 @@ def _triples(a: I64, b: I64, c: I64) -> I64:
 
 def _bundles(
     merged: Runs, asked: tuple[I64, I64, I64], bounds: I64, window: int, file: I64,
-    members: I64, size: int,
+    gsize: int,
 ) -> tuple[I64, I64]:  # fmt: skip
-    """A local aggregator's step 2 for reads: for each holder (``members``) one bundle,
+    """A local aggregator's step 2 for reads: for each rank of its group one bundle,
     [share values, its share as (file, length, virtual position) triples, its queries as
-    triples], and the count of values for each of the ``size`` ranks (``file``: the
-    received pieces' offsets)."""
+    triples], and the count of values for each (``file``: the received pieces' offsets).
+
+    Every rank of a read's group holds the domains :func:`~collio.aggregators.stage.holders`
+    gives it: each receives the group's messages of those, so MPI's copies into the
+    staging spread over the group's cores instead of queueing at one rank.  (A write's
+    local aggregator holds them all: the aggregators' receives already spread those
+    copies; each more sender would have to wait for the whole group.)"""
     sp = plan_sender(merged, bounds, window)
     p = sp.pieces
-    where = np.zeros(size, np.int64)
-    where[members] = np.arange(len(members))
-    share_of = where[holders(np.repeat(sp.gdom, np.diff(sp.gstart)), members)]
+    ranks = np.arange(gsize, dtype=np.int64)
+    share_of = holders(np.repeat(sp.gdom, np.diff(sp.gstart)), ranks)
     domain = np.searchsorted(bounds[1:-1], file, side="right").astype(np.int64)
-    sorder, sstart = _grouped(share_of, len(members))
-    qorder, qstart = _grouped(where[holders(domain, members)], len(members))
-    parts, counts = [], np.zeros(size, np.int64)
-    for i, h in enumerate(members.tolist()):  # (one bundle per rank of the group)
+    sorder, sstart = _grouped(share_of, gsize)
+    qorder, qstart = _grouped(holders(domain, ranks), gsize)
+    parts, counts = [], np.zeros(gsize, np.int64)
+    for i in range(gsize):  # (one bundle per rank of the group)
         s, q = sorder[sstart[i] : sstart[i + 1]], qorder[qstart[i] : qstart[i + 1]]
         shares = _triples(p.file[s], p.length[s], p.mem[s])
         parts += [np.array([len(s)], np.int64), shares, _triples(*(a[q] for a in asked))]
-        counts[h] = 1 + 3 * (len(s) + len(q))
+        counts[i] = 1 + 3 * (len(s) + len(q))
     return np.concatenate(parts), counts
 
 
@@ -222,7 +262,7 @@ def _slot_bases(group: Group, plan: Plan, step: Attempt, writing: bool) -> tuple
 
 
 def _answers(
-    ctx: Context, group: Group, plan: Plan, queries: I64, slot: tuple[I64, int], room: I64,
+    group: Group, plan: Plan, queries: I64, slot: tuple[I64, int], room: I64,
     step: Attempt, writing: bool,
 ) -> tuple[I64, I64, Plan, int, list[int]]:  # fmt: skip
     """Step 4 (collective over the group): each holder lays out its rounds and answers
@@ -231,19 +271,15 @@ def _answers(
     plan with its pieces' memory at their staging positions, the slot's bytes (a
     write's from the local aggregator), and at a write's local aggregator how many
     ranks have pieces in each round."""
-    assert ctx.local is not None
     base, size = slot
-    members = np.flatnonzero(ctx.local.group == ctx.local.group[ctx.comm.Get_rank()])
-    gsize = len(members)
+    gsize = group.comm.Get_size()
     out, counts, sources = _NONE, np.zeros(gsize, np.int64), list[int]()
     with step:
         owner, index, vpos = queries[0::3], queries[1::3], queries[2::3]
         lay = staging(plan.sender, plan.sround, vpos, base)
         plan = dataclasses.replace(plan, sender=lay.sender, _sender_shapes=None)
         plan.sender_shapes()
-        where = np.zeros(ctx.comm.Get_size(), np.int64)
-        where[members] = np.arange(gsize)
-        at = where[owner]  # (the owners' ranks in the group)
+        at = owner  # (the owners' ranks in the group)
         if writing and group.comm.Get_rank() == 0:
             sources = _distinct(at, lay.sround, gsize, plan.nrounds)
         order = np.argsort(at, kind="stable")
@@ -252,7 +288,9 @@ def _answers(
     head = np.empty((gsize, 2), np.int64)
     head[:, 0], head[:, 1] = counts, size
     heard = np.empty_like(head)
-    group.comm.Alltoall([head, MPI.INT64_T], [heard, MPI.INT64_T])
+    # (the group waits for its holders' layouts, a write's for its local aggregator's
+    # alone: sleeping, so that they have the node's cores)
+    sleep_until_done(group.comm.Ialltoall([head, MPI.INT64_T], [heard, MPI.INT64_T]))
     got = _group_alltoallv(group, out, counts, heard[:, 0], room)
     n = len(room) // 3
     rounds, spos = np.zeros(n, np.int64), np.zeros(n, np.int64)

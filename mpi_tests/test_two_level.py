@@ -283,13 +283,14 @@ def test_a_rank_failing_after_the_stage_two_plan_is_agreed(nodes, mpi_tmp_path, 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("op", ["write", "read"])
-@pytest.mark.parametrize("where", ["leader_runs", "holders"])
+@pytest.mark.parametrize("where", ["leader_runs", "holders", "_room"])
 def test_a_local_aggregator_failing_to_merge_its_groups_runs_is_agreed(
     nodes, mpi_tmp_path, monkeypatch, where, op
 ):
-    """A local aggregator that fails merging its group's runs (or, for a read, handing
-    them to its group's holders) goes on planning with nothing; every rank then raises
-    its error naming it, nobody hangs, the target is untouched, and the call works next."""
+    """A local aggregator that fails merging its group's runs (or making room for their
+    list, or, for a read, handing them to its group's holders) goes on planning with
+    nothing; every rank then raises its error naming it, nobody hangs, the target is
+    untouched, and the call works next."""
     import collio.twoplan
 
     comm, k = nodes
@@ -339,3 +340,71 @@ def test_a_local_aggregator_failing_to_merge_its_groups_runs_is_agreed(
         assert f.stats.last_call["two_level"]
     comm.Barrier()
     assert np.array_equal(np.fromfile(path, "<f8").reshape(glob.shape), glob)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_failing_to_take_its_share_of_a_read_is_agreed(nodes, mpi_tmp_path, monkeypatch):
+    """A read's local aggregator hands each rank of its group a share of its runs; a rank
+    that cannot make room for its share gets nothing, every rank raises its error naming
+    it, nobody hangs, nothing is read into the array, and the call works next."""
+    import collio.twoplan
+
+    comm, k = nodes
+    glob = reference((64, 96), "<f8", seed=17)
+    lay = collio.layouts.block(glob.shape, "<f8", comm=comm, grid=(1, comm.size))
+    members = [r for r in range(comm.size) if r % k]  # (ranks that are no local aggregator)
+    if not members:
+        pytest.skip("no node of two ranks")
+    bad = members[-1]
+    path = str(mpi_tmp_path / "s.bin")
+    with collio.open(path, "w", comm=comm, hints={**TWO, "cb_buffer_size": 4096}) as f:
+        f.write_all(local_piece(glob, lay), lay)
+        f.sync()
+        out = np.full_like(local_piece(glob, lay), -1.0)
+        error = None
+        with monkeypatch.context() as m:
+            if comm.rank == bad:
+
+                def boom(n):
+                    raise MemoryError(f"no room for {n} values")
+
+                m.setattr(collio.twoplan, "_room", boom)
+            try:
+                f.read_all(lay, out=out)
+            except collio.CollioError as exc:
+                error = (type(exc).__name__, str(exc), list(exc.ranks))
+        errors = comm.allgather(error)
+        assert all(e == errors[0] for e in errors), errors
+        assert errors[0] is not None and errors[0][2] == [bad], errors
+        assert "no room for" in errors[0][1] and f"rank {bad}" in errors[0][1]
+        assert bool((out == -1.0).all())  # (nothing read into the array)
+        np.testing.assert_array_equal(f.read_all(lay), local_piece(glob, lay))
+        assert f.stats.last_call["two_level"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_and_two_levels_alternating_keep_their_plans(nodes, mpi_tmp_path):
+    """A job that alternates a file in two levels and one in one level (a write and a
+    read of each) on one communicator plans each call once: the repeats reuse the kept
+    plans, and the bytes are the same."""
+    comm, k = nodes
+    glob = reference((48, 64), "<f8", seed=21)
+    lay = collio.layouts.block_cyclic(glob.shape, "<f8", block=(4, 4), grid=(2, comm.size // 2)
+                                      if comm.size % 2 == 0 else (1, comm.size), rank=comm.rank,
+                                      size=comm.size)  # fmt: skip
+    piece = local_piece(glob, lay)
+    paths = {two: str(mpi_tmp_path / f"alt{two}.bin") for two in (True, False)}
+    hints = {True: {**TWO, "cb_buffer_size": 4096},
+             False: {**TWO, "cb_two_level": "disable", "cb_buffer_size": 4096}}  # fmt: skip
+    for repeat in range(2):
+        for two in (True, False):
+            with collio.open(paths[two], "w", comm=comm, hints=hints[two]) as f:
+                f.write_all(piece, lay)
+                assert f.stats.last_call["two_level"] == two
+                assert f.stats.last_call["plan_reused"] == bool(repeat), (repeat, two)
+            with collio.open(paths[two], "r", comm=comm, hints=hints[two]) as f:
+                np.testing.assert_array_equal(f.read_all(lay), piece)
+                assert f.stats.last_call["plan_reused"] == bool(repeat), (repeat, two)
+    comm.Barrier()
+    for two in (True, False):
+        assert np.array_equal(np.fromfile(paths[two], "<f8").reshape(glob.shape), glob)

@@ -388,3 +388,23 @@ def test_a_reads_receiver_copies_its_round_from_every_aggregator():
         extra = predict(res, cl, "x").intra - predict(unknown, cl, "x").intra
         want = 0.0 if writing else (res.rank_round_bytes - b) / 1e9 * res.rounds
         assert extra == pytest.approx(want)
+
+
+def test_a_two_level_stage_copies_its_busiest_round():
+    """A two-level group's ranks copy its round into (out of) the staging, and a read's
+    holders receive it: the busiest group's round sets those on-node terms where rounds
+    are not alike (block-cyclic at 8 ranks as 2 nodes: each round in one group), not the
+    group's bytes spread over every round."""
+    work = make_workload("cyclic", 8, size="256", cyclic_block=8)
+    hints = Hints(cb_buffer_size=16384, cb_two_level="enable", cb_min_message=0, min_rounds=1)
+    cl = Cluster(ppn=4, intra_bandwidth=1e9, copy_bandwidth=2e9)
+    for writing in (True, False):
+        res = simulate(work, SimConfig(hints=hints, ppn=4, writing=writing))
+        mean = float(res.group_bytes.max()) / 4 / res.rounds
+        busiest = res.group_round_bytes / 4
+        assert busiest == 2 * mean > 0
+        unknown = dataclasses.replace(res, group_round_bytes=0)
+        extra = predict(res, cl, "x").intra - predict(unknown, cl, "x").intra
+        b = float((res.agg_bytes / res.agg_rounds).max())
+        recv = 0.0 if writing else (max(busiest, b) - b) / res.nnodes / 1e9
+        assert extra == pytest.approx(((busiest - mean) / 2e9 + recv) * res.rounds)

@@ -6,14 +6,17 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from collio.shmstage import NUMPY_LENGTHS, copy_runs
+from collio.shmstage import NUMPY_LENGTHS, SPAN_RUNS, copy_runs
 
 
-def _places(rng: np.random.Generator, length: np.ndarray, together: bool) -> np.ndarray:
-    """Offsets for runs of ``length``: one after another, or apart in a shuffled order."""
+def _places(rng: np.random.Generator, length: np.ndarray, together: int) -> np.ndarray:
+    """Offsets for runs of ``length``: one after another (1), apart in a shuffled order
+    (0), or in order in a few spans of runs one after another, apart (2)."""
     n = len(length)
     order = np.arange(n) if together else rng.permutation(n)
     gaps = np.zeros(n, np.int64) if together else rng.integers(0, 9, n)
+    if together == 2:  # (a gap before a few runs: where a span starts)
+        gaps[rng.choice(n, int(rng.integers(1, 5)), replace=False)] = rng.integers(1, 99)
     start = np.concatenate(([0], np.cumsum(length[order] + gaps)[:-1])) + int(rng.integers(0, 5))
     out = np.empty(n, np.int64)
     out[order] = start
@@ -28,18 +31,29 @@ LENGTHS = {
 }
 
 
+def _whole(rng: np.random.Generator, n: int, together: int) -> np.ndarray:
+    """Row numbers for ``n`` runs of whole rows: shuffled (0), or a few spans (2)."""
+    if together == 0:
+        return rng.permutation(n)
+    return np.arange(n) + np.cumsum(rng.random(n) < 0.02) * int(rng.integers(1, 5))
+
+
 @pytest.mark.parametrize("kind", list(LENGTHS))
-@pytest.mark.parametrize(("src_together", "dst_together"), [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize(
+    ("src_together", "dst_together"), [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (0, 2), (2, 2)]
+)
 def test_copy_runs_equals_a_copy_run_by_run(kind, src_together, dst_together):
     rng = np.random.default_rng([len(kind), src_together, dst_together])
+    spans = 2 in (src_together, dst_together)  # (enough runs for a span's copy: see _spans)
     for _ in range(20):
-        n = int(rng.integers(1, 3 * NUMPY_LENGTHS))
+        lo, hi = (4 * SPAN_RUNS, 12 * SPAN_RUNS) if spans else (1, 3 * NUMPY_LENGTHS)
+        n = int(rng.integers(lo, hi))
         length = LENGTHS[kind](rng, n)
         soff, doff = _places(rng, length, src_together), _places(rng, length, dst_together)
         pad = int(rng.integers(1, 9))
         if kind == "whole rows":  # (runs apart on whole rows of buffers of whole rows)
-            soff = soff if src_together else 16 * rng.permutation(n)
-            doff = doff if dst_together else 16 * rng.permutation(n)
+            soff = 16 * _whole(rng, n, src_together) if src_together != 1 else soff
+            doff = 16 * _whole(rng, n, dst_together) if dst_together != 1 else doff
             pad = 16
         src = rng.integers(0, 256, int((soff + length).max()) + pad).astype(np.uint8)
         dst = np.zeros(int((doff + length).max()) + pad, np.uint8)

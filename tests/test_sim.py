@@ -366,3 +366,27 @@ def test_a_reads_busiest_rank_of_a_round_is_the_real_plans(pattern, nranks, meth
     # a sample of windows holds parts of rounds: not known then
     sampled = simulate(work, SimConfig(hints=hints, writing=False, method="sampled"))
     assert sampled.rank_round_bytes == 0
+
+
+@pytest.mark.parametrize(("pattern", "writing"), [("cyclic", True), ("cyclic", False),
+                                                  ("colblock", True)])  # fmt: skip
+def test_a_two_level_groups_busiest_round_is_the_real_plans(pattern, writing):
+    """The most bytes one local group has in one round, from the real sender plans of its
+    ranks' listed runs: a block-cyclic call of 8 ranks as 2 nodes has each round's
+    windows in one grid row, whose ranks are on one node."""
+    work = make_workload(pattern, 8, size="256", cyclic_block=8)
+    hints = Hints(cb_buffer_size=16384, cb_two_level="enable", cb_min_message=0, min_rounds=1)
+    res = simulate(work, SimConfig(hints=hints, ppn=4, writing=writing))
+    assert res.two_level and res.group_ranks.tolist() == [4, 4]
+    group = np.zeros((2, 64), np.int64)
+    for r in range(8):
+        sp = plan_sender(work.layout(r).runs(), res.bounds, res.window)
+        dom = np.searchsorted(res.bounds[1:-1], sp.pieces.file, side="right")
+        rnd = (sp.pieces.file - res.bounds[dom]) // res.window
+        group[r // 4] += np.bincount(rnd, weights=sp.pieces.length, minlength=64)[:64].astype(int)
+    assert res.group_round_bytes == int(group.max()) > 0
+    per_agg = int((res.agg_bytes / res.agg_rounds).max())
+    if pattern == "cyclic":  # (a whole round's windows in one group)
+        assert res.group_round_bytes == res.naggs * per_agg
+    else:  # (every group has its ranks' columns of every window)
+        assert res.group_round_bytes == res.naggs * per_agg // 2

@@ -15,7 +15,9 @@ call's rounds); a round costs
   the local stage (each rank copies its pieces of
   the round into, or out of, its group's shared staging at ``copy_bandwidth``, or
   ``intra_bandwidth`` where that is not counted, and ``run_seconds`` a piece; the
-  ranks of a group copy at once);
+  ranks of a group copy at once, their share of the busiest group's round where the
+  simulator knows it: rounds are not alike when a layout puts a round in a few groups,
+  whose ranks then also receive all of a read's round);
 * ``storage``: the slowest aggregator at ``aggregator_bandwidth``, or all of them at
   ``targets`` x ``target_bandwidth``, whichever is slower.
 
@@ -217,6 +219,12 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     recv = float(b.max(initial=0))
     if not res.writing and res.rank_round_bytes:
         recv = max(recv, float(res.rank_round_bytes))
+    # a two-level group's round is shared by its ranks: a read's holders receive it, and
+    # every rank copies its part of it (rounds are not alike: a layout may give a round's
+    # windows to a few groups, block-cyclic at 8 ranks to one)
+    group_round = float(res.group_round_bytes) / max(int(res.group_ranks.max(initial=1)), 1)
+    if res.two_level and not res.writing:
+        recv = max(recv, group_round)
     proc += recv / n / cl.intra_bandwidth
     if cl.run_seconds:
         # the most runs an aggregator takes or sends in a round, through its datatype or
@@ -226,7 +234,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     if res.two_level:  # the local stage: every rank copies its own pieces of the round
         # into (out of) its group's shared staging, all ranks at once
         ranks = np.maximum(res.group_ranks, 1) * rounds
-        stage = res.group_bytes / ranks / (cl.copy_bandwidth or cl.intra_bandwidth)
+        share = np.maximum(res.group_bytes / ranks, group_round)  # (the busiest round's)
+        stage = share / (cl.copy_bandwidth or cl.intra_bandwidth)
         if cl.run_seconds:  # each piece a run of its copy
             stage = stage + res.group_runs / ranks * cl.run_seconds
         proc += float(stage.max(initial=0))

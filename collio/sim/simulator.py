@@ -112,6 +112,8 @@ class SimResult:
     group_bytes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     #: Most bytes one rank has in one round (0: not known, beyond the evaluation budget).
     rank_round_bytes: int = 0
+    #: Most bytes one local group has in one round (0: not known, as ``rank_round_bytes``).
+    group_round_bytes: int = 0
     #: Runs of each local aggregator's ranks (its pieces in its staging buffer).
     group_runs: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     agg_nodes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
@@ -299,10 +301,11 @@ def _two_phase(
     # two levels: an aggregator hears from local aggregators, each sending its group's
     # pieces of a window as the group's ranks' union
     sources = groups.group[owner] if groups is not None else owner
-    counts, method, evaluated = _evaluate(blocks, sources, grid, cfg, tiled)
+    counts, method, evaluated = _evaluate(blocks, sources, grid, cfg, tiled, groups is not None)
     res = _assemble(work, cfg, grid, counts, method, evaluated, tiled, total, ext)
     res.nnodes, res.local_per_node, res.agg_nodes = nnodes, per, nodes[aggs]
     res.rank_round_bytes = counts.rank_round if groups is None else 0
+    res.group_round_bytes = counts.rank_round if groups is not None else 0
     if groups is not None:
         res.group_ranks = np.bincount(groups.group, minlength=groups.ngroups).astype(np.int64)
         res.group_bytes = np.bincount(
@@ -315,10 +318,11 @@ def _two_phase(
 
 
 def _evaluate(
-    blocks: Blocks, owner: I64, grid: Grid, cfg: SimConfig, tiled: bool
+    blocks: Blocks, owner: I64, grid: Grid, cfg: SimConfig, tiled: bool, grouped: bool
 ) -> tuple[WindowCounts, str, I64]:
     """Choose the exact method that fits the budget, else sample windows (a read's
-    busiest rank of a round too, where every pair fits the budget)."""
+    busiest rank of a round too, or with ``grouped`` owners, local groups, the busiest
+    group's of a round, where every pair fits the budget)."""
     budget, force = cfg.budget, cfg.method
     nw = grid.nwindows
     every = np.arange(nw, dtype=np.int64)
@@ -333,7 +337,7 @@ def _evaluate(
         # or sub-boxes cut at gaps shorter than a window (they may share one)
         multi = bool((np.bincount(owner) > 1).any()) or (cut < grid.window and bool(levels.any()))
         counts = exploded_intervals(blocks, owner, grid, levels, dedupe=multi, tiled=tiled)
-        if not cfg.writing and explicit_cost <= budget:  # (intervals know no rank's)
+        if (grouped or not cfg.writing) and explicit_cost <= budget:  # (no rank's known)
             counts.rank_round = explicit(blocks, owner, grid, every).rank_round
         return counts, "interval", every
     if force == "explicit" or (force == "auto" and explicit_cost <= budget):
