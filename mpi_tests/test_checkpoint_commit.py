@@ -234,3 +234,52 @@ def test_a_hint_one_rank_cannot_parse_raises_everywhere_and_keeps_the_checkpoint
     err = raises_everywhere(comm, collio.HintError, saving)
     assert f"rank {comm.size - 1}" in str(err) and "'bogus'" in str(err)
     _kept(comm, path, before)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["save", "async_save"])
+def test_a_full_disk_at_the_reservation_keeps_the_previous_checkpoint(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Rank 0 has the data's blocks allocated before any rank writes (``fallocate``):
+    a full disk there (ENOSPC) is the same BackendError on every rank, before a byte is
+    written, and the previous checkpoint stays; a file system that cannot allocate
+    (EOPNOTSUPP) just saves."""
+    import ctypes
+
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    before = read_file(path) if comm.rank == 0 else b""
+    calls: list[int] = []
+
+    def full(fd: int, mode: int, offset: int, nbytes: int) -> int:
+        calls.append(nbytes)
+        ctypes.set_errno(errno.ENOSPC)
+        return -1
+
+    monkeypatch.setattr(posix, "fallocate", full)
+    state = model.rows_state(comm.rank, comm.size, scale=2)
+
+    def run() -> None:
+        if how == "save":
+            ckpt.save(path, state, comm=comm)
+        else:
+            ckpt.async_save(path, state, comm=comm).wait()
+
+    err = raises_everywhere(comm, collio.BackendError, run)
+    assert "rank 0" in str(err) and "no space left" in str(err).lower(), str(err)
+    assert comm.allgather(len(calls)) == [1] + [0] * (comm.size - 1)
+    _kept(comm, path, before)
+
+    def unsupported(fd: int, mode: int, offset: int, nbytes: int) -> int:
+        ctypes.set_errno(errno.EOPNOTSUPP)
+        return -1
+
+    monkeypatch.setattr(posix, "fallocate", unsupported)
+    run()
+    monkeypatch.undo()
+    spec = model.rows_layouts(comm.rank, comm.size, scale=2)
+    got = ckpt.load(path, dict(spec), comm=comm)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name, scale=2)[lay.slices])  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)

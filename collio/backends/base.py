@@ -372,6 +372,11 @@ class Backend(abc.ABC):
     def sync(self) -> None:
         """Make written data durable (on the ranks that wrote)."""
 
+    def reserve(self, size: int) -> None:  # noqa: B027 - optional hook
+        """Local, one rank: have the storage allocate room for the first ``size`` bytes in
+        one request, before the ranks write them, where it can (a hint: the size and the
+        bytes stay as they are); nothing by default."""
+
     def flush_soon(self) -> None:  # noqa: B027 - optional hook
         """Local: start making what this rank wrote durable in the background, where the
         backend can, so that a later :meth:`sync` waits less; nothing by default."""

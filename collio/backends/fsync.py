@@ -15,6 +15,7 @@ from ..threads import flush_executor
 
 __all__ = [
     "EarlyFlush",
+    "fallocate",
     "fdatasync",
     "fsync_files",
     "fsync_path",
@@ -37,6 +38,21 @@ def _libc_sync_file_range() -> Any:
 
 #: Linux's sync_file_range(fd, offset, nbytes, flags), or None where libc lacks it.
 sync_file_range = _libc_sync_file_range()
+
+
+def _libc_fallocate() -> Any:
+    fn = getattr(libc(), "fallocate", None)
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+#: Linux's fallocate(fd, mode, offset, nbytes), or None where libc lacks it.  Called
+#: directly, not as ``posix_fallocate``, whose fallback where the file system cannot
+#: allocate writes a zero into every block.
+fallocate = _libc_fallocate()
 
 
 #: What :class:`EarlyFlush` calls (``os.fdatasync``, ``os.fsync`` where there is none);

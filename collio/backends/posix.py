@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import errno
 import fcntl
@@ -22,7 +23,7 @@ from ..policy import maps_file
 from ..runs import Runs
 from .base import Backend
 from .fdio import pread_zeros, pwrite_all
-from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
+from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, fallocate, sync_file_range
 from .localfile import check_target, finish_temporary, make_temporary, open_regular, reclaim
 from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
 
@@ -450,6 +451,21 @@ class PosixBackend(Backend):
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
             os.ftruncate(self.fd, size)
+
+    def reserve(self, size: int) -> None:
+        """``fallocate`` (mode 0) of the first ``size`` bytes: the file system allocates
+        their blocks at once, as one extent where it can, so the ranks' writes and their
+        writeback allocate none while the ranks write (each allocation holds the inode's
+        block map against the other ranks' writes into the same file).  Where the file
+        system cannot (``EOPNOTSUPP``), nothing: the writes allocate as they go.  A full
+        disk is raised here, before any byte is written."""
+        if fallocate is None or size <= 0:
+            return
+        self.dirty = True  # (the file's size and blocks: the close's fsync makes them durable)
+        if fallocate(self.fd, 0, 0, size) != 0:
+            code = ctypes.get_errno()
+            if code not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise OSError(code, os.strerror(code), self.path)
 
     @contextlib.contextmanager
     def lock(self, lo: int, hi: int, *, write: bool) -> Iterator[None]:

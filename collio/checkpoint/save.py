@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from ..backends.base import storage_errors
 from ..collective import Attempt, agree, any_flag, digest, raise_agreed
 from ..errors import LayoutError, MismatchError
 from ..facts import Facts, How, fact, record
@@ -346,6 +347,7 @@ def write(
             tail = _tail(f.comm, plan, _sums(f.comm, plan, rank))
             f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
             return
+        _reserve(f, plan.data_end)
         if early:
             f._flush_soon()  # (each rank's data to the disk as soon as it wrote it)
         f.write_all_many(fast, _disjoint=True)
@@ -376,6 +378,20 @@ def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
         else:
             slow.append((e.data, at(e.layout, int(plan.offsets[k]))))
     return fast, slow
+
+
+def _reserve(f: Any, size: int) -> None:
+    """Collective: rank 0 has the file system allocate the data's blocks in one request
+    (:meth:`~collio.backends.base.Backend.reserve`) before the ranks write them.  Else
+    each rank's writeback allocates blocks for its pieces while the others still write
+    theirs into the same file, and a write that meets one waiting on the disk waits
+    with the inode's lock held: every rank stalls behind it.  Its error (a full disk)
+    is agreed before any byte is written."""
+    step = Attempt()
+    with step, storage_errors(f.backend):
+        if f.comm.Get_rank() == 0:
+            f.backend.reserve(size)
+    agree(f.comm, step.error, what="checkpoint.save")
 
 
 def _check_readable(f: Any) -> None:
