@@ -27,32 +27,25 @@ __all__ = [
 SYNC_FILE_RANGE_WRITE = 2
 
 
-def _libc_sync_file_range() -> Any:
-    fn = getattr(libc(), "sync_file_range", None)
+def _libc_call(name: str, *argtypes: Any) -> Any:
+    """libc's function ``name`` returning an int, or None where libc lacks it."""
+    fn = getattr(libc(), name, None)
     if fn is None:
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.argtypes = list(argtypes)
     fn.restype = ctypes.c_int
     return fn
 
 
 #: Linux's sync_file_range(fd, offset, nbytes, flags), or None where libc lacks it.
-sync_file_range = _libc_sync_file_range()
-
-
-def _libc_fallocate() -> Any:
-    fn = getattr(libc(), "fallocate", None)
-    if fn is None:
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    fn.restype = ctypes.c_int
-    return fn
-
+sync_file_range = _libc_call(
+    "sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint
+)
 
 #: Linux's fallocate(fd, mode, offset, nbytes), or None where libc lacks it.  Called
 #: directly, not as ``posix_fallocate``, whose fallback where the file system cannot
 #: allocate writes a zero into every block.
-fallocate = _libc_fallocate()
+fallocate = _libc_call("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
 
 
 #: What :class:`EarlyFlush` calls (``os.fdatasync``, ``os.fsync`` where there is none);
