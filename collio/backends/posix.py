@@ -52,6 +52,8 @@ _DIRECT_MIN = 1 << 20
 #: is written again once they fill it), and a small request costs the disk about what
 #: a large one does.  The close's fsync takes those pages with the rest.
 WRITE_BEHIND_MIN = 64 << 10
+#: What a file system that cannot allocate blocks ahead says to (posix_)fallocate.
+_CANNOT_ALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 #: Bytes per direct write from a buffer that is not page-aligned (copied first).
 _BOUNCE = 8 << 20
 
@@ -448,7 +450,7 @@ class PosixBackend(Backend):
         try:
             os.posix_fallocate(self.fd, have, size - have)
         except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            if exc.errno not in _CANNOT_ALLOCATE:
                 raise
             os.ftruncate(self.fd, size)
 
@@ -464,7 +466,7 @@ class PosixBackend(Backend):
         self.dirty = True  # (the file's size and blocks: the close's fsync makes them durable)
         if fallocate(self.fd, 0, 0, size) != 0:
             code = ctypes.get_errno()
-            if code not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            if code not in _CANNOT_ALLOCATE:
                 raise OSError(code, os.strerror(code), self.path)
 
     @contextlib.contextmanager

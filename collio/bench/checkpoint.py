@@ -155,7 +155,7 @@ class _Run:
                 lambda: peers.ceiling_read(
                     ceil, [np.empty_like(a) for a in peers.pieces(st, c)], self.nbytes, c
                 ),
-            ),  # fmt: skip
+            ),
         }
 
     def _load_sub(self) -> None:

@@ -185,10 +185,8 @@ def describe(
     """The index's entry of every array, its extents being ``counts[k]`` rows of the table."""
     counts_ = [int(c) for c in counts]
     firsts = np.concatenate([[0], np.cumsum(counts_)[:-1]]).astype(int).tolist() if counts_ else []
-    descr: dict[np.dtype[Any], Any] = {}  # (a state holds a few dtypes, hundreds of arrays)
-    for dt in dtypes:
-        if dt not in descr:
-            descr[dt] = np.lib.format.dtype_to_descr(dt)
+    # (a state holds a few dtypes, hundreds of arrays: each described once)
+    descr = {dt: np.lib.format.dtype_to_descr(dt) for dt in set(dtypes)}
     return {
         name: {
             "shape": list(shape),
