@@ -283,3 +283,61 @@ def test_a_full_disk_at_the_reservation_keeps_the_previous_checkpoint(
     for name, lay in spec.items():
         want = np.ascontiguousarray(model.rows_reference(name, scale=2)[lay.slices])  # type: ignore[attr-defined]
         assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+
+
+def _cached_pages(path: str) -> int:
+    """How many of the file's pages are in the page cache (``mincore`` of a mapping)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        buf = (ctypes.c_char * size).from_buffer(mm)
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(size), vec) == 0
+        del buf
+        return int(np.count_nonzero(np.frombuffer(vec, np.uint8) & 1))
+    finally:
+        mm.close()
+
+
+@pytest.mark.mpi
+def test_a_save_gives_back_the_replaced_checkpoints_cached_pages(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """Replacing a checkpoint, the save drops the old file's page cache before the ranks
+    write (the new bytes' pages then come back from it, not from free memory), and the
+    new checkpoint loads byte for byte."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    old = path + ".old"
+    can = True
+    if comm.rank == 0:
+        os.link(path, old)  # (keeps the replaced file's inode, and its pages, after the commit)
+        read_file(old)
+        cached = _cached_pages(old)
+        probe = os.open(old, os.O_RDONLY)
+        os.posix_fadvise(probe, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(probe)
+        can = cached > 0 and _cached_pages(old) == 0  # (tmpfs keeps its pages)
+        read_file(old)
+        can = can and _cached_pages(old) == cached
+    if not comm.bcast(can):
+        pytest.skip("this file system keeps its pages in memory")
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=2), comm=comm)
+    # (rank 0 looks, every rank asserts: a failure must not leave the others in the load)
+    left = comm.bcast(
+        (_cached_pages(old), os.stat(old).st_ino != os.stat(path).st_ino)
+        if comm.rank == 0
+        else None
+    )
+    assert left == (0, True), left
+    spec = model.rows_layouts(comm.rank, comm.size, scale=2)
+    got = ckpt.load(path, dict(spec), comm=comm)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name, scale=2)[lay.slices])  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)

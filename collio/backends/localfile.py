@@ -34,6 +34,7 @@ from ..errors import BackendError
 __all__ = [
     "check_target",
     "finish_temporary",
+    "forget_cached",
     "make_temporary",
     "new_mode",
     "open_regular",
@@ -222,3 +223,22 @@ def _alive(pid: int) -> bool:
 def _unlink(name: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name)
+
+
+def forget_cached(before: os.stat_result | None, path: str) -> None:
+    """Drop the page cache of the regular file at `path` (``before``: its ``stat`` when
+    opened), where it is still that file; anything in the way is left as it is (a hint)."""
+    if before is None or not stat.S_ISREG(before.st_mode):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError):  # (no posix_fadvise on the platform)
+        pass
+    finally:
+        os.close(fd)

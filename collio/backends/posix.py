@@ -24,7 +24,14 @@ from ..runs import Runs
 from .base import Backend
 from .fdio import pread_zeros, pwrite_all
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, fallocate, sync_file_range
-from .localfile import check_target, finish_temporary, make_temporary, open_regular, reclaim
+from .localfile import (
+    check_target,
+    finish_temporary,
+    forget_cached,
+    make_temporary,
+    open_regular,
+    reclaim,
+)
 from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
 
 __all__ = [
@@ -460,7 +467,16 @@ class PosixBackend(Backend):
         writeback allocate none while the ranks write (each allocation holds the inode's
         block map against the other ranks' writes into the same file).  Where the file
         system cannot (``EOPNOTSUPP``), nothing: the writes allocate as they go.  A full
-        disk is raised here, before any byte is written."""
+        disk is raised here, before any byte is written.
+
+        Writing to a temporary that will replace a file, the replaced file's cached pages
+        are given back first: they would be dropped at the commit anyway, and until then
+        the new bytes' pages come from the machine's free memory, reclaimed from other
+        pages or (in a virtual machine that returns free memory to its host) faulted in
+        again from the host, which can take longer than the write; a writer that
+        truncates its file reuses its pages at once."""
+        if self.final is not None:
+            forget_cached(self.made.before, self.final)
         if fallocate is None or size <= 0:
             return
         self.dirty = True  # (the file's size and blocks: the close's fsync makes them durable)
