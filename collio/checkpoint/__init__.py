@@ -20,7 +20,8 @@ from mpi4py import MPI
 
 from .asyncsave import SaveHandle, async_save
 from .load import Info, info, load
-from .save import prepare, write
+from .save import prepare
+from .writer import write
 
 __all__ = ["Info", "SaveHandle", "async_save", "info", "load", "save"]
 

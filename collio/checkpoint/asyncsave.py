@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .save import prepare, write
+from .save import prepare
 from .state import Entry
+from .writer import write
 
 __all__ = ["SaveHandle", "async_save"]
 

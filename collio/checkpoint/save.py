@@ -1,4 +1,5 @@
-"""``save``: every rank's pieces in one two-phase call, checksums, the index, one commit."""
+"""``save``: the plan (every rank's entries, their places in the file, which ranks write
+which bytes themselves); the writing is in :mod:`.writer`."""
 
 from __future__ import annotations
 
@@ -12,19 +13,16 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ..backends.base import storage_errors
-from ..collective import Attempt, agree, any_flag, digest, raise_agreed
+from ..collective import Attempt, agree, digest, raise_agreed
 from ..errors import LayoutError, MismatchError
 from ..facts import Facts, How, fact, record
-from ..file import open as _open
 from ..layouts.arrays import ArrayLayout, Subarray
 from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
-from .crc import of_pieces
 from .state import Entry, flatten_state, writers
 
-__all__ = ["Plan", "prepare", "write"]
+__all__ = ["Plan", "prepare"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -230,212 +228,3 @@ def direct(every: I64) -> npt.NDArray[np.bool_]:
     """
     contiguous = every[:, :, 2].astype(bool).all(axis=0)
     return contiguous & extents.disjoint(every[:, :, 0], every[:, :, 1])
-
-
-def _crc_owned(plan: Plan, rank: int) -> npt.NDArray[np.uint32]:
-    """Checksums of the extents this rank's pieces cover, from its memory, in extent order
-    (one library call per extent, each releasing the GIL while it sums)."""
-    import crc32c
-
-    assert plan.extents is not None
-    x = plan.extents
-    mine = np.flatnonzero(x.owner == rank)
-    got = np.empty(len(mine), np.uint32)
-    views: dict[int, tuple[memoryview, int]] = {}
-    rows = zip(x.aid[mine].tolist(), x.starts[mine].tolist(), x.ends[mine].tolist(), strict=True)
-    for i, (k, a, b) in enumerate(rows):
-        if k not in views:  # (a piece's bytes, from its first byte within its array)
-            e = plan.entries[k]
-            views[k] = (e.raw().data, int(plan.spans[rank, k, 0]))
-        buf, lo = views[k]
-        got[i] = crc32c.crc32c(buf[a - lo : b - lo])
-    return got
-
-
-def _sums(comm: MPI.Comm, plan: Plan, rank: int) -> npt.NDArray[np.uint32]:
-    """Collective: :func:`_crc_owned`, its errors agreed (a rank failing alone must not
-    leave the others in the gather of :func:`_tail`)."""
-    step = Attempt()
-    got = np.zeros(0, np.uint32)
-    with step:
-        got = _crc_owned(plan, rank)
-    if any_flag(comm, step.error is not None, patient=True):
-        raise_agreed(comm, step.error, what="checkpoint.save")
-    return got
-
-
-def _read_back_runs(plan: Plan, rank: int) -> tuple[I64, I64]:
-    """(file offsets, lengths) of the extents this rank reads back, in extent order."""
-    assert plan.extents is not None
-    x = plan.extents
-    mine = np.flatnonzero(x.reader == rank)
-    return plan.offsets[x.aid[mine]] + x.starts[mine], x.ends[mine] - x.starts[mine]
-
-
-def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
-    """Extent table, JSON index and trailer, as stored from ``plan.data_end``."""
-    import crc32c
-
-    e = plan.entries
-    assert plan.extents is not None
-    table = np.zeros(len(plan.extents.starts), format.EXTENT)
-    table["start"] = plan.extents.starts
-    table["crc"] = crc
-    arrays = format.describe(
-        [x.name for x in e],
-        [x.shape for x in e],
-        [x.layout.dtype for x in e],
-        [x.layout.order for x in e],
-        plan.offsets,
-        [x.replicated for x in e],
-        plan.extents.counts(len(e)).tolist(),
-    )
-    idx = format.Index(arrays, plan.metadata, table)
-    tbytes, doc = idx.to_bytes(plan.data_end)
-    off = plan.data_end + len(tbytes)
-    return tbytes + doc + format.trailer_bytes(off, len(doc), crc32c.crc32c(doc))
-
-
-def write(
-    comm: MPI.Intracomm,
-    target: Any,
-    plan: Plan,
-    hints: Any,
-    options: dict[str, Any],
-    *,
-    early: bool = True,
-) -> None:
-    """Collective over `comm`: write the plan's pieces, their checksums and the index; commit.
-
-    The target is opened with ``atomic_commit``: until the close, the bytes go to a
-    temporary (or an open multipart upload), so a failure on any rank, or a killed
-    job, leaves the previous checkpoint as it was.
-
-    Where the backend takes later partial writes (a file), the data goes first; each
-    rank then starts the disk on it (:meth:`~collio.File._flush_soon`) and checksums
-    its pieces from memory while the disk writes, pieces that are not one range being
-    read back for theirs; the index follows, and the close's fsync waits for what is
-    left (without ``early``, no flush is started before that fsync: an async save's,
-    whose flush would run in a thread at the job's priority, beside its compute).
-    Otherwise (S3: an object's size is fixed by its first write) the checksums come
-    first and the whole checkpoint is one ``write_all_many``.
-
-    The arrays :func:`direct` allows are written by each rank itself (``disjoint``:
-    no exchange, where the backend lets ranks write their own ranges; S3 aggregates
-    them into its parts all the same); the others go through the two-phase exchange.
-    """
-    rank = comm.Get_rank()
-    step = Attempt()
-    opened: Any = None
-    with step:  # (on async_save's thread too: a rank failing alone must not strand the rest)
-        if plan.error is not None:
-            raise plan.error
-        if plan.extents is None:
-            plan.plan_extents()
-        # (hints one rank cannot parse raise here, agreed, not alone before the open;
-        # without ``early`` no flush at all before the close: the rounds of two-phase
-        # pieces would otherwise start fdatasyncs on the file's flush thread, at the
-        # job's priority)
-        opened = _atomic(hints) if early else _atomic(hints).replace(early_flush=False)
-    if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
-        raise_agreed(comm, step.error, what="checkpoint.save")
-    with _open(target, "w", comm=comm, hints=opened, **options) as f:
-        fast, slow = _items(plan, rank)
-        if plan.reads_back:  # before any byte is written
-            _check_readable(f)
-        if not f.backend.partial_write and not plan.reads_back:
-            tail = _tail(f.comm, plan, _sums(f.comm, plan, rank))
-            f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
-            return
-        _reserve(f, plan.data_end)
-        if early:
-            f._flush_soon()  # (each rank's data to the disk as soon as it wrote it)
-        f.write_all_many(fast, _disjoint=True)
-        if slow:  # (the same arrays on every rank: plan.direct is agreed)
-            f.write_all_many(slow)
-        crcs = _sums(f.comm, plan, rank)  # (while the disk writes)
-        if plan.reads_back:
-            offs, lens = _read_back_runs(plan, rank)
-            crcs = np.concatenate([crcs, of_pieces(f.read_all(Segments(offs, lens)), lens)])
-        f.write_all(*_tail(f.comm, plan, crcs))
-
-
-def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
-    """This rank's writes: the header (rank 0) and the arrays :func:`direct` allows, as
-    raw bytes at their ranges (from the plan's spans: no layout flattened again); the
-    others through their layouts."""
-    head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
-    fast: list[Any] = [(head, Segments([0], [len(head)]))]
-    slow: list[Any] = []
-    lo, hi = plan.spans[rank, :, 0], plan.spans[rank, :, 1]
-    # (each piece's one run, or none where it is empty, as read-only views of two arrays)
-    starts, lengths = plan.offsets + lo, hi - lo
-    starts.flags.writeable = lengths.flags.writeable = False
-    for k, (e, d) in enumerate(zip(plan.entries, plan.direct, strict=True)):
-        if d:
-            one = slice(k, k + 1) if lengths[k] > 0 else slice(0, 0)
-            fast.append((e.raw(), Segments.trusted(starts[one], lengths[one])))
-        else:
-            slow.append((e.data, at(e.layout, int(plan.offsets[k]))))
-    return fast, slow
-
-
-def _reserve(f: Any, size: int) -> None:
-    """Collective: rank 0 has the file system allocate the data's blocks in one request
-    (:meth:`~collio.backends.base.Backend.reserve`) before the ranks write them.  Else
-    each rank's writeback allocates blocks for its pieces while the others still write
-    theirs into the same file, and a write that meets one waiting on the disk waits
-    with the inode's lock held: every rank stalls behind it.  Its error (a full disk)
-    is agreed before any byte is written."""
-    step = Attempt()
-    with step, storage_errors(f.backend):
-        if f.comm.Get_rank() == 0:
-            f.backend.reserve(size)
-    agree(f.comm, step.error, what="checkpoint.save")
-
-
-def _check_readable(f: Any) -> None:
-    """Collective: pieces that are not one range are checksummed by reading them back."""
-    step = Attempt()
-    with step:
-        if not f.backend.readable:
-            raise LayoutError(
-                f"{f.backend.name}: a piece that is not one contiguous range of its "
-                "array is checksummed by reading it back, which this backend cannot "
-                "while writing; save row-contiguous pieces"
-            )
-    agree(f.comm, step.error, what="checkpoint.save")
-
-
-def _tail(
-    comm: MPI.Comm, plan: Plan, crcs: npt.NDArray[np.uint32]
-) -> tuple[npt.NDArray[np.uint8], Segments]:
-    """Collective: every rank's checksums to rank 0, which makes the index; rank 0's item.
-
-    ``crcs`` are this rank's: of the extents it owns, then of those it read back, each
-    in extent order; every rank knows every rank's extents from the plan, so the sums
-    travel as one gather of numbers (waited for sleeping: the others leave the cores to
-    rank 0's index and the disk's work)."""
-    assert plan.extents is not None
-    x = plan.extents
-    who = np.where(x.owner >= 0, x.owner, x.reader)
-    order = np.lexsort((x.owner < 0, who))  # (by rank; its own first, each in extent order)
-    counts = np.bincount(who, minlength=comm.Get_size()).astype(np.int64)
-    displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    root = comm.Get_rank() == 0
-    got = np.empty(len(who) if root else 0, np.uint32)
-    recv = [got, (counts, displs), MPI.UINT32_T] if root else None
-    sleep_until_done(comm.Igatherv([crcs, MPI.UINT32_T], recv, root=0))
-    if not root:
-        return np.zeros(0, np.uint8), Segments([], [])
-    crc = np.empty(len(who), np.uint32)
-    crc[order] = got
-    tail = np.frombuffer(bytearray(_index(plan, crc)), np.uint8)
-    return tail, Segments([plan.data_end], [len(tail)])
-
-
-def _atomic(hints: Any) -> Any:
-    """The user's hints with ``atomic_commit`` on: a checkpoint commits as a whole."""
-    from ..hints import Hints
-
-    return Hints.coerce(hints).replace(atomic_commit=True)
