@@ -19,27 +19,36 @@ that a target is judged the same way whichever front end opens it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import glob
 import os
 import re
+import shutil
 import socket
 import stat
+import threading
 import time
 import uuid
 
 from ..errors import BackendError
 
 __all__ = [
+    "Prepared",
     "check_target",
     "finish_temporary",
     "forget_cached",
+    "fsync_dir",
+    "hold",
     "make_temporary",
     "new_mode",
     "open_regular",
+    "prepare",
     "reclaim",
+    "release_later",
     "temporary_pattern",
+    "unlink_quietly",
 ]
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -239,6 +248,104 @@ def forget_cached(before: os.stat_result | None, path: str) -> None:
         if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except (OSError, AttributeError):  # (no posix_fadvise on the platform)
+        pass
+    finally:
+        os.close(fd)
+
+
+@dataclasses.dataclass(slots=True)
+class Prepared:
+    """What rank 0 made at open: the name every rank opens; with ``atomic_commit`` the
+    temporary's locked descriptor (held until commit or removal) and the target's
+    ``stat`` before (its mode and owner go to the temporary at commit)."""
+
+    name: str
+    lock: int
+    before: os.stat_result | None
+
+    def release(self) -> None:
+        """Let go of the temporary's lock (closing its descriptor)."""
+        if self.lock >= 0:
+            os.close(self.lock)
+            self.lock = -1
+
+    def drop(self, atomic: bool) -> None:
+        """After a failed open: remove the temporary (rank 0 made it) and release it."""
+        if atomic and self.lock >= 0:
+            unlink_quietly(self.name)
+        self.release()
+
+
+def prepare(path: str, mode: str, atomic: bool, create: bool | str = False) -> Prepared:
+    """On rank 0: check the target is a regular file (or absent, in 'w' or with
+    ``create``), then create or truncate it, or make the temporary of an atomic write (a
+    copy of it in 'r+')."""
+    before = check_target(path, "w" if create else mode)
+    if create and (before is None or create == "exclusive"):
+        excl = os.O_EXCL if create == "exclusive" else 0
+        os.close(open_regular(path, os.O_CREAT | os.O_RDWR | excl))
+        before = os.stat(path)
+    if not atomic:
+        if mode == "w":
+            os.close(open_regular(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC))
+        return Prepared(path, -1, before)
+    with contextlib.suppress(OSError):  # (dead jobs' leftovers: never this open's error)
+        reclaim(path)
+    name, lock = make_temporary(path)
+    made = Prepared(name, lock, before)
+    if mode == "r+":
+        try:
+            with open(path, "rb") as src, open(name, "r+b") as dst:
+                shutil.copyfileobj(src, dst, 16 << 20)
+        except OSError as exc:
+            made.drop(True)
+            raise BackendError(
+                f"atomic_commit: copying {path!r} to its temporary {name!r} failed: "
+                f"{exc.strerror or exc}; the temporary is removed, {path!r} is unchanged",
+                errno=exc.errno,
+            ) from exc
+        except BaseException:
+            made.drop(True)
+            raise
+    return made
+
+
+def hold(path: str) -> int:
+    """A descriptor of the file at ``path`` (-1: none), held across its replacement."""
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return -1
+
+
+def release_later(fd: int) -> None:
+    """Close ``fd`` in a thread of its own: the replaced file's blocks are freed there.
+
+    A rename over a large file frees its blocks inside the rename (tens of ms for a
+    few hundred MiB on ext4), while every rank waits for the commit; held open
+    across the rename, the old file is freed by the last close instead, which then
+    runs beside the job.  (The process's exit closes it at the latest.)
+    """
+    if fd >= 0:
+        threading.Thread(target=os.close, args=(fd,), name="collio-free", daemon=True).start()
+
+
+def unlink_quietly(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
         pass
     finally:
         os.close(fd)

@@ -8,29 +8,32 @@ import dataclasses
 import errno
 import fcntl
 import os
-import shutil
-import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from ..buffers import PAGE, scratch_buffer
+from ..buffers import PAGE
 from ..collective import Attempt, agree, any_flag, bcast_outcome
-from ..errors import BackendError, CommitError, ModeError
+from ..errors import CommitError, ModeError
 from ..policy import maps_file
 from ..runs import Runs
 from .base import Backend
+from .directio import DIRECT_MIN, direct_possible, open_direct, write_split
 from .fdio import pread_zeros, pwrite_all
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, fallocate, sync_file_range
 from .localfile import (
-    check_target,
+    Prepared,
     finish_temporary,
     forget_cached,
-    make_temporary,
+    fsync_dir,
+    hold,
     open_regular,
+    prepare,
     reclaim,
+    release_later,
+    unlink_quietly,
 )
 from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
 
@@ -51,8 +54,6 @@ FEW_PREADS = 4
 PREAD_BYTES = 1 << 20
 #: A write of at most this many runs may be taken back (one pread and pwrite each).
 KEEP_RUNS = 16
-#: Direct I/O (hint ``direct_write``) for the page-aligned middle of requests this big.
-_DIRECT_MIN = 1 << 20
 #: Write-behind (:meth:`PosixBackend._write_behind`) starts the disk on a run's whole
 #: pages only, and only where they come to this much: a small run's pages are mostly
 #: shared with the runs other ranks write beside it (a page written back half filled
@@ -61,53 +62,6 @@ _DIRECT_MIN = 1 << 20
 WRITE_BEHIND_MIN = 64 << 10
 #: What a file system that cannot allocate blocks ahead says to (posix_)fallocate.
 _CANNOT_ALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
-#: Bytes per direct write from a buffer that is not page-aligned (copied first).
-_BOUNCE = 8 << 20
-
-
-def write_split(
-    fd: int, dfd: int, buf: npt.NDArray[np.uint8], offset: int, name: str = "the file"
-) -> int:
-    """Write all of ``buf`` at ``offset``: its page-aligned middle through ``dfd`` (opened
-    ``O_DIRECT``; -1: none) when that is at least 1 MiB and ``buf`` sits at the same
-    offset within a page as the file bytes, the rest through ``fd`` (the page cache).
-
-    The two never share a page, so the page cache stays coherent (Linux flushes and
-    drops cached pages a direct write covers).  Returns the bytes written direct;
-    raises :class:`BackendError` on a short write.
-    """
-    view = memoryview(buf).cast("B")  # type: ignore[arg-type]
-    total = len(view)
-    if dfd < 0 or total < _DIRECT_MIN:  # (all through the page cache)
-        pwrite_all(fd, view, offset, name)
-        return 0
-    parts = [(fd, 0, total)]
-    if dfd >= 0 and total >= _DIRECT_MIN:
-        a = -(-offset // PAGE) * PAGE - offset  # relative to offset
-        b = (offset + total) // PAGE * PAGE - offset
-        if b - a >= _DIRECT_MIN:
-            parts = [(fd, 0, a), (dfd, a, b), (fd, b, total)]
-    for d, lo, hi in parts:
-        if hi <= lo:
-            continue
-        if d == dfd and (buf.ctypes.data + lo) % PAGE:
-            _bounced(dfd, buf[lo:hi], offset + lo, name)
-            continue
-        pwrite_all(d, view[lo:hi], offset + lo, name)
-    return parts[1][2] - parts[1][1] if len(parts) == 3 else 0
-
-
-def _bounced(dfd: int, buf: npt.NDArray[np.uint8], offset: int, name: str) -> None:
-    """Write ``buf`` (page-aligned in the file, not in memory) with ``O_DIRECT`` through a
-    kept page-aligned buffer, :data:`_BOUNCE` bytes at a time: numpy's copy costs less
-    than the page cache's (a user's array handed to the no-shuffle path starts 16 bytes
-    into a page)."""
-    step = min(_BOUNCE, len(buf))
-    bounce = scratch_buffer(step, "bounce")
-    for lo in range(0, len(buf), step):
-        n = min(step, len(buf) - lo)
-        bounce[:n] = buf[lo : lo + n]
-        pwrite_all(dfd, bounce[:n], offset + lo, name)
 
 
 class PosixBackend(Backend):
@@ -196,7 +150,7 @@ class PosixBackend(Backend):
         if comm.Get_rank() == 0:
             with step:
                 path = os.fspath(target)
-                made = _prepare(path, mode, atomic, create)
+                made = prepare(path, mode, atomic, create)
                 size = made.before.st_size if made.before is not None else 0
                 shared = (made.name, path, size)
         name, path, size = bcast_outcome(comm, shared, step.error, what="open")
@@ -276,7 +230,7 @@ class PosixBackend(Backend):
 
     def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         self.dirty = True
-        if len(buf) < _DIRECT_MIN:  # (small: all through the page cache)
+        if len(buf) < DIRECT_MIN:  # (small: all through the page cache)
             pwrite_all(self.fd, buf, offset, self.path)
             return
         self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
@@ -539,12 +493,12 @@ class PosixBackend(Backend):
             with step:
                 if ok:
                     finish_temporary(self.made.lock, self.made.before)
-                    old = _hold(self.final)
+                    old = hold(self.final)
                     os.replace(self.path, self.final)
-                    _fsync_dir(self.final)
-                    _release_later(old)
+                    fsync_dir(self.final)
+                    release_later(old)
                 else:
-                    _unlink_quietly(self.path)
+                    unlink_quietly(self.path)
             with contextlib.suppress(OSError):  # (others' leftovers: never this call's error)
                 reclaim(self.final, keep=self.path)
         agree(comm, step.error, what=f"commit {self.final!r}")
@@ -584,120 +538,3 @@ def maps_for(hints: Any, fd: int) -> bool:
     """Whether reads of the file ``fd`` copy from a map, per the hint ``mapped_reads``."""
     maps = str(getattr(hints, "mapped_reads", "automatic"))
     return maps_file(maps, local_fs=fs_name(fd) is not None)
-
-
-@dataclasses.dataclass(slots=True)
-class Prepared:
-    """What rank 0 made at open: the name every rank opens; with ``atomic_commit`` the
-    temporary's locked descriptor (held until commit or removal) and the target's
-    ``stat`` before (its mode and owner go to the temporary at commit)."""
-
-    name: str
-    lock: int
-    before: os.stat_result | None
-
-    def release(self) -> None:
-        """Let go of the temporary's lock (closing its descriptor)."""
-        if self.lock >= 0:
-            os.close(self.lock)
-            self.lock = -1
-
-    def drop(self, atomic: bool) -> None:
-        """After a failed open: remove the temporary (rank 0 made it) and release it."""
-        if atomic and self.lock >= 0:
-            _unlink_quietly(self.name)
-        self.release()
-
-
-def _prepare(path: str, mode: str, atomic: bool, create: bool | str = False) -> Prepared:
-    """On rank 0: check the target is a regular file (or absent, in 'w' or with
-    ``create``), then create or truncate it, or make the temporary of an atomic write (a
-    copy of it in 'r+')."""
-    before = check_target(path, "w" if create else mode)
-    if create and (before is None or create == "exclusive"):
-        excl = os.O_EXCL if create == "exclusive" else 0
-        os.close(open_regular(path, os.O_CREAT | os.O_RDWR | excl))
-        before = os.stat(path)
-    if not atomic:
-        if mode == "w":
-            os.close(open_regular(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC))
-        return Prepared(path, -1, before)
-    with contextlib.suppress(OSError):  # (dead jobs' leftovers: never this open's error)
-        reclaim(path)
-    name, lock = make_temporary(path)
-    made = Prepared(name, lock, before)
-    if mode == "r+":
-        try:
-            with open(path, "rb") as src, open(name, "r+b") as dst:
-                shutil.copyfileobj(src, dst, 16 << 20)
-        except OSError as exc:
-            made.drop(True)
-            raise BackendError(
-                f"atomic_commit: copying {path!r} to its temporary {name!r} failed: "
-                f"{exc.strerror or exc}; the temporary is removed, {path!r} is unchanged",
-                errno=exc.errno,
-            ) from exc
-        except BaseException:
-            made.drop(True)
-            raise
-    return made
-
-
-def open_direct(name: str) -> int:
-    """A second descriptor with ``O_DIRECT``, or -1 where the system or file system has none."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return -1
-    try:
-        return os.open(name, os.O_WRONLY | flag)
-    except OSError:  # (tmpfs and some FUSE file systems refuse O_DIRECT)
-        return -1
-
-
-def direct_possible(name: str) -> bool:
-    """Whether the existing file ``name`` can be opened with ``O_DIRECT`` here."""
-    fd = open_direct(name)
-    if fd >= 0:
-        os.close(fd)
-    return fd >= 0
-
-
-def _hold(path: str) -> int:
-    """A descriptor of the file at ``path`` (-1: none), held across its replacement."""
-    try:
-        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return -1
-
-
-def _release_later(fd: int) -> None:
-    """Close ``fd`` in a thread of its own: the replaced file's blocks are freed there.
-
-    A rename over a large file frees its blocks inside the rename (tens of ms for a
-    few hundred MiB on ext4), while every rank waits for the commit; held open
-    across the rename, the old file is freed by the last close instead, which then
-    runs beside the job.  (The process's exit closes it at the latest.)
-    """
-    if fd >= 0:
-        threading.Thread(target=os.close, args=(fd,), name="collio-free", daemon=True).start()
-
-
-def _unlink_quietly(path: str | None) -> None:
-    if path:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
