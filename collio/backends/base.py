@@ -377,6 +377,12 @@ class Backend(abc.ABC):
         one request, before the ranks write them, where it can (a hint: the size and the
         bytes stay as they are); nothing by default."""
 
+    def release_replaced(self, part: int, parts: int) -> None:  # noqa: B027 - optional hook
+        """Local: writing what will replace an existing target, give back this rank's
+        share (``part`` of ``parts`` equal byte ranges) of the memory caching the target
+        being replaced, before the ranks write, where the storage can (a hint); nothing
+        by default."""
+
     def flush_soon(self) -> None:  # noqa: B027 - optional hook
         """Local: start making what this rank wrote durable in the background, where the
         backend can, so that a later :meth:`sync` waits less; nothing by default."""

@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 
+from ..buffers import PAGE
 from ..errors import BackendError
 
 __all__ = [
@@ -234,19 +235,22 @@ def _unlink(name: str) -> None:
         os.unlink(name)
 
 
-def forget_cached(before: os.stat_result | None, path: str) -> None:
-    """Drop the page cache of the regular file at `path` (``before``: its ``stat`` when
-    opened), where it is still that file; anything in the way is left as it is (a hint)."""
-    if before is None or not stat.S_ISREG(before.st_mode):
-        return
+def forget_cached(path: str, part: int = 0, parts: int = 1) -> None:
+    """Drop the page cache of share ``part`` of ``parts`` (equal byte ranges, cut at
+    pages: the kernel drops whole pages only) of the regular file at `path`; anything in
+    the way is left as it is (a hint)."""
     try:
         fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return
     try:
         now = os.fstat(fd)
-        if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if stat.S_ISREG(now.st_mode):
+            lo, hi = (now.st_size * k // parts // PAGE * PAGE for k in (part, part + 1))
+            if part == parts - 1:
+                os.posix_fadvise(fd, lo, 0, os.POSIX_FADV_DONTNEED)  # (to the end)
+            elif hi > lo:
+                os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
     except (OSError, AttributeError):  # (no posix_fadvise on the platform)
         pass
     finally:

@@ -422,16 +422,7 @@ class PosixBackend(Backend):
         writeback allocate none while the ranks write (each allocation holds the inode's
         block map against the other ranks' writes into the same file).  Where the file
         system cannot (``EOPNOTSUPP``), nothing: the writes allocate as they go.  A full
-        disk is raised here, before any byte is written.
-
-        Writing to a temporary that will replace a file, the replaced file's cached pages
-        are given back first: they would be dropped at the commit anyway, and until then
-        the new bytes' pages come from the machine's free memory, reclaimed from other
-        pages or (in a virtual machine that returns free memory to its host) faulted in
-        again from the host, which can take longer than the write; a writer that
-        truncates its file reuses its pages at once."""
-        if self.final is not None:
-            forget_cached(self.made.before, self.final)
+        disk is raised here, before any byte is written."""
         if fallocate is None or size <= 0:
             return
         self.dirty = True  # (the file's size and blocks: the close's fsync makes them durable)
@@ -439,6 +430,17 @@ class PosixBackend(Backend):
             code = ctypes.get_errno()
             if code not in _CANNOT_ALLOCATE:
                 raise OSError(code, os.strerror(code), self.path)
+
+    def release_replaced(self, part: int, parts: int) -> None:
+        """Drop this rank's share of the page cache of the file the temporary will
+        replace: it would be dropped at the commit anyway, and until then the new bytes'
+        pages come from the machine's free memory, reclaimed from other pages or (in a
+        virtual machine that hands free memory back to its host) faulted in again from
+        the host, which can take longer than the write; a writer that truncates its file
+        reuses its pages at once.  Each rank drops a share, side by side, and the pages
+        it frees serve its own next writes."""
+        if self.final is not None:
+            forget_cached(self.final, part, parts)
 
     @contextlib.contextmanager
     def lock(self, lo: int, hi: int, *, write: bool) -> Iterator[None]:

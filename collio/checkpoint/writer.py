@@ -176,9 +176,12 @@ def _reserve(f: Any, size: int) -> None:
     each rank's writeback allocates blocks for its pieces while the others still write
     theirs into the same file, and a write that meets one waiting on the disk waits
     with the inode's lock held: every rank stalls behind it.  Its error (a full disk)
-    is agreed before any byte is written."""
+    is agreed before any byte is written.  Every rank first gives back its share of the
+    memory caching the checkpoint this one replaces
+    (:meth:`~collio.backends.base.Backend.release_replaced`)."""
     step = Attempt()
     with step, storage_errors(f.backend):
+        f.backend.release_replaced(f.comm.Get_rank(), f.comm.Get_size())
         if f.comm.Get_rank() == 0:
             f.backend.reserve(size)
     agree(f.comm, step.error, what="checkpoint.save")
