@@ -127,7 +127,7 @@ class KeptCalls:
 
     def candidate(self) -> Kept | None:
         want = self.serial - self.period
-        for k in self.entries:
+        for k in reversed(self.entries):  # (newest first: the last call, most often)
             if k.serial == want:
                 return k
         return None
@@ -137,15 +137,19 @@ class KeptCalls:
         was ``key``; ``k``: what a repeat of it may guess from (None: nothing)."""
         s = self.serial
         self.serial = s + 1
-        self.keys.append(key)
-        del self.keys[: -KEPT_CALLS - 2]
-        self.period = _period(self.keys)
+        keys = self.keys
+        keys.append(key)
+        if len(keys) > KEPT_CALLS + 2:
+            del keys[0]
+        # (one variable: its key repeats, the period stays 1)
+        self.period = 1 if len(keys) > 2 and key == keys[-2] == keys[-3] else _period(keys)
         if k is None:
             return
+        new = k.serial < 0
         k.serial, k.ident = s, key
-        if not any(e is k for e in self.entries):
+        if new:  # (a repeated call's entry is kept already; one dropped never returns)
             self.entries.append(k)
-            if len(self.entries) > KEPT_CALLS:
+            if len(self.entries) > KEPT_CALLS:  # (the oldest call goes)
                 self.entries.remove(min(self.entries, key=lambda e: e.serial))
 
 
