@@ -128,7 +128,7 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     a buffer of the same size (so its checks would pass again and find the same facts),
     and its I/O was done now (:func:`collio.speculate.attempt`); None (nothing done): not
     so, the call takes the general way."""
-    k = ctx.guesses[writing]
+    k = speculate.candidate(ctx, writing)
     if k is None or k.view is not fview or not plain(ctx, k, position, data, writing=writing):
         return None
     try:  # (anything failing here is the general way's to agree on, as its checks find it)
@@ -243,6 +243,7 @@ def after_head(ctx: Context, p: Pending, failed: bool, out: tuple[int, ...]) -> 
             call.failed = g.error
     call.prekey, call.nruns, call.name = p.prekey or _prekey(ctx, p.writing), len(p.runs), p.name
     call.facts, call.shift = p.facts, agreed.shift if agreed.shift is not None else -1
+    call.sig = agreed.sig
     if agreed.plan is not None and agreed.plan_shift is not None:
         # every rank found the plan of the same earlier call (or none), its runs shifted alike
         call.plan_epoch = agreed.plan

@@ -44,9 +44,13 @@ class Context:
     # two-level aggregation: each rank's local aggregator (None: one level), and the nodes
     local: LocalGroups | None = None
     nodes: int = 1
-    # this rank's last read and write that every rank did by itself, for a repeat to
-    # guess from (collio.speculate; a list, shared by the copies a read makes of ctx)
+    # what this rank kept of its last read and write (None: not kept), for the steps that
+    # follow the call (collio.speculate.note_layout; a list, shared by the copies a read
+    # makes of ctx)
     guesses: list[Any] = dataclasses.field(default_factory=lambda: [None, None])
+    # this rank's kept reads and writes, one of which the next call may repeat
+    # (collio.speculate.KeptCalls; shared as ``guesses`` is)
+    kept: list[Any] = dataclasses.field(default_factory=lambda: _kept_calls())
     # my_domain's answer for the aggregators array it was asked of (not copied by
     # dataclasses.replace, which gives a read its own aggregators)
     _domain: tuple[Any, int] | None = dataclasses.field(default=None, init=False, repr=False)
@@ -65,6 +69,12 @@ class Context:
         d = int(hit[0]) if len(hit) else -1
         self._domain = (self.aggregators, d)
         return d
+
+
+def _kept_calls() -> list[Any]:
+    from .speculate import KeptCalls  # (speculate builds on this module)
+
+    return [KeptCalls(), KeptCalls()]
 
 
 @dataclasses.dataclass(slots=True)
@@ -90,6 +100,7 @@ class Call:
     # shift, its requests' result, the agreed sums and the last-call facts
     facts: tuple[Any, ...] | None = None
     shift: int = -1
+    sig: int | None = None  # the agreed global array (collio.speculate.call_key)
     done: Any = None
     sums: Any = None
     last: tuple[Any, ...] = ()

@@ -62,7 +62,7 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     through ``fview`` from etype ``position`` as a repeat of this rank's last call of
     its kind through the view.  True: the call is complete; a :data:`Headed`: the call
     went as far as its head; None (nothing done, nothing communicated): not a repeat."""
-    k = ctx.guesses[writing]
+    k = speculate.candidate(ctx, writing)
     if k is not None and k.view is fview and k.at is not None:
         taken = _taken(ctx, k, position, data, writing=writing)
         if taken is not None:
@@ -81,7 +81,7 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     :func:`collio.speculate.note_layout`), as :func:`again` does through a view.  Returns
     its outcome (as :func:`again`'s) and the array read (``data`` when writing); None
     (nothing done, nothing communicated): not such a repeat."""
-    k = ctx.guesses[writing]
+    k = speculate.candidate(ctx, writing)
     if k is None or k.box is None or type(layout) is not Subarray:
         return None
     box = k.box
@@ -217,7 +217,7 @@ def _run(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: 
     if failed or not (guessed and same) or sig is None or items is None:
         g = speculate.Guess(k, writing, *io)
         return _pending(ctx, g, where, lo, buf), (failed, tuple(out))
-    speculate.complete(ctx, k, alo, ahi, (lo, hi), (t_io, t_total))
+    speculate.complete(ctx, k, alo, ahi, (lo, hi), (t_io, t_total), writing=writing)
     return True
 
 

@@ -2,9 +2,10 @@
 
 A call that every rank does by itself (the direct and mapped paths) costs two agreements,
 its head and its completion, and on a small call they are most of its time.  When a call
-repeats this rank's last one of its kind on the file (the same facts of its runs, its
-extent moved by the shift on which every rank agreed last time), the head can only choose
-the same path.  So the rank guesses: it does its I/O, then the head agrees on the call,
+repeats a call of its kind that this rank kept on the file (its last, or one period back
+when the calls alternate variables: :class:`KeptCalls`; the same facts of its runs, its
+extent moved by the shift on which every rank agreed then), the head can only choose the
+same path.  So the rank guesses: it does its I/O, then the head agrees on the call,
 its errors and whether every rank guessed:
 
 - every rank guessed and did its I/O: the call is done.  Its requests are the last call's
@@ -45,6 +46,8 @@ __all__ = [
     "BIG",
     "Guess",
     "Kept",
+    "KeptCalls",
+    "candidate",
     "after_mismatch",
     "attempt",
     "complete",
@@ -59,9 +62,14 @@ __all__ = [
 I64 = npt.NDArray[np.int64]
 #: A size above every real one (what a rank that did not write contributes to the MIN).
 BIG = 2**62
+#: The digests' range (collio.checkfacts.placed)
+_PLACED = (1 << 62) - 1
 #: Most bytes a write keeps to take back: beyond it the second agreement costs less than
 #: reading the old bytes first (a time series' next step past the end keeps none).
 KEEP_LIMIT = 1 << 20
+#: Calls of each kind kept for a repeat: a solver alternating up to this many variables
+#: (layouts) repeats each one's last call.
+KEPT_CALLS = 8
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -93,6 +101,83 @@ class Kept:
     box: tuple[Any, ...] | None = None
     base: int = 0
     runs: Any = None
+    # the call's number among the completed calls of its kind (KeptCalls.serial), and
+    # its key (:func:`call_key`)
+    serial: int = -1
+    ident: tuple[int, int] = (NOT_COMPARED, NOT_COMPARED)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class KeptCalls:
+    """This rank's kept calls of one kind, and which of them the next call may repeat.
+
+    A guessed write is safe to take back only if every rank that guessed moved by the
+    same shift from extents that every rank found disjoint: the shift agreed at the
+    call it repeats.  So every rank must repeat the same earlier call, chosen without
+    communicating: the one ``period`` calls back, the period with which the calls'
+    keys (:func:`call_key`, agreed: the same on every rank) repeat (:func:`_period`).  A rank
+    that did not keep that call, or whose call does not repeat it, does not guess.
+    """
+
+    entries: list[Kept] = dataclasses.field(default_factory=list)
+    serial: int = 0  # the calls of this kind completed so far (not batches)
+    period: int = 1
+    # the keys of the last calls, newest last
+    keys: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    def candidate(self) -> Kept | None:
+        want = self.serial - self.period
+        for k in reversed(self.entries):  # (newest first: the last call, most often)
+            if k.serial == want:
+                return k
+        return None
+
+    def completed(self, key: tuple[int, int], k: Kept | None) -> None:
+        """Local: a call of this kind completed (on every rank alike), whose agreed key
+        was ``key``; ``k``: what a repeat of it may guess from (None: nothing)."""
+        s = self.serial
+        self.serial = s + 1
+        keys = self.keys
+        keys.append(key)
+        if len(keys) > KEPT_CALLS + 2:
+            del keys[0]
+        # (one variable: its key repeats, the period stays 1)
+        self.period = 1 if len(keys) > 2 and key == keys[-2] == keys[-3] else _period(keys)
+        if k is None:
+            return
+        new = k.serial < 0
+        k.serial, k.ident = s, key
+        if new:  # (a repeated call's entry is kept already; one dropped never returns)
+            self.entries.append(k)
+            if len(self.entries) > KEPT_CALLS:  # (the oldest call goes)
+                self.entries.remove(min(self.entries, key=lambda e: e.serial))
+
+
+def call_key(shift: int, sig: int | None, lo: int) -> tuple[int, int]:
+    """Pure: what tells one variable of a series from another, from agreed facts: the
+    shift and the global array's digest without where it starts (``sig`` less the
+    extent's start, a constant of each variable's layout; NOT_COMPARED: none)."""
+    if sig is None or sig < 0:
+        return shift, NOT_COMPARED
+    return shift, (sig - lo) & _PLACED
+
+
+def _period(keys: list[tuple[int, int]]) -> int:
+    """Pure: the smallest period with which the last two calls' keys repeat (a solver
+    alternating A and B: 2), else 1 (one variable, or a series that began anew)."""
+    n = len(keys)
+    if n >= 3:
+        last, before = keys[-1], keys[-2]
+        for p in range(1, min(KEPT_CALLS, n - 2) + 1):
+            if keys[-1 - p] == last and keys[-2 - p] == before:
+                return p
+    return 1
+
+
+def candidate(ctx: Context, writing: bool) -> Kept | None:
+    """Local: the kept call that this call of its kind may repeat (:class:`KeptCalls`)."""
+    calls: KeptCalls = ctx.kept[writing]
+    return calls.candidate()
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -120,7 +205,7 @@ def attempt(
 ) -> Guess | None:  # fmt: skip
     """Local: when this call repeats the last one of its kind (see the module doc), do its
     I/O now and return what was done (its error kept, not raised); else None."""
-    k = ctx.guesses[writing]
+    k = candidate(ctx, writing)
     if k is None or k.facts != facts or k.hints is not ctx.hints or k.backend is not ctx.backend:
         return None
     if not _same_lengths(runs.length, k.lengths):
@@ -200,7 +285,7 @@ def settle(ctx: Context, g: Guess, lo: int, hi: int, extent: tuple[int, int], sa
     reduces its counters as usual."""
     k = g.kept
     if same:
-        return complete(ctx, k, lo, hi, extent, seconds)
+        return complete(ctx, k, lo, hi, extent, seconds, writing=g.writing)
     _keep_extent(ctx, k, extent)
     call = Call(lo, hi, k.path, Stats())
     call.early = g
@@ -215,10 +300,12 @@ def _keep_extent(ctx: Context, k: Kept, extent: tuple[int, int]) -> None:
 
 
 def complete(ctx: Context, k: Kept, lo: int, hi: int, extent: tuple[int, int],
-             seconds: tuple[int, int]) -> Call:  # fmt: skip
+             seconds: tuple[int, int], *, writing: bool) -> Call:  # fmt: skip
     """Local: :func:`settle` of a call whose every rank repeated ``k``'s requests: it is
     complete (:data:`SETTLED`), its statistics ``k``'s sums again."""
     _keep_extent(ctx, k, extent)
+    ctx.kept[writing].completed(k.ident, k)  # (every rank repeated the same call)
+    ctx.guesses[writing] = k
     io, total = seconds[0] / 1e9, seconds[1] / 1e9
     stats = ctx.stats
     stats.add_again(k.sums, io, total)
@@ -231,22 +318,28 @@ def complete(ctx: Context, k: Kept, lo: int, hi: int, extent: tuple[int, int],
 
 
 def remember(ctx: Context, call: Call, runs: Any, writing: bool) -> None:
-    """Local: keep this completed call for a repeat to guess from (or forget the last one
-    when a repeat of this call could not be guessed)."""
-    ctx.guesses[writing] = None
+    """Local: keep this completed call for a repeat to guess from (:class:`KeptCalls`;
+    not kept: a repeat of this call is not guessed)."""
+    k = _keepable(ctx, call, runs, writing)
+    ctx.guesses[writing] = k
+    ctx.kept[writing].completed(call_key(call.shift, call.sig, call.lo), k)
+
+
+def _keepable(ctx: Context, call: Call, runs: Any, writing: bool) -> Kept | None:
+    """Local: what a repeat of this completed call may guess from, or None."""
     be, path = ctx.backend, call.path
     if call.facts is None or call.sums is None or call.own is not None or call.two_level:
-        return
+        return None
     if writing:
         if path is not Path.DIRECT or not call.by_extents or not be.takes_back:
-            return
+            return None
     elif not (path is Path.MAPPED or (path is Path.DIRECT and call.by_extents)):
-        return
+        return None
     if not writing and ctx.hints.read_past_eof == "disable":
-        return
+        return None
     c = call.counters
     key = (call.done, c.direct_io_bytes, c.early_flushes, c.mapped_bytes)
-    ctx.guesses[writing] = Kept(
+    return Kept(
         ctx.hints, be, call.facts, call.shift, path, runs.length, key, Stats.again(call.sums),
         call.last,
     )  # fmt: skip
