@@ -11,10 +11,10 @@ Calls on a local backend agree on nothing per round: the call's completion agree
 on the error once.  Writes (see :func:`_write_streamed`) post their sends rounds
 ahead, and each aggregator receives at its own pace, keeping up the messages even
 after its I/O failed, so every send completes.  Reads run every round too: an
-aggregator whose read failed still sends the round's messages (from its round
-buffer, whatever it holds: the call fails, and a failed read's buffer holds
-undefined bytes), so every receive completes.  Nobody waits for the slowest rank at
-every round.  A message a rank cannot build is posted as a stand-in of the same size
+aggregator whose read failed still sends the round's messages (zeros: the call
+fails, and a failed read's array holds undefined bytes), so every receive
+completes.  Nobody waits for the slowest rank at every round.  A message a rank
+cannot build is posted as a stand-in of the same size
 (:class:`~collio.exchange.Messages`), so a failure in the exchange itself is agreed
 the same way instead of stranding its peers.
 
@@ -427,6 +427,8 @@ def read_rounds(
         error = error or step.error
         if status is not None and _stop(status, error):
             break
+        if error is not None and r.agg(k) is not None:  # (its I/O of round k is done)
+            r.buffer(k, r.request(k)).fill(0)  # zeros, not an earlier call's bytes
         t = time.perf_counter()
         into = out if stage is None else stage.landing(k)
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
