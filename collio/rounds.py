@@ -7,25 +7,25 @@ position.  The backend request of round ``k`` runs in the I/O thread while round
 ``k+1`` is exchanged.  Reads run the same way backwards, the next window read
 ahead.
 
-Writes to a local backend agree on nothing per round (see
-:func:`_write_streamed`): ranks post their sends rounds ahead, and each
-aggregator receives at its own pace, keeping up the messages even after its I/O
-failed, so every send completes; the call's completion agrees on the error.
-Nobody waits for the slowest rank at every round.  A message a rank cannot build is
-posted as a stand-in of the same size (:class:`~collio.exchange.Messages`), so a
-failure in the exchange itself is agreed the same way instead of stranding its peers.
+Calls on a local backend agree on nothing per round: the call's completion agrees
+on the error once.  Writes (see :func:`_write_streamed`) post their sends rounds
+ahead, and each aggregator receives at its own pace, keeping up the messages even
+after its I/O failed, so every send completes.  Reads run every round too: an
+aggregator whose read failed still sends the round's messages (zeros: the call
+fails, and a failed read's array holds undefined bytes), so every receive
+completes.  Nobody waits for the slowest rank at every round.  A message a rank
+cannot build is posted as a stand-in of the same size
+(:class:`~collio.exchange.Messages`), so a failure in the exchange itself is agreed
+the same way instead of stranding its peers.
 
-Reads, and writes to remote backends, agree on the status one round behind
-with a non-blocking allreduce: a rank that fails still takes part in the round's
-messages (so nobody waits for a message that will not come) and every rank stops
-at the same round.
-
-With a remote backend (``Backend.remote``: object stores) the round's status is
-agreed before its messages, sleeping: an aggregator first waits for the request
-that frees its buffer (an upload or a GET of seconds), and ranks that entered the
-messages meanwhile would poll MPI for all that time, on cores that the uploads,
-and a server on the node, need.  The data messages themselves must poll (a
-sleeping test loop starves MPICH's large-message protocol).
+With a remote backend (``Backend.remote``: object stores) rounds run in lockstep,
+each round's status agreed before its messages, sleeping: a failed upload or GET
+stops every rank at the same round instead of running the others' requests for
+nothing, and an aggregator first waits for the request that frees its buffer (an
+upload or a GET of seconds), where ranks that entered the messages meanwhile would
+poll MPI for all that time, on cores that the uploads, and a server on the node,
+need.  The data messages themselves must poll (a sleeping test loop starves MPICH's
+large-message protocol).
 """
 
 from __future__ import annotations
@@ -403,10 +403,7 @@ def read_rounds(
     """
     r = _start(ctx, plan, call)
     comm, be, c = ctx.comm, ctx.backend, r.c
-    # (two levels: the ranks that wait sleep, leaving the cores to a group's ranks still
-    # copying a round out of the staging; their messages are complete at that point)
-    status = _Lagged(comm, be.remote or stage is not None)
-    meet = be.remote  # see module doc
+    status = _Lagged(comm, patient=True) if be.remote else None  # see module doc
     # small equal runs are packed with numpy before sending (Messages.send)
     small = plan.agg is not None and r.mine and _packs(plan.agg)
     scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
@@ -428,11 +425,10 @@ def read_rounds(
                 if error is None:
                     _prefetch(r, k + 1)
         error = error or step.error
-        if status.failed():
+        if status is not None and _stop(status, error):
             break
-        status.post(error is not None)
-        if meet and status.failed():
-            break
+        if error is not None and r.agg(k) is not None:  # (its I/O of round k is done)
+            r.buffer(k, r.request(k)).fill(0)  # zeros, not an earlier call's bytes
         t = time.perf_counter()
         into = out if stage is None else stage.landing(k)
         with messages(comm, _TAG + (k & 0x3FF)) as msgs:
@@ -444,12 +440,18 @@ def read_rounds(
             stage.arrived(k)
             arrived = k
         c.time_exchange += time.perf_counter() - t
-    status.failed()
     if stage is not None:
         if arrived >= 0 and error is None:
             stage.scatter(arrived)
         error = error or stage.finish()
     return drain(r.pending, c, error)
+
+
+def _stop(status: _Lagged, error: BaseException | None) -> bool:
+    """Collective: agree this rank's status before a lockstep round's messages; whether
+    any rank failed (then every rank stops at this round)."""
+    status.post(error is not None)
+    return status.failed()
 
 
 def _prefetch(r: _Rounds, k: int) -> None:

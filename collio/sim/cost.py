@@ -25,8 +25,8 @@ A call also costs ``call_seconds`` whatever its size (opening, planning, agreein
 syncing and closing; 0 on the default cluster, where a call's data dominates).
 
 Every round also costs ``round_seconds`` per time its ranks wait for each other
-(:func:`meetings`: a read's status agreement, a two-level call's staging; a write's
-exchange agrees on nothing per round), the time for ranks to meet: on a cluster the
+(:func:`meetings`: a two-level call's staging; one level's exchange agrees on nothing
+per round), the time for ranks to meet: on a cluster the
 message terms hold it (0), but ranks that outnumber their cores and poll for messages
 wait for each other's turns on a core.
 
@@ -292,11 +292,12 @@ def handshakes(m: np.ndarray[Any, Any], b: np.ndarray[Any, Any], senders: int,
 
 
 def meetings(res: SimResult) -> int:
-    """How many times per round the call's ranks wait for each other: a read agrees on
-    its status every round (one round behind), a two-level call's group waits for its
-    ranks' copies in the staging every round; a write's exchange agrees on nothing per
-    round (its sends are posted rounds ahead, its aggregators receive at their own pace)."""
-    return int(res.two_level) + int(not res.writing)
+    """How many times per round the call's ranks wait for each other: a two-level call's
+    group waits for its ranks' copies in the staging every round; one level's exchange
+    agrees on nothing per round (a write's sends are posted rounds ahead, its aggregators
+    receive at their own pace; a read's aggregators send every round, failed or not, and
+    the call's completion agrees on its errors once)."""
+    return int(res.two_level)
 
 
 def _direct(res: SimResult, cl: Cluster, strategy: str) -> Prediction:
