@@ -42,8 +42,9 @@ from .layouts.base import Layout
 from .overlaps import overlap_error, raise_plan_error
 from .plancache import clear_all
 from .policy import domain_alignment, round_window
+from .readrounds import read_rounds
 from .rounds import prepare as prepare_rounds
-from .rounds import read_rounds, write_rounds
+from .rounds import write_rounds
 from .runs import Runs
 from .speculate import note_layout, remember
 

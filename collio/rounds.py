@@ -50,18 +50,16 @@ from .roundio import (
     Future,
     cover,
     drain,
-    read_window,
     reuse_buffer,
     run_inline,
     settle,
-    wait_io,
     write_window,
 )
 from .stats import Stats
 from .threads import io_executor
 from .waits import sleep_until_done
 
-__all__ = ["Stage", "prepare", "read_rounds", "write_rounds"]
+__all__ = ["Stage", "prepare", "write_rounds"]
 
 I64 = npt.NDArray[np.int64]
 _TAG = 0x0C01
@@ -390,100 +388,3 @@ def _write_lockstep(
     if stage is not None:
         error = error or stage.finish()
     return drain(r.pending, c, error)
-
-
-def read_rounds(
-    ctx: Context, plan: Plan, out: npt.NDArray[np.uint8], call: Call, stage: Stage | None = None
-) -> BaseException | None:
-    """Collective over ``ctx.comm``: every round of a two-phase read (next window read ahead).
-
-    Returns this rank's first error, not yet agreed (see :func:`write_rounds`).  With a
-    ``stage``, each round's pieces arrive in its ``landing`` buffer, and its ``scatter``
-    hands them out while the next round's messages are in flight.
-    """
-    r = _start(ctx, plan, call)
-    comm, be, c = ctx.comm, ctx.backend, r.c
-    status = _Lagged(comm, patient=True) if be.remote else None  # see module doc
-    # small equal runs are packed with numpy before sending (Messages.send)
-    small = plan.agg is not None and r.mine and _packs(plan.agg)
-    scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
-    error: BaseException | None = None
-    arrived = -1  # the last round that arrived (two levels: handed out one round later)
-    step = Attempt()
-    with step:
-        ap = r.agg(0)
-        if ap is not None:  # what this aggregator reads, first to last byte
-            be.read_extent(int(ap.rlo[0]), int(ap.rhi.max()))
-        _prefetch(r, 0)
-    error = step.error
-    for k in range(plan.nrounds):
-        step = Attempt()
-        with step:
-            if r.agg(k) is not None:
-                fut, r.pending[k % DEPTH] = r.pending[k % DEPTH], None
-                wait_io(fut, c)
-                if error is None:
-                    _prefetch(r, k + 1)
-        error = error or step.error
-        if status is not None and _stop(status, error):
-            break
-        if error is not None and r.agg(k) is not None:  # (its I/O of round k is done)
-            r.buffer(k, r.request(k)).fill(0)  # zeros, not an earlier call's bytes
-        t = time.perf_counter()
-        into = out if stage is None else stage.landing(k)
-        with messages(comm, _TAG + (k & 0x3FF)) as msgs:
-            _exchange_read(r, msgs, k, into, scratch)
-            if stage is not None and k:
-                stage.scatter(k - 1)
-        error = error or msgs.error
-        if stage is not None:
-            stage.arrived(k)
-            arrived = k
-        c.time_exchange += time.perf_counter() - t
-    if stage is not None:
-        if arrived >= 0 and error is None:
-            stage.scatter(arrived)
-        error = error or stage.finish()
-    return drain(r.pending, c, error)
-
-
-def _stop(status: _Lagged, error: BaseException | None) -> bool:
-    """Collective: agree this rank's status before a lockstep round's messages; whether
-    any rank failed (then every rank stops at this round)."""
-    status.post(error is not None)
-    return status.failed()
-
-
-def _prefetch(r: _Rounds, k: int) -> None:
-    """Start reading this aggregator's window of round ``k`` (the first one here and now:
-    it is waited for at once)."""
-    ap = r.agg(k)
-    if ap is None:
-        return
-    req = r.request(k)
-    args = (r.ctx.backend, req[0], r.buffer(k, req), cover(ap, k, req), r.c)
-    if k == 0:
-        r.pending[0] = run_inline(r.c, read_window, *args)
-    else:
-        r.pending[k % DEPTH] = r.pool.submit(read_window, *args)
-
-
-def _exchange_read(
-    r: _Rounds, msgs: Messages, k: int, out: npt.NDArray[np.uint8], scratch: npt.NDArray[np.uint8]
-) -> None:
-    """Round ``k`` of a read: receive this rank's pieces; an aggregator sends its window's."""
-    sp, ssh, c = r.plan.sender, r.plan.sender_shapes(), r.c
-    for g in r.groups(k):
-        src = int(r.ctx.aggregators[sp.gdom[g]])
-        msgs.recv_group(src, out, ssh, g, 0, _sender_runs(sp, g))
-        c.exchanged_bytes += int(ssh.total[g])
-    ap = r.agg(k)
-    if ap is None:
-        return
-    ash = r.plan.agg_shapes()
-    req, used = r.request(k), 0
-    rbuf = r.buffer(k, req)
-    for g in ap.groups_of_round(k).tolist():
-        dest, runs = int(ap.gsrc[g]), _agg_runs(ap, g, req[0])
-        used += msgs.send_group(dest, rbuf, ash, g, req[0], runs, scratch[used:])
-        c.messages += 1

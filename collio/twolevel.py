@@ -35,7 +35,8 @@ from .completion import local_summary
 from .context import Call, Context, Plan
 from .exchange import Shapes
 from .hints import Hints
-from .rounds import read_rounds, write_rounds
+from .readrounds import read_rounds
+from .rounds import write_rounds
 from .runs import Runs
 from .shmstage import ShmStage, group_of
 from .twoplan import place
