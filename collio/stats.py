@@ -45,7 +45,7 @@ _get_maxes = operator.attrgetter(*_MAXES)
 #: The keys of ``Stats.last_call``, in the order of ``Stats.last_facts``.
 _LAST_KEYS = (
     "items", "runs", "direct", "path", "rounds", "extent", "plan_reused", "window", "nodes",
-    "two_level", "guessed", "aggregators",
+    "two_level", "aggregators", "guessed",
 )  # fmt: skip
 
 _BUCKET_BOUNDS = np.asarray(BUCKETS, np.int64)
