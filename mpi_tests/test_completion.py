@@ -55,6 +55,7 @@ def _lay(comm):
 def _raises_everywhere(comm, fn, match):
     return raises_everywhere(comm, collio.BackendError, fn, match=match)
 
+
 #: every rank aggregates even a small call (the last rank's failing fsync needs its bytes)
 EVERY_RANK = {"cb_min_domain": 0}
 
