@@ -78,7 +78,7 @@ def complete_call(
         1 if items is None else items, int(out[_RUNS]), call.direct, call.path.value,
         call.counters.rounds,  # (the plan's, agreed)
         [call.lo, call.hi] if call.hi > call.lo else [0, 0], call.reused, call.window,
-        ctx.nodes, call.two_level, False,
+        ctx.nodes, call.two_level, 0 if call.direct else call.active, False,
     )  # fmt: skip
 
 

@@ -94,6 +94,7 @@ class Call:
     nruns: int = 0  # this rank's runs (a batch's: the union of its items')
     name: str = ""  # the call, for messages (write_all, read_all_many, ...)
     two_level: bool = False  # the call aggregated in two levels (collio.twolevel)
+    active: int = 0  # aggregators with a file domain in this call (cb_min_domain)
     # the path is direct because no two ranks' extents interleave (not the runs' check)
     by_extents: bool = False
     # what collio.speculate keeps of a completed call: this rank's facts, the agreed

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import batch, check, quick, twolevel
-from .aggregators import plan_aggregator, plan_sender
+from .aggregators import call_domains, plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.base import storage_errors
 from .buffers import free_buffers
@@ -112,7 +112,9 @@ def _domains(ctx: Context, call: Call, sources: int = 0) -> tuple[I64, int]:
     # (S3 plans its part size from the object size at the first write_all)
     lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
     align = domain_alignment(ctx.backend.alignment, ctx.hints)
-    bounds = ctx.backend.domain_bounds(lo, hi, len(ctx.aggregators), align)
+    bounds, call.active = call_domains(
+        lo, hi, len(ctx.aggregators), align, ctx.hints.cb_min_domain, ctx.backend.domain_bounds
+    )
     call.window = round_window(
         ctx.hints, bounds, align=align, nranks=ctx.comm.Get_size(),
         floor=ctx.backend.min_window, sources=sources,

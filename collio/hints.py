@@ -40,6 +40,7 @@ KNOWN = (
     "cb_two_level",
     "cb_local_aggregators",
     "cb_min_message",
+    "cb_min_domain",
     "checkpoint_map",
 )
 #: Names ROMIO reads (what ``MPI.File.Get_info`` lists for a file of MPICH's ROMIO) and
@@ -68,6 +69,10 @@ MIN_BUFFER = 512
 #: The largest ``striping_unit``: no file system stripes more coarsely than this (Lustre
 #: takes stripes below 4 GiB), and domain boundaries must stay far from 2**63.
 MAX_STRIPE = 4 << 30
+#: ``cb_min_domain``'s default: a call smaller than this per aggregator takes fewer of
+#: them (:func:`~collio.aggregators.active_domains`), as ROMIO's one aggregator per node:
+#: below it, each aggregator's messages cost more than its share of the bytes.
+MIN_DOMAIN = 1 << 20
 _TRI = ("enable", "disable", "automatic")
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
@@ -199,6 +204,11 @@ class Hints:
         Smallest message a two-level round aims for between local and file-domain
         aggregators (64 KiB): its window grows to this times the local aggregators,
         above ``cb_buffer_size`` if need be (at most 1 GiB).  0: windows as one level's.
+    cb_min_domain
+        Smallest file domain a call cuts (1 MiB; ROMIO's ``romio_min_fdomain_size``): a
+        call whose extent is smaller than the aggregators times this uses as many of them
+        as it fills (at least one), the others idle, so a small call makes fewer messages.
+        0: every aggregator has a domain in every call.
     extra
         ROMIO's hints (passed to ROMIO by the mpiio backend) and unknown ones, as strings.
     adjusted
@@ -223,6 +233,7 @@ class Hints:
     cb_two_level: str = "automatic"
     cb_local_aggregators: int | None = None
     cb_min_message: int = 64 << 10
+    cb_min_domain: int = MIN_DOMAIN
     checkpoint_map: str = "automatic"
     extra: tuple[tuple[str, str], ...] = ()
     adjusted: tuple[tuple[str, int], ...] = ()
@@ -246,6 +257,8 @@ class Hints:
             raise HintError(f"hint cb_buffer_size={self.cb_buffer_size} must be >= 1")
         if self.cb_min_message < 0:
             raise HintError(f"hint cb_min_message={self.cb_min_message} must be >= 0")
+        if self.cb_min_domain < 0:
+            raise HintError(f"hint cb_min_domain={self.cb_min_domain} must be >= 0")
         if self.min_rounds < 1:
             raise HintError(f"hint min_rounds={self.min_rounds} must be >= 1")
         if self.striping_unit is not None and self.striping_unit < 1:
@@ -273,7 +286,13 @@ class Hints:
         for key, value in items:
             if key in ("cb_nodes", "striping_factor", "min_rounds", "cb_local_aggregators"):
                 values[key] = _parse_int(value, key)
-            elif key in ("cb_buffer_size", "striping_unit", "direct_threshold", "cb_min_message"):
+            elif key in (
+                "cb_buffer_size",
+                "striping_unit",
+                "direct_threshold",
+                "cb_min_message",
+                "cb_min_domain",
+            ):
                 values[key] = parse_size(value, key)
             elif key == "cb_config_list":
                 values[key] = str(value)
@@ -324,7 +343,7 @@ class Hints:
 #: The fields :meth:`Hints.as_dict` reports as they are (``extra`` and ``adjusted`` aside).
 _VALUES = tuple(f.name for f in dataclasses.fields(Hints) if f.name not in ("extra", "adjusted"))
 
-_INTS = ("cb_buffer_size", "direct_threshold", "min_rounds", "cb_min_message")
+_INTS = ("cb_buffer_size", "direct_threshold", "min_rounds", "cb_min_message", "cb_min_domain")
 _OPTIONAL_INTS = ("cb_nodes", "striping_unit", "striping_factor", "cb_local_aggregators")
 
 

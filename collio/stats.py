@@ -45,7 +45,7 @@ _get_maxes = operator.attrgetter(*_MAXES)
 #: The keys of ``Stats.last_call``, in the order of ``Stats.last_facts``.
 _LAST_KEYS = (
     "items", "runs", "direct", "path", "rounds", "extent", "plan_reused", "window", "nodes",
-    "two_level", "guessed",
+    "two_level", "aggregators", "guessed",
 )  # fmt: skip
 
 _BUCKET_BOUNDS = np.asarray(BUCKETS, np.int64)
@@ -149,7 +149,9 @@ class Stats:
         """What the last collective call did, the same on every rank: ``items``, ``runs``
         (summed over ranks), ``direct``, ``path``, ``rounds``, ``extent``, ``plan_reused``,
         ``window``, ``nodes``, ``two_level``, ``guessed`` (every rank did its I/O before
-        the call's one agreement: a repeat of the last call, see collio.speculate)."""
+        the call's one agreement: a repeat of the last call, see collio.speculate),
+        ``aggregators`` (how many had a file domain in the call: a small call takes fewer
+        than :attr:`aggregators`, hint ``cb_min_domain``; 0 when none did)."""
         facts = self.last_facts
         if facts is not None:
             self._last_call = dict(zip(_LAST_KEYS, facts, strict=True))

@@ -56,6 +56,10 @@ def _raises_everywhere(comm, fn, match):
     return raises_everywhere(comm, collio.BackendError, fn, match=match)
 
 
+#: every rank aggregates even a small call (the last rank's failing fsync needs its bytes)
+EVERY_RANK = {"cb_min_domain": 0}
+
+
 def _written(comm, path, seed, **open_kw):
     """Open ``path`` for writing and write_all the reference array; (file, array)."""
     glob = reference(SHAPE, "<f8", seed=seed)
@@ -90,7 +94,7 @@ def test_close_after_a_mismatch_syncs_and_agrees(comm, mpi_tmp_path, failing_syn
     fsync fails there; every rank still raises the same MismatchError, which carries
     that failure, agreed."""
     path = str(mpi_tmp_path / "target.bin")
-    f, glob = _written(comm, path, 15, backend="failing-sync")
+    f, glob = _written(comm, path, 15, backend="failing-sync", hints=EVERY_RANK)
     lay = _lay(comm)
     call = f.close if comm.rank == 0 else lambda: f.write_all(local_piece(glob, lay), lay)
     err = raises_everywhere(comm, collio.MismatchError, call, match="rank 0 close; ")
@@ -107,7 +111,7 @@ def test_close_after_a_mismatch_syncs_and_agrees(comm, mpi_tmp_path, failing_syn
 @pytest.mark.mpi
 def test_close_after_write_syncs_and_agrees(comm, mpi_tmp_path, failing_sync):
     path = str(mpi_tmp_path / "target.bin")
-    f, glob = _written(comm, path, 12, backend="failing-sync")
+    f, glob = _written(comm, path, 12, backend="failing-sync", hints=EVERY_RANK)
     # the last rank's fsync fails inside close: every rank raises, naming it
     err = _raises_everywhere(comm, f.close, f"rank {comm.size - 1}: ")
     assert err.errno == errno.EIO
@@ -119,7 +123,7 @@ def test_close_after_write_syncs_and_agrees(comm, mpi_tmp_path, failing_sync):
 @pytest.mark.mpi
 def test_failed_sync_leaves_close_collective(comm, mpi_tmp_path, failing_sync):
     path = str(mpi_tmp_path / "target.bin")
-    f, glob = _written(comm, path, 13, backend="failing-sync")
+    f, glob = _written(comm, path, 13, backend="failing-sync", hints=EVERY_RANK)
     _raises_everywhere(comm, f.sync, "injected fsync error")
     # still unsynced after the failed sync: close syncs again, fails again, agrees
     _raises_everywhere(comm, f.close, "injected fsync error")

@@ -306,7 +306,7 @@ def test_aggregator_write_fails_mid_round(comm, mpi_tmp_path, fail_after):
     FailingPosix.fail_rank = comm.size - 1
     FailingPosix.fail_after = fail_after
     # many rounds (the others must not wait for the next one); shuffle even at one rank
-    hints = {"cb_buffer_size": 16384, "romio_cb_write": "enable"}
+    hints = {"cb_buffer_size": 16384, "romio_cb_write": "enable", "cb_min_domain": 0}
     with collio.open(path, "w", comm=comm, hints=hints, backend="failing-posix") as f:
         err = _raises_everywhere(
             comm, collio.BackendError, lambda: f.write_all(local_piece(glob, lay), lay)
@@ -396,7 +396,7 @@ def test_aggregator_read_fails_mid_round(comm, mpi_tmp_path, fail_after):
     comm.Barrier()
     FailingReads.fail_rank = comm.size - 1
     FailingReads.fail_after = fail_after
-    hints = {"cb_buffer_size": 16384, "romio_cb_read": "enable"}
+    hints = {"cb_buffer_size": 16384, "romio_cb_read": "enable", "cb_min_domain": 0}
     with collio.open(path, "r", comm=comm, hints=hints, backend="failing-reads") as f:
         err = _raises_everywhere(comm, collio.BackendError, lambda: f.read_all(lay))
         assert err.errno == errno.EIO and "injected read error" in str(err)
@@ -532,7 +532,7 @@ def test_round_buffers_out_of_memory_on_one_rank(comm, mpi_tmp_path, op, kept):
     lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
     last = comm.size - 1
     # 2 x 1 GiB round buffers (address space only: untouched pages cost nothing)
-    hints = {"cb_buffer_size": 1 << 30, "min_rounds": 1}
+    hints = {"cb_buffer_size": 1 << 30, "min_rounds": 1, "cb_min_domain": 0}
     hints.update(romio_cb_write="enable", romio_cb_read="enable")  # (shuffle at 1 rank too)
     try:
         with collio.open(path, "w", comm=comm, hints=hints) as f:

@@ -128,7 +128,7 @@ def test_stats_reduced_and_same_on_every_rank(comm, mpi_tmp_path):
     shape = (64, 64)
     glob = reference(shape, "<f8")
     lay = collio.layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
-    hints = {"cb_buffer_size": 8192, "romio_cb_write": "enable"}
+    hints = {"cb_buffer_size": 8192, "romio_cb_write": "enable", "cb_min_domain": 0}
     with collio.open(path, "w", comm=comm, hints=hints) as f:
         f.write_all(local_piece(glob, lay), lay)
         d = f.stats.as_dict()

@@ -377,7 +377,7 @@ def test_a_reads_receiver_copies_its_round_from_every_aggregator():
     round's windows to a few ranks, the busiest of them sets the on-node copy, not an
     aggregator's share; a write's aggregator receives (and copies) its window."""
     work = make_workload("cyclic", 8, size="256", cyclic_block=8)
-    hints = Hints(cb_buffer_size=16384, cb_two_level="disable", min_rounds=1)
+    hints = Hints(cb_buffer_size=16384, cb_two_level="disable", min_rounds=1, cb_min_domain=0)
     cl = Cluster(ppn=8, intra_bandwidth=1e9)
     read = simulate(work, SimConfig(hints=hints, writing=False))
     b = float((read.agg_bytes / read.agg_rounds).max())
@@ -396,7 +396,9 @@ def test_a_two_level_stage_copies_its_busiest_round():
     are not alike (block-cyclic at 8 ranks as 2 nodes: each round in one group), not the
     group's bytes spread over every round."""
     work = make_workload("cyclic", 8, size="256", cyclic_block=8)
-    hints = Hints(cb_buffer_size=16384, cb_two_level="enable", cb_min_message=0, min_rounds=1)
+    hints = Hints(
+        cb_buffer_size=16384, cb_two_level="enable", cb_min_message=0, min_rounds=1, cb_min_domain=0
+    )
     cl = Cluster(ppn=4, intra_bandwidth=1e9, copy_bandwidth=2e9)
     for writing in (True, False):
         res = simulate(work, SimConfig(hints=hints, ppn=4, writing=writing))

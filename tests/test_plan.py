@@ -352,3 +352,24 @@ def _flat(obj):
     if dataclasses.is_dataclass(obj):
         return {f.name: _flat(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     return obj
+
+
+def test_a_small_call_cuts_domains_of_at_least_the_minimum():
+    """Domains never below ``min_domain``: as many as fit, spread over the aggregators,
+    the others empty; a call of ``naggs * min_domain`` or more keeps every domain."""
+    from collio.aggregators import active_domains, call_domains
+
+    assert [active_domains(4, span, 1000) for span in (0, 999, 1999, 2000, 3999, 4000, 10**9)] == [
+        1, 1, 1, 2, 3, 4, 4,
+    ]  # fmt: skip
+    assert active_domains(4, 10, 0) == 4 and active_domains(1, 10**9, 1) == 1
+    bounds, active = call_domains(100, 2600, 4, 1, 1000)  # 2500 bytes: 2 domains of 4
+    assert active == 2 and bounds.tolist() == [100, 1350, 1350, 2600, 2600]
+    big, active = call_domains(100, 4100, 4, 1, 1000)
+    assert active == 4 and np.array_equal(big, file_domains(100, 4100, 4))
+    # a rank's runs go to the two aggregators with domains, byte for byte
+    runs = Runs(np.array([100, 1300, 2500]), np.array([50, 100, 100]), np.array([0, 50, 150]))
+    sp = plan_sender(runs, bounds, window=1 << 20)
+    assert sp.per_dom.tolist() == [2, 0, 2, 0]
+    assert sp.pieces.file.tolist() == [100, 1300, 1350, 2500]
+    assert sp.pieces.length.tolist() == [50, 50, 50, 100]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from collio.aggregators import (
+    call_domains,
     choose_aggregators,
     file_domains,
     plan_aggregator,
@@ -42,7 +43,7 @@ def reference(work, hints, backend_alignment=1, partial_write=True, idle=()):
     hi = max(int((r.file + r.length).max()) for r in runs if len(r))
     aggs = choose_aggregators(np.zeros(work.nranks), cb_nodes=hints.cb_nodes)
     align = alignment(backend_alignment, hints.striping_unit)
-    bounds = file_domains(lo, hi, len(aggs), align)
+    bounds, _ = call_domains(lo, hi, len(aggs), align, hints.cb_min_domain)
     largest = int(np.diff(bounds).max())
     window = window_size(hints.cb_buffer_size, align, largest, hints.min_rounds, work.nranks)
     senders = [plan_sender(r, bounds, window) for r in runs]
@@ -80,6 +81,9 @@ CASES = [
     ("ior", 5, None, {"cb_nodes": 2, "cb_buffer_size": 5000, "striping_unit": 1024}),
     ("colblock", 4, "48x50", {"striping_unit": 4096, "cb_buffer_size": 1000, "cb_nodes": 8}),
     ("cyclic", 4, "48x50", {"striping_unit": 16384, "cb_buffer_size": 5000}),
+    # a call smaller than its aggregators' minimum domains: 2 of 4, 2 of 3 take domains
+    ("colblock", 4, "64x40", {"cb_buffer_size": 1000, "cb_min_domain": 8192}),
+    ("cyclic", 8, "100x90", {"cb_nodes": 3, "cb_buffer_size": 3000, "cb_min_domain": 30000}),
 ]
 
 
@@ -89,7 +93,7 @@ def test_simulator_equals_planner(pattern, p, size, hints, method):
     work = make_workload(
         pattern, p, size=size, block_size=96, transfer=32, segments=7, cyclic_block=4
     )
-    h = Hints(romio_cb_write="enable", **hints)
+    h = Hints(romio_cb_write="enable", **{"cb_min_domain": 0, **hints})
     ref = reference(work, h)
     sim = simulate(work, SimConfig(hints=h, method=method))
     assert not sim.direct and sim.method == method
@@ -156,7 +160,7 @@ def test_layouts_with_holes(monkeypatch, pattern, size, partial_write):
         return sub, owner[keep]
 
     monkeypatch.setattr(simulate_module, "batched_blocks", some_ranks)
-    h = Hints(romio_cb_write="enable", cb_nodes=3, cb_buffer_size=640)
+    h = Hints(romio_cb_write="enable", cb_nodes=3, cb_buffer_size=640, cb_min_domain=0)
     ref = reference(work, h, partial_write=partial_write, idle=idle)
     cfg = SimConfig(hints=h, partial_write=partial_write)
     sim = simulate(work, cfg)
@@ -346,7 +350,7 @@ def test_a_reads_busiest_rank_of_a_round_is_the_real_plans(pattern, nranks, meth
     sends each round's windows to the 2 ranks of one grid row."""
     # (block-cyclic: a domain of 4 block rows, a window of one)
     work = make_workload(pattern, nranks, size="256", cyclic_block=8)
-    hints = Hints(cb_buffer_size=16384, cb_two_level="disable", min_rounds=1)
+    hints = Hints(cb_buffer_size=16384, cb_two_level="disable", min_rounds=1, cb_min_domain=0)
     res = simulate(work, SimConfig(hints=hints, writing=False, method=method))
     runs = [work.layout(r).runs() for r in range(nranks)]
     lo = min(int(r.file[0]) for r in runs)
@@ -375,7 +379,9 @@ def test_a_two_level_groups_busiest_round_is_the_real_plans(pattern, writing):
     ranks' listed runs: a block-cyclic call of 8 ranks as 2 nodes has each round's
     windows in one grid row, whose ranks are on one node."""
     work = make_workload(pattern, 8, size="256", cyclic_block=8)
-    hints = Hints(cb_buffer_size=16384, cb_two_level="enable", cb_min_message=0, min_rounds=1)
+    hints = Hints(
+        cb_buffer_size=16384, cb_two_level="enable", cb_min_message=0, min_rounds=1, cb_min_domain=0
+    )
     res = simulate(work, SimConfig(hints=hints, ppn=4, writing=writing))
     assert res.two_level and res.group_ranks.tolist() == [4, 4]
     group = np.zeros((2, 64), np.int64)

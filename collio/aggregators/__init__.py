@@ -5,17 +5,20 @@ Pure functions of numpy arrays and hints: no MPI, no files.  That is what lets
 against brute force.
 """
 
-from .domains import file_domains, window_size
+from .domains import active_domains, call_domains, file_domains, spread_domains, window_size
 from .plan import AggregatorPlan, SenderPlan, plan_aggregator, plan_sender
 from .select import choose_aggregators, default_cb_nodes
 
 __all__ = [
     "AggregatorPlan",
+    "active_domains",
+    "call_domains",
     "SenderPlan",
     "choose_aggregators",
     "default_cb_nodes",
     "file_domains",
     "plan_aggregator",
     "plan_sender",
+    "spread_domains",
     "window_size",
 ]

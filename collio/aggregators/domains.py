@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["file_domains", "window_size", "alignment"]
+__all__ = [
+    "active_domains", "call_domains", "file_domains", "spread_domains", "window_size",
+    "alignment",
+]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
 
@@ -91,3 +95,45 @@ def _domains_at(span: int, naggs: int, align: int, lo: int) -> I64:
     got = np.maximum.accumulate(cuts).astype(np.int64)
     got.flags.writeable = False
     return got
+
+
+def active_domains(naggs: int, span: int, min_domain: int) -> int:
+    """How many of ``naggs`` aggregators take a domain of a call spanning ``span`` bytes:
+    as many as domains of at least ``min_domain`` bytes fit (at least one; 0: all).
+
+    A small call over every aggregator sends each of them a message from every rank
+    whose bytes it holds; over fewer, fewer messages for the same bytes, as ROMIO's one
+    aggregator per node.  A call of ``naggs * min_domain`` bytes or more keeps them all.
+    """
+    if min_domain <= 0 or naggs <= 1:
+        return max(1, naggs)
+    return max(1, min(naggs, int(span) // int(min_domain)))
+
+
+def spread_domains(cuts: I64, naggs: int) -> I64:
+    """``naggs + 1`` bounds from the ``k + 1`` bounds ``cuts`` of ``k`` domains: domain
+    ``i`` of ``cuts`` goes to aggregator ``i * naggs // k``, the others' domains empty
+    (so the active aggregators are spread over the nodes as all of them are)."""
+    k = len(cuts) - 1
+    if k >= naggs:
+        return cuts
+    active = np.arange(k, dtype=np.int64) * naggs // k
+    # bounds[j] is the end of the active domains that start before j
+    before = np.searchsorted(active, np.arange(naggs + 1, dtype=np.int64), side="left")
+    return np.ascontiguousarray(cuts[before], dtype=np.int64)
+
+
+def call_domains(
+    lo: int,
+    hi: int,
+    naggs: int,
+    align: int,
+    min_domain: int,
+    cut: Callable[[int, int, int, int], I64] = file_domains,
+) -> tuple[I64, int]:
+    """A call's ``naggs + 1`` domain bounds over ``[lo, hi)`` and how many domains are not
+    empty (:func:`active_domains`), cut by ``cut`` (:func:`file_domains` or a backend's
+    ``domain_bounds``) and spread (:func:`spread_domains`): the engine's and the
+    simulator's one rule."""
+    active = active_domains(naggs, hi - lo, min_domain)
+    return spread_domains(cut(lo, hi, active, align), naggs), active

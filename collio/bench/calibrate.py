@@ -319,9 +319,10 @@ def _workload_of(name: str, args: argparse.Namespace, workload: Any, nranks: int
 def _round_hints(work: Any) -> tuple[tuple[str, str], ...]:
     """Hints that cut the tiny array's file domains (one an aggregator) into
     :data:`ROUNDS` windows, two levels too (whose windows keep a large message from each
-    local aggregator otherwise)."""
+    local aggregator otherwise), every aggregator taking a domain (the tiny array is far
+    below ``cb_min_domain`` per aggregator)."""
     window = max(work.nbytes // work.nranks // ROUNDS, 1)
-    return (("cb_buffer_size", str(window)), ("cb_min_message", "1"))
+    return (("cb_buffer_size", str(window)), ("cb_min_message", "1"), ("cb_min_domain", "0"))
 
 
 def _medians(rows: list[dict[str, Any]], apis: tuple[str, ...]) -> dict[tuple[str, str], float]:

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import policy
-from ..aggregators import choose_aggregators, file_domains
+from ..aggregators import call_domains, choose_aggregators
 from ..aggregators.nodes import consecutive_nodes, local_groups, node_shape
 from ..bench.patterns import Workload
 from ..layouts.strided import Blocks
@@ -174,7 +174,7 @@ def _two_phase(
     per = policy.two_level(h, nranks=work.nranks, nnodes=nnodes, fullest=fullest)
     groups = local_groups(nodes, per) if per else None
     align = policy.domain_alignment(cfg.backend_alignment, h)
-    bounds = file_domains(ext[0], ext[1], naggs, align)
+    bounds, _ = call_domains(ext[0], ext[1], naggs, align, h.cb_min_domain)
     window = policy.round_window(
         h, bounds, align=align, nranks=work.nranks, floor=cfg.backend_min_window,
         sources=groups.ngroups if groups is not None else 0,
