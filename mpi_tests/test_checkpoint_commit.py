@@ -138,7 +138,6 @@ def _writeback_started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]
         return int(real(fd, offset, nbytes, flags))
 
     monkeypatch.setattr(posix, "sync_file_range", sfr)
-    monkeypatch.setattr(fsync, "sync_file_range", sfr)  # (the flush thread's, see behind)
     return started
 
 

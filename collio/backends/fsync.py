@@ -6,7 +6,6 @@ import concurrent.futures
 import ctypes
 import errno
 import os
-import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -77,7 +76,7 @@ class EarlyFlush:
     so the fsync of that ``sync()`` would otherwise report success.
     """
 
-    __slots__ = ("fd", "path", "future", "count", "error", "pending", "ranges", "drain", "guard")
+    __slots__ = ("fd", "path", "future", "count", "error", "pending")
 
     #: Bytes written since the last flush before another starts: a flush after every
     #: small write (a time series of 1 MiB calls) costs each call a device flush in the
@@ -93,11 +92,6 @@ class EarlyFlush:
         self.count = 0
         #: The first failed flush since the last :meth:`wait`: none starts while set.
         self.error: BaseException | None = None
-        #: (offset, length) ranges given to :meth:`behind` and not yet started, and the
-        #: flush thread's job starting them (None when none runs).
-        self.ranges: list[tuple[int, int]] = []
-        self.drain: concurrent.futures.Future[None] | None = None
-        self.guard = threading.Lock()
 
     def kick(self, nbytes: int, *, now: bool = False) -> None:
         """``nbytes`` were written: start a flush once :data:`AFTER` bytes were written since
@@ -117,35 +111,9 @@ class EarlyFlush:
             self.count += 1
             self.pending = 0
 
-    def behind(self, offsets: list[int], lengths: list[int]) -> None:
-        """Start the disk on these ranges (``sync_file_range``, Linux) from the flush
-        thread.  Starting writeback blocks while the disk's queue is full (the kernel
-        throttles writeback to keep reads fast), and the caller, still copying its next
-        pieces into the page cache, must not wait there: the thread does, taking the
-        ranges in the order they were written.  Its errors are the close's fsync's."""
-        with self.guard:
-            self.ranges.extend(zip(offsets, lengths, strict=True))
-            if self.drain is None:
-                self.drain = flush_executor().submit(self._start_ranges)
-
-    def _start_ranges(self) -> None:
-        while True:
-            with self.guard:
-                todo, self.ranges = self.ranges, []
-                if not todo:
-                    self.drain = None
-                    return
-            for off, n in todo:
-                sync_file_range(self.fd, off, n, SYNC_FILE_RANGE_WRITE)  # type: ignore[misc]
-
     def wait(self) -> BackendError | None:
-        """Wait for the running flush, if any, and for the ranges :meth:`behind` still
-        starts; the error of a failed flush since the last call (reported once), as a
-        BackendError, else None.  Flushes start again."""
-        with self.guard:
-            drain = self.drain
-        if drain is not None:
-            drain.result()
+        """Wait for the running flush, if any; the error of a failed one since the last
+        call (reported once), as a BackendError, else None.  Flushes start again."""
         fut, self.future = self.future, None
         exc = self.error or (fut.exception() if fut is not None else None)
         self.error = None

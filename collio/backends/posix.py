@@ -212,9 +212,8 @@ class PosixBackend(Backend):
 
     def _write_behind(self, runs: Runs) -> None:
         """Start the disk on the runs just written (:meth:`flush_soon`): writeback of
-        their own whole pages (``sync_file_range``, from the flush thread: see
-        :meth:`~collio.backends.fsync.EarlyFlush.behind`), where they come to
-        :data:`WRITE_BEHIND_MIN` or more.  An
+        their own whole pages (``sync_file_range``, which does not wait), where they come
+        to :data:`WRITE_BEHIND_MIN` or more.  An
         ``fdatasync`` of the whole file, as the rounds' early flush, would also take the
         pages other ranks are still filling into one shared file, and their writes wait
         for it; the close's fsync makes everything durable.  Where Linux's call is
@@ -225,8 +224,8 @@ class PosixBackend(Backend):
         lo = -(-runs.file // PAGE) * PAGE
         n = (runs.file + runs.length) // PAGE * PAGE - lo
         big = n >= WRITE_BEHIND_MIN
-        if big.any():
-            self.flusher.behind(lo[big].tolist(), n[big].tolist())  # type: ignore[union-attr]
+        for f, k in zip(lo[big].tolist(), n[big].tolist(), strict=True):
+            sync_file_range(self.fd, f, k, SYNC_FILE_RANGE_WRITE)  # type: ignore[misc]
 
     def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         self.dirty = True
