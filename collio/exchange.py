@@ -19,7 +19,10 @@ from mpi4py import MPI
 
 from .collective import Attempt, agree
 
-__all__ = ["alltoallv_i64", "alltoallv_into", "byte_view", "Messages", "Shapes", "group_shapes"]
+__all__ = [
+    "alltoallv_i64", "alltoallv_into", "byte_view", "displacements", "Messages", "Shapes",
+    "group_shapes",
+]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
 
@@ -49,10 +52,16 @@ def alltoallv_into(comm: MPI.Comm, send: I64, counts: I64, recv: I64, rcounts: I
     """Collective over `comm`: ``counts[r]`` consecutive int64 values of ``send`` to rank
     r, ``rcounts[r]`` from rank r into ``recv`` (which holds them), grouped by source:
     the exchange of :func:`alltoallv_i64` once both sides know the counts."""
-    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-    rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1])).astype(np.int64)
+    sdispl, rdispl = displacements(counts), displacements(rcounts)
     # mpi4py 4 switches to MPI-4 large-count calls by itself when counts exceed int
     comm.Alltoallv([send, (counts, sdispl), MPI.INT64_T], [recv, (rcounts, rdispl), MPI.INT64_T])
+
+
+def displacements(counts: Any) -> I64:
+    """Where each of consecutive blocks of ``counts`` values starts (MPI's ``displs``)."""
+    out = np.zeros(len(counts), np.int64)
+    np.cumsum(counts[:-1], out=out[1:])
+    return out
 
 
 def _make_type(disp: I64, length: I64) -> MPI.Datatype:

@@ -32,7 +32,7 @@ from .aggregators.plan import plan_sender
 from .aggregators.stage import holders, leader_runs, round_bytes, slots, staging
 from .collective import Attempt, agree
 from .context import Context, Plan
-from .exchange import alltoallv_into
+from .exchange import alltoallv_into, displacements
 from .runs import Runs
 from .shmstage import Group
 from .waits import sleep_until_done
@@ -128,7 +128,7 @@ def _gather(comm: MPI.Intracomm, send: I64, step: Attempt) -> tuple[I64, I64]:
             ok[0], counts[:] = 0, 0
     comm.Bcast([ok, MPI.INT64_T], root=0)
     send = send if ok[0] else _NONE
-    displ = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    displ = displacements(counts)
     comm.Gatherv([send, MPI.INT64_T], [recv, (counts, displ), MPI.INT64_T], root=0)
     return recv, counts if root else _NONE
 
@@ -155,7 +155,7 @@ def _scatter(comm: MPI.Intracomm, out: I64, counts: I64, step: Attempt) -> I64:
     ok = np.array([held.error is None], np.int64)
     oks = np.ones(size, np.int64)
     comm.Gather([ok, MPI.INT64_T], [oks, MPI.INT64_T], root=0)
-    displ = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    displ = displacements(counts)
     comm.Scatterv([out, (counts * oks, displ), MPI.INT64_T], [recv, MPI.INT64_T], root=0)
     return recv
 

@@ -281,6 +281,17 @@ def test_a_rank_failing_after_the_stage_two_plan_is_agreed(nodes, mpi_tmp_path, 
     assert np.array_equal(np.fromfile(path, "<f8").reshape(glob.shape), glob)
 
 
+def _errors(comm, call):
+    """Every rank's CollioError of ``call`` (type, message, ranks named; None: it
+    returned), the same list on every rank."""
+    error = None
+    try:
+        call()
+    except collio.CollioError as exc:
+        error = (type(exc).__name__, str(exc), list(exc.ranks))
+    return comm.allgather(error)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("op", ["write", "read"])
 @pytest.mark.parametrize("where", ["leader_runs", "holders", "_room"])
@@ -311,18 +322,13 @@ def test_a_local_aggregator_failing_to_merge_its_groups_runs_is_agreed(
             f.write_all(local_piece(glob, lay), lay)
             f.sync()
         out = np.full_like(local_piece(glob, lay), -1.0)
-        error = None
         with monkeypatch.context() as m:
             if comm.rank == bad:
                 m.setattr(collio.twoplan, where, boom)
-            try:
-                if op == "write":
-                    f.write_all(local_piece(glob, lay), lay)
-                else:
-                    f.read_all(lay, out=out)
-            except collio.CollioError as exc:
-                error = (type(exc).__name__, str(exc), list(exc.ranks))
-        errors = comm.allgather(error)
+            if op == "write":
+                errors = _errors(comm, lambda: f.write_all(local_piece(glob, lay), lay))
+            else:
+                errors = _errors(comm, lambda: f.read_all(lay, out=out))
         if where == "holders" and op == "write":  # (a write's local aggregator holds all)
             assert errors == [None] * comm.size, errors
         else:
@@ -361,7 +367,6 @@ def test_a_rank_failing_to_take_its_share_of_a_read_is_agreed(nodes, mpi_tmp_pat
         f.write_all(local_piece(glob, lay), lay)
         f.sync()
         out = np.full_like(local_piece(glob, lay), -1.0)
-        error = None
         with monkeypatch.context() as m:
             if comm.rank == bad:
 
@@ -369,11 +374,7 @@ def test_a_rank_failing_to_take_its_share_of_a_read_is_agreed(nodes, mpi_tmp_pat
                     raise MemoryError(f"no room for {n} values")
 
                 m.setattr(collio.twoplan, "_room", boom)
-            try:
-                f.read_all(lay, out=out)
-            except collio.CollioError as exc:
-                error = (type(exc).__name__, str(exc), list(exc.ranks))
-        errors = comm.allgather(error)
+            errors = _errors(comm, lambda: f.read_all(lay, out=out))
         assert all(e == errors[0] for e in errors), errors
         assert errors[0] is not None and errors[0][2] == [bad], errors
         assert "no room for" in errors[0][1] and f"rank {bad}" in errors[0][1]

@@ -240,17 +240,16 @@ def forget_cached(path: str, part: int = 0, parts: int = 1) -> None:
     pages: the kernel drops whole pages only) of the regular file at `path`; anything in
     the way is left as it is (a hint)."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
+        fd = open_regular(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except (OSError, BackendError):
         return
     try:
-        now = os.fstat(fd)
-        if stat.S_ISREG(now.st_mode):
-            lo, hi = (now.st_size * k // parts // PAGE * PAGE for k in (part, part + 1))
-            if part == parts - 1:
-                os.posix_fadvise(fd, lo, 0, os.POSIX_FADV_DONTNEED)  # (to the end)
-            elif hi > lo:
-                os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+        size = os.fstat(fd).st_size
+        lo, hi = (size * k // parts // PAGE * PAGE for k in (part, part + 1))
+        if part == parts - 1:
+            os.posix_fadvise(fd, lo, 0, os.POSIX_FADV_DONTNEED)  # (to the end)
+        elif hi > lo:
+            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
     except (OSError, AttributeError):  # (no posix_fadvise on the platform)
         pass
     finally:

@@ -12,6 +12,7 @@ from mpi4py import MPI
 from ..backends.base import storage_errors
 from ..collective import Attempt, agree, any_flag, raise_agreed
 from ..errors import LayoutError
+from ..exchange import displacements
 from ..file import open as _open
 from ..layouts.base import Segments
 from ..waits import sleep_until_done
@@ -214,7 +215,7 @@ def _tail(
     who = np.where(x.owner >= 0, x.owner, x.reader)
     order = np.lexsort((x.owner < 0, who))  # (by rank; its own first, each in extent order)
     counts = np.bincount(who, minlength=comm.Get_size()).astype(np.int64)
-    displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    displs = displacements(counts)
     root = comm.Get_rank() == 0
     got = np.empty(len(who) if root else 0, np.uint32)
     recv = [got, (counts, displs), MPI.UINT32_T] if root else None
