@@ -8,7 +8,7 @@ import pytest
 from helpers import read_file
 
 from collio.backends import memory
-from collio.testing.backend_suite import ByteBackendTests
+from collio.testing.target_suites import ByteBackendTests
 
 
 class TestPosix(ByteBackendTests):

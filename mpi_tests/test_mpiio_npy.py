@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
-from collio.testing.backend_suite import ByteBackendTests
+from collio.testing.target_suites import ByteBackendTests
 
 
 class TestMpiio(ByteBackendTests):

@@ -17,8 +17,8 @@ from mpi4py import MPI
 import collio
 from collio import layouts
 from collio.backends.s3.plan import MIN_PART_SIZE
-from collio.testing.backend_suite import ByteBackendTests
 from collio.testing.jobs import python
+from collio.testing.target_suites import ByteBackendTests
 
 boto3 = pytest.importorskip("boto3")
 s3testing = pytest.importorskip("collio.testing.s3")

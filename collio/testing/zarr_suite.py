@@ -15,7 +15,8 @@ from mpi4py import MPI
 
 from collio import layouts
 
-from .backend_suite import F8, SHAPE, ArrayBackendTests, global_array
+from .backend_suite import F8, SHAPE, global_array
+from .target_suites import ArrayBackendTests
 
 __all__ = ["ZarrBackendTests"]
 

@@ -30,16 +30,16 @@ import numpy.typing as npt
 import zarr
 from mpi4py import MPI
 
-from ...collective import Attempt, agree, agree_same, raise_agreed
-from ...errors import BackendError, LayoutError, MismatchError
+from ...errors import BackendError, LayoutError
 from ...layouts.arrays import ArrayLayout
 from ...runs import Runs
 from ..base import Backend
 from ..chunkspace import ChunkSpace
 from ..fsync import fsync_files, start_writeback
+from .opening import open_array
 from .regions import load_regions, store_regions
 from .shares import keep_own
-from .spec import OpenSpec, array_facts
+from .spec import array_facts
 
 __all__ = ["ZarrBackend"]
 
@@ -116,44 +116,7 @@ class ZarrBackend(Backend):
         opening different arrays) raises the same error on every rank.
         """
         fsync = bool(options.pop("fsync", True))
-        step = Attempt()
-        spec: OpenSpec | None = None
-        ident: tuple[Any, ...] | None = None
-        with step:  # (identity() reprs the user's options: a failure is agreed too)
-            spec = OpenSpec.parse(target, mode, options, nranks=comm.Get_size(), hints=hints)
-            ident = spec.identity()
-        if mode == "w":  # (mode is the same on every rank) nothing is created unless all agree
-            # on the options too: rank 0 creates (overwrites) with its own
-            agree_same(comm, step.error, ident, what="open zarr array", describe=_describe_identity)
-            if comm.Get_rank() == 0:
-                with step:
-                    assert spec is not None
-                    if spec.creates:
-                        spec.create()
-            agree(comm, step.error, what="create zarr array")
-        array: Any = None
-        facts: tuple[Any, ...] | None = None
-        with step:
-            if spec is not None and step.error is None:
-                array = spec.open()
-                facts = (ident, array_facts(array).key())
-        # one allgather: who failed, and what each rank opened
-        every = comm.allgather(("failed", None) if step.error is not None else ("ok", facts))
-        if any(state != "ok" for state, _ in every):
-            raise_agreed(comm, step.error, what="open zarr array")
-        every = [f for _, f in every]
-        bad = [r for r, f in enumerate(every) if f != every[0]]
-        if bad:  # every rank sees the same list: they all raise
-
-            def show(f: Any) -> str:
-                return f"({_describe_identity(f[0])}; shape, dtype, chunks, shards {f[1]})"
-
-            raise MismatchError(
-                f"ranks opened different zarr arrays: rank 0 {show(every[0])}; "
-                + "; ".join(f"rank {r} {show(every[r])}" for r in bad[:8]),
-                ranks=tuple(bad),
-            )
-        assert spec is not None
+        array, spec = open_array(target, mode, comm=comm, hints=hints, options=options)
         be = cls(array, mode, copy_values=spec.in_memory, fsync=fsync)
         be._naggs = getattr(hints, "cb_nodes", None)
         return be
@@ -426,13 +389,3 @@ class ZarrBackend(Backend):
 def _one_run(offset: int, nbytes: int) -> Runs:
     z = np.zeros(1, np.int64)
     return Runs(z + offset, z + nbytes, z)
-
-
-def _describe_identity(ident: Any) -> str:
-    where, made, expect, secret = ident
-    text = f"zarr target {where}"
-    if made:
-        text += f", creation options {dict(made)}"
-    if expect:
-        text += f", expected {dict(expect)}"
-    return text + (" (storage_options not shown)" if secret is not None else "")
