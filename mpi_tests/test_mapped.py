@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
-from collio.backends import posix
+from collio.backends import filereads
 from collio.testing.guarded import far_apart
 from collio.testing.romio import romio_read
 
@@ -70,7 +70,7 @@ def _copied(comm, stats, nbytes: int) -> int:
     """The bytes the ranks copied from the map: each its ``nbytes``, but a rank whose few
     small runs it preads instead (``PosixBackend.read_runs``)."""
     runs = np.asarray(stats.local.get("requests", []))
-    few = len(runs) <= posix.FEW_PREADS and int(runs.sum()) <= posix.PREAD_BYTES
+    few = len(runs) <= filereads.FEW_PREADS and int(runs.sum()) <= filereads.PREAD_BYTES
     return int(comm.allreduce(0 if few else nbytes))
 
 
@@ -128,7 +128,7 @@ def test_a_failed_mapped_read_is_raised_everywhere(comm, mpi_tmp_path, monkeypat
     comm.Barrier()
     f = collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"})
     if comm.rank == comm.size - 1:
-        monkeypatch.setattr(posix, copier, _failing)
+        monkeypatch.setattr(filereads, copier, _failing)
     err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay))
     assert f"rank {comm.size - 1}" in str(err) and "injected read error" in str(err)
     monkeypatch.undo()

@@ -146,10 +146,10 @@ def test_direct_write_is_agreed_at_open(comm, mpi_tmp_path, monkeypatch):
     """One rank cannot open the file with O_DIRECT (as on a mount that refuses it): no
     rank writes around the page cache, and every rank's stats say so alike."""
     path = str(mpi_tmp_path / "target.bin")
-    from collio.backends import posix as posix_backend
+    from collio.backends import fileopen
 
     if comm.rank == comm.size - 1:
-        monkeypatch.setattr(posix_backend, "open_direct", lambda name: -1)
+        monkeypatch.setattr(fileopen, "open_direct", lambda name: -1)
     shape = (N, N)
     lay = layouts.block(shape, "<f8", comm=comm, grid=(1, comm.size))
     glob = np.random.default_rng(45).random(shape)

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
-from collio.backends.posix import FEW_PREADS, PREAD_BYTES
+from collio.backends.filereads import FEW_PREADS, PREAD_BYTES
 from collio.bench.patterns import make_workload
 from collio.hints import Hints
 from collio.sim import SimConfig, simulate

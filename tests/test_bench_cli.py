@@ -236,7 +236,7 @@ def test_direct_apis_verify_and_report_the_hint(tmp_path):
     assert used["collio"]["early_flush"] is True and used["collio-noflush"]["early_flush"] is False
     assert used["collio"]["mapped_reads"] == "automatic"
     assert used["collio-shuffle"]["mapped_reads"] == "disable"
-    from collio.backends.posix import maps_for
+    from collio.backends.filereads import maps_for
 
     fd = os.open(probe, os.O_RDONLY)
     try:

@@ -15,13 +15,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ..buffers import PAGE
-from ..collective import Attempt, agree, any_flag, bcast_outcome
-from ..errors import CommitError, ModeError
-from ..policy import maps_file
+from ..collective import Attempt, agree
+from ..errors import CommitError
 from ..runs import Runs
-from .base import Backend
 from .directio import DIRECT_MIN, direct_possible, open_direct, write_split
 from .fdio import pread_zeros, pwrite_all
+from .fileopen import check_options, open_file
+from .filereads import MappedReads
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, fallocate, sync_file_range
 from .localfile import (
     Prepared,
@@ -29,18 +29,14 @@ from .localfile import (
     forget_cached,
     fsync_dir,
     hold,
-    open_regular,
-    prepare,
     reclaim,
     release_later,
     unlink_quietly,
 )
-from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
 
 __all__ = [
     "PosixBackend",
     "direct_possible",
-    "maps_for",
     "open_direct",
     "write_split",
 ]
@@ -64,7 +60,7 @@ WRITE_BEHIND_MIN = 64 << 10
 _CANNOT_ALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 
 
-class PosixBackend(Backend):
+class PosixBackend(MappedReads):
     """A file opened by every rank; aggregators use ``pwrite``/``preadv`` with big buffers.
 
     Options
@@ -116,78 +112,12 @@ class PosixBackend(Backend):
     # -- open ---------------------------------------------------------------
     @classmethod
     def check_options(cls, mode: str, options: dict[str, Any]) -> None:
-        holes = options.get("holes", "auto")
-        if holes not in ("auto", "rmw", "runs"):
-            raise ModeError(f"posix backend: holes={holes!r} must be auto, rmw or runs")
-        writeback = options.get("writeback", True)
-        if not isinstance(writeback, (bool, np.bool_)) and writeback not in (0, 1):
-            raise ModeError(f"posix backend: writeback={writeback!r} must be True or False")
-        if options.get("create", False) not in (False, True, "exclusive"):
-            raise ModeError(
-                f"posix backend: create={options['create']!r} must be a bool or exclusive"
-            )
-        unknown = sorted(set(options) - {"writeback", "holes", "create"})
-        if unknown:
-            raise ModeError(f"posix backend: unknown options {unknown}")
+        check_options(mode, options)
 
     @classmethod
     def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> PosixBackend:
-        """Collective over `comm`: rank 0 creates or truncates (or checks) the file and
-        broadcasts its name, then every rank opens that name and one allreduce agrees.
-
-        Every rank uses rank 0's path, and other ranks open only a file rank 0 has
-        made (a node-local path fails on the other nodes instead of making one file
-        per node).  ``collio.open`` agreed on :meth:`check_options` before, so bad
-        options on any rank never reach the file.
-        """
-        writeback = bool(options.get("writeback", True))
-        holes = str(options.get("holes", "auto"))
-        create = options.get("create", False) if mode == "r+" else False
-        atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
-        step = Attempt()
-        shared = None
-        made = Prepared("", -1, None)  # rank 0's: the temporary's lock, the target's stat
-        if comm.Get_rank() == 0:
-            with step:
-                path = os.fspath(target)
-                made = prepare(path, mode, atomic, create)
-                size = made.before.st_size if made.before is not None else 0
-                shared = (made.name, path, size)
-        name, path, size = bcast_outcome(comm, shared, step.error, what="open")
-        step = Attempt()
-        fd = -1
-        with step:
-            fd = open_regular(name, (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY)
-        try:
-            agree(comm, step.error, what=f"open {path!r}")
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            made.drop(atomic)
-            raise
-        self = cls(name, fd, mode, path if atomic else None, writeback, holes)
-        self.made = made
-        self.opened_size = int(size)
-        try:
-            if mode != "r" and bool(getattr(hints, "direct_write", False)):
-                # (mode and hints were settled equal at open: every rank makes this
-                # allreduce, whatever open_direct did)
-                try:
-                    self.dfd = open_direct(name)
-                except Exception:
-                    self.dfd = -1
-                if any_flag(comm, self.dfd < 0):  # all or none: the stats agree
-                    if self.dfd >= 0:
-                        os.close(self.dfd)
-                    self.dfd = -1
-            if mode != "r" and self.writeback and bool(getattr(hints, "early_flush", True)):
-                self.flusher = EarlyFlush(fd, self.final or name)
-            self.maps = maps_for(hints, fd)
-        except BaseException:
-            self.close()  # (no descriptor left behind, nor rank 0's temporary)
-            made.drop(atomic)
-            raise
-        return self
+        """Collective over `comm`: :func:`~collio.backends.fileopen.open_file`."""
+        return open_file(cls, target, mode, comm, hints, options)
 
     # -- data ---------------------------------------------------------------
     def take_direct_bytes(self) -> int:
@@ -238,13 +168,6 @@ class PosixBackend(Backend):
         self._put(offset, buf)  # (as write_runs: no early writeback)
         return 1
 
-    def read_one(self, offset: int, out: npt.NDArray[np.uint8]) -> int | list[int]:
-        """As :meth:`read_runs` of one run: a small one is one ``preadv`` mapped or not."""
-        if len(out) > PREAD_BYTES:
-            return super().read_one(offset, out)
-        self.read_at(offset, out)
-        return 1
-
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
         self._put(offset, buf)
@@ -252,74 +175,6 @@ class PosixBackend(Backend):
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
                 self.flusher.kick(total)
-
-    def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
-        pread_zeros(self.fd, buf, offset)  # (past the end of the file: zeros)
-
-    def maps_reads(self, runs: Runs) -> bool:
-        """On a local file system (or with ``mapped_reads=enable``): runs that end within
-        the file (a mapped page past its end faults) and that numpy copies in a few passes."""
-        if not self.maps:
-            return False
-        if not len(runs):
-            return True
-        if len(runs) == 1:
-            return self.maps_one(int(runs.file[0]), int(runs.length[0]))
-        # the size is asked every time: a kept "it fits" could outlive a call whose
-        # read_runs never came (another path agreed) and meet a file truncated since, where
-        # a map faults; copyable() is the runs' own property, kept for the same object
-        if runs.extent()[1] > self.size():
-            return False
-        return self._is_copyable(runs)
-
-    def _is_copyable(self, runs: Runs) -> bool:
-        seen = self._copyable  # (asked again by read_runs for the same runs object)
-        if seen is None or seen[0] is not runs:
-            seen = self._copyable = (runs, copyable(runs))
-        return seen[1]
-
-    def maps_one(self, offset: int, nbytes: int) -> bool:
-        # (one run is copyable; the size asked every time, as for maps_reads)
-        return self.maps and offset + nbytes <= self.size()
-
-    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
-        """Copied from the mapped file when :meth:`maps_reads` allows, on every direct
-        path (also disjoint extents, ``romio_cb_read=disable``, and a few large runs:
-        numpy's copy out of the map is faster than ``preadv`` into the array), but for
-        a few small runs (:data:`FEW_PREADS`, :data:`PREAD_BYTES`), else one ``preadv``
-        each.  Runs within :data:`~collio.backends.mapped.GATHER_BYTES` of the file are
-        one ``pread`` of their extent and one gather instead of a map."""
-        if self.maps and len(runs) > FEW_PREADS:
-            lo, hi = runs.extent()
-            if hi - lo <= GATHER_BYTES and self._is_copyable(runs):
-                # no map, so nothing faults: bytes past the end read as zeros, as the
-                # preads' do, and the file's size need not be asked (an fstat per call)
-                self._copyable = None
-                read_gathered(self.fd, runs, out, self._gather_buffer(hi - lo))
-                self.mapped_bytes += runs.nbytes
-                return len(runs)
-        if self.maps_reads(runs):
-            self._copyable = None  # (do not keep the runs beyond the call)
-            if len(runs) <= FEW_PREADS and runs.nbytes <= PREAD_BYTES:
-                # a small call's few runs: a pread each costs a few microseconds, a map
-                # (mmap, page faults, munmap and its TLB shootdown) ten or more
-                return super().read_runs(runs, out)
-            read_mapped(self.fd, runs, out)
-            self.mapped_bytes += runs.nbytes
-            return len(runs)
-        return super().read_runs(runs, out)
-
-    def _gather_buffer(self, nbytes: int) -> npt.NDArray[np.uint8]:
-        """This file's buffer for :func:`read_gathered`, kept (at most
-        :data:`GATHER_BYTES`): a fresh one would pay a page fault per page."""
-        buf = self._gather
-        if buf is None or len(buf) < nbytes:
-            buf = self._gather = np.empty(max(nbytes, 64 << 10), np.uint8)
-        return buf
-
-    def take_mapped_bytes(self) -> int:
-        n, self.mapped_bytes = self.mapped_bytes, 0
-        return n
 
     def _by_runs(self, cover: Runs) -> bool:
         return self.holes == "runs" or (self.holes == "auto" and len(cover) <= _FEW_RUNS)
@@ -533,9 +388,3 @@ class _Before:
 
     size: int
     old: list[tuple[int, npt.NDArray[np.uint8]]]
-
-
-def maps_for(hints: Any, fd: int) -> bool:
-    """Whether reads of the file ``fd`` copy from a map, per the hint ``mapped_reads``."""
-    maps = str(getattr(hints, "mapped_reads", "automatic"))
-    return maps_file(maps, local_fs=fs_name(fd) is not None)

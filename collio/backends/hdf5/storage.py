@@ -22,8 +22,9 @@ from ...collective import Attempt, agree, bcast_outcome
 from ...errors import LayoutError
 from ...layouts import ArrayLayout
 from ...runs import Runs
+from ..filereads import maps_for
 from ..localfile import check_target, open_regular
-from ..posix import PosixBackend, maps_for
+from ..posix import PosixBackend
 from .replica import Replica
 from .vfile import VFile
 

@@ -1,0 +1,99 @@
+"""Opening a file on every rank for the posix backend: its options, rank 0's create,
+truncate or temporary, every rank's descriptor, and what the hints add."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..collective import Attempt, agree, any_flag, bcast_outcome
+from ..errors import ModeError
+from .directio import open_direct
+from .filereads import maps_for
+from .fsync import EarlyFlush
+from .localfile import Prepared, open_regular, prepare
+
+if TYPE_CHECKING:
+    from .posix import PosixBackend
+
+__all__ = ["check_options", "open_file"]
+
+_O_BINARY = getattr(os, "O_BINARY", 0)
+
+
+def check_options(mode: str, options: dict[str, Any]) -> None:
+    """The posix backend's options, checked (``collio.open`` agrees on them first)."""
+    holes = options.get("holes", "auto")
+    if holes not in ("auto", "rmw", "runs"):
+        raise ModeError(f"posix backend: holes={holes!r} must be auto, rmw or runs")
+    writeback = options.get("writeback", True)
+    if not isinstance(writeback, (bool, np.bool_)) and writeback not in (0, 1):
+        raise ModeError(f"posix backend: writeback={writeback!r} must be True or False")
+    if options.get("create", False) not in (False, True, "exclusive"):
+        raise ModeError(f"posix backend: create={options['create']!r} must be a bool or exclusive")
+    unknown = sorted(set(options) - {"writeback", "holes", "create"})
+    if unknown:
+        raise ModeError(f"posix backend: unknown options {unknown}")
+
+
+def open_file(
+    cls: type[PosixBackend], target: Any, mode: str, comm: Any, hints: Any, options: dict[str, Any]
+) -> PosixBackend:
+    """Collective over `comm`: rank 0 creates or truncates (or checks) the file and
+    broadcasts its name, then every rank opens that name and one allreduce agrees.
+
+    Every rank uses rank 0's path, and other ranks open only a file rank 0 has
+    made (a node-local path fails on the other nodes instead of making one file
+    per node).  ``collio.open`` agreed on :meth:`check_options` before, so bad
+    options on any rank never reach the file (:func:`check_options`).
+    """
+    writeback = bool(options.get("writeback", True))
+    holes = str(options.get("holes", "auto"))
+    create = options.get("create", False) if mode == "r+" else False
+    atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
+    step = Attempt()
+    shared = None
+    made = Prepared("", -1, None)  # rank 0's: the temporary's lock, the target's stat
+    if comm.Get_rank() == 0:
+        with step:
+            path = os.fspath(target)
+            made = prepare(path, mode, atomic, create)
+            size = made.before.st_size if made.before is not None else 0
+            shared = (made.name, path, size)
+    name, path, size = bcast_outcome(comm, shared, step.error, what="open")
+    step = Attempt()
+    fd = -1
+    with step:
+        fd = open_regular(name, (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY)
+    try:
+        agree(comm, step.error, what=f"open {path!r}")
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        made.drop(atomic)
+        raise
+    self = cls(name, fd, mode, path if atomic else None, writeback, holes)
+    self.made = made
+    self.opened_size = int(size)
+    try:
+        if mode != "r" and bool(getattr(hints, "direct_write", False)):
+            # (mode and hints were settled equal at open: every rank makes this
+            # allreduce, whatever open_direct did)
+            try:
+                self.dfd = open_direct(name)
+            except Exception:
+                self.dfd = -1
+            if any_flag(comm, self.dfd < 0):  # all or none: the stats agree
+                if self.dfd >= 0:
+                    os.close(self.dfd)
+                self.dfd = -1
+        if mode != "r" and self.writeback and bool(getattr(hints, "early_flush", True)):
+            self.flusher = EarlyFlush(fd, self.final or name)
+        self.maps = maps_for(hints, fd)
+    except BaseException:
+        self.close()  # (no descriptor left behind, nor rank 0's temporary)
+        made.drop(atomic)
+        raise
+    return self

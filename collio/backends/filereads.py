@@ -1,0 +1,115 @@
+"""Reads of a file that may copy from a map of it instead of ``preadv`` (hint
+``mapped_reads``): the posix backend's, and the HDF5 backend's file (which is one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..policy import maps_file
+from ..runs import Runs
+from .base import Backend
+from .fdio import pread_zeros
+from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
+
+__all__ = ["FEW_PREADS", "PREAD_BYTES", "MappedReads", "maps_for"]
+
+#: At most this many runs of at most this many bytes in all are read with pread even
+#: where the file is mapped (see read_runs).
+FEW_PREADS = 4
+PREAD_BYTES = 1 << 20
+
+
+class MappedReads(Backend):
+    """A backend on the file ``fd`` whose reads copy many small runs from a map of it
+    where :meth:`maps_reads` allows (``maps``: the hint ``mapped_reads`` settled at
+    open, :func:`maps_for`), else read with ``preadv``."""
+
+    fd: int = -1
+    maps: bool = False  # reads copy many small runs from a mapped file (mapped_reads)
+    mapped_bytes: int = 0  # read that way
+    _copyable: tuple[Runs, bool] | None = None  # the last runs asked about
+    _gather: npt.NDArray[np.uint8] | None = None  # read_gathered's, kept
+
+    def read_one(self, offset: int, out: npt.NDArray[np.uint8]) -> int | list[int]:
+        """As :meth:`read_runs` of one run: a small one is one ``preadv`` mapped or not."""
+        if len(out) > PREAD_BYTES:
+            return super().read_one(offset, out)
+        self.read_at(offset, out)
+        return 1
+
+    def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        pread_zeros(self.fd, buf, offset)  # (past the end of the file: zeros)
+
+    def maps_reads(self, runs: Runs) -> bool:
+        """On a local file system (or with ``mapped_reads=enable``): runs that end within
+        the file (a mapped page past its end faults) and that numpy copies in a few passes."""
+        if not self.maps:
+            return False
+        if not len(runs):
+            return True
+        if len(runs) == 1:
+            return self.maps_one(int(runs.file[0]), int(runs.length[0]))
+        # the size is asked every time: a kept "it fits" could outlive a call whose
+        # read_runs never came (another path agreed) and meet a file truncated since, where
+        # a map faults; copyable() is the runs' own property, kept for the same object
+        if runs.extent()[1] > self.size():
+            return False
+        return self._is_copyable(runs)
+
+    def _is_copyable(self, runs: Runs) -> bool:
+        seen = self._copyable  # (asked again by read_runs for the same runs object)
+        if seen is None or seen[0] is not runs:
+            seen = self._copyable = (runs, copyable(runs))
+        return seen[1]
+
+    def maps_one(self, offset: int, nbytes: int) -> bool:
+        # (one run is copyable; the size asked every time, as for maps_reads)
+        return self.maps and offset + nbytes <= self.size()
+
+    def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
+        """Copied from the mapped file when :meth:`maps_reads` allows, on every direct
+        path (also disjoint extents, ``romio_cb_read=disable``, and a few large runs:
+        numpy's copy out of the map is faster than ``preadv`` into the array), but for
+        a few small runs (:data:`FEW_PREADS`, :data:`PREAD_BYTES`), else one ``preadv``
+        each.  Runs within :data:`~collio.backends.mapped.GATHER_BYTES` of the file are
+        one ``pread`` of their extent and one gather instead of a map."""
+        if self.maps and len(runs) > FEW_PREADS:
+            lo, hi = runs.extent()
+            if hi - lo <= GATHER_BYTES and self._is_copyable(runs):
+                # no map, so nothing faults: bytes past the end read as zeros, as the
+                # preads' do, and the file's size need not be asked (an fstat per call)
+                self._copyable = None
+                read_gathered(self.fd, runs, out, self._gather_buffer(hi - lo))
+                self.mapped_bytes += runs.nbytes
+                return len(runs)
+        if self.maps_reads(runs):
+            self._copyable = None  # (do not keep the runs beyond the call)
+            if len(runs) <= FEW_PREADS and runs.nbytes <= PREAD_BYTES:
+                # a small call's few runs: a pread each costs a few microseconds, a map
+                # (mmap, page faults, munmap and its TLB shootdown) ten or more
+                return super().read_runs(runs, out)
+            read_mapped(self.fd, runs, out)
+            self.mapped_bytes += runs.nbytes
+            return len(runs)
+        return super().read_runs(runs, out)
+
+    def _gather_buffer(self, nbytes: int) -> npt.NDArray[np.uint8]:
+        """This file's buffer for :func:`read_gathered`, kept (at most
+        :data:`GATHER_BYTES`): a fresh one would pay a page fault per page."""
+        buf = self._gather
+        if buf is None or len(buf) < nbytes:
+            buf = self._gather = np.empty(max(nbytes, 64 << 10), np.uint8)
+        return buf
+
+    def take_mapped_bytes(self) -> int:
+        n, self.mapped_bytes = self.mapped_bytes, 0
+        return n
+
+
+def maps_for(hints: Any, fd: int) -> bool:
+    """Whether reads of the file ``fd`` copy from a map, per the hint ``mapped_reads``."""
+    maps = str(getattr(hints, "mapped_reads", "automatic"))
+    return maps_file(maps, local_fs=fs_name(fd) is not None)
