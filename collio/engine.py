@@ -30,7 +30,7 @@ import numpy.typing as npt
 from . import batch, check, quick, twolevel
 from .aggregators import call_domains, plan_aggregator, plan_sender
 from .aggregators.plan import AggregatorPlan, SenderPlan
-from .backends.base import storage_errors
+from .backends.failures import storage_errors
 from .buffers import free_buffers
 from .collective import Attempt, agree_facts, any_flag, raise_agreed
 from .completion import complete_call, local_summary

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import check, speculate
-from .backends.base import storage_error
+from .backends.failures import storage_error
 from .checkfacts import Checked, moved_by, placed
 from .collective import KeptHead, call_kept_head, kept
 from .context import Context

@@ -11,7 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .aggregators.plan import AggregatorPlan
-from .backends.base import Backend, storage_errors
+from .backends.base import Backend
+from .backends.failures import storage_errors
 from .buffers import window_of
 from .collective import Attempt
 from .policy import DEPTH

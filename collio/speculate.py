@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .backends.base import Backend, storage_errors
+from .backends.base import Backend
+from .backends.failures import storage_errors
 from .collective import Attempt
 from .context import Call, Context
 from .errors import MismatchError

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ..backends.base import storage_errors
+from ..backends.failures import storage_errors
 from ..collective import Attempt, raise_agreed
 from ..file import File
 from ..layouts.arrays import ArrayLayout

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from ..backends.base import storage_errors
+from ..backends.failures import storage_errors
 from ..collective import Attempt, agree, any_flag, raise_agreed
 from ..errors import LayoutError
 from ..exchange import displacements
