@@ -386,7 +386,9 @@ def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         n = doc["batch"]
         batches = (
             f"Batches: {n} arrays per rank in one `write_all_many` / `read_all_many` "
-            f"(`collio-many`) or in {n} calls (the others); ms per batch."
+            f"(`collio-many`) or in {n} calls (the others); ms per batch. `ceiling`: each "
+            "rank's bytes of the batch in one `pwritev` (`preadv`) to a range of its own, "
+            "which no collective call beats."
         )
         out += ["", *_wrap(batches)]
         for api, why in doc["unavailable"].items():
