@@ -49,6 +49,9 @@ _LAST_KEYS = (
 )  # fmt: skip
 
 _BUCKET_BOUNDS = np.asarray(BUCKETS, np.int64)
+#: A histogram with nothing counted (copied: every call's counters start from it)
+_NO_SIZES = np.zeros(len(BUCKET_NAMES), np.int64)
+_NO_SIZES.flags.writeable = False
 #: Up to this many sizes are counted one by one (a small call's one or few requests:
 #: cheaper than numpy's passes).
 _FEW = 4
@@ -123,10 +126,10 @@ class Stats:
     time_io: float = 0.0
     time_total: float = 0.0
     write_sizes: npt.NDArray[np.int64] = dataclasses.field(
-        default_factory=lambda: np.zeros(len(BUCKET_NAMES), np.int64)
+        default_factory=_NO_SIZES.copy
     )
     read_sizes: npt.NDArray[np.int64] = dataclasses.field(
-        default_factory=lambda: np.zeros(len(BUCKET_NAMES), np.int64)
+        default_factory=_NO_SIZES.copy
     )
     aggregators: tuple[int, ...] = ()
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
