@@ -125,12 +125,8 @@ class Stats:
     time_exchange: float = 0.0
     time_io: float = 0.0
     time_total: float = 0.0
-    write_sizes: npt.NDArray[np.int64] = dataclasses.field(
-        default_factory=_NO_SIZES.copy
-    )
-    read_sizes: npt.NDArray[np.int64] = dataclasses.field(
-        default_factory=_NO_SIZES.copy
-    )
+    write_sizes: npt.NDArray[np.int64] = dataclasses.field(default_factory=_NO_SIZES.copy)
+    read_sizes: npt.NDArray[np.int64] = dataclasses.field(default_factory=_NO_SIZES.copy)
     aggregators: tuple[int, ...] = ()
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
     backend: dict[str, Any] = dataclasses.field(default_factory=dict)
