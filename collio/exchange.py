@@ -194,27 +194,23 @@ def shaped(
     return [buf[first:], 1, dtype], made
 
 
-#: Committed hvectors by shape: a time series' kept plan sends the same shapes every
-#: call, and making and committing a type costs a message as much as posting it.  Kept
-#: until the process ends (never freed while another thread may be posting with one);
-#: once full, further shapes are made per message and freed by its caller.
+#: Committed hvectors by shape, up to 64 (a kept plan sends the same shapes every call),
+#: kept until the process ends: never freed while another thread may post with one.
 _TYPES: dict[tuple[int, int, int], MPI.Datatype] = {}
-_KEEP_TYPES = 64
 _TYPES_LOCK = threading.Lock()
 
 
 def _hvector(count: int, block: int, stride: int) -> tuple[MPI.Datatype, MPI.Datatype | None]:
     """A committed ``MPI.BYTE`` hvector of this shape, and itself again when the caller
     must free it (None: kept here)."""
-    key = (count, block, stride)
-    got = _TYPES.get(key)
+    got = _TYPES.get((count, block, stride))
     if got is not None:
         return got, None
     made = MPI.BYTE.Create_hvector(count, block, stride)
     made.Commit()
     with _TYPES_LOCK:
-        if key not in _TYPES and len(_TYPES) < _KEEP_TYPES:
-            _TYPES[key] = made
+        if (count, block, stride) not in _TYPES and len(_TYPES) < 64:
+            _TYPES[count, block, stride] = made
             return made, None
     return made, made
 
