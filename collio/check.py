@@ -348,7 +348,7 @@ def _moved_box(ctx: Context, layout: Any) -> tuple[Runs, int] | None:
     _BOX[key] = seen  # (most recently used last)
     offset, runs, bad = seen
     d = layout.offset - offset
-    runs = read_only(Runs(runs.file + d, runs.length, runs.mem)) if d else runs
+    runs = runs.moved(d) if d else runs
     layout._runs, layout._overlap = runs, (runs, bad)
     return runs, bad
 

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from mpi4py import MPI
 
 from .aggregators.summary import aggregator_summary
@@ -15,7 +16,7 @@ from .context import Call, Context, Plan
 from .stats import SUMS
 from .waits import sleep_until_done
 
-__all__ = ["complete_call", "local_summary"]
+__all__ = ["complete_call", "local_summary", "local_when_read"]
 
 _RUNS = SUMS.index("runs")
 
@@ -47,6 +48,46 @@ def complete_call(
     c.mapped_bytes += ctx.backend.take_mapped_bytes()
     c.runs += call.nruns
     sums, maxes = c.pack()
+    kept = ctx.sums_kept.get(call.name)
+    if call.reused:  # (agreed: every rank takes the same branch)
+        got = _again(ctx, sums, maxes, error, kept, patient=patient)
+    else:
+        got = _reduce(ctx, sums, maxes, error, patient=patient)
+    if got is None:
+        raise_agreed(ctx.comm, error, what=what)
+    assert got is not None  # (raise_agreed raised)
+    call.sums, most = got
+    ctx.sums_kept[call.name] = (sums, call.sums)
+    ctx.stats.absorb(call.sums, most)
+    # calls are collective: count each once, not once per rank
+    if call.hi > call.lo:
+        if call.direct:
+            ctx.stats.direct_calls += 1
+        else:
+            ctx.stats.collective_calls += 1
+    # (the order of stats._LAST_KEYS; made into the dict only when read)
+    call.last = ctx.stats.last_facts = (
+        1 if items is None else items, int(call.sums[_RUNS]), call.direct, call.path.value,
+        call.counters.rounds,  # (the plan's, agreed)
+        [call.lo, call.hi] if call.hi > call.lo else [0, 0], call.reused, call.window,
+        ctx.nodes, call.two_level, 0 if call.direct else call.active, False,
+    )  # fmt: skip
+
+
+Reduced = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
+
+
+def _wait(req: MPI.Request, patient: bool) -> None:
+    if patient:
+        sleep_until_done(req)
+    else:
+        req.Wait()
+
+
+def _reduce(ctx: Context, sums: list[int], maxes: list[float], error: BaseException | None,
+            *, patient: bool) -> Reduced | None:  # fmt: skip
+    """Collective: the call's counters summed and maximised over ranks in one allreduce
+    (:func:`sum_then_max`); None when some rank failed."""
     nsum = len(sums) + 1  # (the error flag is summed too)
     # one C call packs the vector; times and rounds are never negative (clamped), so
     # their float64 bits order as int64 do
@@ -57,29 +98,39 @@ def complete_call(
         np.int64,
     )
     out = np.empty_like(vec)
-    comm = ctx.comm
-    req = comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=sum_then_max(nsum))
-    if patient:
-        sleep_until_done(req)
-    else:
-        req.Wait()
+    _wait(ctx.comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=sum_then_max(nsum)),
+          patient)  # fmt: skip
     if out[nsum - 1]:
-        raise_agreed(comm, error, what=what)
-    call.sums = out[: nsum - 1]
-    ctx.stats.absorb(call.sums, out[nsum:].view(np.float64))
-    # calls are collective: count each once, not once per rank
-    if call.hi > call.lo:
-        if call.direct:
-            ctx.stats.direct_calls += 1
-        else:
-            ctx.stats.collective_calls += 1
-    # (the order of stats._LAST_KEYS; made into the dict only when read)
-    call.last = ctx.stats.last_facts = (
-        1 if items is None else items, int(out[_RUNS]), call.direct, call.path.value,
-        call.counters.rounds,  # (the plan's, agreed)
-        [call.lo, call.hi] if call.hi > call.lo else [0, 0], call.reused, call.window,
-        ctx.nodes, call.two_level, 0 if call.direct else call.active, False,
-    )  # fmt: skip
+        return None
+    return out[: nsum - 1], out[nsum:].view(np.float64)
+
+
+def _again(ctx: Context, sums: list[int], maxes: list[float], error: BaseException | None,
+           kept: Any, *, patient: bool) -> Reduced | None:  # fmt: skip
+    """Collective: :func:`_reduce` of a call that repeats a kept plan, whose counters are
+    most often the last call's of its name on every rank: then their sums are the kept
+    ones, and one allreduce with MPI's own MAX (no reduction in Python on every step of
+    it) agrees on the error, on whether every rank's counters repeat, and the maxima.
+    Otherwise a second allreduce (SUM) sums them."""
+    same = kept is not None and kept[0] == sums
+    nmax = len(maxes)
+    vec = np.frombuffer(
+        _packer(2, nmax).pack(
+            0 if error is None else 1, 0 if same else 1, *[m if m > 0.0 else 0.0 for m in maxes]
+        ),
+        np.int64,
+    )
+    out = np.empty_like(vec)
+    comm = ctx.comm
+    _wait(comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX), patient)
+    if out[0]:
+        return None
+    if not out[1]:  # (every rank's counters are its kept ones: so are their sums)
+        return kept[1], out[2:].view(np.float64)
+    mine = np.array(sums, np.int64)
+    total = np.empty_like(mine)
+    _wait(comm.Iallreduce([mine, MPI.INT64_T], [total, MPI.INT64_T], op=MPI.SUM), patient)
+    return total, out[2:].view(np.float64)
 
 
 _PACKERS: dict[tuple[int, int], struct.Struct] = {}
@@ -121,3 +172,18 @@ def local_summary(ctx: Context, plan: Plan) -> dict[str, Any]:
         return {"domain": -1}
     lo, hi = int(plan.bounds[d]), int(plan.bounds[d + 1])
     return aggregator_summary(plan.agg, d, lo, hi, plan.window, ctx.backend.partial_write)
+
+
+def local_when_read(ctx: Context, plan: Plan) -> None:
+    """Local: ``ctx.stats.local`` is :func:`local_summary` of ``plan``, made when read
+    (the plan's parts are never changed: a kept plan moved is a new one)."""
+    d = ctx.my_domain
+    if plan.agg is None or d < 0:
+        ctx.stats.local = {"domain": -1}
+        return
+    bounds, partial = plan.bounds, ctx.backend.partial_write
+    ctx.stats.local_when_read(_summary, plan.agg, d, bounds, plan.window, partial)
+
+
+def _summary(agg: Any, d: int, bounds: Any, window: int, partial: bool) -> dict[str, Any]:
+    return aggregator_summary(agg, d, int(bounds[d]), int(bounds[d + 1]), window, partial)

@@ -51,6 +51,9 @@ class Context:
     # this rank's kept reads and writes, one of which the next call may repeat
     # (collio.speculate.KeptCalls; shared as ``guesses`` is)
     kept: list[Any] = dataclasses.field(default_factory=lambda: _kept_calls())
+    # per call name, this rank's counters of the last call completed with that name and
+    # their agreed sums (collio.completion; shared as ``guesses`` is)
+    sums_kept: dict[str, Any] = dataclasses.field(default_factory=dict)
     # my_domain's answer for the aggregators array it was asked of (not copied by
     # dataclasses.replace, which gives a read its own aggregators)
     _domain: tuple[Any, int] | None = dataclasses.field(default=None, init=False, repr=False)

@@ -33,7 +33,7 @@ from .aggregators.plan import AggregatorPlan, SenderPlan
 from .backends.failures import storage_errors
 from .buffers import free_buffers
 from .collective import Attempt, agree_facts, any_flag, raise_agreed
-from .completion import complete_call, local_summary
+from .completion import complete_call, local_when_read
 from .context import Call, Context, Plan
 from .errors import LayoutError
 from .exchange import alltoallv_i64
@@ -391,7 +391,7 @@ def _transfer(
     if call.hi > call.lo:
         plan = _plan(ctx, runs, call, writing=writing)
         call.counters.rounds = plan.nrounds
-        ctx.stats.local = local_summary(ctx, plan)
+        local_when_read(ctx, plan)
         return (write_rounds if writing else read_rounds)(ctx, plan, buf, call)
     return None
 

@@ -9,6 +9,7 @@ bytes to their file positions.  Every datatype made here is freed, in ``finally`
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -181,17 +182,37 @@ def shaped(
     buf: npt.NDArray[np.uint8], sh: Shapes, g: int, base: int
 ) -> tuple[Any, MPI.Datatype | None] | None:
     """The mpi4py buffer spec of group ``g`` over ``buf`` (offsets less ``base``), or
-    None for an ``OTHER`` group.  A ``VECTOR`` group gets a committed hvector (freed
-    by the caller)."""
+    None for an ``OTHER`` group, and a datatype for the caller to free (or None).  A
+    ``VECTOR`` group gets a committed hvector (:func:`_hvector`: most often kept)."""
     kind = int(sh.kind[g])
     if kind == OTHER:
         return None
     first = int(sh.first[g]) - base
     if kind == CONTIG:
         return [buf[first : first + int(sh.total[g])], MPI.BYTE], None
-    dtype = MPI.BYTE.Create_hvector(int(sh.count[g]), int(sh.block[g]), int(sh.stride[g]))
-    dtype.Commit()
-    return [buf[first:], 1, dtype], dtype
+    dtype, made = _hvector(int(sh.count[g]), int(sh.block[g]), int(sh.stride[g]))
+    return [buf[first:], 1, dtype], made
+
+
+#: Committed hvectors by shape, up to 64 (a kept plan sends the same shapes every call),
+#: kept until the process ends: never freed while another thread may post with one.
+_TYPES: dict[tuple[int, int, int], MPI.Datatype] = {}
+_TYPES_LOCK = threading.Lock()
+
+
+def _hvector(count: int, block: int, stride: int) -> tuple[MPI.Datatype, MPI.Datatype | None]:
+    """A committed ``MPI.BYTE`` hvector of this shape, and itself again when the caller
+    must free it (None: kept here)."""
+    got = _TYPES.get((count, block, stride))
+    if got is not None:
+        return got, None
+    made = MPI.BYTE.Create_hvector(count, block, stride)
+    made.Commit()
+    with _TYPES_LOCK:
+        if (count, block, stride) not in _TYPES and len(_TYPES) < 64:
+            _TYPES[count, block, stride] = made
+            return made, None
+    return made, made
 
 
 def pack_uniform(

@@ -96,7 +96,7 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
         return None
     lo, runs = k.base + offset, k.runs
     if runs is not None:  # (several runs: the kept ones, moved by the offset's change)
-        runs = Runs(runs.file + (lo - int(runs.file[0])), runs.length, runs.mem)
+        runs = runs.moved(lo - int(runs.file[0]))
     taken = _tail(ctx, k, lo, writing=writing, runs=runs)
     if taken is None:
         return None

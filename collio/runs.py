@@ -48,6 +48,11 @@ class Runs:
     file: I64
     length: I64
     mem: I64
+    # the extent, once asked of runs whose arrays are read-only (a layout's own, kept for
+    # every call, and a time series' runs moved: :meth:`moved`)
+    _extent: tuple[int, int] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def empty(cls) -> Runs:
@@ -71,13 +76,29 @@ class Runs:
 
     def extent(self) -> tuple[int, int]:
         """(first byte, end) in the file; (0, 0) when empty."""
+        got = self._extent
+        if got is not None:
+            return got
         n = len(self)
         if not n:
             return (0, 0)
         if n == 1:  # (a small call's one run: no numpy passes)
             first = int(self.file[0])
             return first, first + int(self.length[0])
-        return int(self.file[0]), int((self.file + self.length).max())
+        got = int(self.file[0]), int((self.file + self.length).max())
+        if not (self.file.flags.writeable or self.length.flags.writeable):
+            object.__setattr__(self, "_extent", got)  # (a small call asks several times)
+        return got
+
+    def moved(self, d: int) -> Runs:
+        """These runs ``d`` bytes further in the file, read-only (the lengths and memory
+        offsets shared), their extent known when these runs' is."""
+        file = self.file + d
+        file.flags.writeable = False
+        out = Runs(file, self.length, self.mem)
+        if self._extent is not None:
+            object.__setattr__(out, "_extent", (self._extent[0] + d, self._extent[1] + d))
+        return out
 
     def mem_sequential(self) -> bool:
         """True when memory is consumed in file order without gaps (send by slices)."""

@@ -49,6 +49,9 @@ _LAST_KEYS = (
 )  # fmt: skip
 
 _BUCKET_BOUNDS = np.asarray(BUCKETS, np.int64)
+#: A histogram with nothing counted (copied: every call's counters start from it)
+_NO_SIZES = np.zeros(len(BUCKET_NAMES), np.int64)
+_NO_SIZES.flags.writeable = False
 #: Up to this many sizes are counted one by one (a small call's one or few requests:
 #: cheaper than numpy's passes).
 _FEW = 4
@@ -122,12 +125,8 @@ class Stats:
     time_exchange: float = 0.0
     time_io: float = 0.0
     time_total: float = 0.0
-    write_sizes: npt.NDArray[np.int64] = dataclasses.field(
-        default_factory=lambda: np.zeros(len(BUCKET_NAMES), np.int64)
-    )
-    read_sizes: npt.NDArray[np.int64] = dataclasses.field(
-        default_factory=lambda: np.zeros(len(BUCKET_NAMES), np.int64)
-    )
+    write_sizes: npt.NDArray[np.int64] = dataclasses.field(default_factory=_NO_SIZES.copy)
+    read_sizes: npt.NDArray[np.int64] = dataclasses.field(default_factory=_NO_SIZES.copy)
     aggregators: tuple[int, ...] = ()
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
     backend: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -136,13 +135,31 @@ class Stats:
     #: and a small call would spend as much on the dict as on a step of its own)
     last_facts: tuple[Any, ...] | None = dataclasses.field(default=None, repr=False)
     _last_call: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
-    #: This rank's own figures of the last call, not reduced (so not in ``as_dict``,
-    #: which is the same on every rank): its file domain (-1 if it does not
-    #: aggregate), bytes, rounds, messages per round, backend request sizes (see
-    #: :func:`collio.aggregators.summary.aggregator_summary`). A direct call gives
-    #: ``{"domain": -1, "direct": True, "requests": sizes}``, ``sizes`` a read-only
-    #: int64 array of this rank's run lengths.
-    local: dict[str, Any] = dataclasses.field(default_factory=dict)
+    _local: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    #: How to make :attr:`local` when it is read (a function and its arguments), or None
+    _local_of: tuple[Any, ...] | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def local(self) -> dict[str, Any]:
+        """This rank's own figures of the last call, not reduced (so not in ``as_dict``,
+        which is the same on every rank): its file domain (-1 if it does not
+        aggregate), bytes, rounds, messages per round, backend request sizes (see
+        :func:`collio.aggregators.summary.aggregator_summary`). A direct call gives
+        ``{"domain": -1, "direct": True, "requests": sizes}``, ``sizes`` a read-only
+        int64 array of this rank's run lengths.  (Made when read, as :attr:`last_call`.)"""
+        of = self._local_of
+        if of is not None:
+            self._local, self._local_of = of[0](*of[1:]), None
+        return self._local
+
+    @local.setter
+    def local(self, value: dict[str, Any]) -> None:
+        self._local, self._local_of = value, None
+
+    def local_when_read(self, make: Any, *args: Any) -> None:
+        """Local: :attr:`local` is ``make(*args)``, made only if it is read (a small
+        two-phase call would spend as much on the figures as on a step of its own)."""
+        self._local_of = (make, *args)
 
     @property
     def last_call(self) -> dict[str, Any]:

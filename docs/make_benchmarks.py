@@ -388,6 +388,11 @@ def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
             f"Batches: {n} arrays per rank in one `write_all_many` / `read_all_many` "
             f"(`collio-many`) or in {n} calls (the others); ms per batch."
         )
+        if "ceiling" in doc["batch_apis"]:
+            batches += (
+                " `ceiling`: each rank's bytes of the batch in one `pwritev` (`preadv`) to a "
+                "range of its own, which no collective call beats."
+            )
         out += ["", *_wrap(batches)]
         for api, why in doc["unavailable"].items():
             out += ["", f"`{api}`: not run: {why}."]

@@ -117,10 +117,19 @@ def spread_domains(cuts: I64, naggs: int) -> I64:
     k = len(cuts) - 1
     if k >= naggs:
         return cuts
+    return np.ascontiguousarray(cuts[_spread(k, naggs)], dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=8)
+def _spread(k: int, naggs: int) -> I64:
+    """Which of ``k + 1`` cuts each of the ``naggs + 1`` bounds is (read-only: kept, as
+    every small call of a time series asks the same)."""
     active = np.arange(k, dtype=np.int64) * naggs // k
     # bounds[j] is the end of the active domains that start before j
-    before = np.searchsorted(active, np.arange(naggs + 1, dtype=np.int64), side="left")
-    return np.ascontiguousarray(cuts[before], dtype=np.int64)
+    got = np.searchsorted(active, np.arange(naggs + 1, dtype=np.int64), side="left")
+    before: I64 = got.astype(np.int64, copy=False)
+    before.flags.writeable = False
+    return before
 
 
 def call_domains(

@@ -11,10 +11,14 @@ file view set once at open (a subarray whose extent is one step, so the view til
 steps) and ``Write_all``, whose file pointer moves on by one step per call.  A batch is
 the same calls in a Python loop, one per array, as a program without a batch call
 writes them; ``collio-many`` is the batch as one ``write_all_many`` / ``read_all_many``.
+``ceiling`` (batches only) is what no collective call can beat: each rank moves its
+batch's bytes with one ``pwritev`` / ``preadv`` into (out of) a contiguous range of its
+own, so a batch's time shows the cost of the page cache it fills.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import numpy.typing as npt
@@ -27,10 +31,14 @@ from ..apis import _info, api_hints, file_hints, get_api
 from ..builtin import CollioApi, MpiioApi
 from .work import Step, as_bytes
 
-__all__ = ["BATCH_API", "Caller", "check_api", "make_caller", "many_unavailable"]
+__all__ = ["BATCH_API", "CEILING_API", "Caller", "check_api", "make_caller", "many_unavailable"]
 
 #: The batch as one collective call (``collio.File.write_all_many``).
 BATCH_API = "collio-many"
+#: The batch as one ``pwritev`` / ``preadv`` per rank (:class:`CeilingCaller`).
+CEILING_API = "ceiling"
+#: Most buffers one vectored request takes.
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 class Caller:
@@ -182,6 +190,46 @@ class RomioCaller(Caller):
         self.types = ()
 
 
+class CeilingCaller(Caller):
+    """A batch's bytes as one ``pwritev`` (``preadv``) per rank, of the batch's buffers as
+    they are, at a range of the rank's own: batch ``b`` of rank ``r`` at
+    ``(b * ranks + r) * count * size``.  Its file is not the sweep's layout (no step
+    is where :mod:`.work` puts it), so only what it reads back is checked."""
+
+    family: ClassVar[str] = "ceiling"
+
+    def open(self, path: str, mode: str, work: Step | None) -> None:
+        flags = os.O_RDWR | os.O_CREAT if mode != "r" else os.O_RDONLY
+        self.fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+    def batch_target(self, work: Step, steps: range, bufs: list[npt.NDArray[Any]]) -> Any:
+        n = len(steps)
+        first = (steps.start // n * self.comm.size + self.comm.rank) * n * work.size
+        return first, [as_bytes(b) for b in bufs]
+
+    def write_batch(self, arg: Any) -> None:
+        self._each(os.pwritev, *arg)
+
+    def read_batch(self, arg: Any) -> None:
+        self._each(os.preadv, *arg)
+
+    def _each(self, move: Any, offset: int, bufs: list[Any]) -> None:
+        """One request of all ``bufs`` (one per ``IOV_MAX`` of them); OSError if short."""
+        step = _IOV_MAX
+        for k in range(0, len(bufs), step):
+            part = bufs[k : k + step]
+            want = sum(len(b) for b in part)
+            if move(self.fd, part, offset) != want:
+                raise OSError(f"{self.name}: short request at byte {offset}")
+            offset += want
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def many_unavailable() -> str | None:
     """Why the batch cannot be one call with this collio, or None."""
     if hasattr(collio.File, "write_all_many") and hasattr(collio.File, "read_all_many"):
@@ -212,6 +260,8 @@ def make_caller(name: str, comm: MPI.Intracomm, given: dict[str, str]) -> Caller
     """
     if name == BATCH_API:
         return ManyCaller(name, comm, api_hints(CollioApi, given, comm.size))
+    if name == CEILING_API:
+        return CeilingCaller(name, comm, {})
     api = get_api(name)
     hints = api_hints(api, given, comm.size)
     if issubclass(api, CollioApi):

@@ -50,7 +50,7 @@ def _apis(args: argparse.Namespace) -> tuple[str, ...]:
 def config(args: argparse.Namespace, hints: list[tuple[str, str]]) -> tuple[Any, dict[str, str]]:
     """The sweep's configuration and the APIs it leaves out (with why); ValueError for
     a bad size, pattern, API or option, the same on every rank before any I/O."""
-    from .callers import BATCH_API, many_unavailable
+    from .callers import BATCH_API, CEILING_API, many_unavailable
     from .run import Budget, SweepConfig
     from .work import PATTERNS, check_sizes
 
@@ -75,8 +75,7 @@ def config(args: argparse.Namespace, hints: list[tuple[str, str]]) -> tuple[Any,
         why = many_unavailable()
         if why:
             skipped[BATCH_API] = why
-        else:
-            batch_apis = (BATCH_API, *apis)
+        batch_apis = (*(() if why else (BATCH_API,)), *apis, CEILING_API)
     n = args.iterations
     if n is not None and n < 1:
         raise ValueError(f"-i {n}: at least one call")

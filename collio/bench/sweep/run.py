@@ -167,6 +167,8 @@ class Sweeper:
         if ph.writing:
             upto = r if self.cfg.check_write else 1
             for i, path in enumerate(paths):
+                if callers[i].family == "ceiling":  # (its own layout: checked as it reads)
+                    continue
                 ph.wrong[i] += _wrong_in_file(self.comm, path, work, upto * ph.count, r * ph.count)
                 ph.checked[i] += upto
         self.keep(ph)
