@@ -220,9 +220,16 @@ def _copy_equal(src: U8, soff: I64, dst: U8, doff: I64, size: int) -> None:
     cuts = _spans(dst, doff, size)
     if cuts is not None:
         mat, idx = _row_view(src, soff, size, False)
+        # np.take first makes its input C-contiguous: on overlapping rows that is a copy
+        # of every row the view has (a run's bytes at each byte of the buffer), so those
+        # are picked by indexing, which reads only the rows asked for
+        whole = bool(mat.flags.c_contiguous)
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):  # (few spans)
             out = _rows_at(dst, int(doff[a]), b - a, size)
-            np.take(mat, idx[a:b], axis=0, out=out, mode="clip")  # (in range: no buffering)
+            if whole:
+                np.take(mat, idx[a:b], axis=0, out=out, mode="clip")  # (in range: unbuffered)
+            else:
+                out[...] = mat[idx[a:b]]
         return
     cuts = _spans(src, soff, size)
     mat, idx = _row_view(dst, doff, size, True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -62,3 +64,26 @@ def test_copy_runs_equals_a_copy_run_by_run(kind, src_together, dst_together):
             want[d : d + ln] = src[s : s + ln]
         copy_runs(src, soff, dst, doff, length, MPI.COMM_SELF)
         np.testing.assert_array_equal(dst, want)
+
+
+def test_runs_off_the_rows_of_their_buffer_copy_in_memory_of_their_size():
+    """Runs of one length that are not whole rows of the source (uneven column blocks:
+    a row's piece of 2736 bytes in a buffer of 2728-byte rows), copied into a few spans
+    of the staging: the copy holds at most about the runs' bytes besides the buffers, not
+    a run's bytes at every byte of the source (gigabytes for a 1024 x 1024 column block)."""
+    size, n = 100, 300
+    soff = np.arange(n, dtype=np.int64) * 3 * size + 7  # (apart, and off any row of size)
+    doff = np.arange(n, dtype=np.int64) * size  # (one span)
+    length = np.full(n, size, np.int64)
+    src = np.random.default_rng(3).integers(0, 256, int(soff[-1]) + size + 5).astype(np.uint8)
+    dst = np.zeros(n * size, np.uint8)
+    tracemalloc.start()
+    try:
+        copy_runs(src, soff, dst, doff, length, MPI.COMM_SELF)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    want = np.concatenate([src[s : s + size] for s in soff.tolist()])
+    np.testing.assert_array_equal(dst, want)
+    # (the overlapping rows of the source hold len(src) x size bytes: 9 MB here)
+    assert peak < 4 * n * size, peak
