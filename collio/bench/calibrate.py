@@ -120,6 +120,10 @@ def predict_case(work: Any, used: dict[str, Any], op: str, cl: Any) -> Any:
     return res, predict(res, cl, str(used.get("cb_two_level", "")))
 
 
+#: Fewest iterations of each API and pattern when ``-i`` is not given.
+MIN_ITERATIONS = 11
+
+
 def calibrate(args: argparse.Namespace, workload: Any) -> int:
     """Collective over ``MPI.COMM_WORLD``: measure, run, predict; rank 0 prints and saves.
 
@@ -142,7 +146,9 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
     if nnodes == 1:
         apis = ("collio-one-level", "ceiling")
     cycle = len(balanced_orders(len(apis)))
-    iterations = args.iterations or cycle * -(-5 // cycle)
+    # (at least 11 a call: a new file's first writes allocate its blocks and take fresh
+    # memory, and with 5 or 6 such slow firsts can make a median)
+    iterations = args.iterations or cycle * -(-MIN_ITERATIONS // cycle)
     copies = single_copies(comm)
     t0 = time.perf_counter()
     samples: list[dict[str, float]] = []
