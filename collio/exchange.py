@@ -20,11 +20,9 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from .collective import Attempt, agree
+from .runs import displacements
 
-__all__ = [
-    "alltoallv_i64", "alltoallv_into", "byte_view", "displacements", "Messages", "Shapes",
-    "group_shapes",
-]  # fmt: skip
+__all__ = ["alltoallv_i64", "alltoallv_into", "byte_view", "Messages", "Shapes", "group_shapes"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -57,13 +55,6 @@ def alltoallv_into(comm: MPI.Comm, send: I64, counts: I64, recv: I64, rcounts: I
     sdispl, rdispl = displacements(counts), displacements(rcounts)
     # mpi4py 4 switches to MPI-4 large-count calls by itself when counts exceed int
     comm.Alltoallv([send, (counts, sdispl), MPI.INT64_T], [recv, (rcounts, rdispl), MPI.INT64_T])
-
-
-def displacements(counts: Any) -> I64:
-    """Where each of consecutive blocks of ``counts`` values starts (MPI's ``displs``)."""
-    out = np.zeros(len(counts), np.int64)
-    np.cumsum(counts[:-1], out=out[1:])
-    return out
 
 
 def _make_type(disp: I64, length: I64) -> MPI.Datatype:

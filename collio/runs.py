@@ -6,11 +6,15 @@ Every function here is vectorised: no Python loop per run.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Runs", "merge", "split_at", "split_grid", "group_bounds", "as_i64", "read_only"]
+__all__ = [
+    "Runs", "merge", "split_at", "split_grid", "group_bounds", "as_i64", "displacements",
+    "read_only",
+]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
 
@@ -110,6 +114,13 @@ class Runs:
 
     def take(self, index: npt.NDArray[np.intp] | slice) -> Runs:
         return Runs(self.file[index], self.length[index], self.mem[index])
+
+
+def displacements(counts: Any) -> I64:
+    """Where each of consecutive blocks of ``counts`` values starts (MPI's ``displs``)."""
+    out = np.zeros(len(counts), np.int64)
+    np.cumsum(counts[:-1], out=out[1:])
+    return out
 
 
 def merge(runs: Runs) -> Runs:

@@ -32,8 +32,8 @@ from .aggregators.plan import plan_sender
 from .aggregators.stage import holders, leader_runs, round_bytes, slots, staging
 from .collective import Attempt, agree
 from .context import Context, Plan
-from .exchange import alltoallv_into, displacements
-from .runs import Runs
+from .exchange import alltoallv_into
+from .runs import Runs, displacements
 from .shmstage import Group
 from .waits import sleep_until_done
 

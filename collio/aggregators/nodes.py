@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import HintError
+from ..runs import displacements
 
 __all__ = [
     "ENV_RANKS_PER_NODE",
@@ -94,7 +95,7 @@ def local_groups(nodes: npt.ArrayLike, per_node: int) -> LocalGroups:
     idx = idx.reshape(-1).astype(np.int64)
     order = np.argsort(idx, kind="stable")
     sizes = np.bincount(idx).astype(np.int64)
-    first = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    first = displacements(sizes)
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n, dtype=np.int64) - first[idx[order]]
     size = sizes[idx]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from ..runs import displacements
+
 __all__ = [
     "AGGREGATOR_BANDWIDTH",
     "STORAGE_TARGETS",
@@ -81,7 +83,7 @@ def choose_aggregators(
     nnodes = int(node_idx.max()) + 1 if nprocs else 0
     order = np.argsort(node_idx, kind="stable")
     sizes = np.bincount(node_idx, minlength=nnodes)
-    first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    first = displacements(sizes)
     pos = np.empty(nprocs, np.int64)
     pos[order] = np.arange(nprocs) - first[node_idx[order]]
     size = sizes[node_idx]

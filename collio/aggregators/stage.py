@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-from ..runs import Runs, merge
+from ..runs import Runs, displacements, merge
 from .plan import SenderPlan
 
 __all__ = [
@@ -39,13 +39,6 @@ MIN_SLOTS = 3
 SLOT_BUFFERS = 4
 
 
-def _exclusive_cumsum(values: I64) -> I64:
-    out = np.zeros(len(values), np.int64)
-    if len(values) > 1:
-        np.cumsum(values[:-1], out=out[1:])
-    return out
-
-
 def leader_runs(file: I64, length: I64) -> tuple[Runs, I64]:
     """A local aggregator's runs from the pieces it received, and each piece's virtual
     position (in the order received).
@@ -55,7 +48,7 @@ def leader_runs(file: I64, length: I64) -> tuple[Runs, I64]:
     """
     order = np.argsort(file, kind="stable")
     ln = length[order]
-    v = _exclusive_cumsum(ln)
+    v = displacements(ln)
     vpos = np.empty(len(order), np.int64)
     vpos[order] = v
     return merge(Runs(file[order], ln.astype(np.int64), v)), vpos
@@ -99,12 +92,12 @@ def staging(sp: SenderPlan, sround: I64, vpos: I64, base: I64 | None = None) -> 
     ng = sp.ngroups
     gsize = np.diff(sp.gstart)
     gof = np.repeat(np.arange(ng, dtype=np.int64), gsize)
-    csum = _exclusive_cumsum(p.length)
+    csum = displacements(p.length)
     within = csum - csum[sp.gstart[:-1]][gof] if len(p) else csum
     gtot = np.bincount(gof, weights=p.length, minlength=ng).astype(np.int64)
     # each round's groups in group order, from 0
     gorder = np.argsort(sround, kind="stable")
-    start_sorted = _exclusive_cumsum(gtot[gorder])
+    start_sorted = displacements(gtot[gorder])
     round_sorted = sround[gorder]
     first = np.searchsorted(round_sorted, round_sorted, side="left")
     gstage = np.empty(ng, np.int64)

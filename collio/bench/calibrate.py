@@ -146,8 +146,8 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
     if nnodes == 1:
         apis = ("collio-one-level", "ceiling")
     cycle = len(balanced_orders(len(apis)))
-    # (at least 11 a call: a new file's first writes allocate its blocks and take fresh
-    # memory, and with 5 or 6 such slow firsts can make a median)
+    # (at least 11 a call: the first iterations on a new file can be several times as
+    # slow as the rest, and with 5 or 6 iterations they can make the median)
     iterations = args.iterations or cycle * -(-MIN_ITERATIONS // cycle)
     copies = single_copies(comm)
     t0 = time.perf_counter()

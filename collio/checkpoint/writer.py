@@ -12,9 +12,9 @@ from mpi4py import MPI
 from ..backends.failures import storage_errors
 from ..collective import Attempt, agree, any_flag, raise_agreed
 from ..errors import LayoutError
-from ..exchange import displacements
 from ..file import open as _open
 from ..layouts.base import Segments
+from ..runs import displacements
 from ..waits import sleep_until_done
 from . import format
 from .crc import of_pieces
