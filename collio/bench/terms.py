@@ -1,11 +1,11 @@
 """The cost model's terms measured on this machine, for ``collio-bench --calibrate``.
 
 Each figure is what one physical cost takes here, measured the way a call's round pays
-it: a process's memory copy, MPI's bandwidth and a message's cost between two ranks (the
-other ranks asleep), the time all ranks take to meet, a round's exchange with every rank
-polling (its bytes, its runs, the rendezvous of 64 KiB messages), and the cores per node
-(the storage's write and read bandwidth come from the ceiling's calls, in
-:mod:`collio.bench.calibrate`).
+it: a core's memory copy with every rank copying, MPI's bandwidth and a message's cost
+between two ranks (the other ranks asleep), the time all ranks take to meet, a round's
+exchange with every rank polling (its bytes, its runs, the rendezvous of 64 KiB
+messages), and the cores per node (the storage's write and read bandwidth come from
+the ceiling's calls, in :mod:`collio.bench.calibrate`).
 """
 
 from __future__ import annotations
@@ -43,15 +43,22 @@ def _one_rank(comm: MPI.Intracomm, ranks: tuple[int, ...], work: Any) -> float:
     return float(comm.bcast(value, root=0))
 
 
-def _copy_bandwidth() -> float:
+def _copy_bandwidth(comm: MPI.Intracomm, hosts: int, cores: int) -> float:
+    """Collective over `comm`: bytes per second a core copies while every rank copies at
+    once, as a round's copies run (the page cache's, a read's packing, a two-level
+    group's staging): the host's bytes over the slowest rank's time, per core busy.
+    One process alone copies faster: the others' copies share the memory with it."""
     src = np.ones(_COPY_BYTES, np.uint8)
-    dst = np.empty_like(src)
+    dst = np.zeros_like(src)  # (touched: a first copy into fresh pages costs more)
     times = []
     for _ in range(5):
+        comm.Barrier()
         t0 = time.perf_counter()
         np.copyto(dst, src)
         times.append(time.perf_counter() - t0)
-    return _COPY_BYTES / statistics.median(times)
+    slowest = float(comm.allreduce(statistics.median(times), op=MPI.MAX))
+    per_host = comm.size / max(hosts, 1)  # ranks copying on each host
+    return per_host * _COPY_BYTES / slowest / max(1.0, min(per_host, cores))
 
 
 def _one_way(comm: MPI.Intracomm, spec: Any, ack: Any) -> float:
@@ -141,7 +148,8 @@ def _exchange_seconds(comm: MPI.Intracomm, runs: bool, n: int = _PAIR_BYTES) -> 
 
 
 def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
-    """Collective over `comm`: copy bandwidth, message cost, the time ranks take to meet
+    """Collective over `comm`: copy bandwidth (per core, every rank copying), message cost,
+    the time ranks take to meet
     (a round's synchronisation), a round's exchange (its bytes and its runs), and cores
     per node, here.
 
@@ -150,14 +158,14 @@ def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
     (``run_seconds``) are shared by its cores, whatever ranks it runs in turns.
     """
     p = comm.size
-    copy = _one_rank(comm, (0,), _copy_bandwidth)
+    hosts = len(set(comm.allgather(MPI.Get_processor_name())))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    copy = _copy_bandwidth(comm, hosts, cores or 1)
     mbw = _one_rank(comm, (0, 1), lambda: _message_bandwidth(comm)) if p > 1 else copy
     meet = _meeting_seconds(comm) if p > 1 else 0.0
     whole, pieces = _exchange_seconds(comm, False), _exchange_seconds(comm, True)
     shaken = _exchange_seconds(comm, False, _HANDSHAKE_BYTES)
     msg = _one_rank(comm, (0, 1), lambda: _message_seconds(comm)) if p > 1 else 0.0
-    hosts = len(set(comm.allgather(MPI.Get_processor_name())))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # emulated nodes on one host share its cores
     per_node = max(1, (cores or 1) * hosts // max(nnodes, 1))
     turns = max(1.0, p / max(nnodes, 1) / per_node)  # ranks sharing a core
