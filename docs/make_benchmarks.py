@@ -268,8 +268,7 @@ def calibration_terms(docs: dict[str, dict[str, Any]]) -> list[str]:
         planning = ", ".join(f"{k} {(v or 0) * 1e9:.0f} ns" for k, v in per_run.items())
         planning = f"; planning per run: {planning}" if None not in per_run.values() else ""
         out.append(
-            f"- {doc['nranks']} ranks: a core copies at {t['copy_bandwidth'] / 1e9:.2f} GB/s "
-            "with every rank copying, "
+            f"- {doc['nranks']} ranks: one process copies at {t['copy_bandwidth'] / 1e9:.2f} GB/s, "
             f"MPI moves {t.get('message_bandwidth', 0) / 1e9:.2f} GB/s between two, "
             f"a message costs {t['message_seconds'] * 1e6:.2f} us, "
             + (
@@ -589,8 +588,7 @@ def calibration_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "## Cost model checked: predicted and measured 4- and 8-rank calls",
         "",
         "`collio-bench --calibrate` measures the model's terms in the same job as the calls",
-        "it predicts: a core's memory copy bandwidth with every rank copying at once (the",
-        "page cache's copies, which",
+        "it predicts: one process's memory copy bandwidth (the page cache's copies, which",
         "cannot hide behind the exchange when the ranks keep every core busy, and a read's",
         "packing of small runs), MPI's bandwidth between two ranks and in a round (every",
         "rank sending to every other at once), a small message's cost and a run's (the",
