@@ -79,8 +79,10 @@ MAX_SOURCES = 256
 #: Most rounds ``min_rounds`` asks of a two-level read per domain: each of its rounds
 #: ends with every rank of a group waiting for the group's whole round to arrive before
 #: it copies its pieces out (a write's ranks fill slots rounds ahead instead), a
-#: node-wide wait per round that larger rounds pay fewer times.
-TWO_LEVEL_READ_ROUNDS = 4
+#: node-wide wait per round that larger rounds pay fewer times.  Its staging grows with
+#: its rounds' size (:data:`~collio.aggregators.stage.MIN_SLOTS` of them at least), a
+#: window still at most ``cb_buffer_size``.
+TWO_LEVEL_READ_ROUNDS = 2
 
 
 class Path(enum.Enum):
