@@ -23,6 +23,7 @@ from ..waits import quiet_barrier
 __all__ = ["SINGLE_COPY_BYTES", "measure_terms", "median_terms"]
 
 _COPY_BYTES = 64 << 20  # past every cache: the copies of a round are megabytes
+_MIN_COPY = 1 << 20  # (each rank's share of it, at least)
 _MESSAGE_BYTES = 256  # the small pieces a block-cyclic round is made of
 _MESSAGES = 2000
 _MEETINGS = 30
@@ -47,8 +48,11 @@ def _copy_bandwidth(comm: MPI.Intracomm, hosts: int, cores: int) -> float:
     """Collective over `comm`: bytes per second a core copies while every rank copies at
     once, as a round's copies run (the page cache's, a read's packing, a two-level
     group's staging): the host's bytes over the slowest rank's time, per core busy.
-    One process alone copies faster: the others' copies share the memory with it."""
-    src = np.ones(_COPY_BYTES, np.uint8)
+    One process alone copies faster: the others' copies share the memory with it.  The
+    host's ranks share :data:`_COPY_BYTES` (past every cache, whatever their number)."""
+    per_host = comm.size / max(hosts, 1)  # ranks copying on each host
+    n = max(int(_COPY_BYTES / per_host), _MIN_COPY)
+    src = np.ones(n, np.uint8)
     dst = np.zeros_like(src)  # (touched: a first copy into fresh pages costs more)
     times = []
     for _ in range(5):
@@ -57,8 +61,7 @@ def _copy_bandwidth(comm: MPI.Intracomm, hosts: int, cores: int) -> float:
         np.copyto(dst, src)
         times.append(time.perf_counter() - t0)
     slowest = float(comm.allreduce(statistics.median(times), op=MPI.MAX))
-    per_host = comm.size / max(hosts, 1)  # ranks copying on each host
-    return per_host * _COPY_BYTES / slowest / max(1.0, min(per_host, cores))
+    return per_host * n / slowest / max(1.0, min(per_host, cores))
 
 
 def _one_way(comm: MPI.Intracomm, spec: Any, ack: Any) -> float:
@@ -148,10 +151,9 @@ def _exchange_seconds(comm: MPI.Intracomm, runs: bool, n: int = _PAIR_BYTES) -> 
 
 
 def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
-    """Collective over `comm`: copy bandwidth (per core, every rank copying), message cost,
-    the time ranks take to meet
-    (a round's synchronisation), a round's exchange (its bytes and its runs), and cores
-    per node, here.
+    """Collective over `comm`: copy bandwidth (a core's, every rank copying), message
+    cost, the time ranks take to meet (a round's synchronisation), a round's exchange
+    (its bytes and its runs), and cores per node, here.
 
     A round's exchange is measured as a round runs it, every rank at once, and its
     figures are per core: a node's bytes (``node_exchange_bandwidth``) and runs
