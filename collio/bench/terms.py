@@ -44,24 +44,32 @@ def _one_rank(comm: MPI.Intracomm, ranks: tuple[int, ...], work: Any) -> float:
     return float(comm.bcast(value, root=0))
 
 
-def _copy_bandwidth(comm: MPI.Intracomm, hosts: int, cores: int) -> float:
+def _copy_bandwidth(comm: MPI.Intracomm, cores: int) -> float:
     """Collective over `comm`: bytes per second a core copies while every rank copies at
     once, as a round's copies run (the page cache's, a read's packing, a two-level
-    group's staging): the host's bytes over the slowest rank's time, per core busy.
-    One process alone copies faster: the others' copies share the memory with it.  The
-    host's ranks share :data:`_COPY_BYTES` (past every cache, whatever their number)."""
-    per_host = comm.size / max(hosts, 1)  # ranks copying on each host
-    n = max(int(_COPY_BYTES / per_host), _MIN_COPY)
-    src = np.ones(n, np.uint8)
-    dst = np.zeros_like(src)  # (touched: a first copy into fresh pages costs more)
-    times = []
-    for _ in range(5):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
-    slowest = float(comm.allreduce(statistics.median(times), op=MPI.MAX))
-    return per_host * n / slowest / max(1.0, min(per_host, cores))
+    group's staging): a host's bytes over the time from its first rank's start to its
+    last rank's end (ranks sharing a core copy in turns), per core busy.  One process
+    alone copies faster: the others' copies share the memory with it.  The host's ranks
+    share :data:`_COPY_BYTES` (past every cache, whatever their number)."""
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        n = max(_COPY_BYTES // host.size, _MIN_COPY)
+        src = np.ones(n, np.uint8)
+        dst = np.zeros_like(src)  # (touched: a first copy into fresh pages costs more)
+        spans = []
+        for _ in range(5):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            t1 = time.perf_counter()
+            quiet_barrier(comm)  # (ranks done sleep: polling, they would take turns)
+            # (perf_counter is the host's monotonic clock: comparable between its ranks)
+            first = host.allreduce(t0, op=MPI.MIN)
+            spans.append(host.allreduce(t1, op=MPI.MAX) - first)
+        slowest = float(comm.allreduce(statistics.median(spans), op=MPI.MAX))
+        return host.size * n / slowest / max(1, min(host.size, cores))
+    finally:
+        host.Free()
 
 
 def _one_way(comm: MPI.Intracomm, spec: Any, ack: Any) -> float:
@@ -162,7 +170,7 @@ def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
     p = comm.size
     hosts = len(set(comm.allgather(MPI.Get_processor_name())))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    copy = _copy_bandwidth(comm, hosts, cores or 1)
+    copy = _copy_bandwidth(comm, cores or 1)
     mbw = _one_rank(comm, (0, 1), lambda: _message_bandwidth(comm)) if p > 1 else copy
     meet = _meeting_seconds(comm) if p > 1 else 0.0
     whole, pieces = _exchange_seconds(comm, False), _exchange_seconds(comm, True)
