@@ -58,9 +58,11 @@ def plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
     return plan
 
 
-def _domains(ctx: Context, call: Call, sources: int = 0) -> tuple[I64, int]:
+def _domains(
+    ctx: Context, call: Call, sources: int = 0, *, writing: bool = True
+) -> tuple[I64, int]:
     """The call's file domains and round window (``sources``: see
-    :func:`~collio.policy.round_window`); sets ``call.window``."""
+    :func:`~collio.policy.round_window`, as ``writing``); sets ``call.window``."""
     # domain_extent first: a backend may settle its alignment from the global extent
     # (S3 plans its part size from the object size at the first write_all)
     lo, hi = ctx.backend.domain_extent(call.lo, call.hi)
@@ -70,7 +72,7 @@ def _domains(ctx: Context, call: Call, sources: int = 0) -> tuple[I64, int]:
     )
     call.window = round_window(
         ctx.hints, bounds, align=align, nranks=ctx.comm.Get_size(),
-        floor=ctx.backend.min_window, sources=sources,
+        floor=ctx.backend.min_window, sources=sources, writing=writing,
     )  # fmt: skip
     return bounds, call.window
 
@@ -96,7 +98,7 @@ def two_level(
     local aggregators in the key: the cache is the communicator's, shared by files)."""
     assert ctx.local is not None
     t0 = time.perf_counter()
-    bounds, window = _domains(ctx, call, sources=ctx.local.ngroups)
+    bounds, window = _domains(ctx, call, sources=ctx.local.ngroups, writing=writing)
     key = ("two-level", writing, window, tuple(ctx.aggregators.tolist()),
            tuple(ctx.local.leader.tolist()))  # fmt: skip
     tl = _kept(ctx, call, key, bounds, runs)

@@ -76,6 +76,13 @@ TWO_LEVEL_RANKS = 256
 RANKS_PER_LOCAL = 16
 #: ... while the job's local aggregators (each aggregator's sources) stay at most this many.
 MAX_SOURCES = 256
+#: Most rounds ``min_rounds`` asks of a two-level read per domain: each of its rounds
+#: ends with every rank of a group waiting for the group's whole round to arrive before
+#: it copies its pieces out (a write's ranks fill slots rounds ahead instead), a
+#: node-wide wait per round that larger rounds pay fewer times.  Its staging grows with
+#: its rounds' size (:data:`~collio.aggregators.stage.MIN_SLOTS` of them at least), a
+#: window still at most ``cb_buffer_size``.
+TWO_LEVEL_READ_ROUNDS = 2
 
 
 class Path(enum.Enum):
@@ -232,8 +239,9 @@ def domain_alignment(backend_alignment: int, hints: Hints) -> int:
 
 
 def round_window(
-    hints: Hints, bounds: I64, *, align: int, nranks: int, floor: int, sources: int = 0
-) -> int:
+    hints: Hints, bounds: I64, *, align: int, nranks: int, floor: int, sources: int = 0,
+    writing: bool = True,
+) -> int:  # fmt: skip
     """Bytes per round for file domains ``bounds`` (see
     :func:`~collio.aggregators.window_size`), capped at :data:`MAX_WINDOW`; ``floor`` is
     the backend's smallest round (``Backend.min_window``).
@@ -241,14 +249,18 @@ def round_window(
     ``sources`` > 0: a two-level call whose aggregators hear from that many local
     aggregators; its window is at least ``sources`` x ``cb_min_message``, above
     ``cb_buffer_size`` if need be, so that a layout in which every node has bytes in
-    every window still sends large inter-node messages.
+    every window still sends large inter-node messages; a read's (not ``writing``) takes
+    at most :data:`TWO_LEVEL_READ_ROUNDS` rounds per domain.
     """
     largest = int(np.diff(bounds).max(initial=0))
     cap = min(hints.cb_buffer_size, MAX_WINDOW)
+    rounds = hints.min_rounds
     if sources > 0:
         cap = max(cap, min(MAX_WINDOW, sources * hints.cb_min_message))
         nranks = sources
-    return window_size(cap, align, largest, hints.min_rounds, nranks, floor)
+        if not writing:
+            rounds = min(rounds, TWO_LEVEL_READ_ROUNDS)
+    return window_size(cap, align, largest, rounds, nranks, floor)
 
 
 def two_level(hints: Hints, *, nranks: int, nnodes: int, fullest: int) -> int:

@@ -182,6 +182,23 @@ def test_round_window_caps_and_shrinks():
     assert policy.domain_alignment(4096, Hints(striping_unit=6144)) == 12288
 
 
+def test_two_level_reads_take_fewer_rounds():
+    """A two-level read's window gives each domain at most TWO_LEVEL_READ_ROUNDS rounds
+    (min_rounds permitting); its write and one level keep min_rounds."""
+    bounds = np.array([0, 16 << 20, 32 << 20], np.int64)
+    h = Hints()  # min_rounds 8, cb_buffer_size 16 MiB
+    assert h.min_rounds > policy.TWO_LEVEL_READ_ROUNDS
+
+    def window(sources: int, writing: bool, hints: Hints = h) -> int:
+        return policy.round_window(hints, bounds, align=1, nranks=8, floor=0,
+                                   sources=sources, writing=writing)  # fmt: skip
+
+    assert window(0, True) == window(0, False) == window(2, True) == 2 << 20
+    assert window(2, False) == (16 << 20) // policy.TWO_LEVEL_READ_ROUNDS
+    # fewer rounds asked for are kept
+    assert window(2, False, Hints(min_rounds=2)) == window(2, True, Hints(min_rounds=2)) == 8 << 20
+
+
 @pytest.mark.parametrize("pattern", ["ior", "colblock", "rowblock", "block2d", "cyclic", "cube"])
 @pytest.mark.parametrize("p", [1, 3, 4, 6])
 def test_simulated_facts_are_what_each_rank_contributes(pattern, p):

@@ -3,13 +3,14 @@
 Run under mpiexec (4 ranks; 8 ranks with ``COLLIO_RANKS_PER_NODE=4`` for two nodes).
 In one job it
 
-1. measures the terms the model needs of this machine: one process's memory copy
-   bandwidth; MPI's bandwidth, one message's cost and one run's in a message of many,
-   between two ranks (the other ranks sleep, so that these are a core's figures); the time all
-   ranks take to meet (each sends every other a tiny message, all polling: a round's
-   synchronisation, which ranks sharing cores pay in turns on a core); a round's
-   exchange with every rank polling, of large messages (the bytes' bandwidth) and of
-   64 KiB ones (what a rendezvous waits); the cores per node;
+1. measures the terms the model needs of this machine: a core's memory copy
+   bandwidth while every rank copies (as a round's copies run); MPI's bandwidth, one
+   message's cost and one run's in a message of many, between two ranks (the other
+   ranks sleep, so that these are a core's figures); the time all ranks take to meet
+   (each sends every other a tiny message, all polling: a round's synchronisation,
+   which ranks sharing cores pay in turns on a core); a round's exchange with every
+   rank polling, of large messages (the bytes' bandwidth) and of 64 KiB ones (what a
+   rendezvous waits); the cores per node;
 2. runs real calls of column blocks and block-cyclic, collio in one level (and in two
    when there is more than one node) next to the ceiling, and the same APIs on a tiny
    array (:data:`TINY`), whose medians are each call's fixed cost (opening, planning,
@@ -206,8 +207,8 @@ def calibrate(args: argparse.Namespace, workload: Any) -> int:
 def _describe_terms(terms: dict[str, float], nranks: int, nnodes: int, ppn: int) -> str:
     return (
         f"collio-bench --calibrate: {nranks} ranks as {nnodes} node(s) of {ppn}, "
-        f"{int(terms['cores_per_node'])} core(s) per node; one process copies at "
-        f"{terms['copy_bandwidth'] / 1e9:.2f} GB/s, MPI moves "
+        f"{int(terms['cores_per_node'])} core(s) per node; a core copies at "
+        f"{terms['copy_bandwidth'] / 1e9:.2f} GB/s with every rank copying, MPI moves "
         f"{terms['message_bandwidth'] / 1e9:.2f} GB/s between two and "
         f"{terms['node_exchange_bandwidth'] / 1e9:.2f} GB/s per node in a round, a message costs "
         f"{terms['message_seconds'] * 1e6:.2f} us, a run in a round "

@@ -1,11 +1,11 @@
 """The cost model's terms measured on this machine, for ``collio-bench --calibrate``.
 
 Each figure is what one physical cost takes here, measured the way a call's round pays
-it: a process's memory copy, MPI's bandwidth and a message's cost between two ranks (the
-other ranks asleep), the time all ranks take to meet, a round's exchange with every rank
-polling (its bytes, its runs, the rendezvous of 64 KiB messages), and the cores per node
-(the storage's write and read bandwidth come from the ceiling's calls, in
-:mod:`collio.bench.calibrate`).
+it: a core's memory copy with every rank copying, MPI's bandwidth and a message's cost
+between two ranks (the other ranks asleep), the time all ranks take to meet, a round's
+exchange with every rank polling (its bytes, its runs, the rendezvous of 64 KiB
+messages), and the cores per node (the storage's write and read bandwidth come from
+the ceiling's calls, in :mod:`collio.bench.calibrate`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ..waits import quiet_barrier
 __all__ = ["SINGLE_COPY_BYTES", "measure_terms", "median_terms"]
 
 _COPY_BYTES = 64 << 20  # past every cache: the copies of a round are megabytes
+_MIN_COPY = 1 << 20  # (each rank's share of it, at least)
 _MESSAGE_BYTES = 256  # the small pieces a block-cyclic round is made of
 _MESSAGES = 2000
 _MEETINGS = 30
@@ -43,15 +44,32 @@ def _one_rank(comm: MPI.Intracomm, ranks: tuple[int, ...], work: Any) -> float:
     return float(comm.bcast(value, root=0))
 
 
-def _copy_bandwidth() -> float:
-    src = np.ones(_COPY_BYTES, np.uint8)
-    dst = np.empty_like(src)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
-    return _COPY_BYTES / statistics.median(times)
+def _copy_bandwidth(comm: MPI.Intracomm, cores: int) -> float:
+    """Collective over `comm`: bytes per second a core copies while every rank copies at
+    once, as a round's copies run (the page cache's, a read's packing, a two-level
+    group's staging): a host's bytes over the time from its first rank's start to its
+    last rank's end (ranks sharing a core copy in turns), per core busy.  One process
+    alone copies faster: the others' copies share the memory with it.  The host's ranks
+    share :data:`_COPY_BYTES` (past every cache, whatever their number)."""
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        n = max(_COPY_BYTES // host.size, _MIN_COPY)
+        src = np.ones(n, np.uint8)
+        dst = np.zeros_like(src)  # (touched: a first copy into fresh pages costs more)
+        spans = []
+        for _ in range(5):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            t1 = time.perf_counter()
+            quiet_barrier(comm)  # (ranks done sleep: polling, they would take turns)
+            # (perf_counter is the host's monotonic clock: comparable between its ranks)
+            first = host.allreduce(t0, op=MPI.MIN)
+            spans.append(host.allreduce(t1, op=MPI.MAX) - first)
+        slowest = float(comm.allreduce(statistics.median(spans), op=MPI.MAX))
+        return host.size * n / slowest / max(1, min(host.size, cores))
+    finally:
+        host.Free()
 
 
 def _one_way(comm: MPI.Intracomm, spec: Any, ack: Any) -> float:
@@ -141,23 +159,23 @@ def _exchange_seconds(comm: MPI.Intracomm, runs: bool, n: int = _PAIR_BYTES) -> 
 
 
 def measure_terms(comm: MPI.Intracomm, nnodes: int) -> dict[str, float]:
-    """Collective over `comm`: copy bandwidth, message cost, the time ranks take to meet
-    (a round's synchronisation), a round's exchange (its bytes and its runs), and cores
-    per node, here.
+    """Collective over `comm`: copy bandwidth (a core's, every rank copying), message
+    cost, the time ranks take to meet (a round's synchronisation), a round's exchange
+    (its bytes and its runs), and cores per node, here.
 
     A round's exchange is measured as a round runs it, every rank at once, and its
     figures are per core: a node's bytes (``node_exchange_bandwidth``) and runs
     (``run_seconds``) are shared by its cores, whatever ranks it runs in turns.
     """
     p = comm.size
-    copy = _one_rank(comm, (0,), _copy_bandwidth)
+    hosts = len(set(comm.allgather(MPI.Get_processor_name())))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    copy = _copy_bandwidth(comm, cores or 1)
     mbw = _one_rank(comm, (0, 1), lambda: _message_bandwidth(comm)) if p > 1 else copy
     meet = _meeting_seconds(comm) if p > 1 else 0.0
     whole, pieces = _exchange_seconds(comm, False), _exchange_seconds(comm, True)
     shaken = _exchange_seconds(comm, False, _HANDSHAKE_BYTES)
     msg = _one_rank(comm, (0, 1), lambda: _message_seconds(comm)) if p > 1 else 0.0
-    hosts = len(set(comm.allgather(MPI.Get_processor_name())))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     # emulated nodes on one host share its cores
     per_node = max(1, (cores or 1) * hosts // max(nnodes, 1))
     turns = max(1.0, p / max(nnodes, 1) / per_node)  # ranks sharing a core

@@ -104,11 +104,13 @@ class Cluster:
     per process copying while every core copies (MPICH's shared-memory transport; not
     calibrated: see docs/design.md).  ``cores`` per node (0: one per rank, as on a
     cluster) scales the CPU-bound intra-node terms when ranks outnumber cores;
-    ``copy_bandwidth`` (0: not counted) is one process's memory copy, the page cache's
-    and a read's packing.  Where ranks share cores (0 on a cluster): ``handshake_seconds``
-    is what a rendezvous message of ``handshake_bytes`` or more (MPICH's single-copy
-    threshold) costs a rank in waits for its peer's turn, ``step_seconds`` a round's cost
-    beyond its terms, ``plan_run_seconds`` planning's cost per run.
+    ``copy_bandwidth`` (0: not counted) is a core's memory copy while every core copies
+    (the page cache's, a read's packing, a two-level group's staging: a round's copies
+    run on every core at once and share the memory).  Where ranks share cores (0 on a
+    cluster): ``handshake_seconds`` is what a rendezvous message of ``handshake_bytes``
+    or more (MPICH's single-copy threshold) costs a rank in waits for its peer's turn,
+    ``step_seconds`` a round's cost beyond its terms, ``plan_run_seconds`` planning's
+    cost per run.
     ``collio-bench --calibrate`` measures every figure of this machine.
     """
 

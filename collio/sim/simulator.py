@@ -177,7 +177,7 @@ def _two_phase(
     bounds, _ = call_domains(ext[0], ext[1], naggs, align, h.cb_min_domain)
     window = policy.round_window(
         h, bounds, align=align, nranks=work.nranks, floor=cfg.backend_min_window,
-        sources=groups.ngroups if groups is not None else 0,
+        sources=groups.ngroups if groups is not None else 0, writing=cfg.writing,
     )  # fmt: skip
     nwin = int((-(-np.diff(bounds) // window)).sum())
     if nwin > _MAX_WINDOWS:
