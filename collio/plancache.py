@@ -79,6 +79,9 @@ def _shift(a: Runs, b: Runs) -> int | None:
         return None
     if not len(a):
         return 0
+    known = b.shift_from(a)  # (both moved from one layout's runs: no comparison)
+    if known is not None:
+        return known
     d = int(b.file[0]) - int(a.file[0])
     if not (_equal(a.length, b.length) and _equal(a.mem, b.mem)):
         return None
