@@ -287,7 +287,7 @@ def _write_streamed(
             _post_sends(sends[k], r.ctx, r.plan, r.groups(k), send, c)
 
     try:
-        for k in range(ahead):
+        for k in range(min(ahead, nrounds)):
             post(k)
         for k in range(nrounds):
             error = _receive_and_write(r, k, sends, error)
