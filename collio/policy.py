@@ -243,7 +243,8 @@ def round_window(
     ``cb_buffer_size`` if need be, so that a layout in which every node has bytes in
     every window still sends large inter-node messages.
     """
-    largest = int(np.diff(bounds).max(initial=0))
+    # (not np.diff: every call of a time series asks, and its wrapper costs more)
+    largest = int((bounds[1:] - bounds[:-1]).max()) if len(bounds) > 1 else 0
     cap = min(hints.cb_buffer_size, MAX_WINDOW)
     if sources > 0:
         cap = max(cap, min(MAX_WINDOW, sources * hints.cb_min_message))
