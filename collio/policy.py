@@ -126,7 +126,7 @@ def many_small_runs(nruns: Any, nbytes: Any, direct_threshold: int) -> Any:
 
 def has_many_small_runs(runs: Runs, direct_threshold: int) -> bool:
     """:func:`many_small_runs` of one rank's runs (their bytes summed only if needed)."""
-    n = len(runs)
+    n = len(runs.length)
     return n > DIRECT_MAX_RUNS and bool(many_small_runs(n, runs.nbytes, direct_threshold))
 
 
