@@ -17,7 +17,6 @@ __all__ = [
     "window_of",
     "scratch_buffer",
     "free_buffers",
-    "generation",
 ]
 
 #: Alignment of kept buffers (and of direct I/O requests, see the posix backend).
@@ -25,23 +24,13 @@ PAGE = 4096
 _lock = threading.Lock()
 #: Kept allocations by use ("rounds", "scratch"); each reused while big enough.
 _kept: dict[str, npt.NDArray[np.uint8]] = {}
-#: Advanced whenever a kept allocation is made or freed: what was made for a plan at one
-#: generation is still there at the same one (:func:`collio.rounds.prepare`)
-_generation = 0
-
-
-def generation() -> int:
-    """The kept allocations' generation (see :data:`_generation`)."""
-    return _generation
 
 
 def _keep(name: str, nbytes: int) -> npt.NDArray[np.uint8]:
     """The kept allocation ``name``, grown to at least ``nbytes`` (old one freed first)."""
-    global _generation
     with _lock:
         got = _kept.get(name)
         if got is None or len(got) < nbytes:
-            _generation += 1
             _kept.pop(name, None)  # free the old one before allocating the new one
             raw = np.empty(nbytes + PAGE, np.uint8)
             skip = -raw.ctypes.data % PAGE  # page-aligned start: direct I/O can use it
@@ -78,7 +67,5 @@ def scratch_buffer(nbytes: int, use: str = "scratch") -> npt.NDArray[np.uint8]:
 
 def free_buffers() -> None:
     """Local: free the kept round, packing and bounce buffers (made again when needed)."""
-    global _generation
     with _lock:
-        _generation += 1
         _kept.clear()

@@ -133,8 +133,6 @@ class Plan:
     _agg_shapes: Shapes | None = None
     _sender_shapes: Shapes | None = None
     _by_round: tuple[I64, I64] | None = None
-    # (buffers.generation(), writing) when rounds.prepare made what this plan needs
-    _prepared: tuple[int, bool] | None = None
 
     def agg_shapes(self) -> Shapes:
         """Shapes of the aggregator's groups over file offsets (this rank aggregates)."""

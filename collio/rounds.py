@@ -41,7 +41,7 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from .aggregators.plan import AggregatorPlan, SenderPlan, round_requests
-from .buffers import generation, round_buffers, scratch_buffer, window_of
+from .buffers import round_buffers, scratch_buffer, window_of
 from .collective import Attempt
 from .context import Call, Context, Plan
 from .exchange import PACK_MAX_RUN, Messages, messages
@@ -136,17 +136,14 @@ def prepare(plan: Plan, *, writing: bool) -> None:
     out of memory there makes every rank raise the same error; in the rounds it would
     leave its peers waiting for messages it never posts.
     """
-    plan = getattr(plan, "plan", plan)  # (a two-level plan's needs are its stage two's)
-    if plan._prepared == (generation(), writing):  # (a kept plan's repeat: all made)
-        return
     plan.sender_shapes()
     ap = plan.agg
-    if ap is not None and ap.nrounds:
-        plan.agg_shapes()
-        round_buffers(plan.window, DEPTH)
-        if not writing and _packs(ap):
-            scratch_buffer(min(plan.window, PACK_SCRATCH))
-    plan._prepared = (generation(), writing)  # (after the allocations, which advance it)
+    if ap is None or not ap.nrounds:
+        return
+    plan.agg_shapes()
+    round_buffers(plan.window, DEPTH)
+    if not writing and _packs(ap):
+        scratch_buffer(min(plan.window, PACK_SCRATCH))
 
 
 def _packs(ap: AggregatorPlan) -> bool:
