@@ -104,7 +104,7 @@ def before_head(
         # cannot be digested fails this rank's checks, agreed like them)
         d, offset = digest_kept(sig)
     facts = (has_many_small_runs(runs, ctx.hints.direct_threshold), mapped, checked(runs), d)
-    extent = runs.extent() if len(runs) else (BIG, 0)
+    extent = runs.extent() if len(runs.length) else (BIG, 0)
     where = moved(ctx.extents, *extent)
     g = None
     if count is None and step.error is None:
@@ -187,7 +187,7 @@ def _pending(
         lo=extent[0], hi=extent[1], small=facts[0], mapped=facts[1], checked=facts[2],
         sig=placed(facts[3], offset), plan=plan[0], items=-1 if count is None else count,
         vouched=disjoint,
-        plan_shift=zigzag(plan[1]) if len(runs) else NOT_COMPARED,
+        plan_shift=zigzag(plan[1]) if len(runs.length) else NOT_COMPARED,
         guessed=g is not None and io_error is None, size=g.size if g is not None else BIG,
         io_only=error is None, same=g is not None and g.key == g.kept.key,
         t_io=seconds[0], t_total=seconds[1], **where,

@@ -13,7 +13,7 @@ from mpi4py import MPI
 from .aggregators.summary import aggregator_summary
 from .collective import raise_agreed
 from .context import Call, Context, Plan
-from .stats import SUMS
+from .stats import SUMS, Stats
 from .waits import sleep_until_done
 
 __all__ = ["complete_call", "local_summary", "local_when_read"]
@@ -43,9 +43,10 @@ def complete_call(
     """
     c = call.counters
     c.time_total = time.perf_counter() - t0
-    c.direct_io_bytes += ctx.backend.take_direct_bytes()  # (its I/O is done by now)
-    c.early_flushes += ctx.backend.take_flushes()
-    c.mapped_bytes += ctx.backend.take_mapped_bytes()
+    direct, flushes, mapped = ctx.backend.take_counts()  # (its I/O is done by now)
+    c.direct_io_bytes += direct
+    c.early_flushes += flushes
+    c.mapped_bytes += mapped
     c.runs += call.nruns
     sums, maxes = c.pack()
     kept = ctx.sums_kept.get(call.name)
@@ -57,8 +58,11 @@ def complete_call(
         raise_agreed(ctx.comm, error, what=what)
     assert got is not None  # (raise_agreed raised)
     call.sums, most = got
-    ctx.sums_kept[call.name] = (sums, call.sums)
-    ctx.stats.absorb(call.sums, most)
+    again = None
+    if kept is not None and call.sums is kept[1]:  # (the kept sums: added as kept)
+        again = kept[2] if kept[2] is not None else Stats.again(call.sums)
+    ctx.sums_kept[call.name] = (sums, call.sums, again)
+    ctx.stats.absorb(call.sums, most, again)
     # calls are collective: count each once, not once per rank
     if call.hi > call.lo:
         if call.direct:

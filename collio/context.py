@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -184,17 +185,23 @@ class Plan:
 
 
 _T = TypeVar("_T")
-_INIT: dict[type, tuple[str, ...]] = {}
+_INIT: dict[type, tuple[tuple[str, ...], Any]] = {}
 
 
 def _with(obj: _T, **changes: Any) -> _T:
     """``dataclasses.replace`` for a kept plan's parts, which a time series moves every
     call: the field names are looked up once per class, not per call."""
     cls = type(obj)
-    names = _INIT.get(cls)
-    if names is None:
-        names = _INIT[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)  # type: ignore[arg-type]
-    return cls(*[changes[n] if n in changes else getattr(obj, n) for n in names])
+    got = _INIT.get(cls)
+    if got is None:
+        names = tuple(f.name for f in dataclasses.fields(cls) if f.init)  # type: ignore[arg-type]
+        get = operator.attrgetter(*names, *names[:1])  # (two names at least: a tuple)
+        got = _INIT[cls] = (names, get)
+    names = got[0]
+    values = list(got[1](obj))[: len(names)]  # (one C call reads every field)
+    for name, value in changes.items():
+        values[names.index(name)] = value
+    return cls(*values)
 
 
 def _arrays(obj: object) -> list[object]:

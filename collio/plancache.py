@@ -75,10 +75,14 @@ def _equal(a: I64, b: I64) -> bool:
 def _shift(a: Runs, b: Runs) -> int | None:
     """How far every run of ``b`` lies after (or before) its run of ``a``, the lengths and
     buffer offsets being equal; None when they are not such runs (0: the same runs)."""
-    if len(a) != len(b):
+    n = len(a.length)  # (not len(a): a Python call, and every call of a series asks)
+    if n != len(b.length):
         return None
-    if not len(a):
+    if not n:
         return 0
+    known = b.shift_from(a)  # (both moved from one layout's runs: no comparison)
+    if known is not None:
+        return known
     d = int(b.file[0]) - int(a.file[0])
     if not (_equal(a.length, b.length) and _equal(a.mem, b.mem)):
         return None

@@ -133,7 +133,7 @@ def many_small_runs(nruns: Any, nbytes: Any, direct_threshold: int) -> Any:
 
 def has_many_small_runs(runs: Runs, direct_threshold: int) -> bool:
     """:func:`many_small_runs` of one rank's runs (their bytes summed only if needed)."""
-    n = len(runs)
+    n = len(runs.length)
     return n > DIRECT_MAX_RUNS and bool(many_small_runs(n, runs.nbytes, direct_threshold))
 
 
@@ -252,7 +252,8 @@ def round_window(
     every window still sends large inter-node messages; a read's (not ``writing``) takes
     at most :data:`TWO_LEVEL_READ_ROUNDS` rounds per domain.
     """
-    largest = int(np.diff(bounds).max(initial=0))
+    # (not np.diff: every call of a time series asks, and its wrapper costs more)
+    largest = int((bounds[1:] - bounds[:-1]).max()) if len(bounds) > 1 else 0
     cap = min(hints.cb_buffer_size, MAX_WINDOW)
     rounds = hints.min_rounds
     if sources > 0:

@@ -103,7 +103,7 @@ def _prefetch(r: _Rounds, k: int) -> None:
     if k == 0:
         r.pending[0] = run_inline(r.c, read_window, *args)
     else:
-        r.pending[k % DEPTH] = r.pool.submit(read_window, *args)
+        r.pending[k % DEPTH] = r.pool().submit(read_window, *args)
 
 
 def _exchange_read(

@@ -20,6 +20,7 @@ from .runs import Runs, merge
 from .stats import Stats
 
 __all__ = [
+    "Done",
     "Future",
     "cover",
     "drain",
@@ -32,7 +33,23 @@ __all__ = [
     "write_window",
 ]
 
-Future = concurrent.futures.Future[None]
+
+class Done:
+    """A request run on the main thread, finished: its outcome as a Future gives it
+    (``result`` raises its exception), without a Future's lock and condition."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+    def result(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+#: A round's request: in the I/O thread, or done on the main thread
+Future = concurrent.futures.Future[None] | Done
 
 
 def _whole(req: tuple[int, int]) -> Runs:
@@ -63,16 +80,14 @@ def run_inline(c: Stats, fn: Callable[..., None], *args: object) -> Future:
     and the main thread again costs most where it matters least, in small calls, with
     more ranks than cores busy in MPI.
     """
-    fut: Future = concurrent.futures.Future()
+    error: BaseException | None = None
     t = time.perf_counter()
     try:
         fn(*args)
-    except BaseException as exc:  # noqa: BLE001 - delivered through the Future, as the pool does
-        fut.set_exception(exc)
-    else:
-        fut.set_result(None)
+    except BaseException as exc:  # noqa: BLE001 - delivered through result(), as the pool does
+        error = exc
     c.time_io += time.perf_counter() - t
-    return fut
+    return Done(error)
 
 
 def settle(
@@ -80,6 +95,8 @@ def settle(
 ) -> BaseException | None:
     """Wait for every pending request (before one runs on the main thread: backends and
     the counters see one request at a time); the first error, ``error`` if set."""
+    if pending.count(None) == len(pending):  # (a small call's one round: none)
+        return error
     for i, fut in enumerate(pending):
         pending[i] = None
         step = Attempt()

@@ -220,7 +220,7 @@ class _Rounds:
     bufs: list[npt.NDArray[np.uint8]]  # the DEPTH round buffers (aggregators only)
     offs: I64  # offset and length of the backend request of each of its rounds
     lens: I64
-    pool: concurrent.futures.ThreadPoolExecutor
+    pool: Callable[[], concurrent.futures.ThreadPoolExecutor]  # (made when first used)
     pending: list[Future | None] = dataclasses.field(default_factory=lambda: [None] * DEPTH)
 
     def agg(self, k: int) -> AggregatorPlan | None:
@@ -246,7 +246,7 @@ def _start(ctx: Context, plan: Plan, call: Call) -> _Rounds:
     mine = plan.agg.nrounds if plan.agg is not None else 0
     bufs = round_buffers(plan.window, DEPTH) if mine else []
     offs, lens = _requests(ctx, plan)
-    return _Rounds(ctx, plan, call.counters, order, starts, mine, bufs, offs, lens, io_executor())
+    return _Rounds(ctx, plan, call.counters, order, starts, mine, bufs, offs, lens, io_executor)
 
 
 def write_rounds(
@@ -287,7 +287,7 @@ def _write_streamed(
             _post_sends(sends[k], r.ctx, r.plan, r.groups(k), send, c)
 
     try:
-        for k in range(ahead):
+        for k in range(min(ahead, nrounds)):
             post(k)
         for k in range(nrounds):
             error = _receive_and_write(r, k, sends, error)
@@ -328,8 +328,13 @@ def _receive_and_write(
     error = error or step.error
     t = time.perf_counter()
     wbuf = r.buffer(k, req)
-    with messages(r.ctx.comm, _TAG + (k & 0x3FF)) as msgs:
+    msgs = Messages(r.ctx.comm, _TAG + (k & 0x3FF))  # (as exchange.messages, inline: per call)
+    try:
         _post_recvs(msgs, r.plan, k, wbuf, req[0], c)
+    except BaseException:
+        msgs.free()
+        raise
+    msgs.wait()
     error = error or msgs.error  # (a stand-in's zeros are not written)
     c.time_exchange += time.perf_counter() - t
     # the last round is drained right after the loop: write it here, once the I/O
@@ -346,7 +351,7 @@ def _receive_and_write(
             if last:
                 r.pending[b] = run_inline(c, write_window, *args)
             else:
-                r.pending[b] = r.pool.submit(write_window, *args)
+                r.pending[b] = r.pool().submit(write_window, *args)
     return error or step.error
 
 
@@ -383,7 +388,7 @@ def _write_lockstep(
         c.time_exchange += time.perf_counter() - t
         if error is None and ap is not None:
             args = (be, req[0], r.buffer(k, req), cover(ap, k, req), c)
-            r.pending[k % DEPTH] = r.pool.submit(write_window, *args)
+            r.pending[k % DEPTH] = r.pool().submit(write_window, *args)
     status.failed()
     if stage is not None:
         error = error or stage.finish()

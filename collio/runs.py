@@ -57,6 +57,11 @@ class Runs:
     _extent: tuple[int, int] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
     )
+    # the runs these were moved from and by how much (:meth:`moved`): a kept plan's runs
+    # and a time series' next step are then known to be a shift without comparing them
+    _origin: tuple[Runs, int] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def empty(cls) -> Runs:
@@ -102,7 +107,22 @@ class Runs:
         out = Runs(file, self.length, self.mem)
         if self._extent is not None:
             object.__setattr__(out, "_extent", (self._extent[0] + d, self._extent[1] + d))
+        origin = self._origin  # (moved runs remember the first runs, not a chain)
+        base, e = (self, d) if origin is None else (origin[0], origin[1] + d)
+        if is_read_only(base):
+            object.__setattr__(out, "_origin", (base, e))
         return out
+
+    def shift_from(self, other: Runs) -> int | None:
+        """How far these runs lie after ``other`` when they are ``other`` moved
+        (:meth:`moved`, read-only both), else None (not known without comparing)."""
+        origin = self._origin
+        if origin is None:
+            return 0 if self is other else None
+        if origin[0] is other:
+            return origin[1]
+        o = other._origin
+        return origin[1] - o[1] if o is not None and o[0] is origin[0] else None
 
     def mem_sequential(self) -> bool:
         """True when memory is consumed in file order without gaps (send by slices)."""

@@ -195,20 +195,27 @@ class Stats:
         sums = [*_get_sums(self), *self.write_sizes.tolist(), *self.read_sizes.tolist()]
         return sums, list(_get_maxes(self))
 
-    def absorb(self, sums: npt.NDArray[np.int64], maxes: npt.NDArray[np.float64]) -> None:
-        """Add reduced per-call counters to the file's totals."""
-        n = len(SUMS)
-        nb = len(BUCKET_NAMES)
-        every = sums.tolist()
-        old = _get_sums(self)
-        for i, a in enumerate(every[:n]):
-            if a:  # (a call moves a few of the counters; the others stay as they are)
-                setattr(self, SUMS[i], a + old[i])
-        # (new arrays, not added in place: a caller may hold the totals of before)
-        if any(every[n : n + nb]):
-            self.write_sizes = self.write_sizes + sums[n : n + nb]
-        if any(every[n + nb : n + 2 * nb]):
-            self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
+    def absorb(
+        self, sums: npt.NDArray[np.int64], maxes: npt.NDArray[np.float64],
+        again: Again | None = None,
+    ) -> None:  # fmt: skip
+        """Add reduced per-call counters to the file's totals (``again``: the same sums as
+        :meth:`again` made them, kept from an earlier call: a repeated call's)."""
+        if again is not None:
+            self._add(again)
+        else:
+            n = len(SUMS)
+            nb = len(BUCKET_NAMES)
+            every = sums.tolist()
+            old = _get_sums(self)
+            for i, a in enumerate(every[:n]):
+                if a:  # (a call moves a few of the counters; the others stay as they are)
+                    setattr(self, SUMS[i], a + old[i])
+            # (new arrays, not added in place: a caller may hold the totals of before)
+            if any(every[n : n + nb]):
+                self.write_sizes = self.write_sizes + sums[n : n + nb]
+            if any(every[n + nb : n + 2 * nb]):
+                self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
         most = maxes.tolist()
         if most[0] > self.rounds:
             self.rounds = int(most[0])
@@ -230,14 +237,18 @@ class Stats:
         """:meth:`absorb` of a call whose sums are an earlier call's (``sums``), whose
         plan, exchange and rounds took nothing, and whose I/O and whole call took ``io``
         and ``total`` seconds (the slowest rank's): a repeated small call's."""
+        self._add(sums)
+        self.time_io += io
+        self.time_total += total
+
+    def _add(self, sums: Again) -> None:
+        """Add the sums of :meth:`again` to the totals."""
         for name, a in sums.moved:
             setattr(self, name, getattr(self, name) + a)
         if sums.write_sizes is not None:  # (new arrays, as absorb makes)
             self.write_sizes = self.write_sizes + sums.write_sizes
         if sums.read_sizes is not None:
             self.read_sizes = self.read_sizes + sums.read_sizes
-        self.time_io += io
-        self.time_total += total
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""
