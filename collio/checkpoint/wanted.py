@@ -13,6 +13,7 @@ import numpy.typing as npt
 from ..errors import BackendError, ChecksumError, LayoutError
 from ..layouts.arrays import ArrayLayout, Subarray, array_layout
 from . import format
+from .chunks import Chunks
 from .extents import box_spans
 from .filemap import Reader, map_range, pieces
 from .save import spans
@@ -154,13 +155,17 @@ class Wanted:
         # raising alone before the reads' collectives)
         self.arrays = _allocate([lay for _, lay in self.wanted], into, self.mapped)
 
-    def map(self, reader: Reader, offs: I64, required: bool) -> None:
+    def map(self, reader: Reader, offs: I64, chunks: Chunks, required: bool) -> None:
         """Local: the pieces :meth:`find` left, as arrays over one private map of the file
-        (those within it: a shorter file's bytes past its end read as zeros, which then
-        differ from their checksums); where the map fails, allocated, or with
-        ``required`` (hint ``checkpoint_map=enable``) the error raised."""
-        lo, hi = offs + self.spans[:, 0], offs + self.spans[:, 1]
-        left = np.flatnonzero(self.mapped & (hi > reader.size()))
+        (those that are one range of the file, within it: a shorter file's bytes past its
+        end read as zeros, which then differ from their checksums; a piece across the
+        chunks of its array is read); where the map fails, allocated, or with
+        ``required`` (hint ``checkpoint_map=enable``) the error raised.  ``offs`` are
+        the arrays' virtual offsets, ``chunks`` their map to the file."""
+        vlo = offs + self.spans[:, 0]
+        one, lo = chunks.within(vlo, vlo + np.maximum(self.spans[:, 1] - self.spans[:, 0], 1))
+        hi = lo + self.spans[:, 1] - self.spans[:, 0]
+        left = np.flatnonzero(self.mapped & (~one | (hi > reader.size())))
         self.mapped[left] = False
         ids = np.flatnonzero(self.mapped)
         if len(ids):

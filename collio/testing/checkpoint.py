@@ -133,6 +133,32 @@ def one_range(name: str, lay: ArrayLayout | None) -> bool:
     return len(flat) > 0 and bool((np.diff(flat) == 1).all())
 
 
+def one_file_range(path: str, name: str, lay: ArrayLayout | None) -> bool:
+    """Whether the piece ``lay`` of ``name`` (one range of its array) is one range of the
+    checkpoint file at ``path`` (the array's chunks: :meth:`collio.checkpoint.Info.file_runs`)."""
+    from ..checkpoint import info
+    from ..checkpoint.save import span_of
+
+    entry = info(path)[name]
+    if lay is None:
+        lo, hi = 0, int(entry["nbytes"])
+    else:
+        lo, hi, _ = span_of(lay)
+    return len(info(path).file_runs(name, lo, hi)) == 1
+
+
+def stored(path: str, name: str) -> bytes:
+    """The bytes of array ``name`` as the file at ``path`` stores them (its runs joined)."""
+    from ..checkpoint import info
+
+    with open(path, "rb") as fh:
+        out = []
+        for off, n in info(path).file_runs(name):
+            fh.seek(off)
+            out.append(fh.read(n))
+    return b"".join(out)
+
+
 def mapped(arr: Any) -> bool:
     """Whether ``arr`` is a view of a checkpoint file's map (:mod:`collio.checkpoint.filemap`)."""
     from ..checkpoint.filemap import FileMap
