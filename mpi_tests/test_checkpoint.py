@@ -320,7 +320,6 @@ def test_row_shards_are_written_and_read_by_each_rank_directly(
     if comm.size > 1:
         assert seen == [("write_all_many", True, "direct")], seen
     if comm.rank == 0:
-        meta = ckpt.info(path)
         for name in model.ROWS:
             want = model.rows_reference(name)
             assert model.stored(path, name) == want.tobytes(), name
