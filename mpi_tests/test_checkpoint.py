@@ -43,7 +43,7 @@ def _check_loaded(
         assert got[name].shape == want.shape, name
         assert got[name].tobytes(order="A") == want.tobytes(order="A"), (comm.rank, name)
         if maps is not None:
-            one = model.one_range(name, lay) and model.one_file_range(path, name, lay)
+            one = model.one_range(name, lay) and model.mappable(path, name, lay)
             assert model.mapped(got[name]) == (maps and one), (comm.rank, name, one)
 
 

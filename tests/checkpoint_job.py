@@ -34,7 +34,7 @@ def _check(
         arr = got[name]
         assert arr.tobytes(order="A") == want.tobytes(order="A"), (comm.rank, name)  # type: ignore[attr-defined]
         if maps is not None:
-            one = model.one_range(name, lay) and model.one_file_range(path, name, lay)  # type: ignore[arg-type]
+            one = model.one_range(name, lay) and model.mappable(path, name, lay)  # type: ignore[arg-type]
             assert model.mapped(arr) == (maps and one), (comm.rank, name, one)
 
 

@@ -61,7 +61,7 @@ def test_one_rank_load_without_mpiexec(saved: str, maps: str) -> None:
         assert got[name].tobytes() == want.tobytes(), name
         # (mapped where the whole array is one range of the file: saved at 4 ranks, a
         # row-sharded array is one chunk per rank, which a one-rank load reads)
-        one = model.one_file_range(saved, name, None)
+        one = model.mappable(saved, name, None)
         assert model.mapped(got[name]) == (maps == "enable" and one), name
 
 

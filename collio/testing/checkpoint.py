@@ -133,18 +133,21 @@ def one_range(name: str, lay: ArrayLayout | None) -> bool:
     return len(flat) > 0 and bool((np.diff(flat) == 1).all())
 
 
-def one_file_range(path: str, name: str, lay: ArrayLayout | None) -> bool:
-    """Whether the piece ``lay`` of ``name`` (one range of its array) is one range of the
-    checkpoint file at ``path`` (the array's chunks: :meth:`collio.checkpoint.Info.file_runs`)."""
+def mappable(path: str, name: str, lay: ArrayLayout | None) -> bool:
+    """Whether the piece ``lay`` of ``name`` (one range of its array) can be mapped from the
+    checkpoint file at ``path``: one range of the file, or runs each at the same offset
+    within a page in the file as in the array (:meth:`collio.checkpoint.Info.file_runs`)."""
+    import mmap
+
     from ..checkpoint import info
     from ..checkpoint.save import span_of
 
-    entry = info(path)[name]
-    if lay is None:
-        lo, hi = 0, int(entry["nbytes"])
-    else:
-        lo, hi, _ = span_of(lay)
-    return len(info(path).file_runs(name, lo, hi)) == 1
+    meta = info(path)
+    lo, hi = (0, int(meta[name]["nbytes"])) if lay is None else span_of(lay)[:2]
+    runs = meta.file_runs(name, lo, hi)
+    at = lo + np.concatenate([[0], np.cumsum([n for _, n in runs])[:-1]])
+    congruent = ((f - a) % mmap.PAGESIZE == 0 for (f, _), a in zip(runs, at, strict=True))
+    return len(runs) == 1 or all(congruent)
 
 
 def stored(path: str, name: str) -> bytes:
