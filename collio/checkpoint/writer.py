@@ -171,9 +171,8 @@ def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
     at = plan.pieces[rank, direct]
     sizes = np.where(at >= 0, plan.spans[rank, direct, 1] - plan.spans[rank, direct, 0], 0)
     held = np.flatnonzero(at >= 0)
-    gaps = np.zeros(
-        len(direct), np.int64
-    )  # (to the next piece of this rank's; none after the last)
+    # (the zeros from each piece to this rank's next one; none after its last)
+    gaps = np.zeros(len(direct), np.int64)
     gaps[held[:-1]] = at[held[1:]] - (at[held[:-1]] + sizes[held[:-1]])
     pad = np.zeros(int(gaps.sum()), np.uint8)  # (one allocation, never touched: zero pages)
     cut = displacements(gaps).tolist()
