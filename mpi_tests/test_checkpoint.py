@@ -31,9 +31,11 @@ def _flip(path: str, at: int, mask: int) -> None:
 
 
 def _check_loaded(
-    comm: MPI.Intracomm, got: dict[str, Any], spec: dict[str, Any], maps: bool | None = None
-) -> None:
-    """Every array byte for byte; with ``maps``, mapped exactly where its piece is one range."""
+    comm: MPI.Intracomm, got: dict[str, Any], spec: dict[str, Any], maps: bool | None = None,
+    path: str = "",
+) -> None:  # fmt: skip
+    """Every array byte for byte; with ``maps``, mapped exactly where its piece is one range
+    of the file (of its array, within one of the array's chunks)."""
     assert sorted(got) == sorted(spec)
     for name, lay in spec.items():
         want = model.expected(name, lay)
@@ -41,7 +43,7 @@ def _check_loaded(
         assert got[name].shape == want.shape, name
         assert got[name].tobytes(order="A") == want.tobytes(order="A"), (comm.rank, name)
         if maps is not None:
-            one = model.one_range(name, lay)
+            one = model.one_range(name, lay) and model.mappable(path, name, lay)
             assert model.mapped(got[name]) == (maps and one), (comm.rank, name, one)
 
 
@@ -56,14 +58,18 @@ def test_save_then_load_in_other_decompositions(
     hints = {"checkpoint_map": maps}
     spec = model.load_spec(comm.rank, comm.size)
     got = ckpt.load(path, spec, comm=comm, hints=hints)
-    _check_loaded(comm, got, spec, maps == "enable")
+    _check_loaded(comm, got, spec, maps == "enable", path)
     same = {n: lay for n, lay in model.save_layouts(comm.rank, comm.size).items()}
-    _check_loaded(comm, ckpt.load(path, same, comm=comm, hints=hints), same, maps == "enable")
+    got = ckpt.load(path, same, comm=comm, hints=hints)
+    _check_loaded(comm, got, same, maps == "enable", path)
+    if maps == "enable":  # (the saving decomposition: every piece that is one range mapped)
+        ones = [n for n, lay in same.items() if model.one_range(n, lay)]
+        assert ones and all(model.mapped(got[n]) for n in ones), (comm.rank, ones)
 
 
 @pytest.mark.mpi
-def test_file_holds_each_array_whole_in_order(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
-    """info needs no MPI, and the bytes at each array's offset are the global array."""
+def test_file_holds_each_array_at_its_runs(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """info needs no MPI, and the bytes at each array's file runs are the global array."""
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm, metadata={"step": 7})
     if comm.rank == 0:
@@ -75,9 +81,9 @@ def test_file_holds_each_array_whole_in_order(comm: MPI.Intracomm, mpi_tmp_path:
             want = model.reference(name)
             entry = meta[name]
             assert entry["shape"] == want.shape and entry["dtype"] == want.dtype
-            raw = np.fromfile(path, np.uint8, count=want.nbytes, offset=entry["offset"])
+            raw = model.stored(path, name)
             order = entry["order"]
-            assert raw.tobytes() == want.tobytes(order=order), name
+            assert raw == want.tobytes(order=order), name
     comm.Barrier()
 
 
@@ -95,7 +101,7 @@ def test_flipped_byte_names_the_array_on_every_rank(
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
     if comm.rank == 0:
         entry = ckpt.info(path)[name]
-        _flip(path, entry["offset"] + entry["nbytes"] // 2, 0x10)
+        _flip(path, ckpt.info(path).file_offset(name, entry["nbytes"] // 2), 0x10)
     comm.Barrier()
     spec = model.load_spec(comm.rank, comm.size)
     hints = {"checkpoint_map": maps}
@@ -314,13 +320,10 @@ def test_row_shards_are_written_and_read_by_each_rank_directly(
     if comm.size > 1:
         assert seen == [("write_all_many", True, "direct")], seen
     if comm.rank == 0:
-        meta = ckpt.info(path)
         for name in model.ROWS:
             want = model.rows_reference(name)
-            raw = np.fromfile(path, np.uint8, count=want.nbytes, offset=meta[name]["offset"])
-            assert raw.tobytes() == want.tobytes(), name
-        rep = np.fromfile(path, "<i8", count=7, offset=meta["rep"]["offset"])
-        assert rep.tobytes() == np.arange(7, dtype="<i8").tobytes()
+            assert model.stored(path, name) == want.tobytes(), name
+        assert model.stored(path, "rep") == np.arange(7, dtype="<i8").tobytes()
     seen.clear()
     spec: dict[str, Any] = dict(model.rows_layouts(comm.rank, comm.size))
     spec["rep"] = None
@@ -402,7 +405,7 @@ def test_extents_across_pieces_are_checked_from_the_parts(
     assert reads == []  # (verified from memory: nothing read back)
     comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:  # a byte just after the saving job's first edge (one rank: mid-array)
-        _flip(path, ckpt.info(path)["a"]["offset"] + (64 * 1000 * 8) // max(comm.size, 2) + 5, 1)
+        _flip(path, ckpt.info(path).file_offset("a", (64 * 1000 * 8) // max(comm.size, 2) + 5), 1)
     comm.Barrier()
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
@@ -426,7 +429,7 @@ def test_pieces_read_in_steps_are_checked_whole(comm: MPI.Intracomm, mpi_tmp_pat
     comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:
         entry = ckpt.info(path)["a"]
-        _flip(path, entry["offset"] + entry["nbytes"] - 1000, 0x02)
+        _flip(path, ckpt.info(path).file_offset("a", entry["nbytes"] - 1000), 0x02)
     comm.Barrier()
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, dict(spec), comm=comm)
@@ -515,7 +518,7 @@ def test_load_in_place_still_checks_every_byte(
     """A flipped byte, in the caller's array that holds it once loaded too."""
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
-    at = ckpt.info(path)["ffn/w"]["offset"] + 3
+    at = ckpt.info(path).file_offset("ffn/w", 3)
     if comm.rank == 0:
         _flip(path, at, 0x40)
     comm.Barrier()

@@ -159,20 +159,20 @@ def test_a_save_starts_the_disk_on_each_ranks_piece_as_it_writes_it(
         every = comm.allgather(len(flushes))  # (every rank asserts the same: none waits alone)
         assert min(every) >= 1, every
     else:
-        at = int(ckpt.info(path)["a"]["offset"]) + piece.nbytes * comm.rank
+        at = ckpt.info(path).file_offset("a", piece.nbytes * comm.rank)
         every = comm.allgather((at, piece.nbytes) in ranges and not flushes)
         assert all(every), every
     np.testing.assert_array_equal(ckpt.load(path, {"a": None}, comm=comm)["a"], whole)
 
 
 @pytest.mark.mpi
-def test_a_save_leaves_small_pieces_and_partial_pages_to_the_close(
+def test_a_save_starts_the_disk_on_each_ranks_region_whole_pages_only(
     comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pieces of 1 KiB (several ranks' in one page) start no writeback of their own; a
-    piece of 125 KiB that starts and ends inside pages starts it on its whole pages
-    only: a page written back half filled is written again once its neighbours fill it.
-    The close's fsync takes the rest, and every byte loads."""
+    """A rank's pieces (125 KiB, then 1 KiB) follow each other in its region, written as
+    one range: it starts the writeback of that range's whole pages only, once (a page
+    written back half filled is written again when filled).  The close's fsync takes
+    the rest, and every byte loads."""
     path = _path(comm, mpi_tmp_path)
     r, p = comm.rank, comm.size
     big = np.arange(16 * p * 1000, dtype=np.float64).reshape(16 * p, 1000)
@@ -187,8 +187,10 @@ def test_a_save_leaves_small_pieces_and_partial_pages_to_the_close(
     ckpt.save(path, state, comm=comm)
     monkeypatch.undo()
     if posix.sync_file_range is not None:  # (the same on every rank)
-        at = int(ckpt.info(path)["big"]["offset"]) + 128000 * r
-        lo, hi = -(-at // 4096) * 4096, (at + 128000) // 4096 * 4096
+        meta = ckpt.info(path)
+        at, end = meta.file_offset("big", 128000 * r), meta.file_offset("small", 1024 * r) + 1024
+        assert meta.file_runs("big", 128000 * r, 128000 * (r + 1)) == [(at, 128000)]
+        lo, hi = -(-at // 4096) * 4096, end // 4096 * 4096
         every = comm.allgather([x for x in ranges if x[1] > 0] == [(lo, hi - lo)])
         assert all(every), (every, ranges, (lo, hi))
     got = ckpt.load(path, {"big": None, "small": None}, comm=comm)

@@ -62,7 +62,7 @@ def test_part_of_an_array_reads_the_rest_of_its_extents_back(
     assert got.tobytes() == np.ascontiguousarray(want).tobytes()
     comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:
-        _flip(path, ckpt.info(path)["a"]["offset"] + 3 * 8000 + 7)  # row 3: not loaded
+        _flip(path, ckpt.info(path).file_offset("a", 3 * 8000 + 7))  # row 3: not loaded
     comm.Barrier()
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
@@ -181,7 +181,7 @@ def test_rows_left_out_at_the_saving_split_are_read_back_and_checked(
     comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:  # a byte of the last rank's rows, which no rank loads
         info = ckpt.info(path)["a"]
-        _flip(path, info["offset"] + info["nbytes"] - 8000 + 3)
+        _flip(path, ckpt.info(path).file_offset("a", info["nbytes"] - 8000 + 3))
     comm.Barrier()
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": mine}, comm=comm)
@@ -276,8 +276,9 @@ def test_mapped_loads_with_empty_ranks_check_every_extent(
     comm: MPI.Intracomm, mpi_tmp_path: Any
 ) -> None:
     """Rows over all ranks but the last, which asks for empty pieces only (another split
-    than the save's: extents across pieces checked from the parts, each in its map): the
-    bytes, and a byte flipped in any piece found through the maps on every rank."""
+    than the save's: extents across pieces checked from the parts, each in its map or,
+    where a piece crosses the saving ranks' regions, read): the bytes, and a byte
+    flipped in any piece found on every rank."""
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=8), comm=comm)
     writers = max(comm.size - 1, 1)
@@ -292,14 +293,53 @@ def test_mapped_loads_with_empty_ranks_check_every_extent(
     for name, lay in spec.items():
         want = np.ascontiguousarray(model.rows_reference(name, 8)[lay.slices]).tobytes()
         assert got[name].tobytes() == want, (comm.rank, name)
-        assert model.mapped(got[name]) == (len(want) > 0), (comm.rank, name)
+        one = len(want) > 0 and model.mappable(path, name, lay)
+        assert model.mapped(got[name]) == one, (comm.rank, name)
     del got
     comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:  # in the last writer's rows of b
         info = ckpt.info(path)["b"]
-        _flip(path, info["offset"] + info["nbytes"] - 5)
+        _flip(path, ckpt.info(path).file_offset("b", info["nbytes"] - 5))
     comm.Barrier()
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, spec, comm=comm, hints=MAP)
     )
     assert err.names == ("b",)
+
+
+@pytest.mark.mpi
+def test_pieces_across_the_saving_ranks_regions_map_in_place(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """Rows of one page each, saved by every rank (each rank's rows in its own region of
+    the file), loaded in other row blocks (split over one rank fewer): a piece across
+    regions is mapped part by part in place, byte for byte, and a byte flipped in its
+    second part is found on every rank."""
+    path = _path(comm, mpi_tmp_path)
+    p, r = comm.size, comm.rank
+    whole = np.arange(12 * p * 1024, dtype="<f4").reshape(12 * p, 1024)
+    lay = Subarray(whole.shape, (12 * r, 0), (12, 1024), "<f4")
+    mine_rows = whole[12 * r : 12 * (r + 1)]
+    state = {"w": (mine_rows.copy(), lay), "v": (-mine_rows, lay)}  # (regions: w's rows, v's)
+    ckpt.save(path, state, comm=comm)
+    n = max(p - 1, 1)
+    rows = [12 * p * k // n for k in range(n + 1)]
+    mine = min(r, n - 1)
+    spec = {"w": Subarray(whole.shape, (rows[mine], 0), (rows[mine + 1] - rows[mine], 1024),
+                          "<f4")}  # fmt: skip
+    got = ckpt.load(path, spec, comm=comm, hints=MAP)["w"]
+    assert got.tobytes() == whole[rows[mine] : rows[mine + 1]].tobytes()
+    lo = rows[mine] * 4096
+    runs = ckpt.info(path).file_runs("w", lo, rows[mine + 1] * 4096)
+    assert model.mapped(got) and len(runs) == (1 if p == 1 else 2), runs
+    del got
+    comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
+    if r == 0 and p > 1:  # (rank 0's piece: its second part, in rank 1's region)
+        at = ckpt.info(path).file_offset("w", rows[1] * 4096 - 5)
+        _flip(path, at)
+    comm.Barrier()
+    if p > 1:
+        err = raises_everywhere(
+            comm, collio.ChecksumError, lambda: ckpt.load(path, spec, comm=comm, hints=MAP)
+        )
+        assert err.names == ("w",)

@@ -71,3 +71,92 @@ def test_simulated_save_plans_one_extent_per_piece() -> None:
     work = checkpoint_workload(1024, 10, 10 * 1024 * 8192)
     plan = checkpoint_plan(work, 1024, 10)
     assert plan["extents"] == 10 * 1024 and plan["arrays"] == 10
+
+
+def _v1_arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    return {
+        "a": rng.standard_normal((37, 300)),
+        "b": np.arange(10001, dtype="<i4"),
+        "empty": np.zeros((0, 3), "<f4"),
+        "small": np.arange(3, dtype="<u2"),
+    }
+
+
+def test_a_version_1_file_still_loads_byte_for_byte(tmp_path: object) -> None:
+    """Written by the version 1 writer kept for tests: info and a one-rank load (whole
+    arrays, row pieces, mapped or read) see every byte, and offsets in it are the
+    arrays' own (one range each)."""
+    import collio.checkpoint as ckpt
+    from collio.testing.checkpoint_v1 import write_v1
+
+    path = f"{tmp_path}/v1.ckpt"
+    want = _v1_arrays()
+    write_v1(path, want, metadata={"step": 1})
+    meta = ckpt.info(path)
+    assert meta.metadata == {"step": 1} and sorted(meta) == sorted(want)
+    with open(path, "rb") as fh:
+        assert int.from_bytes(fh.read(12)[8:], "little") == 1  # (the header's version)
+    assert meta.file_runs("a") == [(meta["a"]["offset"], want["a"].nbytes)]
+    for maps in ("enable", "disable"):
+        got = ckpt.load(path, {n: None for n in want}, hints={"checkpoint_map": maps})
+        for name, arr in want.items():
+            assert got[name].dtype == arr.dtype and got[name].tobytes() == arr.tobytes(), name
+    rows = layouts.Subarray((37, 300), (10, 0), (13, 300), "<f8")
+    assert ckpt.load(path, {"a": rows})["a"].tobytes() == want["a"][10:23].tobytes()
+
+
+def test_a_flipped_byte_of_a_version_1_file_names_the_array(tmp_path: object) -> None:
+    import collio.checkpoint as ckpt
+    from collio.testing.checkpoint_v1 import write_v1
+
+    path = f"{tmp_path}/v1.ckpt"
+    want = _v1_arrays()
+    write_v1(path, want)
+    at = ckpt.info(path).file_offset("b", 4 * 9000)
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 1]))
+    with pytest.raises(ChecksumError) as err:
+        ckpt.load(path, {n: None for n in want}, hints={"checkpoint_map": "disable"})
+    assert err.value.names == ("b",)
+    got = ckpt.load(path, {"a": None, "small": None})
+    assert got["a"].tobytes() == want["a"].tobytes()
+
+
+def test_place_ranks_puts_each_ranks_pieces_one_after_another() -> None:
+    """Two direct arrays over two ranks (one rank holds nothing of the second) and one
+    array written two-phase: rank 0's pieces, rank 1's, then the whole array; each
+    piece aligned; the extents' file offsets follow their pieces."""
+    lo = np.array([[0, 0, 0], [100, 0, 0]], np.int64)
+    hi = np.array([[100, 5000, 0], [300, 0, 0]], np.int64)
+    direct = np.array([True, True, False])
+    nbytes = np.array([300, 5000, 64], np.int64)
+    pieces, whole, end = format.place_ranks(lo, hi, direct, nbytes)
+    A = format.ALIGN
+    assert pieces.tolist() == [[A, 2 * A, -1], [4 * A, -1, -1]]
+    assert whole.tolist() == [-1, -1, 5 * A] and end == 6 * A
+    starts = np.array([0, 100, 0, 0], np.int64)
+    aid = np.array([0, 0, 1, 2], np.int64)
+    owner = np.array([0, 1, 0, -1], np.int64)
+    got = format.extent_files(starts, aid, owner, lo, pieces, whole)
+    assert got.tolist() == [A, 4 * A, 2 * A, 5 * A]
+
+
+def test_chunks_map_array_ranges_to_file_runs() -> None:
+    from collio.checkpoint.chunks import Chunks
+
+    # virtual [0, 20) stored as [500, 510) + [510, 520) (one chunk), [20, 25) at 1000
+    c = Chunks.of_runs(np.array([0, 10, 20, 100]), np.array([500, 510, 1000, 50]),
+                       np.array([10, 10, 5, 8]))  # fmt: skip
+    assert c.vstart.tolist() == [0, 20, 100] and c.length.tolist() == [20, 5, 8]
+    file, length, src, within = c.runs(np.array([5, 18, 100, 0]), np.array([10, 5, 8, 0]))
+    assert file.tolist() == [505, 518, 1000, 50] and length.tolist() == [10, 2, 3, 8]
+    assert src.tolist() == [0, 1, 1, 2] and within.tolist() == [0, 0, 2, 0]
+    one, at = c.within(np.array([0, 18, 100]), np.array([20, 25, 108]))
+    assert one.tolist() == [True, False, True] and at.tolist() == [500, -1, 50]
+    assert c.reads().split(18, 5) == [(518, 2, 0), (1000, 3, 2)]
+    with pytest.raises(ValueError):
+        c.runs(np.array([30]), np.array([5]))  # (between arrays: no chunk)

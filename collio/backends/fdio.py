@@ -10,13 +10,27 @@ import os
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import BackendError
 
-__all__ = ["MAX_IO", "pread_exact", "pread_full", "pread_zeros", "pwrite_all", "pwrite_full"]
+__all__ = [
+    "MAX_IO",
+    "pread_exact",
+    "pread_full",
+    "pread_zeros",
+    "pwrite_all",
+    "pwrite_full",
+    "joinable",
+    "joined",
+    "pwrite_joined",
+    "pwritev_all",
+]
 
 #: Linux caps one read or write at this many bytes.
 MAX_IO = 0x7FFFF000
+#: the most buffers one ``pwritev`` takes
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 
 
 def _bytes(buf: Any) -> memoryview:
@@ -71,6 +85,62 @@ def pwrite_all(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
         done += pwrite_full(fd, view[done:], offset + done)
     if done < total:
         raise BackendError(f"short write at offset {offset + done} of {name!r}")
+
+
+def pwritev_all(fd: int, bufs: list[Any], offset: int, name: str = "the file") -> None:
+    """Write ``bufs`` one after another from ``offset``, in as few ``pwritev`` calls as the
+    system allows (``IOV_MAX`` buffers, :data:`MAX_IO` bytes each), or raise
+    :class:`BackendError` (a short write)."""
+    views = [_bytes(b) for b in bufs]
+    at, i = offset, 0
+    while i < len(views):
+        j, size = i, 0
+        while j < len(views) and j - i < IOV_MAX and size + len(views[j]) <= MAX_IO:
+            size += len(views[j])
+            j += 1
+        if j == i:  # (one buffer over MAX_IO: the loop of pwrite_all)
+            pwrite_all(fd, views[i], at, name)
+            at, i = at + len(views[i]), i + 1
+            continue
+        done = os.pwritev(fd, views[i:j], at)
+        if done < size:  # (rare: finish the rest buffer by buffer)
+            for v in views[i:j]:
+                skip = min(done, len(v))
+                if skip < len(v):
+                    pwrite_all(fd, v[skip:], at + skip, name)
+                done -= skip
+                at += len(v)
+        else:
+            at += size
+        i = j
+
+
+def joinable(file: npt.NDArray[np.int64], length: npt.NDArray[np.int64]) -> bool:
+    """Whether some run (sorted) starts where the one before it ends in the file."""
+    return bool((file[1:] == file[:-1] + length[:-1]).any())
+
+
+def joined(
+    file: npt.NDArray[np.int64], length: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The ranges of the file that runs (sorted) following each other cover: (start, length)."""
+    head = np.ones(len(file), bool)
+    head[1:] = file[1:] != file[:-1] + length[:-1]
+    first = np.flatnonzero(head)
+    last = np.append(first[1:], len(file)) - 1
+    return file[first], file[last] + length[last] - file[first]
+
+
+def pwrite_joined(
+    fd: int, file: npt.NDArray[np.int64], length: npt.NDArray[np.int64],
+    mem: npt.NDArray[np.int64], data: npt.NDArray[np.uint8], name: str = "the file",
+) -> None:  # fmt: skip
+    """Write runs (sorted; ``data[mem : mem + length]`` at ``file``), one ``pwritev`` per
+    group of runs that follow each other in the file (:func:`pwritev_all`)."""
+    cuts = [0, *(np.flatnonzero(file[1:] != file[:-1] + length[:-1]) + 1).tolist(), len(file)]
+    fl, nl, ml = file.tolist(), length.tolist(), mem.tolist()
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        pwritev_all(fd, [data[ml[k] : ml[k] + nl[k]] for k in range(a, b)], fl[a], name)
 
 
 def pread_zeros(fd: int, buf: Any, offset: int) -> int:

@@ -19,7 +19,7 @@ from ..collective import Attempt, agree
 from ..errors import CommitError
 from ..runs import Runs
 from .directio import DIRECT_MIN, direct_possible, open_direct, write_split
-from .fdio import pread_zeros, pwrite_all
+from .fdio import joinable, joined, pread_zeros, pwrite_all, pwrite_joined
 from .fileopen import check_options, open_file
 from .filereads import MappedReads
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, fallocate, sync_file_range
@@ -131,6 +131,15 @@ class PosixBackend(MappedReads):
         if len(runs.file) == 1:  # (a small call's one run: no lists to build)
             m, n = int(runs.mem[0]), int(runs.length[0])
             self.write_one(int(runs.file[0]), data[m : m + n])
+        elif self.dfd < 0 and joinable(runs.file, runs.length):
+            # (runs that follow each other in the file, a checkpoint rank's pieces in its
+            # region: a pwritev each, one hold of the file's lock, where a pwrite per run
+            # waits on it for the other ranks' writes every time)
+            self.dirty = True
+            pwrite_joined(self.fd, runs.file, runs.length, runs.mem, data, self.path)
+            if self.eager:
+                self._write_behind(Runs.sequential(*joined(runs.file, runs.length)))
+            return len(runs)
         else:
             for f, n, m in zip(
                 runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True

@@ -4,8 +4,10 @@
 >>> ckpt.save("step100.ckpt", {"w": (w_local, layouts.block(w_shape, "f4", grid=(4, 1)))})
 >>> state = ckpt.load("step100.ckpt", {"w": layouts.block(w_shape, "f4", grid=(3, 1))})
 
-Every global array is stored whole, in order, at an aligned offset, so a load at any
-rank count is a subarray read, and :func:`info` or a one-rank load is a plain read.
+Each saving rank's pieces of row-sharded (and replicated) arrays are stored one after
+another in its own region of the file, so a save is one range written per rank; other
+arrays are stored whole.  The index maps every array's bytes to the file, so a load at
+any rank count reads the ranges it needs, and :func:`info` or a one-rank load needs no MPI.
 Every extent has a crc32c checksum, verified at every load.  A save commits as a
 whole (a temporary renamed, one multipart upload completed) once every rank agreed.
 The format is in docs/checkpoint-format.md.

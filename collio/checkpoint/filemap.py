@@ -1,7 +1,8 @@
 """A checkpoint's pieces as arrays over a private map of its file: a load without a copy.
 
-Every global array is stored whole and in order, so a piece that is one range of its
-array (a row shard, a whole array) is one range of the file.  A load of a file on a
+A piece that is one range of its array and lies in one of the array's chunks (a row
+shard loaded as it was saved, an array stored whole) is one range of the file; a piece
+across several chunks is their parts, each mapped in place.  A load of a file on a
 local file system (hint ``checkpoint_map``) returns such a piece as an array over a
 private map of the file, as ``np.load(mmap_mode="c")``, ``torch.load(mmap=True)`` and
 safetensors do: the checksum pass over the mapped pages is the only read, and nothing
@@ -43,7 +44,7 @@ from ..errors import BackendError
 from ..layouts.arrays import ArrayLayout
 from ..policy import maps_file
 
-__all__ = ["FileMap", "Reader", "map_range", "maps", "pieces"]
+__all__ = ["FileMap", "Reader", "map_range", "map_runs", "maps", "pieces"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -71,6 +72,19 @@ def _calls() -> tuple[Any, Any] | None:
 
 
 _FAILED = ctypes.c_void_p(-1).value
+#: Linux's ``MAP_FIXED``
+_FIXED = 0x10
+
+
+def _mapped(addr: Any, length: int, offset: int) -> int:
+    """``mmap``'s result, or the :class:`BackendError` of its failure."""
+    if addr is None or addr == _FAILED:
+        err = ctypes.get_errno()
+        raise BackendError(
+            f"cannot map {length} bytes of the checkpoint at {offset}: {os.strerror(err)}",
+            errno=err,
+        )
+    return int(addr)
 
 
 class FileMap:
@@ -78,27 +92,31 @@ class FileMap:
     the page size), unmapped when the object goes.  Python's ``mmap.mmap`` would keep a
     duplicate of the descriptor open as long as any array over it lives."""
 
-    def __init__(self, fd: int, offset: int, length: int) -> None:
+    def __init__(
+        self, fd: int, offset: int, length: int, runs: tuple[I64, I64, I64] | None = None
+    ) -> None:
+        """With ``runs`` ``(at, file offset, length)``, page-aligned: ``length`` bytes of
+        address space (no file's), each run's bytes of the file mapped ``at`` into it
+        (the chunks of pieces across several chunks, each where its bytes belong)."""
         self.addr: int = 0
         self.length = length
         calls = _calls()
         if calls is None:
             raise BackendError("hint checkpoint_map=enable: no private file maps on this system")
         mm, self._unmap = calls
-        flags = mmap.MAP_PRIVATE | _NORESERVE
-        addr = mm(None, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
-        if addr is None or addr == _FAILED:
-            err = ctypes.get_errno()
-            raise BackendError(
-                f"cannot map {length} bytes of the checkpoint at {offset}: {os.strerror(err)}",
-                errno=err,
-            )
-        self.addr = int(addr)
+        prot, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | _NORESERVE
+        if runs is None:
+            self.addr = _mapped(mm(None, length, prot, flags, fd, offset), length, offset)
+        else:  # (the space first, PROT_NONE: a part not mapped faults, never shows memory)
+            anon = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE
+            self.addr = _mapped(mm(None, length, 0, anon, -1, 0), length, -1)
+            for at, off, n in zip(*(r.tolist() for r in runs), strict=True):
+                _mapped(mm(self.addr + at, n, prot, flags | _FIXED, fd, off), n, off)
         self.__array_interface__ = {
             "data": (self.addr, False), "shape": (length,), "typestr": "|u1", "version": 3,
         }  # fmt: skip
 
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # (one munmap: every run mapped into the space goes with it)
         if self.addr:
             self._unmap(self.addr, self.length)
             self.addr = 0
@@ -115,6 +133,27 @@ def map_range(fd: int, lo: int, hi: int) -> npt.NDArray[np.uint8]:
     base = lo - lo % mmap.PAGESIZE
     whole: npt.NDArray[np.uint8] = np.asarray(FileMap(fd, base, hi - base))
     return whole[lo - base :]
+
+
+def map_runs(
+    fd: int, vlo: I64, vhi: I64, file: I64, vstart: I64, length: I64
+) -> tuple[npt.NDArray[np.uint8], int]:
+    """The file's runs ``(file, length)`` mapped each at its virtual offset ``vstart``
+    (each congruent with its file offset modulo the page size, runs of one piece
+    following each other) within one space spanning the pieces ``[vlo, vhi)``: the
+    space's bytes, and the virtual offset of its first."""
+    page = mmap.PAGESIZE
+    base = int(vlo.min()) // page * page
+    end = -(-int(vhi.max()) // page) * page
+    skip = vstart % page
+    ends = -(-(vstart + length) // page) * page
+    at, off = vstart - skip, file - skip
+    # (runs sharing a page: one piece's, which follow each other in the file where they do)
+    keep = np.ones(len(at), bool)
+    keep[1:] = at[1:] >= ends[:-1]
+    got: npt.NDArray[np.uint8] = np.asarray(FileMap(fd, 0, end - base, (
+        at[keep] - base, off[keep], (ends - at)[keep])))  # fmt: skip
+    return got, base
 
 
 def pieces(buf: npt.NDArray[np.uint8], at: I64, lays: list[ArrayLayout]) -> list[Any]:

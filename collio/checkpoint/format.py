@@ -1,6 +1,7 @@
 """The checkpoint file: pure packing and parsing, no I/O, no MPI (see docs/checkpoint-format.md).
 
-A fixed header, every global array whole at an aligned offset (in its own order, C
+A fixed header, each saving rank's region (its pieces of the arrays it writes itself,
+one after another: :func:`place_ranks`), the arrays stored whole (in their own order, C
 unless the saver's layouts were Fortran), then a table of checksummed extents, the
 JSON index and a fixed trailer.  The index goes last because the checksums are
 known only once the data is written, and an S3 object is written once, front to
@@ -13,12 +14,16 @@ import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import ChecksumError
+from ..runs import displacements
+
+if TYPE_CHECKING:
+    from .chunks import Chunks
 
 __all__ = [
     "ALIGN",
@@ -31,10 +36,13 @@ __all__ = [
     "header_bytes",
     "parse_trailer",
     "place",
+    "place_ranks",
     "trailer_bytes",
 ]
 
-VERSION = 1
+VERSION = 2
+#: the versions a reader reads (1: every array stored whole, one chunk each)
+READS = (1, 2)
 MAGIC = b"COLLIOCK"
 #: Arrays start on this boundary: page-aligned, so they can be memory-mapped and read
 #: with O_DIRECT, and one array's extents never share a file-system block with another's.
@@ -44,8 +52,12 @@ DATA_START = ALIGN
 HEADER = struct.Struct("<8sI52x")
 #: magic, version, index offset, index length, crc32c of the index, reserved, magic
 TRAILER = struct.Struct("<8sIQQI24x8s")
-#: one row of the extent table: start within the array (bytes), crc32c of the extent
-EXTENT = np.dtype([("start", "<u8"), ("crc", "<u4")])
+I64 = npt.NDArray[np.int64]
+#: one row of the extent table: start within the array (bytes), crc32c of the extent,
+#: file offset of its first byte (the extent is one range of the file)
+EXTENT = np.dtype([("start", "<u8"), ("crc", "<u4"), ("file", "<u8")])
+#: version 1's rows: every array stored whole, each extent at the array's offset + start
+EXTENT_V1 = np.dtype([("start", "<u8"), ("crc", "<u4")])
 
 
 def header_bytes() -> bytes:
@@ -63,8 +75,10 @@ def parse_trailer(raw: bytes, size: int, where: str) -> tuple[int, int, int]:
     magic, version, off, length, crc, end = TRAILER.unpack(raw)
     if magic != MAGIC or end != MAGIC:
         raise ChecksumError(f"{where}: no checkpoint trailer at its end (truncated or not one)")
-    if version != VERSION:
-        raise ChecksumError(f"{where}: checkpoint format version {version}; this reads {VERSION}")
+    if version not in READS:
+        raise ChecksumError(
+            f"{where}: checkpoint format version {version}; this reads {', '.join(map(str, READS))}"
+        )
     if off + length + TRAILER.size != size:
         raise ChecksumError(f"{where}: index at {off}+{length} does not end at size {size}")
     return int(off), int(length), int(crc)
@@ -81,6 +95,40 @@ def place(nbytes: Sequence[int]) -> tuple[npt.NDArray[np.int64], int]:
     starts = DATA_START + np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
     end = int(DATA_START + room.sum())
     return starts[: len(sizes)], end
+
+
+def place_ranks(
+    lo: I64, hi: I64, direct: npt.NDArray[np.bool_], nbytes: I64
+) -> tuple[I64, I64, int]:
+    """Where a save stores each byte (version 2), from every rank's ``(lo, hi)`` of each
+    array (``(rank, array)``, relative to the array) and which arrays each rank writes
+    itself (``direct``): (file offset of each rank's piece of each direct array, -1 where
+    it has none; file offset of each other array, stored whole, -1 for direct ones and
+    empty ones; data end).
+
+    Each rank's region holds its pieces, in array order, each on an :data:`ALIGN`
+    boundary: a rank writes one range of the file, front to back, as a file per rank
+    would be written.  Ranks writing many pieces interleaved with the others' in one
+    file are slower (each write waits on the file's lock).  The arrays written
+    two-phase follow, whole and in order."""
+    sizes = np.where(direct[None, :] & (hi > lo), hi - lo, 0)
+    room = (-(-sizes // ALIGN) * ALIGN).ravel()  # (rank-major: rank 0's pieces first)
+    start = DATA_START + displacements(room).reshape(sizes.shape)
+    pieces = np.where(sizes > 0, start, -1)
+    after = DATA_START + int(room.sum())
+    rest = np.where(direct, 0, -(-nbytes // ALIGN) * ALIGN)
+    whole = np.where(~direct & (nbytes > 0), after + displacements(rest), -1)
+    return pieces, whole, after + int(rest.sum())
+
+
+def extent_files(starts: I64, aid: I64, owner: I64, lo: I64, pieces: I64, whole: I64) -> I64:
+    """The file offset of each extent's first byte (``starts`` within array ``aid``),
+    from :func:`place_ranks`'s offsets: in its owner's piece (a direct array's extents are
+    cut at its pieces' edges, each held by the one piece of its owner), else in the
+    array stored whole."""
+    o = np.maximum(owner, 0)
+    inside = pieces[o, aid] + starts - lo[o, aid]
+    return np.where(whole[aid] >= 0, whole[aid] + starts, inside)
 
 
 def _to_descr(obj: Any) -> Any:
@@ -137,6 +185,31 @@ class Index:
         got = self.table[rows]
         return got["start"].astype(np.int64), got["crc"].astype(np.uint32), aid
 
+    def places(self, names: list[str]) -> tuple[I64, Chunks]:
+        """The virtual offsets of ``names`` (:func:`place` of their sizes: each array's bytes
+        contiguous, as the load's plans want them) and the map of that space to the file
+        (:class:`~.chunks.Chunks`, from the extents' file offsets)."""
+        from .chunks import Chunks
+
+        nbytes = np.array([int(self.arrays[n]["nbytes"]) for n in names], np.int64)
+        voffs, _ = place(nbytes.tolist())
+        span = np.array([self.arrays[n]["extents"] for n in names], np.int64).reshape(-1, 2)
+        first, count = span[:, 0], span[:, 1]
+        aid = np.repeat(np.arange(len(names), dtype=np.int64), count)
+        rows = np.arange(int(count.sum()), dtype=np.int64) + np.repeat(
+            first - (np.cumsum(count) - count), count
+        )
+        got = self.table[rows]
+        starts = got["start"].astype(np.int64)
+        ends = np.empty_like(starts)
+        ends[:-1] = starts[1:]
+        last = np.ones(len(starts), bool)
+        last[:-1] = aid[1:] != aid[:-1]
+        ends[last] = nbytes[aid[last]]
+        return voffs, Chunks.of_runs(
+            voffs[aid] + starts, got["file"].astype(np.int64), ends - starts
+        )
+
     def to_bytes(self, table_offset: int) -> tuple[bytes, bytes]:
         """(extent table, JSON index) as stored: the table at ``table_offset``, then the JSON."""
         import crc32c
@@ -163,14 +236,31 @@ class Index:
         spec = doc["extent_table"]
         if crc32c.crc32c(table) != spec["crc32c"]:
             raise ChecksumError(f"{where}: the extent table's checksum differs")
-        rows = np.frombuffer(table, EXTENT)
-        return cls(doc["arrays"], doc.get("metadata"), rows)
+        if doc.get("version", 1) != 1:
+            return cls(doc["arrays"], doc.get("metadata"), np.frombuffer(table, EXTENT))
+        return cls(doc["arrays"], doc.get("metadata"), _from_v1(doc["arrays"], table))
 
     @staticmethod
     def table_span(doc: Mapping[str, Any]) -> tuple[int, int]:
         """(offset, length) of the extent table of the parsed JSON document ``doc``."""
         spec = doc["extent_table"]
-        return int(spec["offset"]), int(spec["count"]) * EXTENT.itemsize
+        row = EXTENT_V1 if doc.get("version", 1) == 1 else EXTENT
+        return int(spec["offset"]), int(spec["count"]) * row.itemsize
+
+
+def _from_v1(arrays: Mapping[str, Any], table: bytes) -> npt.NDArray[Any]:
+    """A version 1 extent table as version 2's rows: every array stored whole at its
+    ``offset``, so an extent's file offset is that plus its start."""
+    old = np.frombuffer(table, EXTENT_V1)
+    rows = np.zeros(len(old), EXTENT)
+    rows["start"], rows["crc"] = old["start"], old["crc"]
+    span = np.array([a["extents"] for a in arrays.values()], np.int64).reshape(-1, 2)
+    offs = np.array([int(a["offset"]) for a in arrays.values()], np.int64)
+    order = np.argsort(span[:, 0], kind="stable")
+    order = order[span[order, 1] > 0]
+    aid = np.repeat(order, span[order, 1])  # (each row's array: the arrays' rows tile the table)
+    rows["file"] = offs[aid] + old["start"].astype(np.int64)
+    return rows
 
 
 def describe(

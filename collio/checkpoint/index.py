@@ -9,6 +9,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from ..errors import ChecksumError
 from . import format
 
@@ -35,6 +37,24 @@ class Info(collections.abc.Mapping[str, dict[str, Any]]):
 
     def __len__(self) -> int:
         return len(self._arrays)
+
+    def file_runs(
+        self, name: str, start: int = 0, stop: int | None = None
+    ) -> list[tuple[int, int]]:
+        """Where bytes ``[start, stop)`` of array ``name`` (all of it by default) are in
+        the file: ``(offset, length)`` runs in the array's order (one for an array stored
+        whole: ``np.memmap`` at that offset reads it)."""
+        nbytes = int(self.index.arrays[name]["nbytes"])
+        stop = nbytes if stop is None else stop
+        if not 0 <= start <= stop <= nbytes:
+            raise IndexError(f"array {name!r} of {nbytes} bytes: no bytes [{start}, {stop})")
+        offs, chunks = self.index.places([name])
+        file, length, _, _ = chunks.runs(offs + start, np.array([stop - start], np.int64))
+        return list(zip(file.tolist(), length.tolist(), strict=True))
+
+    def file_offset(self, name: str, at: int = 0) -> int:
+        """Where byte ``at`` of array ``name`` is in the file."""
+        return self.file_runs(name, at, at + 1)[0][0]
 
     def __repr__(self) -> str:
         return f"<checkpoint info: {len(self)} arrays, metadata={self.metadata!r}>"

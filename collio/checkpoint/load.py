@@ -21,9 +21,10 @@ from ..hints import Hints
 from ..layouts.arrays import ArrayLayout
 from ..waits import sleep_until_done
 from . import format
+from .chunks import ChunkedReads, Chunks
 from .filemap import Reader, maps
 from .index import Info, info, parse, parse_crc
-from .save import at, item
+from .placed import placed
 from .verify import CHUNK, Checks, alone, plan, read_checked, verify, verify_alone
 from .wanted import Wanted
 
@@ -112,6 +113,7 @@ def _read(
     every: I64,
     checks: Checks,
     mapped: npt.NDArray[np.bool_],
+    chunks: Chunks,
 ) -> BaseException | None:
     """Collective: the arrays whose every piece is one range, read by each rank itself
     into its array (no flattening, no exchange: ranks reading the same bytes, a whole
@@ -119,6 +121,8 @@ def _read(
     two-phase, by ``f``; every range ``checks`` holds summed.  Returns this rank's error
     of its own reads, not agreed yet (:func:`~.verify.verify` agrees it with the checksums).
 
+    ``offs`` are the arrays' virtual offsets, ``chunks`` their map to the file, ``be``
+    a reader of virtual offsets (:class:`~.chunks.ChunkedReads`).
     With ``be`` (a local file's reader, or the backend of one that reads locally) each
     piece by its own reads, checksummed as it is read; else (an object store) in one
     call of ``f`` of them all, checksummed after.  ``f`` is None where every piece is
@@ -136,12 +140,14 @@ def _read(
         with step:
             read_checked(be, checks, views, own, offs, every[rank])
     elif len(ids) and f is not None:  # (flat is the same on every rank: from every rank's spans)
-        items = [item(arrays[k], wanted[k][1], int(offs[k]), True) for k in ids.tolist()]
+        items = [placed(arrays[k], wanted[k][1], int(offs[k]), chunks, True)
+                 for k in ids.tolist()]  # fmt: skip
         f.read_all_many([one for _, one in items], out=[src for src, _ in items], _disjoint=True)
     rest = np.flatnonzero(~flat)
     if len(rest) and f is not None:
-        f.read_all_many([at(wanted[k][1], int(offs[k])) for k in rest.tolist()],
-                        out=[arrays[k] for k in rest.tolist()])  # fmt: skip
+        items = [placed(arrays[k], wanted[k][1], int(offs[k]), chunks, False)
+                 for k in rest.tolist()]  # fmt: skip
+        f.read_all_many([one for _, one in items], out=[src for src, _ in items])
     with step:
         checks.from_memory(views, list(range(len(wanted))))
     return step.error
@@ -210,11 +216,12 @@ def _read_verified(
 ) -> npt.NDArray[np.bool_]:
     """Collective: plan the checks (before any byte is read), read, verify; which arrays
     differ (the same on every rank)."""
-    x, crcs, offs = plan(index, got.wanted, every)
+    x, crcs, offs, chunks = plan(index, got.wanted, every)
     rank = comm.Get_rank()
     checks = Checks(x, rank)
-    error = _read(f, be, rank, got.wanted, got.arrays, offs, every, checks, got.mapped)
-    return verify(comm, f, be, checks, crcs, offs, len(got.wanted), error)
+    cbe = None if be is None else ChunkedReads(be, chunks)
+    error = _read(f, cbe, rank, got.wanted, got.arrays, offs, every, checks, got.mapped, chunks)
+    return verify(comm, f, cbe, checks, crcs, offs, len(got.wanted), error, chunks)
 
 
 def _local(target: Any, hints: Any, options: Mapping[str, Any]) -> bool:
@@ -265,6 +272,7 @@ def _load_local(
             index: Any = None
             crc, solo = -1, False
             parsed: Any = None
+            chunks: Any = None
             with step:
                 # (the ranks compare what a collio file's open compares: the target and
                 # the parsed hints, not how each rank spelled the backend's options)
@@ -274,16 +282,18 @@ def _load_local(
                 reader.open(path)
                 index, crc = parse_crc(reader.read, reader.size(), path)
                 got.find(index, spec, maps=maps(parsed.checkpoint_map, reader.fd))
-                x, crcs, offs = plan(index, got.wanted, got.spans[None])  # (this rank's alone)
-                got.map(reader, offs, parsed.checkpoint_map == "enable")
+                x, crcs, offs, chunks = plan(index, got.wanted, got.spans[None])  # (its alone)
+                got.map(reader, offs, chunks, parsed.checkpoint_map == "enable")
                 x, solo = alone(x, got.spans, comm.Get_rank())
             setup = (path, repr(parsed))
             head = _Head(index_crc=crc, names=digest(got.names), setup=digest(setup), alone=solo)
             if _agree_local(comm, (priv.files + 1, path), step.error, head, got.names, setup):
                 checks = Checks(x, comm.Get_rank())  # (this rank's spans: row 0 of its own)
-                error = _read(None, reader, 0, got.wanted, got.arrays, offs, got.spans[None],
-                              checks, got.mapped)  # fmt: skip
-                flags = verify_alone(comm, reader, checks, crcs, offs, len(got.wanted), error)
+                cbe = ChunkedReads(reader, chunks)
+                error = _read(None, cbe, 0, got.wanted, got.arrays, offs, got.spans[None],
+                              checks, got.mapped, chunks)  # fmt: skip
+                flags = verify_alone(comm, cbe, checks, crcs, offs, len(got.wanted), error,
+                                     chunks)  # fmt: skip
             else:
                 flags = _gathered(comm, target, base, hints, options, reader, index, got)
         finally:

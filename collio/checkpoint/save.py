@@ -20,6 +20,7 @@ from ..layouts.arrays import ArrayLayout, Subarray
 from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
+from .chunks import Chunks
 from .state import Entry, flatten_state, writers
 
 __all__ = ["Plan", "prepare"]
@@ -75,7 +76,13 @@ class Plan:
     """What every rank agreed to save, and where each byte goes."""
 
     entries: list[Entry]  # this rank's pieces (empty ones for replicated entries it skips)
+    #: each array's place in the virtual space the extents are planned in (see .chunks)
     offsets: I64
+    #: the file offset of each rank's piece of each direct array (-1: none), of each
+    #: array stored whole (-1: direct or empty), and where the data ends in the file
+    #: (:func:`.format.place_ranks`)
+    pieces: I64
+    whole: I64
     data_end: int
     spans: I64  # (rank, array, (lo, hi, contiguous, bytes)) of every rank's pieces
     flat: list[bool]  # whether every rank's piece of the array is one range
@@ -92,6 +99,19 @@ class Plan:
         """Cut every array into extents and give each to a rank (see :mod:`.extents`)."""
         nbytes = np.array([e.layout.global_nbytes for e in self.entries], np.int64)
         self.extents = extents.plan(nbytes, self.offsets, self.spans)
+
+    def files(self) -> I64:
+        """The file offset of each extent's first byte (planned extents)."""
+        assert self.extents is not None
+        x = self.extents
+        return format.extent_files(x.starts, x.aid, x.owner, self.spans[:, :, 0], self.pieces,
+                                   self.whole)  # fmt: skip
+
+    def chunks(self) -> Chunks:
+        """The map of the virtual space to the file (planned extents)."""
+        assert self.extents is not None
+        x = self.extents
+        return Chunks.of_runs(self.offsets[x.aid] + x.starts, self.files(), x.ends - x.starts)
 
     @property
     def reads_back(self) -> bool:
@@ -178,7 +198,7 @@ def prepare(
         if r != rank:
             entries[k] = entries[k].skipped()
     shapes = [e.layout.global_nbytes for e in entries]
-    offsets, end = format.place(shapes)
+    offsets, _ = format.place(shapes)
     every = _gather_spans(comm, entries, stage)
     total = every[:, :, 3].sum(axis=0)  # (every rank has every rank's spans: no agreement)
     sharded = ~np.array([e.replicated for e in entries], bool)
@@ -191,7 +211,10 @@ def prepare(
         )
     flat = np.atleast_1d(every[:, :, 2].all(axis=0))
     fast = direct(every)
-    return Plan(entries, offsets, end, every, flat.tolist(), fast.tolist(), meta)
+    pieces, whole_, end = format.place_ranks(
+        every[:, :, 0], every[:, :, 1], fast, np.array(shapes, np.int64).reshape(-1)
+    )
+    return Plan(entries, offsets, pieces, whole_, end, every, flat.tolist(), fast.tolist(), meta)
 
 
 def _gather_spans(comm: MPI.Intracomm, entries: list[Entry], stage: Stage | None) -> I64:

@@ -17,6 +17,7 @@ from ..layouts.arrays import ArrayLayout
 from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
+from .chunks import Chunks
 from .crc import combine as crc_combine
 from .crc import of_pieces
 
@@ -129,6 +130,7 @@ def verify(
     offs: I64,
     narrays: int,
     error: BaseException | None,
+    chunks: Chunks,
 ) -> npt.NDArray[np.bool_]:
     """Collective: every checksum compared; which arrays differ (the same on every rank).
     Raises ``error`` (this rank's, of its reads) agreed on every rank first.
@@ -146,7 +148,7 @@ def verify(
     if bool((x.reader >= 0).any()):  # (the same on every rank: every rank plans alike)
         step = Attempt()  # (this rank's own reads fail alone: agreed below)
         with step:
-            _check_back(f, be, x, np.flatnonzero(x.reader == rank), crcs, offs, bad)
+            _check_back(f, be, x, np.flatnonzero(x.reader == rank), crcs, offs, bad, chunks)
         error = error or step.error
     pe = x.part[0]
     vec = np.zeros(len(pe) + narrays + 1, np.uint32)
@@ -164,19 +166,23 @@ def verify(
 
 def _check_back(
     f: File | None, be: Any, x: extents.Plan, rd: I64, crcs: npt.NDArray[np.uint32], offs: I64,
-    bad: npt.NDArray[np.bool_],
+    bad: npt.NDArray[np.bool_], chunks: Chunks,
 ) -> None:  # fmt: skip
     """The extents ``rd`` of ``x`` read back (:func:`_read_back`) and their checksums
     compared: the arrays of those that differ marked in ``bad``."""
     lens = x.ends[rd] - x.starts[rd]
-    got = _read_back(f, be, offs[x.aid[rd]] + x.starts[rd], lens)
+    got = _read_back(f, be, offs[x.aid[rd]] + x.starts[rd], lens, chunks)
     bad[x.aid[rd[of_pieces(got, lens) != crcs[rd]]]] = True
 
 
-def _read_back(f: File | None, be: Any, at: I64, lens: I64) -> npt.NDArray[np.uint8]:
-    """The bytes of the ranges ``(at, lens)`` this rank reads back, one after another."""
+def _read_back(
+    f: File | None, be: Any, at: I64, lens: I64, chunks: Chunks
+) -> npt.NDArray[np.uint8]:
+    """The bytes of the ranges ``(at, lens)`` (virtual offsets) this rank reads back, one
+    after another (``be`` takes virtual offsets: a :class:`~.chunks.ChunkedReads`)."""
     if f is not None:
-        back: npt.NDArray[np.uint8] = f.read_all(Segments(at, lens))
+        file, length, _, _ = chunks.runs(at, lens)  # (in the ranges' order: as packed)
+        back: npt.NDArray[np.uint8] = f.read_all(Segments(file, length))
         return back
     got = np.empty(int(lens.sum()), np.uint8)
     cuts = np.concatenate([[0], np.cumsum(lens)]).tolist()
@@ -188,14 +194,15 @@ def _read_back(f: File | None, be: Any, at: I64, lens: I64) -> npt.NDArray[np.ui
 
 def plan(
     index: format.Index, wanted: list[tuple[str, ArrayLayout]], every: I64
-) -> tuple[extents.Plan, npt.NDArray[np.uint32], I64]:
+) -> tuple[extents.Plan, npt.NDArray[np.uint32], I64, Chunks]:
     """The stored extents of the arrays read (every array's at once), with their
-    checksums and the arrays' offsets."""
-    starts, crcs, aid = index.extents_of([name for name, _ in wanted])
+    checksums, the arrays' virtual offsets and the map of those to the file."""
+    names = [name for name, _ in wanted]
+    starts, crcs, aid = index.extents_of(names)
     # (the index's sizes: each array's shape and dtype were checked against it)
-    nbytes = np.array([int(index.arrays[name]["nbytes"]) for name, _ in wanted], np.int64)
-    offs = np.array([int(index.arrays[name]["offset"]) for name, _ in wanted], np.int64)
-    return extents.assign(starts, aid, nbytes, offs, every, join=True), crcs, offs
+    nbytes = np.array([int(index.arrays[name]["nbytes"]) for name in names], np.int64)
+    offs, chunks = index.places(names)
+    return extents.assign(starts, aid, nbytes, offs, every, join=True), crcs, offs, chunks
 
 
 def _check_joined(
@@ -233,7 +240,7 @@ def alone(x: extents.Plan, spans: I64, rank: int) -> tuple[extents.Plan, bool]:
 
 def verify_alone(
     comm: MPI.Comm, be: Any, checks: Checks, crcs: npt.NDArray[np.uint32], offs: I64,
-    narrays: int, error: BaseException | None,
+    narrays: int, error: BaseException | None, chunks: Chunks,
 ) -> npt.NDArray[np.bool_]:  # fmt: skip
     """Collective: :func:`verify` where every rank planned its checks alone (:func:`alone`),
     in one reduction of the errors, the arrays that differ and the extents checked; the
@@ -255,7 +262,7 @@ def verify_alone(
     rd = np.flatnonzero(extents.deal_all(left, comm.Get_size()) == comm.Get_rank())
     step = Attempt()
     with step:
-        _check_back(None, be, x, rd, crcs, offs, bad)
+        _check_back(None, be, x, rd, crcs, offs, bad, chunks)
     more = np.concatenate([[step.error is not None], bad]).astype(np.uint32)
     sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [more, MPI.UINT32_T], op=MPI.BOR))
     if more[0]:

@@ -4,6 +4,7 @@ a new one, or one over a map of the file: :mod:`.filemap`)."""
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,8 +14,9 @@ import numpy.typing as npt
 from ..errors import BackendError, ChecksumError, LayoutError
 from ..layouts.arrays import ArrayLayout, Subarray, array_layout
 from . import format
+from .chunks import Chunks
 from .extents import box_spans
-from .filemap import Reader, map_range, pieces
+from .filemap import Reader, map_range, map_runs, pieces
 from .save import spans
 from .state import as_array, whole
 
@@ -154,23 +156,34 @@ class Wanted:
         # raising alone before the reads' collectives)
         self.arrays = _allocate([lay for _, lay in self.wanted], into, self.mapped)
 
-    def map(self, reader: Reader, offs: I64, required: bool) -> None:
-        """Local: the pieces :meth:`find` left, as arrays over one private map of the file
-        (those within it: a shorter file's bytes past its end read as zeros, which then
-        differ from their checksums); where the map fails, allocated, or with
-        ``required`` (hint ``checkpoint_map=enable``) the error raised."""
-        lo, hi = offs + self.spans[:, 0], offs + self.spans[:, 1]
-        left = np.flatnonzero(self.mapped & (hi > reader.size()))
+    def map(self, reader: Reader, offs: I64, chunks: Chunks, required: bool) -> None:
+        """Local: the pieces :meth:`find` left, as arrays over private maps of the file:
+        those that are one range of the file over one map of the range they span; those
+        across several chunks of their array (a row shard at another decomposition than
+        the save's) over one space where each chunk's part is mapped in place, where the
+        chunks' edges fall on page boundaries of the piece (else read).  Pieces past the
+        file's end are read (a shorter file's bytes read as zeros, which then differ
+        from their checksums).  Where a map fails, allocated, or with ``required`` (hint
+        ``checkpoint_map=enable``) the error raised.  ``offs`` are the arrays' virtual
+        offsets, ``chunks`` their map to the file."""
+        vlo = offs + self.spans[:, 0]
+        n = self.spans[:, 1] - self.spans[:, 0]
+        one, lo = chunks.within(vlo, vlo + np.maximum(n, 1))
+        size = reader.size()
+        single = np.flatnonzero(self.mapped & one & (lo + n <= size))
+        across = np.flatnonzero(self.mapped & ~one)
+        multi = across[_stitchable(vlo[across], chunks.runs(vlo[across], n[across]), size)]
+        left = np.setdiff1d(np.flatnonzero(self.mapped), np.union1d(single, multi))
         self.mapped[left] = False
-        ids = np.flatnonzero(self.mapped)
-        if len(ids):
+        for ids in (single, multi):
+            if not len(ids):
+                continue
             try:
-                buf = map_range(reader.fd, int(lo[ids].min()), int(hi[ids].max()))
-                got = pieces(buf, lo[ids] - int(lo[ids].min()), [self.wanted[k][1] for k in ids])
+                got = self._views(reader.fd, ids, vlo, n, lo if ids is single else None, chunks)
             except BackendError:
                 if required:
                     raise
-                self.mapped[:] = False
+                self.mapped[ids] = False
                 left, got = np.union1d(left, ids), []
             for k, arr in zip(ids.tolist(), got, strict=False):
                 self.arrays[k] = arr
@@ -178,6 +191,19 @@ class Wanted:
             new = _allocate([self.wanted[k][1] for k in left.tolist()], [None] * len(left))
             for k, arr in zip(left.tolist(), new, strict=True):
                 self.arrays[k] = arr
+
+    def _views(
+        self, fd: int, ids: I64, vlo: I64, n: I64, lo: I64 | None, chunks: Chunks
+    ) -> list[Any]:
+        """The pieces ``ids`` over one map: of the file's range they span (``lo``: each
+        one range of the file, from there), else of their chunks' parts in one space."""
+        lays = [self.wanted[k][1] for k in ids.tolist()]
+        if lo is not None:
+            first = int(lo[ids].min())
+            return pieces(map_range(fd, first, int((lo + n)[ids].max())), lo[ids] - first, lays)
+        file, length, src, within = chunks.runs(vlo[ids], n[ids])
+        buf, base = map_runs(fd, vlo[ids], vlo[ids] + n[ids], file, vlo[ids][src] + within, length)
+        return pieces(buf, vlo[ids] - base, lays)
 
     def result(self, index: format.Index, flags: npt.NDArray[np.bool_]) -> dict[str, Any]:
         """The arrays by name; the agreed checksum error naming those that differ."""
@@ -196,3 +222,14 @@ class Wanted:
             else arr
             for (name, _), arr, obj in zip(self.wanted, self.arrays, self.given, strict=True)
         }
+
+
+def _stitchable(vlo: I64, runs: tuple[I64, I64, I64, I64], size: int) -> npt.NDArray[np.bool_]:
+    """Per piece (at virtual offsets ``vlo``, its file ``runs`` as :meth:`Chunks.runs`
+    gives them): whether each of its runs can be mapped in place (at the same offset
+    within a page in the file as in the piece: the saving ranks' pieces page-sized
+    multiples, as row shards of most arrays are) and lies within the file."""
+    file, length, src, within = runs
+    bad = ((file - (vlo[src] + within)) % mmap.PAGESIZE != 0) | (file + length > size)
+    out: npt.NDArray[np.bool_] = np.bincount(src, weights=bad, minlength=len(vlo)) == 0
+    return out

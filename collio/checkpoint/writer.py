@@ -18,7 +18,8 @@ from ..runs import displacements
 from ..waits import sleep_until_done
 from . import format
 from .crc import of_pieces
-from .save import I64, Plan, at
+from .save import I64, Plan
+from .save import at as at_
 
 __all__ = ["write"]
 
@@ -60,7 +61,9 @@ def _read_back_runs(plan: Plan, rank: int) -> tuple[I64, I64]:
     assert plan.extents is not None
     x = plan.extents
     mine = np.flatnonzero(x.reader == rank)
-    return plan.offsets[x.aid[mine]] + x.starts[mine], x.ends[mine] - x.starts[mine]
+    lens = x.ends[mine] - x.starts[mine]
+    file, length, _, _ = plan.chunks().runs(plan.offsets[x.aid[mine]] + x.starts[mine], lens)
+    return file, length
 
 
 def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
@@ -72,12 +75,15 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
     table = np.zeros(len(plan.extents.starts), format.EXTENT)
     table["start"] = plan.extents.starts
     table["crc"] = crc
+    table["file"] = plan.files()
+    held = plan.pieces >= 0
+    one = np.where(held.sum(axis=0) == 1, plan.pieces.max(axis=0), -1)
     arrays = format.describe(
         [x.name for x in e],
         [x.shape for x in e],
         [x.layout.dtype for x in e],
         [x.layout.order for x in e],
-        plan.offsets,
+        np.where(plan.whole >= 0, plan.whole, one),
         [x.replicated for x in e],
         plan.extents.counts(len(e)).tolist(),
     )
@@ -152,23 +158,43 @@ def write(
 
 
 def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
-    """This rank's writes: the header (rank 0) and the arrays :func:`direct` allows, as
-    raw bytes at their ranges (from the plan's spans: no layout flattened again); the
-    others through their layouts."""
+    """This rank's writes: the header (rank 0) and its pieces of the arrays :func:`direct`
+    allows, as raw bytes, one after another in its region of the file (from the plan's
+    spans: no layout flattened again), the gaps between them zeros, so the region is one
+    range written front to back; the others through their layouts, stored whole.  Every
+    rank has as many items (a call's count is agreed): per direct array its piece and
+    the gap after it, either empty where it has none."""
     head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
     fast: list[Any] = [(head, Segments([0], [len(head)]))]
     slow: list[Any] = []
-    lo, hi = plan.spans[rank, :, 0], plan.spans[rank, :, 1]
-    # (each piece's one run, or none where it is empty, as read-only views of two arrays)
-    starts, lengths = plan.offsets + lo, hi - lo
-    starts.flags.writeable = lengths.flags.writeable = False
-    for k, (e, d) in enumerate(zip(plan.entries, plan.direct, strict=True)):
-        if d:
-            one = slice(k, k + 1) if lengths[k] > 0 else slice(0, 0)
-            fast.append((e.raw(), Segments.trusted(starts[one], lengths[one])))
-        else:
-            slow.append((e.data, at(e.layout, int(plan.offsets[k]))))
+    direct = np.flatnonzero(np.array(plan.direct, bool))
+    at = plan.pieces[rank, direct]
+    sizes = np.where(at >= 0, plan.spans[rank, direct, 1] - plan.spans[rank, direct, 0], 0)
+    held = np.flatnonzero(at >= 0)
+    # (the zeros from each piece to this rank's next one; none after its last)
+    gaps = np.zeros(len(direct), np.int64)
+    gaps[held[:-1]] = at[held[1:]] - (at[held[:-1]] + sizes[held[:-1]])
+    pad = np.zeros(int(gaps.sum()), np.uint8)  # (one allocation, never touched: zero pages)
+    cut = displacements(gaps).tolist()
+    none = np.zeros(0, np.int64)
+    none.flags.writeable = False
+    rows = zip(direct.tolist(), at.tolist(), sizes.tolist(), gaps.tolist(), cut, strict=True)
+    for k, off, n, gap, c in rows:
+        fast.append((plan.entries[k].raw(), Segments.trusted(*_one(off, n)) if n else
+                     Segments.trusted(none, none)))  # fmt: skip
+        fast.append((pad[c : c + gap], Segments.trusted(*_one(off + n, gap)) if gap else
+                     Segments.trusted(none, none)))  # fmt: skip
+    for k in np.flatnonzero(~np.array(plan.direct, bool)).tolist():
+        e = plan.entries[k]  # (an empty array has no place: its empty piece writes nothing)
+        slow.append((e.data, at_(e.layout, max(int(plan.whole[k]), format.DATA_START))))
     return fast, slow
+
+
+def _one(off: int, n: int) -> tuple[I64, I64]:
+    """One run, as read-only arrays (:meth:`Segments.trusted`)."""
+    a, b = np.array([off], np.int64), np.array([n], np.int64)
+    a.flags.writeable = b.flags.writeable = False
+    return a, b
 
 
 def _reserve(f: Any, size: int) -> None:

@@ -1,7 +1,8 @@
 """A checkpoint save for virtual ranks: the engine's call and the checkpoint's own planning.
 
-A checkpoint of row-sharded arrays, stored whole one after another, is to the engine
-IOR's segmented pattern: segment ``k`` is array ``k``, each rank's block its row shard.
+A checkpoint of row-sharded arrays is to the engine IOR's segmented pattern: segment
+``k`` is array ``k``, each rank's block its row shard (a save stores each rank's blocks
+one after another in its own region, but the planning is the same).
 The checkpoint adds its extent planning (:mod:`collio.checkpoint.extents`, the same
 functions a save calls), done here for every array and virtual rank.  Arrays of equal
 size: the model, not a particular network.

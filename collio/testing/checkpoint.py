@@ -133,6 +133,35 @@ def one_range(name: str, lay: ArrayLayout | None) -> bool:
     return len(flat) > 0 and bool((np.diff(flat) == 1).all())
 
 
+def mappable(path: str, name: str, lay: ArrayLayout | None) -> bool:
+    """Whether the piece ``lay`` of ``name`` (one range of its array) can be mapped from the
+    checkpoint file at ``path``: one range of the file, or runs each at the same offset
+    within a page in the file as in the array (:meth:`collio.checkpoint.Info.file_runs`)."""
+    import mmap
+
+    from ..checkpoint import info
+    from ..checkpoint.save import span_of
+
+    meta = info(path)
+    lo, hi = (0, int(meta[name]["nbytes"])) if lay is None else span_of(lay)[:2]
+    runs = meta.file_runs(name, lo, hi)
+    at = lo + np.concatenate([[0], np.cumsum([n for _, n in runs])[:-1]])
+    congruent = ((f - a) % mmap.PAGESIZE == 0 for (f, _), a in zip(runs, at, strict=True))
+    return len(runs) == 1 or all(congruent)
+
+
+def stored(path: str, name: str) -> bytes:
+    """The bytes of array ``name`` as the file at ``path`` stores them (its runs joined)."""
+    from ..checkpoint import info
+
+    with open(path, "rb") as fh:
+        out = []
+        for off, n in info(path).file_runs(name):
+            fh.seek(off)
+            out.append(fh.read(n))
+    return b"".join(out)
+
+
 def mapped(arr: Any) -> bool:
     """Whether ``arr`` is a view of a checkpoint file's map (:mod:`collio.checkpoint.filemap`)."""
     from ..checkpoint.filemap import FileMap
