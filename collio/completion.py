@@ -71,7 +71,8 @@ def complete_call(
             ctx.stats.collective_calls += 1
     # (the order of stats._LAST_KEYS; made into the dict only when read)
     call.last = ctx.stats.last_facts = (
-        1 if items is None else items, int(call.sums[_RUNS]), call.direct, call.path.value,
+        1 if items is None else items, int(call.sums[_RUNS]), call.direct,
+        call.path._value_,  # (the member's field: Enum.value is a Python property)
         call.counters.rounds,  # (the plan's, agreed)
         [call.lo, call.hi] if call.hi > call.lo else [0, 0], call.reused, call.window,
         ctx.nodes, call.two_level, 0 if call.direct else call.active, False,
