@@ -64,17 +64,19 @@ def complete_call(
     ctx.sums_kept[call.name] = (sums, call.sums, again)
     ctx.stats.absorb(call.sums, most, again)
     # calls are collective: count each once, not once per rank
+    direct = call.direct  # (a property: asked once)
     if call.hi > call.lo:
-        if call.direct:
+        if direct:
             ctx.stats.direct_calls += 1
         else:
             ctx.stats.collective_calls += 1
     # (the order of stats._LAST_KEYS; made into the dict only when read)
     call.last = ctx.stats.last_facts = (
-        1 if items is None else items, int(call.sums[_RUNS]), call.direct, call.path.value,
+        1 if items is None else items, int(call.sums[_RUNS]), direct,
+        call.path._value_,  # (the member's field: Enum.value is a Python property)
         call.counters.rounds,  # (the plan's, agreed)
         [call.lo, call.hi] if call.hi > call.lo else [0, 0], call.reused, call.window,
-        ctx.nodes, call.two_level, 0 if call.direct else call.active, False,
+        ctx.nodes, call.two_level, 0 if direct else call.active, False,
     )  # fmt: skip
 
 
@@ -124,7 +126,7 @@ def _again(ctx: Context, sums: list[int], maxes: list[float], error: BaseExcepti
         ),
         np.int64,
     )
-    out = np.empty_like(vec)
+    out = np.empty(len(vec), np.int64)  # (not empty_like: its dispatcher is a Python call)
     comm = ctx.comm
     _wait(comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX), patient)
     if out[0]:

@@ -182,7 +182,11 @@ def shaped(
     first = int(sh.first[g]) - base
     if kind == CONTIG:
         return [buf[first : first + int(sh.total[g])], MPI.BYTE], None
-    dtype, made = _hvector(int(sh.count[g]), int(sh.block[g]), int(sh.stride[g]))
+    shape = (int(sh.count[g]), int(sh.block[g]), int(sh.stride[g]))
+    kept = _TYPES.get(shape)  # (a kept plan's shapes: found without a call)
+    if kept is not None:
+        return [buf[first:], 1, kept], None
+    dtype, made = _hvector(*shape)
     return [buf[first:], 1, dtype], made
 
 
@@ -323,7 +327,9 @@ class Messages:
             if got is None:
                 offsets, lengths = runs()
                 return self.send(dest, buf, offsets, lengths, scratch)  # (stands in itself)
-            self._post(self.comm.Isend, *got, dest)
+            if got[1] is not None:  # (as _post, inline: one message per group a round)
+                self.types.append(got[1])
+            self.requests.append(self.comm.Isend(got[0], dest, self.tag))
             return 0
         except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
             self._stand_in(self.comm.Isend, int(sh.total[g]), dest, exc)
@@ -345,7 +351,9 @@ class Messages:
                 offsets, lengths = runs()
                 self.recv(source, buf, offsets, lengths)  # (stands in itself)
                 return
-            self._post(self.comm.Irecv, *got, source)
+            if got[1] is not None:  # (as send_group)
+                self.types.append(got[1])
+            self.requests.append(self.comm.Irecv(got[0], source, self.tag))
         except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
             self._stand_in(self.comm.Irecv, int(sh.total[g]), source, exc)
 

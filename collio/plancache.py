@@ -90,13 +90,23 @@ def _shift(a: Runs, b: Runs) -> int | None:
     return d if same else None
 
 
+def _at(entries: list[_Entry], epoch: int) -> _Entry | None:
+    """The entry stored at ``epoch`` (one at most: every store advances it), searched
+    from the most recently used, where a time series finds it, without a generator."""
+    for e in reversed(entries):
+        if e.epoch == epoch:
+            return e
+    return None
+
+
 def _moved_by(e: _Entry, bounds: I64, shift: int) -> bool:
     """The entry's domains are ``bounds`` less ``shift``, and its plan can be moved."""
     if len(e.bounds) != len(bounds):
         return False
     if not shift:
         return _equal(e.bounds, bounds)
-    return hasattr(e.plan, "shifted") and bool((e.bounds + shift == bounds).all())
+    # (ufunc reductions: no Python call of numpy's wrappers, every call of a time series)
+    return hasattr(e.plan, "shifted") and bool(np.logical_and.reduce(e.bounds + shift == bounds))
 
 
 class PlanCache:
@@ -160,7 +170,8 @@ class PlanCache:
 
     def peek(self, epoch: int) -> Any:
         """Local: the plan stored at ``epoch``, or None (nothing is counted or reordered)."""
-        return next((e.plan for e in self.entries if e.epoch == epoch), None)
+        found = _at(self.entries, epoch)
+        return None if found is None else found.plan
 
     def take(self, epoch: int, key: tuple[Any, ...], bounds: I64, shift: int = 0) -> Any:
         """Local: the plan stored at ``epoch`` (agreed by every rank) if it was made with the
@@ -173,7 +184,7 @@ class PlanCache:
         by ``shift`` (checked), and windows, pieces and messages are placed relative to
         them, so the plan made anew would be the kept one with every file offset moved.
         """
-        found = next((e for e in self.entries if e.epoch == epoch), None)
+        found = _at(self.entries, epoch)
         if found is None or found.key != key or not _moved_by(found, bounds, shift):
             self.misses += 1
             return None

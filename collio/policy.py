@@ -253,7 +253,7 @@ def round_window(
     at most :data:`TWO_LEVEL_READ_ROUNDS` rounds per domain.
     """
     # (not np.diff: every call of a time series asks, and its wrapper costs more)
-    largest = int((bounds[1:] - bounds[:-1]).max()) if len(bounds) > 1 else 0
+    largest = int(np.maximum.reduce(bounds[1:] - bounds[:-1])) if len(bounds) > 1 else 0
     cap = min(hints.cb_buffer_size, MAX_WINDOW)
     rounds = hints.min_rounds
     if sources > 0:

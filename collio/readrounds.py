@@ -4,6 +4,7 @@ go out (the module doc of :mod:`collio.rounds` says how rounds agree and fail)."
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -113,7 +114,7 @@ def _exchange_read(
     sp, ssh, c = r.plan.sender, r.plan.sender_shapes(), r.c
     for g in r.groups(k):
         src = int(r.ctx.aggregators[sp.gdom[g]])
-        msgs.recv_group(src, out, ssh, g, 0, _sender_runs(sp, g))
+        msgs.recv_group(src, out, ssh, g, 0, partial(_sender_runs, sp, g))
         c.exchanged_bytes += int(ssh.total[g])
     ap = r.agg(k)
     if ap is None:
@@ -122,6 +123,6 @@ def _exchange_read(
     req, used = r.request(k), 0
     rbuf = r.buffer(k, req)
     for g in ap.groups_of_round(k).tolist():
-        dest, runs = int(ap.gsrc[g]), _agg_runs(ap, g, req[0])
+        dest, runs = int(ap.gsrc[g]), partial(_agg_runs, ap, g, req[0])
         used += msgs.send_group(dest, rbuf, ash, g, req[0], runs, scratch[used:])
         c.messages += 1

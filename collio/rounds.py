@@ -34,6 +34,7 @@ import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -164,10 +165,11 @@ def _requests(ctx: Context, plan: Plan) -> tuple[I64, I64]:
     return round_requests(ap, lo, hi, plan.window, ctx.backend.partial_write)
 
 
-def _agg_runs(ap: AggregatorPlan, g: int, base: int) -> Callable[[], tuple[I64, I64]]:
-    """Group g's (file offsets less ``base``, lengths), made only when asked for."""
+def _agg_runs(ap: AggregatorPlan, g: int, base: int) -> tuple[I64, I64]:
+    """Group g's (file offsets less ``base``, lengths); a message takes them as a
+    ``partial``, made only when asked for (no Python call per message of a round)."""
     s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
-    return lambda: (ap.file[s:e] - base, ap.length[s:e])
+    return ap.file[s:e] - base, ap.length[s:e]
 
 
 def _post_recvs(
@@ -177,7 +179,7 @@ def _post_recvs(
     ap, sh = plan.agg, plan.agg_shapes()
     assert ap is not None
     for g in ap.groups_of_round(k).tolist():
-        msgs.recv_group(int(ap.gsrc[g]), wbuf, sh, g, base, _agg_runs(ap, g, base))
+        msgs.recv_group(int(ap.gsrc[g]), wbuf, sh, g, base, partial(_agg_runs, ap, g, base))
         c.messages += 1
 
 
@@ -193,18 +195,14 @@ def _post_sends(
     sp, sh = plan.sender, plan.sender_shapes()
     for g in groups:
         dest = int(ctx.aggregators[sp.gdom[g]])
-        msgs.send_group(dest, data, sh, g, 0, _sender_runs(sp, g))
+        msgs.send_group(dest, data, sh, g, 0, partial(_sender_runs, sp, g))
         c.exchanged_bytes += int(sh.total[g])
 
 
-def _sender_runs(sp: SenderPlan, g: int) -> Callable[[], tuple[I64, I64]]:
-    """Group g's (memory offsets, lengths), made only when asked for."""
-
-    def runs() -> tuple[I64, I64]:
-        piece = sp.group(g)
-        return piece.mem, piece.length
-
-    return runs
+def _sender_runs(sp: SenderPlan, g: int) -> tuple[I64, I64]:
+    """Group g's (memory offsets, lengths), taken as :func:`_agg_runs`."""
+    piece = sp.group(g)
+    return piece.mem, piece.length
 
 
 @dataclasses.dataclass(slots=True)
@@ -341,7 +339,11 @@ def _receive_and_write(
     # thread is done (one request at a time), if this rank's sends are complete (a
     # rank in pwrite drives no MPI progress for peers' receives)
     last = k == r.mine - 1 and k + AHEAD >= r.plan.nrounds
-    last = last and all(m.done() for m in sends.values())
+    if last:  # (a loop, not all() of a generator: every round of a small call passes)
+        for m in sends.values():
+            if not m.done():
+                last = False
+                break
     if last:
         error = settle(r.pending, c, error)
     step = Attempt()

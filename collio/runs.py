@@ -81,7 +81,7 @@ class Runs:
 
     @property
     def nbytes(self) -> int:
-        return int(self.length[0]) if len(self.length) == 1 else int(self.length.sum())
+        return int(self.length[0]) if len(self.length) == 1 else int(np.add.reduce(self.length))
 
     def extent(self) -> tuple[int, int]:
         """(first byte, end) in the file; (0, 0) when empty."""

@@ -121,7 +121,7 @@ class ArrayLayout(Layout):
 
     @property
     def local_shape(self) -> tuple[int, ...]:
-        return tuple(d.count for d in self.dims)
+        return tuple([d.count for d in self.dims])  # (a list: one call, not one per dim)
 
     @property
     def global_nbytes(self) -> int:
