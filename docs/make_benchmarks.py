@@ -268,7 +268,8 @@ def calibration_terms(docs: dict[str, dict[str, Any]]) -> list[str]:
         planning = ", ".join(f"{k} {(v or 0) * 1e9:.0f} ns" for k, v in per_run.items())
         planning = f"; planning per run: {planning}" if None not in per_run.values() else ""
         out.append(
-            f"- {doc['nranks']} ranks: one process copies at {t['copy_bandwidth'] / 1e9:.2f} GB/s, "
+            f"- {doc['nranks']} ranks: a core copies at {t['copy_bandwidth'] / 1e9:.2f} GB/s "
+            "with every rank copying, "
             f"MPI moves {t.get('message_bandwidth', 0) / 1e9:.2f} GB/s between two, "
             f"a message costs {t['message_seconds'] * 1e6:.2f} us, "
             + (
@@ -588,10 +589,12 @@ def calibration_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "## Cost model checked: predicted and measured 4- and 8-rank calls",
         "",
         "`collio-bench --calibrate` measures the model's terms in the same job as the calls",
-        "it predicts: one process's memory copy bandwidth (the page cache's copies, which",
-        "cannot hide behind the exchange when the ranks keep every core busy, and a read's",
-        "packing of small runs), MPI's bandwidth between two ranks and in a round (every",
-        "rank sending to every other at once), a small message's cost and a run's (the",
+        "it predicts: a core's memory copy bandwidth while every rank copies (the page",
+        "cache's copies, which cannot hide behind the exchange when the ranks keep every",
+        "core busy, a read's packing of small runs and a two-level group's staging: a",
+        "round's copies run on every core at once and share the memory), MPI's bandwidth",
+        "between two ranks and in a round (every rank sending to every other at once), a",
+        "small message's cost and a run's (the",
         "other ranks asleep), what a rendezvous message (MPICH's single copy, 16 KiB and",
         "more) waits for its peer's turn with every rank polling (a round of 64 KiB",
         "messages beyond its bytes and a round of tiny ones), the time the ranks take to",
