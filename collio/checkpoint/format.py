@@ -176,14 +176,18 @@ class Index:
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
         """(starts, crcs, array) of the extents of ``names``, in their order: :meth:`extents`
         of them all at once (one take from the table)."""
+        got, aid = self._rows(names)
+        return got["start"].astype(np.int64), got["crc"].astype(np.uint32), aid
+
+    def _rows(self, names: list[str]) -> tuple[npt.NDArray[Any], I64]:
+        """The extent table's rows of ``names``, in their order, and each row's name."""
         span = np.array([self.arrays[n]["extents"] for n in names], np.int64).reshape(-1, 2)
         first, count = span[:, 0], span[:, 1]
         aid = np.repeat(np.arange(len(names), dtype=np.int64), count)
         rows = np.arange(int(count.sum()), dtype=np.int64) + np.repeat(
-            first - (np.cumsum(count) - count), count
+            first - displacements(count), count
         )
-        got = self.table[rows]
-        return got["start"].astype(np.int64), got["crc"].astype(np.uint32), aid
+        return self.table[rows], aid
 
     def places(self, names: list[str]) -> tuple[I64, Chunks]:
         """The virtual offsets of ``names`` (:func:`place` of their sizes: each array's bytes
@@ -193,13 +197,7 @@ class Index:
 
         nbytes = np.array([int(self.arrays[n]["nbytes"]) for n in names], np.int64)
         voffs, _ = place(nbytes.tolist())
-        span = np.array([self.arrays[n]["extents"] for n in names], np.int64).reshape(-1, 2)
-        first, count = span[:, 0], span[:, 1]
-        aid = np.repeat(np.arange(len(names), dtype=np.int64), count)
-        rows = np.arange(int(count.sum()), dtype=np.int64) + np.repeat(
-            first - (np.cumsum(count) - count), count
-        )
-        got = self.table[rows]
+        got, aid = self._rows(names)
         starts = got["start"].astype(np.int64)
         ends = np.empty_like(starts)
         ends[:-1] = starts[1:]
