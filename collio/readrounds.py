@@ -16,16 +16,16 @@ from .exchange import Messages, messages
 from .policy import DEPTH
 from .roundio import cover, drain, read_window, run_inline, wait_io
 from .rounds import (
-    _NO_SCRATCH,
-    _TAG,
+    NO_SCRATCH,
     PACK_SCRATCH,
+    TAG,
+    Lagged,
+    Rounds,
     Stage,
-    _agg_runs,
-    _Lagged,
-    _packs,
-    _Rounds,
-    _sender_runs,
-    _start,
+    agg_runs,
+    packs,
+    sender_runs,
+    start_rounds,
 )
 
 __all__ = ["read_rounds"]
@@ -40,12 +40,12 @@ def read_rounds(
     ``stage``, each round's pieces arrive in its ``landing`` buffer, and its ``scatter``
     hands them out while the next round's messages are in flight.
     """
-    r = _start(ctx, plan, call)
+    r = start_rounds(ctx, plan, call)
     comm, be, c = ctx.comm, ctx.backend, r.c
-    status = _Lagged(comm, patient=True) if be.remote else None  # see module doc
+    status = Lagged(comm, patient=True) if be.remote else None  # see module doc
     # small equal runs are packed with numpy before sending (Messages.send)
-    small = plan.agg is not None and r.mine and _packs(plan.agg)
-    scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else _NO_SCRATCH
+    small = plan.agg is not None and r.mine and packs(plan.agg)
+    scratch = scratch_buffer(min(plan.window, PACK_SCRATCH)) if small else NO_SCRATCH
     error: BaseException | None = None
     arrived = -1  # the last round that arrived (two levels: handed out one round later)
     step = Attempt()
@@ -70,7 +70,7 @@ def read_rounds(
             r.buffer(k, r.request(k)).fill(0)  # zeros, not an earlier call's bytes
         t = time.perf_counter()
         into = out if stage is None else stage.landing(k)
-        with messages(comm, _TAG + (k & 0x3FF)) as msgs:
+        with messages(comm, TAG + (k & 0x3FF)) as msgs:
             _exchange_read(r, msgs, k, into, scratch)
             if stage is not None and k:
                 stage.scatter(k - 1)
@@ -86,14 +86,14 @@ def read_rounds(
     return drain(r.pending, c, error)
 
 
-def _stop(status: _Lagged, error: BaseException | None) -> bool:
+def _stop(status: Lagged, error: BaseException | None) -> bool:
     """Collective: agree this rank's status before a lockstep round's messages; whether
     any rank failed (then every rank stops at this round)."""
     status.post(error is not None)
     return status.failed()
 
 
-def _prefetch(r: _Rounds, k: int) -> None:
+def _prefetch(r: Rounds, k: int) -> None:
     """Start reading this aggregator's window of round ``k`` (the first one here and now:
     it is waited for at once)."""
     ap = r.agg(k)
@@ -108,13 +108,13 @@ def _prefetch(r: _Rounds, k: int) -> None:
 
 
 def _exchange_read(
-    r: _Rounds, msgs: Messages, k: int, out: npt.NDArray[np.uint8], scratch: npt.NDArray[np.uint8]
+    r: Rounds, msgs: Messages, k: int, out: npt.NDArray[np.uint8], scratch: npt.NDArray[np.uint8]
 ) -> None:
     """Round ``k`` of a read: receive this rank's pieces; an aggregator sends its window's."""
     sp, ssh, c = r.plan.sender, r.plan.sender_shapes(), r.c
     for g in r.groups(k):
         src = int(r.ctx.aggregators[sp.gdom[g]])
-        msgs.recv_group(src, out, ssh, g, 0, partial(_sender_runs, sp, g))
+        msgs.recv_group(src, out, ssh, g, 0, partial(sender_runs, sp, g))
         c.exchanged_bytes += int(ssh.total[g])
     ap = r.agg(k)
     if ap is None:
@@ -123,6 +123,6 @@ def _exchange_read(
     req, used = r.request(k), 0
     rbuf = r.buffer(k, req)
     for g in ap.groups_of_round(k).tolist():
-        dest, runs = int(ap.gsrc[g]), partial(_agg_runs, ap, g, req[0])
+        dest, runs = int(ap.gsrc[g]), partial(agg_runs, ap, g, req[0])
         used += msgs.send_group(dest, rbuf, ash, g, req[0], runs, scratch[used:])
         c.messages += 1

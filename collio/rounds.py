@@ -60,19 +60,23 @@ from .stats import Stats
 from .threads import io_executor
 from .waits import sleep_until_done
 
-__all__ = ["Stage", "prepare", "write_rounds"]
+__all__ = [
+    # (the names readrounds.py shares with the write's rounds)
+    "NO_SCRATCH", "PACK_SCRATCH", "TAG", "Lagged", "Rounds", "Stage", "agg_runs", "packs",
+    "prepare", "sender_runs", "start_rounds", "write_rounds",
+]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
-_TAG = 0x0C01
+TAG = 0x0C01
 #: Rounds of sends a rank keeps posted ahead of the round it receives (bounds the
 #: requests outstanding and MPI's queue of unexpected messages at each aggregator).
 AHEAD = 8
 #: Most bytes an aggregator packs per round for its sends (a third buffer, kept).
 PACK_SCRATCH = 16 << 20
-_NO_SCRATCH = np.zeros(0, np.uint8)
+NO_SCRATCH = np.zeros(0, np.uint8)
 
 
-class _Lagged:
+class Lagged:
     """Status agreement one round behind: Iallreduce now, wait at the next round."""
 
     __slots__ = ("comm", "req", "out", "patient")
@@ -143,11 +147,11 @@ def prepare(plan: Plan, *, writing: bool) -> None:
         return
     plan.agg_shapes()
     round_buffers(plan.window, DEPTH)
-    if not writing and _packs(ap):
+    if not writing and packs(ap):
         scratch_buffer(min(plan.window, PACK_SCRATCH))
 
 
-def _packs(ap: AggregatorPlan) -> bool:
+def packs(ap: AggregatorPlan) -> bool:
     """Does a read's aggregator pack its sends (small equal runs, see Messages.send)?"""
     return int(ap.length.min()) <= PACK_MAX_RUN
 
@@ -165,7 +169,7 @@ def _requests(ctx: Context, plan: Plan) -> tuple[I64, I64]:
     return round_requests(ap, lo, hi, plan.window, ctx.backend.partial_write)
 
 
-def _agg_runs(ap: AggregatorPlan, g: int, base: int) -> tuple[I64, I64]:
+def agg_runs(ap: AggregatorPlan, g: int, base: int) -> tuple[I64, I64]:
     """Group g's (file offsets less ``base``, lengths); a message takes them as a
     ``partial``, made only when asked for (no Python call per message of a round)."""
     s, e = int(ap.gstart[g]), int(ap.gstart[g + 1])
@@ -179,7 +183,7 @@ def _post_recvs(
     ap, sh = plan.agg, plan.agg_shapes()
     assert ap is not None
     for g in ap.groups_of_round(k).tolist():
-        msgs.recv_group(int(ap.gsrc[g]), wbuf, sh, g, base, partial(_agg_runs, ap, g, base))
+        msgs.recv_group(int(ap.gsrc[g]), wbuf, sh, g, base, partial(agg_runs, ap, g, base))
         c.messages += 1
 
 
@@ -195,18 +199,18 @@ def _post_sends(
     sp, sh = plan.sender, plan.sender_shapes()
     for g in groups:
         dest = int(ctx.aggregators[sp.gdom[g]])
-        msgs.send_group(dest, data, sh, g, 0, partial(_sender_runs, sp, g))
+        msgs.send_group(dest, data, sh, g, 0, partial(sender_runs, sp, g))
         c.exchanged_bytes += int(sh.total[g])
 
 
-def _sender_runs(sp: SenderPlan, g: int) -> tuple[I64, I64]:
-    """Group g's (memory offsets, lengths), taken as :func:`_agg_runs`."""
+def sender_runs(sp: SenderPlan, g: int) -> tuple[I64, I64]:
+    """Group g's (memory offsets, lengths), taken as :func:`agg_runs`."""
     piece = sp.group(g)
     return piece.mem, piece.length
 
 
 @dataclasses.dataclass(slots=True)
-class _Rounds:
+class Rounds:
     """What each round loop starts from: this rank's part of the plan and its buffers."""
 
     ctx: Context
@@ -238,13 +242,13 @@ class _Rounds:
         return _my_groups(self.order, self.starts, k)
 
 
-def _start(ctx: Context, plan: Plan, call: Call) -> _Rounds:
+def start_rounds(ctx: Context, plan: Plan, call: Call) -> Rounds:
     """The round loops' common start (the buffers were made by :func:`prepare`)."""
     order, starts = plan.by_round()
     mine = plan.agg.nrounds if plan.agg is not None else 0
     bufs = round_buffers(plan.window, DEPTH) if mine else []
     offs, lens = _requests(ctx, plan)
-    return _Rounds(ctx, plan, call.counters, order, starts, mine, bufs, offs, lens, io_executor)
+    return Rounds(ctx, plan, call.counters, order, starts, mine, bufs, offs, lens, io_executor)
 
 
 def write_rounds(
@@ -257,12 +261,12 @@ def write_rounds(
     ``stage``, each round's sends go from what its ``gather`` returns.
     """
     if ctx.backend.remote:
-        return _write_lockstep(_start(ctx, plan, call), data, stage)
-    return _write_streamed(_start(ctx, plan, call), data, stage)
+        return _write_lockstep(start_rounds(ctx, plan, call), data, stage)
+    return _write_streamed(start_rounds(ctx, plan, call), data, stage)
 
 
 def _write_streamed(
-    r: _Rounds, data: npt.NDArray[np.uint8], stage: Stage | None = None
+    r: Rounds, data: npt.NDArray[np.uint8], stage: Stage | None = None
 ) -> BaseException | None:
     """Sends posted :data:`AHEAD` rounds early (with a ``stage``, as many as its slots
     allow); each aggregator receives at its own pace.
@@ -281,7 +285,7 @@ def _write_streamed(
     def post(k: int) -> None:
         if k < nrounds:
             send = data if stage is None else stage.gather(k)
-            sends[k] = Messages(comm, _TAG + (k & 0x3FF))
+            sends[k] = Messages(comm, TAG + (k & 0x3FF))
             _post_sends(sends[k], r.ctx, r.plan, r.groups(k), send, c)
 
     try:
@@ -313,7 +317,7 @@ def _waited(msgs: Messages, error: BaseException | None) -> BaseException | None
 
 
 def _receive_and_write(
-    r: _Rounds, k: int, sends: dict[int, Messages], error: BaseException | None
+    r: Rounds, k: int, sends: dict[int, Messages], error: BaseException | None
 ) -> BaseException | None:
     """An aggregator's round ``k`` of a streamed write: receive it, then hand it to I/O."""
     ap, c, be = r.agg(k), r.c, r.ctx.backend
@@ -326,7 +330,7 @@ def _receive_and_write(
     error = error or step.error
     t = time.perf_counter()
     wbuf = r.buffer(k, req)
-    msgs = Messages(r.ctx.comm, _TAG + (k & 0x3FF))  # (as exchange.messages, inline: per call)
+    msgs = Messages(r.ctx.comm, TAG + (k & 0x3FF))  # (as exchange.messages, inline: per call)
     try:
         _post_recvs(msgs, r.plan, k, wbuf, req[0], c)
     except BaseException:
@@ -358,13 +362,13 @@ def _receive_and_write(
 
 
 def _write_lockstep(
-    r: _Rounds, data: npt.NDArray[np.uint8], stage: Stage | None = None
+    r: Rounds, data: npt.NDArray[np.uint8], stage: Stage | None = None
 ) -> BaseException | None:
     """Rounds one after another, their status agreed before their messages (see module doc)."""
     comm, be, c = r.ctx.comm, r.ctx.backend, r.c
     # writes wait for each other sleeping: an aggregator's request runs in its I/O
     # thread, and a rank that spins in MPI takes the core that thread needs
-    status = _Lagged(comm, patient=True)
+    status = Lagged(comm, patient=True)
     meet = be.remote  # see module doc
     error: BaseException | None = None
     for k in range(r.plan.nrounds):
@@ -382,7 +386,7 @@ def _write_lockstep(
             break
         t = time.perf_counter()
         send = data if stage is None else stage.gather(k)
-        with messages(comm, _TAG + (k & 0x3FF)) as msgs:
+        with messages(comm, TAG + (k & 0x3FF)) as msgs:
             if ap is not None:
                 _post_recvs(msgs, r.plan, k, r.buffer(k, req), req[0], c)
             _post_sends(msgs, r.ctx, r.plan, r.groups(k), send, c)
