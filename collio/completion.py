@@ -176,8 +176,7 @@ def local_summary(ctx: Context, plan: Plan) -> dict[str, Any]:
     d = ctx.my_domain
     if plan.agg is None or d < 0:
         return {"domain": -1}
-    lo, hi = int(plan.bounds[d]), int(plan.bounds[d + 1])
-    return aggregator_summary(plan.agg, d, lo, hi, plan.window, ctx.backend.partial_write)
+    return _summary(plan.agg, d, plan.bounds, plan.window, ctx.backend.partial_write)
 
 
 def local_when_read(ctx: Context, plan: Plan) -> None:

@@ -21,15 +21,6 @@ def _path(comm: MPI.Intracomm, tmp: Any, name: str = "model.ckpt") -> str:
     return str(comm.bcast(os.path.join(str(tmp), name), root=0))
 
 
-def _flip(path: str, at: int, mask: int) -> None:
-    """Flip the bits ``mask`` of the stored byte at ``at`` (one rank damages the target)."""
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ mask]))
-
-
 def _check_loaded(
     comm: MPI.Intracomm, got: dict[str, Any], spec: dict[str, Any], maps: bool | None = None,
     path: str = "",
@@ -101,7 +92,7 @@ def test_flipped_byte_names_the_array_on_every_rank(
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
     if comm.rank == 0:
         entry = ckpt.info(path)[name]
-        _flip(path, ckpt.info(path).file_offset(name, entry["nbytes"] // 2), 0x10)
+        model.flip(path, ckpt.info(path).file_offset(name, entry["nbytes"] // 2), 0x10)
     comm.Barrier()
     spec = model.load_spec(comm.rank, comm.size)
     hints = {"checkpoint_map": maps}
@@ -405,7 +396,8 @@ def test_extents_across_pieces_are_checked_from_the_parts(
     assert reads == []  # (verified from memory: nothing read back)
     comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:  # a byte just after the saving job's first edge (one rank: mid-array)
-        _flip(path, ckpt.info(path).file_offset("a", (64 * 1000 * 8) // max(comm.size, 2) + 5), 1)
+        edge = (64 * 1000 * 8) // max(comm.size, 2)
+        model.flip(path, ckpt.info(path).file_offset("a", edge + 5), 1)
     comm.Barrier()
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
@@ -429,7 +421,7 @@ def test_pieces_read_in_steps_are_checked_whole(comm: MPI.Intracomm, mpi_tmp_pat
     comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
     if comm.rank == 0:
         entry = ckpt.info(path)["a"]
-        _flip(path, ckpt.info(path).file_offset("a", entry["nbytes"] - 1000), 0x02)
+        model.flip(path, ckpt.info(path).file_offset("a", entry["nbytes"] - 1000), 0x02)
     comm.Barrier()
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, dict(spec), comm=comm)
@@ -520,7 +512,7 @@ def test_load_in_place_still_checks_every_byte(
     ckpt.save(path, model.save_state(comm.rank, comm.size), comm=comm)
     at = ckpt.info(path).file_offset("ffn/w", 3)
     if comm.rank == 0:
-        _flip(path, at, 0x40)
+        model.flip(path, at, 0x40)
     comm.Barrier()
     for spec in (model.load_spec(comm.rank, comm.size), model.save_layouts(comm.rank, comm.size)):
         outs = _outs(spec)

@@ -23,11 +23,7 @@ def _path(comm: MPI.Intracomm, tmp: Any, name: str = "model.ckpt") -> str:
 
 
 def _flip(path: str, at: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ 0x10]))
+    model.flip(path, at, 0x10)
 
 
 def _count_opens(monkeypatch: pytest.MonkeyPatch) -> list[Any]:

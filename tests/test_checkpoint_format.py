@@ -9,6 +9,7 @@ from collio import ChecksumError, layouts
 from collio.checkpoint import extents, format
 from collio.checkpoint.save import span_of
 from collio.sim.checkpoint import checkpoint_plan, checkpoint_workload
+from collio.testing.checkpoint import flip
 
 
 def test_cut_at_the_grid_and_every_piece_edge() -> None:
@@ -113,12 +114,7 @@ def test_a_flipped_byte_of_a_version_1_file_names_the_array(tmp_path: object) ->
     path = f"{tmp_path}/v1.ckpt"
     want = _v1_arrays()
     write_v1(path, want)
-    at = ckpt.info(path).file_offset("b", 4 * 9000)
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        b = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([b[0] ^ 1]))
+    flip(path, ckpt.info(path).file_offset("b", 4 * 9000), 1)
     with pytest.raises(ChecksumError) as err:
         ckpt.load(path, {n: None for n in want}, hints={"checkpoint_map": "disable"})
     assert err.value.names == ("b",)

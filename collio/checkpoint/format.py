@@ -194,16 +194,13 @@ class Index:
         contiguous, as the load's plans want them) and the map of that space to the file
         (:class:`~.chunks.Chunks`, from the extents' file offsets)."""
         from .chunks import Chunks
+        from .extents import ends_of
 
         nbytes = np.array([int(self.arrays[n]["nbytes"]) for n in names], np.int64)
         voffs, _ = place(nbytes.tolist())
         got, aid = self._rows(names)
         starts = got["start"].astype(np.int64)
-        ends = np.empty_like(starts)
-        ends[:-1] = starts[1:]
-        last = np.ones(len(starts), bool)
-        last[:-1] = aid[1:] != aid[:-1]
-        ends[last] = nbytes[aid[last]]
+        ends = ends_of(starts, aid, nbytes)
         return voffs, Chunks.of_runs(
             voffs[aid] + starts, got["file"].astype(np.int64), ends - starts
         )

@@ -10,8 +10,8 @@ import numpy as np
 from ..layouts import Subarray, block, block_cyclic, dims_create
 from ..layouts.arrays import ArrayLayout, BlockCyclic
 
-__all__ = ["GLOBALS", "ROWS", "expected", "load_spec", "mapped", "one_range", "reference",
-           "rows_layouts", "rows_reference", "rows_state", "save_state"]  # fmt: skip
+__all__ = ["GLOBALS", "ROWS", "expected", "flip", "load_spec", "mapped", "one_range",
+           "reference", "rows_layouts", "rows_reference", "rows_state", "save_state"]  # fmt: skip
 
 #: name -> (global shape, dtype, order)
 GLOBALS: dict[str, tuple[tuple[int, ...], str, str]] = {
@@ -24,6 +24,15 @@ GLOBALS: dict[str, tuple[tuple[int, ...], str, str]] = {
     "ffn/w2": ((11, 5), "<i4", "C"),
 }
 REPLICATED = {"rep/scale": ((5, 3), "<f8"), "rep/step": ((), "<i8")}
+
+
+def flip(path: str, at: int, mask: int) -> None:
+    """Flip the bits ``mask`` of the stored byte at ``at`` (a test damaging a target)."""
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ mask]))
 
 
 def reference(name: str) -> np.ndarray[Any, Any]:
