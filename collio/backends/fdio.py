@@ -6,6 +6,7 @@ loop; the posix backend, the HDF5 storage and the benchmark's plain-POSIX APIs s
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..errors import BackendError
 
 __all__ = [
     "MAX_IO",
+    "data_from",
     "pread_exact",
     "pread_full",
     "pread_zeros",
@@ -29,6 +31,8 @@ __all__ = [
 
 #: Linux caps one read or write at this many bytes.
 MAX_IO = 0x7FFFF000
+#: ``lseek``'s whence for the next byte of data (None where the system has none)
+_SEEK_DATA = getattr(os, "SEEK_DATA", None)
 #: the most buffers one ``pwritev`` takes
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 
@@ -166,3 +170,18 @@ def pread_exact(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
         raise BackendError(
             f"{name!r} ends at {offset + done}, {len(view) - done} bytes short of the request"
         )
+
+
+def data_from(fd: int, offset: int, end: int) -> int:
+    """The first byte in ``[offset, end)`` that the file holds as data rather than a
+    hole (``lseek`` with ``SEEK_DATA``), or ``end`` when none is.  A hole reads as zeros
+    and was never written; a file system that keeps no holes, or a system without
+    ``SEEK_DATA``, has every byte below the end as data (``offset``).  Moves the
+    descriptor's offset, which pread and pwrite do not use."""
+    if _SEEK_DATA is None:
+        return offset
+    try:
+        found = os.lseek(fd, offset, _SEEK_DATA)
+    except OSError as exc:  # (ENXIO: no data at or after offset)
+        return end if exc.errno == errno.ENXIO else offset
+    return min(found, end)
