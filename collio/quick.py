@@ -47,6 +47,8 @@ __all__ = ["Headed", "again", "layout_again"]
 Headed = check.Headed
 
 _U8 = np.dtype(np.uint8)
+#: (an enum member looked up once: each lookup through its class costs a call)
+_MAPPED = Path.MAPPED
 #: The facts that change from one call of the lane to the next (the others are the
 #: kept call's, packed once into :attr:`Kept.head`)
 _PATCH = Checked.patcher(
@@ -81,14 +83,14 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     :func:`collio.speculate.note_layout`), as :func:`again` does through a view.  Returns
     its outcome (as :func:`again`'s) and the array read (``data`` when writing); None
     (nothing done, nothing communicated): not such a repeat."""
-    k = speculate.candidate(ctx, writing)
+    k = ctx.kept[writing].candidate()  # (speculate.candidate, inline: every call asks)
     if k is None or k.box is None or type(layout) is not Subarray:
         return None
     box = k.box
     if (layout.shape != box[2] or layout.start != box[1] or layout.global_shape != box[0]
             or layout._dtype != box[3] or layout._order != box[4] or layout._invalid):  # fmt: skip
         return None
-    offset = layout.offset
+    offset = layout._offset
     if offset < 0:
         return None  # (the general way's checks raise it, agreed)
     arr = _array(ctx, k, data, writing=writing)
@@ -166,7 +168,7 @@ def _tail(ctx: Context, k: speculate.Kept, lo: int, *, writing: bool,
         return None  # (past every real size: the general way's checks say so, agreed)
     ext = ctx.extents
     moved, shift = moved_by(ext, lo, lo + n)
-    if writing or k.path is not Path.MAPPED:  # (as speculate.attempt)
+    if writing or k.path is not _MAPPED:  # (as speculate.attempt)
         if moved or shift != k.shift or ext is None or not ext[2]:
             return None
     elif _mapped(ctx, k, lo, n, runs) != k.facts[1]:
