@@ -79,10 +79,17 @@ def pread_full(fd: int, buf: Any, offset: int) -> int:
 
 def pwrite_all(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
     """Write all of ``buf`` at ``offset``, or raise :class:`BackendError` (a short write)."""
-    view = _bytes(buf)
+    if type(buf) is np.ndarray and 0 < buf.nbytes <= MAX_IO:
+        # (an array, written whole by one call nearly always: a small call's one request
+        # needs no view of it; a non-contiguous one raises as the view would)
+        done = os.pwrite(fd, buf, offset)  # type: ignore[arg-type]
+        if done == buf.nbytes:
+            return
+        view = _bytes(buf)
+    else:
+        view = _bytes(buf)
+        done = os.pwrite(fd, view, offset) if 0 < len(view) <= MAX_IO else 0
     total = len(view)
-    # (pwrite_full's first call, inline: a small call's one request passes here)
-    done = os.pwrite(fd, view, offset) if 0 < total <= MAX_IO else 0
     if done == total:
         return
     if done > 0 or total > MAX_IO:
@@ -149,10 +156,15 @@ def pwrite_joined(
 
 def pread_zeros(fd: int, buf: Any, offset: int) -> int:
     """Fill ``buf`` from ``offset``, zeros past the end of the file; the bytes read."""
-    view = _bytes(buf)
+    if type(buf) is np.ndarray and 0 < buf.nbytes <= MAX_IO:
+        done = os.preadv(fd, [buf], offset)  # type: ignore[list-item]  # (as pwrite_all)
+        if done == buf.nbytes:
+            return done
+        view = _bytes(buf)
+    else:
+        view = _bytes(buf)
+        done = os.preadv(fd, [view], offset) if 0 < len(view) <= MAX_IO else 0
     total = len(view)
-    # (pread_full's first call, inline: a small call's one request passes here)
-    done = os.preadv(fd, [view], offset) if 0 < total <= MAX_IO else 0
     if done == total:
         return done
     if done > 0 or total > MAX_IO:

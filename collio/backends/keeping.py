@@ -29,10 +29,11 @@ KEEP_RUNS = 16
 HOLE_MIN = 16 << 10
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Before:
     """What a write keeps: the file's size, (offset, old bytes), and the (offset, length)
-    of the holes it did not read."""
+    of the holes it did not read.  (Not frozen: a frozen dataclass's ``__init__`` costs a
+    guessed small write a call per field.)"""
 
     size: int
     old: list[tuple[int, npt.NDArray[np.uint8]]]

@@ -142,7 +142,7 @@ class PosixBackend(MappedReads):
             for f, n, m in zip(
                 runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
             ):
-                self._put(f, data[m : m + n])
+                self.write_one(f, data[m : m + n])
         if self.eager:  # (see flush_soon)
             self._write_behind(runs)
         return len(runs)
@@ -164,20 +164,18 @@ class PosixBackend(MappedReads):
         for f, k in zip(lo[big].tolist(), n[big].tolist(), strict=True):
             sync_file_range(self.fd, f, k, SYNC_FILE_RANGE_WRITE)  # type: ignore[misc]
 
-    def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+    def write_one(self, offset: int, buf: npt.NDArray[np.uint8]) -> int:
+        """One run, without early writeback (as :meth:`write_runs`)."""
         self.dirty = True
         if len(buf) < DIRECT_MIN:  # (small: all through the page cache)
             pwrite_all(self.fd, buf, offset, self.path)
-            return
+            return 1
         self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
-
-    def write_one(self, offset: int, buf: npt.NDArray[np.uint8]) -> int:
-        self._put(offset, buf)  # (as write_runs: no early writeback)
         return 1
 
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
-        self._put(offset, buf)
+        self.write_one(offset, buf)
         if self.writeback and total >= (1 << 20):  # (direct parts are written already)
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
