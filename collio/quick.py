@@ -171,6 +171,9 @@ def _tail(ctx: Context, k: speculate.Kept, lo: int, *, writing: bool,
     if writing or k.path is not _MAPPED:  # (as speculate.attempt)
         if moved or shift != k.shift or ext is None or not ext[2]:
             return None
+    elif runs is None:  # (the read asks the backend whether it maps: _io)
+        if not may_map(ctx.hints, writing=False):
+            return None
     elif _mapped(ctx, k, lo, n, runs) != k.facts[1]:
         return None
     return moved, shift
@@ -195,7 +198,8 @@ def _run(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: 
     general way goes on from (the module doc).  ``where``: the etype position in the
     view, or the layout, its offset and the array."""
     runs = None if type(where) is int else where[3]
-    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing, runs=runs)
+    maps = not writing and runs is None and k.path is _MAPPED
+    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing, runs=runs, maps=maps)
     if got is None:
         return None
     io, end = got
@@ -229,13 +233,15 @@ def _undo(ctx: Context, k: speculate.Kept, writing: bool, io: tuple[Any, ...],
     speculate.after_mismatch(ctx, speculate.Guess(k, writing, *io), exc)
 
 
-def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool,
-        runs: Runs | None = None) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
+def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool, runs: Runs | None = None,
+        maps: bool = False) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
     """Local: :func:`collio.speculate.attempt`'s I/O of the one run (of ``runs`` when
     given): what the write kept
     to take back (None: nothing to keep, it was read), the target's size before it, the
     requests' key, their result, the seconds and the error (kept, not raised), and when
-    it ended; None: the write could not be taken back, nothing was done."""
+    it ended; None: the write could not be taken back, or the read (``maps``: of a call
+    whose every rank copied from the mapped file) found that this rank would not, and
+    it is not the lane's (what it read is read again the general way)."""
     before, size, key, done, error = None, speculate.BIG, (), None, None
     t = time.perf_counter()
     try:  # (as Attempt and storage_errors: every small call passes here)
@@ -250,6 +256,10 @@ def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool,
         try:
             if runs is not None:
                 done = be.write_runs(runs, buf) if writing else be.read_runs(runs, buf)
+            elif maps:
+                mapped, done = be.read_if_maps(lo, buf)
+                if not mapped:
+                    return None
             else:
                 done = be.write_one(lo, buf) if writing else be.read_one(lo, buf)
         except BaseException as exc:
