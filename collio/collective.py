@@ -186,6 +186,7 @@ HEAD_SLOTS = 26
 _OWN = 3
 _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
 _HEAD = struct.Struct(f"={HEAD_SLOTS}q")
+_MAX = MPI.MAX
 _CODES = 16  # codes per file: more than len(CALLS)
 _SUBJECT = 1 << 57  # set in the code of a call on a part of a file: never a plain code
 
@@ -252,9 +253,10 @@ def _code(call: str, file: tuple[int, str], subject: str | None) -> int:
 class KeptHead:
     """The head of a call kept for its repeats (:func:`call_kept_head`): its slots in
     one buffer, the call's own slots writable in place (``own``, int64), so that a
-    repeat writes the few facts that change instead of packing every slot again."""
+    repeat writes the few facts that change instead of packing every slot again; and
+    the buffers of the agreement, made once (the maxima overwrite those of the last)."""
 
-    __slots__ = ("call", "file", "buf", "slots", "own")
+    __slots__ = ("call", "file", "buf", "slots", "own", "send", "recv", "got", "got_own")
 
     def __init__(self, call: str, file: tuple[int, str], own: Sequence[int]) -> None:
         code = _code(call, file, None)
@@ -262,6 +264,10 @@ class KeptHead:
         self.buf = bytearray(_HEAD.pack(0, code, -code, *own, *_PAD[len(own) :]))
         self.slots = memoryview(self.buf).cast("q")
         self.own = self.slots[_OWN:]
+        got = bytearray(_HEAD.size)
+        self.send, self.recv = [self.buf, MPI.INT64_T], [got, MPI.INT64_T]
+        self.got = memoryview(got).cast("q")
+        self.got_own = self.got[_OWN:]
 
 
 def call_kept_head(
@@ -269,14 +275,14 @@ def call_kept_head(
     undo: Callable[[MismatchError], None] | None = None,
 ) -> tuple[bool, memoryview]:  # fmt: skip
     """Collective over `comm`: :func:`call_head` of ``head``'s call with its own slots as
-    they are now.  The maxima of the own slots come back as an int64 memoryview."""
+    they are now.  The maxima of the own slots come back as an int64 memoryview, valid
+    until the head's next call."""
     head.slots[0] = 1 if failed else 0
-    got = bytearray(_HEAD.size)
-    comm.Iallreduce([head.buf, MPI.INT64_T], [got, MPI.INT64_T], op=MPI.MAX).Wait()
-    out = memoryview(got).cast("q")
+    comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
+    out = head.got
     if out[1] != -out[2]:
         _raise_call_mismatch(comm, head.call, head.file, None, extra, undo)
-    return out[0] != 0, out[_OWN:]
+    return out[0] != 0, head.got_own
 
 
 def _raise_call_mismatch(

@@ -16,6 +16,7 @@ from .comms import Private, exclusive, one_thread, private
 from .core import FileCore
 from .errors import add_later
 from .hints import Hints
+from .layouts.arrays import Subarray
 from .layouts.base import Layout
 from .stats import Stats
 
@@ -233,7 +234,9 @@ class File:
         file pointer into that buffer, in place, and returns it.
         """
         self._check_open()
-        if isinstance(layout, Layout):
+        # (the common layout by its type first: an ABC's isinstance costs a repeated
+        # small read a few calls)
+        if type(layout) is Subarray or isinstance(layout, Layout):
             return self._read(layout, out)
         self._position += self._through_view(self._position, layout, writing=False)
         return view.BufferLayout.buffer_of(layout)

@@ -47,6 +47,8 @@ __all__ = ["Headed", "again", "layout_again"]
 Headed = check.Headed
 
 _U8 = np.dtype(np.uint8)
+#: (an enum member looked up once: each lookup through its class costs a call)
+_MAPPED = Path.MAPPED
 #: The facts that change from one call of the lane to the next (the others are the
 #: kept call's, packed once into :attr:`Kept.head`)
 _PATCH = Checked.patcher(
@@ -81,14 +83,14 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     :func:`collio.speculate.note_layout`), as :func:`again` does through a view.  Returns
     its outcome (as :func:`again`'s) and the array read (``data`` when writing); None
     (nothing done, nothing communicated): not such a repeat."""
-    k = speculate.candidate(ctx, writing)
+    k = ctx.kept[writing].candidate()  # (speculate.candidate, inline: every call asks)
     if k is None or k.box is None or type(layout) is not Subarray:
         return None
     box = k.box
     if (layout.shape != box[2] or layout.start != box[1] or layout.global_shape != box[0]
             or layout._dtype != box[3] or layout._order != box[4] or layout._invalid):  # fmt: skip
         return None
-    offset = layout.offset
+    offset = layout._offset
     if offset < 0:
         return None  # (the general way's checks raise it, agreed)
     arr = _array(ctx, k, data, writing=writing)
@@ -166,8 +168,11 @@ def _tail(ctx: Context, k: speculate.Kept, lo: int, *, writing: bool,
         return None  # (past every real size: the general way's checks say so, agreed)
     ext = ctx.extents
     moved, shift = moved_by(ext, lo, lo + n)
-    if writing or k.path is not Path.MAPPED:  # (as speculate.attempt)
+    if writing or k.path is not _MAPPED:  # (as speculate.attempt)
         if moved or shift != k.shift or ext is None or not ext[2]:
+            return None
+    elif runs is None:  # (the read asks the backend whether it maps: _io)
+        if not may_map(ctx.hints, writing=False):
             return None
     elif _mapped(ctx, k, lo, n, runs) != k.facts[1]:
         return None
@@ -193,7 +198,8 @@ def _run(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: 
     general way goes on from (the module doc).  ``where``: the etype position in the
     view, or the layout, its offset and the array."""
     runs = None if type(where) is int else where[3]
-    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing, runs=runs)
+    maps = not writing and runs is None and k.path is _MAPPED
+    got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing, runs=runs, maps=maps)
     if got is None:
         return None
     io, end = got
@@ -227,13 +233,15 @@ def _undo(ctx: Context, k: speculate.Kept, writing: bool, io: tuple[Any, ...],
     speculate.after_mismatch(ctx, speculate.Guess(k, writing, *io), exc)
 
 
-def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool,
-        runs: Runs | None = None) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
+def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool, runs: Runs | None = None,
+        maps: bool = False) -> tuple[tuple[Any, ...], float] | None:  # fmt: skip
     """Local: :func:`collio.speculate.attempt`'s I/O of the one run (of ``runs`` when
     given): what the write kept
     to take back (None: nothing to keep, it was read), the target's size before it, the
     requests' key, their result, the seconds and the error (kept, not raised), and when
-    it ended; None: the write could not be taken back, nothing was done."""
+    it ended; None: the write could not be taken back, or the read (``maps``: of a call
+    whose every rank copied from the mapped file) found that this rank would not, and
+    it is not the lane's (what it read is read again the general way)."""
     before, size, key, done, error = None, speculate.BIG, (), None, None
     t = time.perf_counter()
     try:  # (as Attempt and storage_errors: every small call passes here)
@@ -248,6 +256,10 @@ def _io(be: Any, lo: int, buf: Any, n: int, *, writing: bool,
         try:
             if runs is not None:
                 done = be.write_runs(runs, buf) if writing else be.read_runs(runs, buf)
+            elif maps:
+                mapped, done = be.read_if_maps(lo, buf)
+                if not mapped:
+                    return None
             else:
                 done = be.write_one(lo, buf) if writing else be.read_one(lo, buf)
         except BaseException as exc:

@@ -277,6 +277,8 @@ def times(io: float, t0: float) -> tuple[int, int]:
 #: What :func:`settle` returns for a call complete already (``Call.settled``: the engine
 #: reads nothing else of it)
 SETTLED = Call(0, 0, Path.DIRECT, Stats(), settled=True)
+#: (looked up once: each lookup of an enum member through its class costs a call)
+_DIRECT = Path.DIRECT
 
 
 def settle(ctx: Context, g: Guess, lo: int, hi: int, extent: tuple[int, int], same: bool,
@@ -296,7 +298,7 @@ def settle(ctx: Context, g: Guess, lo: int, hi: int, extent: tuple[int, int], sa
 def _keep_extent(ctx: Context, k: Kept, extent: tuple[int, int]) -> None:
     """Local: this rank's extent kept for the next call's ``moved`` fact, as
     :func:`collio.choose.choose` keeps it for a direct call (disjoint)."""
-    if k.path is Path.DIRECT:
+    if k.path is _DIRECT:
         ctx.extents = (*extent, True)
 
 
@@ -307,9 +309,8 @@ def complete(ctx: Context, k: Kept, lo: int, hi: int, extent: tuple[int, int],
     _keep_extent(ctx, k, extent)
     ctx.kept[writing].completed(k.ident, k)  # (every rank repeated the same call)
     ctx.guesses[writing] = k
-    io, total = seconds[0] / 1e9, seconds[1] / 1e9
     stats = ctx.stats
-    stats.add_again(k.sums, io, total)
+    stats.add_again(k.sums, seconds[0] / 1e9, seconds[1] / 1e9)
     stats.direct_calls += 1
     last = list(k.last)
     last[5], last[-1] = [lo, hi], True  # (the extent, guessed)

@@ -7,6 +7,7 @@ import dataclasses
 import operator
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -89,11 +90,32 @@ def histogram(sizes: npt.ArrayLike) -> npt.NDArray[np.int64]:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Again:
     """A call's reduced sums, kept to add again (:meth:`Stats.add_again`): the counters
-    it moved, by name, and its request-size histograms (None: all zero)."""
+    it moved, by name, and its request-size histograms (None: all zero); ``add(stats)``
+    adds those counters (:func:`_adder`)."""
 
     moved: tuple[tuple[str, int], ...]
     write_sizes: npt.NDArray[np.int64] | None
     read_sizes: npt.NDArray[np.int64] | None
+    add: Callable[[Any], None] = dataclasses.field(repr=False)
+
+
+#: The functions :func:`_adder` made, by the counters' names and values
+_ADDERS: dict[tuple[tuple[str, int], ...], Callable[[Any], None]] = {}
+
+
+def _adder(moved: tuple[tuple[str, int], ...]) -> Callable[[Any], None]:
+    """A function ``add(stats)`` adding each ``(name, value)`` of ``moved`` to ``stats``:
+    one line per counter, where a loop of getattr and setattr costs a repeated small
+    call as much as its agreement (made once per distinct sums: a series repeats them)."""
+    add = _ADDERS.get(moved)
+    if add is None:
+        lines = "".join(f"    s.{name} += {int(a)}\n" for name, a in moved) or "    pass\n"
+        env: dict[str, Any] = {}
+        exec(compile("def add(s):\n" + lines, "<Again.add>", "exec"), env)  # noqa: S102
+        add = _ADDERS[moved] = env["add"]
+        if len(_ADDERS) > 256:  # (bounded: sums that never repeat make new ones)
+            del _ADDERS[next(iter(_ADDERS))]
+    return add
 
 
 @dataclasses.dataclass(slots=True)
@@ -231,7 +253,7 @@ class Stats:
         every = sums.tolist()
         moved = tuple((SUMS[i], a) for i, a in enumerate(every[:n]) if a)
         w, r = sums[n : n + nb].copy(), sums[n + nb : n + 2 * nb].copy()
-        return Again(moved, w if w.any() else None, r if r.any() else None)
+        return Again(moved, w if w.any() else None, r if r.any() else None, _adder(moved))
 
     def add_again(self, sums: Again, io: float, total: float) -> None:
         """:meth:`absorb` of a call whose sums are an earlier call's (``sums``), whose
@@ -243,8 +265,7 @@ class Stats:
 
     def _add(self, sums: Again) -> None:
         """Add the sums of :meth:`again` to the totals."""
-        for name, a in sums.moved:
-            setattr(self, name, getattr(self, name) + a)
+        sums.add(self)
         if sums.write_sizes is not None:  # (new arrays, as absorb makes)
             self.write_sizes = self.write_sizes + sums.write_sizes
         if sums.read_sizes is not None:

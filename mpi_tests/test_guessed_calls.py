@@ -18,6 +18,7 @@ from helpers import mismatch_message, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
+from collio.backends import filereads
 from collio.testing.romio import romio_write
 
 pytestmark = pytest.mark.mpi(min_size=1)
@@ -211,12 +212,14 @@ def test_a_guessed_series_of_an_atomic_file_commits_at_close(comm, mpi_tmp_path)
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_failing_mapping_question_in_a_guessed_read_series_is_agreed(
+def test_a_guessed_read_learns_from_its_read_whether_it_maps_and_a_failure_is_agreed(
     comm, mpi_tmp_path, monkeypatch
 ):
-    """A repeated read through the view asks whether it may copy from the map before its
-    head; failing on one rank there, it takes the general way, whose checks agree on it:
-    every rank raises it, and the series goes on."""
+    """A repeated small read through the view is one pread, mapped or not: whether the
+    run lies within the file (so that the rank would copy from the map) comes from the
+    bytes read, not from asking the size first.  A read that fails on one rank is raised
+    on every rank; a rank whose run now lies past the end (the file cut short) leaves
+    the lane and reads zeros there the general way; the series goes on."""
     path = str(mpi_tmp_path / "mapq.bin")
     p, r, bad = comm.size, comm.rank, comm.size - 1
     want = np.zeros(4 * p * N, np.uint8)
@@ -227,18 +230,33 @@ def test_a_failing_mapping_question_in_a_guessed_read_series_is_agreed(
             f.read_at_all((s * p + r) * N, out)
         assert f.stats.last_call["guessed"] and f.stats.last_call["path"] == "mapped"
 
-        def failing():
-            raise OSError(5, "injected fstat error")
+        def failing(*args):
+            raise OSError(5, "injected read error")
 
-        if r == bad:  # (the size that the mapping question asks)
-            monkeypatch.setattr(f.backend, "size", failing)
+        if r == bad:
+            monkeypatch.setattr(f.backend, "size", failing)  # (not asked: read, not mapped)
+            monkeypatch.setattr(filereads, "pread_zeros", failing)
         err = raises_everywhere(comm, collio.CollioError, lambda: f.read_at_all(r * N, out))
-        assert f"rank {bad}" in str(err) and "injected fstat error" in str(err)
+        assert f"rank {bad}" in str(err) and "injected read error" in str(err)
         monkeypatch.undo()
         for s in range(4):
             f.read_at_all((s * p + r) * N, out)
             np.testing.assert_array_equal(out, _data(s, r))
-    _same_file(comm, path, want)
+        monkeypatch.setattr(f.backend, "size", failing)  # (every rank: never asked)
+        f.read_at_all((2 * p + r) * N, out)
+        np.testing.assert_array_equal(out, _data(2, r))
+        assert f.stats.last_call["guessed"]
+        monkeypatch.undo()
+        comm.Barrier()
+        if r == 0:  # (the last step's last rank's run ends past the new end)
+            os.truncate(path, len(want) - N // 2)
+        comm.Barrier()
+        f.read_at_all((3 * p + r) * N, out)
+        assert not f.stats.last_call["guessed"]
+        mine = _data(3, r)
+        if r == p - 1:
+            mine[N // 2 :] = 0
+        np.testing.assert_array_equal(out, mine)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -9,11 +9,14 @@ every rank with every guessed write taken back.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from helpers import mismatch_message, raises_everywhere, read_file
 
 import collio
+from collio import speculate
 from collio.layouts import Subarray
 from collio.testing.romio import romio_write
 
@@ -288,3 +291,61 @@ def test_a_layouts_offset_cannot_change_after_it_is_made(comm):
     with pytest.raises(AttributeError):
         lay.offset = 8
     assert lay.offset == 0
+
+
+def _big_step(comm, s, cols=2048):
+    """Rank r's row of step ``s``: ``cols`` float64 (past HOLE_MIN), one run per rank."""
+    p, r = comm.size, comm.rank
+    glob = np.arange(p * cols, dtype=np.float64).reshape(p, cols) + 1e6 * (s + 1)
+    lay = Subarray(glob.shape, (r, 0), (1, cols), "<f8", offset=s * glob.nbytes)
+    return np.ascontiguousarray(glob[r : r + 1]), lay, glob.tobytes()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_large_steps_past_the_end_or_in_holes_take_the_lane_and_a_failure_leaves_zeros(
+    comm, mpi_tmp_path, sparse
+):
+    """Steps of 16 KiB per rank: the other ranks' writes of a step pass a rank's range,
+    or the file was made long (holes): the lane reads none of it to keep, and a failing
+    step still leaves the old bytes (a hole: zeros) and size, the bytes as ROMIO's."""
+    path, theirs = str(mpi_tmp_path / "big.bin"), str(mpi_tmp_path / "romio.bin")
+    steps, bad = 8, comm.size - 1
+    whole = [_big_step(comm, s)[2] for s in range(steps)]
+    size = steps * len(whole[0]) if sparse else 0
+    if comm.rank == 0:
+        with open(path, "wb") as fh:
+            fh.truncate(size)
+    comm.Barrier()
+    with collio.open(path, "r+", comm=comm) as f:
+        for s in range(steps):
+            piece, lay, _ = _big_step(comm, s)
+            if s == 4 and comm.rank == bad:
+                piece = piece.astype(np.float32)
+            if s == 4:
+                assert f.stats.last_call["guessed"]
+                call = functools.partial(f.write_all, piece, lay)
+                raises_everywhere(comm, collio.LayoutError, call, match=f"rank {bad}: data")
+                continue
+            f.write_all(piece, lay)
+            romio_write(theirs, piece, lay, comm)
+        assert f.stats.last_call["guessed"]
+    want = b"".join(whole[:4]) + b"\0" * len(whole[0]) + b"".join(whole[5:])
+    _same_file(comm, path, want)
+    assert read_file(theirs) == want
+
+
+def test_steps_larger_than_the_keep_limit_take_the_lane_past_the_end(comm, mpi_tmp_path):
+    """Each rank's step is larger than a write may keep to take back: the ranks that find
+    the other ranks' writes of the step past theirs find a hole, keep nothing, and guess."""
+    path = str(mpi_tmp_path / "large.bin")
+    cols = speculate.KEEP_LIMIT // 8 + 512
+    whole, guessed = [], []
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(4):
+            piece, lay, step = _big_step(comm, s, cols)
+            f.write_all(piece, lay)
+            guessed.append(f.stats.last_call["guessed"])
+            whole.append(step)
+    assert guessed == [False, False, True, True]
+    _same_file(comm, path, b"".join(whole))

@@ -196,6 +196,13 @@ class Backend(abc.ABC):
         """:meth:`maps_reads` of the one run of ``nbytes`` at ``offset``."""
         return self.maps_reads(_one(offset, nbytes))
 
+    def read_if_maps(self, offset: int, out: npt.NDArray[np.uint8]) -> tuple[bool, Any]:
+        """:meth:`maps_one` of the run that ``out`` fills from ``offset`` and, if True,
+        its :meth:`read_one` (False: ``out`` holds anything, or nothing was read)."""
+        if not self.maps_one(offset, len(out)):
+            return False, None
+        return True, self.read_one(offset, out)
+
     # -- windows (what the two-phase engine calls) --------------------------
     def write_window(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
         """Write one round's buffer ``[offset, offset+len(buf))``; return request sizes.

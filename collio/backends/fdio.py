@@ -6,6 +6,7 @@ loop; the posix backend, the HDF5 storage and the benchmark's plain-POSIX APIs s
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..errors import BackendError
 
 __all__ = [
     "MAX_IO",
+    "data_from",
     "pread_exact",
     "pread_full",
     "pread_zeros",
@@ -29,6 +31,8 @@ __all__ = [
 
 #: Linux caps one read or write at this many bytes.
 MAX_IO = 0x7FFFF000
+#: ``lseek``'s whence for the next byte of data (None where the system has none)
+_SEEK_DATA = getattr(os, "SEEK_DATA", None)
 #: the most buffers one ``pwritev`` takes
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 
@@ -75,10 +79,17 @@ def pread_full(fd: int, buf: Any, offset: int) -> int:
 
 def pwrite_all(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
     """Write all of ``buf`` at ``offset``, or raise :class:`BackendError` (a short write)."""
-    view = _bytes(buf)
+    if type(buf) is np.ndarray and 0 < buf.nbytes <= MAX_IO:
+        # (an array, written whole by one call nearly always: a small call's one request
+        # needs no view of it; a non-contiguous one raises as the view would)
+        done = os.pwrite(fd, buf, offset)  # type: ignore[arg-type]
+        if done == buf.nbytes:
+            return
+        view = _bytes(buf)
+    else:
+        view = _bytes(buf)
+        done = os.pwrite(fd, view, offset) if 0 < len(view) <= MAX_IO else 0
     total = len(view)
-    # (pwrite_full's first call, inline: a small call's one request passes here)
-    done = os.pwrite(fd, view, offset) if 0 < total <= MAX_IO else 0
     if done == total:
         return
     if done > 0 or total > MAX_IO:
@@ -145,10 +156,15 @@ def pwrite_joined(
 
 def pread_zeros(fd: int, buf: Any, offset: int) -> int:
     """Fill ``buf`` from ``offset``, zeros past the end of the file; the bytes read."""
-    view = _bytes(buf)
+    if type(buf) is np.ndarray and 0 < buf.nbytes <= MAX_IO:
+        done = os.preadv(fd, [buf], offset)  # type: ignore[list-item]  # (as pwrite_all)
+        if done == buf.nbytes:
+            return done
+        view = _bytes(buf)
+    else:
+        view = _bytes(buf)
+        done = os.preadv(fd, [view], offset) if 0 < len(view) <= MAX_IO else 0
     total = len(view)
-    # (pread_full's first call, inline: a small call's one request passes here)
-    done = os.preadv(fd, [view], offset) if 0 < total <= MAX_IO else 0
     if done == total:
         return done
     if done > 0 or total > MAX_IO:
@@ -166,3 +182,18 @@ def pread_exact(fd: int, buf: Any, offset: int, name: str = "the file") -> None:
         raise BackendError(
             f"{name!r} ends at {offset + done}, {len(view) - done} bytes short of the request"
         )
+
+
+def data_from(fd: int, offset: int, end: int) -> int:
+    """The first byte in ``[offset, end)`` that the file holds as data rather than a
+    hole (``lseek`` with ``SEEK_DATA``), or ``end`` when none is.  A hole reads as zeros
+    and was never written; a file system that keeps no holes, or a system without
+    ``SEEK_DATA``, has every byte below the end as data (``offset``).  Moves the
+    descriptor's offset, which pread and pwrite do not use."""
+    if _SEEK_DATA is None:
+        return offset
+    try:
+        found = os.lseek(fd, offset, _SEEK_DATA)
+    except OSError as exc:  # (ENXIO: no data at or after offset)
+        return end if exc.errno == errno.ENXIO else offset
+    return min(found, end)

@@ -65,6 +65,16 @@ class MappedReads(Backend):
             seen = self._copyable = (runs, copyable(runs))
         return seen[1]
 
+    def read_if_maps(self, offset: int, out: npt.NDArray[np.uint8]) -> tuple[bool, Any]:
+        """A small run is read by one ``preadv`` mapped or not (:meth:`read_one`), and
+        whether it lies within the file comes from the bytes read, without asking the
+        size first; a larger one asks first (a map past the end faults)."""
+        if len(out) > PREAD_BYTES or not self.maps:
+            return super().read_if_maps(offset, out)
+        if pread_zeros(self.fd, out, offset) < len(out):
+            return False, None
+        return True, 1
+
     def maps_one(self, offset: int, nbytes: int) -> bool:
         # (one run is copyable; the size asked every time, as for maps_reads)
         return self.maps and offset + nbytes <= self.size()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import errno
 import fcntl
 import os
@@ -19,10 +18,11 @@ from ..collective import Attempt, agree
 from ..errors import CommitError
 from ..runs import Runs
 from .directio import DIRECT_MIN, direct_possible, open_direct, write_split
-from .fdio import joinable, joined, pread_zeros, pwrite_all, pwrite_joined
+from .fdio import joinable, joined, pwrite_all, pwrite_joined
 from .fileopen import check_options, open_file
 from .filereads import MappedReads
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, fallocate, sync_file_range
+from .keeping import KEEP_RUNS, Before, keep_one, keep_runs, put_back
 from .localfile import (
     Prepared,
     finish_temporary,
@@ -48,8 +48,6 @@ _FEW_RUNS = 16
 #: where the file is mapped (see read_runs).
 FEW_PREADS = 4
 PREAD_BYTES = 1 << 20
-#: A write of at most this many runs may be taken back (one pread and pwrite each).
-KEEP_RUNS = 16
 #: Write-behind (:meth:`PosixBackend._write_behind`) starts the disk on a run's whole
 #: pages only, and only where they come to this much: a small run's pages are mostly
 #: shared with the runs other ranks write beside it (a page written back half filled
@@ -144,7 +142,7 @@ class PosixBackend(MappedReads):
             for f, n, m in zip(
                 runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
             ):
-                self._put(f, data[m : m + n])
+                self.write_one(f, data[m : m + n])
         if self.eager:  # (see flush_soon)
             self._write_behind(runs)
         return len(runs)
@@ -166,20 +164,18 @@ class PosixBackend(MappedReads):
         for f, k in zip(lo[big].tolist(), n[big].tolist(), strict=True):
             sync_file_range(self.fd, f, k, SYNC_FILE_RANGE_WRITE)  # type: ignore[misc]
 
-    def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+    def write_one(self, offset: int, buf: npt.NDArray[np.uint8]) -> int:
+        """One run, without early writeback (as :meth:`write_runs`)."""
         self.dirty = True
         if len(buf) < DIRECT_MIN:  # (small: all through the page cache)
             pwrite_all(self.fd, buf, offset, self.path)
-            return
+            return 1
         self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
-
-    def write_one(self, offset: int, buf: npt.NDArray[np.uint8]) -> int:
-        self._put(offset, buf)  # (as write_runs: no early writeback)
         return 1
 
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
-        self._put(offset, buf)
+        self.write_one(offset, buf)
         if self.writeback and total >= (1 << 20):  # (direct parts are written already)
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
@@ -206,49 +202,23 @@ class PosixBackend(MappedReads):
         sizes: list[int] = cover.length.tolist()
         return sizes
 
-    def keep_before(self, runs: Runs, limit: int) -> _Before | None:
-        """The bytes ``runs`` cover below the end of the file (a time series' next step
-        past the end keeps none) and the file's size; None beyond ``limit`` bytes or
-        :data:`KEEP_RUNS` runs."""
-        if len(runs.file) == 1:
-            return self.keep_before_one(int(runs.file[0]), int(runs.length[0]), limit)
+    def keep_before(self, runs: Runs, limit: int) -> Before | None:
+        """The bytes ``runs`` cover below the end of the file and the file's size
+        (:func:`~collio.backends.keeping.keep_runs`); None beyond ``limit`` bytes or
+        :data:`~collio.backends.keeping.KEEP_RUNS` runs."""
         if len(runs.file) > KEEP_RUNS:
             return None
-        size = self.size()
-        offs: list[int] = runs.file.tolist()
-        lens: list[int] = runs.length.tolist()
-        below = [max(0, min(m, size - f)) for f, m in zip(offs, lens, strict=True)]
-        if sum(below) > limit:
-            return None
-        old = []
-        for f, m in zip(offs, below, strict=True):
-            if m:
-                buf = np.empty(m, np.uint8)
-                pread_zeros(self.fd, buf, f)
-                old.append((f, buf))
-        return _Before(size, old)
+        return keep_runs(self.fd, self.size(), runs, limit)
 
-    def keep_before_one(self, offset: int, nbytes: int, limit: int) -> _Before | None:
-        size = self.size()
-        if offset >= size or not nbytes:  # (a time series' next step)
-            return _Before(size, [])
-        below = nbytes if offset + nbytes <= size else size - offset
-        if below > limit:
-            return None
-        buf = np.empty(below, np.uint8)
-        pread_zeros(self.fd, buf, offset)
-        return _Before(size, [(offset, buf)])
+    def keep_before_one(self, offset: int, nbytes: int, limit: int) -> Before | None:
+        # (the size as size() finds it, inline: every guessed small write asks)
+        return keep_one(self.fd, os.lseek(self.fd, 0, os.SEEK_END), offset, nbytes, limit)
 
     def take_back(self, kept: Any, size: int) -> None:
-        """Write the kept bytes back (those below ``size``: the others are cut off), then
-        truncate to ``size`` if the file grew.  Every rank that wrote does this at once:
-        their runs are disjoint, and none writes at or beyond ``size``."""
-        for f, old in kept.old:
-            n = max(0, min(len(old), size - f))
-            if n:
-                pwrite_all(self.fd, old[:n], f, self.path)
-        if self.size() > size:
-            os.ftruncate(self.fd, size)
+        """Put the kept bytes back and cut the file to ``size``
+        (:func:`~collio.backends.keeping.put_back`).  Every rank that wrote does this
+        at once: their runs are disjoint, and none writes at or beyond ``size``."""
+        put_back(self.fd, kept, size, self.path)
 
     def size(self) -> int:
         # (the end as lseek finds it: no stat result to build, and collio never uses the
@@ -389,11 +359,3 @@ class PosixBackend(MappedReads):
         out.update(path=self.final or self.path, atomic=self.final is not None)
         out.update(direct_write=self.dfd >= 0, mapped_reads=self.maps)
         return out
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Before:
-    """What :meth:`PosixBackend.keep_before` kept: the size, and (offset, old bytes)."""
-
-    size: int
-    old: list[tuple[int, npt.NDArray[np.uint8]]]
