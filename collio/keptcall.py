@@ -144,19 +144,21 @@ def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | None:
         return None
     if ctx.aggregators is not k.aggregators or ctx.local is not None:
         return None
-    buf = _bytes(ctx, data, box)
-    if buf is None:
-        return None
     d = offset - k.offset
     if k.extent[1] + d >= _BIG or not _latest(ctx.plans.entries, k):
         return None  # (past every real size: the general way's checks say so, agreed)
-    return _head(ctx, k, layout, buf, d, t0)
+    try:  # (anything failing here is the general way's to agree on, as its checks find it)
+        buf = _bytes(ctx, data, box)
+        runs = k.runs.moved(d) if d else k.runs
+    except Exception:  # noqa: BLE001
+        return None
+    return None if buf is None else _head(ctx, k, layout, buf, runs, d, t0)
 
 
-def _head(ctx: Context, k: Lane, layout: Any, buf: Any, d: int, t0: float) -> Headed:
+def _head(ctx: Context, k: Lane, layout: Any, buf: Any, runs: Runs, d: int,
+          t0: float) -> Headed:  # fmt: skip
     """Collective over ``ctx.comm``: the call's head, with the facts the general way's
     checks would have found (:func:`collio.check._pending`'s)."""
-    runs = k.runs.moved(d) if d else k.runs
     layout._runs, layout._overlap = runs, (runs, -1)  # (as check._moved_box keeps them)
     lo, hi = k.extent[0] + d, k.extent[1] + d
     step = Attempt()
