@@ -38,11 +38,12 @@ from .aggregators.plan import AggregatorPlan, round_requests
 from .backends.base import Backend
 from .backends.failures import storage_errors
 from .buffers import round_buffers, window_of
-from .check import Headed, Pending, head
+from .check import Headed, Pending
 from .checkfacts import Checked, moved_by, placed, zigzag
-from .collective import Attempt
+from .collective import Attempt, KeptHead, call_kept_head
 from .context import Call, Context, Plan
 from .exchange import Messages
+from .facts import NOT_COMPARED
 from .layouts.arrays import Subarray
 from .policy import DEPTH, Path, domain_alignment
 from .roundio import cover, round_cover
@@ -73,13 +74,30 @@ class Lane:
     aggregators: Any
     window: int
     active: int
+    head: KeptHead | None = None  # a repeat's head before its patch (made when first used)
 
 
-def keep(ctx: Context, call: Call | None, layout: Any) -> None:
+def keep(ctx: Context, call: Call | None, layout: Any, *, lane: bool = False) -> None:
     """Local: after a single write through ``layout``, keep it for :func:`headed` when it
     was a one-level two-phase call on a local backend whose plan the cache holds; else
-    forget the last one."""
+    forget the last one.  ``lane``: the call came through :func:`headed` (its layout is
+    the kept one at another offset)."""
+    k = ctx.lane
+    if lane and k is not None and call is not None and _again(ctx, k, call):
+        k.offset, k.runs, k.shift = layout.offset, layout._runs, call.plan_shift
+        k.extent = k.runs.extent()  # (known: moved runs carry it)
+        return
     ctx.lane = _lane(ctx, call, layout) if call is not None else None
+
+
+def _again(ctx: Context, k: Lane, call: Call) -> bool:
+    """Whether a call of the lane went as the kept one did: two-phase in one level,
+    with the lane's plan entry (the cache leaves it last)."""
+    return (
+        call.path is Path.TWO_PHASE and call.own is None and not call.two_level
+        and call.reused and call.plan_epoch == k.entry.epoch and ctx.local is None
+        and ctx.plans is not None and ctx.plans.entries[-1] is k.entry
+    )  # fmt: skip
 
 
 def _lane(ctx: Context, call: Call, layout: Any) -> Lane | None:
@@ -168,19 +186,37 @@ def _head(ctx: Context, k: Lane, layout: Any, buf: Any, runs: Runs, d: int,
         plan = (k.entry.epoch, k.shift + d)
     moved, shift = moved_by(ctx.extents, lo, hi)
     seconds = speculate.times(0.0, t0)
-    f = k.facts
-    mine = Checked(
-        lo=lo, hi=hi, small=f[0], mapped=f[1], checked=f[2], sig=placed(f[3], layout.offset),
-        plan=plan[0], items=-1, vouched=False, plan_shift=zigzag(plan[1]), guessed=False,
-        size=_BIG, io_only=step.error is None, same=False, t_io=seconds[0],
-        t_total=seconds[1], moved=moved, shift=shift,
+    head = k.head if k.head is not None else _kept_head(ctx, k)
+    _PATCH(
+        head.own, lo, hi, placed(k.facts[3], layout.offset), plan[0], zigzag(plan[1]),
+        step.error is None, seconds[0], seconds[1], moved, shift,
     )  # fmt: skip
     ctx.stats.local = {}
     p = Pending(
-        True, "write_all", None, runs, buf, None, layout.signature(), f, (lo, hi), mine,
+        True, "write_all", None, runs, buf, None, layout.signature(), k.facts, (lo, hi), None,
         step.error, None, k.prekey,
     )  # fmt: skip
-    return p, head(ctx, p)
+    failed, out = call_kept_head(ctx.comm, head, step.error is not None)
+    return p, (failed, tuple(out))
+
+
+#: The facts of a call of the lane that are not its kept call's (:func:`_kept_head`)
+_PATCH = Checked.patcher(
+    "lo", "hi", "sig", "plan", "plan_shift", "io_only", "t_io", "t_total", "moved", "shift"
+)  # fmt: skip
+
+
+def _kept_head(ctx: Context, k: Lane) -> KeptHead:
+    """The head of a call of the lane before its patch: the facts of the general way's
+    (:func:`collio.check._pending`) that a repeat of ``k`` keeps; kept on ``k``."""
+    f = k.facts
+    own = Checked(
+        lo=0, hi=0, small=f[0], mapped=f[1], checked=f[2], sig=f[3], plan=-1, items=-1,
+        vouched=False, plan_shift=0, guessed=False, size=_BIG, io_only=True, same=False,
+        t_io=0, t_total=0, moved=True, shift=NOT_COMPARED,
+    ).slots()  # fmt: skip
+    k.head = KeptHead("write_all", ctx.file, own)
+    return k.head
 
 
 def _latest(entries: list[Any], k: Lane) -> bool:
