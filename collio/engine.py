@@ -241,8 +241,10 @@ def _transfer(
     if call.hi > call.lo and ctx.local is not None:
         return planning.two_level(ctx, call, runs, buf, writing=writing)
     if call.hi > call.lo:
-        plan = keptcall.plan(ctx, call) if writing else None
-        plan = plan or planning.plan(ctx, runs, call, writing=writing)
+        kept = keptcall.transfer(ctx, call, buf) if writing else None
+        if kept is not None:
+            return kept[0]
+        plan = planning.plan(ctx, runs, call, writing=writing)
         call.counters.rounds = plan.nrounds
         local_when_read(ctx, plan)
         return (keptcall.write_rounds if writing else read_rounds)(ctx, plan, buf, call)

@@ -41,6 +41,7 @@ from .buffers import round_buffers, window_of
 from .check import Headed, Pending
 from .checkfacts import Checked, moved_by, placed, zigzag
 from .collective import Attempt, KeptHead, call_kept_head
+from .completion import local_summary, local_when_read
 from .context import Call, Context, Plan
 from .exchange import Messages
 from .facts import NOT_COMPARED
@@ -52,7 +53,7 @@ from .rounds import prepare as prepare_rounds
 from .runs import Runs, is_read_only
 from .stats import Stats
 
-__all__ = ["Lane", "headed", "keep", "plan", "write_rounds"]
+__all__ = ["Lane", "headed", "keep", "transfer", "write_rounds"]
 
 _BIG = speculate.BIG
 
@@ -246,11 +247,32 @@ def _bytes(ctx: Context, data: Any, box: tuple[Any, ...]) -> Any:
     return data.reshape(-1, order=box[4]).view(np.uint8)
 
 
-def plan(ctx: Context, call: Call) -> Plan | None:
-    """Local: the plan of a two-phase write whose agreed plan is the lane's entry moved
-    by a whole number of alignment units (the domains, window and rounds are the
-    entry's, moved: ``PlanCache.take`` without cutting the domains again); None: plan
-    the general way."""
+def transfer(ctx: Context, call: Call, data: Any) -> tuple[BaseException | None] | None:
+    """Collective over ``ctx.comm`` unless it returns None (nothing done: plan the general
+    way): the rounds of a two-phase write whose agreed plan is the lane's entry moved by
+    a whole number of alignment units (the domains, window and rounds are the entry's,
+    moved: ``PlanCache.take`` without cutting the domains again).  Returns this rank's
+    error, not yet agreed, in a tuple."""
+    e = _entry_now(ctx, call)
+    if e is None:
+        return None
+    k, d, base = ctx.lane, call.plan_shift, e.plan
+    plans = ctx.plans
+    assert k is not None and plans is not None
+    plans.hits += 1
+    call.reused, call.window, call.active = True, k.window, k.active
+    call.counters.rounds = base.nrounds
+    if base.nrounds != 1 or ctx.backend.remote:
+        plan = base.shifted(d) if d else base
+        local_when_read(ctx, plan)
+        return (rounds.write_rounds(ctx, plan, data, call),)
+    ctx.stats.local_when_read(_moved_summary, ctx, base, d)
+    return (_one_round(ctx, base, d, data, call),)
+
+
+def _entry_now(ctx: Context, call: Call) -> Any:
+    """Local: the lane's plan entry (made most recently used, as ``PlanCache.take``
+    leaves it) if it is this call's plan moved by whole alignment units, else None."""
     k = ctx.lane
     if k is None or call.plan_epoch != k.entry.epoch or ctx.plans is None:
         return None
@@ -258,20 +280,20 @@ def plan(ctx: Context, call: Call) -> Plan | None:
         return None
     if ctx.aggregators is not k.aggregators or ctx.local is not None or call.own is not None:
         return None
-    d = call.plan_shift
-    if d % domain_alignment(ctx.backend.alignment, ctx.hints):
+    if call.plan_shift % domain_alignment(ctx.backend.alignment, ctx.hints):
         return None
-    plans, e = ctx.plans, k.entry
-    entries = plans.entries
+    e, entries = k.entry, ctx.plans.entries
     if entries[-1] is not e:
         if e not in entries:  # (every rank found it at the head: kept on every rank)
             return None
         entries.remove(e)
         entries.append(e)  # most recently used last
-    plans.hits += 1
-    call.reused, call.window, call.active = True, k.window, k.active
-    got: Plan = e.plan.shifted(d) if d else e.plan
-    return got
+    return e
+
+
+def _moved_summary(ctx: Context, plan: Plan, d: int) -> dict[str, Any]:
+    """``stats.local`` of ``plan`` moved ``d`` bytes (made when read)."""
+    return local_summary(ctx, plan.shifted(d) if d else plan)
 
 
 def write_rounds(
@@ -282,12 +304,18 @@ def write_rounds(
     error, not yet agreed (the call's completion agrees on it)."""
     if plan.nrounds != 1 or ctx.backend.remote:
         return rounds.write_rounds(ctx, plan, data, call)
+    return _one_round(ctx, plan, 0, data, call)
+
+
+def _one_round(ctx: Context, plan: Plan, d: int, data: Any, call: Call) -> BaseException | None:
+    """Collective over ``ctx.comm``: the one round of ``plan`` moved ``d`` bytes in the
+    file (its messages are placed relative to its window: only the request moves)."""
     c = call.counters
     msgs = Messages(ctx.comm, TAG)
     ap = plan.agg  # (None: this rank does not aggregate)
     t = time.perf_counter()
     try:
-        got = _receive(ctx, plan, ap, msgs, c) if ap is not None and ap.nrounds else None
+        got = _receive(ctx, plan, d, ap, msgs, c) if ap is not None and ap.nrounds else None
         _send(ctx, plan, data, msgs, c)
     except BaseException:
         msgs.free()
@@ -304,29 +332,33 @@ def write_rounds(
     step = Attempt()
     t = time.perf_counter()
     with step, storage_errors(ctx.backend):
-        c.add_writes(ctx.backend.write_window(req[0], wbuf, cover(ap, 0, req)))
+        covered = cover(ap, 0, (req[0] - d, req[1]))
+        covered = covered.moved(d) if d else covered
+        c.add_writes(ctx.backend.write_window(req[0], wbuf, covered))
     c.time_io += time.perf_counter() - t
     return step.error
 
 
 def _receive(
-    ctx: Context, plan: Plan, ap: AggregatorPlan, msgs: Messages, c: Stats
+    ctx: Context, plan: Plan, d: int, ap: AggregatorPlan, msgs: Messages, c: Stats
 ) -> tuple[tuple[int, int], Any, BaseException | None]:
-    """An aggregator's round: its request, its window of the round buffer (the holes
-    read first where the backend needs them) with every source's receive posted into
-    it, and the error of reading the holes (the receives are posted all the same)."""
-    d, be = ctx.my_domain, ctx.backend
-    lo, hi = int(plan.bounds[d]), int(plan.bounds[d + 1])
+    """An aggregator's round (``plan`` moved ``d`` bytes): its request, its window of the
+    round buffer (the holes read first where the backend needs them) with every source's
+    receive posted into it, and the error of reading the holes (the receives are posted
+    all the same)."""
+    dom, be = ctx.my_domain, ctx.backend
+    lo, hi = int(plan.bounds[dom]), int(plan.bounds[dom + 1])
     offs, lens = round_requests(ap, lo, hi, plan.window, be.partial_write)
-    req = (int(offs[0]), int(lens[0]))
+    base = int(offs[0])
+    req = (base + d, int(lens[0]))
     wbuf = window_of(round_buffers(plan.window, DEPTH)[0], *req)
     step = Attempt()
     if ap.rcovered[0] < req[1]:  # (as roundio.reuse_buffer: the old bytes of its holes)
         t = time.perf_counter()
         with step, storage_errors(be):
-            c.add_reads(be.fill_holes(req[0], wbuf, round_cover(ap, 0)))
+            c.add_reads(be.fill_holes(req[0], wbuf, round_cover(ap, 0).moved(d)))
         c.time_io += time.perf_counter() - t
-    sh, base = plan.agg_shapes(), req[0]
+    sh = plan.agg_shapes()
     for g in ap.groups_of_round(0).tolist():
         msgs.recv_group(int(ap.gsrc[g]), wbuf, sh, g, base, partial(agg_runs, ap, g, base))
         c.messages += 1
