@@ -332,8 +332,8 @@ def _one_round(ctx: Context, plan: Plan, d: int, data: Any, call: Call) -> BaseE
     step = Attempt()
     t = time.perf_counter()
     with step, storage_errors(ctx.backend):
-        covered = cover(ap, 0, (req[0] - d, req[1]))
-        covered = covered.moved(d) if d else covered
+        # (the bytes ranks sent: the whole request, or its runs, moved as the request)
+        covered = cover(ap, 0, req) if ap.rcovered[0] >= req[1] else round_cover(ap, 0).moved(d)
         c.add_writes(ctx.backend.write_window(req[0], wbuf, covered))
     c.time_io += time.perf_counter() - t
     return step.error
