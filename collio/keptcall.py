@@ -97,7 +97,8 @@ def _again(ctx: Context, k: Lane, call: Call) -> bool:
     return (
         call.path is Path.TWO_PHASE and call.own is None and not call.two_level
         and call.reused and call.plan_epoch == k.entry.epoch and ctx.local is None
-        and ctx.plans is not None and ctx.plans.entries[-1] is k.entry
+        and ctx.plans is not None and bool(ctx.plans.entries)
+        and ctx.plans.entries[-1] is k.entry
     )  # fmt: skip
 
 
@@ -283,7 +284,7 @@ def _entry_now(ctx: Context, call: Call) -> Any:
     if call.plan_shift % domain_alignment(ctx.backend.alignment, ctx.hints):
         return None
     e, entries = k.entry, ctx.plans.entries
-    if entries[-1] is not e:
+    if not entries or entries[-1] is not e:
         if e not in entries:  # (every rank found it at the head: kept on every rank)
             return None
         entries.remove(e)
