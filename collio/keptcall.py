@@ -11,9 +11,10 @@ head exactly what the general way would (so ranks in the lane and ranks not in i
 in one head, and every step after it is the general one: errors, mismatches, the path).
 
 After the head, a call whose agreed plan is the lane's entry moved by a multiple of
-the domain alignment takes that plan at once (:func:`plan`: the domains of an extent
+the domain alignment takes that plan at once (:func:`transfer`: the domains of an extent
 moved by whole alignment units are the same domains moved, so the window and rounds are
-the entry's), instead of cutting the domains again.
+the entry's), instead of cutting the domains again; whether a rank took the lane before
+the head changes nothing after it, so no agreement says who did.
 
 What each call acquires is still acquired in every call, inside the step the head
 agrees on: the round buffers (``rounds.prepare``), which a rank may have lost since.
