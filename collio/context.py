@@ -55,6 +55,8 @@ class Context:
     # per call name, this rank's counters of the last call completed with that name and
     # their agreed sums (collio.completion; shared as ``guesses`` is)
     sums_kept: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # this rank's last single two-phase write through a Subarray (collio.keptcall.Lane)
+    lane: Any = None
     # my_domain's answer for the aggregators array it was asked of (not copied by
     # dataclasses.replace, which gives a read its own aggregators)
     _domain: tuple[Any, int] | None = dataclasses.field(default=None, init=False, repr=False)

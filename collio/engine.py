@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import batch, check, planning, quick
+from . import batch, check, keptcall, planning, quick
 from .backends.failures import storage_errors
 from .buffers import free_buffers
 from .collective import Attempt, agree_facts, any_flag, raise_agreed
@@ -38,7 +38,6 @@ from .facts import Facts, How, fact, record
 from .layouts.base import Layout
 from .plancache import clear_all
 from .readrounds import read_rounds
-from .rounds import write_rounds
 from .runs import Runs
 from .speculate import note_layout, remember
 
@@ -73,17 +72,22 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
     """Collective over ``ctx.comm``: two-phase write of every rank's piece."""
 
     t0 = time.perf_counter()
+    lane = keptcall.headed(ctx, data, layout, t0)
+    if lane is not None:
+        keptcall.keep(ctx, _write(ctx, None, t0=t0, pending=lane), layout, lane=True)
+        return
     got = quick.layout_again(ctx, layout, data, writing=True, t0=t0)
     if got is not None:
         if got[0] is not True:
-            _write(ctx, None, t0=t0, pending=got[0])
+            keptcall.keep(ctx, _write(ctx, None, t0=t0, pending=got[0]), layout)
         return
 
     def prepare(lay: Layout) -> tuple[npt.NDArray[np.uint8], None]:
         return lay.as_bytes(data), None
 
-    _write(ctx, lambda: check.one_layout(ctx, layout, prepare, writing=True), t0=t0)
+    call = _write(ctx, lambda: check.one_layout(ctx, layout, prepare, writing=True), t0=t0)
     note_layout(ctx, layout, writing=True)
+    keptcall.keep(ctx, call, layout)
 
 
 def write_many(ctx: Context, items: Any, *, disjoint: bool = False) -> None:
@@ -115,7 +119,7 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool) 
 def _write(
     ctx: Context, source: Any, count: int | None = None, disjoint: bool = False,
     t0: float | None = None, pending: quick.Headed | None = None,
-) -> None:  # fmt: skip
+) -> Call:  # fmt: skip
     t0 = time.perf_counter() if t0 is None else t0
     if pending is None:
         runs, buf, kept, call = check.check(
@@ -124,7 +128,7 @@ def _write(
     else:
         runs, buf, kept, call = check.resume(ctx, pending)
     if call.settled:
-        return
+        return call
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
     error = _transfer(ctx, call, runs, buf, writing=True)  # (every rank: collective)
     error = call.failed or error
@@ -140,6 +144,7 @@ def _write(
     if count is None:
         remember(ctx, call, runs, writing=True)
     del kept  # (a batch's item buffers, alive until the call is complete)
+    return call
 
 
 def read(ctx: Context, layout: Any, out: Any) -> Any:
@@ -236,10 +241,13 @@ def _transfer(
     if call.hi > call.lo and ctx.local is not None:
         return planning.two_level(ctx, call, runs, buf, writing=writing)
     if call.hi > call.lo:
+        kept = keptcall.transfer(ctx, call, buf) if writing else None
+        if kept is not None:
+            return kept[0]
         plan = planning.plan(ctx, runs, call, writing=writing)
         call.counters.rounds = plan.nrounds
         local_when_read(ctx, plan)
-        return (write_rounds if writing else read_rounds)(ctx, plan, buf, call)
+        return (keptcall.write_rounds if writing else read_rounds)(ctx, plan, buf, call)
     return None
 
 

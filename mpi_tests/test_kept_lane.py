@@ -1,0 +1,170 @@
+"""A time series of two-phase writes in the kept lane (collio.keptcall).
+
+Each step is a column-block :class:`~collio.layouts.Subarray` equal to the last one but
+for its offset, written through the aggregators; from the second call each rank finds
+its head's facts from the last call's and the plan from the cache's entry.  Each test
+checks the bytes against ROMIO (``MPI.File`` in the same run) or numpy, and that a rank
+leaving the lane, or failing in it, leaves every rank with the same outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+
+import numpy as np
+import pytest
+from helpers import raises_everywhere, read_file
+
+import collio
+import collio.keptcall
+from collio.layouts import Subarray
+from collio.testing.romio import romio_write
+
+pytestmark = pytest.mark.mpi(min_size=1)
+ROWS, COLS = 8, 64  # float64 per rank per step: ROWS runs of COLS * 8 bytes
+TWO_PHASE = {"romio_cb_write": "enable"}  # (through the aggregators at one rank too)
+
+
+def _step(comm, s, *, at=None, turn=0):
+    """Rank r's columns of step ``s`` (a (ROWS, COLS * p) float64 array from byte ``at``,
+    by default right after step ``s - 1``), the block ``(r + turn) % p``, and the step's
+    bytes as the file holds them."""
+    p = comm.size
+    b = (comm.rank + turn) % p
+    glob = np.arange(ROWS * COLS * p, dtype=np.float64).reshape(ROWS, COLS * p) + 1e4 * s
+    offset = s * glob.nbytes if at is None else at
+    lay = Subarray(glob.shape, (0, b * COLS), (ROWS, COLS), "<f8", offset=offset)
+    return np.ascontiguousarray(glob[:, b * COLS : (b + 1) * COLS]), lay, glob.tobytes()
+
+
+@pytest.fixture
+def lane_calls(monkeypatch):
+    """How many calls this rank made in the lane (its head made from the last call's)."""
+    made = [0]
+    head = collio.keptcall._head
+
+    def counted(*args, **kwargs):
+        made[0] += 1
+        return head(*args, **kwargs)
+
+    monkeypatch.setattr(collio.keptcall, "_head", counted)
+    return made
+
+
+def _same_file(comm, path, want):
+    comm.Barrier()
+    got = read_file(path)
+    comm.Barrier()  # (every rank reads before any goes on)
+    assert got == want
+
+
+HINTS = {
+    "one-round": TWO_PHASE,
+    "rounds": {**TWO_PHASE, "cb_buffer_size": 4096},
+    # every rank aggregates, domains cut at 4 KiB: an unaligned step plans them again
+    "aggregators": {**TWO_PHASE, "cb_config_list": "*:*", "striping_unit": 4096},
+}
+
+
+@pytest.mark.parametrize("hints", list(HINTS))
+@pytest.mark.parametrize("apart", [0, 8], ids=["aligned", "unaligned"])
+def test_a_series_takes_the_lane_and_writes_what_romio_and_numpy_do(
+    comm, mpi_tmp_path, lane_calls, hints, apart
+):
+    """``apart``: bytes between steps."""
+    path, theirs = str(mpi_tmp_path / "lane.bin"), str(mpi_tmp_path / "romio.bin")
+    p, steps, want = comm.size, 9, bytearray()
+    span = ROWS * COLS * 8 * p
+    with collio.open(path, "w", comm=comm, hints=HINTS[hints]) as f:
+        for s in range(steps):
+            piece, lay, whole = _step(comm, s, at=s * (span + apart))
+            f.write_all(piece, lay)
+            romio_write(theirs, piece, lay, comm)
+            want += bytes(lay.offset - len(want)) + whole
+            last = f.stats.last_call
+            assert last["path"] == "two-phase" and last["runs"] == (ROWS * p if p > 1 else 1)
+            assert last["extent"] == [lay.offset, lay.offset + span]
+            if s and not (apart and hints == "aggregators"):  # (step 0: maybe the last test's)
+                assert last["plan_reused"]
+            assert (last["rounds"] > 1) == (hints == "rounds" and p > 1)
+        st = f.stats.as_dict()
+    assert lane_calls[0] == steps - 1
+    assert st["bytes_written"] == steps * span
+    assert st["collective_calls"] == steps
+    _same_file(comm, path, bytes(want))
+    ours, romio = read_file(path), read_file(theirs)
+    for s in range(steps):  # (ROMIO's bytes between steps are its own)
+        at = s * (span + apart)
+        assert ours[at : at + span] == romio[at : at + span]
+
+
+def test_ranks_leaving_the_lane_meet_the_others_in_one_head(comm, mpi_tmp_path, lane_calls):
+    """Every rank moves to the next block at step 3 (a new layout: the general way), and
+    back at step 5; at step 7 rank 0 passes an F-ordered copy (not a view: the general
+    way), the others stay in the lane.  Every step is written right."""
+    path, p = str(mpi_tmp_path / "mixed.bin"), comm.size
+    turns = [0, 0, 0, 1, 1, 0, 0, 0, 0]
+    lanes, want = [], b""
+    with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
+        for s, turn in enumerate(turns):
+            piece, lay, whole = _step(comm, s, turn=turn)
+            if s == 7 and comm.rank == 0:
+                piece = np.asfortranarray(piece)
+            before = lane_calls[0]
+            f.write_all(piece, lay)
+            lanes.append(lane_calls[0] - before)
+            if s:  # (step 0: maybe the last test's)
+                assert f.stats.last_call["plan_reused"] == (p == 1 or s not in (3, 5))
+            want += whole
+    moved = 1 if p == 1 else 0  # (at one rank the turned block is the same one)
+    assert lanes == [0, 1, 1, moved, 1, moved, 1, 0 if comm.rank == 0 else 1, 1]
+    _same_file(comm, path, want)
+
+
+@contextlib.contextmanager
+def _file_limit(on, nbytes):
+    """On this rank (if ``on``), writes past ``nbytes`` fail (EFBIG: SIGXFSZ ignored)."""
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if on:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+
+
+@pytest.mark.parametrize("fault", ["data", "io"])
+def test_a_rank_failing_mid_series_fails_every_rank_and_the_series_goes_on(
+    comm, mpi_tmp_path, lane_calls, fault
+):
+    """At step 5 the last rank passes float32 data (its checks fail) or the aggregator's
+    write fails (past its file size limit): every rank raises the same error, step 5's
+    bytes stay as an earlier pass wrote them, and the series goes on in the lane."""
+    path, last, nsteps = str(mpi_tmp_path / "fail.bin"), comm.size - 1, 8
+    steps = [_step(comm, s) for s in range(nsteps)]
+    with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
+        for piece, lay, _ in steps:  # (the first pass: what step 5 keeps)
+            f.write_all(-piece, lay)
+        first = read_file(path) if comm.rank == 0 else None
+        want = comm.bcast(first)
+        for piece, lay, _ in steps[:5]:
+            f.write_all(piece, lay)
+        done = lane_calls[0]
+        piece, lay, whole = steps[5]
+        if fault == "data":
+            bad = piece.astype(np.float32) if comm.rank == last else piece
+            err = raises_everywhere(comm, collio.LayoutError, lambda: f.write_all(bad, lay))
+            assert err.ranks == (last,) and f"rank {last}: data dtype float32" in str(err)
+        else:
+            with _file_limit(comm.rank == 0, lay.offset):  # (rank 0 aggregates step 5)
+                err = raises_everywhere(comm, collio.BackendError, lambda: f.write_all(piece, lay))
+            assert err.ranks == (0,) and "backend I/O: rank 0:" in str(err)
+        assert lane_calls[0] == done + (1 if fault == "io" or comm.rank != last else 0)
+        for piece, lay, _ in steps[6:]:
+            f.write_all(piece, lay)
+        assert f.stats.last_call["plan_reused"]
+    step = len(steps[0][2])
+    expect = b"".join(w for _, _, w in steps[:5]) + want[5 * step : 6 * step]
+    _same_file(comm, path, expect + b"".join(w for _, _, w in steps[6:]))
+    assert lane_calls[0] >= done + 2  # (the steps after the failure: in the lane again)
