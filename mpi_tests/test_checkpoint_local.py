@@ -339,3 +339,37 @@ def test_pieces_across_the_saving_ranks_regions_map_in_place(
             comm, collio.ChecksumError, lambda: ckpt.load(path, spec, comm=comm, hints=MAP)
         )
         assert err.names == ("w",)
+
+
+@pytest.mark.mpi
+def test_long_parts_of_pieces_across_regions_lie_on_the_files_huge_page_grid(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """Rows of 3 MiB per saving rank (each rank's rows of two arrays in its region)
+    loaded over one rank fewer: each piece across regions is right byte for byte, and
+    its longest part lies at the same offset modulo a huge page in memory as in the
+    file (the kernel may then map it a huge page at a time)."""
+    from collio.checkpoint.filemap import HUGE
+
+    path = _path(comm, mpi_tmp_path)
+    p, r = comm.size, comm.rank
+    whole = np.arange(768 * p * 1024, dtype="<f4").reshape(768 * p, 1024)
+    lay = Subarray(whole.shape, (768 * r, 0), (768, 1024), "<f4")
+    mine_rows = whole[768 * r : 768 * (r + 1)]
+    ckpt.save(path, {"w": (mine_rows.copy(), lay), "v": (-mine_rows, lay)}, comm=comm)
+    n = max(p - 1, 1)
+    rows = [768 * p * k // n for k in range(n + 1)]
+    mine = min(r, n - 1)
+    spec = {"w": Subarray(whole.shape, (rows[mine], 0), (rows[mine + 1] - rows[mine], 1024),
+                          "<f4")}  # fmt: skip
+    got = ckpt.load(path, spec, comm=comm, hints=MAP)["w"]
+    assert got.tobytes() == whole[rows[mine] : rows[mine + 1]].tobytes()
+    runs = ckpt.info(path).file_runs("w", rows[mine] * 4096, rows[mine + 1] * 4096)
+    if p > 1:
+        k = max(range(len(runs)), key=lambda j: runs[j][1])
+        at, length = runs[k]
+        within = sum(n for _, n in runs[:k])  # (where that part starts in the piece)
+        assert length >= HUGE and model.mapped(got)
+        assert (got.ctypes.data + within - at) % HUGE == 0, (got.ctypes.data, runs)
+    del got
+    comm.Barrier()

@@ -118,10 +118,11 @@ class ChunkedReads:
     """A reader (``read_at(offset, buf)``: a backend, :class:`~.filemap.Reader`) taking
     virtual offsets: each read split at the chunks' edges and read where it is stored."""
 
-    __slots__ = ("be", "name", "_map")
+    __slots__ = ("be", "chunks", "name", "_map")
 
     def __init__(self, be: Any, chunks: Chunks) -> None:
         self.be = be
+        self.chunks = chunks
         self.name: str = be.name
         self._map = chunks.reads()
 

@@ -43,6 +43,7 @@ from ..backends.mapped import fs_name
 from ..errors import BackendError
 from ..layouts.arrays import ArrayLayout
 from ..policy import maps_file
+from ..runs import displacements
 
 __all__ = ["FileMap", "Reader", "map_range", "map_runs", "maps", "pieces"]
 
@@ -74,6 +75,8 @@ def _calls() -> tuple[Any, Any] | None:
 _FAILED = ctypes.c_void_p(-1).value
 #: Linux's ``MAP_FIXED``
 _FIXED = 0x10
+#: The size of a huge page that maps a file's page cache at once (x86-64's 2 MiB).
+HUGE = 2 << 20
 
 
 def _mapped(addr: Any, length: int, offset: int) -> int:
@@ -96,10 +99,11 @@ class FileMap:
         self, fd: int, offset: int, length: int, runs: tuple[I64, I64, I64] | None = None
     ) -> None:
         """With ``runs`` ``(at, file offset, length)``, page-aligned: ``length`` bytes of
-        address space (no file's), each run's bytes of the file mapped ``at`` into it
-        (the chunks of pieces across several chunks, each where its bytes belong)."""
+        address space (no file's) starting on a :data:`HUGE` boundary, each run's bytes of
+        the file mapped ``at`` into it (the chunks of pieces across several chunks, each
+        where its bytes belong)."""
         self.addr: int = 0
-        self.length = length
+        self.length = length if runs is None else length + HUGE
         calls = _calls()
         if calls is None:
             raise BackendError("hint checkpoint_map=enable: no private file maps on this system")
@@ -107,13 +111,15 @@ class FileMap:
         prot, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | _NORESERVE
         if runs is None:
             self.addr = _mapped(mm(None, length, prot, flags, fd, offset), length, offset)
+            start = self.addr
         else:  # (the space first, PROT_NONE: a part not mapped faults, never shows memory)
             anon = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE
-            self.addr = _mapped(mm(None, length, 0, anon, -1, 0), length, -1)
+            self.addr = _mapped(mm(None, self.length, 0, anon, -1, 0), self.length, -1)
+            start = -(-self.addr // HUGE) * HUGE
             for at, off, n in zip(*(r.tolist() for r in runs), strict=True):
-                _mapped(mm(self.addr + at, n, prot, flags | _FIXED, fd, off), n, off)
+                _mapped(mm(start + at, n, prot, flags | _FIXED, fd, off), n, off)
         self.__array_interface__ = {
-            "data": (self.addr, False), "shape": (length,), "typestr": "|u1", "version": 3,
+            "data": (start, False), "shape": (length,), "typestr": "|u1", "version": 3,
         }  # fmt: skip
 
     def __del__(self) -> None:  # (one munmap: every run mapped into the space goes with it)
@@ -135,25 +141,41 @@ def map_range(fd: int, lo: int, hi: int) -> npt.NDArray[np.uint8]:
     return whole[lo - base :]
 
 
-def map_runs(
-    fd: int, vlo: I64, vhi: I64, file: I64, vstart: I64, length: I64
-) -> tuple[npt.NDArray[np.uint8], int]:
-    """The file's runs ``(file, length)`` mapped each at its virtual offset ``vstart``
-    (each congruent with its file offset modulo the page size, runs of one piece
-    following each other) within one space spanning the pieces ``[vlo, vhi)``: the
-    space's bytes, and the virtual offset of its first."""
+def map_runs(fd: int, n: I64, runs: tuple[I64, I64, I64, I64]) -> tuple[npt.NDArray[np.uint8], I64]:
+    """Pieces of ``n`` bytes, each made of the file's ``runs`` (as
+    :meth:`~.chunks.Chunks.runs` gives them: file offset, length, piece, offset within
+    the piece; each at the same offset within a page in the file as in its piece), each
+    piece's runs mapped one after another into one space: the space's bytes, and where
+    each piece starts in it.
+
+    A piece whose longest run is a :data:`HUGE` page or more starts where that run lies
+    at the same offset modulo :data:`HUGE` as in the file: the kernel can then map the
+    whole huge pages within that run at once (where the file's cache is in huge pages),
+    one fault each, where a run at another offset takes one per few pages.  Such pieces
+    come first, each in a slot of a whole number of :data:`HUGE` pages (address space
+    only, never memory); the others follow, each from its first page."""
+    file, length, src, within = runs
     page = mmap.PAGESIZE
-    base = int(vlo.min()) // page * page
-    end = -(-int(vhi.max()) // page) * page
+    longest = np.lexsort((-length, src))  # (per piece, its longest run first)
+    first = longest[np.flatnonzero(np.r_[True, src[longest][1:] != src[longest][:-1]])]
+    align = np.full(len(n), page, np.int64)
+    align[src[first]] = np.where(length[first] >= HUGE, HUGE, page)
+    shift = np.zeros(len(n), np.int64)
+    shift[src[first]] = (file[first] - within[first]) % align[src[first]]
+    slot = -(-(n + shift) // align) * align
+    order = np.argsort(align < HUGE, kind="stable")  # (the huge slots first: each aligned)
+    start = np.empty(len(n), np.int64)
+    start[order] = displacements(slot[order]) + shift[order]
+    vstart = start[src] + within
     skip = vstart % page
     ends = -(-(vstart + length) // page) * page
     at, off = vstart - skip, file - skip
-    # (runs sharing a page: one piece's, which follow each other in the file where they do)
+    # (runs of one piece sharing a page: which follow each other in the file where they do)
     keep = np.ones(len(at), bool)
-    keep[1:] = at[1:] >= ends[:-1]
-    got: npt.NDArray[np.uint8] = np.asarray(FileMap(fd, 0, end - base, (
-        at[keep] - base, off[keep], (ends - at)[keep])))  # fmt: skip
-    return got, base
+    keep[1:] = (src[1:] != src[:-1]) | (at[1:] >= ends[:-1])
+    got: npt.NDArray[np.uint8] = np.asarray(FileMap(fd, 0, int(slot.sum()), (
+        at[keep], off[keep], (ends - at)[keep])))  # fmt: skip
+    return got, start
 
 
 def pieces(buf: npt.NDArray[np.uint8], at: I64, lays: list[ArrayLayout]) -> list[Any]:
@@ -178,7 +200,10 @@ class Reader:
         self.fd = open_regular(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
-        pread_zeros(self.fd, buf, offset)
+        # (``buf`` is flat bytes: one preadv reads it all, but where the file ends first;
+        # a resharded load reads a few hundred small parts of pieces this way)
+        if os.preadv(self.fd, [buf.data], offset) < len(buf):
+            pread_zeros(self.fd, buf, offset)
 
     def read(self, offset: int, length: int) -> bytes:
         return os.pread(self.fd, max(length, 0), offset)

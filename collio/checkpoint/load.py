@@ -25,7 +25,7 @@ from .chunks import ChunkedReads, Chunks
 from .filemap import Reader, maps
 from .index import Info, info, parse, parse_crc
 from .placed import placed
-from .verify import CHUNK, Checks, alone, plan, read_checked, verify, verify_alone
+from .verify import CHUNK, Checks, Stored, alone, read_checked, verify, verify_alone
 from .wanted import Wanted
 
 __all__ = ["CHUNK", "Info", "info", "load"]
@@ -207,16 +207,17 @@ def load(
                 index, crc = _own_index(f)
             got.find(index, spec)
         every = _gather_spans(f.comm, got.spans, got.names, crc, step.error)
-        flags = _read_verified(f, f.backend if direct else None, f.comm, index, got, every)
+        st = Stored.of(index, got.wanted)
+        flags = _read_verified(f, f.backend if direct else None, f.comm, st, got, every)
     return got.result(index, flags)
 
 
 def _read_verified(
-    f: File | None, be: Any, comm: MPI.Comm, index: format.Index, got: Wanted, every: I64
+    f: File | None, be: Any, comm: MPI.Comm, st: Stored, got: Wanted, every: I64
 ) -> npt.NDArray[np.bool_]:
     """Collective: plan the checks (before any byte is read), read, verify; which arrays
-    differ (the same on every rank)."""
-    x, crcs, offs, chunks = plan(index, got.wanted, every)
+    differ (the same on every rank).  ``st``: the index's extents of the arrays read."""
+    x, crcs, offs, chunks = st.plan(every), st.crcs, st.offs, st.chunks
     rank = comm.Get_rank()
     checks = Checks(x, rank)
     cbe = None if be is None else ChunkedReads(be, chunks)
@@ -272,7 +273,7 @@ def _load_local(
             index: Any = None
             crc, solo = -1, False
             parsed: Any = None
-            chunks: Any = None
+            st: Any = None
             with step:
                 # (the ranks compare what a collio file's open compares: the target and
                 # the parsed hints, not how each rank spelled the backend's options)
@@ -282,20 +283,21 @@ def _load_local(
                 reader.open(path)
                 index, crc = parse_crc(reader.read, reader.size(), path)
                 got.find(index, spec, maps=maps(parsed.checkpoint_map, reader.fd))
-                x, crcs, offs, chunks = plan(index, got.wanted, got.spans[None])  # (its alone)
-                got.map(reader, offs, chunks, parsed.checkpoint_map == "enable")
+                st = Stored.of(index, got.wanted)
+                x = st.plan(got.spans[None])  # (its alone)
+                got.map(reader, st.offs, st.chunks, parsed.checkpoint_map == "enable")
                 x, solo = alone(x, got.spans, comm.Get_rank())
             setup = (path, repr(parsed))
             head = _Head(index_crc=crc, names=digest(got.names), setup=digest(setup), alone=solo)
             if _agree_local(comm, (priv.files + 1, path), step.error, head, got.names, setup):
                 checks = Checks(x, comm.Get_rank())  # (this rank's spans: row 0 of its own)
-                cbe = ChunkedReads(reader, chunks)
-                error = _read(None, cbe, 0, got.wanted, got.arrays, offs, got.spans[None],
-                              checks, got.mapped, chunks)  # fmt: skip
-                flags = verify_alone(comm, cbe, checks, crcs, offs, len(got.wanted), error,
-                                     chunks)  # fmt: skip
+                cbe = ChunkedReads(reader, st.chunks)
+                error = _read(None, cbe, 0, got.wanted, got.arrays, st.offs, got.spans[None],
+                              checks, got.mapped, st.chunks)  # fmt: skip
+                flags = verify_alone(comm, cbe, checks, st.crcs, st.offs, len(got.wanted),
+                                     error, st.chunks)  # fmt: skip
             else:
-                flags = _gathered(comm, target, base, hints, options, reader, index, got)
+                flags = _gathered(comm, target, base, hints, options, reader, st, got)
         finally:
             reader.close()
     return got.result(index, flags)
@@ -303,16 +305,16 @@ def _load_local(
 
 def _gathered(
     comm: MPI.Comm, target: Any, base: MPI.Intracomm, hints: Any, options: Mapping[str, Any],
-    reader: Reader, index: format.Index, got: Wanted,
+    reader: Reader, st: Stored, got: Wanted,
 ) -> npt.NDArray[np.bool_]:  # fmt: skip
     """Collective: a local load planned from every rank's spans (the extents across
     pieces checked from the ranks' parts), through a collio file where some piece is
     not one range."""
     every = _all_spans(comm, got.spans, len(got.wanted))
     if bool(every[:, :, 2].all()):  # (the same on every rank)
-        return _read_verified(None, reader, comm, index, got, every)
+        return _read_verified(None, reader, comm, st, got, every)
     with _open(target, "r", comm=base, hints=hints, **options) as f:
-        return _read_verified(f, reader, f.comm, index, got, every)
+        return _read_verified(f, reader, f.comm, st, got, every)
 
 
 def _agree_local(

@@ -4,6 +4,7 @@ compared in one agreement."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -17,11 +18,12 @@ from ..layouts.arrays import ArrayLayout
 from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
-from .chunks import Chunks
+from .chunks import ChunkedReads, Chunks
 from .crc import combine as crc_combine
 from .crc import of_pieces
 
-__all__ = ["CHUNK", "Checks", "alone", "plan", "read_checked", "segments", "verify", "verify_alone"]
+__all__ = ["CHUNK", "Checks", "Stored", "alone", "read_checked", "segments", "verify",
+           "verify_alone"]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
 
@@ -88,7 +90,7 @@ CHUNK = 256 << 10
 
 
 def read_checked(
-    be: Any, checks: Checks, views: list[Any], arrays: I64, offs: I64, mine: I64
+    be: ChunkedReads, checks: Checks, views: list[Any], arrays: I64, offs: I64, mine: I64
 ) -> None:
     """Local: this rank's pieces of ``arrays`` (each one range of its array: ``mine``'s
     (lo, hi) rows, relative to the array at ``offs``), each straight into its array by
@@ -106,15 +108,19 @@ def read_checked(
     todo, clo, chi = todo[by], clo[by], chi[by]
     s, e, p, c = segments(plo, phi, clo, chi, CHUNK)
     slot = np.where(c >= 0, todo[np.maximum(c, 0)] if len(todo) else -1, -1)
-    at = s - plo[p]  # (offset within the piece)
     bufs = [views[k][0] for k in sel.tolist()]
     sums = checks.sums.tolist()
-    with storage_errors(be):
-        rows = zip(s.tolist(), (e - s).tolist(), p.tolist(), at.tolist(), slot.tolist(),
+    raw = be.be
+    with storage_errors(raw):
+        # (each read split at the chunks' edges here, all at once, and read where
+        # stored: a piece across the saving ranks' regions is a read per region)
+        off, n, r, within = be.chunks.runs(s, e - s)
+        at = s[r] - plo[p[r]] + within  # (offset within the piece)
+        rows = zip(off.tolist(), n.tolist(), p[r].tolist(), at.tolist(), slot[r].tolist(),
                    strict=True)  # fmt: skip
-        for off, n, k, a, j in rows:
-            buf = bufs[k][a : a + n]
-            be.read_at(off, buf)
+        for o, m, k, a, j in rows:
+            buf = bufs[k][a : a + m]
+            raw.read_at(o, buf)
             if j >= 0:
                 sums[j] = crc32c.crc32c(buf, sums[j])
     checks.sums[:] = sums
@@ -192,17 +198,33 @@ def _read_back(
     return got
 
 
-def plan(
-    index: format.Index, wanted: list[tuple[str, ArrayLayout]], every: I64
-) -> tuple[extents.Plan, npt.NDArray[np.uint32], I64, Chunks]:
-    """The stored extents of the arrays read (every array's at once), with their
-    checksums, the arrays' virtual offsets and the map of those to the file."""
-    names = [name for name, _ in wanted]
-    starts, crcs, aid = index.extents_of(names)
-    # (the index's sizes: each array's shape and dtype were checked against it)
-    nbytes = np.array([int(index.arrays[name]["nbytes"]) for name in names], np.int64)
-    offs, chunks = index.places(names)
-    return extents.assign(starts, aid, nbytes, offs, every, join=True), crcs, offs, chunks
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stored:
+    """What a load's checks take from the index, whatever the ranks' pieces: the stored
+    extents of the arrays read (every array's at once, ``starts`` within their array
+    ``aid``), their checksums, the arrays' sizes and virtual offsets, and the map of
+    those to the file.  Taken once per load: a load planned first from this rank's
+    pieces alone and then from every rank's plans twice from it."""
+
+    starts: I64
+    crcs: npt.NDArray[np.uint32]
+    aid: I64
+    nbytes: I64
+    offs: I64
+    chunks: Chunks
+
+    @classmethod
+    def of(cls, index: format.Index, wanted: list[tuple[str, ArrayLayout]]) -> Stored:
+        names = [name for name, _ in wanted]
+        starts, crcs, aid = index.extents_of(names)
+        # (the index's sizes: each array's shape and dtype were checked against it)
+        nbytes = np.array([int(index.arrays[name]["nbytes"]) for name in names], np.int64)
+        offs, chunks = index.places(names)
+        return cls(starts, crcs, aid, nbytes, offs, chunks)
+
+    def plan(self, every: I64) -> extents.Plan:
+        """Who checks each extent, from the pieces' spans ``every`` ``(rank, array)``."""
+        return extents.assign(self.starts, self.aid, self.nbytes, self.offs, every, join=True)
 
 
 def _check_joined(

@@ -201,9 +201,8 @@ class Wanted:
         if lo is not None:
             first = int(lo[ids].min())
             return pieces(map_range(fd, first, int((lo + n)[ids].max())), lo[ids] - first, lays)
-        file, length, src, within = chunks.runs(vlo[ids], n[ids])
-        buf, base = map_runs(fd, vlo[ids], vlo[ids] + n[ids], file, vlo[ids][src] + within, length)
-        return pieces(buf, vlo[ids] - base, lays)
+        buf, start = map_runs(fd, n[ids], chunks.runs(vlo[ids], n[ids]))
+        return pieces(buf, start, lays)
 
     def result(self, index: format.Index, flags: npt.NDArray[np.bool_]) -> dict[str, Any]:
         """The arrays by name; the agreed checksum error naming those that differ."""
