@@ -113,6 +113,8 @@ class Stage(Protocol):
     flight while the next round's slot fills."""
 
     slots: int
+    #: The plan's send groups that go from the call's own buffer instead (None: none).
+    direct: npt.NDArray[np.bool_] | None
 
     def gather(self, k: int) -> npt.NDArray[np.uint8]:
         """Collective: fill the buffer for write round ``k``; returns it."""
@@ -194,12 +196,16 @@ def _post_sends(
     groups: list[int],
     data: npt.NDArray[np.uint8],
     c: Stats,
+    direct: npt.NDArray[np.bool_] | None = None,
+    own: npt.NDArray[np.uint8] = NO_SCRATCH,
 ) -> None:
-    """This rank's sends of one round (``groups``: its send groups of that round)."""
+    """This rank's sends of one round (``groups``: its send groups of that round; those
+    ``direct`` marks go from ``own``, the call's buffer when ``data`` is a stage's)."""
     sp, sh = plan.sender, plan.sender_shapes()
     for g in groups:
         dest = int(ctx.aggregators[sp.gdom[g]])
-        msgs.send_group(dest, data, sh, g, 0, partial(sender_runs, sp, g))
+        buf = own if direct is not None and direct[g] else data
+        msgs.send_group(dest, buf, sh, g, 0, partial(sender_runs, sp, g))
         c.exchanged_bytes += int(sh.total[g])
 
 
@@ -284,9 +290,12 @@ def _write_streamed(
 
     def post(k: int) -> None:
         if k < nrounds:
-            send = data if stage is None else stage.gather(k)
             sends[k] = Messages(comm, TAG + (k & 0x3FF))
-            _post_sends(sends[k], r.ctx, r.plan, r.groups(k), send, c)
+            if stage is None:
+                _post_sends(sends[k], r.ctx, r.plan, r.groups(k), data, c)
+            else:
+                send, groups = stage.gather(k), r.groups(k)
+                _post_sends(sends[k], r.ctx, r.plan, groups, send, c, stage.direct, data)
 
     try:
         for k in range(min(ahead, nrounds)):
@@ -386,10 +395,11 @@ def _write_lockstep(
             break
         t = time.perf_counter()
         send = data if stage is None else stage.gather(k)
+        direct = None if stage is None else stage.direct
         with messages(comm, TAG + (k & 0x3FF)) as msgs:
             if ap is not None:
                 _post_recvs(msgs, r.plan, k, r.buffer(k, req), req[0], c)
-            _post_sends(msgs, r.ctx, r.plan, r.groups(k), send, c)
+            _post_sends(msgs, r.ctx, r.plan, r.groups(k), send, c, direct, data)
         error = error or msgs.error
         c.time_exchange += time.perf_counter() - t
         if error is None and ap is not None:

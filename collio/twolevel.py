@@ -87,6 +87,8 @@ class _Staged:
     size: int
     slots: int = 0  # staging slots of the group (:func:`~collio.aggregators.stage.slots`)
     sources: list[int] = dataclasses.field(default_factory=list)
+    # the stage-two send groups that go from the rank's own buffer (None: none)
+    direct: npt.NDArray[np.bool_] | None = None
 
     def bound(self, ctx: Context, buf: npt.NDArray[np.uint8]) -> ShmStage:
         """This stage for a call on ``buf``, over the group's window (a kept plan holds
@@ -96,7 +98,7 @@ class _Staged:
         p = self.pieces
         return ShmStage(
             group, buf, p.mem, p.length, self.spos, self.order, self.starts, self.size, self.lead,
-            self.slots,
+            self.slots, self.direct,
         )  # fmt: skip
 
 
@@ -128,7 +130,7 @@ class TwoLevel:
         """Bytes of its arrays (what keeping it costs)."""
         st = self.stage
         parts = [st.pieces.file, st.pieces.length, st.pieces.mem, st.order, st.starts]
-        parts += [st.spos]
+        parts += [st.spos] + ([st.direct] if st.direct is not None else [])
         return self.plan.nbytes() + sum(a.nbytes for a in parts)
 
 
@@ -154,6 +156,7 @@ def plan(
     lead = int(ctx.local.leader[rank]) == rank
     staged = _Staged(lead, got.pieces, order, starts, got.spos, got.slot, sources=got.sources)
     staged.slots = got.slots  # (the group's window holds them: grown by place)
+    staged.direct = got.direct
     return TwoLevel(staged, got.plan), got.keep
 
 
