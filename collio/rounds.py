@@ -190,15 +190,9 @@ def _post_recvs(
 
 
 def _post_sends(
-    msgs: Messages,
-    ctx: Context,
-    plan: Plan,
-    groups: list[int],
-    data: npt.NDArray[np.uint8],
-    c: Stats,
-    direct: npt.NDArray[np.bool_] | None = None,
-    own: npt.NDArray[np.uint8] = NO_SCRATCH,
-) -> None:
+    msgs: Messages, ctx: Context, plan: Plan, groups: list[int], data: npt.NDArray[np.uint8],
+    c: Stats, direct: npt.NDArray[np.bool_] | None = None, own: npt.NDArray[np.uint8] = NO_SCRATCH,
+) -> None:  # fmt: skip
     """This rank's sends of one round (``groups``: its send groups of that round; those
     ``direct`` marks go from ``own``, the call's buffer when ``data`` is a stage's)."""
     sp, sh = plan.sender, plan.sender_shapes()
@@ -290,12 +284,9 @@ def _write_streamed(
 
     def post(k: int) -> None:
         if k < nrounds:
+            send, direct = (data, None) if stage is None else (stage.gather(k), stage.direct)
             sends[k] = Messages(comm, TAG + (k & 0x3FF))
-            if stage is None:
-                _post_sends(sends[k], r.ctx, r.plan, r.groups(k), data, c)
-            else:
-                send, groups = stage.gather(k), r.groups(k)
-                _post_sends(sends[k], r.ctx, r.plan, groups, send, c, stage.direct, data)
+            _post_sends(sends[k], r.ctx, r.plan, r.groups(k), send, c, direct, data)
 
     try:
         for k in range(min(ahead, nrounds)):
@@ -394,8 +385,7 @@ def _write_lockstep(
         if meet and status.failed():
             break
         t = time.perf_counter()
-        send = data if stage is None else stage.gather(k)
-        direct = None if stage is None else stage.direct
+        send, direct = (data, None) if stage is None else (stage.gather(k), stage.direct)
         with messages(comm, TAG + (k & 0x3FF)) as msgs:
             if ap is not None:
                 _post_recvs(msgs, r.plan, k, r.buffer(k, req), req[0], c)

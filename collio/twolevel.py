@@ -6,7 +6,10 @@ few hundred bytes per aggregator and round.  With two levels (Kang et al., TPDS
 2020; ADIOS2's TwoLevelShm; PnetCDF's ``nc_num_aggrs_per_node``) the ranks of a
 node first hand their pieces of a round to one of a few local aggregators on the
 node, which sends them on to the file-domain aggregators in one message per
-aggregator: an aggregator then hears from the local aggregators only.
+aggregator: an aggregator then hears from the local aggregators only.  A write's
+pieces for an aggregator of the rank's own local group skip the stage: the rank sends
+them itself, from its buffer, as one level does (they stay on the node either way, and
+the stage would copy each of their bytes once more).
 
 The intra-node stage moves the pieces with point-to-point messages (MPI's
 shared-memory transport: a copy into the local aggregator's staging buffer, as a
@@ -130,8 +133,9 @@ class TwoLevel:
         """Bytes of its arrays (what keeping it costs)."""
         st = self.stage
         parts = [st.pieces.file, st.pieces.length, st.pieces.mem, st.order, st.starts]
-        parts += [st.spos] + ([st.direct] if st.direct is not None else [])
-        return self.plan.nbytes() + sum(a.nbytes for a in parts)
+        parts += [st.spos]
+        more = st.direct.nbytes if st.direct is not None else 0
+        return self.plan.nbytes() + sum(a.nbytes for a in parts) + more
 
 
 def plan(

@@ -2,7 +2,9 @@
 
 1. Each rank sends the (offset, length) of its pieces (its runs cut at domains and
    windows) to its local aggregator, which merges its group's in file order, each piece
-   at a virtual position (:func:`~collio.aggregators.stage.leader_runs`).
+   at a virtual position (:func:`~collio.aggregators.stage.leader_runs`).  A write's
+   pieces for its own group's aggregators stay with the rank (:func:`near_domains`):
+   it plans them in step 3 as one level does.
 2. The local aggregator cuts the merged runs at domains and windows and hands each
    domain's to its holder in the group (:func:`~collio.aggregators.stage.holders`: the
    local aggregator itself for writes), with the pieces of its ranks that lie there.

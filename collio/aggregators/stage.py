@@ -141,9 +141,9 @@ def staging(
     j = jorder[np.maximum(at, 0)] if len(p) else np.zeros(0, np.int64)
     spos = mem[j] + (vpos - p.mem[j]) if len(j) else np.zeros(0, np.int64)
     srnd = sround[gof[j]] if len(j) else np.zeros(0, np.int64)
-    staged = dataclasses.replace(sp, pieces=Runs(p.file, p.length, mem))
+    laid = dataclasses.replace(sp, pieces=Runs(p.file, p.length, mem))
     size = int(per_round.max(initial=0))
-    return Staging(staged, spos.astype(np.int64), srnd.astype(np.int64), size)
+    return Staging(laid, spos.astype(np.int64), srnd.astype(np.int64), size)
 
 
 def holders(domains: I64, members: I64) -> I64:
