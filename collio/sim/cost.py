@@ -241,7 +241,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         share = np.maximum(res.group_bytes / ranks, group_round)  # (the busiest round's)
         stage = share / (cl.copy_bandwidth or cl.intra_bandwidth)
         if cl.run_seconds:  # each piece a run of its copy
-            stage = stage + res.group_runs / ranks * cl.run_seconds
+            staged = res.staged_runs if len(res.staged_runs) else res.group_runs
+            stage = stage + staged / ranks * cl.run_seconds
         proc += float(stage.max(initial=0))
     if cl.copy_bandwidth and not res.writing:
         # a read's aggregator sends messages of several runs packed, by collio

@@ -210,20 +210,22 @@ def _two_phase(
             sources, weights=blocks.nruns(), minlength=groups.ngroups
         ).astype(np.int64)
         if near is not None:  # (a write's groups stage the pieces for the others' aggregators)
-            res.group_bytes, res.group_runs = _staged(counts, res, groups.group[aggs])
+            res.group_bytes, res.staged_runs = _staged(counts, res, groups.group[aggs])
     return res
 
 
 def _staged(counts: WindowCounts, res: SimResult, agg_group: I64) -> tuple[I64, I64]:
-    """A two-level write's bytes and runs each group stages: counted pair by pair, else
-    its ranks' spread evenly over the domains (those of its own aggregators go direct)."""
-    if counts.staged is not None and counts.staged_runs is not None:
-        return counts.staged, counts.staged_runs
-    ngroups = len(res.group_bytes)
-    own = np.bincount(agg_group, weights=np.diff(res.bounds), minlength=ngroups)
-    away = 1.0 - own / max(float(np.diff(res.bounds).sum()), 1.0)
-    return (np.ceil(res.group_bytes * away).astype(np.int64),
-            np.ceil(res.group_runs * away).astype(np.int64))  # fmt: skip
+    """A two-level write's bytes and runs each group stages: its bytes counted pair by
+    pair, else its ranks' spread evenly over the domains (those of its own aggregators
+    go direct); its runs in the same share of its ranks' runs."""
+    if counts.staged is not None:
+        away = counts.staged / np.maximum(res.group_bytes, 1)
+    else:
+        ngroups = len(res.group_bytes)
+        own = np.bincount(agg_group, weights=np.diff(res.bounds), minlength=ngroups)
+        away = 1.0 - own / max(float(np.diff(res.bounds).sum()), 1.0)
+    return (np.round(res.group_bytes * away).astype(np.int64),
+            np.round(res.group_runs * away).astype(np.int64))  # fmt: skip
 
 
 def _evaluate(

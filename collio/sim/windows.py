@@ -80,10 +80,9 @@ class WindowCounts:
     #: Most bytes one rank has in one round (the k-th windows of every domain), when
     #: every window is evaluated (:func:`explicit`); 0: not known.
     rank_round: int = 0
-    #: A two-level write's bytes and runs each local group stages (:func:`explicit`
-    #: with ``near``; None: not counted).
+    #: A two-level write's bytes each local group stages (:func:`explicit` with
+    #: ``near``; None: not counted).
     staged: I64 | None = None
-    staged_runs: I64 | None = None
 
     @classmethod
     def zeros(cls, n: int, naggs: int) -> WindowCounts:
@@ -153,7 +152,6 @@ def explicit(
         nranks_all = len(near[0]) + int(near[0].max(initial=0)) + 1
         chunk_by = near[0][owner]
         out.staged = np.zeros(int(near[0].max(initial=0)) + 1, np.int64)
-        out.staged_runs = np.zeros_like(out.staged)
     nrounds = int(np.diff(grid.first).max(initial=1))
     for part in pair_chunks(np.maximum(wl - wf + 1, 0), chunk_by):
         rep, w = _expand(wf[part], wl[part])
@@ -166,7 +164,7 @@ def explicit(
         out.runs += np.bincount(w, weights=nr, minlength=n).astype(np.int64)
         busy = nb
         if near is not None:
-            who, busy = _sources(out, near, who, grid.dom[windows[w]], nb, nr)
+            who, busy = _sources(out, near, who, grid.dom[windows[w]], nb)
         keys = np.unique(w * nranks_all + who)
         out.ranks += np.bincount(keys // nranks_all, minlength=n).astype(np.int64)
         if len(who):  # a chunk holds all of its ranks' boxes: their rounds are whole here
@@ -184,18 +182,17 @@ def explicit(
 
 
 def _sources(
-    out: WindowCounts, near: tuple[I64, I64], who: I64, dom: I64, nb: I64, nr: I64
+    out: WindowCounts, near: tuple[I64, I64], who: I64, dom: I64, nb: I64
 ) -> tuple[I64, I64]:
     """A two-level write's message source of each pair (its rank, or past the ranks its
     group, :func:`explicit`) and its staged bytes (0 for a rank's own message); adds the
-    staged bytes and runs of each group to ``out``."""
-    assert out.staged is not None and out.staged_runs is not None
+    staged bytes of each group to ``out``."""
+    assert out.staged is not None
     group, agg_group = near
     mine = group[who]
     staged = mine != agg_group[dom]
     k = len(out.staged)
     out.staged += np.bincount(mine[staged], weights=nb[staged], minlength=k).astype(np.int64)
-    out.staged_runs += np.bincount(mine[staged], weights=nr[staged], minlength=k).astype(np.int64)
     src: I64 = np.where(staged, len(group) + mine, who)
     return src, np.where(staged, nb, 0)
 
