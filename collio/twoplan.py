@@ -73,7 +73,10 @@ def place(
     near = near_domains(ctx) if writing else None
     pieces, direct, recv, rcounts, answers = _to_leader(group, runs, bounds, window, step, near)
     share, queries = _to_holders(group, recv, rcounts, bounds, window, step, writing)
-    plan, keep = new_plan(_joined(direct, share))  # (collective; same error on every rank)
+    joined = Runs.empty()
+    with step:  # (a rank that fails here plans nothing: agreed below)
+        joined = _joined(direct, share)
+    plan, keep = new_plan(joined)  # (collective; raises the same error on every rank)
     via = None if near is None else ~near[plan.sender.gdom]  # (through the staging)
     base, slot = _slot_bases(group, plan, step, writing, via)
     got = _answers(group, plan, queries, (base, slot), answers, step, writing, via)
