@@ -113,6 +113,8 @@ class Stage(Protocol):
     flight while the next round's slot fills."""
 
     slots: int
+    #: The plan's send groups that go from the call's own buffer instead (None: none).
+    direct: npt.NDArray[np.bool_] | None
 
     def gather(self, k: int) -> npt.NDArray[np.uint8]:
         """Collective: fill the buffer for write round ``k``; returns it."""
@@ -188,18 +190,16 @@ def _post_recvs(
 
 
 def _post_sends(
-    msgs: Messages,
-    ctx: Context,
-    plan: Plan,
-    groups: list[int],
-    data: npt.NDArray[np.uint8],
-    c: Stats,
-) -> None:
-    """This rank's sends of one round (``groups``: its send groups of that round)."""
+    msgs: Messages, ctx: Context, plan: Plan, groups: list[int], data: npt.NDArray[np.uint8],
+    c: Stats, direct: npt.NDArray[np.bool_] | None = None, own: npt.NDArray[np.uint8] = NO_SCRATCH,
+) -> None:  # fmt: skip
+    """This rank's sends of one round (``groups``: its send groups of that round; those
+    ``direct`` marks go from ``own``, the call's buffer when ``data`` is a stage's)."""
     sp, sh = plan.sender, plan.sender_shapes()
     for g in groups:
         dest = int(ctx.aggregators[sp.gdom[g]])
-        msgs.send_group(dest, data, sh, g, 0, partial(sender_runs, sp, g))
+        buf = own if direct is not None and direct[g] else data
+        msgs.send_group(dest, buf, sh, g, 0, partial(sender_runs, sp, g))
         c.exchanged_bytes += int(sh.total[g])
 
 
@@ -284,9 +284,9 @@ def _write_streamed(
 
     def post(k: int) -> None:
         if k < nrounds:
-            send = data if stage is None else stage.gather(k)
+            send, direct = (data, None) if stage is None else (stage.gather(k), stage.direct)
             sends[k] = Messages(comm, TAG + (k & 0x3FF))
-            _post_sends(sends[k], r.ctx, r.plan, r.groups(k), send, c)
+            _post_sends(sends[k], r.ctx, r.plan, r.groups(k), send, c, direct, data)
 
     try:
         for k in range(min(ahead, nrounds)):
@@ -385,11 +385,11 @@ def _write_lockstep(
         if meet and status.failed():
             break
         t = time.perf_counter()
-        send = data if stage is None else stage.gather(k)
+        send, direct = (data, None) if stage is None else (stage.gather(k), stage.direct)
         with messages(comm, TAG + (k & 0x3FF)) as msgs:
             if ap is not None:
                 _post_recvs(msgs, r.plan, k, r.buffer(k, req), req[0], c)
-            _post_sends(msgs, r.ctx, r.plan, r.groups(k), send, c)
+            _post_sends(msgs, r.ctx, r.plan, r.groups(k), send, c, direct, data)
         error = error or msgs.error
         c.time_exchange += time.perf_counter() - t
         if error is None and ap is not None:

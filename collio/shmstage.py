@@ -281,6 +281,7 @@ class ShmStage:
     size: int
     lead: bool
     slots: int
+    direct: npt.NDArray[np.bool_] | None = None  # (:class:`~collio.rounds.Stage`)
     call: int = 0
     error: BaseException | None = None
 

@@ -6,7 +6,10 @@ few hundred bytes per aggregator and round.  With two levels (Kang et al., TPDS
 2020; ADIOS2's TwoLevelShm; PnetCDF's ``nc_num_aggrs_per_node``) the ranks of a
 node first hand their pieces of a round to one of a few local aggregators on the
 node, which sends them on to the file-domain aggregators in one message per
-aggregator: an aggregator then hears from the local aggregators only.
+aggregator: an aggregator then hears from the local aggregators only.  A write's
+pieces for an aggregator of the rank's own local group skip the stage: the rank sends
+them itself, from its buffer, as one level does (they stay on the node either way, and
+the stage would copy each of their bytes once more).
 
 The intra-node stage moves the pieces with point-to-point messages (MPI's
 shared-memory transport: a copy into the local aggregator's staging buffer, as a
@@ -87,6 +90,8 @@ class _Staged:
     size: int
     slots: int = 0  # staging slots of the group (:func:`~collio.aggregators.stage.slots`)
     sources: list[int] = dataclasses.field(default_factory=list)
+    # the stage-two send groups that go from the rank's own buffer (None: none)
+    direct: npt.NDArray[np.bool_] | None = None
 
     def bound(self, ctx: Context, buf: npt.NDArray[np.uint8]) -> ShmStage:
         """This stage for a call on ``buf``, over the group's window (a kept plan holds
@@ -96,7 +101,7 @@ class _Staged:
         p = self.pieces
         return ShmStage(
             group, buf, p.mem, p.length, self.spos, self.order, self.starts, self.size, self.lead,
-            self.slots,
+            self.slots, self.direct,
         )  # fmt: skip
 
 
@@ -129,7 +134,8 @@ class TwoLevel:
         st = self.stage
         parts = [st.pieces.file, st.pieces.length, st.pieces.mem, st.order, st.starts]
         parts += [st.spos]
-        return self.plan.nbytes() + sum(a.nbytes for a in parts)
+        more = st.direct.nbytes if st.direct is not None else 0
+        return self.plan.nbytes() + sum(a.nbytes for a in parts) + more
 
 
 def plan(
@@ -154,6 +160,7 @@ def plan(
     lead = int(ctx.local.leader[rank]) == rank
     staged = _Staged(lead, got.pieces, order, starts, got.spos, got.slot, sources=got.sources)
     staged.slots = got.slots  # (the group's window holds them: grown by place)
+    staged.direct = got.direct
     return TwoLevel(staged, got.plan), got.keep
 
 

@@ -2,7 +2,9 @@
 
 1. Each rank sends the (offset, length) of its pieces (its runs cut at domains and
    windows) to its local aggregator, which merges its group's in file order, each piece
-   at a virtual position (:func:`~collio.aggregators.stage.leader_runs`).
+   at a virtual position (:func:`~collio.aggregators.stage.leader_runs`).  A write's
+   pieces for its own group's aggregators stay with the rank (:func:`near_domains`):
+   it plans them in step 3 as one level does.
 2. The local aggregator cuts the merged runs at domains and windows and hands each
    domain's to its holder in the group (:func:`~collio.aggregators.stage.holders`: the
    local aggregator itself for writes), with the pieces of its ranks that lie there.
@@ -37,7 +39,7 @@ from .runs import Runs, displacements
 from .shmstage import Group
 from .waits import sleep_until_done
 
-__all__ = ["Placed", "place"]
+__all__ = ["Placed", "near_domains", "place"]
 
 I64 = npt.NDArray[np.int64]
 _NONE = np.zeros(0, np.int64)
@@ -49,12 +51,14 @@ class Placed:
     slot's bytes and the group's slots, and (at a local aggregator) how many ranks have
     pieces in each round."""
 
-    __slots__ = ("plan", "keep", "pieces", "rounds", "spos", "slot", "slots", "sources")
+    __slots__ = ("plan", "keep", "pieces", "rounds", "spos", "slot", "slots", "sources", "direct")
 
     def __init__(self, plan: Plan, keep: int | None, pieces: Runs, rounds: I64, spos: I64) -> None:
         self.plan, self.keep, self.pieces = plan, keep, pieces
         self.rounds, self.spos = rounds, spos
         self.slot, self.slots, self.sources = 0, 0, list[int]()
+        # the stage-two send groups that go from the rank's own buffer (None: none)
+        self.direct: npt.NDArray[np.bool_] | None = None
 
 
 def place(
@@ -66,16 +70,23 @@ def place(
     assert ctx.local is not None
     what = "write_all" if writing else "read_all"
     step = Attempt()
-    pieces, recv, rcounts, answers = _to_leader(group, runs, bounds, window, step)
+    near = near_domains(ctx) if writing else None
+    pieces, direct, recv, rcounts, answers = _to_leader(group, runs, bounds, window, step, near)
     share, queries = _to_holders(group, recv, rcounts, bounds, window, step, writing)
-    plan, keep = new_plan(share)  # (collective; raises the same error on every rank)
-    base, slot = _slot_bases(group, plan, step, writing)
-    got = _answers(group, plan, queries, (base, slot), answers, step, writing)
+    joined = Runs.empty()
+    with step:  # (a rank that fails here plans nothing: agreed below)
+        joined = _joined(direct, share)
+    plan, keep = new_plan(joined)  # (collective; raises the same error on every rank)
+    via = None if near is None else ~near[plan.sender.gdom]  # (through the staging)
+    base, slot = _slot_bases(group, plan, step, writing, via)
+    got = _answers(group, plan, queries, (base, slot), answers, step, writing, via)
     rounds, spos, staged, slot, sources = got
     placed = Placed(staged, keep, pieces, rounds, spos)
     if not writing:  # (a read's holders each know the rounds of some pieces only)
         sources = _sources(group, rounds, plan.nrounds)
     placed.slot, placed.sources = slot, sources
+    if via is not None and not bool(via.all()):
+        placed.direct = ~via
     placed.slots = slots(slot, plan.nrounds, ctx.hints.cb_buffer_size)
     with step:  # (collective over the group: the same size on its ranks, failed or not)
         group.ensure(placed.slots * slot)
@@ -83,6 +94,30 @@ def place(
     # that rank would go on with pieces at round 0, position 0)
     agree(ctx.comm, step.error, what=what)
     return placed
+
+
+def near_domains(ctx: Context) -> npt.NDArray[np.bool_]:
+    """Local: whether each file domain's aggregator is in this rank's local group (a
+    write's pieces for those go to it straight from the rank's buffer, one level: a
+    copy into the staging less for each of their bytes)."""
+    assert ctx.local is not None
+    group = ctx.local.group
+    mine: npt.NDArray[np.bool_] = group[ctx.aggregators] == group[ctx.comm.Get_rank()]
+    return mine
+
+
+def _joined(direct: Runs, share: Runs) -> Runs:
+    """A write's stage-two runs: the rank's own pieces for its group's aggregators (at
+    their places in its buffer) and, at a local aggregator, its group's merged pieces for
+    the others (at virtual positions), in file order (they lie in different domains)."""
+    if not len(direct):
+        return share
+    if not len(share):
+        return direct
+    file = np.concatenate((direct.file, share.file))
+    order = np.argsort(file, kind="stable")
+    length = np.concatenate((direct.length, share.length))[order]
+    return Runs(file[order], length, np.concatenate((direct.mem, share.mem))[order])
 
 
 def _sources(group: Group, rounds: I64, nrounds: int) -> list[int]:
@@ -95,20 +130,26 @@ def _sources(group: Group, rounds: I64, nrounds: int) -> list[int]:
 
 
 def _to_leader(
-    group: Group, runs: Runs, bounds: I64, window: int, step: Attempt
-) -> tuple[Runs, I64, I64, I64]:
-    """Step 1's message (collective over the group): this rank's pieces; the local
-    aggregator's received (offset, length) pairs and the count of values from each rank
-    of the group; and room for step 4's answers about the pieces sent (at most three
-    values each, made here, where a rank that cannot make it still sends nothing)."""
-    pieces, meta, answers = Runs.empty(), _NONE, _NONE
+    group: Group, runs: Runs, bounds: I64, window: int, step: Attempt,
+    near: npt.NDArray[np.bool_] | None,
+) -> tuple[Runs, Runs, I64, I64, I64]:  # fmt: skip
+    """Step 1's message (collective over the group): this rank's pieces that go through
+    the staging, and those it sends itself (for the domains ``near`` marks; None: none);
+    the local aggregator's received (offset, length) pairs and the count of values from
+    each rank of the group; and room for step 4's answers about the pieces sent (at most
+    three values each, made here, where a rank that cannot make it still sends nothing)."""
+    pieces, direct, meta, answers = Runs.empty(), Runs.empty(), _NONE, _NONE
     with step:  # (a rank that fails here sends nothing)
-        sent = plan_sender(runs, bounds, window).pieces
+        sp = plan_sender(runs, bounds, window)
+        sent = sp.pieces
+        if near is not None and len(sent):
+            own = near[np.repeat(sp.gdom, np.diff(sp.gstart))]
+            direct, sent = sent.take(np.flatnonzero(own)), sent.take(np.flatnonzero(~own))
         meta = _interleave(sent.file, sent.length)
         answers = np.empty(3 * len(sent.file), np.int64)
         pieces = sent
     recv, rcounts = _gather(group.comm, meta, step)
-    return pieces, recv, rcounts, answers
+    return pieces, direct, recv, rcounts, answers
 
 
 def _gather(comm: MPI.Intracomm, send: I64, step: Attempt) -> tuple[I64, I64]:
@@ -244,15 +285,18 @@ def _grouped(key: I64, n: int) -> tuple[I64, I64]:
     return order, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
-def _slot_bases(group: Group, plan: Plan, step: Attempt, writing: bool) -> tuple[I64, int]:
+def _slot_bases(
+    group: Group, plan: Plan, step: Attempt, writing: bool, staged: npt.NDArray[np.bool_] | None
+) -> tuple[I64, int]:
     """Where this rank's stage-two groups of each round start in the round's slot (after
-    those of the group's lower ranks), and the slot's bytes.  A write's local aggregator
-    holds its group's whole plan: its slot is its own (the others learn it with their
-    answers, :func:`_answers`); a read's holders tell each other theirs (collective over
-    the group)."""
+    those of the group's lower ranks), and the slot's bytes (``staged``: the send groups
+    that go through it, None: all).  A write's local aggregator holds its group's whole
+    staged plan: its slot is its own (the others learn it with their answers,
+    :func:`_answers`); a read's holders tell each other theirs (collective over the
+    group)."""
     mine = np.zeros(plan.nrounds, np.int64)
     with step:
-        mine = round_bytes(plan.sender, plan.sround, plan.nrounds)
+        mine = round_bytes(plan.sender, plan.sround, plan.nrounds, staged)
     if writing:
         return np.zeros_like(mine), int(mine.max(initial=0))
     every = np.zeros((group.comm.Get_size(), plan.nrounds), np.int64)
@@ -263,12 +307,12 @@ def _slot_bases(group: Group, plan: Plan, step: Attempt, writing: bool) -> tuple
 
 def _answers(
     group: Group, plan: Plan, queries: I64, slot: tuple[I64, int], room: I64,
-    step: Attempt, writing: bool,
+    step: Attempt, writing: bool, staged: npt.NDArray[np.bool_] | None = None,
 ) -> tuple[I64, I64, Plan, int, list[int]]:  # fmt: skip
     """Step 4 (collective over the group): each holder lays out its rounds and answers
     its queries with (index, round, staging position) to the pieces' owners, in
     ``room`` (:func:`_to_leader`).  Returns this rank's pieces' rounds and positions, its
-    plan with its pieces' memory at their staging positions, the slot's bytes (a
+    plan with its ``staged`` groups' pieces' memory at their staging positions, the slot's bytes (a
     write's from the local aggregator), and at a write's local aggregator how many
     ranks have pieces in each round."""
     base, size = slot
@@ -276,7 +320,7 @@ def _answers(
     out, counts, sources = _NONE, np.zeros(gsize, np.int64), list[int]()
     with step:
         owner, index, vpos = queries[0::3], queries[1::3], queries[2::3]
-        lay = staging(plan.sender, plan.sround, vpos, base)
+        lay = staging(plan.sender, plan.sround, vpos, base, staged)
         plan = dataclasses.replace(plan, sender=lay.sender, _sender_shapes=None)
         plan.sender_shapes()
         at = owner  # (the owners' ranks in the group)

@@ -98,7 +98,8 @@ def test_a_rendezvous_message_costs_its_busiest_rank_turns(two_level):
         res = simulate(big, SimConfig(hints=hints, ppn=4, writing=writing))
         assert res.two_level == two_level and not res.direct
         m, b = _per_round(res)
-        senders = len(res.group_ranks) if two_level else res.nranks
+        # (a two-level write's ranks send their own group's pieces: every rank sends)
+        senders = len(res.group_ranks) if two_level and not writing else res.nranks
         count = handshakes(m, b, senders, 16384)
         # every message of a round is at least 16 KiB here: the busiest aggregator's
         # sources, or a sender's share of all of them
@@ -212,7 +213,9 @@ def test_the_local_stage_pays_for_every_run_its_ranks_copy():
     a = predict(res, own, "x")
     b = predict(res, dataclasses.replace(own, run_seconds=1e-6), "x")
     per_round = (res.agg_pieces / res.agg_rounds.clip(1)).max()
-    stage = float((res.group_runs / res.group_ranks).max()) / res.rounds
+    # (a write's group stages its runs for the other group's aggregators: half of them)
+    assert res.staged_runs.tolist() == (res.group_runs // 2).tolist()
+    stage = float((res.staged_runs / res.group_ranks).max()) / res.rounds
     assert b.intra == pytest.approx(a.intra + 1e-6 * (per_round + stage) * res.rounds)
     # and its bytes at one process's copy bandwidth where it is given
     copy = predict(res, dataclasses.replace(own, copy_bandwidth=1e9), "x")

@@ -28,9 +28,11 @@ __all__ = [
     "round_bytes",
     "slots",
     "staging",
+    "subplan",
 ]
 
 I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
 #: Fewest staging slots of a local group: a round filling, one in flight, one more.
 MIN_SLOTS = 3
 #: The slots of a group take up to this many ``cb_buffer_size``\ s (more than
@@ -70,15 +72,31 @@ class Staging:
     size: int
 
 
-def round_bytes(sp: SenderPlan, sround: I64, nrounds: int) -> I64:
-    """Bytes of each of the ``nrounds`` rounds of a sender plan (``sround``: its groups')."""
+def round_bytes(sp: SenderPlan, sround: I64, nrounds: int, staged: Mask | None = None) -> I64:
+    """Bytes of each of the ``nrounds`` rounds of a sender plan (``sround``: its groups'),
+    of its ``staged`` groups only when given."""
     if not sp.ngroups:
         return np.zeros(nrounds, np.int64)
     gtot = np.add.reduceat(sp.pieces.length, sp.gstart[:-1])
+    if staged is not None:
+        gtot = np.where(staged, gtot, 0)
     return np.bincount(sround, weights=gtot, minlength=nrounds)[:nrounds].astype(np.int64)
 
 
-def staging(sp: SenderPlan, sround: I64, vpos: I64, base: I64 | None = None) -> Staging:
+def subplan(sp: SenderPlan, keep: Mask) -> tuple[SenderPlan, npt.NDArray[np.intp]]:
+    """The groups ``keep`` marks of a sender plan, and the indices of their pieces."""
+    gsize = np.diff(sp.gstart)
+    picks = np.flatnonzero(np.repeat(keep, gsize))
+    start = np.concatenate(([0], np.cumsum(gsize[keep]))).astype(np.int64)
+    per_dom = np.bincount(sp.gdom[keep], weights=gsize[keep], minlength=len(sp.per_dom))
+    sub = SenderPlan(sp.pieces.take(picks), start, sp.gdom[keep], sp.gwin[keep],
+                     per_dom.astype(np.int64))  # fmt: skip
+    return sub, picks
+
+
+def staging(
+    sp: SenderPlan, sround: I64, vpos: I64, base: I64 | None = None, staged: Mask | None = None
+) -> Staging:
     """Lay out each round's groups one after another in the staging buffer, from
     ``base[k]`` in round ``k`` (0 when None: the ranks of a local group that hold parts
     of its stage-two plan lay theirs out one after another in the same slot).
@@ -86,8 +104,17 @@ def staging(sp: SenderPlan, sround: I64, vpos: I64, base: I64 | None = None) -> 
     ``sp`` is the stage-two sender plan over virtual positions, ``sround`` the round
     of each of its groups, ``vpos`` virtual positions of received pieces (a received
     piece lies inside one piece of ``sp``: both are cut at the same domain bounds and
-    windows).
+    windows).  ``staged``: the groups that go through the staging (None: all); the
+    others' pieces keep their memory (the rank's own buffer), and no ``vpos`` is theirs.
     """
+    if staged is not None and not bool(staged.all()):
+        sub, picks = subplan(sp, staged)
+        lay = staging(sub, sround[staged], vpos, base)
+        mem = sp.pieces.mem.copy()
+        mem[picks] = lay.sender.pieces.mem
+        p = sp.pieces
+        whole = dataclasses.replace(sp, pieces=Runs(p.file, p.length, mem))
+        return Staging(whole, lay.spos, lay.sround, lay.size)
     p = sp.pieces
     ng = sp.ngroups
     gsize = np.diff(sp.gstart)
@@ -114,9 +141,9 @@ def staging(sp: SenderPlan, sround: I64, vpos: I64, base: I64 | None = None) -> 
     j = jorder[np.maximum(at, 0)] if len(p) else np.zeros(0, np.int64)
     spos = mem[j] + (vpos - p.mem[j]) if len(j) else np.zeros(0, np.int64)
     srnd = sround[gof[j]] if len(j) else np.zeros(0, np.int64)
-    staged = dataclasses.replace(sp, pieces=Runs(p.file, p.length, mem))
+    laid = dataclasses.replace(sp, pieces=Runs(p.file, p.length, mem))
     size = int(per_round.max(initial=0))
-    return Staging(staged, spos.astype(np.int64), srnd.astype(np.int64), size)
+    return Staging(laid, spos.astype(np.int64), srnd.astype(np.int64), size)
 
 
 def holders(domains: I64, members: I64) -> I64:

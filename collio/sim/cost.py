@@ -12,8 +12,9 @@ call's rounds); a round costs
   may take a round's bytes from every aggregator), and every run (a piece of contiguous bytes) an
   aggregator takes or sends ``run_seconds`` (a datatype's block, or a run its read
   packs; a rank's part of a window is one run of its buffer); two-level calls add
-  the local stage (each rank copies its pieces of
-  the round into, or out of, its group's shared staging at ``copy_bandwidth``, or
+  the local stage (each rank copies its pieces of the round into, or out of, its
+  group's shared staging (a write's: only its pieces for other groups' aggregators,
+  the others it sends itself) at ``copy_bandwidth``, or
   ``intra_bandwidth`` where that is not counted, and ``run_seconds`` a piece; the
   ranks of a group copy at once, their share of the busiest group's round where the
   simulator knows it: rounds are not alike when a layout puts a round in a few groups,
@@ -212,7 +213,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     sent_bytes = float((b * away).sum()) / n
     nic = cl.message_seconds * (_node_sum(m * away, nodes, n) + sent_msgs)
     inj = max(_node_sum(b * away, nodes, n), sent_bytes) / cl.node_bandwidth
-    senders = res.group_ranks if res.two_level else np.ones(max(res.nranks, 1))
+    # (a two-level write's ranks send their pieces for their own group's aggregators)
+    senders = res.group_ranks if res.two_level and not res.writing else np.ones(max(res.nranks, 1))
     per_sender = float(m.sum()) / len(senders)  # messages each source sends per round
     proc = max(float(m.max(initial=0)), per_sender) * cl.intra_message_seconds
     # its receiver copies a message: a write's aggregator, a read's rank (the busiest
@@ -239,7 +241,8 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
         share = np.maximum(res.group_bytes / ranks, group_round)  # (the busiest round's)
         stage = share / (cl.copy_bandwidth or cl.intra_bandwidth)
         if cl.run_seconds:  # each piece a run of its copy
-            stage = stage + res.group_runs / ranks * cl.run_seconds
+            staged = res.staged_runs if len(res.staged_runs) else res.group_runs
+            stage = stage + staged / ranks * cl.run_seconds
         proc += float(stage.max(initial=0))
     if cl.copy_bandwidth and not res.writing:
         # a read's aggregator sends messages of several runs packed, by collio

@@ -85,14 +85,17 @@ class SimResult:
     #: the local aggregators that send to an aggregator in a round).
     nnodes: int = 1
     local_per_node: int = 0
+    #: (``group_bytes``: what each group stages, a write's for other groups' aggregators.)
     group_ranks: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     group_bytes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     #: Most bytes one rank has in one round (0: not known, beyond the evaluation budget).
     rank_round_bytes: int = 0
     #: Most bytes one local group has in one round (0: not known, as ``rank_round_bytes``).
     group_round_bytes: int = 0
-    #: Runs of each local aggregator's ranks (its pieces in its staging buffer).
+    #: Runs of each local aggregator's ranks (it plans them all), and those it stages
+    #: (its pieces in its staging buffer; empty: all of them).
     group_runs: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    staged_runs: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     agg_nodes: I64 = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     #: A write (False: a read, whose aggregators send what they read).
     writing: bool = True

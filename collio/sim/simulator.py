@@ -188,9 +188,15 @@ def _two_phase(
     grid = Grid.build(bounds, window)
     tiled = total == ext[1] - ext[0]
     # two levels: an aggregator hears from local aggregators, each sending its group's
-    # pieces of a window as the group's ranks' union
+    # pieces of a window as the group's ranks' union (a write's ranks send their pieces
+    # for their own group's aggregators themselves: ``near``)
     sources = groups.group[owner] if groups is not None else owner
-    counts, method, evaluated = _evaluate(blocks, sources, grid, cfg, tiled, groups is not None)
+    near = None
+    if groups is not None and cfg.writing:
+        near = (owner, (groups.group, groups.group[aggs]))
+    counts, method, evaluated = _evaluate(
+        blocks, sources, grid, cfg, tiled, groups is not None, near
+    )
     res = _assemble(work, cfg, grid, counts, method, evaluated, tiled, total, ext)
     res.nnodes, res.local_per_node, res.agg_nodes = nnodes, per, nodes[aggs]
     res.rank_round_bytes = counts.rank_round if groups is None else 0
@@ -203,21 +209,42 @@ def _two_phase(
         res.group_runs = np.bincount(
             sources, weights=blocks.nruns(), minlength=groups.ngroups
         ).astype(np.int64)
+        if near is not None:  # (a write's groups stage the pieces for the others' aggregators)
+            res.group_bytes, res.staged_runs = _staged(counts, res, groups.group[aggs])
     return res
 
 
+def _staged(counts: WindowCounts, res: SimResult, agg_group: I64) -> tuple[I64, I64]:
+    """A two-level write's bytes and runs each group stages: its bytes counted pair by
+    pair, else its ranks' spread evenly over the domains (those of its own aggregators
+    go direct); its runs in the same share of its ranks' runs."""
+    if counts.staged is not None:
+        away = counts.staged / np.maximum(res.group_bytes, 1)
+    else:
+        ngroups = len(res.group_bytes)
+        own = np.bincount(agg_group, weights=np.diff(res.bounds), minlength=ngroups)
+        away = 1.0 - own / max(float(np.diff(res.bounds).sum()), 1.0)
+    return (np.round(res.group_bytes * away).astype(np.int64),
+            np.round(res.group_runs * away).astype(np.int64))  # fmt: skip
+
+
 def _evaluate(
-    blocks: Blocks, owner: I64, grid: Grid, cfg: SimConfig, tiled: bool, grouped: bool
-) -> tuple[WindowCounts, str, I64]:
+    blocks: Blocks, owner: I64, grid: Grid, cfg: SimConfig, tiled: bool, grouped: bool,
+    near: tuple[I64, tuple[I64, I64]] | None = None,
+) -> tuple[WindowCounts, str, I64]:  # fmt: skip
     """Choose the exact method that fits the budget, else sample windows (a read's
     busiest rank of a round too, or with ``grouped`` owners, local groups, the busiest
-    group's of a round, where every pair fits the budget)."""
+    group's of a round, where every pair fits the budget).  ``near``: a two-level
+    write's ranks and :func:`~collio.sim.windows.explicit`'s ``near``, counted pair by
+    pair where they fit the budget (intervals count every piece its group's)."""
     budget, force = cfg.budget, cfg.method
     nw = grid.nwindows
     every = np.arange(nw, dtype=np.int64)
     b0, b1 = blocks.extent()
     spanned = np.searchsorted(grid.start, b1, "left") - np.searchsorted(grid.end, b0, "right")
     explicit_cost = int(np.maximum(spanned, 0).sum())
+    if near is not None and (force == "explicit" or (force == "auto" and explicit_cost <= budget)):
+        return explicit(blocks, near[0], grid, every, near[1]), "explicit", every
     levels, interval_cost, cut = _interval_plan(blocks, grid, tiled)
     # intervals give no request extents for layouts with holes: explicit or sampled then
     cheaper = tiled and interval_cost < explicit_cost

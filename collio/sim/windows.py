@@ -80,6 +80,9 @@ class WindowCounts:
     #: Most bytes one rank has in one round (the k-th windows of every domain), when
     #: every window is evaluated (:func:`explicit`); 0: not known.
     rank_round: int = 0
+    #: A two-level write's bytes each local group stages (:func:`explicit` with
+    #: ``near``; None: not counted).
+    staged: I64 | None = None
 
     @classmethod
     def zeros(cls, n: int, naggs: int) -> WindowCounts:
@@ -128,8 +131,15 @@ def _touch(
     return nb, first, last, nruns
 
 
-def explicit(blocks: Blocks, owner: I64, grid: Grid, windows: I64) -> WindowCounts:
-    """Exact figures of the chosen windows (sorted global indices) from (box, window) pairs."""
+def explicit(
+    blocks: Blocks, owner: I64, grid: Grid, windows: I64, near: tuple[I64, I64] | None = None
+) -> WindowCounts:
+    """Exact figures of the chosen windows (sorted global indices) from (box, window) pairs.
+
+    ``near``: a two-level write's (each rank's local group, each domain's aggregator's
+    group), ``owner`` its ranks: a rank's pieces for an aggregator of its own group are
+    its own messages, the others its group's (staged: those alone count in
+    ``rank_round``, then a group's, and in ``staged``)."""
     ws, we = grid.start[windows], grid.end[windows]
     naggs = len(grid.bounds) - 1
     out = WindowCounts.zeros(len(windows), naggs)
@@ -137,8 +147,13 @@ def explicit(blocks: Blocks, owner: I64, grid: Grid, windows: I64) -> WindowCoun
     wf = np.searchsorted(we, b0, side="right").astype(np.int64)
     wl = np.searchsorted(ws, b1, side="left").astype(np.int64) - 1
     nranks_all = int(owner.max()) + 1 if len(owner) else 1
+    chunk_by = owner
+    if near is not None:  # (a group's boxes in one chunk: its messages are counted there)
+        nranks_all = len(near[0]) + int(near[0].max(initial=0)) + 1
+        chunk_by = near[0][owner]
+        out.staged = np.zeros(int(near[0].max(initial=0)) + 1, np.int64)
     nrounds = int(np.diff(grid.first).max(initial=1))
-    for part in pair_chunks(np.maximum(wl - wf + 1, 0), owner):
+    for part in pair_chunks(np.maximum(wl - wf + 1, 0), chunk_by):
         rep, w = _expand(wf[part], wl[part])
         box = (np.arange(len(blocks))[part])[rep]
         nb, f, last, nr = _touch(blocks, box, ws[w], we[w])
@@ -147,13 +162,16 @@ def explicit(blocks: Blocks, owner: I64, grid: Grid, windows: I64) -> WindowCoun
         n = len(windows)
         out.nbytes += np.bincount(w, weights=nb, minlength=n).astype(np.int64)
         out.runs += np.bincount(w, weights=nr, minlength=n).astype(np.int64)
+        busy = nb
+        if near is not None:
+            who, busy = _sources(out, near, who, grid.dom[windows[w]], nb)
         keys = np.unique(w * nranks_all + who)
         out.ranks += np.bincount(keys // nranks_all, minlength=n).astype(np.int64)
         if len(who):  # a chunk holds all of its ranks' boxes: their rounds are whole here
             g = windows[w]
             rnd = g - grid.first[grid.dom[g]]
             per = np.unique((who - who.min()) * nrounds + rnd, return_inverse=True)[1]
-            mine = np.bincount(per.reshape(-1), weights=nb)
+            mine = np.bincount(per.reshape(-1), weights=busy)
             out.rank_round = max(out.rank_round, int(mine.max()))
         np.minimum.at(out.rlo, w, f)
         np.maximum.at(out.rhi, w, last + 1)
@@ -161,6 +179,22 @@ def explicit(blocks: Blocks, owner: I64, grid: Grid, windows: I64) -> WindowCoun
     out.dom_bytes = np.bincount(dom, weights=out.nbytes, minlength=naggs).astype(np.int64)
     out.dom_runs = np.bincount(dom, weights=out.runs, minlength=naggs).astype(np.int64)
     return out
+
+
+def _sources(
+    out: WindowCounts, near: tuple[I64, I64], who: I64, dom: I64, nb: I64
+) -> tuple[I64, I64]:
+    """A two-level write's message source of each pair (its rank, or past the ranks its
+    group, :func:`explicit`) and its staged bytes (0 for a rank's own message); adds the
+    staged bytes of each group to ``out``."""
+    assert out.staged is not None
+    group, agg_group = near
+    mine = group[who]
+    staged = mine != agg_group[dom]
+    k = len(out.staged)
+    out.staged += np.bincount(mine[staged], weights=nb[staged], minlength=k).astype(np.int64)
+    src: I64 = np.where(staged, len(group) + mine, who)
+    return src, np.where(staged, nb, 0)
 
 
 def intervals(
