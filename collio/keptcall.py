@@ -117,7 +117,7 @@ def _lane(ctx: Context, call: Call, layout: Any) -> Lane | None:
     entry, shift = _entry(plans, call, runs)
     if entry is None:
         return None
-    box = (layout.global_shape, layout.start, layout.shape, layout._dtype, layout._order)
+    box = layout.box
     return Lane(
         box, layout.offset, runs, runs.extent(), call.facts, call.prekey, entry, shift,
         ctx.hints, be, ctx.aggregators, call.window, call.active,
@@ -155,8 +155,7 @@ def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | None:
     if k is None or type(layout) is not Subarray:
         return None
     box = k.box
-    if (layout.shape != box[2] or layout.start != box[1] or layout.global_shape != box[0]
-            or layout._dtype != box[3] or layout._order != box[4] or layout._invalid):  # fmt: skip
+    if layout.box != box or layout._invalid:
         return None
     offset = layout.offset
     if type(offset) is not int or offset < 0:

@@ -87,8 +87,7 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     if k is None or k.box is None or type(layout) is not Subarray:
         return None
     box = k.box
-    if (layout.shape != box[2] or layout.start != box[1] or layout.global_shape != box[0]
-            or layout._dtype != box[3] or layout._order != box[4] or layout._invalid):  # fmt: skip
+    if layout.box != box or layout._invalid:
         return None
     offset = layout._offset
     if offset < 0:

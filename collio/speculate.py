@@ -376,6 +376,6 @@ def note_layout(ctx: Context, layout: Any, *, writing: bool) -> None:
         return
     lo, hi = runs.extent()
     k.nbytes, k.span, k.base = runs.nbytes, hi - lo, lo - layout.offset
-    k.box = (layout.global_shape, layout.start, layout.shape, layout.dtype, layout.order)
+    k.box = layout.box
     if len(runs) > 1:  # (the view lane's one run is not this call's)
         k.runs, k.at = runs, None

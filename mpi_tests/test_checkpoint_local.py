@@ -303,6 +303,24 @@ def test_mapped_loads_with_empty_ranks_check_every_extent(
     assert err.names == ("b",)
 
 
+def _save_rows_load_fewer(comm: MPI.Intracomm, path: str, per_rank: int) -> tuple[Any, ...]:
+    """Collective: save ``per_rank`` rows of 4 KiB per rank of two arrays ("w", "v": each
+    rank's rows of both in its own region of the file); return the whole "w", the row
+    bounds of a split over one rank fewer, this rank's block of that split and the spec
+    loading it (the last rank loads the last block again)."""
+    p, r = comm.size, comm.rank
+    whole = np.arange(per_rank * p * 1024, dtype="<f4").reshape(per_rank * p, 1024)
+    lay = Subarray(whole.shape, (per_rank * r, 0), (per_rank, 1024), "<f4")
+    mine_rows = whole[per_rank * r : per_rank * (r + 1)]
+    ckpt.save(path, {"w": (mine_rows.copy(), lay), "v": (-mine_rows, lay)}, comm=comm)
+    n = max(p - 1, 1)
+    rows = [per_rank * p * k // n for k in range(n + 1)]
+    mine = min(r, n - 1)
+    spec = {"w": Subarray(whole.shape, (rows[mine], 0), (rows[mine + 1] - rows[mine], 1024),
+                          "<f4")}  # fmt: skip
+    return whole, rows, mine, spec
+
+
 @pytest.mark.mpi
 def test_pieces_across_the_saving_ranks_regions_map_in_place(
     comm: MPI.Intracomm, mpi_tmp_path: Any
@@ -313,16 +331,7 @@ def test_pieces_across_the_saving_ranks_regions_map_in_place(
     second part is found on every rank."""
     path = _path(comm, mpi_tmp_path)
     p, r = comm.size, comm.rank
-    whole = np.arange(12 * p * 1024, dtype="<f4").reshape(12 * p, 1024)
-    lay = Subarray(whole.shape, (12 * r, 0), (12, 1024), "<f4")
-    mine_rows = whole[12 * r : 12 * (r + 1)]
-    state = {"w": (mine_rows.copy(), lay), "v": (-mine_rows, lay)}  # (regions: w's rows, v's)
-    ckpt.save(path, state, comm=comm)
-    n = max(p - 1, 1)
-    rows = [12 * p * k // n for k in range(n + 1)]
-    mine = min(r, n - 1)
-    spec = {"w": Subarray(whole.shape, (rows[mine], 0), (rows[mine + 1] - rows[mine], 1024),
-                          "<f4")}  # fmt: skip
+    whole, rows, mine, spec = _save_rows_load_fewer(comm, path, 12)
     got = ckpt.load(path, spec, comm=comm, hints=MAP)["w"]
     assert got.tobytes() == whole[rows[mine] : rows[mine + 1]].tobytes()
     lo = rows[mine] * 4096
@@ -352,16 +361,8 @@ def test_long_parts_of_pieces_across_regions_lie_on_the_files_huge_page_grid(
     from collio.checkpoint.filemap import HUGE
 
     path = _path(comm, mpi_tmp_path)
-    p, r = comm.size, comm.rank
-    whole = np.arange(768 * p * 1024, dtype="<f4").reshape(768 * p, 1024)
-    lay = Subarray(whole.shape, (768 * r, 0), (768, 1024), "<f4")
-    mine_rows = whole[768 * r : 768 * (r + 1)]
-    ckpt.save(path, {"w": (mine_rows.copy(), lay), "v": (-mine_rows, lay)}, comm=comm)
-    n = max(p - 1, 1)
-    rows = [768 * p * k // n for k in range(n + 1)]
-    mine = min(r, n - 1)
-    spec = {"w": Subarray(whole.shape, (rows[mine], 0), (rows[mine + 1] - rows[mine], 1024),
-                          "<f4")}  # fmt: skip
+    p = comm.size
+    whole, rows, mine, spec = _save_rows_load_fewer(comm, path, 768)
     got = ckpt.load(path, spec, comm=comm, hints=MAP)["w"]
     assert got.tobytes() == whole[rows[mine] : rows[mine + 1]].tobytes()
     runs = ckpt.info(path).file_runs("w", rows[mine] * 4096, rows[mine + 1] * 4096)

@@ -235,6 +235,12 @@ class Subarray(ArrayLayout):
             f"offset={self.offset})"
         )
 
+    @property
+    def box(self) -> tuple[Any, ...]:
+        """Every field but the offset: the steps of a time series through one layout
+        have the same box (the lanes of repeated calls keep it and compare it)."""
+        return (self.global_shape, self.start, self.shape, self._dtype, self._order)
+
     def validate(self) -> None:
         if self._invalid:
             raise LayoutError(self._invalid)
