@@ -48,6 +48,7 @@ from .exchange import Messages
 from .facts import NOT_COMPARED
 from .layouts.arrays import Subarray
 from .policy import DEPTH, Path, domain_alignment
+from .quick import array_of
 from .roundio import cover, round_cover
 from .rounds import TAG, agg_runs, sender_runs
 from .rounds import prepare as prepare_rounds
@@ -238,14 +239,8 @@ def _bytes(ctx: Context, data: Any, box: tuple[Any, ...]) -> Any:
     """Local: ``data``'s bytes when the layout's checks of it would pass without a copy
     (an ndarray of the box's dtype and shape, contiguous in its order), on a file that
     takes a write; else None."""
-    if ctx.mode in ("closed", "r") or ctx.aborted:
-        return None
-    if type(data) is not np.ndarray or data.shape != box[2] or data.dtype != box[3]:
-        return None
-    flags = data.flags
-    if not (flags.f_contiguous if box[4] == "F" else flags.c_contiguous):
-        return None
-    return data.reshape(-1, order=box[4]).view(np.uint8)
+    arr = array_of(ctx, box, data, writing=True)
+    return None if arr is None else arr.reshape(-1, order=box[4]).view(np.uint8)
 
 
 def transfer(ctx: Context, call: Call, data: Any) -> tuple[BaseException | None] | None:

@@ -41,7 +41,7 @@ from .layouts.arrays import Subarray
 from .policy import Path, may_map
 from .runs import Runs, read_only
 
-__all__ = ["Headed", "again", "layout_again"]
+__all__ = ["Headed", "again", "array_of", "layout_again"]
 
 #: A call that went as far as its head (:func:`collio.check.resume` goes on from it)
 Headed = check.Headed
@@ -92,7 +92,7 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     offset = layout._offset
     if offset < 0:
         return None  # (the general way's checks raise it, agreed)
-    arr = _array(ctx, k, data, writing=writing)
+    arr = array_of(ctx, k.box, data, writing=writing)
     if arr is None:
         return None
     lo, runs = k.base + offset, k.runs
@@ -107,15 +107,13 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     return None if got is None else (got, arr)
 
 
-def _array(ctx: Context, k: speculate.Kept, data: Any, *, writing: bool) -> Any:
+def array_of(ctx: Context, box: Any, data: Any, *, writing: bool) -> Any:
     """Local: the call's array when the layout's checks of it would pass (``data``: of
     the kept box's dtype and shape, contiguous in its order, writeable for a read; a read
     without one: a new array), on a file that takes the call; else None."""
     mode = ctx.mode
     if mode == "closed" or (writing and (mode == "r" or ctx.aborted)):
         return None
-    box = k.box
-    assert box is not None
     if data is None:
         if writing:
             return None

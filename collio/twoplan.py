@@ -35,7 +35,7 @@ from .aggregators.stage import holders, leader_runs, round_bytes, slots, staging
 from .collective import Attempt, agree
 from .context import Context, Plan
 from .exchange import alltoallv_into
-from .runs import Runs, displacements
+from .runs import Runs, displacements, sort
 from .shmstage import Group
 from .waits import sleep_until_done
 
@@ -114,10 +114,10 @@ def _joined(direct: Runs, share: Runs) -> Runs:
         return share
     if not len(share):
         return direct
-    file = np.concatenate((direct.file, share.file))
-    order = np.argsort(file, kind="stable")
-    length = np.concatenate((direct.length, share.length))[order]
-    return Runs(file[order], length, np.concatenate((direct.mem, share.mem))[order])
+    cat = np.concatenate
+    both = Runs(cat((direct.file, share.file)), cat((direct.length, share.length)),
+                cat((direct.mem, share.mem)))  # fmt: skip
+    return sort(both)  # (stable: as before, the rank's own first where offsets tie)
 
 
 def _sources(group: Group, rounds: I64, nrounds: int) -> list[int]:
