@@ -255,7 +255,8 @@ def round_window(
     aggregators; its window is at least ``sources`` x ``cb_min_message``, above
     ``cb_buffer_size`` if need be, so that a layout in which every node has bytes in
     every window still sends large inter-node messages; a read's (not ``writing``) takes
-    at most :data:`TWO_LEVEL_READ_ROUNDS` rounds per domain.
+    at most :data:`TWO_LEVEL_READ_ROUNDS` rounds per domain.  A short last round is
+    spread over the others (:func:`whole_tail`).
     """
     # (not np.diff: every call of a time series asks, and its wrapper costs more)
     largest = int(np.maximum.reduce(bounds[1:] - bounds[:-1])) if len(bounds) > 1 else 0
@@ -270,16 +271,16 @@ def round_window(
 
 
 def whole_tail(window: int, largest: int, cap: int, align: int) -> int:
-    """``window``, or a wider one (at most ``cap``, a multiple of ``align`` and of
-    :data:`TAIL_UNIT` where ``align`` is smaller) that takes the largest domain in one
-    round fewer, when its last round would move less than :data:`TAIL_SHARE` of a window.
+    """``window``, or a wider one (at most ``cap``; whole units of ``align``, each unit
+    at least :data:`TAIL_UNIT`) that takes the largest domain in fewer rounds, when its
+    last round would move less than 1/:data:`TAIL_SHARE` of a window.
 
     A round's fixed cost (every rank's messages to its aggregator, the aggregator's
     request) is the same for a few bytes as for a window's, and a short last round
     has no I/O of its own to overlap: a batch of small arrays whose domains are a
     little over the smallest window paid two rounds' messages for one round's bytes.
     """
-    nwin = -(-largest // window) if window > 0 else 0
+    nwin = -(-largest // window)
     if nwin < 2 or (largest - (nwin - 1) * window) * TAIL_SHARE >= window:
         return window
     unit = align if align >= TAIL_UNIT else align * -(-TAIL_UNIT // align)
