@@ -43,6 +43,7 @@ __all__ = [
     "may_map",
     "round_window",
     "two_level",
+    "whole_tail",
 ]
 
 I64 = npt.NDArray[np.int64]
@@ -76,6 +77,10 @@ TWO_LEVEL_RANKS = 256
 RANKS_PER_LOCAL = 16
 #: ... while the job's local aggregators (each aggregator's sources) stay at most this many.
 MAX_SOURCES = 256
+#: A domain's last round moving less than 1/TAIL_SHARE of a window is spread over the
+#: others (:func:`whole_tail`), in windows of whole TAIL_UNIT bytes (page-friendly).
+TAIL_SHARE = 2
+TAIL_UNIT = 1 << 16
 #: Most rounds ``min_rounds`` asks of a two-level read per domain: each of its rounds
 #: ends with every rank of a group waiting for the group's whole round to arrive before
 #: it copies its pieces out (a write's ranks fill slots rounds ahead instead), a
@@ -250,7 +255,8 @@ def round_window(
     aggregators; its window is at least ``sources`` x ``cb_min_message``, above
     ``cb_buffer_size`` if need be, so that a layout in which every node has bytes in
     every window still sends large inter-node messages; a read's (not ``writing``) takes
-    at most :data:`TWO_LEVEL_READ_ROUNDS` rounds per domain.
+    at most :data:`TWO_LEVEL_READ_ROUNDS` rounds per domain.  A short last round is
+    spread over the others (:func:`whole_tail`).
     """
     # (not np.diff: every call of a time series asks, and its wrapper costs more)
     largest = int(np.maximum.reduce(bounds[1:] - bounds[:-1])) if len(bounds) > 1 else 0
@@ -261,7 +267,26 @@ def round_window(
         nranks = sources
         if not writing:
             rounds = min(rounds, TWO_LEVEL_READ_ROUNDS)
-    return window_size(cap, align, largest, rounds, nranks, floor)
+    return whole_tail(window_size(cap, align, largest, rounds, nranks, floor), largest, cap, align)
+
+
+def whole_tail(window: int, largest: int, cap: int, align: int) -> int:
+    """``window``, or a wider one (at most ``cap``; whole units of ``align``, each unit
+    at least :data:`TAIL_UNIT`) that takes the largest domain in fewer rounds, when its
+    last round would move less than 1/:data:`TAIL_SHARE` of a window.
+
+    A round's fixed cost (every rank's messages to its aggregator, the aggregator's
+    request) is the same for a few bytes as for a window's, and a short last round
+    has no I/O of its own to overlap: a batch of small arrays whose domains are a
+    little over the smallest window paid two rounds' messages for one round's bytes.
+    """
+    nwin = -(-largest // window)
+    if nwin < 2 or (largest - (nwin - 1) * window) * TAIL_SHARE >= window:
+        return window
+    unit = align if align >= TAIL_UNIT else align * -(-TAIL_UNIT // align)
+    wider = -(-largest // (nwin - 1))
+    wider = -(-wider // unit) * unit
+    return wider if wider <= cap else window
 
 
 def two_level(hints: Hints, *, nranks: int, nnodes: int, fullest: int) -> int:

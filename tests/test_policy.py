@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from collio import policy
+from collio.aggregators.domains import window_size
 from collio.bench.patterns import make_workload
 from collio.facts import NOT_COMPARED, Facts, How, fact, record
 from collio.hints import Hints
@@ -180,6 +181,43 @@ def test_round_window_caps_and_shrinks():
     assert policy.round_window(Hints(min_rounds=4), np.array([0, 8 << 20]), align=3 << 20,
                                nranks=4, floor=0) == 3 << 20  # fmt: skip
     assert policy.domain_alignment(4096, Hints(striping_unit=6144)) == 12288
+
+
+def test_round_window_spreads_a_short_tail():
+    """A domain a little over the smallest window takes one round, not a full one and a
+    sliver; a tail of half a window or more, or a wider window past cb_buffer_size,
+    keeps its round."""
+    mib = 1 << 20
+    h = Hints()  # min_rounds 8: domains under 8 MiB shrink to the 1 MiB floor
+    three = np.array([0, 1_090_000, 2_180_000, 3_276_800], np.int64)  # 200 x 4 KiB x 4 ranks
+
+    def rounds(hints: Hints, bounds: np.ndarray, align: int = 1) -> int:
+        w = policy.round_window(hints, bounds, align=align, nranks=4, floor=0)
+        assert w % align == 0 and w <= hints.cb_buffer_size
+        return int((-(-np.diff(bounds) // w)).max())
+
+    assert window_size(h.cb_buffer_size, 1, 1_096_800, h.min_rounds, 4) == mib
+    assert rounds(h, three) == 1
+    w = policy.round_window(h, three, align=1, nranks=4, floor=0)
+    assert w % policy.TAIL_UNIT == 0 and w - policy.TAIL_UNIT < 1_096_800 <= w
+    # 2.3 windows: the tail spread over two rounds; 1.6 windows: its own round
+    assert rounds(h, np.array([0, 23 * mib // 10], np.int64)) == 2
+    assert rounds(h, np.array([0, 16 * mib // 10], np.int64)) == 2
+    # never above cb_buffer_size (ROMIO's one buffer per round), whatever the tail
+    assert rounds(Hints(cb_buffer_size=mib), three) == 2
+    # whole alignment units: 1.1 stripes of 3 MiB in one window of two stripes
+    assert rounds(h, np.array([0, 33 * mib // 10], np.int64), align=3 * mib) == 1
+    assert policy.round_window(h, np.array([0, 33 * mib // 10]), align=3 * mib, nranks=4,
+                               floor=0) == 6 * mib  # fmt: skip
+    for largest in (1, mib - 1, mib + 1, 7 * mib + 5, 40 * mib + 3):
+        for window, align in ((mib, 1), (mib, 4096), (3 * mib, 3 * mib)):
+            got = policy.whole_tail(window, largest, 16 * mib, align)
+            assert got % align == 0 and window <= got <= max(window, 16 * mib)
+            n, m = -(-largest // window), -(-largest // got)
+            if (largest - (n - 1) * window) * 2 >= window or n < 2:
+                assert got == window
+            else:  # (whole units may save a round or two more on long domains)
+                assert m <= n - 1 and got <= window + window // (n - 1) + max(align, 1 << 16)
 
 
 def test_two_level_reads_take_fewer_rounds():
