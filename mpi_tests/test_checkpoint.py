@@ -284,6 +284,66 @@ def test_benchmark_ranks_done_first_wait_without_a_core(comm: MPI.Intracomm) -> 
         assert cpu < slow / 3, f"rank {comm.rank} used {cpu:.3f} s of CPU waiting {slow} s"
 
 
+@pytest.mark.mpi
+def test_benchmark_save_without_checksums_differs_in_them_alone(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """The benchmark's save without checksums (what they cost a save) writes the same
+    data at the same places, only its checksums are zeros: every load of it is refused,
+    the same error on every rank naming every array with bytes; the switch is back on."""
+    from collio.bench.checkpoint import _Run
+    from collio.checkpoint import writer
+
+    state = model.save_state(comm.rank, comm.size)
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, state, comm=comm)
+    run = _Run.__new__(_Run)  # (its save alone: no model state, no timing)
+    run.comm, run.state, run.path = comm, state, path
+    run._unchecked()
+    assert writer.CHECKSUMS
+    bare = path + ".unchecked"
+    if comm.rank == 0:
+        a, b = ckpt.info(path), ckpt.info(bare)
+        fa, fb = read_file(path), read_file(bare)
+        assert fa is not None and fb is not None and len(fa) == len(fb) and fa != fb
+        for name in a:
+            assert a.file_runs(name) == b.file_runs(name), name
+            for off, n in a.file_runs(name):
+                assert fa[off : off + n] == fb[off : off + n], name
+    comm.Barrier()
+    spec = model.load_spec(comm.rank, comm.size)
+    err = raises_everywhere(comm, collio.ChecksumError, lambda: ckpt.load(bare, spec, comm=comm))
+    full = {n for n in spec if ckpt.info(path)[n]["nbytes"] > 0}
+    assert set(err.names) == full
+
+
+@pytest.mark.mpi
+def test_benchmark_verified_ceiling_read_sums_the_bytes_read(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """The benchmark's verified ceiling read, whole or by chunk: the rank's share of the
+    file in the buffer, and the crc32c of exactly those bytes."""
+    import crc32c
+
+    from collio.bench import ckpt_peers as peers
+
+    total = 3 * (1 << 20) + 12345  # (shares of odd sizes: a short last chunk)
+    path = _path(comm, mpi_tmp_path, "ceiling.bin")
+    if comm.rank == 0:
+        with open(path, "wb") as fh:
+            fh.write(np.random.default_rng(7).integers(0, 256, total, np.uint8).tobytes())
+    comm.Barrier()
+    whole = read_file(path)
+    assert whole is not None
+    off, n = peers.share(total, comm)
+    want = whole[off : off + n]
+    for chunk in (0, 1 << 18, 4096):
+        buf = np.zeros(n, np.uint8)
+        got = peers.ceiling_read_crc(path, buf, total, comm, chunk)
+        assert buf.tobytes() == want, chunk
+        assert got == crc32c.crc32c(want), chunk
+
+
 def _record_paths(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, str]]:
     """The checkpoint's batch calls as they run: (call, disjoint, the path the call took)."""
     seen: list[tuple[str, bool, str]] = []

@@ -21,6 +21,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import checkpoint as ckpt
+from ..checkpoint import writer
+from ..checkpoint.verify import CHUNK
 from ..collective import Attempt, raise_agreed
 from ..hints import parse_size
 from ..waits import sleep_until_done
@@ -44,9 +46,24 @@ TARGETS = (
      0.9, True),
     ("load into the job's arrays vs ceiling read into touched memory (bandwidth)",
      "ceiling read", "collio load into", 0.9, True),
+    # (a load verifies what it reads: the unverified preadv against the same preadv with
+    # the checksum of its bytes after it, or of each chunk right after its read, says
+    # whether any verified load can reach the bounds above; the loads against the better)
+    ("ceiling read + crc32c vs ceiling read (bandwidth)", "ceiling read",
+     "ceiling read + crc32c", 0.9, True),
+    ("ceiling read + crc32c by chunk vs ceiling read (bandwidth)", "ceiling read",
+     "ceiling read + crc32c by chunk", 0.9, True),
+    ("load vs verified ceiling read into touched memory (bandwidth)",
+     "verified ceiling read", "collio load", 0.9, True),
+    ("load into the job's arrays vs verified ceiling read (bandwidth)",
+     "verified ceiling read", "collio load into", 0.9, True),
     ("resharded load vs same-count load (bandwidth)", "collio load", "collio load 3 of N",
      0.8, True),
     ("checksums vs save (time)", "crc32c", "collio save", 0.05, False),
+    # (what checksums cost a save as the issue means it: the save with them against the
+    # same save without them)
+    ("save with checksums vs without (time)", "collio save", "collio save unchecked", 1.05,
+     False),
 )  # fmt: skip
 
 
@@ -110,6 +127,7 @@ class _Run:
         while _timed(comm, lambda: _compute(self.work, self.reps)) < 0.05:
             self.reps *= 2
         self.path = os.path.join(d, "collio.ckpt")
+        self.turn = 0
 
     def methods(self) -> dict[str, Callable[[], float | dict[str, float]]]:
         c, d, st = self.comm, self.d, self.state
@@ -119,7 +137,7 @@ class _Run:
         for sub in (fpr, npd):
             os.makedirs(sub, exist_ok=True)
         return {
-            "collio save": lambda: _timed(c, lambda: ckpt.save(self.path, st, comm=c)),
+            "collio save": self._saves,
             "async_save": self._async,
             "file-per-rank write": lambda: _timed(c, lambda: peers.per_rank_write(fpr, st, c)),
             "np.save write": lambda: _timed(c, lambda: peers.npsave_write(npd, st, c)),
@@ -150,6 +168,12 @@ class _Run:
             "ceiling read": lambda: _timed(
                 c, lambda: peers.ceiling_read(ceil, self.share, self.nbytes, c)
             ),
+            "ceiling read + crc32c": lambda: _timed(
+                c, lambda: peers.ceiling_read_crc(ceil, self.share, self.nbytes, c)
+            ),
+            "ceiling read + crc32c by chunk": lambda: _timed(
+                c, lambda: peers.ceiling_read_crc(ceil, self.share, self.nbytes, c, CHUNK)
+            ),
             "ceiling read new": lambda: _timed(
                 c,
                 lambda: peers.ceiling_read(
@@ -157,6 +181,28 @@ class _Run:
                 ),
             ),
         }
+
+    def _saves(self) -> dict[str, float]:
+        """The save, and the same save without checksums right before or after it, by
+        turns: whichever runs second follows a save's writes, the first whatever method
+        came before (a fixed order measured that, not the checksums)."""
+        c, st = self.comm, self.state
+        self.turn += 1
+        got = {}
+        for name in ("collio save", "collio save unchecked")[:: 1 if self.turn % 2 else -1]:
+            fn = self._unchecked if name.endswith("unchecked") else (
+                lambda: ckpt.save(self.path, st, comm=c))  # fmt: skip
+            got[name] = _timed(c, fn)
+        return got
+
+    def _unchecked(self) -> None:
+        """:func:`~collio.checkpoint.save` without its checksums, to a file of its own (one
+        no load would pass: the loads read the checked save's)."""
+        writer.CHECKSUMS = False
+        try:
+            ckpt.save(self.path + ".unchecked", self.state, comm=self.comm)
+        finally:
+            writer.CHECKSUMS = True
 
     def _load_sub(self) -> None:
         if self.sub != MPI.COMM_NULL:
@@ -228,6 +274,10 @@ def run_checkpoint(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, run: _Run, times: dict[str, list[float]]) -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
+    verified = [med[k] for k in ("ceiling read + crc32c", "ceiling read + crc32c by chunk")
+                if k in med]  # fmt: skip
+    if verified:  # (the faster way of the two: the bound a verified load could reach)
+        med["verified ceiling read"] = min(verified)
     rows = []
     for name, ts in times.items():
         op = "read" if ("read" in name or "load" in name) else "write"

@@ -163,3 +163,27 @@ def ceiling_read(path: str, buf: Any, total: int, comm: MPI.Intracomm) -> int:
         return os.preadv(fd, [b.data for b in buf] if isinstance(buf, list) else [buf.data], off)
     finally:
         os.close(fd)
+
+
+def ceiling_read_crc(
+    path: str, buf: np.ndarray[Any, Any], total: int, comm: MPI.Intracomm, chunk: int = 0
+) -> int:
+    """:func:`ceiling_read` into touched memory, verified as a load must: the crc32c of the
+    bytes read, after the one ``preadv``, or (``chunk``) of each ``chunk`` bytes right
+    after their own read, while they are in the cache (what a load does)."""
+    import crc32c
+
+    if not chunk:
+        ceiling_read(path, buf, total, comm)
+        return int(crc32c.crc32c(buf.data))
+    off, n = share(total, comm)
+    fd = os.open(path, os.O_RDONLY)
+    view, crc = buf.data, 0
+    try:
+        for a in range(0, n, chunk):
+            part = view[a : min(a + chunk, n)]
+            os.preadv(fd, [part], off + a)
+            crc = crc32c.crc32c(part, crc)
+    finally:
+        os.close(fd)
+    return crc
