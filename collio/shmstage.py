@@ -45,7 +45,7 @@ from mpi4py import MPI
 from .aggregators.nodes import LocalGroups
 from .waits import WAIT_CAP, WAIT_FIRST, WAIT_YIELD
 
-__all__ = ["Group", "ShmStage", "copy_runs", "group_of"]
+__all__ = ["Blocks", "Group", "ShmStage", "blocks", "copy_blocks", "copy_runs", "group_of"]
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -57,6 +57,9 @@ NUMPY_LENGTHS = 8
 MAX_SPANS = 64
 #: ... of at least this many runs each on average; else they are gathered, then scattered.
 SPAN_RUNS = 16
+#: A round whose pieces make at most this many strided blocks (:func:`blocks`) copies
+#: block by block; one of more goes through :func:`copy_runs`.
+MAX_BLOCKS = 64
 _TAG = 0x2C02
 _LINE = 64  # bytes: each rank's flag on a cache line of its own
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -256,6 +259,86 @@ def _mpi_copy(src: U8, soff: I64, dst: U8, doff: I64, length: I64, comm: MPI.Com
             t.Free()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Blocks:
+    """A rank's pieces of each round of a two-level call as strided blocks, made once
+    with its plan: block ``b`` is ``count[b]`` pieces of ``size[b]`` bytes, the i-th at
+    ``mem[b] + i * mstep[b]`` in the rank's buffer and ``pos[b] + i * pstep[b]`` in the
+    round's slot.  Round ``k``'s blocks are ``first[k]:first[k+1]``; a round of more than
+    :data:`MAX_BLOCKS` has none (:attr:`whole` False: its pieces go run by run)."""
+
+    mem: I64
+    pos: I64
+    count: I64
+    size: I64
+    mstep: I64
+    pstep: I64
+    first: I64
+    whole: npt.NDArray[np.bool_]
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.mem, self.pos, self.count, self.size, self.mstep, self.pstep, self.first)
+        return sum(a.nbytes for a in parts) + self.whole.nbytes
+
+
+def blocks(mem: I64, pos: I64, length: I64, starts: I64) -> Blocks:
+    """Pieces (in the order a rank copies them, round ``k``'s at ``starts[k]:starts[k+1]``)
+    cut into blocks of equal pieces at equal steps on both sides.
+
+    A rank's pieces of a round are a few such progressions in the common layouts (a
+    column block's rows of one domain: one step in its buffer, another in the slot), so a
+    round copies in a few strided numpy assignments of whole rows, where a copy run by
+    run first finds its spans and gathers rows by index every call.  Piece ``i + 1``
+    starts a block when its length differs from piece ``i``'s, when the step into it
+    differs from the step into piece ``i`` (so a block's steps are all its first one's),
+    when the step into it would overlap (less than a piece, either side), or when it
+    starts a round.
+    """
+    n = len(mem)
+    nr = len(starts) - 1
+    cut = np.zeros(n + 1, bool)
+    cut[0] = cut[n] = True
+    cut[starts] = True
+    if n > 1:
+        dm, dp = np.diff(mem), np.diff(pos)
+        cut[1:n] |= (length[1:] != length[:-1]) | (dm < length[:-1]) | (dp < length[:-1])
+        cut[2:n] |= (dm[1:] != dm[:-1]) | (dp[1:] != dp[:-1])
+    at = np.flatnonzero(cut).astype(np.int64)
+    a, count = at[:-1], np.diff(at)
+    single = count == 1
+    nxt = np.minimum(a + 1, max(n - 1, 0))
+    size = length[a] if n else np.zeros(0, np.int64)
+    mstep = np.where(single, size, mem[nxt] - mem[a]) if n else size
+    pstep = np.where(single, size, pos[nxt] - pos[a]) if n else size
+    first = np.searchsorted(a, starts[:nr], side="left").astype(np.int64)
+    first = np.concatenate((first, [len(a)])).astype(np.int64)
+    whole = np.diff(first) <= MAX_BLOCKS
+    return Blocks(
+        mem[a] if n else size, pos[a] if n else size, count, size, mstep, pstep, first, whole
+    )
+
+
+def _strided(buf: U8, at: int, count: int, size: int, step: int, writeable: bool) -> Any:
+    if step == size:
+        return buf[at : at + count * size].reshape(count, size)
+    return np.lib.stride_tricks.as_strided(
+        buf[at:], shape=(count, size), strides=(step, 1), writeable=writeable
+    )
+
+
+def copy_blocks(bl: Blocks, k: int, buf: U8, slot: U8, *, into_slot: bool) -> None:
+    """Copy round ``k``'s blocks between ``buf`` (contiguous) and ``slot``: a strided
+    numpy assignment each (at most :data:`MAX_BLOCKS`)."""
+    lo, hi = int(bl.first[k]), int(bl.first[k + 1])
+    cols = (bl.mem, bl.pos, bl.count, bl.size, bl.mstep, bl.pstep)
+    for m, p, c, z, ms, ps in zip(*(x[lo:hi].tolist() for x in cols), strict=True):
+        if into_slot:
+            _strided(slot, p, c, z, ps, True)[...] = _strided(buf, m, c, z, ms, False)
+        else:
+            _strided(buf, m, c, z, ms, True)[...] = _strided(slot, p, c, z, ps, False)
+
+
 @dataclasses.dataclass(slots=True)
 class ShmStage:
     """A :class:`~collio.rounds.Stage` over a group's window for one call.
@@ -282,6 +365,7 @@ class ShmStage:
     lead: bool
     slots: int
     direct: npt.NDArray[np.bool_] | None = None  # (:class:`~collio.rounds.Stage`)
+    blocks: Blocks | None = None  # (None: every round run by run)
     call: int = 0
     error: BaseException | None = None
 
@@ -300,6 +384,10 @@ class ShmStage:
 
     def _copy(self, k: int, *, into_slot: bool) -> None:
         try:
+            bl = self.blocks
+            if bl is not None and k < len(bl.whole) and bool(bl.whole[k]):
+                copy_blocks(bl, k, self.buf, self.slot(k), into_slot=into_slot)
+                return
             idx = self._pieces(k)
             if not len(idx):
                 return

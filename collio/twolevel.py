@@ -41,7 +41,7 @@ from .hints import Hints
 from .readrounds import read_rounds
 from .rounds import write_rounds
 from .runs import Runs
-from .shmstage import ShmStage, group_of
+from .shmstage import Blocks, ShmStage, blocks, group_of
 from .twoplan import place
 
 __all__ = ["TwoLevel", "local_aggregators", "plan", "run"]
@@ -92,6 +92,7 @@ class _Staged:
     sources: list[int] = dataclasses.field(default_factory=list)
     # the stage-two send groups that go from the rank's own buffer (None: none)
     direct: npt.NDArray[np.bool_] | None = None
+    blocks: Blocks | None = None  # its pieces of each round as strided blocks
 
     def bound(self, ctx: Context, buf: npt.NDArray[np.uint8]) -> ShmStage:
         """This stage for a call on ``buf``, over the group's window (a kept plan holds
@@ -101,7 +102,7 @@ class _Staged:
         p = self.pieces
         return ShmStage(
             group, buf, p.mem, p.length, self.spos, self.order, self.starts, self.size, self.lead,
-            self.slots, self.direct,
+            self.slots, self.direct, self.blocks if buf.flags.c_contiguous else None,
         )  # fmt: skip
 
 
@@ -135,6 +136,7 @@ class TwoLevel:
         parts = [st.pieces.file, st.pieces.length, st.pieces.mem, st.order, st.starts]
         parts += [st.spos]
         more = st.direct.nbytes if st.direct is not None else 0
+        more += st.blocks.nbytes if st.blocks is not None else 0
         return self.plan.nbytes() + sum(a.nbytes for a in parts) + more
 
 
@@ -161,6 +163,8 @@ def plan(
     staged = _Staged(lead, got.pieces, order, starts, got.spos, got.slot, sources=got.sources)
     staged.slots = got.slots  # (the group's window holds them: grown by place)
     staged.direct = got.direct
+    p = got.pieces
+    staged.blocks = blocks(p.mem[order], got.spos[order], p.length[order], starts)
     return TwoLevel(staged, got.plan), got.keep
 
 

@@ -214,7 +214,8 @@ def test_local_aggregator_failing_mid_read_is_agreed(nodes, mpi_tmp_path, monkey
         if k_round < 1:
             return scatter(self, k_round)
         with monkeypatch.context() as m:
-            m.setattr(collio.shmstage, "copy_runs", boom)
+            m.setattr(collio.shmstage, "copy_runs", boom)  # (either way a round copies)
+            m.setattr(collio.shmstage, "copy_blocks", boom)
             return scatter(self, k_round)
 
     path = str(mpi_tmp_path / "r.bin")
