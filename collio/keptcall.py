@@ -188,7 +188,11 @@ def _head(ctx: Context, k: Lane, layout: Any, buf: Any, runs: Runs, d: int,
     step = Attempt()
     plan = (-1, 0)
     with step:  # (allocations fail here, agreed, not in the rounds: check._kept_plan)
-        prepare_rounds(k.entry.plan, writing=True)
+        r = k.round
+        if r is None or r.plan is not k.entry.plan:
+            prepare_rounds(k.entry.plan, writing=True)
+        elif r.req is not None:  # (its shapes are made: an aggregator's round buffers)
+            round_buffers(r.plan.window, DEPTH)
         plan = (k.entry.epoch, k.shift + d)
     moved, shift = moved_by(ctx.extents, lo, hi)
     seconds = speculate.times(0.0, t0)
