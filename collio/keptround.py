@@ -128,7 +128,7 @@ def _fixed(sh: Any, g: int, base: int) -> tuple[int, int, Any] | tuple[()]:
 
 
 def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseException | None:
-    """Collective over ``ctx.comm``: :func:`_one_round` of ``r``'s plan moved ``d``
+    """Collective over ``ctx.comm``: :func:`one_round` of ``r``'s plan moved ``d``
     bytes, its messages posted from ``r`` (each a stand-in if it cannot be posted, as
     :class:`~collio.exchange.Messages` does)."""
     c, comm, plan = call.counters, ctx.comm, r.plan
