@@ -22,7 +22,10 @@ from mpi4py import MPI
 from .collective import Attempt, agree
 from .runs import displacements
 
-__all__ = ["alltoallv_i64", "alltoallv_into", "byte_view", "Messages", "Shapes", "group_shapes"]
+__all__ = [
+    "alltoallv_i64", "alltoallv_into", "byte_view", "Messages", "Shapes", "group_shapes",
+    "kept_type",
+]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
 
@@ -190,6 +193,19 @@ def shaped(
     return [buf[first:], 1, dtype], made
 
 
+def kept_type(sh: Shapes, g: int) -> MPI.Datatype | None:
+    """The committed hvector of ``VECTOR`` group ``g`` when one is kept (:func:`_hvector`,
+    made now if there is room), else None: a caller that posts the group's messages
+    itself, call after call, takes only a datatype that is never freed."""
+    if int(sh.kind[g]) != VECTOR:
+        return None
+    dtype, made = _hvector(int(sh.count[g]), int(sh.block[g]), int(sh.stride[g]))
+    if made is not None:
+        made.Free()
+        return None
+    return dtype
+
+
 #: Committed hvectors by shape, up to 64 (a kept plan sends the same shapes every call),
 #: kept until the process ends: never freed while another thread may post with one.
 _TYPES: dict[tuple[int, int, int], MPI.Datatype] = {}
@@ -252,7 +268,7 @@ class Messages:
         self.error: BaseException | None = None
         self._spare: list[npt.NDArray[np.uint8]] = []
 
-    def _stand_in(self, start: Any, nbytes: int, peer: int, exc: BaseException) -> None:
+    def stand_in(self, start: Any, nbytes: int, peer: int, exc: BaseException) -> None:
         """Post ``nbytes`` plain bytes to or from ``peer`` in place of a failed message
         (zeros: calloc'd pages a send never writes cost nothing until touched)."""
         self.error = self.error or exc
@@ -296,7 +312,7 @@ class Messages:
                     return len(packed)
             self._post(self.comm.Isend, *byte_view(buf, offsets, lengths), dest)
         except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
-            self._stand_in(self.comm.Isend, int(np.sum(lengths)), dest, exc)
+            self.stand_in(self.comm.Isend, int(np.sum(lengths)), dest, exc)
         return 0
 
     def send_group(
@@ -332,7 +348,7 @@ class Messages:
             self.requests.append(self.comm.Isend(got[0], dest, self.tag))
             return 0
         except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
-            self._stand_in(self.comm.Isend, int(sh.total[g]), dest, exc)
+            self.stand_in(self.comm.Isend, int(sh.total[g]), dest, exc)
             return 0
 
     def recv_group(
@@ -355,7 +371,7 @@ class Messages:
                 self.types.append(got[1])
             self.requests.append(self.comm.Irecv(got[0], source, self.tag))
         except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
-            self._stand_in(self.comm.Irecv, int(sh.total[g]), source, exc)
+            self.stand_in(self.comm.Irecv, int(sh.total[g]), source, exc)
 
     def recv(self, source: int, buf: npt.NDArray[np.uint8], offsets: I64, lengths: I64) -> None:
         """Receive the runs straight into ``buf`` (a datatype when they are apart).
@@ -366,7 +382,7 @@ class Messages:
         try:
             self._post(self.comm.Irecv, *byte_view(buf, offsets, lengths), source)
         except Exception as exc:  # noqa: BLE001 - kept in self.error, agreed by the caller
-            self._stand_in(self.comm.Irecv, int(np.sum(lengths)), source, exc)
+            self.stand_in(self.comm.Irecv, int(np.sum(lengths)), source, exc)
 
     def done(self) -> bool:
         """Whether every message has completed (``Testall``: MPI progresses meanwhile);

@@ -19,41 +19,31 @@ the head changes nothing after it, so no agreement says who did.
 What each call acquires is still acquired in every call, inside the step the head
 agrees on: the round buffers (``rounds.prepare``), which a rank may have lost since.
 
-A write whose plan has one round (:func:`write_rounds`; the plan is agreed, so every
-rank takes the same way) posts its receives and sends at once, waits for them and
-writes its window inline: what :func:`collio.rounds.write_rounds` does for one round,
-without the machinery that overlaps a round's I/O with the next one's messages.
+A write whose plan has one round is posted inline (:mod:`collio.keptround`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from . import rounds, speculate
-from .aggregators.plan import AggregatorPlan, round_requests
 from .backends.base import Backend
-from .backends.failures import storage_errors
-from .buffers import round_buffers, window_of
+from .buffers import round_buffers
 from .check import Headed, Pending
 from .checkfacts import Checked, moved_by, placed, zigzag
 from .collective import Attempt, KeptHead, call_kept_head
 from .completion import local_summary, local_when_read
 from .context import Call, Context, Plan
-from .exchange import Messages
 from .facts import NOT_COMPARED
+from .keptround import Round, kept_round, one_round, round_of, write_rounds
 from .layouts.arrays import Subarray
 from .policy import DEPTH, Path, domain_alignment
 from .quick import array_of
-from .roundio import cover, round_cover
-from .rounds import TAG, agg_runs, sender_runs
 from .rounds import prepare as prepare_rounds
 from .runs import Runs, is_read_only
-from .stats import Stats
 
 __all__ = ["Lane", "headed", "keep", "transfer", "write_rounds"]
 
@@ -78,6 +68,7 @@ class Lane:
     window: int
     active: int
     head: KeptHead | None = None  # a repeat's head before its patch (made when first used)
+    round: Round | None = None  # the entry's one round as messages (made when first used)
 
 
 def keep(ctx: Context, call: Call | None, layout: Any, *, lane: bool = False) -> None:
@@ -185,7 +176,11 @@ def _head(ctx: Context, k: Lane, layout: Any, buf: Any, runs: Runs, d: int,
     step = Attempt()
     plan = (-1, 0)
     with step:  # (allocations fail here, agreed, not in the rounds: check._kept_plan)
-        prepare_rounds(k.entry.plan, writing=True)
+        r = k.round
+        if r is None or r.plan is not k.entry.plan:
+            prepare_rounds(k.entry.plan, writing=True)
+        elif r.req is not None:  # (its shapes are made: an aggregator's round buffers)
+            round_buffers(r.plan.window, DEPTH)
         plan = (k.entry.epoch, k.shift + d)
     moved, shift = moved_by(ctx.extents, lo, hi)
     seconds = speculate.times(0.0, t0)
@@ -263,7 +258,12 @@ def transfer(ctx: Context, call: Call, data: Any) -> tuple[BaseException | None]
         local_when_read(ctx, plan)
         return (rounds.write_rounds(ctx, plan, data, call),)
     ctx.stats.local_when_read(_moved_summary, ctx, base, d)
-    return (_one_round(ctx, base, d, data, call),)
+    r = k.round
+    if r is None or r.plan is not base:
+        r = k.round = round_of(ctx, base)
+    if r is None:  # (a message of no fixed shape: built from the runs each call)
+        return (one_round(ctx, base, d, data, call),)
+    return (kept_round(ctx, r, d, data, call),)
 
 
 def _entry_now(ctx: Context, call: Call) -> Any:
@@ -290,80 +290,3 @@ def _entry_now(ctx: Context, call: Call) -> Any:
 def _moved_summary(ctx: Context, plan: Plan, d: int) -> dict[str, Any]:
     """``stats.local`` of ``plan`` moved ``d`` bytes (made when read)."""
     return local_summary(ctx, plan.shifted(d) if d else plan)
-
-
-def write_rounds(
-    ctx: Context, plan: Plan, data: Any, call: Call
-) -> BaseException | None:  # fmt: skip
-    """Collective over ``ctx.comm``: :func:`collio.rounds.write_rounds` of ``plan``, its
-    one round inline on a local backend (see the module doc).  Returns this rank's first
-    error, not yet agreed (the call's completion agrees on it)."""
-    if plan.nrounds != 1 or ctx.backend.remote:
-        return rounds.write_rounds(ctx, plan, data, call)
-    return _one_round(ctx, plan, 0, data, call)
-
-
-def _one_round(ctx: Context, plan: Plan, d: int, data: Any, call: Call) -> BaseException | None:
-    """Collective over ``ctx.comm``: the one round of ``plan`` moved ``d`` bytes in the
-    file (its messages are placed relative to its window: only the request moves)."""
-    c = call.counters
-    msgs = Messages(ctx.comm, TAG)
-    ap = plan.agg  # (None: this rank does not aggregate)
-    t = time.perf_counter()
-    try:
-        got = _receive(ctx, plan, d, ap, msgs, c) if ap is not None and ap.nrounds else None
-        _send(ctx, plan, data, msgs, c)
-    except BaseException:
-        msgs.free()
-        raise
-    msgs.wait()  # (every message completes, failed or not: nobody is left waiting)
-    c.time_exchange += time.perf_counter() - t
-    if got is None:
-        return msgs.error
-    req, wbuf, error = got
-    error = error or msgs.error  # (a stand-in's bytes are not written)
-    if error is not None:
-        return error
-    assert ap is not None
-    step = Attempt()
-    t = time.perf_counter()
-    with step, storage_errors(ctx.backend):
-        # (the bytes ranks sent: the whole request, or its runs, moved as the request)
-        covered = cover(ap, 0, req) if ap.rcovered[0] >= req[1] else round_cover(ap, 0).moved(d)
-        c.add_writes(ctx.backend.write_window(req[0], wbuf, covered))
-    c.time_io += time.perf_counter() - t
-    return step.error
-
-
-def _receive(
-    ctx: Context, plan: Plan, d: int, ap: AggregatorPlan, msgs: Messages, c: Stats
-) -> tuple[tuple[int, int], Any, BaseException | None]:
-    """An aggregator's round (``plan`` moved ``d`` bytes): its request, its window of the
-    round buffer (the holes read first where the backend needs them) with every source's
-    receive posted into it, and the error of reading the holes (the receives are posted
-    all the same)."""
-    dom, be = ctx.my_domain, ctx.backend
-    lo, hi = int(plan.bounds[dom]), int(plan.bounds[dom + 1])
-    offs, lens = round_requests(ap, lo, hi, plan.window, be.partial_write)
-    base = int(offs[0])
-    req = (base + d, int(lens[0]))
-    wbuf = window_of(round_buffers(plan.window, DEPTH)[0], *req)
-    step = Attempt()
-    if ap.rcovered[0] < req[1]:  # (as roundio.reuse_buffer: the old bytes of its holes)
-        t = time.perf_counter()
-        with step, storage_errors(be):
-            c.add_reads(be.fill_holes(req[0], wbuf, round_cover(ap, 0).moved(d)))
-        c.time_io += time.perf_counter() - t
-    sh = plan.agg_shapes()
-    for g in ap.groups_of_round(0).tolist():
-        msgs.recv_group(int(ap.gsrc[g]), wbuf, sh, g, base, partial(agg_runs, ap, g, base))
-        c.messages += 1
-    return req, wbuf, step.error
-
-
-def _send(ctx: Context, plan: Plan, data: Any, msgs: Messages, c: Stats) -> None:
-    """This rank's sends of the round (every send group: there is one round)."""
-    sp, sh, aggs = plan.sender, plan.sender_shapes(), ctx.aggregators
-    for g in range(len(sp.gdom)):
-        msgs.send_group(int(aggs[sp.gdom[g]]), data, sh, g, 0, partial(sender_runs, sp, g))
-        c.exchanged_bytes += int(sh.total[g])

@@ -18,6 +18,7 @@ from helpers import raises_everywhere, read_file
 
 import collio
 import collio.keptcall
+import collio.keptround
 from collio.layouts import Subarray
 from collio.testing.romio import romio_write
 
@@ -168,3 +169,44 @@ def test_a_rank_failing_mid_series_fails_every_rank_and_the_series_goes_on(
     expect = b"".join(w for _, _, w in steps[:5]) + want[5 * step : 6 * step]
     _same_file(comm, path, expect + b"".join(w for _, _, w in steps[6:]))
     assert lane_calls[0] >= done + 2  # (the steps after the failure: in the lane again)
+
+
+def test_a_receive_that_cannot_be_posted_fails_every_rank_and_the_series_goes_on(
+    comm, mpi_tmp_path, lane_calls, monkeypatch
+):
+    """At step 5 the aggregator's round buffer is read-only, so no receive of its kept
+    round can be posted: each is replaced by a stand-in (its sender's message completes),
+    every rank raises the same error naming rank 0, step 5 keeps an earlier pass's bytes,
+    and the series goes on in the lane."""
+    path, nsteps = str(mpi_tmp_path / "posting.bin"), 8
+    steps = [_step(comm, s) for s in range(nsteps)]
+    real = collio.keptround.round_buffers
+
+    def frozen(*args, **kwargs):
+        views = [b.view() for b in real(*args, **kwargs)]
+        for v in views:
+            v.flags.writeable = False
+        return views
+
+    with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
+        for piece, lay, _ in steps:  # (the first pass: what step 5 keeps)
+            f.write_all(-piece, lay)
+        first = read_file(path) if comm.rank == 0 else None
+        want = comm.bcast(first)
+        for piece, lay, _ in steps[:5]:
+            f.write_all(piece, lay)
+        done = lane_calls[0]
+        piece, lay, _ = steps[5]
+        if comm.rank == 0:  # (rank 0 aggregates)
+            monkeypatch.setattr(collio.keptround, "round_buffers", frozen)
+        err = raises_everywhere(comm, collio.CollioError, lambda: f.write_all(piece, lay))
+        monkeypatch.setattr(collio.keptround, "round_buffers", real)
+        assert err.ranks == (0,) and "backend I/O: rank 0: BufferError" in str(err)
+        assert lane_calls[0] == done + 1
+        for piece, lay, _ in steps[6:]:
+            f.write_all(piece, lay)
+            assert f.stats.last_call["plan_reused"]
+    step = len(steps[0][2])
+    expect = b"".join(w for _, _, w in steps[:5]) + want[5 * step : 6 * step]
+    _same_file(comm, path, expect + b"".join(w for _, _, w in steps[6:]))
+    assert lane_calls[0] == done + 3

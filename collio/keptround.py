@@ -1,0 +1,214 @@
+"""The one round of a kept two-phase write, posted inline (:mod:`collio.keptcall`).
+
+A write whose plan has one round (the plan is agreed, so every rank takes the same way)
+posts its receives and sends at once, waits for them and writes its window inline:
+what :func:`collio.rounds.write_rounds` does for one round, without the machinery that
+overlaps a round's I/O with the next one's messages.  A kept plan's round is found once
+as the messages this rank posts (:class:`Round`: sources, slices or kept hvectors, the
+request and what ranks send of it) and posted from that record call after call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from functools import partial
+from typing import Any
+
+from mpi4py import MPI
+
+from . import rounds
+from .aggregators.plan import AggregatorPlan, round_requests
+from .backends.failures import storage_errors
+from .buffers import round_buffers, window_of
+from .collective import Attempt
+from .context import Call, Context, Plan
+from .exchange import CONTIG, Messages, kept_type
+from .policy import DEPTH
+from .roundio import cover, round_cover
+from .rounds import TAG, agg_runs, sender_runs
+from .runs import Runs
+from .stats import Stats
+
+__all__ = ["Round", "kept_round", "one_round", "round_of", "write_rounds"]
+
+_BYTE = MPI.BYTE
+
+
+def write_rounds(
+    ctx: Context, plan: Plan, data: Any, call: Call
+) -> BaseException | None:  # fmt: skip
+    """Collective over ``ctx.comm``: :func:`collio.rounds.write_rounds` of ``plan``, its
+    one round inline on a local backend (see the module doc).  Returns this rank's first
+    error, not yet agreed (the call's completion agrees on it)."""
+    if plan.nrounds != 1 or ctx.backend.remote:
+        return rounds.write_rounds(ctx, plan, data, call)
+    return one_round(ctx, plan, 0, data, call)
+
+
+def one_round(ctx: Context, plan: Plan, d: int, data: Any, call: Call) -> BaseException | None:
+    """Collective over ``ctx.comm``: the one round of ``plan`` moved ``d`` bytes in the
+    file (its messages are placed relative to its window: only the request moves)."""
+    c = call.counters
+    msgs = Messages(ctx.comm, TAG)
+    ap = plan.agg  # (None: this rank does not aggregate)
+    t = time.perf_counter()
+    try:
+        got = _receive(ctx, plan, d, ap, msgs, c) if ap is not None and ap.nrounds else None
+        _send(ctx, plan, data, msgs, c)
+    except BaseException:
+        msgs.free()
+        raise
+    msgs.wait()  # (every message completes, failed or not: nobody is left waiting)
+    c.time_exchange += time.perf_counter() - t
+    if got is None:
+        return msgs.error
+    req, wbuf, error = got
+    error = error or msgs.error  # (a stand-in's bytes are not written)
+    if error is not None:
+        return error
+    assert ap is not None
+    step = Attempt()
+    t = time.perf_counter()
+    with step, storage_errors(ctx.backend):
+        # (the bytes ranks sent: the whole request, or its runs, moved as the request)
+        covered = cover(ap, 0, req) if ap.rcovered[0] >= req[1] else round_cover(ap, 0).moved(d)
+        c.add_writes(ctx.backend.write_window(req[0], wbuf, covered))
+    c.time_io += time.perf_counter() - t
+    return step.error
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Round:
+    """The one round of a kept plan as this rank posts it, found once: what
+    :func:`_receive` and :func:`_send` find again from the plan in every call."""
+
+    plan: Plan  # the plan it is of (by identity)
+    req: tuple[int, int] | None  # an aggregator's request, unmoved (None: it does not aggregate)
+    cover: Runs | None  # what ranks send of it, unmoved (an aggregator's)
+    whole: bool  # they send every byte of it (no holes to read first)
+    recvs: list[tuple[int, int, int, Any]]  # (source, first byte, bytes, hvector or None)
+    sends: list[tuple[int, int, int, Any]]  # (aggregator, first byte, bytes, hvector or None)
+    sent: int  # the bytes this rank sends
+
+
+def round_of(ctx: Context, plan: Plan) -> Round | None:
+    """Local: ``plan``'s one round as :class:`Round`, or None when a message has no
+    fixed shape (``OTHER``) or its hvector is not kept by the exchange (made and freed
+    per message): those go the way of :func:`one_round`."""
+    ap, be, aggs = plan.agg, ctx.backend, ctx.aggregators
+    req, covered, whole, recvs = None, None, True, []
+    if ap is not None and ap.nrounds:
+        dom = ctx.my_domain
+        lo, hi = int(plan.bounds[dom]), int(plan.bounds[dom + 1])
+        offs, lens = round_requests(ap, lo, hi, plan.window, be.partial_write)
+        req = (int(offs[0]), int(lens[0]))
+        whole = bool(ap.rcovered[0] >= req[1])
+        covered = cover(ap, 0, req)
+        sh = plan.agg_shapes()
+        got = [(int(ap.gsrc[g]), *_fixed(sh, g, req[0])) for g in ap.groups_of_round(0).tolist()]
+        if any(len(m) < 4 for m in got):
+            return None
+        recvs = got
+    sp, sh = plan.sender, plan.sender_shapes()
+    sends = [(int(aggs[sp.gdom[g]]), *_fixed(sh, g, 0)) for g in range(len(sp.gdom))]
+    if any(len(m) < 4 for m in sends):
+        return None
+    return Round(plan, req, covered, whole, recvs, sends, int(sh.total.sum()))  # type: ignore[arg-type]
+
+
+def _fixed(sh: Any, g: int, base: int) -> tuple[int, int, Any] | tuple[()]:
+    """Group ``g``'s first byte (less ``base``), bytes and kept hvector (None: a slice),
+    or () when its messages are built per call (:func:`collio.exchange.shaped`)."""
+    first, total = int(sh.first[g]) - base, int(sh.total[g])
+    if int(sh.kind[g]) == CONTIG:
+        return first, total, None
+    kept = kept_type(sh, g)
+    return () if kept is None else (first, total, kept)
+
+
+def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseException | None:
+    """Collective over ``ctx.comm``: :func:`one_round` of ``r``'s plan moved ``d``
+    bytes, its messages posted from ``r`` (each a stand-in if it cannot be posted, as
+    :class:`~collio.exchange.Messages` does)."""
+    c, comm, plan = call.counters, ctx.comm, r.plan
+    msgs = Messages(comm, TAG)
+    posted, error = msgs.requests, None
+    t = time.perf_counter()
+    req = wbuf = None
+    if r.req is not None:
+        req = (r.req[0] + d, r.req[1])
+        wbuf = window_of(round_buffers(plan.window, DEPTH)[0], *req)
+        if not r.whole:  # (as _receive: the old bytes of its holes)
+            error = _holes(ctx, wbuf, req, r.cover, d, c)
+        for src, first, n, dt in r.recvs:
+            try:
+                spec = [wbuf[first : first + n], _BYTE] if dt is None else [wbuf[first:], 1, dt]
+                posted.append(comm.Irecv(spec, src, TAG))
+            except Exception as exc:  # noqa: BLE001 - agreed in the completion
+                msgs.stand_in(comm.Irecv, n, src, exc)
+        c.messages += len(r.recvs)
+    for dest, first, n, dt in r.sends:
+        try:
+            spec = [data[first : first + n], _BYTE] if dt is None else [data[first:], 1, dt]
+            posted.append(comm.Isend(spec, dest, TAG))
+        except Exception as exc:  # noqa: BLE001 - agreed in the completion
+            msgs.stand_in(comm.Isend, n, dest, exc)
+    c.exchanged_bytes += r.sent
+    msgs.wait()  # (every message completes, failed or not: nobody is left waiting)
+    c.time_exchange += time.perf_counter() - t
+    error = error or msgs.error  # (a stand-in's bytes are not written)
+    if req is None or error is not None:
+        return error
+    assert r.cover is not None and wbuf is not None
+    step = Attempt()
+    t = time.perf_counter()
+    with step, storage_errors(ctx.backend):
+        c.add_writes(ctx.backend.write_window(req[0], wbuf, r.cover.moved(d) if d else r.cover))
+    c.time_io += time.perf_counter() - t
+    return step.error
+
+
+def _holes(ctx: Context, wbuf: Any, req: tuple[int, int], covered: Any, d: int,
+           c: Stats) -> BaseException | None:  # fmt: skip
+    """Local: the old bytes of the window's holes read into ``wbuf``; the error."""
+    step = Attempt()
+    t = time.perf_counter()
+    with step, storage_errors(ctx.backend):
+        c.add_reads(ctx.backend.fill_holes(req[0], wbuf, covered.moved(d) if d else covered))
+    c.time_io += time.perf_counter() - t
+    return step.error
+
+
+def _receive(
+    ctx: Context, plan: Plan, d: int, ap: AggregatorPlan, msgs: Messages, c: Stats
+) -> tuple[tuple[int, int], Any, BaseException | None]:
+    """An aggregator's round (``plan`` moved ``d`` bytes): its request, its window of the
+    round buffer (the holes read first where the backend needs them) with every source's
+    receive posted into it, and the error of reading the holes (the receives are posted
+    all the same)."""
+    dom, be = ctx.my_domain, ctx.backend
+    lo, hi = int(plan.bounds[dom]), int(plan.bounds[dom + 1])
+    offs, lens = round_requests(ap, lo, hi, plan.window, be.partial_write)
+    base = int(offs[0])
+    req = (base + d, int(lens[0]))
+    wbuf = window_of(round_buffers(plan.window, DEPTH)[0], *req)
+    step = Attempt()
+    if ap.rcovered[0] < req[1]:  # (as roundio.reuse_buffer: the old bytes of its holes)
+        t = time.perf_counter()
+        with step, storage_errors(be):
+            c.add_reads(be.fill_holes(req[0], wbuf, round_cover(ap, 0).moved(d)))
+        c.time_io += time.perf_counter() - t
+    sh = plan.agg_shapes()
+    for g in ap.groups_of_round(0).tolist():
+        msgs.recv_group(int(ap.gsrc[g]), wbuf, sh, g, base, partial(agg_runs, ap, g, base))
+        c.messages += 1
+    return req, wbuf, step.error
+
+
+def _send(ctx: Context, plan: Plan, data: Any, msgs: Messages, c: Stats) -> None:
+    """This rank's sends of the round (every send group: there is one round)."""
+    sp, sh, aggs = plan.sender, plan.sender_shapes(), ctx.aggregators
+    for g in range(len(sp.gdom)):
+        msgs.send_group(int(aggs[sp.gdom[g]]), data, sh, g, 0, partial(sender_runs, sp, g))
+        c.exchanged_bytes += int(sh.total[g])
