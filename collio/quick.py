@@ -33,9 +33,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import check, speculate
+from .backends import filereads
 from .backends.directio import DIRECT_MIN
 from .backends.failures import storage_error
-from .backends.fdio import pread_zeros, pwrite_all
+from .backends.fdio import pwrite_all
 from .backends.keeping import Before, keep_one
 from .backends.posix import PREAD_BYTES, PosixBackend
 from .checkfacts import PLACED, Checked, moved_by, placed
@@ -56,6 +57,8 @@ _U8 = np.dtype(np.uint8)
 #: (an enum member looked up once: each lookup through its class costs a call)
 _MAPPED = Path.MAPPED
 _DIRECT = Path.DIRECT
+#: The kinds of arrays that are buffers as they are (os.pwrite takes them)
+_NUMBERS = "biufc"
 _MAX = MPI.MAX
 #: The facts that change from one call of the lane to the next (the others are the
 #: kept call's, packed once into :attr:`Kept.head`)
@@ -72,11 +75,24 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     through ``fview`` from etype ``position`` as a repeat of this rank's last call of
     its kind through the view.  True: the call is complete; a :data:`Headed`: the call
     went as far as its head; None (nothing done, nothing communicated): not a repeat."""
-    k = speculate.candidate(ctx, writing)
+    calls = ctx.kept[writing]
+    step: Step | None = calls.step  # (the last call's, when this call may repeat it)
+    if step is not None and step.k.serial == calls.serial - calls.period:
+        stepped = step.view(ctx, fview, position, data, t0)
+        if stepped is not None:
+            return stepped
+    k = calls.candidate()  # (speculate.candidate, inline: every call asks)
     if k is not None and k.view is fview and k.at is not None:
+        mine: Step | None = k.step
+        if mine is not None and mine is not step:  # (a series alternating variables)
+            stepped = mine.view(ctx, fview, position, data, t0)
+            if stepped is not None:
+                return stepped
         taken = _taken(ctx, k, position, data, writing=writing)
         if taken is not None:
             got = _run(ctx, k, position, *taken, writing=writing, t0=t0)
+            if got is True and k.step is None and Step.fits(ctx, k, writing):
+                k.step = calls.step = Step(ctx, k, writing)  # (the series' next calls)
             if got is not None:
                 return got
     p = check.again(ctx, fview, position, data, writing=writing, t0=t0)
@@ -155,18 +171,19 @@ def array_of(ctx: Context, box: Any, data: Any, *, writing: bool) -> Any:
 
 
 class Step:
-    """A repeat of one kept one-run call through a :class:`~collio.layouts.Subarray` on a
-    posix file (:func:`layout_again`), in the fewest operations: oversubscribed ranks
-    pay every operation of one rank in the others' waits, and on a small call the
-    Python between its I/O and its one agreement is most of its time.
+    """A repeat of one kept one-run call on a posix file (through a
+    :class:`~collio.layouts.Subarray`: :func:`layout_again`; through a dense view:
+    :func:`again`), in the fewest operations: oversubscribed ranks pay every operation
+    of one rank in the others' waits, and on a small call the Python between its I/O
+    and its one agreement is most of its time.
 
     Made at the call's first repeat through the lane and kept on its
-    :class:`~collio.speculate.Kept`; it does what :func:`layout_again` does (the same
-    conditions, I/O, head and completion) with the facts that do not change from call
-    to call looked up once.  Anything but the plain case (a condition not met, an I/O
-    error, a call not complete at its head, another call) goes the lane's general way
-    from where it is (:func:`_agree`, :func:`_settle`), so errors, take-backs and
-    statistics stay the lane's."""
+    :class:`~collio.speculate.Kept`; it does what the lane does (the same conditions,
+    I/O, head and completion) with the facts that do not change from call to call
+    looked up once.  Anything but the plain case (a condition not met, an I/O error, a
+    call not complete at its head, another call) goes the lane's general way from where
+    it is (:func:`_agree`, :func:`_settle`), so errors, take-backs and statistics stay
+    the lane's."""
 
     __slots__ = ("k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps")
 
@@ -177,9 +194,10 @@ class Step:
         self.be: PosixBackend = be
         self.fd = be.fd
         box = k.box
-        assert box is not None
-        # (an array contiguous in C order is a buffer os.pwrite / preadv take as it is)
-        self.c_order = box[4] != "F" or len(box[2]) <= 1
+        # (an array contiguous in C order of numbers is a buffer os.pwrite / preadv take
+        # as it is)
+        self.c_order = box is not None and (box[4] != "F" or len(box[2]) <= 1)
+        self.c_order = self.c_order and box is not None and np.dtype(box[3]).kind in _NUMBERS
         # the kept call's last facts around the extent (slot 5) and ``guessed`` (last)
         self.pre, self.post = tuple(k.last[:5]), (*k.last[6:-1], True)
         # a read copied from the map by one preadv (MappedReads.read_if_maps)
@@ -191,8 +209,9 @@ class Step:
         """Local: whether a step can repeat ``k`` (one run, on the posix backend, whose
         requests it makes itself, the lane's head made)."""
         return (
-            type(ctx.backend) is PosixBackend and k.runs is None and k.box is not None
-            and k.head is not None and (writing or k.path is _MAPPED or k.path is _DIRECT)
+            type(ctx.backend) is PosixBackend and k.runs is None and k.head is not None
+            and (k.box is not None or k.at is not None)
+            and (writing or k.path is _MAPPED or k.path is _DIRECT)
         )  # fmt: skip
 
     def __call__(self, ctx: Context, layout: Any, data: Any,
@@ -204,13 +223,43 @@ class Step:
         offset = layout._offset
         if offset < 0 or layout.box != k.box or k.backend is not ctx.backend:
             return None
-        n = k.span
-        lo = k.base + offset
-        hi = lo + n
-        if hi >= speculate.BIG:
-            return None
         arr = array_of(ctx, k.box, data, writing=writing)
         if arr is None:
+            return None
+        buf = arr if self.c_order else arr.reshape(-1, order="A").view(np.uint8)
+        got = self._go(ctx, k.base + offset, arr, buf, (layout, offset, arr, None), offset, t0)
+        return None if got is None else (got, arr)
+
+    def view(self, ctx: Context, fview: Any, position: Any, data: Any,
+             t0: float) -> Literal[True] | Headed | None:  # fmt: skip
+        """:func:`again` through the view ``fview`` from etype ``position`` (None: not a
+        repeat of :attr:`k`, nothing done)."""
+        k = self.k
+        at = k.at
+        if at is None or k.view is not fview or k.hints is not ctx.hints:
+            return None
+        if k.backend is not ctx.backend:
+            return None
+        if not check.plain(ctx, k, position, data, writing=self.writing):
+            return None
+        if data.flags.c_contiguous and data.dtype.kind in _NUMBERS:
+            buf = data
+        else:
+            try:  # (an object array: the general way's checks raise it, agreed)
+                buf = _bytes(data)
+            except Exception:  # noqa: BLE001
+                return None
+        return self._go(ctx, at + position * k.view.etype_size, data, buf, position, 0, t0)
+
+    def _go(self, ctx: Context, lo: int, arr: Any, buf: Any, where: Any, offset: int,
+            t0: float) -> Literal[True] | Headed | None:  # fmt: skip
+        """The call of ``arr`` (its bytes ``buf``, a buffer os.pwrite takes) from ``lo``
+        (``where`` and ``offset`` as :func:`_run` and :func:`collio.checkfacts.placed`
+        take them), once the layout or view took it; None: not taken, nothing done."""
+        k, writing = self.k, self.writing
+        n = k.span
+        hi = lo + n
+        if hi >= speculate.BIG:
             return None
         if writing or k.path is not _MAPPED:  # (as _tail: moved alike from disjoint extents)
             if not writing and ctx.read_aggregators is not None:
@@ -227,7 +276,6 @@ class Step:
             return None
         else:
             moved, shift = moved_by(ctx.extents, lo, hi)
-        buf = arr if self.c_order else arr.reshape(-1, order="A").view(np.uint8)
         be, fd = self.be, self.fd
         before: Before | None = None
         size, done, error = speculate.BIG, 1, None
@@ -250,8 +298,9 @@ class Step:
                             pwrite_all(fd, _bytes(arr), lo, be.path)
                     else:
                         be.write_one(lo, _bytes(arr))
-                elif self.maps:  # (MappedReads.read_if_maps of a small run, inline)
-                    if os.preadv(fd, [buf], lo) != n and pread_zeros(fd, _bytes(arr), lo) < n:
+                elif self.maps:  # (MappedReads.read_if_maps of a small run, inline:
+                    # the same function, found where that method finds it)
+                    if filereads.pread_zeros(fd, buf, lo) < n:  # type: ignore[attr-defined]
                         return None  # (past the end: the general way reads it again)
                 else:
                     done = be.read_one(lo, _bytes(arr))  # type: ignore[assignment]
@@ -260,7 +309,9 @@ class Step:
                 if raised is exc:
                     raise
                 raise raised from exc
-            key = (done, *be.take_counts())
+            fl = be.flusher  # (PosixBackend.take_counts, inline)
+            key = (done, be.direct_bytes, 0 if fl is None else fl.take_count(), be.mapped_bytes)
+            be.direct_bytes = be.mapped_bytes = 0
         except BaseException as exc:
             if not kept(exc):
                 raise
@@ -268,9 +319,8 @@ class Step:
         end = time.perf_counter()
         io = (before, size, key, done, end - t, error)
         if error is not None or key != k.key:
-            got = _agree(ctx, k, (layout, offset, arr, None), lo, _bytes(arr), moved, shift,
-                         io, end, writing=writing, t0=t0)  # fmt: skip
-            return got, arr
+            return _agree(ctx, k, where, lo, _bytes(arr), moved, shift, io, end,
+                          writing=writing, t0=t0)  # fmt: skip
         head = k.head
         sig = k.facts[3]
         _PATCH(
@@ -278,17 +328,15 @@ class Step:
             int((end - t0) * 1e9), sig if sig < 0 else (sig + offset) & PLACED,
         )  # fmt: skip
         head.slots[0] = 0
-        comm = ctx.comm
-        comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
+        ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
         got = head.got
         if got[1] != -got[2]:
             _mismatch(ctx, k, head, io, writing)
         out = head.got_own
         guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
         if got[0] or not (guessed and same) or sig is None or items is None:
-            where = (layout, offset, arr, None)
             return _settle(ctx, k, where, lo, _bytes(arr), io, bool(got[0]), out,
-                           writing=writing), arr  # fmt: skip
+                           writing=writing)  # fmt: skip
         # the completion (speculate.complete), inline
         if k.path is _DIRECT:
             ctx.extents = (lo, hi, True)
@@ -300,7 +348,10 @@ class Step:
         keys.append(ident)
         if len(keys) > speculate.KEPT_CALLS + 2:
             del keys[0]
-        calls.period = 1 if ident == keys[-2] == keys[-3] else speculate.period_of(keys)
+        if len(keys) > 2 and ident == keys[-2] == keys[-3]:
+            calls.period = 1
+        else:
+            calls.period = speculate.period_of(keys)
         calls.step = self
         ctx.guesses[writing] = k
         stats = ctx.stats
@@ -314,8 +365,9 @@ class Step:
         stats.time_total += t_total / 1e9
         stats.direct_calls += 1
         stats.last_facts = (*self.pre, [alo, ahi], *self.post)
-        stats.local = {"domain": -1, "direct": True, "requests": k.lengths}
-        return True, arr
+        # (Stats.local's setter, inline)
+        stats._local, stats._local_of = {"domain": -1, "direct": True, "requests": k.lengths}, None
+        return True
 
 
 def _bytes(arr: Any) -> Any:

@@ -1,6 +1,7 @@
 """A time series' repeats in a few operations (collio.quick.Step).
 
-From a one-run series' fourth call through the lane, a kept step does the call: its
+From a one-run series' fourth call through the lane (through a Subarray or a dense
+file view), a kept step does the call: its
 conditions, I/O, head and completion with the facts that do not change looked up once.
 Each test checks that the step took the calls it should (the functions the call ran),
 the bytes against numpy and ROMIO in the same run, and what the call reports
@@ -17,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 from helpers import raises_everywhere, read_file
+from mpi4py import MPI
 
 import collio
 from collio import quick
@@ -61,7 +63,7 @@ def _ran(fn, seen=None):
 def _in_step(fn):
     """Whether ``fn()`` (one call) was done by a step and not the lane's general way."""
     seen = _ran(fn)
-    return "__call__" in seen and not ({"_run", "_agree", "_settle", "check"} & seen)
+    return "_go" in seen and not ({"_run", "_agree", "_settle", "check"} & seen)
 
 
 def _same_file(comm, path, want):
@@ -164,7 +166,7 @@ def test_a_write_failing_on_one_rank_in_a_step_raises_everywhere_and_the_series_
             resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         assert err.ranks == (bad,)
         # (the step did the I/O, then went the lane's way from its head)
-        assert "__call__" in seen and "_settle" in seen
+        assert "_go" in seen and "_settle" in seen
         _same_file(comm, path, want)
         stepped = []
         for s in range(4, 9):
@@ -213,3 +215,56 @@ def test_other_calls_between_the_steps_and_two_variables_in_turn(comm, mpi_tmp_p
     _same_file(comm, path, image.tobytes())
     comm.Barrier()
     assert read_file(theirs) == image.tobytes()
+
+
+@pytest.mark.parametrize("etype", ["byte", "int"])
+def test_a_series_through_a_view_in_steps_writes_and_reads_what_romio_does(
+    comm, mpi_tmp_path, etype
+):
+    """``write_at_all`` / ``read_at_all`` through a displaced view: steps from the fourth
+    call, the bytes ROMIO writes, and a write that fails on one rank in a step is taken
+    back everywhere (two ranks or more)."""
+    path, theirs = str(mpi_tmp_path / "view.bin"), str(mpi_tmp_path / "romio.bin")
+    p, r, n, disp, steps = comm.size, comm.rank, 96, 100, 6
+    et = MPI.INT if etype == "int" else MPI.BYTE
+    per = n * 8 // et.Get_size()  # etypes per rank per step
+
+    def data(s):
+        return np.arange(n, dtype=np.float64) + 1000 * s + 100 * r
+
+    fh = MPI.File.Open(comm, theirs, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    fh.Set_view(disp, et, et)
+    stepped = []
+    with collio.open(path, "w", comm=comm) as f:
+        f.set_view(disp, et, et)
+        for s in range(steps):
+            stepped.append(_in_step(lambda: f.write_at_all((s * p + r) * per, data(s))))  # noqa: B023
+            fh.Write_at_all((s * p + r) * per, data(s))
+        size = disp + steps * p * n * 8
+        if p > 1:  # (the last rank cannot grow the file: every rank raises, nothing stays)
+            limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+            if r == p - 1:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (size + 1, limits[1]))
+            seen = set()
+            try:
+                raises_everywhere(
+                    comm, collio.BackendError,
+                    lambda: _ran(lambda: f.write_at_all((steps * p + r) * per, data(0)), seen),
+                    match=f"backend I/O: rank {p - 1}:",
+                )  # fmt: skip
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+            assert "_go" in seen and "_settle" in seen
+            comm.Barrier()
+            assert len(read_file(path)) == size
+        out = np.empty(n)
+        for s in range(steps):
+            stepped.append(_in_step(lambda: f.read_at_all((s * p + r) * per, out)))  # noqa: B023
+            np.testing.assert_array_equal(out, data(s))
+    fh.Close()
+    assert stepped[3:steps] == [True] * (steps - 3)
+    assert stepped[steps + 3 :] == [True] * (steps - 3)
+    comm.Barrier()
+    got, want = read_file(path), read_file(theirs)
+    assert got is not None and want is not None and len(got) == size
+    assert got[disp:] == want[disp:size]  # (ROMIO leaves the displacement's bytes undefined)
