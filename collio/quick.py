@@ -351,7 +351,7 @@ class Step:
         if len(keys) > 2 and ident == keys[-2] == keys[-3]:
             calls.period = 1
         else:
-            calls.period = speculate.period_of(keys)
+            calls.period = speculate._period(keys)  # (KeptCalls.completed's rule)
         calls.step = self
         ctx.guesses[writing] = k
         stats = ctx.stats

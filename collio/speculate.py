@@ -54,7 +54,6 @@ __all__ = [
     "complete",
     "note_layout",
     "note_view",
-    "period_of",
     "remember",
     "settle",
     "take_back",
@@ -120,7 +119,7 @@ class KeptCalls:
     same shift from extents that every rank found disjoint: the shift agreed at the
     call it repeats.  So every rank must repeat the same earlier call, chosen without
     communicating: the one ``period`` calls back, the period with which the calls'
-    keys (:func:`call_key`, agreed: the same on every rank) repeat (:func:`period_of`).  A rank
+    keys (:func:`call_key`, agreed: the same on every rank) repeat (:func:`_period`).  A rank
     that did not keep that call, or whose call does not repeat it, does not guess.
     """
 
@@ -150,7 +149,7 @@ class KeptCalls:
         if len(keys) > KEPT_CALLS + 2:
             del keys[0]
         # (one variable: its key repeats, the period stays 1)
-        self.period = 1 if len(keys) > 2 and key == keys[-2] == keys[-3] else period_of(keys)
+        self.period = 1 if len(keys) > 2 and key == keys[-2] == keys[-3] else _period(keys)
         if k is None:
             return
         new = k.serial < 0
@@ -170,7 +169,7 @@ def call_key(shift: int, sig: int | None, lo: int) -> tuple[int, int]:
     return shift, (sig - lo) & _PLACED
 
 
-def period_of(keys: list[tuple[int, int]]) -> int:
+def _period(keys: list[tuple[int, int]]) -> int:
     """Pure: the smallest period with which the last two calls' keys repeat (a solver
     alternating A and B: 2), else 1 (one variable, or a series that began anew)."""
     n = len(keys)
