@@ -223,11 +223,23 @@ class Step:
         offset = layout._offset
         if offset < 0 or layout.box != k.box or k.backend is not ctx.backend:
             return None
-        arr = array_of(ctx, k.box, data, writing=writing)
-        if arr is None:
-            return None
+        box = k.box
+        if type(data) is np.ndarray and data.shape == box[2] and data.dtype == box[3]:
+            # (array_of's checks of a given array, inline)
+            mode, flags = ctx.mode, data.flags
+            if mode == "closed" or (writing and (mode == "r" or ctx.aborted)):
+                return None
+            if not (flags.f_contiguous if box[4] == "F" else flags.c_contiguous):
+                return None
+            if not (writing or flags.writeable):
+                return None
+            arr = data
+        else:
+            arr = array_of(ctx, box, data, writing=writing)
+            if arr is None:
+                return None
         buf = arr if self.c_order else arr.reshape(-1, order="A").view(np.uint8)
-        got = self._go(ctx, k.base + offset, arr, buf, (layout, offset, arr, None), offset, t0)
+        got = self._go(ctx, k.base + offset, arr, buf, layout, offset, t0)
         return None if got is None else (got, arr)
 
     def view(self, ctx: Context, fview: Any, position: Any, data: Any,
@@ -249,13 +261,20 @@ class Step:
                 buf = _bytes(data)
             except Exception:  # noqa: BLE001
                 return None
-        return self._go(ctx, at + position * k.view.etype_size, data, buf, position, 0, t0)
+        return self._go(ctx, at + position * k.view.etype_size, data, buf, None, position, t0)
 
-    def _go(self, ctx: Context, lo: int, arr: Any, buf: Any, where: Any, offset: int,
+    @staticmethod
+    def _where(layout: Any, offset: int, arr: Any) -> Any:
+        """What :func:`_agree` and :func:`_settle` take as ``where``: the layout, its
+        offset and the array, or (``layout`` None) the etype position in the view."""
+        return offset if layout is None else (layout, offset, arr, None)
+
+    def _go(self, ctx: Context, lo: int, arr: Any, buf: Any, layout: Any, offset: int,
             t0: float) -> Literal[True] | Headed | None:  # fmt: skip
         """The call of ``arr`` (its bytes ``buf``, a buffer os.pwrite takes) from ``lo``
-        (``where`` and ``offset`` as :func:`_run` and :func:`collio.checkfacts.placed`
-        take them), once the layout or view took it; None: not taken, nothing done."""
+        through ``layout`` at its ``offset``, or (``layout`` None) through the view from
+        etype ``offset``, once the layout or view took it; None: not taken, nothing
+        done."""
         k, writing = self.k, self.writing
         n = k.span
         hi = lo + n
@@ -278,6 +297,7 @@ class Step:
             moved, shift = moved_by(ctx.extents, lo, hi)
         be, fd = self.be, self.fd
         before: Before | None = None
+        fresh = False  # (past the end: nothing kept, a Before made only when needed)
         size, done, error = speculate.BIG, 1, None
         key: tuple[Any, ...] = ()
         t = time.perf_counter()
@@ -285,7 +305,7 @@ class Step:
             if writing:
                 size = os.lseek(fd, 0, os.SEEK_END)
                 if lo >= size:  # (a time series' next step: nothing to keep)
-                    before = Before(size, [])
+                    fresh = True
                 else:
                     before = keep_one(fd, size, lo, n, speculate.KEEP_LIMIT)
                     if before is None:
@@ -317,26 +337,30 @@ class Step:
                 raise
             error = exc
         end = time.perf_counter()
-        io = (before, size, key, done, end - t, error)
         if error is not None or key != k.key:
-            return _agree(ctx, k, where, lo, _bytes(arr), moved, shift, io, end,
-                          writing=writing, t0=t0)  # fmt: skip
+            io = (Before(size, []) if fresh else before, size, key, done, end - t, error)
+            return _agree(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), moved,
+                          shift, io, end, writing=writing, t0=t0)  # fmt: skip
         head = k.head
         sig = k.facts[3]
+        if sig >= 0:  # (checkfacts.placed, inline; a view's array starts at 0)
+            sig = (sig + offset if layout is not None else sig) & PLACED
         _PATCH(
             head.own, lo, hi, moved, shift, True, size, True, int((end - t) * 1e9),
-            int((end - t0) * 1e9), sig if sig < 0 else (sig + offset) & PLACED,
+            int((end - t0) * 1e9), sig,
         )  # fmt: skip
         head.slots[0] = 0
         ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
         got = head.got
         if got[1] != -got[2]:
+            io = (Before(size, []) if fresh else before, size, key, done, end - t, error)
             _mismatch(ctx, k, head, io, writing)
         out = head.got_own
         guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
         if got[0] or not (guessed and same) or sig is None or items is None:
-            return _settle(ctx, k, where, lo, _bytes(arr), io, bool(got[0]), out,
-                           writing=writing)  # fmt: skip
+            io = (Before(size, []) if fresh else before, size, key, done, end - t, error)
+            return _settle(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), io,
+                           bool(got[0]), out, writing=writing)  # fmt: skip
         # the completion (speculate.complete), inline
         if k.path is _DIRECT:
             ctx.extents = (lo, hi, True)

@@ -138,11 +138,10 @@ def test_last_call_and_the_sums_of_a_step_are_what_the_lane_reports(comm, mpi_tm
     assert after["time_total"] > before["time_total"] and after["time_io"] > before["time_io"]
 
 
-@pytest.mark.mpi(min_size=2)
 def test_a_write_failing_on_one_rank_in_a_step_raises_everywhere_and_the_series_goes_on(
     comm, mpi_tmp_path
 ):
-    """The last rank cannot grow the file (a file-size limit): every rank raises the same
+    """The last rank can write only half its piece (a file-size limit): every rank raises the same
     error, every rank's write of that step is taken back (the file keeps its earlier
     bytes and size), and the series goes on, in steps again."""
     path, n, bad = str(mpi_tmp_path / "fail.bin"), 64, comm.size - 1
@@ -156,7 +155,9 @@ def test_a_write_failing_on_one_rank_in_a_step_raises_everywhere_and_the_series_
         piece, lay, whole = _step(comm, 4, n)
         limits = resource.getrlimit(resource.RLIMIT_FSIZE)
         if comm.rank == bad:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (len(want) + 1, limits[1]))
+            # (half its piece written, then the file-size limit: a partial write)
+            half = lay.offset + bad * n * 8 + n * 4
+            resource.setrlimit(resource.RLIMIT_FSIZE, (half, limits[1]))
         seen = set()
         try:
             err = raises_everywhere(comm, collio.BackendError,
@@ -241,22 +242,23 @@ def test_a_series_through_a_view_in_steps_writes_and_reads_what_romio_does(
             stepped.append(_in_step(lambda: f.write_at_all((s * p + r) * per, data(s))))  # noqa: B023
             fh.Write_at_all((s * p + r) * per, data(s))
         size = disp + steps * p * n * 8
-        if p > 1:  # (the last rank cannot grow the file: every rank raises, nothing stays)
-            limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-            if r == p - 1:
-                resource.setrlimit(resource.RLIMIT_FSIZE, (size + 1, limits[1]))
-            seen = set()
-            try:
-                raises_everywhere(
-                    comm, collio.BackendError,
-                    lambda: _ran(lambda: f.write_at_all((steps * p + r) * per, data(0)), seen),
-                    match=f"backend I/O: rank {p - 1}:",
-                )  # fmt: skip
-            finally:
-                resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-            assert "_go" in seen and "_settle" in seen
-            comm.Barrier()
-            assert len(read_file(path)) == size
+        # (the last rank writes half its piece: every rank raises, nothing stays)
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if r == p - 1:
+            half = size + (p - 1) * n * 8 + n * 4
+            resource.setrlimit(resource.RLIMIT_FSIZE, (half, limits[1]))
+        seen = set()
+        try:
+            raises_everywhere(
+                comm, collio.BackendError,
+                lambda: _ran(lambda: f.write_at_all((steps * p + r) * per, data(0)), seen),
+                match=f"backend I/O: rank {p - 1}:",
+            )  # fmt: skip
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        assert "_go" in seen and "_settle" in seen
+        comm.Barrier()
+        assert len(read_file(path)) == size
         out = np.empty(n)
         for s in range(steps):
             stepped.append(_in_step(lambda: f.read_at_all((s * p + r) * per, out)))  # noqa: B023
