@@ -12,7 +12,7 @@ from .collective import digest
 from .facts import NOT_COMPARED, How, fact, record
 from .policy import PathFacts
 
-__all__ = ["Checked", "digest_kept", "moved", "moved_by", "placed", "unzigzag", "zigzag"]
+__all__ = ["PLACED", "Checked", "digest_kept", "moved", "moved_by", "placed", "unzigzag", "zigzag"]
 
 
 @record
@@ -47,7 +47,7 @@ class Checked(PathFacts):
 #: the last signature digested (without its offset) and its digest (one entry, replaced whole)
 _SIG: list[tuple[Any, int]] = [(None, digest(None))]
 #: :func:`placed` keeps the sum of a digest and an offset below every slot's limit
-_PLACED = (1 << 62) - 1
+PLACED = (1 << 62) - 1
 
 
 def digest_kept(sig: Any) -> tuple[int, int]:
@@ -80,7 +80,7 @@ def placed(d: int, offset: int) -> int:
     """The head's ``sig`` fact of the global array digested ``d`` (:func:`digest_kept`)
     starting at byte ``offset``: equal on two ranks with equal digests only when the
     offsets are equal too (below 2**62); a signature not compared stays so."""
-    return d if d < 0 else (d + offset) & _PLACED
+    return d if d < 0 else (d + offset) & PLACED
 
 
 _SCALARS = (int, float, str, bytes, bool, type(None))

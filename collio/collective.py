@@ -37,6 +37,7 @@ __all__ = [
     "digest",
     "kept",
     "raise_agreed",
+    "raise_kept_mismatch",
     "same_slots",
     "settle_same",
 ]
@@ -283,6 +284,14 @@ def call_kept_head(
     if out[1] != -out[2]:
         _raise_call_mismatch(comm, head.call, head.file, None, extra, undo)
     return out[0] != 0, head.got_own
+
+
+def raise_kept_mismatch(
+    comm: MPI.Comm, head: KeptHead, extra: Any, undo: Callable[[MismatchError], None] | None
+) -> NoReturn:
+    """Collective over `comm`: :func:`call_kept_head`'s error, when its maxima found that
+    the ranks made other calls (a caller that reduced ``head``'s slots itself)."""
+    _raise_call_mismatch(comm, head.call, head.file, None, extra, undo)
 
 
 def _raise_call_mismatch(

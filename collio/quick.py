@@ -25,15 +25,22 @@ from its head (:func:`collio.check.after_head`): the same take-backs, errors and
 from __future__ import annotations
 
 import functools
+import os
 import time
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
+from mpi4py import MPI
 
 from . import check, speculate
+from .backends import filereads
+from .backends.directio import DIRECT_MIN
 from .backends.failures import storage_error
-from .checkfacts import Checked, moved_by, placed
-from .collective import KeptHead, call_kept_head, kept
+from .backends.fdio import pwrite_all
+from .backends.keeping import Before, keep_one
+from .backends.posix import PREAD_BYTES, PosixBackend
+from .checkfacts import PLACED, Checked, moved_by, placed
+from .collective import KeptHead, call_kept_head, kept, raise_kept_mismatch
 from .context import Context
 from .errors import MismatchError
 from .facts import NOT_COMPARED
@@ -41,7 +48,7 @@ from .layouts.arrays import Subarray
 from .policy import Path, may_map
 from .runs import Runs, read_only
 
-__all__ = ["Headed", "again", "array_of", "layout_again"]
+__all__ = ["Headed", "Step", "again", "array_of", "layout_again"]
 
 #: A call that went as far as its head (:func:`collio.check.resume` goes on from it)
 Headed = check.Headed
@@ -49,6 +56,10 @@ Headed = check.Headed
 _U8 = np.dtype(np.uint8)
 #: (an enum member looked up once: each lookup through its class costs a call)
 _MAPPED = Path.MAPPED
+_DIRECT = Path.DIRECT
+#: The kinds of arrays that are buffers as they are (os.pwrite takes them)
+_NUMBERS = "biufc"
+_MAX = MPI.MAX
 #: The facts that change from one call of the lane to the next (the others are the
 #: kept call's, packed once into :attr:`Kept.head`)
 _PATCH = Checked.patcher(
@@ -64,11 +75,24 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     through ``fview`` from etype ``position`` as a repeat of this rank's last call of
     its kind through the view.  True: the call is complete; a :data:`Headed`: the call
     went as far as its head; None (nothing done, nothing communicated): not a repeat."""
-    k = speculate.candidate(ctx, writing)
+    calls = ctx.kept[writing]
+    step: Step | None = calls.step  # (the last call's, when this call may repeat it)
+    if step is not None and step.k.serial == calls.serial - calls.period:
+        stepped = step.view(ctx, fview, position, data, t0)
+        if stepped is not None:
+            return stepped
+    k = calls.candidate()  # (speculate.candidate, inline: every call asks)
     if k is not None and k.view is fview and k.at is not None:
+        mine: Step | None = k.step
+        if mine is not None and mine is not step:  # (a series alternating variables)
+            stepped = mine.view(ctx, fview, position, data, t0)
+            if stepped is not None:
+                return stepped
         taken = _taken(ctx, k, position, data, writing=writing)
         if taken is not None:
             got = _run(ctx, k, position, *taken, writing=writing, t0=t0)
+            if got is True and k.step is None and Step.fits(ctx, k, writing):
+                k.step = calls.step = Step(ctx, k, writing)  # (the series' next calls)
             if got is not None:
                 return got
     p = check.again(ctx, fview, position, data, writing=writing, t0=t0)
@@ -83,9 +107,20 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     :func:`collio.speculate.note_layout`), as :func:`again` does through a view.  Returns
     its outcome (as :func:`again`'s) and the array read (``data`` when writing); None
     (nothing done, nothing communicated): not such a repeat."""
-    k = ctx.kept[writing].candidate()  # (speculate.candidate, inline: every call asks)
+    calls = ctx.kept[writing]
+    step: Step | None = calls.step  # (the last call's, when this call may repeat it)
+    if step is not None and step.k.serial == calls.serial - calls.period:
+        stepped = step(ctx, layout, data, t0)
+        if stepped is not None:
+            return stepped
+    k = calls.candidate()  # (speculate.candidate, inline: every call asks)
     if k is None or k.box is None or type(layout) is not Subarray:
         return None
+    mine: Step | None = k.step
+    if mine is not None and mine is not step:  # (a series alternating variables)
+        stepped = mine(ctx, layout, data, t0)
+        if stepped is not None:
+            return stepped
     box = k.box
     if layout.box != box or layout._invalid:
         return None
@@ -104,7 +139,11 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     buf = arr.reshape(-1, order="A").view(np.uint8)
     where = (layout, offset, arr, runs)
     got = _run(ctx, k, where, lo, buf, *taken, writing=writing, t0=t0)
-    return None if got is None else (got, arr)
+    if got is None:
+        return None
+    if got is True and k.step is None and Step.fits(ctx, k, writing):
+        k.step = calls.step = Step(ctx, k, writing)  # (the series' next calls take it)
+    return got, arr
 
 
 def array_of(ctx: Context, box: Any, data: Any, *, writing: bool) -> Any:
@@ -129,6 +168,248 @@ def array_of(ctx: Context, box: Any, data: Any, *, writing: bool) -> Any:
     if not (writing or flags.writeable):
         return None
     return data
+
+
+class Step:
+    """A repeat of one kept one-run call on a posix file (through a
+    :class:`~collio.layouts.Subarray`: :func:`layout_again`; through a dense view:
+    :func:`again`), in the fewest operations: oversubscribed ranks pay every operation
+    of one rank in the others' waits, and on a small call the Python between its I/O
+    and its one agreement is most of its time.
+
+    Made at the call's first repeat through the lane and kept on its
+    :class:`~collio.speculate.Kept`; it does what the lane does (the same conditions,
+    I/O, head and completion) with the facts that do not change from call to call
+    looked up once.  Anything but the plain case (a condition not met, an I/O error, a
+    call not complete at its head, another call) goes the lane's general way from where
+    it is (:func:`_agree`, :func:`_settle`), so errors, take-backs and statistics stay
+    the lane's."""
+
+    __slots__ = ("k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps")
+
+    def __init__(self, ctx: Context, k: speculate.Kept, writing: bool) -> None:
+        self.k, self.calls, self.writing = k, ctx.kept[writing], writing
+        be = ctx.backend
+        assert isinstance(be, PosixBackend)
+        self.be: PosixBackend = be
+        self.fd = be.fd
+        box = k.box
+        # (an array contiguous in C order of numbers is a buffer os.pwrite / preadv take
+        # as it is)
+        self.c_order = box is not None and (box[4] != "F" or len(box[2]) <= 1)
+        self.c_order = self.c_order and box is not None and np.dtype(box[3]).kind in _NUMBERS
+        # the kept call's last facts around the extent (slot 5) and ``guessed`` (last)
+        self.pre, self.post = tuple(k.last[:5]), (*k.last[6:-1], True)
+        # a read copied from the map by one preadv (MappedReads.read_if_maps)
+        self.maps = (not writing and k.path is _MAPPED and be.maps
+                     and may_map(k.hints, writing=False))  # fmt: skip
+
+    @staticmethod
+    def fits(ctx: Context, k: speculate.Kept, writing: bool) -> bool:
+        """Local: whether a step can repeat ``k`` (one run, on the posix backend, whose
+        requests it makes itself, the lane's head made)."""
+        return (
+            type(ctx.backend) is PosixBackend and k.runs is None and k.head is not None
+            and (k.box is not None or k.at is not None)
+            and (writing or k.path is _MAPPED or k.path is _DIRECT)
+        )  # fmt: skip
+
+    def __call__(self, ctx: Context, layout: Any, data: Any,
+                 t0: float) -> tuple[Literal[True] | Headed, Any] | None:  # fmt: skip
+        """:func:`layout_again` of a repeat of :attr:`k` (None: not one, nothing done)."""
+        k, writing = self.k, self.writing
+        if type(layout) is not Subarray or layout._invalid or k.hints is not ctx.hints:
+            return None
+        offset = layout._offset
+        if offset < 0 or layout.box != k.box or k.backend is not ctx.backend:
+            return None
+        box = k.box
+        if type(data) is np.ndarray and data.shape == box[2] and data.dtype == box[3]:
+            # (array_of's checks of a given array, inline)
+            mode, flags = ctx.mode, data.flags
+            if mode == "closed" or (writing and (mode == "r" or ctx.aborted)):
+                return None
+            if not (flags.f_contiguous if box[4] == "F" else flags.c_contiguous):
+                return None
+            if not (writing or flags.writeable):
+                return None
+            arr = data
+        else:
+            arr = array_of(ctx, box, data, writing=writing)
+            if arr is None:
+                return None
+        buf = arr if self.c_order else arr.reshape(-1, order="A").view(np.uint8)
+        got = self._go(ctx, k.base + offset, arr, buf, layout, offset, t0)
+        return None if got is None else (got, arr)
+
+    def view(self, ctx: Context, fview: Any, position: Any, data: Any,
+             t0: float) -> Literal[True] | Headed | None:  # fmt: skip
+        """:func:`again` through the view ``fview`` from etype ``position`` (None: not a
+        repeat of :attr:`k`, nothing done)."""
+        k = self.k
+        at = k.at
+        if at is None or k.view is not fview or k.hints is not ctx.hints:
+            return None
+        if k.backend is not ctx.backend:
+            return None
+        if not check.plain(ctx, k, position, data, writing=self.writing):
+            return None
+        if data.flags.c_contiguous and data.dtype.kind in _NUMBERS:
+            buf = data
+        else:
+            try:  # (an object array: the general way's checks raise it, agreed)
+                buf = _bytes(data)
+            except Exception:  # noqa: BLE001
+                return None
+        return self._go(ctx, at + position * k.view.etype_size, data, buf, None, position, t0)
+
+    @staticmethod
+    def _where(layout: Any, offset: int, arr: Any) -> Any:
+        """What :func:`_agree` and :func:`_settle` take as ``where``: the layout, its
+        offset and the array, or (``layout`` None) the etype position in the view."""
+        return offset if layout is None else (layout, offset, arr, None)
+
+    def _go(self, ctx: Context, lo: int, arr: Any, buf: Any, layout: Any, offset: int,
+            t0: float) -> Literal[True] | Headed | None:  # fmt: skip
+        """The call of ``arr`` (its bytes ``buf``, a buffer os.pwrite takes) from ``lo``
+        through ``layout`` at its ``offset``, or (``layout`` None) through the view from
+        etype ``offset``, once the layout or view took it; None: not taken, nothing
+        done."""
+        k, writing = self.k, self.writing
+        n = k.span
+        hi = lo + n
+        if hi >= speculate.BIG:
+            return None
+        if writing or k.path is not _MAPPED:  # (as _tail: moved alike from disjoint extents)
+            if not writing and ctx.read_aggregators is not None:
+                return None
+            ext = ctx.extents
+            if ext is None or not ext[2] or ext[1] - ext[0] != n:
+                return None
+            d = lo - ext[0]
+            shift = 2 * d if d >= 0 else -2 * d - 1
+            if shift != k.shift:
+                return None
+            moved = False
+        elif ctx.read_aggregators is not None or not self.maps or n > PREAD_BYTES:
+            return None
+        else:
+            moved, shift = moved_by(ctx.extents, lo, hi)
+        be, fd = self.be, self.fd
+        before: Before | None = None
+        fresh = False  # (past the end: nothing kept, a Before made only when needed)
+        size, done, error = speculate.BIG, 1, None
+        key: tuple[Any, ...] = ()
+        t = time.perf_counter()
+        try:
+            if writing:
+                size = os.lseek(fd, 0, os.SEEK_END)
+                if lo >= size:  # (a time series' next step: nothing to keep)
+                    fresh = True
+                else:
+                    before = keep_one(fd, size, lo, n, speculate.KEEP_LIMIT)
+                    if before is None:
+                        return None
+            try:
+                if writing:
+                    if n < DIRECT_MIN:  # (PosixBackend.write_one's small write, inline)
+                        be.dirty = True
+                        if os.pwrite(fd, buf, lo) != n:
+                            pwrite_all(fd, _bytes(arr), lo, be.path)
+                    else:
+                        be.write_one(lo, _bytes(arr))
+                elif self.maps:  # (MappedReads.read_if_maps of a small run, inline:
+                    # the same function, found where that method finds it)
+                    if filereads.pread_zeros(fd, buf, lo) < n:  # type: ignore[attr-defined]
+                        return None  # (past the end: the general way reads it again)
+                else:
+                    done = be.read_one(lo, _bytes(arr))  # type: ignore[assignment]
+            except BaseException as exc:
+                raised = storage_error(be, exc)
+                if raised is exc:
+                    raise
+                raise raised from exc
+            fl = be.flusher  # (PosixBackend.take_counts, inline)
+            key = (done, be.direct_bytes, 0 if fl is None else fl.take_count(), be.mapped_bytes)
+            be.direct_bytes = be.mapped_bytes = 0
+        except BaseException as exc:
+            if not kept(exc):
+                raise
+            error = exc
+        end = time.perf_counter()
+        if error is not None or key != k.key:
+            io = (Before(size, []) if fresh else before, size, key, done, end - t, error)
+            return _agree(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), moved,
+                          shift, io, end, writing=writing, t0=t0)  # fmt: skip
+        head = k.head
+        sig = k.facts[3]
+        if sig >= 0:  # (checkfacts.placed, inline; a view's array starts at 0)
+            sig = (sig + offset if layout is not None else sig) & PLACED
+        _PATCH(
+            head.own, lo, hi, moved, shift, True, size, True, int((end - t) * 1e9),
+            int((end - t0) * 1e9), sig,
+        )  # fmt: skip
+        head.slots[0] = 0
+        ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
+        got = head.got
+        if got[1] != -got[2]:
+            io = (Before(size, []) if fresh else before, size, key, done, end - t, error)
+            _mismatch(ctx, k, head, io, writing)
+        out = head.got_own
+        guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
+        if got[0] or not (guessed and same) or sig is None or items is None:
+            io = (Before(size, []) if fresh else before, size, key, done, end - t, error)
+            return _settle(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), io,
+                           bool(got[0]), out, writing=writing)  # fmt: skip
+        # the completion (speculate.complete), inline
+        if k.path is _DIRECT:
+            ctx.extents = (lo, hi, True)
+        calls = self.calls
+        s = calls.serial
+        calls.serial, k.serial = s + 1, s
+        keys = calls.keys
+        ident = k.ident
+        keys.append(ident)
+        if len(keys) > speculate.KEPT_CALLS + 2:
+            del keys[0]
+        if len(keys) > 2 and ident == keys[-2] == keys[-3]:
+            calls.period = 1
+        else:
+            calls.period = speculate._period(keys)  # (KeptCalls.completed's rule)
+        calls.step = self
+        ctx.guesses[writing] = k
+        stats = ctx.stats
+        sums = k.sums
+        sums.add(stats)
+        if sums.write_sizes is not None:  # (new arrays, as Stats.absorb makes)
+            stats.write_sizes = stats.write_sizes + sums.write_sizes
+        if sums.read_sizes is not None:
+            stats.read_sizes = stats.read_sizes + sums.read_sizes
+        stats.time_io += t_io / 1e9
+        stats.time_total += t_total / 1e9
+        stats.direct_calls += 1
+        stats.last_facts = (*self.pre, [alo, ahi], *self.post)
+        # (Stats.local's setter, inline)
+        stats._local, stats._local_of = {"domain": -1, "direct": True, "requests": k.lengths}, None
+        return True
+
+
+def _bytes(arr: Any) -> Any:
+    """An array's bytes, as one flat uint8 array (the lane's buffers)."""
+    return arr.reshape(-1, order="A").view(np.uint8)
+
+
+def _mismatch(ctx: Context, k: speculate.Kept, head: KeptHead, io: tuple[Any, ...],
+              writing: bool) -> NoReturn:  # fmt: skip
+    """Collective over ``ctx.comm``: the ranks met other calls at a step's head
+    (:func:`collio.collective.call_kept_head`'s mismatch, its write taken back)."""
+    before, size = io[0], io[1]
+    undo = None if before is None else functools.partial(_undo, ctx, k, writing, io)
+    try:
+        raise_kept_mismatch(ctx.comm, head, None if before is None else size, undo)
+    except MismatchError:
+        ctx.stats.local = {}  # (as the general way leaves it)
+        raise
 
 
 def _taken(ctx: Context, k: speculate.Kept, position: Any, data: Any, *,
@@ -199,7 +480,14 @@ def _run(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: 
     got = _io(ctx.backend, lo, buf, k.nbytes, writing=writing, runs=runs, maps=maps)
     if got is None:
         return None
-    io, end = got
+    return _agree(ctx, k, where, lo, buf, moved, shift, *got, writing=writing, t0=t0)
+
+
+def _agree(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: bool,
+           shift: int, io: tuple[Any, ...], end: float, *, writing: bool,
+           t0: float) -> Literal[True] | Headed:  # fmt: skip
+    """Collective over ``ctx.comm``: :func:`_run` after the I/O (``io``, as :func:`_io`
+    returns it, ended at ``end``)."""
     before, size, key, done, seconds, error = io
     head = k.head if k.head is not None else _head(ctx, k, writing)
     hi = lo + k.span
@@ -216,11 +504,19 @@ def _run(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any, moved: 
     except MismatchError:
         ctx.stats.local = {}  # (as the general way leaves it)
         raise
+    return _settle(ctx, k, where, lo, buf, io, failed, out, writing=writing)
+
+
+def _settle(ctx: Context, k: speculate.Kept, where: Any, lo: int, buf: Any,
+            io: tuple[Any, ...], failed: bool, out: Any, *,
+            writing: bool) -> Literal[True] | Headed:  # fmt: skip
+    """Local: the call complete at its head (the agreed maxima ``out``), or what the
+    general way goes on from."""
     guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
     if failed or not (guessed and same) or sig is None or items is None:
         g = speculate.Guess(k, writing, *io)
         return _pending(ctx, g, where, lo, buf), (failed, tuple(out))
-    speculate.complete(ctx, k, alo, ahi, (lo, hi), (t_io, t_total), writing=writing)
+    speculate.complete(ctx, k, alo, ahi, (lo, lo + k.span), (t_io, t_total), writing=writing)
     return True
 
 

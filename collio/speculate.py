@@ -106,6 +106,9 @@ class Kept:
     # its key (:func:`call_key`)
     serial: int = -1
     ident: tuple[int, int] = (NOT_COMPARED, NOT_COMPARED)
+    # a repeat of this one-run call in a few operations, made at its first repeat
+    # (collio.quick.Step)
+    step: Any = None
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -125,6 +128,9 @@ class KeptCalls:
     period: int = 1
     # the keys of the last calls, newest last
     keys: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    # the step (collio.quick.Step) of the call the lane completed last: a series
+    # repeats it, and finding it costs no search of ``entries``
+    step: Any = None
 
     def candidate(self) -> Kept | None:
         want = self.serial - self.period
