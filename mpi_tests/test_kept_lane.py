@@ -53,6 +53,26 @@ def lane_calls(monkeypatch):
     return made
 
 
+def _first_pass(comm, f, path, steps):
+    """Write every step negated (the bytes a failed step 5 keeps), then steps 0-4;
+    returns the file after the first pass, on every rank."""
+    for piece, lay, _ in steps:
+        f.write_all(-piece, lay)
+    first = read_file(path) if comm.rank == 0 else None
+    want = comm.bcast(first)
+    for piece, lay, _ in steps[:5]:
+        f.write_all(piece, lay)
+    return want
+
+
+def _step_5_kept(steps, first):
+    """The file's bytes when every step but step 5 was written and step 5 kept the first
+    pass's bytes."""
+    step = len(steps[0][2])
+    return (b"".join(w for _, _, w in steps[:5]) + first[5 * step : 6 * step]
+            + b"".join(w for _, _, w in steps[6:]))  # fmt: skip
+
+
 def _same_file(comm, path, want):
     comm.Barrier()
     got = read_file(path)
@@ -145,12 +165,7 @@ def test_a_rank_failing_mid_series_fails_every_rank_and_the_series_goes_on(
     path, last, nsteps = str(mpi_tmp_path / "fail.bin"), comm.size - 1, 8
     steps = [_step(comm, s) for s in range(nsteps)]
     with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
-        for piece, lay, _ in steps:  # (the first pass: what step 5 keeps)
-            f.write_all(-piece, lay)
-        first = read_file(path) if comm.rank == 0 else None
-        want = comm.bcast(first)
-        for piece, lay, _ in steps[:5]:
-            f.write_all(piece, lay)
+        want = _first_pass(comm, f, path, steps)
         done = lane_calls[0]
         piece, lay, whole = steps[5]
         if fault == "data":
@@ -165,9 +180,7 @@ def test_a_rank_failing_mid_series_fails_every_rank_and_the_series_goes_on(
         for piece, lay, _ in steps[6:]:
             f.write_all(piece, lay)
         assert f.stats.last_call["plan_reused"]
-    step = len(steps[0][2])
-    expect = b"".join(w for _, _, w in steps[:5]) + want[5 * step : 6 * step]
-    _same_file(comm, path, expect + b"".join(w for _, _, w in steps[6:]))
+    _same_file(comm, path, _step_5_kept(steps, want))
     assert lane_calls[0] >= done + 2  # (the steps after the failure: in the lane again)
 
 
@@ -189,12 +202,7 @@ def test_a_receive_that_cannot_be_posted_fails_every_rank_and_the_series_goes_on
         return views
 
     with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
-        for piece, lay, _ in steps:  # (the first pass: what step 5 keeps)
-            f.write_all(-piece, lay)
-        first = read_file(path) if comm.rank == 0 else None
-        want = comm.bcast(first)
-        for piece, lay, _ in steps[:5]:
-            f.write_all(piece, lay)
+        want = _first_pass(comm, f, path, steps)
         done = lane_calls[0]
         piece, lay, _ = steps[5]
         if comm.rank == 0:  # (rank 0 aggregates)
@@ -206,7 +214,5 @@ def test_a_receive_that_cannot_be_posted_fails_every_rank_and_the_series_goes_on
         for piece, lay, _ in steps[6:]:
             f.write_all(piece, lay)
             assert f.stats.last_call["plan_reused"]
-    step = len(steps[0][2])
-    expect = b"".join(w for _, _, w in steps[:5]) + want[5 * step : 6 * step]
-    _same_file(comm, path, expect + b"".join(w for _, _, w in steps[6:]))
+    _same_file(comm, path, _step_5_kept(steps, want))
     assert lane_calls[0] == done + 3
