@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ from mpi4py import MPI
 
 import collio
 import collio.checkpoint as ckpt
+from collio.checkpoint import asyncsave
 from collio.testing import checkpoint as model
 
 
@@ -45,3 +48,53 @@ def test_a_copy_that_fails_on_one_rank_fails_the_save_at_wait(
         want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
         assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
     assert [n for n in os.listdir(os.path.dirname(path)) if n != "model.ckpt"] == []
+
+
+def _may_lower_a_threads_priority() -> bool:
+    """Whether this system lets a thread lower its own priority (a container may not)."""
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, asyncsave.NICE)
+            ok.append(os.getpriority(os.PRIO_PROCESS, 0) == asyncsave.NICE)
+        except OSError:
+            ok.append(False)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return ok[0]
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's niceness: Linux")
+def test_the_save_runs_in_a_thread_of_its_own_at_the_lowest_priority(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writing runs in another thread, at niceness 19 (read by that thread itself:
+    on Linux ``getpriority`` of id 0 is the calling thread's); the caller's thread keeps
+    its own niceness, and the checkpoint holds the state byte for byte."""
+    if not comm.allreduce(_may_lower_a_threads_priority(), op=MPI.LAND):
+        pytest.skip("this system does not let a thread lower its priority")
+    seen: list[tuple[int, int]] = []
+    real = asyncsave.write
+
+    def write(*args: Any, **kw: Any) -> None:
+        seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)))
+        real(*args, **kw)
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    monkeypatch.setattr(asyncsave, "write", write)
+    path = str(comm.bcast(os.path.join(str(mpi_tmp_path), "model.ckpt"), root=0))
+    ckpt.async_save(path, model.rows_state(comm.rank, comm.size), comm=comm).wait()
+    monkeypatch.undo()
+    assert len(seen) == 1, seen
+    assert seen[0][0] != threading.get_native_id()
+    assert seen[0][1] == asyncsave.NICE, (seen, mine)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+    spec = model.rows_layouts(comm.rank, comm.size)
+    got = ckpt.load(path, dict(spec), comm=comm)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
