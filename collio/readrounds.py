@@ -37,8 +37,9 @@ def read_rounds(
     """Collective over ``ctx.comm``: every round of a two-phase read (next window read ahead).
 
     Returns this rank's first error, not yet agreed (see :func:`write_rounds`).  With a
-    ``stage``, each round's pieces arrive in its ``landing`` buffer, and its ``scatter``
-    hands them out while the next round's messages are in flight.
+    ``stage``, each round's pieces arrive in its ``landing`` buffer (those of the groups
+    its ``direct`` marks straight in ``out``), and its ``scatter`` hands them out while
+    the next round's messages are in flight.
     """
     r = start_rounds(ctx, plan, call)
     comm, be, c = ctx.comm, ctx.backend, r.c
@@ -69,9 +70,9 @@ def read_rounds(
         if error is not None and r.agg(k) is not None:  # (its I/O of round k is done)
             r.buffer(k, r.request(k)).fill(0)  # zeros, not an earlier call's bytes
         t = time.perf_counter()
-        into = out if stage is None else stage.landing(k)
+        into, direct = (out, None) if stage is None else (stage.landing(k), stage.direct)
         with messages(comm, TAG + (k & 0x3FF)) as msgs:
-            _exchange_read(r, msgs, k, into, scratch)
+            _exchange_read(r, msgs, k, into, scratch, direct, out)
             if stage is not None and k:
                 stage.scatter(k - 1)
         error = error or msgs.error
@@ -108,13 +109,17 @@ def _prefetch(r: Rounds, k: int) -> None:
 
 
 def _exchange_read(
-    r: Rounds, msgs: Messages, k: int, out: npt.NDArray[np.uint8], scratch: npt.NDArray[np.uint8]
-) -> None:
-    """Round ``k`` of a read: receive this rank's pieces; an aggregator sends its window's."""
+    r: Rounds, msgs: Messages, k: int, out: npt.NDArray[np.uint8], scratch: npt.NDArray[np.uint8],
+    direct: npt.NDArray[np.bool_] | None = None, own: npt.NDArray[np.uint8] = NO_SCRATCH,
+) -> None:  # fmt: skip
+    """Round ``k`` of a read: receive this rank's pieces (those of the groups ``direct``
+    marks into ``own``, the call's buffer when ``out`` is a stage's); an aggregator sends
+    its window's."""
     sp, ssh, c = r.plan.sender, r.plan.sender_shapes(), r.c
     for g in r.groups(k):
         src = int(r.ctx.aggregators[sp.gdom[g]])
-        msgs.recv_group(src, out, ssh, g, 0, partial(sender_runs, sp, g))
+        buf = own if direct is not None and direct[g] else out
+        msgs.recv_group(src, buf, ssh, g, 0, partial(sender_runs, sp, g))
         c.exchanged_bytes += int(ssh.total[g])
     ap = r.agg(k)
     if ap is None:

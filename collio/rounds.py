@@ -113,7 +113,8 @@ class Stage(Protocol):
     flight while the next round's slot fills."""
 
     slots: int
-    #: The plan's send groups that go from the call's own buffer instead (None: none).
+    #: The plan's groups that go from (a read's: into) the call's own buffer instead
+    #: (None: none).
     direct: npt.NDArray[np.bool_] | None
 
     def gather(self, k: int) -> npt.NDArray[np.uint8]:

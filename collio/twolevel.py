@@ -6,10 +6,11 @@ few hundred bytes per aggregator and round.  With two levels (Kang et al., TPDS
 2020; ADIOS2's TwoLevelShm; PnetCDF's ``nc_num_aggrs_per_node``) the ranks of a
 node first hand their pieces of a round to one of a few local aggregators on the
 node, which sends them on to the file-domain aggregators in one message per
-aggregator: an aggregator then hears from the local aggregators only.  A write's
-pieces for an aggregator of the rank's own local group skip the stage: the rank sends
-them itself, from its buffer, as one level does (they stay on the node either way, and
-the stage would copy each of their bytes once more).
+aggregator: an aggregator then hears from the local aggregators only.  A rank's
+pieces for an aggregator of its own local group skip the stage: a write's rank sends
+them itself, from its buffer, and a read's receives them into it, as one level does
+(they stay on the node either way, and the stage would copy each of their bytes once
+more).
 
 The intra-node stage moves the pieces with point-to-point messages (MPI's
 shared-memory transport: a copy into the local aggregator's staging buffer, as a
@@ -90,9 +91,10 @@ class _Staged:
     size: int
     slots: int = 0  # staging slots of the group (:func:`~collio.aggregators.stage.slots`)
     sources: list[int] = dataclasses.field(default_factory=list)
-    # the stage-two send groups that go from the rank's own buffer (None: none)
+    # the stage-two groups that go from (a read's: into) the rank's own buffer (None: none)
     direct: npt.NDArray[np.bool_] | None = None
     blocks: Blocks | None = None  # its pieces of each round as strided blocks
+    nbytes: int = 0  # its pieces' bytes (what it copies through the staging per call)
 
     def bound(self, ctx: Context, buf: npt.NDArray[np.uint8]) -> ShmStage:
         """This stage for a call on ``buf``, over the group's window (a kept plan holds
@@ -165,6 +167,7 @@ def plan(
     staged.direct = got.direct
     p = got.pieces
     staged.blocks = blocks(p.mem[order], got.spos[order], p.length[order], starts)
+    staged.nbytes = int(p.length.sum())
     return TwoLevel(staged, got.plan), got.keep
 
 
@@ -178,6 +181,9 @@ def run(
     call.counters.rounds = plan.nrounds
     ctx.stats.local = local_summary(ctx, plan)
     ctx.stats.local["local_sources"] = tl.stage.sources
+    # (this rank's bytes through its group's staging: its pieces for other groups'
+    # aggregators; those for its own group's move as one level's)
+    ctx.stats.local["staged_bytes"] = tl.stage.nbytes
     if writing:
         return write_rounds(ctx, plan, buf, call, staged)
     return read_rounds(ctx, plan, buf, call, staged)

@@ -2,9 +2,10 @@
 
 1. Each rank sends the (offset, length) of its pieces (its runs cut at domains and
    windows) to its local aggregator, which merges its group's in file order, each piece
-   at a virtual position (:func:`~collio.aggregators.stage.leader_runs`).  A write's
+   at a virtual position (:func:`~collio.aggregators.stage.leader_runs`).  A rank's
    pieces for its own group's aggregators stay with the rank (:func:`near_domains`):
-   it plans them in step 3 as one level does.
+   it plans them in step 3 as one level does (a write sends them from its buffer, a
+   read receives them into it).
 2. The local aggregator cuts the merged runs at domains and windows and hands each
    domain's to its holder in the group (:func:`~collio.aggregators.stage.holders`: the
    local aggregator itself for writes), with the pieces of its ranks that lie there.
@@ -57,7 +58,7 @@ class Placed:
         self.plan, self.keep, self.pieces = plan, keep, pieces
         self.rounds, self.spos = rounds, spos
         self.slot, self.slots, self.sources = 0, 0, list[int]()
-        # the stage-two send groups that go from the rank's own buffer (None: none)
+        # the stage-two groups that go from (a read's: into) the rank's own buffer (None: none)
         self.direct: npt.NDArray[np.bool_] | None = None
 
 
@@ -70,7 +71,7 @@ def place(
     assert ctx.local is not None
     what = "write_all" if writing else "read_all"
     step = Attempt()
-    near = near_domains(ctx) if writing else None
+    near = near_domains(ctx)
     pieces, direct, recv, rcounts, answers = _to_leader(group, runs, bounds, window, step, near)
     share, queries = _to_holders(group, recv, rcounts, bounds, window, step, writing)
     joined = Runs.empty()
@@ -98,8 +99,9 @@ def place(
 
 def near_domains(ctx: Context) -> npt.NDArray[np.bool_]:
     """Local: whether each file domain's aggregator is in this rank's local group (a
-    write's pieces for those go to it straight from the rank's buffer, one level: a
-    copy into the staging less for each of their bytes)."""
+    write's pieces for those go to it straight from the rank's buffer, a read's come
+    from it straight into the buffer, as one level: a copy through the staging less for
+    each of their bytes)."""
     assert ctx.local is not None
     group = ctx.local.group
     mine: npt.NDArray[np.bool_] = group[ctx.aggregators] == group[ctx.comm.Get_rank()]
@@ -107,9 +109,10 @@ def near_domains(ctx: Context) -> npt.NDArray[np.bool_]:
 
 
 def _joined(direct: Runs, share: Runs) -> Runs:
-    """A write's stage-two runs: the rank's own pieces for its group's aggregators (at
-    their places in its buffer) and, at a local aggregator, its group's merged pieces for
-    the others (at virtual positions), in file order (they lie in different domains)."""
+    """A rank's stage-two runs: its own pieces for its group's aggregators (at their
+    places in its buffer) and its share of its group's merged pieces for the others (at
+    virtual positions; a write's local aggregator holds them all), in file order (they
+    lie in different domains)."""
     if not len(direct):
         return share
     if not len(share):

@@ -187,6 +187,58 @@ def test_simulated_counts_equal_real_stats(nodes, mpi_tmp_path, pattern, size, h
 
 
 @pytest.mark.mpi
+def test_own_groups_pieces_skip_the_stage(nodes, mpi_tmp_path):
+    """A rank's pieces for an aggregator of its own local group move between the two
+    straight, a read's as a write's: each rank copies through its group's staging
+    exactly its pieces for the other groups' aggregators (from its sender plan), its
+    group's total is the simulator's, and the bytes are ROMIO's and the reference's."""
+    from collio.aggregators.nodes import local_groups
+    from collio.aggregators.plan import plan_sender
+
+    comm, k = nodes
+    work = make_workload("colblock", comm.size, size="96x100")
+    h = {**TWO, "cb_buffer_size": 4096}
+    lay, data = work.layout(comm.rank), work.data(comm.rank)
+    path = str(mpi_tmp_path / "own.bin")
+    staged = {}
+    for writing in (True, False):
+        sim = simulate(work, SimConfig(hints=Hints.coerce(h), ppn=k, writing=writing))
+        with collio.open(path, "w" if writing else "r", comm=comm, hints=h) as f:
+            if writing:
+                f.write_all(data, lay)
+            else:
+                np.testing.assert_array_equal(f.read_all(lay), data)
+            stats = f.stats
+        last = stats.last_call
+        assert last["two_level"] and last["window"] == sim.window, last
+        groups = local_groups(np.arange(comm.size) // k, stats.hints["cb_local_aggregators"])
+        aggs = np.array(stats.hints["aggregator_ranks"], np.int64)
+        sp = plan_sender(lay.runs(), sim.bounds, sim.window)
+        dom = np.repeat(sp.gdom, np.diff(sp.gstart))
+        away = groups.group[aggs][dom] != groups.group[comm.rank]
+        # (every rank's figures first: each rank then checks them all, so that a rank
+        # that fails a check does not leave the others waiting in a collective)
+        mine = (stats.local["staged_bytes"], int(sp.pieces.length[away].sum()))
+        got, want = np.array(comm.allgather(mine), np.int64).T
+        assert got.tolist() == want.tolist(), writing
+        per_group = np.bincount(groups.group, weights=got, minlength=len(groups.leaders))
+        assert per_group.astype(np.int64).tolist() == sim.group_bytes.tolist()
+        # some bytes of the call skip the stage (a group holds an aggregator), some not
+        assert 0 < int(got.sum()) < comm.allreduce(int(sp.pieces.length.sum()))
+        staged[writing] = got.tolist()
+    assert staged[True] == staged[False]
+    comm.Barrier()
+    np.testing.assert_array_equal(romio_read(path, lay, comm), data)
+    with open(path, "rb") as fh:
+        image = fh.read()
+    romio = str(mpi_tmp_path / "own-romio.bin")
+    romio_write(romio, data, lay, comm)
+    comm.Barrier()
+    with open(romio, "rb") as fh:
+        assert fh.read() == image
+
+
+@pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_local_aggregator_failing_mid_read_is_agreed(nodes, mpi_tmp_path, monkeypatch):
     """A local aggregator whose copies out of its node's staging fail from the second

@@ -98,8 +98,9 @@ def test_a_rendezvous_message_costs_its_busiest_rank_turns(two_level):
         res = simulate(big, SimConfig(hints=hints, ppn=4, writing=writing))
         assert res.two_level == two_level and not res.direct
         m, b = _per_round(res)
-        # (a two-level write's ranks send their own group's pieces: every rank sends)
-        senders = len(res.group_ranks) if two_level and not writing else res.nranks
+        # (a two-level call's ranks exchange their own group's pieces themselves, a
+        # read's as a write's: every rank sends, or receives)
+        senders = res.nranks
         count = handshakes(m, b, senders, 16384)
         # every message of a round is at least 16 KiB here: the busiest aggregator's
         # sources, or a sender's share of all of them

@@ -372,13 +372,14 @@ def test_a_reads_busiest_rank_of_a_round_is_the_real_plans(pattern, nranks, meth
     assert sampled.rank_round_bytes == 0
 
 
-@pytest.mark.parametrize(("pattern", "writing"), [("cyclic", True), ("cyclic", False),
-                                                  ("colblock", True)])  # fmt: skip
+@pytest.mark.parametrize("writing", [True, False])
+@pytest.mark.parametrize("pattern", ["cyclic", "colblock"])
 def test_a_two_level_groups_busiest_round_is_the_real_plans(pattern, writing):
     """The most bytes one local group has in one round, from the real sender plans of its
     ranks' listed runs: a block-cyclic call of 8 ranks as 2 nodes has each round's
-    windows in one grid row, whose ranks are on one node.  A write's group stages only
-    its pieces for the other group's aggregators (its own it sends straight)."""
+    windows in one grid row, whose ranks are on one node.  A group stages only its
+    pieces for the other group's aggregators (its own a write sends straight, a read
+    receives straight)."""
     work = make_workload(pattern, 8, size="256", cyclic_block=8)
     hints = Hints(
         cb_buffer_size=16384, cb_two_level="enable", cb_min_message=0, min_rounds=1, cb_min_domain=0
@@ -390,11 +391,11 @@ def test_a_two_level_groups_busiest_round_is_the_real_plans(pattern, writing):
         sp = plan_sender(work.layout(r).runs(), res.bounds, res.window)
         dom = np.searchsorted(res.bounds[1:-1], sp.pieces.file, side="right")
         rnd = (sp.pieces.file - res.bounds[dom]) // res.window
-        staged = sp.pieces.length * ((dom // 4 != r // 4) if writing else 1)  # (aggs 0..7)
+        staged = sp.pieces.length * (dom // 4 != r // 4)  # (aggs 0..7)
         group[r // 4] += np.bincount(rnd, weights=staged, minlength=64)[:64].astype(int)
     assert res.group_round_bytes == int(group.max()) > 0
     per_agg = int((res.agg_bytes / res.agg_rounds).max())
-    half = 2 if writing else 1  # (a write's group stages half the domains' pieces)
+    half = 2  # (a group stages half the domains' pieces: the other group's)
     if pattern == "cyclic":  # (a whole round's windows in one group)
         assert res.group_round_bytes == res.naggs * per_agg // half
     else:  # (every group has its ranks' columns of every window)

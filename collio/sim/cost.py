@@ -13,8 +13,8 @@ call's rounds); a round costs
   aggregator takes or sends ``run_seconds`` (a datatype's block, or a run its read
   packs; a rank's part of a window is one run of its buffer); two-level calls add
   the local stage (each rank copies its pieces of the round into, or out of, its
-  group's shared staging (a write's: only its pieces for other groups' aggregators,
-  the others it sends itself) at ``copy_bandwidth``, or
+  group's shared staging (only its pieces for other groups' aggregators: the others
+  it sends, or receives, itself) at ``copy_bandwidth``, or
   ``intra_bandwidth`` where that is not counted, and ``run_seconds`` a piece; the
   ranks of a group copy at once, their share of the busiest group's round where the
   simulator knows it: rounds are not alike when a layout puts a round in a few groups,
@@ -213,8 +213,9 @@ def predict(res: SimResult, cl: Cluster, strategy: str, *, overlap: bool = True)
     sent_bytes = float((b * away).sum()) / n
     nic = cl.message_seconds * (_node_sum(m * away, nodes, n) + sent_msgs)
     inj = max(_node_sum(b * away, nodes, n), sent_bytes) / cl.node_bandwidth
-    # (a two-level write's ranks send their pieces for their own group's aggregators)
-    senders = res.group_ranks if res.two_level and not res.writing else np.ones(max(res.nranks, 1))
+    # (a two-level call's ranks exchange their pieces for their own group's aggregators
+    # themselves, a read's as a write's: every rank is a source or destination)
+    senders = np.ones(max(res.nranks, 1))
     per_sender = float(m.sum()) / len(senders)  # messages each source sends per round
     proc = max(float(m.max(initial=0)), per_sender) * cl.intra_message_seconds
     # its receiver copies a message: a write's aggregator, a read's rank (the busiest

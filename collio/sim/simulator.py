@@ -188,11 +188,11 @@ def _two_phase(
     grid = Grid.build(bounds, window)
     tiled = total == ext[1] - ext[0]
     # two levels: an aggregator hears from local aggregators, each sending its group's
-    # pieces of a window as the group's ranks' union (a write's ranks send their pieces
-    # for their own group's aggregators themselves: ``near``)
+    # pieces of a window as the group's ranks' union (a rank's pieces for its own group's
+    # aggregators go between it and them, a read's as a write's: ``near``)
     sources = groups.group[owner] if groups is not None else owner
     near = None
-    if groups is not None and cfg.writing:
+    if groups is not None:
         near = (owner, (groups.group, groups.group[aggs]))
     counts, method, evaluated = _evaluate(
         blocks, sources, grid, cfg, tiled, groups is not None, near
@@ -209,13 +209,13 @@ def _two_phase(
         res.group_runs = np.bincount(
             sources, weights=blocks.nruns(), minlength=groups.ngroups
         ).astype(np.int64)
-        if near is not None:  # (a write's groups stage the pieces for the others' aggregators)
+        if near is not None:  # (a group stages only the pieces for the others' aggregators)
             res.group_bytes, res.staged_runs = _staged(counts, res, groups.group[aggs])
     return res
 
 
 def _staged(counts: WindowCounts, res: SimResult, agg_group: I64) -> tuple[I64, I64]:
-    """A two-level write's bytes and runs each group stages: its bytes counted pair by
+    """A two-level call's bytes and runs each group stages: its bytes counted pair by
     pair, else its ranks' spread evenly over the domains (those of its own aggregators
     go direct); its runs in the same share of its ranks' runs."""
     if counts.staged is not None:
@@ -235,7 +235,7 @@ def _evaluate(
     """Choose the exact method that fits the budget, else sample windows (a read's
     busiest rank of a round too, or with ``grouped`` owners, local groups, the busiest
     group's of a round, where every pair fits the budget).  ``near``: a two-level
-    write's ranks and :func:`~collio.sim.windows.explicit`'s ``near``, counted pair by
+    call's ranks and :func:`~collio.sim.windows.explicit`'s ``near``, counted pair by
     pair where they fit the budget (intervals count every piece its group's)."""
     budget, force = cfg.budget, cfg.method
     nw = grid.nwindows

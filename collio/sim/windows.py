@@ -80,7 +80,7 @@ class WindowCounts:
     #: Most bytes one rank has in one round (the k-th windows of every domain), when
     #: every window is evaluated (:func:`explicit`); 0: not known.
     rank_round: int = 0
-    #: A two-level write's bytes each local group stages (:func:`explicit` with
+    #: A two-level call's bytes each local group stages (:func:`explicit` with
     #: ``near``; None: not counted).
     staged: I64 | None = None
 
@@ -136,7 +136,7 @@ def explicit(
 ) -> WindowCounts:
     """Exact figures of the chosen windows (sorted global indices) from (box, window) pairs.
 
-    ``near``: a two-level write's (each rank's local group, each domain's aggregator's
+    ``near``: a two-level call's (each rank's local group, each domain's aggregator's
     group), ``owner`` its ranks: a rank's pieces for an aggregator of its own group are
     its own messages, the others its group's (staged: those alone count in
     ``rank_round``, then a group's, and in ``staged``)."""
@@ -184,9 +184,9 @@ def explicit(
 def _sources(
     out: WindowCounts, near: tuple[I64, I64], who: I64, dom: I64, nb: I64
 ) -> tuple[I64, I64]:
-    """A two-level write's message source of each pair (its rank, or past the ranks its
-    group, :func:`explicit`) and its staged bytes (0 for a rank's own message); adds the
-    staged bytes of each group to ``out``."""
+    """A two-level call's message source (a read's: destination) of each pair (its
+    rank, or past the ranks its group, :func:`explicit`) and its staged bytes (0 for a
+    rank's own message); adds the staged bytes of each group to ``out``."""
     assert out.staged is not None
     group, agg_group = near
     mine = group[who]
