@@ -303,3 +303,33 @@ def test_a_large_repeated_read_copied_from_the_map_asks_the_size_once(comm, mpi_
     # from the fourth call (the lane's), one question of the size and the map's copy
     assert sizes[3 : steps + 1] == [(1, whole)] * (steps - 2)
     assert sizes[-1][1] == 0  # (past the end: not from the map)
+
+
+def test_a_layout_after_a_view_series_goes_the_general_way(comm, mpi_tmp_path):
+    """The step a view series left is not a layout's: a Subarray write after it (and a
+    view write after that) write what numpy says."""
+    path = str(mpi_tmp_path / "vl.bin")
+    p, r, n, steps = comm.size, comm.rank, 8, 6
+    want = bytearray()
+
+    def data(s, q=r):
+        return np.arange(n, dtype=np.float64) + 100.0 * s + 10000.0 * q
+
+    def step_bytes(s):
+        return b"".join(data(s, q).tobytes() for q in range(p))
+
+    with collio.open(path, "w", comm=comm) as f:
+        f.set_view(0, MPI.DOUBLE, MPI.DOUBLE)
+        for s in range(steps):
+            f.write_at_all((s * p + r) * n, data(s))
+            want += step_bytes(s)
+        assert f._ctx.kept[True].step.k.box is None
+        piece, lay, whole = _piece(comm, 0, n)
+        lay = Subarray((p * n,), (r * n,), (n,), "<f8", offset=len(want))
+        seen, _ = _ran(lambda: f.write_all(piece, lay))
+        assert not _routed(seen)
+        want += whole
+        f.write_at_all((steps * p + r) * n + p * n, data(steps))
+        want += step_bytes(steps)
+    comm.Barrier()
+    assert read_file(path) == bytes(want)
