@@ -42,7 +42,7 @@ from .runs import Runs
 from .speculate import note_layout, remember
 
 __all__ = [
-    "Context", "again", "read", "read_many", "release_buffers", "write",
+    "Context", "again", "read", "read_many", "release_buffers", "resume", "write",
     "write_many",
 ]  # fmt: skip
 
@@ -114,6 +114,18 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool) 
         return got is not None
     (_write if writing else _read)(ctx, None, t0=t0, pending=got)
     return True
+
+
+def resume(ctx: Context, headed: quick.Headed, layout: Any, t0: float, *, writing: bool) -> None:
+    """Collective over ``ctx.comm``: a call that a :class:`~collio.quick.Step` took as far
+    as its head and no further, on from its head as :func:`write` / :func:`read` (through
+    ``layout``) or :func:`again` (``layout`` None: through the view) go on."""
+    if not writing:
+        _read(ctx, None, t0=t0, pending=headed)
+        return
+    call = _write(ctx, None, t0=t0, pending=headed)
+    if layout is not None:
+        keptcall.keep(ctx, call, layout)
 
 
 def _write(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import types
-from typing import Any
+from collections.abc import Callable
+from threading import get_ident
+from time import perf_counter
+from typing import Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -13,6 +16,7 @@ from . import engine, speculate, view
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
 from .comms import Private, exclusive, one_thread, private
+from .comms import _busy as _in_call  # (the one-thread guard's record, entered inline)
 from .core import FileCore
 from .errors import add_later
 from .hints import Hints
@@ -25,6 +29,20 @@ __all__ = ["File", "open"]
 _MODES = ("r", "w", "r+")
 #: ``write_all(buf)`` without a layout goes through the view; an explicit None stays an error
 _VIEW: Any = object()
+#: A step's route not taken (nothing done): the call goes the guarded way
+_NOT: Any = object()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _guarded(name: str) -> Callable[[F], F]:
+    """:func:`~collio.comms.one_thread` for the guarded way of the public method ``name``
+    (the call the guard names to another thread is the public one)."""
+
+    def guard(method: F) -> F:
+        method.__name__ = name
+        return one_thread(method)
+
+    return guard
 
 
 def open(  # noqa: A001 - the natural name, like io.open / h5py.File
@@ -90,6 +108,8 @@ class File:
         self.target = target
         self._view = view.DEFAULT_VIEW
         self._position = 0  # this rank's file pointer, in etypes of the view
+        # the communicator's key in the one-thread guard (comms.one_thread's), found once
+        self._key = core.ctx.comm.py2f()
 
     @classmethod
     def _open(
@@ -180,7 +200,6 @@ class File:
         """This rank's file pointer, in etypes of the view (``MPI.File.Get_position``)."""
         return self._position
 
-    @one_thread
     def write_all(self, data: Any, layout: Any = _VIEW) -> None:
         """Collective over `comm`: write every rank's ``data`` where its ``layout`` says.
 
@@ -191,6 +210,25 @@ class File:
         buffer written through the view (:meth:`set_view`) from the file pointer,
         which then moves on.
         """
+        # a repeat of the last call's step: straight to it (:meth:`_stepped`)
+        ctx = self._ctx
+        calls = ctx.kept[True]
+        step = calls.step
+        if (
+            step is not None and step.k.serial == calls.serial - calls.period
+            and ctx.mode != "closed" and ctx.lane is None  # (the kept two-phase lane first)
+        ):  # fmt: skip
+            if layout is _VIEW:
+                if self._stepped(step, None, self._position, data, "write_all") is not _NOT:
+                    self._position += int(data.nbytes) // self._view.etype_size
+                    return
+            elif self._stepped(step, layout, 0, data, "write_all") is not _NOT:
+                return
+        self._write_all(data, layout)
+
+    @_guarded("write_all")
+    def _write_all(self, data: Any, layout: Any) -> None:
+        """:meth:`write_all` the guarded way."""
         self._check_open()
         if layout is not _VIEW:  # (no buffer layout to build: small calls count every step)
             self._write(data, layout)
@@ -224,7 +262,6 @@ class File:
             speculate.note_view(ctx, fview, lay.data_bytes, writing=writing)
         return lay.etypes
 
-    @one_thread
     def read_all(self, layout: Any = None, out: Any = None) -> Any:
         """Collective over `comm`: read this rank's piece; returns an ndarray.
 
@@ -233,6 +270,27 @@ class File:
         mpi4py buffer instead of a layout, reads through the view from the
         file pointer into that buffer, in place, and returns it.
         """
+        ctx = self._ctx
+        calls = ctx.kept[False]
+        step = calls.step
+        if (
+            step is not None and step.k.serial == calls.serial - calls.period
+            and ctx.mode != "closed"
+        ):  # fmt: skip
+            if type(layout) is np.ndarray:  # (a buffer through the view)
+                got = self._stepped(step, None, self._position, layout, "read_all")
+                if got is not _NOT:
+                    self._position += int(layout.nbytes) // self._view.etype_size
+                    return got
+            else:
+                got = self._stepped(step, layout, 0, out, "read_all")
+                if got is not _NOT:
+                    return got
+        return self._read_all(layout, out)
+
+    @_guarded("read_all")
+    def _read_all(self, layout: Any, out: Any) -> Any:
+        """:meth:`read_all` the guarded way."""
         self._check_open()
         # (the common layout by its type first: an ABC's isinstance costs a repeated
         # small read a few calls)
@@ -300,15 +358,40 @@ class File:
         self._check_open()
         self._ctx.backend.flush_soon()
 
-    @one_thread
     def write_at_all(self, offset: int, buf: Any) -> None:
         """Collective over `comm`: write ``buf`` through the view from etype ``offset``."""
+        ctx = self._ctx
+        calls = ctx.kept[True]
+        step = calls.step
+        if (
+            step is not None and step.k.serial == calls.serial - calls.period
+            and ctx.mode != "closed"
+            and self._stepped(step, None, offset, buf, "write_at_all") is not _NOT
+        ):  # fmt: skip
+            return
+        self._write_at_all(offset, buf)
+
+    @_guarded("write_at_all")
+    def _write_at_all(self, offset: int, buf: Any) -> None:
+        """:meth:`write_at_all` the guarded way."""
         self._check_open()
         self._through_view(offset, buf, writing=True)
 
-    @one_thread
     def read_at_all(self, offset: int, buf: Any) -> Any:
         """Collective over `comm`: fill ``buf`` through the view from etype ``offset``."""
+        ctx = self._ctx
+        calls = ctx.kept[False]
+        step = calls.step
+        if step is not None and step.k.serial == calls.serial - calls.period:
+            if ctx.mode != "closed":
+                got = self._stepped(step, None, offset, buf, "read_at_all")
+                if got is not _NOT:
+                    return got
+        return self._read_at_all(offset, buf)
+
+    @_guarded("read_at_all")
+    def _read_at_all(self, offset: int, buf: Any) -> Any:
+        """:meth:`read_at_all` the guarded way."""
         self._check_open()
         self._through_view(offset, buf, writing=False)
         return view.BufferLayout.buffer_of(buf)
@@ -327,6 +410,46 @@ class File:
         leave the others waiting in their next call on the file.
         """
         self._core.close()
+
+    def _stepped(self, step: Any, layout: Any, position: int, data: Any, name: str) -> Any:
+        """Collective over `comm` unless it returns ``_NOT`` (nothing done): the call
+        ``name`` through ``layout`` (None: through the view from etype ``position``) as a
+        repeat of the last one, by the :class:`~collio.quick.Step` that call left
+        (:func:`collio.quick.layout_again` / :func:`collio.quick.again` would find it
+        first too); what it read (the array, the buffer), or None for a write.
+
+        A small call spends most of its time in Python: this route skips the layers
+        between the public method and the step, doing their part inline.  The caller
+        asked what ``_check_open`` asks (not closed); the one-thread guard is
+        :func:`collio.comms.one_thread`'s, entered here as its first entry does, and
+        only that: when another call holds the communicator (another thread's, or this
+        thread's own) nothing is done here and the guarded way says what it must.
+        Errors are handled as the guarded way handles them (:meth:`_failed`)."""
+        key, mine = self._key, (get_ident(), name, 1)
+        if _in_call.setdefault(key, mine) is not mine:
+            return _NOT
+        writing = name[0] == "w"
+        ctx = self._ctx
+        try:
+            t0 = perf_counter()
+            if layout is None:
+                got = step.view(ctx, self._view, position, data, t0)
+                if got is None:
+                    return _NOT
+                if got is not True:
+                    engine.resume(ctx, got, None, t0, writing=writing)
+                return None if writing else data
+            stepped = step(ctx, layout, data, t0)
+            if stepped is None:
+                return _NOT
+            if stepped[0] is not True:
+                engine.resume(ctx, stepped[0], layout, t0, writing=writing)
+            return None if writing else stepped[1]
+        except BaseException as exc:
+            self._failed(exc, writing=writing)
+            raise
+        finally:
+            del _in_call[key]  # (as comms._exit at the first entry's depth)
 
     def _failed(self, exc: BaseException, *, writing: bool = False) -> None:
         self._core.failed(exc, writing=writing)

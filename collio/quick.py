@@ -220,10 +220,14 @@ class Step:
         k, writing = self.k, self.writing
         if type(layout) is not Subarray or layout._invalid or k.hints is not ctx.hints:
             return None
-        offset = layout._offset
-        if offset < 0 or layout.box != k.box or k.backend is not ctx.backend:
+        offset, box = layout._offset, k.box
+        if offset < 0 or box is None or k.backend is not ctx.backend:
             return None
-        box = k.box
+        if (  # (layout.box != box, inline: no tuple built, no property called)
+            layout.shape != box[2] or layout.start != box[1] or layout.global_shape != box[0]
+            or layout._dtype != box[3] or layout._order != box[4]
+        ):  # fmt: skip
+            return None
         if type(data) is np.ndarray and data.shape == box[2] and data.dtype == box[3]:
             # (array_of's checks of a given array, inline)
             mode, flags = ctx.mode, data.flags
@@ -294,7 +298,12 @@ class Step:
         elif ctx.read_aggregators is not None or not self.maps or n > PREAD_BYTES:
             return None
         else:
-            moved, shift = moved_by(ctx.extents, lo, hi)
+            ext = ctx.extents
+            if ext is not None and n > 0 and ext[1] - ext[0] == n:  # (moved_by, inline)
+                d = lo - ext[0]
+                moved, shift = False, 2 * d if d >= 0 else -2 * d - 1
+            else:
+                moved, shift = moved_by(ext, lo, hi)
         be, fd = self.be, self.fd
         before: Before | None = None
         fresh = False  # (past the end: nothing kept, a Before made only when needed)
@@ -329,8 +338,11 @@ class Step:
                 if raised is exc:
                     raise
                 raise raised from exc
-            fl = be.flusher  # (PosixBackend.take_counts, inline)
-            key = (done, be.direct_bytes, 0 if fl is None else fl.take_count(), be.mapped_bytes)
+            fl = be.flusher  # (PosixBackend.take_counts and the flusher's take_count, inline)
+            flushes = 0
+            if fl is not None:
+                flushes, fl.count = fl.count, 0
+            key = (done, be.direct_bytes, flushes, be.mapped_bytes)
             be.direct_bytes = be.mapped_bytes = 0
         except BaseException as exc:
             if not kept(exc):

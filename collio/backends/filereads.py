@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from ..policy import maps_file
 from ..runs import Runs
-from .base import Backend
+from .base import Backend, _one
 from .fdio import pread_zeros
 from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
 
@@ -68,11 +68,20 @@ class MappedReads(Backend):
     def read_if_maps(self, offset: int, out: npt.NDArray[np.uint8]) -> tuple[bool, Any]:
         """A small run is read by one ``preadv`` mapped or not (:meth:`read_one`), and
         whether it lies within the file comes from the bytes read, without asking the
-        size first; a larger one asks first (a map past the end faults)."""
-        if len(out) > PREAD_BYTES or not self.maps:
+        size first; a larger one asks first (a map past the end faults), once: then it
+        is copied from the map (as :meth:`read_runs` copies one large run) without
+        :meth:`maps_reads` asking the size again."""
+        if not self.maps:
             return super().read_if_maps(offset, out)
-        if pread_zeros(self.fd, out, offset) < len(out):
+        n = len(out)
+        if n <= PREAD_BYTES:
+            if pread_zeros(self.fd, out, offset) < n:
+                return False, None
+            return True, 1
+        if not self.maps_one(offset, n):
             return False, None
+        read_mapped(self.fd, _one(offset, n), out)
+        self.mapped_bytes += n
         return True, 1
 
     def maps_one(self, offset: int, nbytes: int) -> bool:

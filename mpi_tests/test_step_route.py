@@ -1,0 +1,335 @@
+"""A repeat of a step goes from the public method straight to it (``File._stepped``).
+
+``write_all`` / ``read_all`` / ``write_at_all`` / ``read_at_all`` of a file whose last
+call left a :class:`collio.quick.Step` call it without the layers between (the
+one-thread guard's wrapper, ``_check_open``, the engine's entry, the lanes' lookups),
+doing their part inline.  These tests check that the route is taken (the functions the
+call ran), that what it writes and reads is numpy's and ROMIO's, and that it still makes
+the checks it must: a closed file raises what it raised, a second thread on the
+communicator still raises at once and writes nothing, and this thread's own call in
+another's goes the guarded way.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers import read_file
+from mpi4py import MPI
+
+import collio
+from collio import layouts, quick
+from collio.layouts import Subarray
+from collio.testing.romio import romio_read, romio_write
+
+pytestmark = pytest.mark.mpi(min_size=1)
+
+_GUARDED = {"wrapper", "_check_open", "layout_again", "again"}
+
+
+def _ran(fn):
+    """The names of the collio functions that ``fn()`` ran, and what it returned."""
+    seen = set()
+
+    def prof(frame, event, arg):
+        if event == "call" and "collio" in frame.f_code.co_filename:
+            seen.add(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        got = fn()
+    finally:
+        sys.setprofile(None)
+    return seen, got
+
+
+def _routed(seen):
+    """Whether a call went straight to its step (and the step completed it)."""
+    return "_stepped" in seen and "_go" in seen and not (_GUARDED & seen)
+
+
+def _piece(comm, s, n):
+    p, r = comm.size, comm.rank
+    glob = np.arange(p * n, dtype=np.float64) + 1000.0 * s + 0.25
+    lay = Subarray((p * n,), (r * n,), (n,), "<f8", offset=s * glob.nbytes)
+    return glob[r * n : (r + 1) * n].copy(), lay, glob.tobytes()
+
+
+@pytest.mark.parametrize("n", [1, 512])
+def test_a_series_goes_straight_to_its_step_and_writes_what_romio_does(comm, mpi_tmp_path, n):
+    path, theirs = str(mpi_tmp_path / "s.bin"), str(mpi_tmp_path / "romio.bin")
+    steps, routed, want = 8, [], b""
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(steps):
+            piece, lay, whole = _piece(comm, s, n)
+            seen, got = _ran(lambda: f.write_all(piece, lay))  # noqa: B023
+            assert got is None
+            routed.append(_routed(seen))
+            romio_write(theirs, piece, lay, comm)
+            want += whole
+        assert f.stats.last_call["guessed"]
+    # (the third call makes the step: from the fourth the route takes it)
+    assert routed == [False] * 3 + [True] * (steps - 3)
+    comm.Barrier()
+    assert read_file(path) == want
+    assert read_file(theirs)[: len(want)] == want
+    comm.Barrier()
+    routed = []
+    with collio.open(path, "r", comm=comm) as f:
+        for s in list(range(steps)) + [2, 7]:
+            piece, lay, _ = _piece(comm, s, n)
+            out = np.full_like(piece, np.nan)
+            seen, got = _ran(lambda: f.read_all(lay, out=out))  # noqa: B023
+            assert got is out
+            routed.append(_routed(seen))
+            np.testing.assert_array_equal(out, piece)
+            np.testing.assert_array_equal(out, romio_read(theirs, lay, comm))
+            # (a read without ``out``: a new array, by the route too)
+            seen, fresh = _ran(lambda: f.read_all(lay))  # noqa: B023
+            np.testing.assert_array_equal(fresh, piece)
+    assert routed[3:] == [True] * (len(routed) - 3)
+
+
+def test_a_view_series_goes_straight_to_its_step_and_moves_the_pointer(comm, mpi_tmp_path):
+    """``write_all(buf)`` through a view moves the file pointer as the guarded way does;
+    ``write_at_all`` / ``read_at_all`` / ``read_all(buf)`` take the route too."""
+    path, theirs = str(mpi_tmp_path / "v.bin"), str(mpi_tmp_path / "romio.bin")
+    p, r, n, disp, steps = comm.size, comm.rank, 16, 40, 7
+    routed = []
+
+    def data(s):
+        return np.arange(n, dtype=np.float64) + 100.0 * s + 10000.0 * r
+
+    fh = MPI.File.Open(comm, theirs, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    fh.Set_view(disp, MPI.DOUBLE, MPI.DOUBLE)
+    with collio.open(path, "w", comm=comm) as f:
+        f.set_view(disp, MPI.DOUBLE, MPI.DOUBLE)
+        for s in range(steps):
+            seen, _ = _ran(lambda: f.write_at_all((s * p + r) * n, data(s)))  # noqa: B023
+            routed.append(_routed(seen))
+            fh.Write_at_all((s * p + r) * n, data(s))
+        # a rank's own region after the others': through the pointer of its own view
+        base = disp + steps * p * n * 8
+        f.set_view(base + r * steps * n * 8, MPI.DOUBLE, MPI.DOUBLE)
+        fh.Set_view(base + r * steps * n * 8, MPI.DOUBLE, MPI.DOUBLE)
+        for s in range(steps):
+            seen, _ = _ran(lambda: f.write_all(data(s)))  # noqa: B023
+            routed.append(_routed(seen))
+            assert f.position == (s + 1) * n
+            fh.Write_all(data(s))
+    fh.Close()
+    assert routed[3:steps] == [True] * (steps - 3)
+    assert routed[steps + 3 :] == [True] * (steps - 3)
+    comm.Barrier()
+    got, want = read_file(path), read_file(theirs)
+    size = disp + 2 * steps * p * n * 8
+    assert len(got) == size and got[disp:] == want[disp:size]
+    routed = []
+    with collio.open(path, "r", comm=comm) as f:
+        f.set_view(disp, MPI.DOUBLE, MPI.DOUBLE)
+        out = np.empty(n)
+        for s in range(steps):
+            seen, back = _ran(lambda: f.read_at_all((s * p + r) * n, out))  # noqa: B023
+            assert back is out
+            routed.append(_routed(seen))
+            np.testing.assert_array_equal(out, data(s))
+        f.set_view(base + r * steps * n * 8, MPI.DOUBLE, MPI.DOUBLE)
+        for s in range(steps):
+            seen, back = _ran(lambda: f.read_all(out))  # noqa: B023
+            assert back is out and f.position == (s + 1) * n
+            routed.append(_routed(seen))
+            np.testing.assert_array_equal(out, data(s))
+    assert routed[3:steps] == [True] * (steps - 3)
+    assert routed[steps + 3 :] == [True] * (steps - 3)
+
+
+def _series(f, comm, steps, n=4):
+    """Write ``steps`` steps through ``f`` (a step kept after them); the last layout."""
+    for s in range(steps):
+        piece, lay, _ = _piece(comm, s, n)
+        f.write_all(piece, lay)
+    assert isinstance(f._ctx.kept[True].step, quick.Step)
+    return n
+
+
+def test_a_call_after_close_raises_what_the_guarded_way_raises(comm, mpi_tmp_path):
+    """The file closed with a step kept: every method raises the ModeError of a closed
+    file, and writes nothing."""
+    path = str(mpi_tmp_path / "c.bin")
+    f = collio.open(path, "w", comm=comm)
+    n = _series(f, comm, 6)
+    f.set_view(0, MPI.BYTE, MPI.BYTE)
+    piece, lay, _ = _piece(comm, 6, n)
+    f.close()
+    comm.Barrier()
+    size = len(read_file(path))
+    comm.Barrier()
+    calls = [
+        lambda: f.write_all(piece, lay), lambda: f.read_all(lay, out=piece),
+        lambda: f.write_all(piece), lambda: f.read_all(piece),
+        lambda: f.write_at_all(0, piece), lambda: f.read_at_all(0, piece),
+    ]  # fmt: skip
+    for call in calls:
+        with pytest.raises(collio.ModeError, match="is closed"):
+            call()
+    comm.Barrier()
+    assert len(read_file(path)) == size
+
+
+@pytest.mark.timeout(90)
+def test_a_second_thread_still_raises_at_once_and_writes_nothing(comm, mpi_tmp_path):
+    """While another thread is in a call on the communicator, a repeat that the route
+    would take raises ConcurrentCallError at once, naming both calls, and writes
+    nothing; the series goes on by its step after."""
+    path = str(mpi_tmp_path / "t.bin")
+    with collio.open(path, "w", comm=comm) as f:
+        n = _series(f, comm, 6)
+        piece, lay, whole = _piece(comm, 6, n)
+        m = 64
+        block = layouts.Segments([len(whole) * 8 + comm.rank * m], [m])
+
+        class Blocking(layouts.Segments):
+            def runs(self):
+                entered.set()
+                go.wait(20)
+                return super().runs()
+
+        entered, go = threading.Event(), threading.Event()
+        held = Blocking(list(block.offsets), list(block.lengths))
+        errors = []
+
+        def first():
+            try:
+                f.write_all(np.full(m, comm.rank + 1, np.uint8), held)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=first, name="holder")
+        t.start()
+        assert entered.wait(20)
+        t0 = time.monotonic()
+        seen = set()
+        for call in (lambda: f.write_all(piece, lay), lambda: f.read_all(lay, out=piece)):
+            with pytest.raises(collio.ConcurrentCallError) as info:
+                seen |= _ran(call)[0]
+            assert "while thread 'holder' is in write_all on the same communicator" in str(
+                info.value
+            )
+        assert "_go" not in seen  # (nothing done: no I/O, no head)
+        assert time.monotonic() - t0 < 5
+        go.set()
+        t.join(60)
+        assert not t.is_alive() and errors == []
+        comm.Barrier()
+        assert len(read_file(path)) == len(whole) * 8 + comm.size * m  # (not step 6's)
+        comm.Barrier()
+        # the series goes on; step 6 now
+        f.write_all(piece, lay)
+        seen, _ = _ran(lambda: f.write_all(*_piece(comm, 7, n)[:2]))
+    comm.Barrier()
+    got = read_file(path)
+    want = b"".join(_piece(comm, s, n)[2] for s in range(8))
+    assert got[: len(whole) * 6] == want[: len(whole) * 6]
+    assert got[len(whole) * 6 : len(whole) * 8] == want[len(whole) * 6 :]
+    tail = np.frombuffer(got[len(whole) * 8 :], np.uint8)
+    np.testing.assert_array_equal(tail, np.repeat(np.arange(1, comm.size + 1, dtype=np.uint8), m))
+
+
+def test_this_threads_own_call_in_another_goes_the_guarded_way(comm, mpi_tmp_path):
+    """A call this thread makes inside one of its own (the guard's depth) is not the
+    route's: it goes the guarded way, and the guard is left as it was found."""
+    from collio import comms
+
+    path = str(mpi_tmp_path / "d.bin")
+    with collio.open(path, "w", comm=comm) as f:
+        n = _series(f, comm, 6)
+        piece, lay, whole = _piece(comm, 6, n)
+        key = f.comm.py2f()
+        with comms.exclusive(f.comm, "outer"):
+            seen, _ = _ran(lambda: f.write_all(piece, lay))
+            assert "wrapper" in seen and "_go" in seen  # (guarded, then the step)
+            assert comms._busy[key][1:] == ("outer", 1)
+        assert key not in comms._busy
+        seen, _ = _ran(lambda: f.write_all(*_piece(comm, 7, n)[:2]))
+        assert _routed(seen) and key not in comms._busy
+    comm.Barrier()
+    want = b"".join(_piece(comm, s, n)[2] for s in range(8))
+    assert read_file(path) == want
+
+
+def test_a_large_repeated_read_copied_from_the_map_asks_the_size_once(comm, mpi_tmp_path):
+    """Reads of 2 MiB per rank (above a preadv's): the lane copies each from the mapped
+    file after asking the size once; the bytes are numpy's and ROMIO's, the mapped bytes
+    counted, and a step reaching past the end reads zeros there, as ROMIO does."""
+    from collio.backends import filereads
+
+    path = str(mpi_tmp_path / "m.bin")
+    n = (filereads.PREAD_BYTES << 1) // 8
+    steps = 6
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(steps):
+            piece, lay, _ = _piece(comm, s, n)
+            f.write_all(piece, lay)
+    comm.Barrier()
+    sizes = []
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        be = f._ctx.backend
+        size = be.size
+        asked = []
+
+        def counted():
+            asked.append(1)
+            return size()
+
+        be.size = counted  # (counts the lseeks that ask the end, and asks it)
+        try:
+            for s in list(range(steps)) + [1, steps]:  # (the last step: past the end)
+                piece, lay, _ = _piece(comm, s, n)
+                want = piece if s < steps else np.zeros_like(piece)
+                out = np.full_like(piece, np.nan)
+                before, asked[:] = f.stats.mapped_bytes, []
+                f.read_all(lay, out=out)
+                sizes.append((len(asked), f.stats.mapped_bytes - before))
+                np.testing.assert_array_equal(out, want)
+                if s < steps:
+                    np.testing.assert_array_equal(out, romio_read(path, lay, comm))
+        finally:
+            del be.size
+    whole = comm.size * n * 8
+    # from the fourth call (the lane's), one question of the size and the map's copy
+    assert sizes[3 : steps + 1] == [(1, whole)] * (steps - 2)
+    assert sizes[-1][1] == 0  # (past the end: not from the map)
+
+
+def test_a_layout_after_a_view_series_goes_the_general_way(comm, mpi_tmp_path):
+    """The step a view series left is not a layout's: a Subarray write after it (and a
+    view write after that) write what numpy says."""
+    path = str(mpi_tmp_path / "vl.bin")
+    p, r, n, steps = comm.size, comm.rank, 8, 6
+    want = bytearray()
+
+    def data(s, q=r):
+        return np.arange(n, dtype=np.float64) + 100.0 * s + 10000.0 * q
+
+    def step_bytes(s):
+        return b"".join(data(s, q).tobytes() for q in range(p))
+
+    with collio.open(path, "w", comm=comm) as f:
+        f.set_view(0, MPI.DOUBLE, MPI.DOUBLE)
+        for s in range(steps):
+            f.write_at_all((s * p + r) * n, data(s))
+            want += step_bytes(s)
+        assert f._ctx.kept[True].step.k.box is None
+        piece, lay, whole = _piece(comm, 0, n)
+        lay = Subarray((p * n,), (r * n,), (n,), "<f8", offset=len(want))
+        seen, _ = _ran(lambda: f.write_all(piece, lay))
+        assert not _routed(seen)
+        want += whole
+        f.write_at_all((steps * p + r) * n + p * n, data(steps))
+        want += step_bytes(steps)
+    comm.Barrier()
+    assert read_file(path) == bytes(want)
