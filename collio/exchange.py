@@ -283,6 +283,20 @@ class Messages:
             self.types.append(dtype)
         self.requests.append(start(spec, peer, self.tag))
 
+    def post_fixed(self, start: Any, buf: Any, peer: int, first: int, nbytes: int,
+                   dtype: MPI.Datatype | None) -> None:  # fmt: skip
+        """Start one message of ``buf`` from byte ``first`` (``start``: ``comm.Isend``
+        or ``comm.Irecv``): ``nbytes`` plain bytes, or one ``dtype`` (a kept type, not
+        freed here); a stand-in of ``nbytes`` if it cannot be started."""
+        try:
+            if dtype is None:
+                spec = [buf[first : first + nbytes], MPI.BYTE]
+            else:
+                spec = [buf[first:], 1, dtype]
+            self.requests.append(start(spec, peer, self.tag))
+        except Exception as exc:  # noqa: BLE001 - agreed in the completion
+            self.stand_in(start, nbytes, peer, exc)
+
     def send(
         self,
         dest: int,

@@ -15,8 +15,6 @@ import time
 from functools import partial
 from typing import Any
 
-from mpi4py import MPI
-
 from . import rounds
 from .aggregators.plan import AggregatorPlan, round_requests
 from .backends.failures import storage_errors
@@ -31,8 +29,6 @@ from .runs import Runs
 from .stats import Stats
 
 __all__ = ["Round", "kept_round", "one_round", "round_of", "write_rounds"]
-
-_BYTE = MPI.BYTE
 
 
 def write_rounds(
@@ -133,7 +129,7 @@ def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseExc
     :class:`~collio.exchange.Messages` does)."""
     c, comm, plan = call.counters, ctx.comm, r.plan
     msgs = Messages(comm, TAG)
-    posted, error = msgs.requests, None
+    error = None
     t = time.perf_counter()
     req = wbuf = None
     if r.req is not None:
@@ -141,19 +137,13 @@ def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseExc
         wbuf = window_of(round_buffers(plan.window, DEPTH)[0], *req)
         if not r.whole:  # (as _receive: the old bytes of its holes)
             error = _holes(ctx, wbuf, req, r.cover, d, c)
+        post, irecv = msgs.post_fixed, comm.Irecv
         for src, first, n, dt in r.recvs:
-            try:
-                spec = [wbuf[first : first + n], _BYTE] if dt is None else [wbuf[first:], 1, dt]
-                posted.append(comm.Irecv(spec, src, TAG))
-            except Exception as exc:  # noqa: BLE001 - agreed in the completion
-                msgs.stand_in(comm.Irecv, n, src, exc)
+            post(irecv, wbuf, src, first, n, dt)
         c.messages += len(r.recvs)
+    post, isend = msgs.post_fixed, comm.Isend
     for dest, first, n, dt in r.sends:
-        try:
-            spec = [data[first : first + n], _BYTE] if dt is None else [data[first:], 1, dt]
-            posted.append(comm.Isend(spec, dest, TAG))
-        except Exception as exc:  # noqa: BLE001 - agreed in the completion
-            msgs.stand_in(comm.Isend, n, dest, exc)
+        post(isend, data, dest, first, n, dt)
     c.exchanged_bytes += r.sent
     msgs.wait()  # (every message completes, failed or not: nobody is left waiting)
     c.time_exchange += time.perf_counter() - t
