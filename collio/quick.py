@@ -38,7 +38,8 @@ from .backends.directio import DIRECT_MIN
 from .backends.failures import storage_error
 from .backends.fdio import pwrite_all
 from .backends.keeping import Before, keep_one
-from .backends.posix import PREAD_BYTES, PosixBackend
+from .backends.filereads import ONE_PREAD_BYTES
+from .backends.posix import PosixBackend
 from .checkfacts import PLACED, Checked, moved_by, placed
 from .collective import KeptHead, call_kept_head, kept, raise_kept_mismatch
 from .context import Context
@@ -295,7 +296,7 @@ class Step:
             if shift != k.shift:
                 return None
             moved = False
-        elif ctx.read_aggregators is not None or not self.maps or n > PREAD_BYTES:
+        elif ctx.read_aggregators is not None or not self.maps or n > ONE_PREAD_BYTES:
             return None
         else:
             ext = ctx.extents

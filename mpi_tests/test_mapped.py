@@ -70,7 +70,7 @@ def _copied(comm, stats, nbytes: int) -> int:
     """The bytes the ranks copied from the map: each its ``nbytes``, but a rank whose few
     small runs it preads instead (``PosixBackend.read_runs``)."""
     runs = np.asarray(stats.local.get("requests", []))
-    few = len(runs) <= filereads.FEW_PREADS and int(runs.sum()) <= filereads.PREAD_BYTES
+    few = filereads.preads(len(runs), int(runs.sum()))
     return int(comm.allreduce(0 if few else nbytes))
 
 
