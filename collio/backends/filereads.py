@@ -82,9 +82,9 @@ class MappedReads(Backend):
     def read_if_maps(self, offset: int, out: npt.NDArray[np.uint8]) -> tuple[bool, Any]:
         """A run of up to :data:`ONE_PREAD_BYTES` is read by one ``preadv`` mapped or not
         (:meth:`read_one`), and whether it lies within the file comes from the bytes read,
-        without asking the size first; a larger one asks first (a map past the end faults), once: then it
-        is copied from the map (as :meth:`read_runs` copies one large run) without
-        :meth:`maps_reads` asking the size again."""
+        without asking the size first; a larger one asks first (a map past the end
+        faults), once: then it is copied from the map (as :meth:`read_runs` copies one
+        large run) without :meth:`maps_reads` asking the size again."""
         if not self.maps:
             return super().read_if_maps(offset, out)
         n = len(out)
