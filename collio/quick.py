@@ -186,7 +186,7 @@ class Step:
     it is (:func:`_agree`, :func:`_settle`), so errors, take-backs and statistics stay
     the lane's."""
 
-    __slots__ = ("k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps")
+    __slots__ = ("k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps", "local")
 
     def __init__(self, ctx: Context, k: speculate.Kept, writing: bool) -> None:
         self.k, self.calls, self.writing = k, ctx.kept[writing], writing
@@ -201,6 +201,8 @@ class Step:
         self.c_order = self.c_order and box is not None and np.dtype(box[3]).kind in _NUMBERS
         # the kept call's last facts around the extent (slot 5) and ``guessed`` (last)
         self.pre, self.post = tuple(k.last[:5]), (*k.last[6:-1], True)
+        # what Stats.local makes when read, the same every call (Stats.local_when_read's)
+        self.local = (dict, (("domain", -1), ("direct", True), ("requests", k.lengths)))
         # a read copied from the map by one preadv (MappedReads.read_if_maps)
         self.maps = (not writing and k.path is _MAPPED and be.maps
                      and may_map(k.hints, writing=False))  # fmt: skip
@@ -397,8 +399,7 @@ class Step:
         stats.time_total += t_total / 1e9
         stats.direct_calls += 1
         stats.last_facts = (*self.pre, [alo, ahi], *self.post)
-        # (Stats.local's setter, inline)
-        stats._local, stats._local_of = {"domain": -1, "direct": True, "requests": k.lengths}, None
+        stats._local_of = self.local  # (Stats.local_when_read, inline: no dict per call)
         return True
 
 
