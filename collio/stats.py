@@ -195,6 +195,17 @@ class Stats:
             self._merge_again()
         self._read_sizes = value
 
+    def __getstate__(self) -> list[Any]:
+        """Pickled with the histograms whole (the counted repeats' sums hold a function
+        made at run time, which pickle cannot name)."""
+        if self._again_n:
+            self._merge_again()
+        return [None if f.name == "_again" else getattr(self, f.name) for f in _FIELDS]
+
+    def __setstate__(self, state: list[Any]) -> None:
+        for f, value in zip(_FIELDS, state, strict=True):
+            object.__setattr__(self, f.name, value)
+
     def _merge_again(self) -> None:
         """Add the repeats of ``_again`` counted since into the histograms (new arrays,
         as :meth:`absorb` makes: a caller may hold the totals of before)."""
@@ -348,6 +359,10 @@ class Stats:
             f"{list(self.aggregators)[:8]}; time plan {self.time_plan:.3f}s exchange "
             f"{self.time_exchange:.3f}s io {self.time_io:.3f}s total {self.time_total:.3f}s"
         )
+
+
+#: Stats' fields, in order (its pickled state)
+_FIELDS = dataclasses.fields(Stats)
 
 
 def print_at_close(stats: Stats, name: str, rank: int) -> None:
