@@ -37,8 +37,9 @@ from .backends import filereads
 from .backends.directio import DIRECT_MIN
 from .backends.failures import storage_error
 from .backends.fdio import pwrite_all
+from .backends.filereads import ONE_PREAD_BYTES
 from .backends.keeping import Before, keep_one
-from .backends.posix import PREAD_BYTES, PosixBackend
+from .backends.posix import PosixBackend
 from .checkfacts import PLACED, Checked, moved_by, placed
 from .collective import KeptHead, call_kept_head, kept, raise_kept_mismatch
 from .context import Context
@@ -185,7 +186,7 @@ class Step:
     it is (:func:`_agree`, :func:`_settle`), so errors, take-backs and statistics stay
     the lane's."""
 
-    __slots__ = ("k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps")
+    __slots__ = ("k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps", "local")
 
     def __init__(self, ctx: Context, k: speculate.Kept, writing: bool) -> None:
         self.k, self.calls, self.writing = k, ctx.kept[writing], writing
@@ -200,6 +201,8 @@ class Step:
         self.c_order = self.c_order and box is not None and np.dtype(box[3]).kind in _NUMBERS
         # the kept call's last facts around the extent (slot 5) and ``guessed`` (last)
         self.pre, self.post = tuple(k.last[:5]), (*k.last[6:-1], True)
+        # what Stats.local makes when read, the same every call (Stats.local_when_read's)
+        self.local = (dict, (("domain", -1), ("direct", True), ("requests", k.lengths)))
         # a read copied from the map by one preadv (MappedReads.read_if_maps)
         self.maps = (not writing and k.path is _MAPPED and be.maps
                      and may_map(k.hints, writing=False))  # fmt: skip
@@ -295,7 +298,7 @@ class Step:
             if shift != k.shift:
                 return None
             moved = False
-        elif ctx.read_aggregators is not None or not self.maps or n > PREAD_BYTES:
+        elif ctx.read_aggregators is not None or not self.maps or n > ONE_PREAD_BYTES:
             return None
         else:
             ext = ctx.extents
@@ -391,18 +394,12 @@ class Step:
         calls.step = self
         ctx.guesses[writing] = k
         stats = ctx.stats
-        sums = k.sums
-        sums.add(stats)
-        if sums.write_sizes is not None:  # (new arrays, as Stats.absorb makes)
-            stats.write_sizes = stats.write_sizes + sums.write_sizes
-        if sums.read_sizes is not None:
-            stats.read_sizes = stats.read_sizes + sums.read_sizes
+        stats._add(k.sums)  # (Stats.add_again's sums; the times below)
         stats.time_io += t_io / 1e9
         stats.time_total += t_total / 1e9
         stats.direct_calls += 1
         stats.last_facts = (*self.pre, [alo, ahi], *self.post)
-        # (Stats.local's setter, inline)
-        stats._local, stats._local_of = {"domain": -1, "direct": True, "requests": k.lengths}, None
+        stats._local_of = self.local  # (Stats.local_when_read, inline: no dict per call)
         return True
 
 

@@ -147,8 +147,14 @@ class Stats:
     time_exchange: float = 0.0
     time_io: float = 0.0
     time_total: float = 0.0
-    write_sizes: npt.NDArray[np.int64] = dataclasses.field(default_factory=_NO_SIZES.copy)
-    read_sizes: npt.NDArray[np.int64] = dataclasses.field(default_factory=_NO_SIZES.copy)
+    #: The request-size histograms (:attr:`write_sizes`, :attr:`read_sizes`) but for the
+    #: ``_again_n`` repeats of ``_again`` added since (made whole when read)
+    _write_sizes: npt.NDArray[np.int64] = dataclasses.field(
+        default_factory=_NO_SIZES.copy, repr=False
+    )
+    _read_sizes: npt.NDArray[np.int64] = dataclasses.field(
+        default_factory=_NO_SIZES.copy, repr=False
+    )
     aggregators: tuple[int, ...] = ()
     hints: dict[str, Any] = dataclasses.field(default_factory=dict)
     backend: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -160,6 +166,56 @@ class Stats:
     _local: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     #: How to make :attr:`local` when it is read (a function and its arguments), or None
     _local_of: tuple[Any, ...] | None = dataclasses.field(default=None, repr=False)
+    _again: Again | None = dataclasses.field(default=None, repr=False)
+    _again_n: int = dataclasses.field(default=0, repr=False)
+
+    @property
+    def write_sizes(self) -> npt.NDArray[np.int64]:
+        """Requests written per size bucket (:data:`BUCKET_NAMES`), summed over ranks."""
+        if self._again_n:
+            self._merge_again()
+        return self._write_sizes
+
+    @write_sizes.setter
+    def write_sizes(self, value: npt.NDArray[np.int64]) -> None:
+        if self._again_n:
+            self._merge_again()
+        self._write_sizes = value
+
+    @property
+    def read_sizes(self) -> npt.NDArray[np.int64]:
+        """Requests read per size bucket (:data:`BUCKET_NAMES`), summed over ranks."""
+        if self._again_n:
+            self._merge_again()
+        return self._read_sizes
+
+    @read_sizes.setter
+    def read_sizes(self, value: npt.NDArray[np.int64]) -> None:
+        if self._again_n:
+            self._merge_again()
+        self._read_sizes = value
+
+    def __getstate__(self) -> list[Any]:
+        """Pickled with the histograms whole (the counted repeats' sums hold a function
+        made at run time, which pickle cannot name)."""
+        if self._again_n:
+            self._merge_again()
+        return [None if f.name == "_again" else getattr(self, f.name) for f in _FIELDS]
+
+    def __setstate__(self, state: list[Any]) -> None:
+        for f, value in zip(_FIELDS, state, strict=True):
+            object.__setattr__(self, f.name, value)
+
+    def _merge_again(self) -> None:
+        """Add the repeats of ``_again`` counted since into the histograms (new arrays,
+        as :meth:`absorb` makes: a caller may hold the totals of before)."""
+        again, n = self._again, self._again_n
+        self._again_n = 0
+        assert again is not None
+        if again.write_sizes is not None:
+            self._write_sizes = self._write_sizes + n * again.write_sizes
+        if again.read_sizes is not None:
+            self._read_sizes = self._read_sizes + n * again.read_sizes
 
     @property
     def local(self) -> dict[str, Any]:
@@ -264,12 +320,17 @@ class Stats:
         self.time_total += total
 
     def _add(self, sums: Again) -> None:
-        """Add the sums of :meth:`again` to the totals."""
+        """Add the sums of :meth:`again` to the totals.  Its histograms are counted, not
+        added: a series repeats the same sums, and an array per call costs a small call
+        more than its other counters (added when the histograms are read)."""
         sums.add(self)
-        if sums.write_sizes is not None:  # (new arrays, as absorb makes)
-            self.write_sizes = self.write_sizes + sums.write_sizes
-        if sums.read_sizes is not None:
-            self.read_sizes = self.read_sizes + sums.read_sizes
+        if sums.write_sizes is None and sums.read_sizes is None:
+            return
+        if self._again is not sums:
+            if self._again_n:
+                self._merge_again()
+            self._again = sums
+        self._again_n += 1
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""
@@ -298,6 +359,10 @@ class Stats:
             f"{list(self.aggregators)[:8]}; time plan {self.time_plan:.3f}s exchange "
             f"{self.time_exchange:.3f}s io {self.time_io:.3f}s total {self.time_total:.3f}s"
         )
+
+
+#: Stats' fields, in order (its pickled state)
+_FIELDS = dataclasses.fields(Stats)
 
 
 def print_at_close(stats: Stats, name: str, rank: int) -> None:

@@ -138,6 +138,61 @@ def test_last_call_and_the_sums_of_a_step_are_what_the_lane_reports(comm, mpi_tm
     assert after["time_total"] > before["time_total"] and after["time_io"] > before["time_io"]
 
 
+def test_the_request_size_histograms_of_steps_count_every_call(comm, mpi_tmp_path):
+    """A series' steps count their requests' sizes without an array per call: the
+    histograms read at any point hold every call's requests (two sizes of series in
+    turn, writes and reads), an array read earlier is not changed by later calls, and
+    the bytes are numpy's and ROMIO's."""
+    from collio.stats import histogram
+
+    p = comm.size
+    path, theirs = str(mpi_tmp_path / "hist.bin"), str(mpi_tmp_path / "romio.bin")
+    sizes = (512, 8)  # (float64 per rank: two buckets, 4 KiB and 64 B)
+    steps, held, parts, want = 6, [], [], np.zeros(len(histogram([])), np.int64)
+    at = 0
+    with collio.open(path, "w", comm=comm) as f:
+        for n in sizes:
+            for s in range(steps):
+                piece, lay, whole = _step(comm, s, n, at=at)
+                f.write_all(piece, lay)
+                romio_write(theirs, piece, lay, comm)
+                want += histogram([n * 8] * p)
+                if s % 3 == 2:  # (read at some points only: the counted ones add up later)
+                    assert s < 3 or f.stats._again_n == 3  # (steps 3-5: counted, not added)
+                    got = f.stats.write_sizes
+                    held.append((got, got.copy()))
+                    np.testing.assert_array_equal(got, want)
+                parts.append(whole)
+                at += len(whole)
+            assert isinstance(f._ctx.kept[True].step, quick.Step)
+        assert list(f.stats.as_dict()["write_size_histogram"].values()) == want.tolist()
+        assert not f.stats.read_sizes.any()
+    for arr, copy in held:
+        np.testing.assert_array_equal(arr, copy)
+    want_file = b"".join(parts)
+    _same_file(comm, path, want_file)
+    comm.Barrier()
+    got_romio = read_file(theirs)
+    assert got_romio is not None and got_romio[: len(want_file)] == want_file
+    reads = np.zeros_like(want)
+    with collio.open(path, "r", comm=comm) as f:
+        at, stepped = 0, []
+        for n in sizes:
+            for s in range(steps):
+                piece, lay, whole = _step(comm, s, n, at=at)
+                out = np.full_like(piece, np.nan)
+                stepped.append(_in_step(lambda: f.read_all(lay, out=out)))  # noqa: B023
+                np.testing.assert_array_equal(out, piece)
+                np.testing.assert_array_equal(out, romio_read(theirs, lay, comm))
+                reads += histogram([n * 8] * p)
+                if s % 2:  # (read at some points only: the counted ones add up later)
+                    np.testing.assert_array_equal(f.stats.read_sizes, reads)
+                at += len(whole)
+        np.testing.assert_array_equal(f.stats.read_sizes, reads)
+        assert not f.stats.write_sizes.any()
+    assert stepped[3:steps] == [True] * (steps - 3)
+
+
 def test_a_write_failing_on_one_rank_in_a_step_raises_everywhere_and_the_series_goes_on(
     comm, mpi_tmp_path
 ):

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
-from collio.backends.filereads import FEW_PREADS, PREAD_BYTES
+from collio.backends.filereads import preads
 from collio.bench.patterns import make_workload
 from collio.hints import Hints
 from collio.sim import SimConfig, simulate
@@ -80,7 +80,7 @@ def _check_two_phase(sim, locals_, stats, writing):
 
 def _preads(lengths: np.ndarray) -> bool:
     """A rank's mapped read of runs ``lengths`` is done with pread (few small runs)."""
-    return len(lengths) <= FEW_PREADS and int(lengths.sum()) <= PREAD_BYTES
+    return preads(len(lengths), int(lengths.sum()))
 
 
 @pytest.mark.mpi

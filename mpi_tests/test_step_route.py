@@ -264,21 +264,31 @@ def test_this_threads_own_call_in_another_goes_the_guarded_way(comm, mpi_tmp_pat
     assert read_file(path) == want
 
 
-def test_a_large_repeated_read_copied_from_the_map_asks_the_size_once(comm, mpi_tmp_path):
-    """Reads of 2 MiB per rank (above a preadv's): the lane copies each from the mapped
-    file after asking the size once; the bytes are numpy's and ROMIO's, the mapped bytes
-    counted, and a step reaching past the end reads zeros there, as ROMIO does."""
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_large_repeated_read_is_one_preadv_or_copied_from_the_map(
+    comm, mpi_tmp_path, monkeypatch, mapped
+):
+    """Reads of 2 MiB per rank (above a few small runs' preads): one run up to
+    ``ONE_PREAD_BYTES`` is one preadv into the array, asking the file's size never in
+    the lane; above it (``mapped``: the threshold lowered to 1 MiB), the lane copies
+    each from the mapped file after asking the size once.  The bytes are numpy's and
+    ROMIO's, the mapped bytes counted, and a step reaching past the end reads zeros
+    there, as ROMIO does."""
     from collio.backends import filereads
 
+    if mapped:  # (the same path as a read above 8 MiB, at a size a test can afford)
+        monkeypatch.setattr(filereads, "ONE_PREAD_BYTES", filereads.PREAD_BYTES)
+        monkeypatch.setattr(quick, "ONE_PREAD_BYTES", filereads.PREAD_BYTES)
     path = str(mpi_tmp_path / "m.bin")
     n = (filereads.PREAD_BYTES << 1) // 8
+    assert filereads.preads(1, n * 8) is not mapped
     steps = 6
     with collio.open(path, "w", comm=comm) as f:
         for s in range(steps):
             piece, lay, _ = _piece(comm, s, n)
             f.write_all(piece, lay)
     comm.Barrier()
-    sizes = []
+    sizes, routes = [], []
     with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
         be = f._ctx.backend
         size = be.size
@@ -295,17 +305,22 @@ def test_a_large_repeated_read_copied_from_the_map_asks_the_size_once(comm, mpi_
                 want = piece if s < steps else np.zeros_like(piece)
                 out = np.full_like(piece, np.nan)
                 before, asked[:] = f.stats.mapped_bytes, []
-                f.read_all(lay, out=out)
+                seen, _ = _ran(lambda: f.read_all(lay, out=out))  # noqa: B023
                 sizes.append((len(asked), f.stats.mapped_bytes - before))
+                routes.append(_routed(seen))
                 np.testing.assert_array_equal(out, want)
                 if s < steps:
                     np.testing.assert_array_equal(out, romio_read(path, lay, comm))
         finally:
             del be.size
     whole = comm.size * n * 8
-    # from the fourth call (the lane's), one question of the size and the map's copy
-    assert sizes[3 : steps + 1] == [(1, whole)] * (steps - 2)
+    # from the fourth call (the lane's): the map's copy after one question of the size,
+    # or one preadv and no question
+    lane = [(1, whole)] if mapped else [(0, 0)]
+    assert sizes[3 : steps + 1] == lane * (steps - 2)
     assert sizes[-1][1] == 0  # (past the end: not from the map)
+    if not mapped:  # (the preadv's: the step's own, straight from the public method)
+        assert routes[3 : steps + 1] == [True] * (steps - 2)
 
 
 def test_a_layout_after_a_view_series_goes_the_general_way(comm, mpi_tmp_path):

@@ -35,3 +35,30 @@ def test_sums_added_as_kept_equal_sums_added_anew():
             zip(BUCKET_NAMES, (3 * sums[len(SUMS) : len(SUMS) + len(BUCKET_NAMES)]).tolist(),
                 strict=True)
         )  # fmt: skip
+
+
+def test_counted_repeats_read_pickled_and_held_alike():
+    """Repeats of kept sums are counted, not added, until the histograms are read: two
+    kept sums in turn, read at some points, leave what adding each anew leaves; an array
+    read earlier does not change; a pickled copy holds the whole histograms."""
+    import pickle
+
+    maxes = np.zeros(5)
+    sums = {1: _sums(1, reads=True), 2: _sums(2, reads=False)}
+    kept_sums = {k: Stats.again(v) for k, v in sums.items()}
+    anew, kept = Stats(), Stats()
+    held = []
+    for i, k in enumerate([1, 1, 1, 2, 2, 1, 2, 2, 2]):
+        anew.absorb(sums[k], maxes)
+        kept.add_again(kept_sums[k], 0.0, 0.0)
+        if i in (1, 4):
+            held.append((kept.write_sizes, kept.write_sizes.copy()))
+            np.testing.assert_array_equal(kept.read_sizes, anew.read_sizes)
+    assert kept._again_n == 3  # (the last three: counted, not yet added)
+    copy = pickle.loads(pickle.dumps(kept))
+    for got in (kept, copy):
+        np.testing.assert_array_equal(got.write_sizes, anew.write_sizes)
+        np.testing.assert_array_equal(got.read_sizes, anew.read_sizes)
+        assert got.as_dict() == anew.as_dict()
+    for arr, was in held:
+        np.testing.assert_array_equal(arr, was)

@@ -14,12 +14,25 @@ from .base import Backend, _one
 from .fdio import pread_zeros
 from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
 
-__all__ = ["FEW_PREADS", "PREAD_BYTES", "MappedReads", "maps_for"]
+__all__ = ["FEW_PREADS", "ONE_PREAD_BYTES", "PREAD_BYTES", "MappedReads", "maps_for", "preads"]
 
 #: At most this many runs of at most this many bytes in all are read with pread even
 #: where the file is mapped (see read_runs).
 FEW_PREADS = 4
 PREAD_BYTES = 1 << 20
+#: One run of at most this many bytes is one ``preadv`` straight into the array even
+#: where the file is mapped: the kernel's copy into the array costs a rank less than a
+#: map's faults and numpy's copy out of it, with the array given or new; beyond it the
+#: two cost about the same, and the map's windows bound what a rank holds at once.
+ONE_PREAD_BYTES = 8 << 20
+
+
+def preads(runs: int, nbytes: int) -> bool:
+    """Whether a read of ``runs`` runs of ``nbytes`` in all is done with a ``preadv`` per
+    run even where the file is mapped (:meth:`MappedReads.read_runs`)."""
+    if runs == 1:
+        return nbytes <= ONE_PREAD_BYTES
+    return runs <= FEW_PREADS and nbytes <= PREAD_BYTES
 
 
 class MappedReads(Backend):
@@ -34,8 +47,9 @@ class MappedReads(Backend):
     _gather: npt.NDArray[np.uint8] | None = None  # read_gathered's, kept
 
     def read_one(self, offset: int, out: npt.NDArray[np.uint8]) -> int | list[int]:
-        """As :meth:`read_runs` of one run: a small one is one ``preadv`` mapped or not."""
-        if len(out) > PREAD_BYTES:
+        """As :meth:`read_runs` of one run: up to :data:`ONE_PREAD_BYTES` one ``preadv``,
+        mapped or not."""
+        if len(out) > ONE_PREAD_BYTES:
             return super().read_one(offset, out)
         self.read_at(offset, out)
         return 1
@@ -66,15 +80,15 @@ class MappedReads(Backend):
         return seen[1]
 
     def read_if_maps(self, offset: int, out: npt.NDArray[np.uint8]) -> tuple[bool, Any]:
-        """A small run is read by one ``preadv`` mapped or not (:meth:`read_one`), and
-        whether it lies within the file comes from the bytes read, without asking the
-        size first; a larger one asks first (a map past the end faults), once: then it
-        is copied from the map (as :meth:`read_runs` copies one large run) without
-        :meth:`maps_reads` asking the size again."""
+        """A run of up to :data:`ONE_PREAD_BYTES` is read by one ``preadv`` mapped or not
+        (:meth:`read_one`), and whether it lies within the file comes from the bytes read,
+        without asking the size first; a larger one asks first (a map past the end
+        faults), once: then it is copied from the map (as :meth:`read_runs` copies one
+        large run) without :meth:`maps_reads` asking the size again."""
         if not self.maps:
             return super().read_if_maps(offset, out)
         n = len(out)
-        if n <= PREAD_BYTES:
+        if n <= ONE_PREAD_BYTES:
             if pread_zeros(self.fd, out, offset) < n:
                 return False, None
             return True, 1
@@ -92,8 +106,8 @@ class MappedReads(Backend):
         """Copied from the mapped file when :meth:`maps_reads` allows, on every direct
         path (also disjoint extents, ``romio_cb_read=disable``, and a few large runs:
         numpy's copy out of the map is faster than ``preadv`` into the array), but for
-        a few small runs (:data:`FEW_PREADS`, :data:`PREAD_BYTES`), else one ``preadv``
-        each.  Runs within :data:`~collio.backends.mapped.GATHER_BYTES` of the file are
+        a few small runs or one up to :data:`ONE_PREAD_BYTES` (:func:`preads`), else one
+        ``preadv`` each.  Runs within :data:`~collio.backends.mapped.GATHER_BYTES` of the file are
         one ``pread`` of their extent and one gather instead of a map."""
         if self.maps and len(runs) > FEW_PREADS:
             lo, hi = runs.extent()
@@ -106,9 +120,10 @@ class MappedReads(Backend):
                 return len(runs)
         if self.maps_reads(runs):
             self._copyable = None  # (do not keep the runs beyond the call)
-            if len(runs) <= FEW_PREADS and runs.nbytes <= PREAD_BYTES:
+            if preads(len(runs), runs.nbytes):
                 # a small call's few runs: a pread each costs a few microseconds, a map
-                # (mmap, page faults, munmap and its TLB shootdown) ten or more
+                # (mmap, page faults, munmap and its TLB shootdown) ten or more; one
+                # run up to ONE_PREAD_BYTES: the kernel's one copy beats the map's
                 return super().read_runs(runs, out)
             read_mapped(self.fd, runs, out)
             self.mapped_bytes += runs.nbytes

@@ -44,10 +44,6 @@ __all__ = [
 _O_BINARY = getattr(os, "O_BINARY", 0)
 #: With holes="auto", a round with at most this many covered ranges skips the read.
 _FEW_RUNS = 16
-#: At most this many runs of at most this many bytes in all are read with pread even
-#: where the file is mapped (see read_runs).
-FEW_PREADS = 4
-PREAD_BYTES = 1 << 20
 #: Write-behind (:meth:`PosixBackend._write_behind`) starts the disk on a run's whole
 #: pages only, and only where they come to this much: a small run's pages are mostly
 #: shared with the runs other ranks write beside it (a page written back half filled
