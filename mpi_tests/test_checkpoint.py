@@ -327,7 +327,8 @@ def test_benchmark_verified_ceiling_read_sums_the_bytes_read(
     comm: MPI.Intracomm, mpi_tmp_path: Any
 ) -> None:
     """The benchmark's verified ceiling read, whole or by chunk: the rank's share of the
-    file in the buffer, and the crc32c of exactly those bytes."""
+    file in the buffer, and the crc32c of exactly those bytes; its mapped ceiling: the
+    crc32c of the same bytes."""
     import crc32c
 
     from collio.bench import ckpt_peers as peers
@@ -347,6 +348,9 @@ def test_benchmark_verified_ceiling_read_sums_the_bytes_read(
         got = peers.ceiling_read_crc(path, buf, total, comm, chunk)
         assert buf.tobytes() == want, chunk
         assert got == crc32c.crc32c(want), chunk
+    # (the mapped ceiling: the same share's crc32c, from a map at a share's unaligned start)
+    assert peers.ceiling_map(path, total, comm) == crc32c.crc32c(want)
+    assert peers.ceiling_map(path, 0, comm) == 0
 
 
 def _record_paths(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, str]]:

@@ -59,6 +59,10 @@ TARGETS = (
      "verified ceiling read", "collio load into", 0.9, True),
     ("resharded load vs same-count load (bandwidth)", "collio load", "collio load 3 of N",
      0.8, True),
+    # (the same ratio of the least a mapping load does, its share mapped and checksummed:
+    # whether the bound above can be met at all with this many ranks on these cores)
+    ("verified ceiling map 3 of N vs same count (bandwidth)", "verified ceiling map",
+     "verified ceiling map 3 of N", 0.8, True),
     ("checksums vs save (time)", "crc32c", "collio save", 0.05, False),
     # (what checksums cost a save as the issue means it: the save with them against the
     # same save without them)
@@ -174,6 +178,12 @@ class _Run:
             "ceiling read + crc32c by chunk": lambda: _timed(
                 c, lambda: peers.ceiling_read_crc(ceil, self.share, self.nbytes, c, CHUNK)
             ),
+            "verified ceiling map": lambda: _timed(
+                c, lambda: peers.ceiling_map(ceil, self.nbytes, c)
+            ),
+            "verified ceiling map 3 of N": lambda: _timed(
+                c, lambda: self._sub(lambda: peers.ceiling_map(ceil, self.nbytes, self.sub))
+            ),
             "ceiling read new": lambda: _timed(
                 c,
                 lambda: peers.ceiling_read(
@@ -205,8 +215,12 @@ class _Run:
             writer.CHECKSUMS = True
 
     def _load_sub(self) -> None:
+        self._sub(lambda: ckpt.load(self.path, self.spec3, comm=self.sub))
+
+    def _sub(self, fn: Callable[[], Any]) -> None:
+        """``fn`` on the ranks of the job one rank smaller (the others wait sleeping)."""
         if self.sub != MPI.COMM_NULL:
-            ckpt.load(self.path, self.spec3, comm=self.sub)
+            fn()
 
     def _crc(self) -> float:
         import crc32c

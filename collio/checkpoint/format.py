@@ -88,7 +88,7 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def place(nbytes: Sequence[int]) -> tuple[npt.NDArray[np.int64], int]:
+def place(nbytes: Sequence[int] | npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], int]:
     """Offsets of arrays of these sizes, in order from :data:`DATA_START`; and the data end."""
     sizes = np.asarray(nbytes, np.int64)
     room = (-(-sizes // ALIGN)) * ALIGN
@@ -193,17 +193,24 @@ class Index:
         """The virtual offsets of ``names`` (:func:`place` of their sizes: each array's bytes
         contiguous, as the load's plans want them) and the map of that space to the file
         (:class:`~.chunks.Chunks`, from the extents' file offsets)."""
+        got = self.stored(names)
+        return got[4], got[5]
+
+    def stored(self, names: list[str]) -> tuple[I64, npt.NDArray[np.uint32], I64, I64, I64, Chunks]:
+        """What a load takes from the index for ``names``, from one take of the table:
+        :meth:`extents_of` (starts, crcs, array), the arrays' sizes, and :meth:`places`
+        (virtual offsets, chunks)."""
         from .chunks import Chunks
         from .extents import ends_of
 
-        nbytes = np.array([int(self.arrays[n]["nbytes"]) for n in names], np.int64)
-        voffs, _ = place(nbytes.tolist())
+        arrays = self.arrays
+        nbytes = np.array([arrays[n]["nbytes"] for n in names], np.int64)
+        voffs, _ = place(nbytes)
         got, aid = self._rows(names)
         starts = got["start"].astype(np.int64)
         ends = ends_of(starts, aid, nbytes)
-        return voffs, Chunks.of_runs(
-            voffs[aid] + starts, got["file"].astype(np.int64), ends - starts
-        )
+        chunks = Chunks.of_runs(voffs[aid] + starts, got["file"].astype(np.int64), ends - starts)
+        return starts, got["crc"].astype(np.uint32), aid, nbytes, voffs, chunks
 
     def to_bytes(self, table_offset: int) -> tuple[bytes, bytes]:
         """(extent table, JSON index) as stored: the table at ``table_offset``, then the JSON."""

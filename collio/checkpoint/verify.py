@@ -215,12 +215,8 @@ class Stored:
 
     @classmethod
     def of(cls, index: format.Index, wanted: list[tuple[str, ArrayLayout]]) -> Stored:
-        names = [name for name, _ in wanted]
-        starts, crcs, aid = index.extents_of(names)
         # (the index's sizes: each array's shape and dtype were checked against it)
-        nbytes = np.array([int(index.arrays[name]["nbytes"]) for name in names], np.int64)
-        offs, chunks = index.places(names)
-        return cls(starts, crcs, aid, nbytes, offs, chunks)
+        return cls(*index.stored([name for name, _ in wanted]))
 
     def plan(self, every: I64) -> extents.Plan:
         """Who checks each extent, from the pieces' spans ``every`` ``(rank, array)``."""

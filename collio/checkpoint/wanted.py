@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Mapping
-from typing import Any
+from itertools import chain
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -82,32 +83,36 @@ def _spans(lays: list[ArrayLayout]) -> I64:
     """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array):
     the boxes (Subarray: a row shard, a whole array) in one numpy pass, the others from
     their runs (:func:`~.save.spans`)."""
-    boxes = [lay for lay in lays if type(lay) is Subarray]
-    out = np.zeros((len(lays), 4), np.int64)
-    if boxes:
-        d = max(len(lay.global_shape) for lay in boxes)
-        rows = [_box(lay, d) for lay in boxes]
-        g, st, sh = (np.array([r[i] for r in rows], np.int64).reshape(len(rows), d)
-                     for i in range(3))  # fmt: skip
-        size = np.array([lay.dtype.itemsize for lay in boxes], np.int64)
-        at = np.flatnonzero([type(lay) is Subarray for lay in lays])
-        out[at] = box_spans(g, st, sh, size)
-    if len(boxes) < len(lays):
-        other = [k for k, lay in enumerate(lays) if type(lay) is not Subarray]
+    n = len(lays)
+    out = np.zeros((n, 4), np.int64)
+    at = np.flatnonzero(np.fromiter((type(lay) is Subarray for lay in lays), bool, n))
+    if len(at):
+        out[at] = _box_spans(cast("list[Subarray]", [lays[k] for k in at.tolist()]))
+    if len(at) < n:
+        other = np.setdiff1d(np.arange(n), at).tolist()
         out[other] = spans([lays[k] for k in other])
     return out
 
 
-def _box(lay: Subarray, d: int) -> tuple[tuple[int, ...], ...]:
-    """A box's global shape, start and count in memory order, padded to ``d`` dimensions."""
-    pad = (1,) * (d - len(lay.global_shape))
-    if lay.order == "F":
-        return (
-            pad + lay.global_shape[::-1],
-            (0,) * len(pad) + lay.start[::-1],
-            pad + lay.shape[::-1],
-        )
-    return pad + lay.global_shape, (0,) * len(pad) + lay.start, pad + lay.shape
+def _box_spans(boxes: list[Subarray]) -> I64:
+    """:func:`~.extents.box_spans` of the boxes: their global shapes, starts and counts
+    taken flat (one pass over the boxes each) and laid out as rows in memory order
+    ('F' boxes reversed), padded in front to the most dimensions of any."""
+    n = len(boxes)
+    nd = np.fromiter((len(b.global_shape) for b in boxes), np.int64, n)
+    total, d = int(nd.sum()), max(int(nd.max()), 1)
+
+    def flat(attr: str) -> I64:
+        return np.fromiter(chain.from_iterable(getattr(b, attr) for b in boxes), np.int64, total)
+
+    fort = np.fromiter((b.order == "F" for b in boxes), bool, n)
+    row = np.repeat(np.arange(n), nd)
+    j = np.arange(total) - np.repeat(np.cumsum(nd) - nd, nd)  # (each value's dimension)
+    col = np.where(fort[row], d - 1 - j, d - nd[row] + j)
+    g, st, sh = np.ones((n, d), np.int64), np.zeros((n, d), np.int64), np.ones((n, d), np.int64)
+    g[row, col], st[row, col], sh[row, col] = flat("global_shape"), flat("start"), flat("shape")
+    size = np.fromiter((b.dtype.itemsize for b in boxes), np.int64, n)
+    return box_spans(g, st, sh, size)
 
 
 def _allocate(lays: list[ArrayLayout], into: list[Any], skip: Any = None) -> list[Any]:
