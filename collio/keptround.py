@@ -6,6 +6,10 @@ what :func:`collio.rounds.write_rounds` does for one round, without the machiner
 overlaps a round's I/O with the next one's messages.  A kept plan's round is found once
 as the messages this rank posts (:class:`Round`: sources, slices or kept hvectors, the
 request and what ranks send of it) and posted from that record call after call.
+An aggregator's own part of its window is copied by numpy (:class:`Own`), not sent to
+itself: MPI's copy of a message to itself through a derived type costs several times
+numpy's strided copy of the same runs where they are about a kilobyte, and no less
+where they are shorter or longer.
 """
 
 from __future__ import annotations
@@ -15,20 +19,22 @@ import time
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from . import rounds
 from .aggregators.plan import AggregatorPlan, round_requests
 from .backends.failures import storage_errors
 from .buffers import round_buffers, window_of
 from .collective import Attempt
 from .context import Call, Context, Plan
-from .exchange import CONTIG, Messages, kept_type
+from .exchange import CONTIG, VECTOR, Messages, kept_type
 from .policy import DEPTH
 from .roundio import cover, round_cover
 from .rounds import TAG, agg_runs, sender_runs
 from .runs import Runs
 from .stats import Stats
 
-__all__ = ["Round", "kept_round", "one_round", "round_of", "write_rounds"]
+__all__ = ["Own", "Round", "kept_round", "one_round", "round_of", "write_rounds"]
 
 
 def write_rounds(
@@ -86,6 +92,30 @@ class Round:
     recvs: list[tuple[int, int, int, Any]]  # (source, first byte, bytes, hvector or None)
     sends: list[tuple[int, int, int, Any]]  # (aggregator, first byte, bytes, hvector or None)
     sent: int  # the bytes this rank sends
+    own: Own | None = None  # its part of its own window (not in recvs and sends)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Own:
+    """An aggregator's bytes for its own window as one strided copy: ``rows`` runs of
+    ``cols`` bytes, every ``sstride`` in the data from ``sfirst`` and every ``rstride``
+    in the window from ``rfirst``."""
+
+    sfirst: int
+    rfirst: int
+    rows: int
+    cols: int
+    sstride: int
+    rstride: int
+
+    def copy(self, data: Any, wbuf: Any) -> None:
+        """Local: the copy (ndarray's own bounds checks: a part past either buffer raises;
+        a read-only window raises BufferError, as a receive posted into it does)."""
+        if not wbuf.flags.writeable:
+            raise BufferError("the round's window is read-only")
+        shape = (self.rows, self.cols)
+        dest = np.ndarray(shape, np.uint8, wbuf, self.rfirst, (self.rstride, 1))
+        np.copyto(dest, np.ndarray(shape, np.uint8, data, self.sfirst, (self.sstride, 1)))
 
 
 def round_of(ctx: Context, plan: Plan) -> Round | None:
@@ -101,8 +131,9 @@ def round_of(ctx: Context, plan: Plan) -> Round | None:
         req = (int(offs[0]), int(lens[0]))
         whole = bool(ap.rcovered[0] >= req[1])
         covered = cover(ap, 0, req)
-        sh = plan.agg_shapes()
-        got = [(int(ap.gsrc[g]), *_fixed(sh, g, req[0])) for g in ap.groups_of_round(0).tolist()]
+        ash = plan.agg_shapes()
+        rgroups = ap.groups_of_round(0).tolist()
+        got = [(int(ap.gsrc[g]), *_fixed(ash, g, req[0])) for g in rgroups]
         if any(len(m) < 4 for m in got):
             return None
         recvs = got
@@ -110,7 +141,50 @@ def round_of(ctx: Context, plan: Plan) -> Round | None:
     sends = [(int(aggs[sp.gdom[g]]), *_fixed(sh, g, 0)) for g in range(len(sp.gdom))]
     if any(len(m) < 4 for m in sends):
         return None
-    return Round(plan, req, covered, whole, recvs, sends, int(sh.total.sum()))  # type: ignore[arg-type]
+    r = Round(plan, req, covered, whole, recvs, sends, int(sh.total.sum()))  # type: ignore[arg-type]
+    if req is not None:
+        _take_own(r, ctx.comm.rank, ash, rgroups, sh, req[0])
+    return r
+
+
+def _take_own(r: Round, me: int, ash: Any, rgroups: list[int], sh: Any, base: int) -> None:
+    """Local: ``r``'s message from this rank to itself, if it has exactly one each way
+    and both fit one strided copy, made ``r.own`` instead of two messages."""
+    ri = [i for i, m in enumerate(r.recvs) if m[0] == me]
+    si = [i for i, m in enumerate(r.sends) if m[0] == me]
+    if len(ri) != 1 or len(si) != 1:
+        return
+    own = _own(_grid(ash, rgroups[ri[0]], base), _grid(sh, si[0], 0))
+    if own is not None:
+        r.own = own
+        del r.recvs[ri[0]], r.sends[si[0]]
+
+
+def _grid(sh: Any, g: int, base: int) -> tuple[int, int, int, int] | None:
+    """Group ``g`` as (first byte less ``base``, runs, bytes a run, stride), or None."""
+    first, kind = int(sh.first[g]) - base, int(sh.kind[g])
+    if kind == CONTIG:
+        return first, 1, int(sh.total[g]), int(sh.total[g])
+    if kind == VECTOR:
+        return first, int(sh.count[g]), int(sh.block[g]), int(sh.stride[g])
+    return None
+
+
+def _own(recv: Any, send: Any) -> Own | None:
+    """The copy from the ``send`` side to the ``recv`` side (:func:`_grid`'s), when
+    their runs match or one side is a slice (cut as the other's runs); else None."""
+    if recv is None or send is None:
+        return None
+    (rf, rn, rb, rs), (sf, sn, sb, ss) = recv, send
+    if rn * rb != sn * sb or rn * rb == 0:
+        return None
+    if (rn, rb) == (sn, sb):
+        return Own(sf, rf, rn, rb, ss, rs)
+    if sn == 1:  # (a slice: its bytes in the receiver's runs)
+        return Own(sf, rf, rn, rb, rb, rs)
+    if rn == 1:
+        return Own(sf, rf, sn, sb, ss, sb)
+    return None
 
 
 def _fixed(sh: Any, g: int, base: int) -> tuple[int, int, Any] | tuple[()]:
@@ -145,6 +219,12 @@ def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseExc
     for dest, first, n, dt in r.sends:
         post(isend, data, dest, first, n, dt)
     c.exchanged_bytes += r.sent
+    if r.own is not None:  # (while the messages travel)
+        c.messages += 1
+        try:
+            r.own.copy(data, wbuf)
+        except Exception as exc:  # noqa: BLE001 - agreed in the completion
+            error = error or exc
     msgs.wait()  # (every message completes, failed or not: nobody is left waiting)
     c.time_exchange += time.perf_counter() - t
     error = error or msgs.error  # (a stand-in's bytes are not written)

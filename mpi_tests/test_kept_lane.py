@@ -216,3 +216,76 @@ def test_a_receive_that_cannot_be_posted_fails_every_rank_and_the_series_goes_on
             assert f.stats.last_call["plan_reused"]
     _same_file(comm, path, _step_5_kept(steps, want))
     assert lane_calls[0] == done + 3
+
+
+@pytest.fixture
+def own_copies(monkeypatch):
+    """How many times this rank copied its own part of its window (``Own.copy``)."""
+    made = [0]
+    copy = collio.keptround.Own.copy
+
+    def counted(self, data, wbuf):
+        made[0] += 1
+        return copy(self, data, wbuf)
+
+    monkeypatch.setattr(collio.keptround.Own, "copy", counted)
+    return made
+
+
+@pytest.mark.parametrize("cols", [1, 128, 2048], ids=["8B-runs", "1KiB-runs", "16KiB-runs"])
+@pytest.mark.parametrize("hints", ["one-round", "aggregators"])
+def test_an_aggregators_own_part_is_copied_as_romio_and_numpy_write_it(
+    comm, mpi_tmp_path, own_copies, cols, hints
+):
+    """Column blocks of ``cols`` float64 a run: an aggregator's own part of its window
+    is one numpy copy in every call of the lane (not a message to itself), and every
+    step's bytes are numpy's and ROMIO's."""
+    path, theirs = str(mpi_tmp_path / "own.bin"), str(mpi_tmp_path / "own_romio.bin")
+    p, r, steps = comm.size, comm.rank, 6
+    rows = max(16, 512 // cols)  # (a step of whole 4 KiB units: moved domains are the same)
+    want = b""
+    with collio.open(path, "w", comm=comm, hints=HINTS[hints]) as f:
+        for s in range(steps):
+            glob = np.arange(rows * cols * p, dtype=np.float64).reshape(rows, cols * p) + 1e5 * s
+            piece = np.ascontiguousarray(glob[:, r * cols : (r + 1) * cols])
+            lay = Subarray(glob.shape, (0, r * cols), piece.shape, "<f8", offset=s * glob.nbytes)
+            f.write_all(piece, lay)
+            romio_write(theirs, piece, lay, comm)
+            assert f.stats.last_call["path"] == "two-phase"
+            want += glob.tobytes()
+        local = f.stats.local
+    mine = local["domain"] == r and local["bytes"] > 0  # (an aggregator of its own part)
+    if mine:
+        assert own_copies[0] == steps - 1
+    assert comm.allreduce(int(mine)) >= 1  # (some rank's own part was copied)
+    _same_file(comm, path, want)
+    assert read_file(theirs) == want
+
+
+def test_a_failed_own_copy_fails_every_rank_and_the_series_goes_on(
+    comm, mpi_tmp_path, lane_calls, monkeypatch
+):
+    """At step 5 rank 0's copy of its own part fails: every rank raises the same error
+    naming rank 0, step 5 keeps an earlier pass's bytes (rank 0 aggregates the whole
+    step: nothing of it is written), and the series goes on in the lane."""
+    path, nsteps = str(mpi_tmp_path / "own_fails.bin"), 8
+    steps = [_step(comm, s) for s in range(nsteps)]
+    real = collio.keptround.Own.copy
+
+    def failing(self, data, wbuf):
+        raise MemoryError("no room for the copy")
+
+    with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
+        want = _first_pass(comm, f, path, steps)
+        done = lane_calls[0]
+        piece, lay, _ = steps[5]
+        if comm.rank == 0:
+            monkeypatch.setattr(collio.keptround.Own, "copy", failing)
+        err = raises_everywhere(comm, collio.CollioError, lambda: f.write_all(piece, lay))
+        monkeypatch.setattr(collio.keptround.Own, "copy", real)
+        assert err.ranks == (0,) and "rank 0: MemoryError: no room for the copy" in str(err)
+        for piece, lay, _ in steps[6:]:
+            f.write_all(piece, lay)
+            assert f.stats.last_call["plan_reused"]
+    _same_file(comm, path, _step_5_kept(steps, want))
+    assert lane_calls[0] == done + 3
