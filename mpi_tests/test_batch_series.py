@@ -4,7 +4,8 @@ The ranks' runs of step ``s`` are those of step 0 moved by ``s`` batches, and th
 are the same ones updated in place, so a two-phase step reuses the plan of the one
 before it, moved (:mod:`collio.plancache`), with new layout objects every step
 (:mod:`collio.boxes` finds their templates by shape).  The last step writes from new
-arrays elsewhere in memory.  A bad
+arrays elsewhere in memory, and reads fill new arrays: the kept plan serves them too,
+its pieces moved to the arrays' places.  A bad
 item on one rank and a different count on one rank fail everywhere and write nothing,
 and the series goes on with its kept plan.  Every byte is checked against numpy and
 against ROMIO (one ``Write_at_all`` per item), and every step is read back.
@@ -23,10 +24,13 @@ from mpi4py import MPI
 import collio
 from collio import layouts
 
-#: Items per batch, float64 per rank per item, steps in the series.
-ITEMS, N, STEPS = 200, 64, 4
+#: Items per batch, float64 per rank per item (480 bytes: windows of a few KiB cut some
+#: items' runs inside), steps in the series.
+ITEMS, N, STEPS = 200, 60, 4
 #: Both directions two-phase (every step plans or reuses a plan), or collio's choice.
 SHUFFLE = {"romio_cb_write": "enable", "romio_cb_read": "enable"}
+#: Two-phase in many rounds of 4 KiB through two aggregators.
+ROUNDS = {**SHUFFLE, "cb_buffer_size": 4096, "cb_nodes": 2}
 
 
 def _item_bytes(p: int) -> int:
@@ -83,16 +87,17 @@ def _romio_series(path: str, comm: MPI.Intracomm, steps: int) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("hints", [SHUFFLE, {}], ids=["two-phase", "chosen"])
+@pytest.mark.parametrize("hints", [SHUFFLE, ROUNDS, {}], ids=["two-phase", "rounds", "chosen"])
 def test_a_batch_series_at_moved_offsets(comm, mpi_tmp_path, hints):
     """Four steps, each a new batch of the last one's shapes one batch further on, the
     first three from the same arrays, the last from new ones; before step 2 a bad item on
     the last rank, before step 3 a shorter batch on the last rank: the same error
-    everywhere, nothing written, and the series goes on.  Two-phase steps 1 and 2 reuse
-    the plan before them, moved; every step is read back into the same outputs."""
+    everywhere, nothing written, and the series goes on.  Two-phase steps reuse the plan
+    before them, moved, the last one with its pieces at the new arrays' places; every
+    step is read back into the same outputs, then into new ones."""
     path, romio = str(mpi_tmp_path / "series.bin"), str(mpi_tmp_path / "romio.bin")
     last = comm.size - 1
-    shuffled = hints is SHUFFLE
+    shuffled = hints.get("romio_cb_write") == "enable"
     reused: list[bool] = []
     kept = [np.empty(N) for _ in range(ITEMS)]
     with collio.open(path, "w", comm=comm, hints=hints) as f:
@@ -136,9 +141,14 @@ def test_a_batch_series_at_moved_offsets(comm, mpi_tmp_path, hints):
             for k, (g, want) in enumerate(zip(back, _data(comm, step), strict=True)):
                 np.testing.assert_array_equal(g, want, err_msg=f"step {step} item {k}")
             read_reused.append(bool(f.stats.last_call.get("plan_reused")))
+        for step in range(STEPS):  # into new arrays every time
+            fresh = f.read_all_many(_layouts(comm, step))
+            for k, (g, want) in enumerate(zip(fresh, _data(comm, step), strict=True)):
+                np.testing.assert_array_equal(g, want, err_msg=f"new arrays: step {step} item {k}")
+            read_reused.append(bool(f.stats.last_call.get("plan_reused")))
     if shuffled:  # (agreed stats: the same on every rank)
-        assert reused[:3] == [False, True, True]
-        assert read_reused == [False, True, True, True]
+        assert reused == [False, True, True, True]
+        assert read_reused == [False] + [True] * (2 * STEPS - 1)
     _romio_series(romio, comm, STEPS)
     comm.Barrier()
     ours, theirs = read_file(path), read_file(romio)
