@@ -7,13 +7,16 @@ same file domains and window, same aggregators, same direction), the plan is the
 same, so it is kept.  So is a call whose runs are every rank's of an earlier call moved
 by one common shift (a time series: the same pattern one step further on), when the
 file domains move with them: its plan is the kept one with every file offset moved
-(``Plan.shifted``).  A rank finds its own candidate locally; the ranks then agree
-that they all found the entry made by the same earlier collective call (its epoch),
-and only then is it used.  The agreement rides in the call's check allreduce
-(:meth:`PlanCache.candidate`, :meth:`PlanCache.take`); calls whose runs a backend
-splits after the check (zarr's own chunks) agree in a small allreduce of their own
-(:meth:`PlanCache.lookup`).  Entries are made by
-collective calls in the same order on every rank, so epochs match across ranks.
+(``Plan.shifted``).  A batch's plan also serves a batch of the same file runs from
+other arrays (a time series whose steps are new arrays): the aggregators' side of a
+plan is in file offsets only, so each rank moves its own pieces to its new buffer
+offsets, locally (:func:`_remapped`).  A rank finds its own candidate locally; the
+ranks then agree that they all found the entry made by the same earlier collective
+call (its epoch), and only then is it used.  The agreement rides in the call's check
+allreduce (:meth:`PlanCache.candidate`, :meth:`PlanCache.take`); calls whose runs a
+backend splits after the check (zarr's own chunks) agree in a small allreduce of their
+own (:meth:`PlanCache.lookup`).  Entries are made by collective calls in the same order
+on every rank, so epochs match across ranks.
 
 At most :data:`KEEP` plans are kept per communicator, the least recently used dropped
 first (a solver writes and reads several variables per step, a benchmark alternates
@@ -54,6 +57,8 @@ class _Entry:
     cost: int  # agreed: the most any rank's entry holds
     source: Runs | None = None  # the caller's runs object when read-only (a layout's)
     nruns: int = 0  # len(runs): most entries a lookup passes differ in it
+    # its plan serves the same file runs from other buffer offsets (_remapped)
+    remap: bool = False
 
 
 def _same_runs(a: Runs, b: Runs) -> bool:
@@ -72,9 +77,10 @@ def _equal(a: I64, b: I64) -> bool:
     return a is b or bool((a == b).all())
 
 
-def _shift(a: Runs, b: Runs) -> int | None:
+def _shift(a: Runs, b: Runs, *, any_mem: bool = False) -> int | None:
     """How far every run of ``b`` lies after (or before) its run of ``a``, the lengths and
-    buffer offsets being equal; None when they are not such runs (0: the same runs)."""
+    buffer offsets being equal (``any_mem``: whatever the buffer offsets); None when they
+    are not such runs (0: the same runs)."""
     n = len(a.length)  # (not len(a): a Python call, and every call of a series asks)
     if n != len(b.length):
         return None
@@ -84,10 +90,41 @@ def _shift(a: Runs, b: Runs) -> int | None:
     if known is not None:
         return known
     d = int(b.file[0]) - int(a.file[0])
-    if not (_equal(a.length, b.length) and _equal(a.mem, b.mem)):
+    if not (_equal(a.length, b.length) and (any_mem or _equal(a.mem, b.mem))):
         return None
     same = _equal(a.file, b.file) if d == 0 else bool((a.file + d == b.file).all())
     return d if same else None
+
+
+def _apart(runs: Runs) -> bool:
+    """Whether the runs are in file order, each ending before the next starts: then each
+    piece of a plan made from them lies in one run, found by its file offset."""
+    f, n = runs.file, runs.length
+    return len(f) < 2 or bool(np.logical_and.reduce(f[1:] >= f[:-1] + n[:-1]))
+
+
+def _remappable(plan: Any) -> bool:
+    """A one-level plan (its sender pieces and their message shapes are all that a
+    rank's buffer offsets decide); a two-level one stages through offsets of its own."""
+    return hasattr(plan, "sender") and hasattr(plan, "_sender_shapes")
+
+
+def _remapped(plan: Any, runs: Runs) -> Any:
+    """``plan``, kept for runs at ``runs``' file offsets (moved there if need be), with
+    its sender's pieces at ``runs``' buffer offsets: each piece lies in one run
+    (:func:`_apart`), as far from its start in the buffer as in the file.  Nothing else
+    of a plan depends on where this rank's bytes are in memory (the aggregators' side
+    is in file offsets and window positions), so the rest is kept and the message
+    shapes are made again."""
+    sp = plan.sender
+    p = sp.pieces
+    if not len(p.file):
+        return plan
+    start = runs.file
+    k = np.searchsorted(start, p.file, side="right") - 1
+    mem = runs.mem[k] + (p.file - start[k])
+    sender = dataclasses.replace(sp, pieces=Runs(p.file, p.length, mem))
+    return dataclasses.replace(plan, sender=sender, _sender_shapes=None)
 
 
 def _at(entries: list[_Entry], epoch: int) -> _Entry | None:
@@ -166,6 +203,13 @@ class PlanCache:
             d = _shift(e.runs, runs)
             if d is not None:
                 return e.epoch, d
+        # (the same file runs from other arrays: a batch of new arrays each step, its
+        # plan :func:`_remapped` to them in take)
+        for e in reversed(self.entries):
+            if e.remap and e.nruns == n and e.prekey == prekey:
+                d = _shift(e.runs, runs, any_mem=True)
+                if d is not None:
+                    return e.epoch, d
         return -1, 0
 
     def peek(self, epoch: int) -> Any:
@@ -173,7 +217,10 @@ class PlanCache:
         found = _at(self.entries, epoch)
         return None if found is None else found.plan
 
-    def take(self, epoch: int, key: tuple[Any, ...], bounds: I64, shift: int = 0) -> Any:
+    def take(
+        self, epoch: int, key: tuple[Any, ...], bounds: I64, shift: int = 0,
+        runs: Runs | None = None,
+    ) -> Any:  # fmt: skip
         """Local: the plan stored at ``epoch`` (agreed by every rank) if it was made with the
         same ``key`` and ``bounds`` (less the agreed ``shift`` of every rank's runs), else
         None; with a shift, that plan moved by it (``plan.shifted``: a plan kind without
@@ -183,6 +230,9 @@ class PlanCache:
         A shift keeps every domain, window and round: the domains are the entry's moved
         by ``shift`` (checked), and windows, pieces and messages are placed relative to
         them, so the plan made anew would be the kept one with every file offset moved.
+        ``runs`` (this rank's, as :meth:`candidate` found them) at other buffer offsets
+        than the entry's: the plan with its pieces at theirs (:func:`_remapped`, a local
+        change: the agreed plan is the same).
         """
         found = _at(self.entries, epoch)
         if found is None or found.key != key or not _moved_by(found, bounds, shift):
@@ -191,7 +241,16 @@ class PlanCache:
         self.hits += 1
         self.entries.remove(found)
         self.entries.append(found)  # most recently used last
-        return found.plan.shifted(shift) if shift else found.plan
+        plan = found.plan.shifted(shift) if shift else found.plan
+        if (
+            found.remap
+            and runs is not None
+            and runs is not found.source
+            and len(runs.mem)
+            and not _equal(runs.mem, found.runs.mem)
+        ):
+            plan = _remapped(plan, runs)
+        return plan
 
     @property
     def max_bytes(self) -> int:
@@ -207,6 +266,7 @@ class PlanCache:
         prekey: tuple[Any, ...] = (),
         *,
         cost: int | None,
+        remap: bool = False,
     ) -> None:
         """Collective in effect: every rank stores after the same planning call.
 
@@ -216,6 +276,9 @@ class PlanCache:
         recently used first while more than :data:`KEEP` are kept or their costs
         exceed :attr:`max_bytes`: the same ones on every rank.  An older entry for the
         same runs is replaced (a repeated call that could not reuse it plans again).
+        ``remap``: a batch's plan, which a batch of the same file runs from other arrays
+        may take (:func:`_remapped`); a single call's layout places its bytes in its
+        buffer alike at every offset, and its kept lane knows its entry as it is.
         """
         self.epoch += 1
         if cost is None:
@@ -230,8 +293,9 @@ class PlanCache:
         else:
             kept, source = Runs(runs.file.copy(), runs.length.copy(), runs.mem.copy()), None
         entry = _Entry(
-            self.epoch, key, prekey, bounds.copy(), kept, plan, cost, source, len(kept.file)
-        )
+            self.epoch, key, prekey, bounds.copy(), kept, plan, cost, source, len(kept.file),
+            remap and _remappable(plan) and _apart(kept),
+        )  # fmt: skip
         self.entries.append(entry)
         total = sum(e.cost for e in self.entries)
         drop = 0

@@ -53,7 +53,9 @@ def plan(ctx: Context, runs: Runs, call: Call, *, writing: bool) -> Plan:
         return kept  # type: ignore[no-any-return]
     plan, cost = _new_plan(ctx, runs, bounds, window, writing=writing, what=call.name)
     if ctx.plans is not None:
-        ctx.plans.store(key, bounds, runs, plan, call.prekey, cost=cost)
+        # (a batch's plan may serve its file runs from other arrays: plancache._remapped)
+        remap = call.name.endswith("_many")
+        ctx.plans.store(key, bounds, runs, plan, call.prekey, cost=cost, remap=remap)
     call.counters.time_plan += time.perf_counter() - t0
     return plan
 
@@ -84,7 +86,7 @@ def _kept(ctx: Context, call: Call, key: tuple[Any, ...], bounds: I64, runs: Run
     if call.own is None:  # the check agreed on the candidate: no allreduce here
         kept = None
         if call.plan_epoch >= 0:
-            kept = ctx.plans.take(call.plan_epoch, key, bounds, call.plan_shift)
+            kept = ctx.plans.take(call.plan_epoch, key, bounds, call.plan_shift, runs)
     else:  # the runs were split after the check (kept by their ranks): agree now
         kept = ctx.plans.lookup(ctx.comm, key, bounds, runs)
     call.reused = kept is not None
