@@ -29,7 +29,7 @@ from .collective import Attempt
 from .context import Call, Context, Plan
 from .exchange import CONTIG, VECTOR, Messages, kept_type
 from .policy import DEPTH
-from .roundio import cover, round_cover
+from .roundio import cover, round_cover, window_write
 from .rounds import TAG, agg_runs, sender_runs
 from .runs import Runs
 from .stats import Stats
@@ -75,7 +75,7 @@ def one_round(ctx: Context, plan: Plan, d: int, data: Any, call: Call) -> BaseEx
     with step, storage_errors(ctx.backend):
         # (the bytes ranks sent: the whole request, or its runs, moved as the request)
         covered = cover(ap, 0, req) if ap.rcovered[0] >= req[1] else round_cover(ap, 0).moved(d)
-        c.add_writes(ctx.backend.write_window(req[0], wbuf, covered))
+        c.add_writes(window_write(ctx.backend, req[0], wbuf, covered, False))  # (one round)
     c.time_io += time.perf_counter() - t
     return step.error
 
@@ -234,7 +234,8 @@ def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseExc
     step = Attempt()
     t = time.perf_counter()
     with step, storage_errors(ctx.backend):
-        c.add_writes(ctx.backend.write_window(req[0], wbuf, r.cover.moved(d) if d else r.cover))
+        covered = r.cover.moved(d) if d else r.cover
+        c.add_writes(window_write(ctx.backend, req[0], wbuf, covered, False))  # (one round)
     c.time_io += time.perf_counter() - t
     return step.error
 

@@ -30,6 +30,7 @@ __all__ = [
     "run_inline",
     "settle",
     "wait_io",
+    "window_write",
     "write_window",
 ]
 
@@ -114,12 +115,26 @@ def wait_io(fut: Future | None, c: Stats) -> None:
         c.time_io += time.perf_counter() - t
 
 
+def window_write(
+    be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, more: bool
+) -> int | list[int]:
+    """``be.write_window``, telling the backend whether this rank writes another round of
+    the call after it (:attr:`~collio.backends.base.Backend.more_rounds`)."""
+    be.more_rounds = more
+    try:
+        return be.write_window(offset, buf, cover)
+    finally:
+        be.more_rounds = True
+
+
 def write_window(
-    be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, c: Stats
-) -> None:
-    """One round's backend write (in the I/O thread), counted."""
+    be: Backend, offset: int, buf: npt.NDArray[np.uint8], cover: Runs, c: Stats,
+    more: bool = True,
+) -> None:  # fmt: skip
+    """One round's backend write (in the I/O thread), counted; ``more``: this rank writes
+    another round of the call after it."""
     with storage_errors(be):
-        c.add_writes(be.write_window(offset, buf, cover))
+        c.add_writes(window_write(be, offset, buf, cover, more))
 
 
 def read_window(be: Backend, offset: int, buf: npt.NDArray[np.uint8], need: Runs, c: Stats) -> None:

@@ -354,7 +354,7 @@ def _receive_and_write(
     step = Attempt()
     with step:  # (an error here must not leave sends and receives behind)
         if error is None:
-            args = (be, req[0], wbuf, cover(ap, k, req), c)
+            args = (be, req[0], wbuf, cover(ap, k, req), c, k < r.mine - 1)
             if last:
                 r.pending[b] = run_inline(c, write_window, *args)
             else:
@@ -394,7 +394,7 @@ def _write_lockstep(
         error = error or msgs.error
         c.time_exchange += time.perf_counter() - t
         if error is None and ap is not None:
-            args = (be, req[0], r.buffer(k, req), cover(ap, k, req), c)
+            args = (be, req[0], r.buffer(k, req), cover(ap, k, req), c, k < r.mine - 1)
             r.pending[k % DEPTH] = r.pool().submit(write_window, *args)
     status.failed()
     if stage is not None:

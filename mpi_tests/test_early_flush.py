@@ -34,8 +34,9 @@ def _flush_after_every_large_write(monkeypatch):
 
 
 #: Aggregators flush: the rounds must run (block-cyclic row blocks at 3 ranks are few runs
-#: of 512 KiB, which the automatic path would write directly, with no aggregator).
-SHUFFLE = {"romio_cb_write": "enable", "cb_buffer_size": "4m"}
+#: of 512 KiB, which the automatic path would write directly, with no aggregator), two or
+#: more per aggregator up to 8 ranks (a flush starts after a round with another after it).
+SHUFFLE = {"romio_cb_write": "enable", "cb_buffer_size": "1m"}
 
 
 def _lay(comm, pattern):
@@ -210,3 +211,36 @@ def test_a_rank_writing_its_own_rows_starts_no_flush(comm, mpi_tmp_path):
         assert f.stats.early_flushes == 0
     comm.Barrier()
     np.testing.assert_array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["posix", "mpiio"])
+def test_a_call_of_one_round_starts_no_flush(comm, mpi_tmp_path, backend, monkeypatch):
+    """Each aggregator's domain fits one window: after its one round the call only waits
+    for the others, so neither writeback nor a flush starts (the close's fsync makes the
+    bytes durable); with smaller windows the same call flushes while its rounds go on."""
+    started = []
+    real = fsync.sync_file_range
+    monkeypatch.setattr(
+        "collio.backends.posix.sync_file_range", lambda *a: started.append(a[1:3]) or real(*a)
+    )
+    path = str(mpi_tmp_path / "one.bin")
+    glob = reference(SHAPE, "<f8", seed=39)
+    lay = _lay(comm, "colblock")
+    counts = {}
+    for window in ("16m", "1m"):
+        hints = {"romio_cb_write": "enable", "cb_buffer_size": window, "early_flush": True}
+        if window == "16m":
+            hints["min_rounds"] = 1  # (else domains are split for rounds to overlap)
+        with collio.open(path, "w", comm=comm, hints=hints, backend=backend) as f:
+            f.write_all(local_piece(glob, lay), lay)
+            assert f.stats.last_call["path"] == "two-phase", f.stats.last_call
+            counts[window] = (f.stats.last_call["rounds"], f.stats.early_flushes)
+        counts[window] += (comm.allreduce(len(started)),)
+        started.clear()
+        comm.Barrier()
+        assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
+    assert counts["16m"] == (1, 0, 0), counts
+    assert counts["1m"][0] > 1 and counts["1m"][1] > 0, counts
+    if backend == "posix":  # (the mpiio backend starts writeback on a descriptor of its own)
+        assert counts["1m"][2] > 0, counts

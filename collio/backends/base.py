@@ -108,6 +108,12 @@ class Backend(abc.ABC):
     takes_back: ClassVar[bool] = False
     #: Aggregators per node for reads when the hints choose none (None: as for writes).
     read_per_node: ClassVar[int | None] = None
+    #: Whether this rank writes another round of the same call after the window being
+    #: written (:func:`collio.roundio.window_write` says so around each window; a backend
+    #: sees one request at a time).  Starting the disk on a window (writeback, an early
+    #: flush) pays only where the call goes on shuffling the next round meanwhile: after
+    #: the last or only round the call waits for it and the final fsync is no shorter.
+    more_rounds: bool = True
     #: Ranks owning file domains, in domain order (set at open by the file core).
     aggregators: npt.NDArray[np.int64] | None = None
 

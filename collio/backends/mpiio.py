@@ -208,7 +208,7 @@ class MpiioBackend(Backend):
                 self.fh.Write_at(offset + s, [part, MPI.BYTE])
             except MPI.Exception as exc:
                 raise _mpi_error(exc, f"write at {offset + s} of {self.path!r}") from None
-        if self.wb_fd >= 0 and len(buf) >= (1 << 20):
+        if self.wb_fd >= 0 and len(buf) >= (1 << 20) and self.more_rounds:
             sync_file_range(self.wb_fd, offset, len(buf), SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
                 self.flusher.kick(len(buf))

@@ -172,7 +172,7 @@ class PosixBackend(MappedReads):
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
         self.write_one(offset, buf)
-        if self.writeback and total >= (1 << 20):  # (direct parts are written already)
+        if self.writeback and total >= (1 << 20) and self.more_rounds:  # (direct parts: written)
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
                 self.flusher.kick(total)
