@@ -169,7 +169,8 @@ class Hints:
         Aggregators write the page-aligned middle of large requests with ``O_DIRECT``.
     early_flush
         While a write call still runs, ``fdatasync`` the file in a background thread
-        after each large backend request (one flush at a time), so ``sync()`` and
+        after each large backend request that another round of the call follows (one
+        flush at a time; a call of one round per aggregator starts none), so ``sync()`` and
         ``close()`` find little left to flush (posix and mpiio backends with their
         ``writeback`` option, and contiguous datasets of :mod:`collio.h5`; see
         :class:`~collio.backends.fsync.EarlyFlush`).  Default true.
