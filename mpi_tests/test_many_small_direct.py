@@ -99,8 +99,8 @@ def test_many_small_runs_direct_match_numpy_and_romio(comm, mpi_tmp_path, route)
     assert read_file(romio) == want
     with collio.open(ours, "r", comm=comm, hints=HINTS) as f:
         outs = [np.full(len(d), 0xEE, np.uint8) for d, _ in items]
-        got = f.read_all_many([lay for _, lay in items], out=outs,
-                              _disjoint=route == "interleaved")  # fmt: skip
+        vouched = route == "interleaved"
+        got = f.read_all_many([lay for _, lay in items], out=outs, _disjoint=vouched)
         assert f.stats.last_call["path"] == "direct"
     for (data, _), g, o in zip(items, got, outs, strict=True):
         assert g is o
@@ -190,5 +190,36 @@ def test_short_requests_are_finished(comm, mpi_tmp_path, monkeypatch):
         got = f.read_all_many([lay for _, lay in items])
         monkeypatch.undo()
         assert f.stats.last_call["path"] == "direct"
+    for (data, _), g in zip(items, got, strict=True):
+        np.testing.assert_array_equal(g, data)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_reads_into_bad_outs_are_agreed(comm, mpi_tmp_path, route):
+    """Outs of a read of Segments: the wrong length, or two sharing memory, on one rank
+    is the same error on every rank, naming the item; the next read goes on."""
+    path = str(mpi_tmp_path / "target.bin")
+    items = _items(comm, route)
+    lays = [lay for _, lay in items]
+    last = comm.size - 1
+    with collio.open(path, "w", comm=comm, hints=HINTS) as f:
+        _write(f, items, route)
+    vouched = route == "interleaved"
+    with collio.open(path, "r", comm=comm, hints=HINTS) as f:
+
+        def read(outs):
+            return f.read_all_many(lays, out=outs, _disjoint=vouched)
+
+        outs = [np.zeros(len(d), np.uint8) for d, _ in items]
+        if comm.rank == last:
+            outs[3] = np.zeros(len(items[3][0]) + 1, np.uint8)
+        err = raises_everywhere(comm, collio.LayoutError, lambda: read(outs))
+        assert f"rank {last}: item 3" in str(err)
+        outs = [np.zeros(len(d), np.uint8) for d, _ in items]
+        if comm.rank == last:  # items 0 and 6 are both 8 bytes long: one array for both
+            outs[6] = outs[0]
+        err = raises_everywhere(comm, collio.LayoutError, lambda: read(outs))
+        assert f"rank {last}" in str(err)
+        got = f.read_all_many(lays, _disjoint=vouched)
     for (data, _), g in zip(items, got, strict=True):
         np.testing.assert_array_equal(g, data)
