@@ -61,7 +61,7 @@ def gather(backend: Any, items: Any, *, writing: bool, outs: Any = None) -> Gath
         raise LayoutError(f"out must be a sequence of {len(items)} arrays (one per layout) or None")
     fast = gather_boxes(backend, items, writing=writing, outs=outs)
     if fast is None:
-        fast = gather_raw(backend, items, writing=writing)
+        fast = gather_raw(backend, items, writing=writing, outs=outs)
     if fast is not None:
         return fast
     runs: list[Runs] = []

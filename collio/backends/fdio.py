@@ -26,6 +26,8 @@ __all__ = [
     "joinable",
     "joined",
     "pwrite_joined",
+    "pwrite_runs",
+    "pread_runs",
     "pwritev_all",
 ]
 
@@ -152,6 +154,42 @@ def pwrite_joined(
     fl, nl, ml = file.tolist(), length.tolist(), mem.tolist()
     for a, b in zip(cuts[:-1], cuts[1:], strict=True):
         pwritev_all(fd, [data[ml[k] : ml[k] + nl[k]] for k in range(a, b)], fl[a], name)
+
+
+def pwrite_runs(
+    fd: int, file: npt.NDArray[np.int64], length: npt.NDArray[np.int64],
+    mem: npt.NDArray[np.int64], data: npt.NDArray[np.uint8], name: str = "the file",
+) -> None:  # fmt: skip
+    """Write runs (``data[mem : mem + length]`` at ``file``), one ``pwrite`` each, or
+    raise :class:`BackendError` (a short write).
+
+    No vectored call takes scattered file offsets, so a request per run is what the
+    system offers; the loop around them makes nothing per run but the slice of one view
+    of ``data`` (a function call or two per run cost a small run as much as its
+    ``pwrite``), and the rare short write is finished after it, run by run."""
+    view = _bytes(data)
+    pw = os.pwrite
+    fl, ml, el = file.tolist(), mem.tolist(), (mem + length).tolist()
+    done = [pw(fd, view[m:e], f) for f, m, e in zip(fl, ml, el, strict=True)]
+    for k in np.flatnonzero(np.array(done, np.int64) != length).tolist():
+        n = done[k]  # (a short write: its rest the checked way, which raises if it stays short)
+        pwrite_all(fd, view[ml[k] + n : el[k]], fl[k] + n, name)
+
+
+def pread_runs(
+    fd: int, file: npt.NDArray[np.int64], length: npt.NDArray[np.int64],
+    mem: npt.NDArray[np.int64], out: npt.NDArray[np.uint8],
+) -> None:  # fmt: skip
+    """Read runs into ``out[mem : mem + length]`` from ``file``, one ``preadv`` each,
+    zeros past the end of the file (:func:`pread_zeros`); the loop as
+    :func:`pwrite_runs`'."""
+    view = _bytes(out)
+    pr = os.preadv
+    fl, ml, el = file.tolist(), mem.tolist(), (mem + length).tolist()
+    done = [pr(fd, [view[m:e]], f) for f, m, e in zip(fl, ml, el, strict=True)]
+    for k in np.flatnonzero(np.array(done, np.int64) != length).tolist():
+        n = done[k]  # (the file's end, or a short read: the rest as pread_zeros reads it)
+        pread_zeros(fd, view[ml[k] + n : el[k]], fl[k] + n)
 
 
 def pread_zeros(fd: int, buf: Any, offset: int) -> int:

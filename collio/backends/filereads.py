@@ -11,7 +11,7 @@ import numpy.typing as npt
 from ..policy import maps_file
 from ..runs import Runs
 from .base import Backend, _one
-from .fdio import pread_zeros
+from .fdio import pread_runs, pread_zeros
 from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
 
 __all__ = ["FEW_PREADS", "ONE_PREAD_BYTES", "PREAD_BYTES", "MappedReads", "maps_for", "preads"]
@@ -124,11 +124,17 @@ class MappedReads(Backend):
                 # a small call's few runs: a pread each costs a few microseconds, a map
                 # (mmap, page faults, munmap and its TLB shootdown) ten or more; one
                 # run up to ONE_PREAD_BYTES: the kernel's one copy beats the map's
-                return super().read_runs(runs, out)
+                return self._preads(runs, out)
             read_mapped(self.fd, runs, out)
             self.mapped_bytes += runs.nbytes
             return len(runs)
-        return super().read_runs(runs, out)
+        return self._preads(runs, out)
+
+    def _preads(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int:
+        """A ``preadv`` per run (:func:`~collio.backends.fdio.pread_runs`: zeros past
+        the end, as :meth:`read_at`)."""
+        pread_runs(self.fd, runs.file, runs.length, runs.mem, out)
+        return len(runs)
 
     def _gather_buffer(self, nbytes: int) -> npt.NDArray[np.uint8]:
         """This file's buffer for :func:`read_gathered`, kept (at most

@@ -18,7 +18,7 @@ from ..collective import Attempt, agree
 from ..errors import CommitError
 from ..runs import Runs
 from .directio import DIRECT_MIN, direct_possible, open_direct, write_split
-from .fdio import joinable, joined, pwrite_all, pwrite_joined
+from .fdio import joinable, joined, pwrite_all, pwrite_joined, pwrite_runs
 from .fileopen import check_options, open_file
 from .filereads import MappedReads
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, fallocate, sync_file_range
@@ -134,6 +134,9 @@ class PosixBackend(MappedReads):
             if self.eager:
                 self._write_behind(Runs.sequential(*joined(runs.file, runs.length)))
             return len(runs)
+        elif self.dfd < 0 or not len(runs.file) or int(runs.length.max()) < DIRECT_MIN:
+            self.dirty = True
+            pwrite_runs(self.fd, runs.file, runs.length, runs.mem, data, self.path)
         else:
             for f, n, m in zip(
                 runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
