@@ -136,7 +136,7 @@ def _open_existing(
     code = digest(name) if step.error is None else 0
     vec = np.array([1 if step.error is not None else 0, code, -code, size], _I64)
     out = np.empty_like(vec)
-    comm.Allreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX)
+    comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX).Wait()  # (as the heads)
     if out[0] or out[1] != -out[2]:
         if fd >= 0:
             os.close(fd)
