@@ -38,7 +38,7 @@ from .backends.directio import DIRECT_MIN
 from .backends.failures import storage_error
 from .backends.fdio import pwrite_all
 from .backends.filereads import ONE_PREAD_BYTES
-from .backends.keeping import Before, keep_one
+from .backends.keeping import HOLE_MIN, Before, keep_one
 from .backends.posix import PosixBackend
 from .checkfacts import PLACED, Checked, moved_by, placed
 from .collective import KeptHead, call_kept_head, kept, raise_kept_mismatch
@@ -310,6 +310,7 @@ class Step:
         be, fd = self.be, self.fd
         before: Before | None = None
         fresh = False  # (past the end: nothing kept, a Before made only when needed)
+        old: bytes | None = None  # (a small run's kept bytes, as read)
         size, done, error = speculate.BIG, 1, None
         key: tuple[Any, ...] = ()
         t = time.perf_counter()
@@ -318,6 +319,9 @@ class Step:
                 size = os.lseek(fd, 0, os.SEEK_END)
                 if lo >= size:  # (a time series' next step: nothing to keep)
                     fresh = True
+                elif n < HOLE_MIN:  # (keep_one of a small run: its bytes as one pread
+                    # gives them, a Before made only for a call that may be taken back)
+                    old = os.pread(fd, min(n, size - lo), lo)
                 else:
                     before = keep_one(fd, size, lo, n, speculate.KEEP_LIMIT)
                     if before is None:
@@ -353,7 +357,7 @@ class Step:
             error = exc
         end = time.perf_counter()
         if error is not None or key != k.key:
-            io = (Before(size, []) if fresh else before, size, key, done, end - t, error)
+            io = (_kept(size, lo, n, fresh, before, old), size, key, done, end - t, error)
             return _agree(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), moved,
                           shift, io, end, writing=writing, t0=t0)  # fmt: skip
         head = k.head
@@ -368,12 +372,12 @@ class Step:
         ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
         got = head.got
         if got[1] != -got[2]:
-            io = (Before(size, []) if fresh else before, size, key, done, end - t, error)
+            io = (_kept(size, lo, n, fresh, before, old), size, key, done, end - t, error)
             _mismatch(ctx, k, head, io, writing)
         out = head.got_own
         guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
         if got[0] or not (guessed and same) or sig is None or items is None:
-            io = (Before(size, []) if fresh else before, size, key, done, end - t, error)
+            io = (_kept(size, lo, n, fresh, before, old), size, key, done, end - t, error)
             return _settle(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), io,
                            bool(got[0]), out, writing=writing)  # fmt: skip
         # the completion (speculate.complete), inline
@@ -401,6 +405,22 @@ class Step:
         stats.last_facts = (*self.pre, [alo, ahi], *self.post)
         stats._local_of = self.local  # (Stats.local_when_read, inline: no dict per call)
         return True
+
+
+def _kept(size: int, lo: int, n: int, fresh: bool, before: Before | None,
+          old: bytes | None) -> Before | None:  # fmt: skip
+    """Local: what a step's write of ``n`` bytes from ``lo`` kept to take it back, as
+    :func:`keep_one` keeps it: nothing past the end (``fresh``), a small run's bytes as
+    read (zeros for any the file no longer had, as ``pread_zeros`` gives), or
+    ``keep_one``'s own (None for a read)."""
+    if fresh:
+        return Before(size, [])
+    if old is None:
+        return before
+    m = min(n, size - lo)
+    if len(old) < m:
+        old += bytes(m - len(old))
+    return Before(size, [(lo, np.frombuffer(old, np.uint8))])
 
 
 def _bytes(arr: Any) -> Any:

@@ -7,13 +7,14 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from mpi4py import MPI
 
-from ..collective import Attempt, agree, any_flag, bcast_outcome
+from ..collective import Attempt, agree, any_flag, bcast_outcome, digest
 from ..errors import ModeError
 from .directio import open_direct
 from .filereads import maps_for
 from .fsync import EarlyFlush
-from .localfile import Prepared, open_regular, prepare
+from .localfile import Prepared, check_target, open_regular, prepare
 
 if TYPE_CHECKING:
     from .posix import PosixBackend
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["check_options", "open_file"]
 
 _O_BINARY = getattr(os, "O_BINARY", 0)
+#: (int64 maxima: a value and its negation agree when every rank passed the same)
+_I64 = np.dtype(np.int64)
 
 
 def check_options(mode: str, options: dict[str, Any]) -> None:
@@ -47,33 +50,42 @@ def open_file(
     Every rank uses rank 0's path, and other ranks open only a file rank 0 has
     made (a node-local path fails on the other nodes instead of making one file
     per node).  ``collio.open`` agreed on :meth:`check_options` before, so bad
-    options on any rank never reach the file (:func:`check_options`).
+    options on any rank never reach the file (:func:`check_options`).  An open that
+    makes nothing needs no broadcast first (:func:`_open_existing`).
     """
     writeback = bool(options.get("writeback", True))
     holes = str(options.get("holes", "auto"))
     create = options.get("create", False) if mode == "r+" else False
     atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
-    step = Attempt()
-    shared = None
+    flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
     made = Prepared("", -1, None)  # rank 0's: the temporary's lock, the target's stat
-    if comm.Get_rank() == 0:
+    opened = None
+    if mode in ("r", "r+") and not create and not atomic:  # (nothing to make first)
+        opened = _open_existing(target, mode, comm, flags)
+    if opened is not None:
+        fd, made, name, size = opened
+        path = name
+    else:
+        step = Attempt()
+        shared = None
+        if comm.Get_rank() == 0:
+            with step:
+                path = os.fspath(target)
+                made = prepare(path, mode, atomic, create)
+                size = made.before.st_size if made.before is not None else 0
+                shared = (made.name, path, size)
+        name, path, size = bcast_outcome(comm, shared, step.error, what="open")
+        step = Attempt()
+        fd = -1
         with step:
-            path = os.fspath(target)
-            made = prepare(path, mode, atomic, create)
-            size = made.before.st_size if made.before is not None else 0
-            shared = (made.name, path, size)
-    name, path, size = bcast_outcome(comm, shared, step.error, what="open")
-    step = Attempt()
-    fd = -1
-    with step:
-        fd = open_regular(name, (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY)
-    try:
-        agree(comm, step.error, what=f"open {path!r}")
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        made.drop(atomic)
-        raise
+            fd = open_regular(name, flags)
+        try:
+            agree(comm, step.error, what=f"open {path!r}")
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            made.drop(atomic)
+            raise
     self = cls(name, fd, mode, path if atomic else None, writeback, holes)
     self.made = made
     self.opened_size = int(size)
@@ -97,3 +109,36 @@ def open_file(
         made.drop(atomic)
         raise
     return self
+
+
+def _open_existing(
+    target: Any, mode: str, comm: Any, flags: int
+) -> tuple[int, Prepared, str, int] | None:
+    """Collective over `comm`: an open that makes nothing ('r', or 'r+' without
+    ``create``, not atomic) in one agreement instead of a broadcast and an agreement:
+    rank 0 checks the target (:func:`prepare`, which then only reads its ``stat``) while
+    every rank opens the same name, and one allreduce agrees that nothing failed, that
+    every rank's name is rank 0's, and on rank 0's size.  The descriptor, rank 0's
+    check, the name and the size; None (every rank alike, nothing left open): not so,
+    and the open goes the general way, which checks and opens again and raises what it
+    finds, as it would have."""
+    step = Attempt()
+    fd, made, name, size = -1, Prepared("", -1, None), "", -1
+    rank0 = comm.Get_rank() == 0
+    with step:
+        name = os.fspath(target)
+        if rank0:
+            made = prepare(name, mode, False)
+            size = made.before.st_size if made.before is not None else 0
+        else:  # (as rank 0: a FIFO or a device is judged by its stat, never opened)
+            check_target(name, mode)
+        fd = open_regular(name, flags)
+    code = digest(name) if step.error is None else 0
+    vec = np.array([1 if step.error is not None else 0, code, -code, size], _I64)
+    out = np.empty_like(vec)
+    comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX).Wait()  # (as the heads)
+    if out[0] or out[1] != -out[2]:
+        if fd >= 0:
+            os.close(fd)
+        return None
+    return fd, made, name, int(out[3])

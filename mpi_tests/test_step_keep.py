@@ -1,0 +1,119 @@
+"""A step (collio.quick.Step) that overwrites bytes below the file's end keeps them as
+one pread gives them, and puts them back when its call is taken back.
+
+The file is filled first (by ROMIO) past where the series writes, so every step of the
+series writes below the end and keeps what it overwrites.  A call that one rank's
+write fails (a file-size limit), or that meets another call on one rank, is taken back
+on every rank: the file's bytes are what they were before that call, byte for byte,
+as numpy and ROMIO read them.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import numpy as np
+import pytest
+from helpers import raises_everywhere, read_file
+from mpi4py import MPI
+
+import collio
+from collio.layouts import Subarray
+
+pytestmark = pytest.mark.mpi(min_size=1)
+
+
+def _step(comm, s, n):
+    """Rank r's piece of step ``s`` (``n`` float64 per rank) and its layout."""
+    p, r = comm.size, comm.rank
+    glob = np.arange(p * n, dtype=np.float64) + 1e6 * (s + 1) + 0.5
+    lay = Subarray((p * n,), (r * n,), (n,), "<f8", offset=s * glob.nbytes)
+    return glob[r * n : (r + 1) * n].copy(), lay, glob.tobytes()
+
+
+def _ran(fn, seen):
+    def prof(frame, event, arg):
+        if event == "call" and "collio" in frame.f_code.co_filename:
+            seen.add(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+
+
+def _filled(comm, path, nbytes):
+    """The file, ``nbytes`` of non-zero bytes written by ROMIO; its bytes."""
+    old = (np.arange(nbytes, dtype=np.int64) * 7 + 3).astype(np.uint8)
+    old[old == 0] = 1
+    fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    if comm.rank == 0:
+        fh.Write_at(0, old)
+    fh.Close()
+    return old.tobytes()
+
+
+def _same(comm, path, want):
+    comm.Barrier()
+    assert read_file(path) == want
+    got = np.empty(len(want), np.uint8)
+    fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)
+    fh.Read_at_all(0, got)
+    fh.Close()
+    assert got.tobytes() == want
+    comm.Barrier()
+
+
+@pytest.mark.parametrize("n", [1, 64])
+def test_a_failed_step_below_the_end_puts_back_what_it_overwrote(comm, mpi_tmp_path, n):
+    path, steps = str(mpi_tmp_path / "keep.bin"), 6
+    step_bytes = comm.size * n * 8
+    file = bytearray(_filled(comm, path, (steps + 4) * step_bytes))
+    bad = comm.size - 1
+    with collio.open(path, "r+", comm=comm) as f:
+        for s in range(steps - 1):
+            piece, lay, whole = _step(comm, s, n)
+            f.write_all(piece, lay)
+            file[s * step_bytes : (s + 1) * step_bytes] = whole
+        _same(comm, path, bytes(file))
+        piece, lay, whole = _step(comm, steps - 1, n)
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if comm.rank == bad:  # (its write fails: past the limit from its first byte)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (lay.offset + bad * n * 8, limits[1]))
+        seen: set[str] = set()
+        try:
+            err = raises_everywhere(
+                comm, collio.BackendError, lambda: _ran(lambda: f.write_all(piece, lay), seen)
+            )
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        assert err.ranks == (bad,)
+        assert "_go" in seen and "_settle" in seen  # (a step's write, taken back)
+        _same(comm, path, bytes(file))  # (every rank's overwritten bytes put back)
+        f.write_all(piece, lay)  # (the series goes on)
+        file[(steps - 1) * step_bytes : steps * step_bytes] = whole
+    _same(comm, path, bytes(file))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_step_meeting_another_call_puts_back_what_it_overwrote(comm, mpi_tmp_path):
+    path, n, steps = str(mpi_tmp_path / "meet.bin"), 16, 6
+    step_bytes = comm.size * n * 8
+    file = bytearray(_filled(comm, path, (steps + 4) * step_bytes))
+    with collio.open(path, "r+", comm=comm) as f:
+        for s in range(steps - 1):
+            piece, lay, whole = _step(comm, s, n)
+            f.write_all(piece, lay)
+            file[s * step_bytes : (s + 1) * step_bytes] = whole
+        piece, lay, _ = _step(comm, steps - 1, n)
+        seen: set[str] = set()
+        if comm.rank == 0:
+            fn = f.sync
+        else:
+            fn = lambda: _ran(lambda: f.write_all(piece, lay), seen)  # noqa: E731
+        raises_everywhere(comm, collio.MismatchError, fn)
+        if comm.rank:
+            assert "_go" in seen and "_mismatch" in seen
+        _same(comm, path, bytes(file))
