@@ -365,6 +365,27 @@ def _wrap(text: str) -> list[str]:
     return textwrap.wrap(text, 88, break_on_hyphens=False, break_long_words=False)
 
 
+def _throttled(doc: dict[str, Any]) -> list[str]:
+    """The largest writes without a sync per call run at the page cache's speed until the
+    kernel throttles dirty pages: the spread of every API's calls of that size says so."""
+    big = max(doc["sizes"])
+    rows = [
+        r for r in doc["results"] if r["kind"] == "call" and r["op"] == "write" and r["size"] == big
+    ]
+    if doc["fsync"] or not rows:
+        return []
+    lo = min(min(r["times"]) for r in rows)
+    hi = max(max(r["times"]) for r in rows)
+    text = (
+        f"Writes of {_bytes(big)} per rank with no sync per call run at the page cache's "
+        "speed until the kernel throttles the dirty pages: every API's calls of that size "
+        f"took from {_ms(lo)} to {_ms(hi)} ms (`times` in the JSON), so their medians say "
+        "more about which API met the throttle than about how it writes. Large writes are "
+        "compared in the tables above (`collio-bench --compare`, a sync in every iteration)."
+    )
+    return ["", *_wrap(text)]
+
+
 def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
     doc = docs.get(SWEEP)
     if doc is None:
@@ -382,7 +403,7 @@ def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "is the first call's; from the third call of a size on, collio's direct and mapped "
         "calls do their I/O before their one agreement (`last_call['guessed']`)."
     )
-    out = [*_wrap(about), "", *sweep_table(doc, "call")]
+    out = [*_wrap(about), "", *sweep_table(doc, "call"), *_throttled(doc)]
     if doc["batch"] and doc["batch_sizes"]:
         n = doc["batch"]
         batches = (
