@@ -212,12 +212,9 @@ class File:
         """
         # a repeat of the last call's step: straight to it (:meth:`_stepped`)
         ctx = self._ctx
-        calls = ctx.kept[True]
-        step = calls.step
-        if (
-            step is not None and step.k.serial == calls.serial - calls.period
-            and ctx.mode != "closed" and ctx.lane is None  # (the kept two-phase lane first)
-        ):  # fmt: skip
+        step = ctx.kept[True].last_step()
+        # (the kept two-phase lane, ctx.lane, goes first)
+        if step is not None and ctx.mode != "closed" and ctx.lane is None:
             if layout is _VIEW:
                 if self._stepped(step, None, self._position, data, "write_all") is not _NOT:
                     self._position += int(data.nbytes) // self._view.etype_size
@@ -271,12 +268,8 @@ class File:
         file pointer into that buffer, in place, and returns it.
         """
         ctx = self._ctx
-        calls = ctx.kept[False]
-        step = calls.step
-        if (
-            step is not None and step.k.serial == calls.serial - calls.period
-            and ctx.mode != "closed"
-        ):  # fmt: skip
+        step = ctx.kept[False].last_step()
+        if step is not None and ctx.mode != "closed":
             if type(layout) is np.ndarray:  # (a buffer through the view)
                 got = self._stepped(step, None, self._position, layout, "read_all")
                 if got is not _NOT:
@@ -361,11 +354,9 @@ class File:
     def write_at_all(self, offset: int, buf: Any) -> None:
         """Collective over `comm`: write ``buf`` through the view from etype ``offset``."""
         ctx = self._ctx
-        calls = ctx.kept[True]
-        step = calls.step
+        step = ctx.kept[True].last_step()
         if (
-            step is not None and step.k.serial == calls.serial - calls.period
-            and ctx.mode != "closed"
+            step is not None and ctx.mode != "closed"
             and self._stepped(step, None, offset, buf, "write_at_all") is not _NOT
         ):  # fmt: skip
             return
@@ -380,9 +371,8 @@ class File:
     def read_at_all(self, offset: int, buf: Any) -> Any:
         """Collective over `comm`: fill ``buf`` through the view from etype ``offset``."""
         ctx = self._ctx
-        calls = ctx.kept[False]
-        step = calls.step
-        if step is not None and step.k.serial == calls.serial - calls.period:
+        step = ctx.kept[False].last_step()
+        if step is not None:
             if ctx.mode != "closed":
                 got = self._stepped(step, None, offset, buf, "read_at_all")
                 if got is not _NOT:

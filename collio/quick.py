@@ -77,8 +77,8 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     its kind through the view.  True: the call is complete; a :data:`Headed`: the call
     went as far as its head; None (nothing done, nothing communicated): not a repeat."""
     calls = ctx.kept[writing]
-    step: Step | None = calls.step  # (the last call's, when this call may repeat it)
-    if step is not None and step.k.serial == calls.serial - calls.period:
+    step: Step | None = calls.last_step()  # (the last call's, if this call may repeat it)
+    if step is not None:
         stepped = step.view(ctx, fview, position, data, t0)
         if stepped is not None:
             return stepped
@@ -109,8 +109,8 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
     its outcome (as :func:`again`'s) and the array read (``data`` when writing); None
     (nothing done, nothing communicated): not such a repeat."""
     calls = ctx.kept[writing]
-    step: Step | None = calls.step  # (the last call's, when this call may repeat it)
-    if step is not None and step.k.serial == calls.serial - calls.period:
+    step: Step | None = calls.last_step()  # (the last call's, if this call may repeat it)
+    if step is not None:
         stepped = step(ctx, layout, data, t0)
         if stepped is not None:
             return stepped

@@ -132,6 +132,12 @@ class KeptCalls:
     # repeats it, and finding it costs no search of ``entries``
     step: Any = None
 
+    def last_step(self) -> Any:
+        """The step of the call ``period`` calls back, which this call may repeat (None:
+        no such step): the kept call's own rule (:meth:`candidate`), without a search."""
+        step = self.step
+        return step if step is not None and step.k.serial == self.serial - self.period else None
+
     def candidate(self) -> Kept | None:
         want = self.serial - self.period
         for k in reversed(self.entries):  # (newest first: the last call, most often)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -134,3 +135,46 @@ def prefill(comm: MPI.Comm, paths: list[str], nbytes: int) -> None:
             with open(p, "wb") as fh:
                 fh.write(pattern)
     comm.Barrier()
+
+
+def collio_calls(fn: Any, seen: set[str] | None = None) -> tuple[set[str], Any]:
+    """The names of the collio functions that ``fn()`` ran (into ``seen`` as they run,
+    so a call that raises still reports them: what took the call), and what it returned."""
+    seen = set() if seen is None else seen
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and "collio" in frame.f_code.co_filename:
+            seen.add(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        got = fn()
+    finally:
+        sys.setprofile(None)
+    return seen, got
+
+
+def items_image(comm: MPI.Comm, items: Any, before: bytes | None = None) -> bytes:
+    """The bytes every rank's ``(data, Segments of one run)`` items make (numpy), over a
+    file's ``before`` bytes (None: a new file, which ends where the last run does)."""
+    every = [x for mine in comm.allgather([(int(lay.offsets[0]), d) for d, lay in items])
+             for x in mine]  # fmt: skip
+    end = max(at + len(d) for at, d in every)
+    want = np.zeros(end, np.uint8)
+    if before is not None:
+        raw = np.frombuffer(before, np.uint8)
+        want = np.zeros(max(end, len(raw)), np.uint8)
+        want[: len(raw)] = raw
+    for at, d in every:
+        want[at : at + len(d)] = d
+    return want.tobytes()
+
+
+def romio_items(path: str, comm: MPI.Comm, items: Any) -> None:
+    """Every ``(data, Segments of one run)`` item through ROMIO: one ``Write_at_all`` each."""
+    fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    try:
+        for data, lay in items:
+            fh.Write_at_all(int(lay.offsets[0]), [data, MPI.BYTE])
+    finally:
+        fh.Close()

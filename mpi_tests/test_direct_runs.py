@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import prefill, raises_everywhere, read_file
-from mpi4py import MPI
+from helpers import items_image, prefill, raises_everywhere, read_file, romio_items
 
 import collio
 from collio import layouts, policy
@@ -40,30 +39,6 @@ def _batch(comm, length=L, shift=None):
     return items
 
 
-def _expected(comm, items, before=None):
-    """The bytes every rank's items make (numpy) over the file's ``before`` (None: a new
-    file, which ends where the last run does)."""
-    every = [x for mine in comm.allgather([(int(lay.offsets[0]), d) for d, lay in items])
-             for x in mine]  # fmt: skip
-    end = max(at + len(d) for at, d in every)
-    want = np.zeros(end, np.uint8)
-    if before is not None:
-        want = np.frombuffer(before, np.uint8).copy()
-    for at, d in every:
-        want[at : at + len(d)] = d
-    return want.tobytes()
-
-
-def _romio(path, comm, items):
-    """Every item through ROMIO: one ``Write_at_all`` per item."""
-    fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_WRONLY)
-    try:
-        for data, lay in items:
-            fh.Write_at_all(int(lay.offsets[0]), [data, MPI.BYTE])
-    finally:
-        fh.Close()
-
-
 def test_interleaved_large_runs_go_direct(comm, mpi_tmp_path):
     paths = [str(mpi_tmp_path / n) for n in ("batch.bin", "single.bin", "romio.bin")]
     items = _batch(comm)
@@ -73,9 +48,9 @@ def test_interleaved_large_runs_go_direct(comm, mpi_tmp_path):
     with collio.open(paths[1], "w", comm=comm, hints=HINTS) as f:
         for data, lay in items:
             f.write_all(data, lay)
-    _romio(paths[2], comm, items)
+    romio_items(paths[2], comm, items)
     comm.Barrier()
-    want = _expected(comm, items)
+    want = items_image(comm, items)
     assert [read_file(p) for p in paths] == [want] * 3
     with collio.open(paths[0], "r", comm=comm, hints=HINTS) as f:
         got = f.read_all_many([lay for _, lay in items])
@@ -91,7 +66,7 @@ def test_interleaved_large_runs_go_direct(comm, mpi_tmp_path):
         f.write_all(one[::-1].copy(), lay)
         assert f.stats.last_call["path"] == "direct"
     comm.Barrier()
-    again = _expected(comm, [(one[::-1][k * L : (k + 1) * L], x) for k, (_, x) in
+    again = items_image(comm, [(one[::-1][k * L : (k + 1) * L], x) for k, (_, x) in
                              enumerate(items)])  # fmt: skip
     assert read_file(paths[1]) == again
 
@@ -119,7 +94,7 @@ def test_one_overlap_between_two_ranks_is_agreed(comm, mpi_tmp_path):
         f.write_all_many(good)
         assert f.stats.last_call["path"] == "direct"
     comm.Barrier()
-    assert read_file(path) == _expected(comm, good, before)
+    assert read_file(path) == items_image(comm, good, before)
 
 
 @pytest.mark.parametrize(
@@ -138,7 +113,7 @@ def test_small_runs_and_the_hint_keep_two_phase(comm, mpi_tmp_path, length, hint
     for (data, _), g in zip(items, got, strict=True):
         np.testing.assert_array_equal(g, data)
     comm.Barrier()
-    assert read_file(path) == _expected(comm, items)
+    assert read_file(path) == items_image(comm, items)
 
 
 @pytest.mark.parametrize("where", ["_pair_buffers", "_pairs_disjoint"])
@@ -166,4 +141,4 @@ def test_a_rank_failing_in_the_run_check_is_agreed(comm, mpi_tmp_path, monkeypat
         f.write_all_many(items)  # the same call works with memory back
         assert f.stats.last_call["path"] == "direct"
     comm.Barrier()
-    assert read_file(path) == _expected(comm, items, before)
+    assert read_file(path) == items_image(comm, items, before)

@@ -13,11 +13,10 @@ the series comes back to its step.
 from __future__ import annotations
 
 import resource
-import sys
 
 import numpy as np
 import pytest
-from helpers import raises_everywhere, read_file
+from helpers import collio_calls, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
@@ -43,26 +42,9 @@ def _step(comm, s, n, order="C", var=0, at=None):
     return piece, lay, g2.tobytes(order="F")
 
 
-def _ran(fn, seen=None):
-    """The names of the collio functions that ``fn()`` ran (what took the call; into
-    ``seen`` too, for a call that raises)."""
-    seen = set() if seen is None else seen
-
-    def prof(frame, event, arg):
-        if event == "call" and "collio" in frame.f_code.co_filename:
-            seen.add(frame.f_code.co_name)
-
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return seen
-
-
 def _in_step(fn):
     """Whether ``fn()`` (one call) was done by a step and not the lane's general way."""
-    seen = _ran(fn)
+    seen, _ = collio_calls(fn)
     return "_go" in seen and not ({"_run", "_agree", "_settle", "check"} & seen)
 
 
@@ -216,7 +198,7 @@ def test_a_write_failing_on_one_rank_in_a_step_raises_everywhere_and_the_series_
         seen = set()
         try:
             err = raises_everywhere(comm, collio.BackendError,
-                                    lambda: _ran(lambda: f.write_all(piece, lay), seen),
+                                    lambda: collio_calls(lambda: f.write_all(piece, lay), seen),
                                     match=f"backend I/O: rank {bad}:")  # fmt: skip
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, limits)
@@ -306,7 +288,7 @@ def test_a_series_through_a_view_in_steps_writes_and_reads_what_romio_does(
         try:
             raises_everywhere(
                 comm, collio.BackendError,
-                lambda: _ran(lambda: f.write_at_all((steps * p + r) * per, data(0)), seen),
+                lambda: collio_calls(lambda: f.write_at_all((steps * p + r) * per, data(0)), seen),
                 match=f"backend I/O: rank {p - 1}:",
             )  # fmt: skip
         finally:

@@ -18,8 +18,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import prefill, raises_everywhere, read_file
-from mpi4py import MPI
+from helpers import items_image, prefill, raises_everywhere, read_file, romio_items
 
 import collio
 from collio import layouts
@@ -58,43 +57,20 @@ def _items(comm, route, seed=0):
     return items
 
 
-def _expected(comm, items, before=None):
-    every = [x for mine in comm.allgather([(int(lay.offsets[0]), d) for d, lay in items])
-             for x in mine]  # fmt: skip
-    end = max(at + len(d) for at, d in every)
-    want = np.zeros(end, np.uint8)
-    if before is not None:
-        raw = np.frombuffer(before, np.uint8)
-        want = np.zeros(max(end, len(raw)), np.uint8)
-        want[: len(raw)] = raw
-    for at, d in every:
-        want[at : at + len(d)] = d
-    return want.tobytes()
-
-
-def _romio(path, comm, items):
-    fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_WRONLY)
-    try:
-        for data, lay in items:
-            fh.Write_at_all(int(lay.offsets[0]), [data, MPI.BYTE])
-    finally:
-        fh.Close()
-
-
 def _write(f, items, route):
     f.write_all_many(items, _disjoint=route == "interleaved")
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_many_small_runs_direct_match_numpy_and_romio(comm, mpi_tmp_path, route):
+def test_many_small_runs_direct_match_numpy_andromio_items(comm, mpi_tmp_path, route):
     ours, romio = str(mpi_tmp_path / "collio.bin"), str(mpi_tmp_path / "romio.bin")
     items = _items(comm, route)
     with collio.open(ours, "w", comm=comm, hints=HINTS) as f:
         _write(f, items, route)
         assert f.stats.last_call["path"] == "direct"
-    _romio(romio, comm, items)
+    romio_items(romio, comm, items)
     comm.Barrier()
-    want = _expected(comm, items)
+    want = items_image(comm, items)
     assert read_file(ours) == want
     assert read_file(romio) == want
     with collio.open(ours, "r", comm=comm, hints=HINTS) as f:
@@ -111,7 +87,7 @@ def test_many_small_runs_direct_match_numpy_and_romio(comm, mpi_tmp_path, route)
 def test_a_failing_item_on_one_rank_keeps_the_bytes(comm, mpi_tmp_path, route):
     path = str(mpi_tmp_path / "target.bin")
     items = _items(comm, route)
-    prefill(comm, [path], len(_expected(comm, items)) + 64)
+    prefill(comm, [path], len(items_image(comm, items)) + 64)
     before = read_file(path)
     last = comm.size - 1
     bad = list(items)
@@ -133,7 +109,7 @@ def test_a_failing_item_on_one_rank_keeps_the_bytes(comm, mpi_tmp_path, route):
         _write(f, items, route)  # the file stays usable
         assert f.stats.last_call["path"] == "direct"
     comm.Barrier()
-    assert read_file(path) == _expected(comm, items, before)
+    assert read_file(path) == items_image(comm, items, before)
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -160,7 +136,7 @@ def test_a_failing_request_on_one_rank_is_agreed(comm, mpi_tmp_path, monkeypatch
         _write(f, again, route)  # the file stays usable: every run written again
         assert f.stats.last_call["path"] == "direct"
     comm.Barrier()
-    assert read_file(path) == _expected(comm, again)
+    assert read_file(path) == items_image(comm, again)
 
 
 def test_short_requests_are_finished(comm, mpi_tmp_path, monkeypatch):
@@ -184,7 +160,7 @@ def test_short_requests_are_finished(comm, mpi_tmp_path, monkeypatch):
         monkeypatch.undo()
         assert f.stats.last_call["path"] == "direct"
     comm.Barrier()
-    assert read_file(path) == _expected(comm, items)
+    assert read_file(path) == items_image(comm, items)
     with collio.open(path, "r", comm=comm, hints=HINTS) as f:
         monkeypatch.setattr(os, "preadv", half_read)
         got = f.read_all_many([lay for _, lay in items])

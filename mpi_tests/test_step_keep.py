@@ -11,11 +11,10 @@ as numpy and ROMIO read them.
 from __future__ import annotations
 
 import resource
-import sys
 
 import numpy as np
 import pytest
-from helpers import raises_everywhere, read_file
+from helpers import collio_calls, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
@@ -30,18 +29,6 @@ def _step(comm, s, n):
     glob = np.arange(p * n, dtype=np.float64) + 1e6 * (s + 1) + 0.5
     lay = Subarray((p * n,), (r * n,), (n,), "<f8", offset=s * glob.nbytes)
     return glob[r * n : (r + 1) * n].copy(), lay, glob.tobytes()
-
-
-def _ran(fn, seen):
-    def prof(frame, event, arg):
-        if event == "call" and "collio" in frame.f_code.co_filename:
-            seen.add(frame.f_code.co_name)
-
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
 
 
 def _filled(comm, path, nbytes):
@@ -84,9 +71,8 @@ def test_a_failed_step_below_the_end_puts_back_what_it_overwrote(comm, mpi_tmp_p
             resource.setrlimit(resource.RLIMIT_FSIZE, (lay.offset + bad * n * 8, limits[1]))
         seen: set[str] = set()
         try:
-            err = raises_everywhere(
-                comm, collio.BackendError, lambda: _ran(lambda: f.write_all(piece, lay), seen)
-            )
+            call = lambda: collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: E731
+            err = raises_everywhere(comm, collio.BackendError, call)
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         assert err.ranks == (bad,)
@@ -112,7 +98,7 @@ def test_a_step_meeting_another_call_puts_back_what_it_overwrote(comm, mpi_tmp_p
         if comm.rank == 0:
             fn = f.sync
         else:
-            fn = lambda: _ran(lambda: f.write_all(piece, lay), seen)  # noqa: E731
+            fn = lambda: collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: E731
         raises_everywhere(comm, collio.MismatchError, fn)
         if comm.rank:
             assert "_go" in seen and "_mismatch" in seen

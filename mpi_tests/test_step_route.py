@@ -12,13 +12,12 @@ another's goes the guarded way.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
-from helpers import read_file
+from helpers import collio_calls, read_file
 from mpi4py import MPI
 
 import collio
@@ -29,23 +28,6 @@ from collio.testing.romio import romio_read, romio_write
 pytestmark = pytest.mark.mpi(min_size=1)
 
 _GUARDED = {"wrapper", "_check_open", "layout_again", "again"}
-
-
-def _ran(fn, seen=None):
-    """The names of the collio functions that ``fn()`` ran (into ``seen`` as they run,
-    so a call that raises still reports them), and what it returned."""
-    seen = set() if seen is None else seen
-
-    def prof(frame, event, arg):
-        if event == "call" and "collio" in frame.f_code.co_filename:
-            seen.add(frame.f_code.co_name)
-
-    sys.setprofile(prof)
-    try:
-        got = fn()
-    finally:
-        sys.setprofile(None)
-    return seen, got
 
 
 def _routed(seen):
@@ -67,7 +49,7 @@ def test_a_series_goes_straight_to_its_step_and_writes_what_romio_does(comm, mpi
     with collio.open(path, "w", comm=comm) as f:
         for s in range(steps):
             piece, lay, whole = _piece(comm, s, n)
-            seen, got = _ran(lambda: f.write_all(piece, lay))  # noqa: B023
+            seen, got = collio_calls(lambda: f.write_all(piece, lay))  # noqa: B023
             assert got is None
             routed.append(_routed(seen))
             romio_write(theirs, piece, lay, comm)
@@ -84,13 +66,13 @@ def test_a_series_goes_straight_to_its_step_and_writes_what_romio_does(comm, mpi
         for s in list(range(steps)) + [2, 7]:
             piece, lay, _ = _piece(comm, s, n)
             out = np.full_like(piece, np.nan)
-            seen, got = _ran(lambda: f.read_all(lay, out=out))  # noqa: B023
+            seen, got = collio_calls(lambda: f.read_all(lay, out=out))  # noqa: B023
             assert got is out
             routed.append(_routed(seen))
             np.testing.assert_array_equal(out, piece)
             np.testing.assert_array_equal(out, romio_read(theirs, lay, comm))
             # (a read without ``out``: a new array, by the route too)
-            seen, fresh = _ran(lambda: f.read_all(lay))  # noqa: B023
+            seen, fresh = collio_calls(lambda: f.read_all(lay))  # noqa: B023
             routed_fresh.append(_routed(seen))
             np.testing.assert_array_equal(fresh, piece)
     assert routed[3:] == [True] * (len(routed) - 3)
@@ -112,7 +94,7 @@ def test_a_view_series_goes_straight_to_its_step_and_moves_the_pointer(comm, mpi
     with collio.open(path, "w", comm=comm) as f:
         f.set_view(disp, MPI.DOUBLE, MPI.DOUBLE)
         for s in range(steps):
-            seen, _ = _ran(lambda: f.write_at_all((s * p + r) * n, data(s)))  # noqa: B023
+            seen, _ = collio_calls(lambda: f.write_at_all((s * p + r) * n, data(s)))  # noqa: B023
             routed.append(_routed(seen))
             fh.Write_at_all((s * p + r) * n, data(s))
         # a rank's own region after the others': through the pointer of its own view
@@ -120,7 +102,7 @@ def test_a_view_series_goes_straight_to_its_step_and_moves_the_pointer(comm, mpi
         f.set_view(base + r * steps * n * 8, MPI.DOUBLE, MPI.DOUBLE)
         fh.Set_view(base + r * steps * n * 8, MPI.DOUBLE, MPI.DOUBLE)
         for s in range(steps):
-            seen, _ = _ran(lambda: f.write_all(data(s)))  # noqa: B023
+            seen, _ = collio_calls(lambda: f.write_all(data(s)))  # noqa: B023
             routed.append(_routed(seen))
             assert f.position == (s + 1) * n
             fh.Write_all(data(s))
@@ -136,13 +118,13 @@ def test_a_view_series_goes_straight_to_its_step_and_moves_the_pointer(comm, mpi
         f.set_view(disp, MPI.DOUBLE, MPI.DOUBLE)
         out = np.empty(n)
         for s in range(steps):
-            seen, back = _ran(lambda: f.read_at_all((s * p + r) * n, out))  # noqa: B023
+            seen, back = collio_calls(lambda: f.read_at_all((s * p + r) * n, out))  # noqa: B023
             assert back is out
             routed.append(_routed(seen))
             np.testing.assert_array_equal(out, data(s))
         f.set_view(base + r * steps * n * 8, MPI.DOUBLE, MPI.DOUBLE)
         for s in range(steps):
-            seen, back = _ran(lambda: f.read_all(out))  # noqa: B023
+            seen, back = collio_calls(lambda: f.read_all(out))  # noqa: B023
             assert back is out and f.position == (s + 1) * n
             routed.append(_routed(seen))
             np.testing.assert_array_equal(out, data(s))
@@ -218,7 +200,7 @@ def test_a_second_thread_still_raises_at_once_and_writes_nothing(comm, mpi_tmp_p
         seen = set()
         for call in (lambda: f.write_all(piece, lay), lambda: f.read_all(lay, out=piece)):
             with pytest.raises(collio.ConcurrentCallError) as info:
-                _ran(call, seen)
+                collio_calls(call, seen)
             assert "while thread 'holder' is in write_all on the same communicator" in str(
                 info.value
             )
@@ -253,11 +235,11 @@ def test_this_threads_own_call_in_another_goes_the_guarded_way(comm, mpi_tmp_pat
         piece, lay, whole = _piece(comm, 6, n)
         key = f.comm.py2f()
         with comms.exclusive(f.comm, "outer"):
-            seen, _ = _ran(lambda: f.write_all(piece, lay))
+            seen, _ = collio_calls(lambda: f.write_all(piece, lay))
             assert "wrapper" in seen and "_go" in seen  # (guarded, then the step)
             assert comms._busy[key][1:] == ("outer", 1)
         assert key not in comms._busy
-        seen, _ = _ran(lambda: f.write_all(*_piece(comm, 7, n)[:2]))
+        seen, _ = collio_calls(lambda: f.write_all(*_piece(comm, 7, n)[:2]))
         assert _routed(seen) and key not in comms._busy
     comm.Barrier()
     want = b"".join(_piece(comm, s, n)[2] for s in range(8))
@@ -305,7 +287,7 @@ def test_a_large_repeated_read_is_one_preadv_or_copied_from_the_map(
                 want = piece if s < steps else np.zeros_like(piece)
                 out = np.full_like(piece, np.nan)
                 before, asked[:] = f.stats.mapped_bytes, []
-                seen, _ = _ran(lambda: f.read_all(lay, out=out))  # noqa: B023
+                seen, _ = collio_calls(lambda: f.read_all(lay, out=out))  # noqa: B023
                 sizes.append((len(asked), f.stats.mapped_bytes - before))
                 routes.append(_routed(seen))
                 np.testing.assert_array_equal(out, want)
@@ -344,7 +326,7 @@ def test_a_layout_after_a_view_series_goes_the_general_way(comm, mpi_tmp_path):
         assert f._ctx.kept[True].step.k.box is None
         piece, lay, whole = _piece(comm, 0, n)
         lay = Subarray((p * n,), (r * n,), (n,), "<f8", offset=len(want))
-        seen, _ = _ran(lambda: f.write_all(piece, lay))
+        seen, _ = collio_calls(lambda: f.write_all(piece, lay))
         assert not _routed(seen)
         want += whole
         f.write_at_all((steps * p + r) * n + p * n, data(steps))
