@@ -251,8 +251,10 @@ class FileCore:
                 ctx.mode = "closed"
                 print_at_close(ctx.stats, ctx.file[1], rank)
         finally:
-            keptcall.drop(ctx)  # (its round's hvectors)
-            self.let_go()
+            try:
+                keptcall.drop(ctx)  # (the kept lane's hvectors)
+            finally:
+                self.let_go()
 
     def let_go(self) -> None:
         """Local: release the communicator's duplicate once (freed if the user's is gone)."""
