@@ -341,3 +341,37 @@ def test_a_process_meeting_many_strided_shapes_takes_the_kept_round_for_each_and
     assert all(most <= 1 and left == 0 for _, _, most, left in seen), seen
     _same_file(comm, path, bytes(want))
     assert read_file(theirs) == bytes(want)
+
+
+def test_a_rank_that_cannot_make_its_rounds_hvectors_posts_it_the_general_way(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """Rank 0 (the aggregator) cannot make its kept round's hvectors: it posts the same
+    messages the general way (built each call) while the others post theirs from their
+    kept rounds; nothing fails, and every step's bytes are numpy's and ROMIO's."""
+    path, theirs = str(mpi_tmp_path / "no_types.bin"), str(mpi_tmp_path / "no_types_romio.bin")
+    kept = [0]
+    real = collio.keptcall.kept_round
+
+    def counted(*args, **kwargs):
+        kept[0] += 1
+        return real(*args, **kwargs)
+
+    def refused(r):
+        raise MemoryError("no hvector")
+
+    monkeypatch.setattr(collio.keptcall, "kept_round", counted)
+    if comm.rank == 0:
+        monkeypatch.setattr(collio.keptround, "_make_types", refused)
+    want = b""
+    with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
+        for s in range(6):
+            piece, lay, whole = _step(comm, s)
+            f.write_all(piece, lay)
+            romio_write(theirs, piece, lay, comm)
+            assert f.stats.last_call["path"] == "two-phase"
+            want += whole
+    seen = comm.allgather(kept[0])
+    assert seen[0] == 0 and all(n == 5 for n in seen[1:]), seen
+    _same_file(comm, path, want)
+    assert read_file(theirs) == want
