@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from . import keptcall
 from .backends.base import Backend
 from .collective import Attempt, any_flag, call_head, raise_agreed, same_slots, settle_same
 from .comms import Lane, Private
@@ -250,7 +251,10 @@ class FileCore:
                 ctx.mode = "closed"
                 print_at_close(ctx.stats, ctx.file[1], rank)
         finally:
-            self.let_go()
+            try:
+                keptcall.drop(ctx)  # (the kept lane's hvectors)
+            finally:
+                self.let_go()
 
     def let_go(self) -> None:
         """Local: release the communicator's duplicate once (freed if the user's is gone)."""

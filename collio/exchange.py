@@ -4,7 +4,8 @@ Data moves zero-copy where it can: a sender hands MPI a slice of the user's
 buffer (or a derived datatype over it), and an aggregator receives straight into
 its round buffer with an hindexed/hvector datatype that scatters each source's
 bytes to their file positions.  Every datatype made here is freed, in ``finally``,
-but the hvectors of the first 64 shapes, which calls on kept plans send again.
+but the hvectors of the first 64 shapes, which the rounds of later calls send again
+(the kept lane's one round makes and owns its own: :class:`collio.keptround.Round`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from .runs import displacements
 
 __all__ = [
     "alltoallv_i64", "alltoallv_into", "byte_view", "Messages", "Shapes", "group_shapes",
-    "kept_type",
 ]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
@@ -193,21 +193,9 @@ def shaped(
     return [buf[first:], 1, dtype], made
 
 
-def kept_type(sh: Shapes, g: int) -> MPI.Datatype | None:
-    """The committed hvector of ``VECTOR`` group ``g`` when one is kept (:func:`_hvector`,
-    made now if there is room), else None: a caller that posts the group's messages
-    itself, call after call, takes only a datatype that is never freed."""
-    if int(sh.kind[g]) != VECTOR:
-        return None
-    dtype, made = _hvector(int(sh.count[g]), int(sh.block[g]), int(sh.stride[g]))
-    if made is not None:
-        made.Free()
-        return None
-    return dtype
-
-
 #: Committed hvectors by shape, up to 64 (a kept plan sends the same shapes every call),
-#: kept until the process ends: never freed while another thread may post with one.
+#: kept until the process ends: any thread's call, on any communicator, may post with one
+#: it took from here, so none is ever freed (past 64 shapes, each message makes its own).
 _TYPES: dict[tuple[int, int, int], MPI.Datatype] = {}
 _TYPES_LOCK = threading.Lock()
 

@@ -19,7 +19,10 @@ the head changes nothing after it, so no agreement says who did.
 What each call acquires is still acquired in every call, inside the step the head
 agrees on: the round buffers (``rounds.prepare``), which a rank may have lost since.
 
-A write whose plan has one round is posted inline (:mod:`collio.keptround`).
+A write whose plan has one round is posted inline (:mod:`collio.keptround`), from the
+lane's record of its messages (``Lane.round``), which owns its hvectors: they are freed
+when the lane lets the round go (another plan, another lane, or the file's close:
+:func:`drop`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from .quick import array_of
 from .rounds import prepare as prepare_rounds
 from .runs import Runs, is_read_only
 
-__all__ = ["Lane", "headed", "keep", "transfer", "write_rounds"]
+__all__ = ["Lane", "drop", "headed", "keep", "transfer", "write_rounds"]
 
 _BIG = speculate.BIG
 
@@ -81,7 +84,23 @@ def keep(ctx: Context, call: Call | None, layout: Any, *, lane: bool = False) ->
         k.offset, k.runs, k.shift = layout.offset, layout._runs, call.plan_shift
         k.extent = k.runs.extent()  # (known: moved runs carry it)
         return
-    ctx.lane = _lane(ctx, call, layout) if call is not None else None
+    new = _lane(ctx, call, layout) if call is not None else None
+    if k is not None and k.round is not None:
+        if new is not None and new.entry is k.entry:  # (the same plan: its round still serves)
+            new.round = k.round
+        else:
+            k.round.free()
+        k.round = None
+    ctx.lane = new
+
+
+def drop(ctx: Context) -> None:
+    """Local: forget the lane and free its round's hvectors (the file closes: the
+    thread closing it is in the file's last call, so nothing posts with them)."""
+    k, ctx.lane = ctx.lane, None
+    if k is not None and k.round is not None:
+        k.round.free()
+        k.round = None
 
 
 def _again(ctx: Context, k: Lane, call: Call) -> bool:
@@ -260,7 +279,13 @@ def transfer(ctx: Context, call: Call, data: Any) -> tuple[BaseException | None]
     ctx.stats.local_when_read(_moved_summary, ctx, base, d)
     r = k.round
     if r is None or r.plan is not base:
-        r = k.round = round_of(ctx, base)
+        if r is not None:
+            r.free()
+        k.round = None
+        try:
+            r = k.round = round_of(ctx, base)
+        except Exception:  # noqa: BLE001 - MPI refused an hvector: one_round stands in
+            r = None
     if r is None:  # (a message of no fixed shape: built from the runs each call)
         return (one_round(ctx, base, d, data, call),)
     return (kept_round(ctx, r, d, data, call),)

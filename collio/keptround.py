@@ -4,8 +4,12 @@ A write whose plan has one round (the plan is agreed, so every rank takes the sa
 posts its receives and sends at once, waits for them and writes its window inline:
 what :func:`collio.rounds.write_rounds` does for one round, without the machinery that
 overlaps a round's I/O with the next one's messages.  A kept plan's round is found once
-as the messages this rank posts (:class:`Round`: sources, slices or kept hvectors, the
-request and what ranks send of it) and posted from that record call after call.
+as the messages this rank posts (:class:`Round`: sources, slices or hvectors, the
+request and what ranks send of it) and posted from that record call after call.  The
+round owns its hvectors: the lane that keeps it frees them when it lets the round go
+(:meth:`Round.free`), inside a call on the file or at its close, so no other thread
+posts with them then (calls on one communicator run one at a time), and a process that
+meets any number of shapes keeps only those of the rounds its files still hold.
 An aggregator's own part of its window is copied by numpy (:class:`Own`), not sent to
 itself: MPI's copy of a message to itself through a derived type costs several times
 numpy's strided copy of the same runs where they are about a kilobyte, and no less
@@ -20,6 +24,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from . import rounds
 from .aggregators.plan import AggregatorPlan, round_requests
@@ -27,7 +32,7 @@ from .backends.failures import storage_errors
 from .buffers import round_buffers, window_of
 from .collective import Attempt
 from .context import Call, Context, Plan
-from .exchange import CONTIG, VECTOR, Messages, kept_type
+from .exchange import CONTIG, VECTOR, Messages
 from .policy import DEPTH
 from .roundio import cover, round_cover, window_write
 from .rounds import TAG, agg_runs, sender_runs
@@ -85,7 +90,7 @@ class Round:
     """The one round of a kept plan as this rank posts it, found once: what
     :func:`_receive` and :func:`_send` find again from the plan in every call."""
 
-    plan: Plan  # the plan it is of (by identity)
+    plan: Plan | None  # the plan it is of (by identity; None: freed)
     req: tuple[int, int] | None  # an aggregator's request, unmoved (None: it does not aggregate)
     cover: Runs | None  # what ranks send of it, unmoved (an aggregator's)
     whole: bool  # they send every byte of it (no holes to read first)
@@ -93,6 +98,18 @@ class Round:
     sends: list[tuple[int, int, int, Any]]  # (aggregator, first byte, bytes, hvector or None)
     sent: int  # the bytes this rank sends
     own: Own | None = None  # its part of its own window (not in recvs and sends)
+    types: list[Any] = dataclasses.field(default_factory=list)  # the hvectors it owns
+
+    def free(self) -> None:
+        """Local: free the round's hvectors; it is of no plan after (never posted again).
+        Called by the thread in a call on the round's file, or closing it: calls on one
+        communicator run one at a time, so nothing posts with them meanwhile (and MPI
+        lets a type be freed while a message made with it is pending)."""
+        self.plan = None
+        types, self.types = self.types, []
+        self.recvs, self.sends = [], []
+        for t in types:
+            t.Free()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,9 +136,9 @@ class Own:
 
 
 def round_of(ctx: Context, plan: Plan) -> Round | None:
-    """Local: ``plan``'s one round as :class:`Round`, or None when a message has no
-    fixed shape (``OTHER``) or its hvector is not kept by the exchange (made and freed
-    per message): those go the way of :func:`one_round`."""
+    """Local: ``plan``'s one round as :class:`Round` (its hvectors made now, owned by
+    it: the caller frees them, :meth:`Round.free`), or None when a message has no fixed
+    shape (``OTHER``): those go the way of :func:`one_round`."""
     ap, be, aggs = plan.agg, ctx.backend, ctx.aggregators
     req, covered, whole, recvs = None, None, True, []
     if ap is not None and ap.nrounds:
@@ -144,7 +161,28 @@ def round_of(ctx: Context, plan: Plan) -> Round | None:
     r = Round(plan, req, covered, whole, recvs, sends, int(sh.total.sum()))  # type: ignore[arg-type]
     if req is not None:
         _take_own(r, ctx.comm.rank, ash, rgroups, sh, req[0])
+    _make_types(r)
     return r
+
+
+def _make_types(r: Round) -> None:
+    """Local: each of ``r``'s messages' hvector shapes (count, block, stride) made a
+    committed hvector owned by ``r``, one per shape; none is left made if one fails."""
+    made: dict[Any, Any] = {}
+    try:
+        for side in (r.recvs, r.sends):
+            for i, (peer, first, n, shape) in enumerate(side):
+                if shape is None:
+                    continue
+                dt = made.get(shape)
+                if dt is None:
+                    dt = made[shape] = MPI.BYTE.Create_hvector(*shape)
+                    r.types.append(dt)
+                    dt.Commit()
+                side[i] = (peer, first, n, dt)
+    except BaseException:
+        r.free()
+        raise
 
 
 def _take_own(r: Round, me: int, ash: Any, rgroups: list[int], sh: Any, base: int) -> None:
@@ -188,13 +226,14 @@ def _own(recv: Any, send: Any) -> Own | None:
 
 
 def _fixed(sh: Any, g: int, base: int) -> tuple[int, int, Any] | tuple[()]:
-    """Group ``g``'s first byte (less ``base``), bytes and kept hvector (None: a slice),
-    or () when its messages are built per call (:func:`collio.exchange.shaped`)."""
-    first, total = int(sh.first[g]) - base, int(sh.total[g])
-    if int(sh.kind[g]) == CONTIG:
+    """Group ``g``'s first byte (less ``base``), bytes and hvector shape (None: a
+    slice), or () when its runs have no fixed shape (built per call from the runs)."""
+    first, total, kind = int(sh.first[g]) - base, int(sh.total[g]), int(sh.kind[g])
+    if kind == CONTIG:
         return first, total, None
-    kept = kept_type(sh, g)
-    return () if kept is None else (first, total, kept)
+    if kind != VECTOR:
+        return ()
+    return first, total, (int(sh.count[g]), int(sh.block[g]), int(sh.stride[g]))
 
 
 def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseException | None:
@@ -202,6 +241,7 @@ def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseExc
     bytes, its messages posted from ``r`` (each a stand-in if it cannot be posted, as
     :class:`~collio.exchange.Messages` does)."""
     c, comm, plan = call.counters, ctx.comm, r.plan
+    assert plan is not None  # (a freed round is never posted: the lane makes another)
     msgs = Messages(comm, TAG)
     error = None
     t = time.perf_counter()

@@ -220,16 +220,7 @@ def test_a_receive_that_cannot_be_posted_fails_every_rank_and_the_series_goes_on
 
 
 @pytest.fixture
-def room_for_kept_types(monkeypatch):
-    """An empty table of kept hvectors for the test: the process keeps at most 64, and
-    once earlier tests in the process have filled it a plan with strided messages takes
-    no kept round (its messages are built per call), so the test would not meet the
-    round it is about.  The kept ones stay committed in the table the test put aside."""
-    monkeypatch.setattr(collio.exchange, "_TYPES", {})
-
-
-@pytest.fixture
-def own_copies(monkeypatch, room_for_kept_types):
+def own_copies(monkeypatch):
     """How many times this rank copied its own part of its window (``Own.copy``)."""
     made = [0]
     copy = collio.keptround.Own.copy
@@ -275,7 +266,7 @@ def test_an_aggregators_own_part_is_copied_as_romio_and_numpy_write_it(
 
 
 def test_a_failed_own_copy_fails_every_rank_and_the_series_goes_on(
-    comm, mpi_tmp_path, lane_calls, monkeypatch, room_for_kept_types
+    comm, mpi_tmp_path, lane_calls, monkeypatch
 ):
     """At step 5 rank 0's copy of its own part fails: every rank raises the same error
     naming rank 0, step 5 keeps an earlier pass's bytes (rank 0 aggregates the whole
@@ -301,3 +292,86 @@ def test_a_failed_own_copy_fails_every_rank_and_the_series_goes_on(
             assert f.stats.last_call["plan_reused"]
     _same_file(comm, path, _step_5_kept(steps, want))
     assert lane_calls[0] == done + 3
+
+
+def test_a_process_meeting_many_strided_shapes_takes_the_kept_round_for_each_and_frees_them(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """80 column-block layouts one after another (each an hvector shape of its own at
+    the aggregator, more than any table of kept types would hold), each written in 3
+    steps: the steps after each layout's first take its kept round (posted with the
+    round's own hvectors), every step's bytes are numpy's and ROMIO's, and each round's
+    hvectors are freed when the lane lets it go, the last one's at close: none is left."""
+    path, theirs = str(mpi_tmp_path / "shapes.bin"), str(mpi_tmp_path / "shapes_romio.bin")
+    p, r, rows, nlay, steps = comm.size, comm.rank, 4, 80, 3
+    kept, types = [0], []
+    real_kept, real_of = collio.keptcall.kept_round, collio.keptcall.round_of
+
+    def counted(*args, **kwargs):
+        kept[0] += 1
+        return real_kept(*args, **kwargs)
+
+    def recorded(*args, **kwargs):
+        got = real_of(*args, **kwargs)
+        types.extend(got.types if got is not None else ())  # (the objects freed later)
+        return got
+
+    monkeypatch.setattr(collio.keptcall, "kept_round", counted)
+    monkeypatch.setattr(collio.keptcall, "round_of", recorded)
+    want, at, live, taken = bytearray(), 0, [], []
+    with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
+        for cols in range(1, nlay + 1):
+            before = kept[0]
+            for s in range(steps):
+                glob = np.arange(rows * cols * p, dtype=np.float64).reshape(rows, cols * p)
+                glob += 1e5 * cols + 1e3 * s
+                piece = np.ascontiguousarray(glob[:, r * cols : (r + 1) * cols])
+                lay = Subarray(glob.shape, (0, r * cols), piece.shape, "<f8", offset=at)
+                f.write_all(piece, lay)
+                romio_write(theirs, piece, lay, comm)
+                want += bytes(at - len(want)) + glob.tobytes()
+                at += -(-glob.nbytes // 4096) * 4096  # (whole 4 KiB units: the lane moves)
+            taken.append(kept[0] - before)
+            live.append(sum(1 for t in types if t))  # (not yet freed: the handle is not null)
+        made = len(types)
+    seen = comm.allgather((taken, made, max(live), sum(1 for t in types if t)))
+    assert all(t == [steps - 1] * nlay for t, _, _, _ in seen), seen
+    # (an aggregator receives strided runs from other ranks: an hvector per layout)
+    assert p == 1 or any(m >= nlay for _, m, _, _ in seen), seen
+    assert all(most <= 1 and left == 0 for _, _, most, left in seen), seen
+    _same_file(comm, path, bytes(want))
+    assert read_file(theirs) == bytes(want)
+
+
+def test_a_rank_that_cannot_make_its_rounds_hvectors_posts_it_the_general_way(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """Rank 0 (the aggregator) cannot make its kept round's hvectors: it posts the same
+    messages the general way (built each call) while the others post theirs from their
+    kept rounds; nothing fails, and every step's bytes are numpy's and ROMIO's."""
+    path, theirs = str(mpi_tmp_path / "no_types.bin"), str(mpi_tmp_path / "no_types_romio.bin")
+    kept = [0]
+    real = collio.keptcall.kept_round
+
+    def counted(*args, **kwargs):
+        kept[0] += 1
+        return real(*args, **kwargs)
+
+    def refused(r):
+        raise MemoryError("no hvector")
+
+    monkeypatch.setattr(collio.keptcall, "kept_round", counted)
+    if comm.rank == 0:
+        monkeypatch.setattr(collio.keptround, "_make_types", refused)
+    want = b""
+    with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
+        for s in range(6):
+            piece, lay, whole = _step(comm, s)
+            f.write_all(piece, lay)
+            romio_write(theirs, piece, lay, comm)
+            assert f.stats.last_call["path"] == "two-phase"
+            want += whole
+    seen = comm.allgather(kept[0])
+    assert seen[0] == 0 and all(n == 5 for n in seen[1:]), seen
+    _same_file(comm, path, want)
+    assert read_file(theirs) == want

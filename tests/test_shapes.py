@@ -17,7 +17,6 @@ from collio.exchange import (
     VECTOR,
     Messages,
     group_shapes,
-    kept_type,
     pack_vector,
 )
 
@@ -156,23 +155,3 @@ def test_pack_vector_refuses_runs_outside_the_buffer():
         pack_vector(buf, 10, 10, 5, 10, out)  # the last run would end at 105
     with pytest.raises(ValueError):
         pack_vector(buf, 0, 3, 5, 4, out)  # overlapping runs are not a vector here
-
-
-def test_kept_type_is_the_kept_hvector_of_a_vector_group_and_none_otherwise():
-    """A caller that posts a group's messages itself call after call takes the committed
-    hvector the exchange keeps (the same one each time, moving the bytes the runs say),
-    and nothing for a slice or a group of no fixed shape."""
-    off = np.array([0, 10, 40, 50, 60, 100, 130, 150], np.int64)
-    ln = np.array([10, 30, 4, 4, 4, 10, 5, 7], np.int64)
-    sh = group_shapes(off, ln, np.array([0, 2, 5, 8], np.int64))
-    assert sh.kind.tolist() == [CONTIG, VECTOR, OTHER]
-    assert kept_type(sh, 0) is None and kept_type(sh, 2) is None
-    dtype = kept_type(sh, 1)
-    assert dtype is not None and kept_type(sh, 1) is dtype
-    buf = np.arange(200, dtype=np.uint8)
-    got = np.zeros(12, np.uint8)
-    comm = MPI.COMM_SELF
-    req = comm.Irecv([got, MPI.BYTE], 0, 5)
-    comm.Send([buf[int(sh.first[1]) :], 1, dtype], 0, 5)
-    req.Wait()
-    assert got.tolist() == [*range(40, 44), *range(50, 54), *range(60, 64)]
