@@ -172,6 +172,7 @@ class _Run:
         self.path = os.path.join(d, "collio.ckpt")
         self.turn = 0
         self.plain = os.path.join(d, "plain.bin")
+        self.rounds = 0
         # (the controls' thread: one per rank, at the save thread's priority)
         self.control = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="bench-control", initializer=asyncsave._lower_priority
@@ -184,6 +185,10 @@ class _Run:
         ceil = os.path.join(d, "ceiling.bin")
         for sub in (fpr, npd):
             os.makedirs(sub, exist_ok=True)
+        # (one control an iteration, by turns: both in every one would add a second's
+        # worth of writes and fsyncs to each)
+        self.rounds += 1
+        control = "plain write" if self.rounds % 2 else "thread copy"
         return {
             "collio save": self._saves,
             "async_save": self._async,
@@ -194,14 +199,7 @@ class _Run:
             ),
             "numpy copy": lambda: _timed(c, lambda: [np.copy(a) for a in peers.pieces(st, c)]),
             "compute alone": lambda: _timed(c, lambda: _compute(self.work, self.reps)),
-            "compute during plain write": lambda: self._beside(
-                "plain write",
-                lambda: peers.plain_write(self.plain, self.share, self.nbytes, c.rank, c.size),
-                self._empty_plain,
-            ),
-            "compute during thread copy": lambda: self._beside(
-                "thread copy", lambda: np.copy(self.share)
-            ),
+            f"compute during {control}": lambda: self._control(control),
             "crc32c": self._crc,
         }
 
@@ -302,6 +300,16 @@ class _Run:
             out["compute during I/O"] = mx[1]
             out[f"{CPU}I/O"] = c.allreduce(cpu)
         return out
+
+    def _control(self, what: str) -> dict[str, float]:
+        c = self.comm
+        if what == "plain write":
+            return self._beside(
+                what,
+                lambda: peers.plain_write(self.plain, self.share, self.nbytes, c.rank, c.size),
+                self._empty_plain,
+            )
+        return self._beside(what, lambda: np.copy(self.share))
 
     def _empty_plain(self) -> None:
         """Rank 0 makes the plain write's file empty, as a save writes a new one."""
