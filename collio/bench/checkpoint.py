@@ -25,7 +25,7 @@ from mpi4py import MPI
 from .. import checkpoint as ckpt
 from ..checkpoint import asyncsave, writer
 from ..checkpoint.verify import CHUNK
-from ..collective import Attempt, any_flag, raise_agreed
+from ..collective import Attempt, raise_agreed
 from ..hints import parse_size
 from ..waits import sleep_until_done
 from . import ckpt_peers as peers
@@ -338,14 +338,19 @@ class _Run:
         step = Attempt()
         with step:
             fut.result()
-        if any_flag(c, step.error is not None):
+        # (one gather of every rank's error, loop, thread CPU and whether its job outlasted
+        # the loop, waited for sleeping as :func:`_timed` waits)
+        mine = np.array([float(step.error is not None), during, cpu, float(busy)])
+        every = np.empty((c.Get_size(), 4))
+        sleep_until_done(c.Iallgather([mine, MPI.DOUBLE], [every, MPI.DOUBLE]), cap=WAIT)
+        if every[:, 0].any():
             raise_agreed(c, step.error, what="collio-bench checkpoint")
-        got = np.array([during, cpu])
-        c.Allreduce(MPI.IN_PLACE, got[:1], op=MPI.MAX)
-        c.Allreduce(MPI.IN_PLACE, got[1:], op=MPI.SUM)
-        if not c.allreduce(busy, op=MPI.LAND):
+        if not every[:, 3].all():
             return {}
-        return {f"compute during {what}": float(got[0]), f"{CPU}{what}": float(got[1])}
+        return {
+            f"compute during {what}": float(every[:, 1].max()),
+            f"{CPU}{what}": float(every[:, 2].sum()),
+        }
 
 
 def _rotate(names: list[str], k: int) -> list[str]:
