@@ -467,6 +467,17 @@ def sim_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+CONTROLS_PROSE = [
+    "The controls run the same compute loop while each rank's thread, at the save",
+    "thread's priority, does the ceiling's write (`plain write`: one `pwrite` of its",
+    "share and the `fsync`, no MPI, no checksum) or one numpy copy of its share",
+    "(`thread copy`): the slowdown any background work brings on these cores, against",
+    "which the save's own is the ratio of `compute during I/O` to `compute during plain",
+    "write`; `thread CPU` is the CPU the background threads took during the loop,",
+    "summed over the ranks, and its share of the cores' time in the loop.",
+]
+
+
 def checkpoint_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     """The checkpoint job's medians and its targets (time ratios, as the issue states them)."""
     doc = docs.get("checkpoint")
@@ -482,6 +493,15 @@ def checkpoint_table(docs: dict[str, dict[str, Any]]) -> list[str]:
         rel = ">=" if t["at_least"] else "<="
         met = "yes" if t["met"] else "**no**"
         lines.append(f"| {t['target']} | {t['ratio']:.3f} | {rel} {t['bound']} | {met} |")
+    # (the floor under the compute slowdown: the same loop beside a plain write or copy
+    # thread at the save's priority, and the CPU the threads took during each loop)
+    controls = doc.get("controls") or []
+    if controls:
+        lines += ["", *CONTROLS_PROSE, "", "| control (no target) | measured |", "|---|---:|"]
+    for c in controls:
+        got = (f"{c['ratio']:.3f}" if "ratio" in c else
+               f"{c['seconds'] * 1e3:.1f} ms, {c['of_cores']:.1%} of the cores")  # fmt: skip
+        lines.append(f"| {c['control']} | {got} |")
     return [*lines, "", f"`{command(doc)}`, {doc['arrays']} arrays, {doc['nranks']} ranks."]
 
 

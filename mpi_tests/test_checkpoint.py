@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -351,6 +352,59 @@ def test_benchmark_verified_ceiling_read_sums_the_bytes_read(
     # (the mapped ceiling: the same share's crc32c, from a map at a share's unaligned start)
     assert peers.ceiling_map(path, total, comm) == crc32c.crc32c(want)
     assert peers.ceiling_map(path, 0, comm) == 0
+
+
+@pytest.mark.mpi
+def test_benchmark_controls_write_the_shares_and_agree(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """The benchmark's controls: the plain write thread puts each rank's share at its
+    offset, byte for byte, with no MPI in the thread; the loop beside a control thread
+    gives every rank the same figures, and a control that fails on one rank raises on
+    every rank (none waits in the figures' allreduce), the job going on."""
+    import concurrent.futures
+
+    from collio.bench import ckpt_peers as peers
+    from collio.bench.checkpoint import CPU, _Run
+
+    total = 3 * (1 << 20) + 4321
+    off, n = peers.share(total, comm)
+    mine = np.random.default_rng(comm.rank).integers(0, 256, n, np.uint8)
+    run = _Run.__new__(_Run)  # (its controls alone: no model state, no calibration)
+    run.comm, run.work, run.reps = comm, np.ones(1 << 10), 1
+    run.plain = _path(comm, mpi_tmp_path, "plain.bin")
+    run.control = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        run._empty_plain()
+        got = run._beside(
+            "plain write",
+            lambda: (time.sleep(0.05), peers.plain_write(run.plain, mine, total, comm.rank,
+                                                          comm.size)),
+            run._empty_plain,
+        )  # fmt: skip
+        assert set(got) == {"compute during plain write", f"{CPU}plain write"}
+        assert comm.allgather(got) == [got] * comm.size
+        assert got[f"{CPU}plain write"] >= 0.0
+        every = comm.gather(mine.tobytes())
+        failed = None
+        if comm.rank == 0:
+            stored = read_file(run.plain)
+            if stored != b"".join(every or []):
+                failed = f"the plain write's file differs ({len(stored or b'')} of {total} bytes)"
+        failed = comm.bcast(failed)
+        assert failed is None, failed
+
+        def fail_on_last() -> None:
+            time.sleep(0.05)
+            if comm.rank == comm.size - 1:
+                raise OSError(28, "no space left (one rank)")
+
+        err = raises_everywhere(comm, collio.CollioError, lambda: run._beside("x", fail_on_last))
+        assert f"rank {comm.size - 1}" in str(err)
+        after = run._beside("thread copy", lambda: time.sleep(0.05))  # (the job goes on)
+        assert set(after) == {"compute during thread copy", f"{CPU}thread copy"}
+    finally:
+        run.control.shutdown()
 
 
 def _record_paths(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, str]]:

@@ -9,10 +9,12 @@ iteration so that none always follows the same one.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import checkpoint as ckpt
-from ..checkpoint import writer
+from ..checkpoint import asyncsave, writer
 from ..checkpoint.verify import CHUNK
 from ..collective import Attempt, raise_agreed
 from ..hints import parse_size
@@ -70,6 +72,19 @@ TARGETS = (
      False),
 )  # fmt: skip
 
+#: (what, numerator, denominator): no targets, the floor under the compute slowdown's: the
+#: same loop while each rank's thread at the save's priority does the ceiling's write (one
+#: pwrite of its share and the fsync: no MPI, no checksum) or one numpy copy of its share
+#: (no I/O); the save's own part is what it costs beyond the plain write
+CONTROLS = (
+    ("compute slowdown during a plain write thread", "compute during plain write",
+     "compute alone"),
+    ("compute slowdown during a numpy copy thread", "compute during thread copy",
+     "compute alone"),
+    ("compute during async I/O vs during a plain write", "compute during I/O",
+     "compute during plain write"),
+)  # fmt: skip
+
 
 #: A load into new arrays that copies (reads) every piece instead of mapping the file.
 COPIED = {"checkpoint_map": "disable"}
@@ -109,6 +124,30 @@ def _compute(x: np.ndarray[Any, Any], reps: int) -> None:
         np.sqrt(x * 1.0001 + 1.0, out=x)
 
 
+#: The prefix of the figures that are a background thread's CPU seconds during a loop.
+CPU = "thread CPU during "
+
+
+def _thread_cpu(tid: int | None) -> float:
+    """Seconds a thread of this process has run (Linux: its ``schedstat``, in ns; 0 where
+    there is none): the CPU a background thread took from the cores during a window."""
+    if tid is None:
+        return 0.0
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as fh:
+            return int(fh.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _save_thread() -> int | None:
+    """The native id of async_save's thread, once it runs."""
+    for t in threading.enumerate():
+        if t.name.startswith("collio-ckpt"):
+            return t.native_id
+    return None
+
+
 class _Run:
     def __init__(self, args: argparse.Namespace, comm: MPI.Intracomm, d: str) -> None:
         self.comm, self.d = comm, d
@@ -132,6 +171,12 @@ class _Run:
             self.reps *= 2
         self.path = os.path.join(d, "collio.ckpt")
         self.turn = 0
+        self.plain = os.path.join(d, "plain.bin")
+        self.rounds = 0
+        # (the controls' thread: one per rank, at the save thread's priority)
+        self.control = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="bench-control", initializer=asyncsave._lower_priority
+        )
 
     def methods(self) -> dict[str, Callable[[], float | dict[str, float]]]:
         c, d, st = self.comm, self.d, self.state
@@ -140,6 +185,10 @@ class _Run:
         ceil = os.path.join(d, "ceiling.bin")
         for sub in (fpr, npd):
             os.makedirs(sub, exist_ok=True)
+        # (one control an iteration, by turns: both in every one would add a second's
+        # worth of writes and fsyncs to each)
+        self.rounds += 1
+        control = "plain write" if self.rounds % 2 else "thread copy"
         return {
             "collio save": self._saves,
             "async_save": self._async,
@@ -150,6 +199,7 @@ class _Run:
             ),
             "numpy copy": lambda: _timed(c, lambda: [np.copy(a) for a in peers.pieces(st, c)]),
             "compute alone": lambda: _timed(c, lambda: _compute(self.work, self.reps)),
+            f"compute during {control}": lambda: self._control(control),
             "crc32c": self._crc,
         }
 
@@ -234,9 +284,12 @@ class _Run:
         t0 = time.perf_counter()
         h = ckpt.async_save(self.path, self.state, comm=c)
         ret = time.perf_counter() - t0
+        tid = _save_thread()
+        cpu = _thread_cpu(tid)
         t1 = time.perf_counter()
         _compute(self.work, self.reps)
         during = time.perf_counter() - t1
+        cpu = _thread_cpu(tid) - cpu
         busy = not h.done()
         h.wait()
         total = time.perf_counter() - t0
@@ -245,7 +298,59 @@ class _Run:
         out = {"async_save return": mx[0], "async_save total": mx[2]}
         if c.allreduce(busy, op=MPI.LAND):  # the loop ran while the I/O did, on every rank
             out["compute during I/O"] = mx[1]
+            out[f"{CPU}I/O"] = c.allreduce(cpu)
         return out
+
+    def _control(self, what: str) -> dict[str, float]:
+        c = self.comm
+        if what == "plain write":
+            return self._beside(
+                what,
+                lambda: peers.plain_write(self.plain, self.share, self.nbytes, c.rank, c.size),
+                self._empty_plain,
+            )
+        return self._beside(what, lambda: np.copy(self.share))
+
+    def _empty_plain(self) -> None:
+        """Rank 0 makes the plain write's file empty, as a save writes a new one."""
+        if self.comm.Get_rank() == 0:
+            os.close(os.open(self.plain, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+
+    def _beside(
+        self, what: str, job: Callable[[], Any], before: Callable[[], None] | None = None
+    ) -> dict[str, float]:
+        """The compute loop while this rank's control thread runs ``job`` (kept where the
+        job outlasted the loop on every rank, as the save's is), and the CPU the thread
+        took meanwhile, summed over the ranks."""
+        c = self.comm
+        if before is not None:
+            before()
+        c.Barrier()
+        fut = self.control.submit(job)
+        tid = next((t.native_id for t in threading.enumerate()
+                    if t.name.startswith("bench-control")), None)  # fmt: skip
+        cpu = _thread_cpu(tid)
+        t1 = time.perf_counter()
+        _compute(self.work, self.reps)
+        during = time.perf_counter() - t1
+        cpu = _thread_cpu(tid) - cpu
+        busy = not fut.done()
+        step = Attempt()
+        with step:
+            fut.result()
+        # (one gather of every rank's error, loop, thread CPU and whether its job outlasted
+        # the loop, waited for sleeping as :func:`_timed` waits)
+        mine = np.array([float(step.error is not None), during, cpu, float(busy)])
+        every = np.empty((c.Get_size(), 4))
+        sleep_until_done(c.Iallgather([mine, MPI.DOUBLE], [every, MPI.DOUBLE]), cap=WAIT)
+        if every[:, 0].any():
+            raise_agreed(c, step.error, what="collio-bench checkpoint")
+        if not every[:, 3].all():
+            return {}
+        return {
+            f"compute during {what}": float(every[:, 1].max()),
+            f"{CPU}{what}": float(every[:, 2].sum()),
+        }
 
 
 def _rotate(names: list[str], k: int) -> list[str]:
@@ -286,6 +391,27 @@ def run_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _controls(med: dict[str, float]) -> list[dict[str, Any]]:
+    """Print and return the controls' ratios (:data:`CONTROLS`) and the CPU each loop's
+    background threads took during it, summed over the ranks, against the CPU the loop's
+    time gave the job's cores."""
+    out: list[dict[str, Any]] = []
+    print("\ncontrols (no targets):")
+    for what, num, den in CONTROLS:
+        if num in med and den in med:
+            out.append({"control": what, "ratio": med[num] / med[den]})
+            print(f"  {what:<48} {med[num] / med[den]:6.3f}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    for what in ("I/O", "plain write", "thread copy"):
+        cpu, loop = med.get(f"{CPU}{what}"), med.get(f"compute during {what}")
+        if cpu is None or loop is None:
+            continue
+        share = cpu / (loop * (cores or 1))
+        out.append({"control": f"{CPU}{what}", "seconds": cpu, "of_cores": share})
+        print(f"  {CPU + what:<48} {cpu * 1e3:6.1f} ms, {share:.1%} of the cores in the loop")
+    return out
+
+
 def _report(args: argparse.Namespace, run: _Run, times: dict[str, list[float]]) -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     verified = [med[k] for k in ("ceiling read + crc32c", "ceiling read + crc32c by chunk")
@@ -294,6 +420,8 @@ def _report(args: argparse.Namespace, run: _Run, times: dict[str, list[float]]) 
         med["verified ceiling read"] = min(verified)
     rows = []
     for name, ts in times.items():
+        if name.startswith(CPU):  # (seconds of CPU, not of a method: with the controls)
+            continue
         op = "read" if ("read" in name or "load" in name) else "write"
         bw = [run.nbytes / MiB / t for t in ts]
         rows.append({"op": op, "api": name, "median": statistics.median(bw), "min": min(bw),
@@ -312,6 +440,7 @@ def _report(args: argparse.Namespace, run: _Run, times: dict[str, list[float]]) 
                         "met": ok})  # fmt: skip
         rel = ">=" if at_least else "<="
         print(f"  {what:<48} {ratio:6.3f} (target {rel} {bound}) {'met' if ok else 'MISSED'}")
+    controls = _controls(med)
     if args.json:
         from .machine import command, describe
         from .report import write_json
@@ -319,7 +448,7 @@ def _report(args: argparse.Namespace, run: _Run, times: dict[str, list[float]]) 
         write_json(args.json, {
             "pattern": "checkpoint", "bytes": run.nbytes, "arrays": len(run.state),
             "nranks": run.comm.Get_size(), "times": times, "summary": rows, "targets": targets,
-            "command": command(), "machine": describe(run.d),
+            "controls": controls, "command": command(), "machine": describe(run.d),
         })  # fmt: skip
     if args.plot:
         from .report import plot

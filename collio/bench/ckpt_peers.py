@@ -153,6 +153,18 @@ def ceiling_write(path: str, buf: np.ndarray[Any, Any], total: int, comm: MPI.In
         os.close(fd)
 
 
+def plain_write(path: str, buf: np.ndarray[Any, Any], total: int, rank: int, size: int) -> None:
+    """The ceiling's write of one rank, no MPI (a thread's own work): its share as one
+    pwrite + fsync into the file that rank 0 made empty before."""
+    off = total * rank // size
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, buf.data, off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def ceiling_read(path: str, buf: Any, total: int, comm: MPI.Intracomm) -> int:
     """Each rank's share of the ceiling's file read back by one ``preadv`` into ``buf``
     (memory the job already touched: the bound for a load into its arrays), or into a

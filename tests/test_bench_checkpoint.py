@@ -1,0 +1,41 @@
+"""The checkpoint benchmark's controls: the ratios beside the compute slowdown and the
+background threads' CPU, printed and returned for the JSON, from the job's medians."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from collio.bench.checkpoint import CPU, _controls
+
+
+def test_controls_are_ratios_of_the_medians_and_the_threads_cpu_share(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    med = {
+        "compute alone": 0.050,
+        "compute during I/O": 0.060,
+        "compute during plain write": 0.055,
+        f"{CPU}I/O": 0.004,
+        f"{CPU}plain write": 0.002,
+    }  # (no thread copy this job: its rows are left out, not made up)
+    got = {c["control"]: c for c in _controls(med)}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert set(got) == {
+        "compute slowdown during a plain write thread",
+        "compute during async I/O vs during a plain write",
+        f"{CPU}I/O",
+        f"{CPU}plain write",
+    }
+    assert got["compute slowdown during a plain write thread"]["ratio"] == pytest.approx(1.1)
+    assert got["compute during async I/O vs during a plain write"]["ratio"] == pytest.approx(
+        0.060 / 0.055
+    )
+    assert got[f"{CPU}I/O"]["seconds"] == 0.004
+    assert got[f"{CPU}I/O"]["of_cores"] == pytest.approx(0.004 / (0.060 * (cores or 1)))
+    assert got[f"{CPU}plain write"]["of_cores"] == pytest.approx(0.002 / (0.055 * (cores or 1)))
+    out = capsys.readouterr().out
+    assert "controls (no targets):" in out
+    assert "compute slowdown during a plain write thread" in out and " 1.100" in out
+    assert "4.0 ms" in out and "thread copy" not in out
