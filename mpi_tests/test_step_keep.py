@@ -1,5 +1,6 @@
 """A step (collio.quick.Step) that overwrites bytes below the file's end keeps them as
-one pread gives them, and puts them back when its call is taken back.
+one pread gives them (a range of a page or more: as keep_one keeps it, asking first
+whether it lies in a hole), and puts them back when its call is taken back.
 
 The file is filled first (by ROMIO) past where the series writes, so every step of the
 series writes below the end and keeps what it overwrites.  A call that one rank's
@@ -53,7 +54,7 @@ def _same(comm, path, want):
     comm.Barrier()
 
 
-@pytest.mark.parametrize("n", [1, 64])
+@pytest.mark.parametrize("n", [1, 64, 512])
 def test_a_failed_step_below_the_end_puts_back_what_it_overwrote(comm, mpi_tmp_path, n):
     path, steps = str(mpi_tmp_path / "keep.bin"), 6
     step_bytes = comm.size * n * 8
@@ -103,3 +104,55 @@ def test_a_step_meeting_another_call_puts_back_what_it_overwrote(comm, mpi_tmp_p
         if comm.rank:
             assert "_go" in seen and "_mismatch" in seen
         _same(comm, path, bytes(file))
+
+
+def _holed(comm, path, nbytes):
+    """The file, ``nbytes`` long: a hole but for its last byte (written by ROMIO)."""
+    fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    if comm.rank == 0:
+        fh.Write_at(nbytes - 1, np.full(1, 9, np.uint8))
+    fh.Close()
+    return bytes(nbytes - 1) + bytes([9])
+
+
+@pytest.mark.parametrize("how", ["fails", "meets"])
+def test_a_page_step_in_a_hole_keeps_no_bytes_and_puts_back_zeros(comm, mpi_tmp_path, how):
+    """Steps of a page per rank below the file's end, in a hole: each asks whether its
+    range is a hole (lseek SEEK_DATA) rather than reading its zeros, and a call taken
+    back (one rank's write fails, or one rank makes another call) puts zeros back where
+    every rank wrote, the file's size as it was."""
+    if how == "meets" and comm.size < 2:
+        pytest.skip("another call on one rank needs two ranks")
+    path, n, steps = str(mpi_tmp_path / "hole.bin"), 512, 6
+    step_bytes = comm.size * n * 8
+    file = bytearray(_holed(comm, path, (steps + 4) * step_bytes))
+    bad = comm.size - 1
+    with collio.open(path, "r+", comm=comm) as f:
+        for s in range(steps - 1):
+            piece, lay, whole = _step(comm, s, n)
+            seen: set[str] = set()
+            collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: B023
+            file[s * step_bytes : (s + 1) * step_bytes] = whole
+            if s >= 3:  # (a step: its range asked, not read)
+                assert "_go" in seen and "data_from" in seen and "pread_zeros" not in seen
+        _same(comm, path, bytes(file))
+        piece, lay, whole = _step(comm, steps - 1, n)
+        seen = set()
+        call = lambda: collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: E731
+        if how == "meets":
+            raises_everywhere(comm, collio.MismatchError, f.sync if comm.rank == 0 else call)
+        else:
+            limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+            if comm.rank == bad:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (lay.offset + bad * n * 8, limits[1]))
+            try:
+                err = raises_everywhere(comm, collio.BackendError, call)
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+            assert err.ranks == (bad,)
+        if how == "fails" or comm.rank:
+            assert "_go" in seen and "data_from" in seen and "pread_zeros" not in seen
+        _same(comm, path, bytes(file))  # (zeros put back where the call wrote)
+        f.write_all(piece, lay)  # (the series goes on)
+        file[(steps - 1) * step_bytes : steps * step_bytes] = whole
+    _same(comm, path, bytes(file))

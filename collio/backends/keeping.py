@@ -23,10 +23,11 @@ __all__ = ["HOLE_MIN", "KEEP_RUNS", "Before", "keep_one", "keep_runs", "put_back
 
 #: A write of at most this many runs may be taken back (one pread and pwrite each).
 KEEP_RUNS = 16
-#: A range of at least this many bytes below the file's end is asked whether it is a
-#: hole before its bytes are read; a smaller one shares its blocks with the other
-#: ranks' writes beside it, and asking costs about what reading it does.
-HOLE_MIN = 16 << 10
+#: A range of at least this many bytes (a page) below the file's end is asked whether
+#: it is a hole before its bytes are read: reading a hole makes the kernel allocate and
+#: zero its pages (and read ahead into the other ranks' ranges), several times what
+#: the lseek costs; a smaller range shares its block with the bytes beside it.
+HOLE_MIN = 4 << 10
 
 
 @dataclasses.dataclass(slots=True)
