@@ -29,7 +29,7 @@ from mpi4py import MPI
 from .backends.base import Backend
 from .errors import LayoutError
 from .itemsigs import ItemSigs, array_sigs
-from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray
+from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray, offsets_of, shape_keys
 from .runs import Runs, read_only
 from .spans import U8, sorted_union, span
 
@@ -44,17 +44,9 @@ Gathered = tuple[Runs, U8, list[Any], tuple[Any, ...]]
 #: than the fields of :func:`shape_key`), checked the same way at every offset.
 SHIFTABLE = (Subarray, BlockCyclic)
 
-#: What a layout's runs depend on besides its offset, per exact type (a tuple of plain
-#: values, made and compared in C: a box's dims are made from its start and shape, a
-#: block-cyclic piece's from its block, grid and coords).
-_KEYS: dict[type, attrgetter[tuple[Any, ...]]] = {
-    Subarray: attrgetter("global_shape", "start", "shape", "_dtype", "_order", "_invalid"),
-    BlockCyclic: attrgetter(
-        "global_shape", "block", "grid", "coords", "_dtype", "_order", "_invalid"
-    ),
-}
-_OFFSET = attrgetter("offset")
 _DTYPE_SHAPE = attrgetter("dtype", "shape")
+_DTYPE = attrgetter("dtype")
+_SHAPE = attrgetter("shape")
 _C_CONTIGUOUS = attrgetter("flags.c_contiguous")
 _F_CONTIGUOUS = attrgetter("flags.f_contiguous")
 _WRITEABLE = attrgetter("flags.writeable")
@@ -64,10 +56,10 @@ _NBYTES = attrgetter("nbytes")
 _ADDRESS = MPI.Get_address
 
 
-def shape_key(lay: ArrayLayout) -> tuple[Any, ...]:
+def shape_key(lay: ArrayLayout) -> tuple[Any, ...] | None:
     """What an array layout's runs depend on besides its offset: its type, and the
-    fields its runs are made from."""
-    return (type(lay), _KEYS[type(lay)](lay))
+    fields its runs are made from (made with the layout: :func:`.arrays.shape_keys`)."""
+    return shape_keys([lay])[0]
 
 
 def plain_backend(backend: Any) -> bool:
@@ -140,7 +132,7 @@ def _shapes(lays: list[Any]) -> _Shapes | None:
     if templates is None:
         return None
     try:
-        offsets = np.fromiter(map(_OFFSET, lays), np.int64, len(lays))
+        offsets = offsets_of(lays)
     except (OverflowError, TypeError):  # (an offset past int64: the item's own check says so)
         return None
     if bool((offsets < 0).any()):
@@ -171,23 +163,29 @@ def _split(items: Any, *, writing: bool) -> tuple[list[Any], list[Any] | None] |
 
 def _group(lays: list[Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], list[Any]] | None:
     """Which template each item has (numbered in order of their first items), the first
-    item of each and its :func:`shape_key`; None for a key that does not hash."""
+    item of each and its :func:`shape_key`; None for a layout without one.
+
+    Layouts of equal fields share their key object (made when the layout was), so the
+    items are grouped by the keys' identities: a pointer compare per item, not a compare
+    of their fields.  Two equal keys that are not the same object (one made after the
+    keys were forgotten, or unpickled) make two groups of the same template, which is
+    only a second lookup of it."""
     n = len(lays)
-    kinds = set(map(type, lays))
-    kind = kinds.pop() if len(kinds) == 1 else None
-    keys = list(map(_KEYS[kind], lays)) if kind is not None else list(map(shape_key, lays))
     try:
-        if keys.count(keys[0]) == n:  # (one shape: a time series' steps)
-            one = [(kind, keys[0]) if kind is not None else keys[0]]
-            return np.zeros(n, np.intp), np.zeros(1, np.intp), one
-        index = {k: i for i, k in enumerate(dict.fromkeys(keys))}  # (a step per distinct)
-    except TypeError:
+        keys = shape_keys(lays)
+    except AttributeError:  # (a layout made without its constructor)
         return None
-    group = np.fromiter(map(index.__getitem__, keys), np.intp, n)
+    first = keys[0]
+    if first is not None and keys.count(first) == n:  # (one shape: a time series' steps)
+        return np.zeros(n, np.intp), np.zeros(1, np.intp), [first]
+    if None in keys:
+        return None
+    ids = list(map(id, keys))
+    index = {k: i for i, k in enumerate(dict.fromkeys(ids))}  # (a step per distinct key)
+    group = np.fromiter(map(index.__getitem__, ids), np.intp, n)
     firsts = np.zeros(len(index), np.intp)
     firsts[group[::-1]] = np.arange(n - 1, -1, -1)  # (each key's first item)
-    distinct = list(index) if kind is None else [(kind, k) for k in index]
-    return group, firsts, distinct
+    return group, firsts, [keys[k] for k in firsts.tolist()]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -252,8 +250,11 @@ def _arrays(
     got = list(data if writing else outs)  # type: ignore[arg-type]
     if set(map(type, got)) != {np.ndarray}:
         return None
-    want = specs * n if len(specs) == 1 else list(map(specs.__getitem__, group.tolist()))
-    if list(map(_DTYPE_SHAPE, got)) != want:
+    if len(specs) == 1:  # (counted: a compare per item, mostly of the same dtype object)
+        dtype, shape = specs[0]
+        if list(map(_SHAPE, got)).count(shape) != n or list(map(_DTYPE, got)).count(dtype) != n:
+            return None
+    elif list(map(_DTYPE_SHAPE, got)) != list(map(specs.__getitem__, group.tolist())):
         return None
     if "F" not in orders:
         contiguous = all(map(_C_CONTIGUOUS, got))
@@ -308,7 +309,8 @@ def _moved(shapes: _Shapes, counts: I64, rel: I64) -> tuple[I64, I64, I64, Any]:
         t = templates[0]
         file = (t.file[None, :] + shift[:, None]).reshape(-1)
         mem = (t.mem[None, :] + rel[:, None]).reshape(-1)
-        return file, np.tile(t.length, n), mem, lambda: np.repeat(np.arange(n), len(t))
+        length = np.repeat(t.length[None, :], n, axis=0).reshape(-1)  # (np.tile, in C)
+        return file, length, mem, lambda: np.repeat(np.arange(n), len(t))
     by = np.argsort(group, kind="stable")  # the items of each shape in turn
     first = np.searchsorted(group[by], np.arange(len(templates) + 1))
     parts: list[tuple[I64, I64, I64]] = []
@@ -317,7 +319,7 @@ def _moved(shapes: _Shapes, counts: I64, rel: I64) -> tuple[I64, I64, I64, Any]:
         parts.append(
             (
                 (t.file[None, :] + shift[sel][:, None]).reshape(-1),
-                np.tile(t.length, len(sel)),
+                np.repeat(t.length[None, :], len(sel), axis=0).reshape(-1),
                 (t.mem[None, :] + rel[sel][:, None]).reshape(-1),
             )
         )

@@ -9,8 +9,8 @@ then which one each item has and its offset, as hex of int64 arrays.  Pure: no M
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -19,23 +19,64 @@ __all__ = ["ItemSigs", "array_sigs", "key_of", "sig_key", "split_sig"]
 _I64_MAX = 2**63 - 1
 
 
-class ItemSigs(tuple):  # type: ignore[type-arg]
-    """The items' signatures, one per item, as a tuple whose ``repr`` (what the ranks'
+class ItemSigs(Sequence[Any]):
+    """The items' signatures, one per item, as a sequence whose ``repr`` (what the ranks'
     digest of a call's signature hashes) is :func:`sig_key` of them; equal sequences
-    have equal keys whichever way they were made."""
+    have equal keys whichever way they were made.
 
-    _key: str
+    Made from the signatures, or from their key and a function that makes them
+    (``make``): the ranks compare the key's digest, and the signatures themselves are
+    looked at only when the digests differ (:func:`collio.mismatch.raise_mismatch`), so
+    a batch that agrees never builds its items' signature tuples."""
 
-    def __new__(cls, sigs: Any, key: str | None = None) -> ItemSigs:
-        self = super().__new__(cls, sigs)
-        self._key = sig_key(self) if key is None else key
-        return self
+    __slots__ = ("_key", "_sigs", "_make")
+
+    def __init__(
+        self, sigs: Any = None, key: str | None = None, *,
+        make: Callable[[], Iterable[Any]] | None = None,
+    ) -> None:  # fmt: skip
+        self._make = make
+        self._sigs: tuple[Any, ...] | None = None if sigs is None else tuple(sigs)
+        if key is None:
+            key = sig_key(self.signatures())
+        self._key = key
+
+    def signatures(self) -> tuple[Any, ...]:
+        """The signatures, made now if they were not."""
+        if self._sigs is None:
+            make = self._make
+            self._sigs = tuple(make()) if make is not None else ()
+            self._make = None
+        return self._sigs
 
     def __repr__(self) -> str:
         return self._key
 
+    def __len__(self) -> int:
+        return len(self.signatures())
+
+    @overload
+    def __getitem__(self, k: int) -> Any: ...
+    @overload
+    def __getitem__(self, k: slice) -> tuple[Any, ...]: ...
+    def __getitem__(self, k: Any) -> Any:
+        return self.signatures()[k]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.signatures())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ItemSigs):
+            other = other.signatures()
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return self.signatures() == other
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
     def __reduce__(self) -> Any:  # (sent whole to every rank when the ranks disagree)
-        return (ItemSigs, (tuple(self), self._key))
+        return (ItemSigs, (self.signatures(), self._key))
 
 
 def split_sig(sig: Any) -> tuple[str, int]:
@@ -73,12 +114,14 @@ def sig_key(sigs: Sequence[Any]) -> str:
 def array_sigs(heads: Sequence[tuple[Any, ...]], group: Any, offsets: Any) -> ItemSigs:
     """The signatures of array layouts whose signature but for the offset is
     ``heads[group[k]]`` (the first four fields of :meth:`ArrayLayout.signature`) and whose
-    offset is ``offsets[k]`` (non-negative int64), and their key, in a few C-level passes
-    (no Python per item: a batch of 200 pays it on every call)."""
+    offset is ``offsets[k]`` (non-negative int64): their key, in a few C-level passes (no
+    Python per item: a batch of 200 pays it on every call), and the signatures only if
+    they are asked for."""
     seen: dict[str, int] = {}
     ids = np.fromiter((seen.setdefault(repr(h), len(seen)) for h in heads), np.int64, len(heads))
-    which = ids[group]
-    offs = offsets.tolist()
-    # (each signature is its head plus a 1-tuple of its offset: tuple + tuple, in C)
-    sigs = map(tuple.__add__, map(heads.__getitem__, group.tolist()), zip(offs))
-    return ItemSigs(sigs, key_of(list(seen), which, offsets))
+
+    def make() -> Iterable[Any]:
+        # (each signature is its head plus a 1-tuple of its offset: tuple + tuple, in C)
+        return map(tuple.__add__, map(heads.__getitem__, group.tolist()), zip(offsets.tolist()))
+
+    return ItemSigs(key=key_of(list(seen), ids[group], offsets), make=make)
