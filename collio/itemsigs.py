@@ -113,8 +113,9 @@ def sig_key(sigs: Sequence[Any]) -> str:
 
 def array_sigs(heads: Sequence[tuple[Any, ...]], group: Any, offsets: Any) -> ItemSigs:
     """The signatures of array layouts whose signature but for the offset is
-    ``heads[group[k]]`` (the first four fields of :meth:`ArrayLayout.signature`) and whose
-    offset is ``offsets[k]`` (non-negative int64): their key, in a few C-level passes (no
+    ``heads[group[k]]`` (the first four fields of :meth:`ArrayLayout.signature`; groups
+    numbered in order of their first items) and whose offset is ``offsets[k]``
+    (non-negative int64): their key, in a few C-level passes (no
     Python per item: a batch of 200 pays it on every call), and the signatures only if
     they are asked for."""
     seen: dict[str, int] = {}
