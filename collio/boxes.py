@@ -19,6 +19,7 @@ Pure: no communication (``MPI.Get_address`` only reads an array's address).
 from __future__ import annotations
 
 import dataclasses
+import math
 from operator import attrgetter, is_, itemgetter
 from typing import Any
 
@@ -50,7 +51,6 @@ _SHAPE = attrgetter("shape")
 _C_CONTIGUOUS = attrgetter("flags.c_contiguous")
 _F_CONTIGUOUS = attrgetter("flags.f_contiguous")
 _WRITEABLE = attrgetter("flags.writeable")
-_NBYTES = attrgetter("nbytes")
 # (MPI_Get_address through the buffer protocol: a tenth of what numpy's ctypes attribute
 # costs per array, and half of an mpi4py buffer object's; it takes read-only arrays too)
 _ADDRESS = MPI.Get_address
@@ -96,10 +96,12 @@ def gather_boxes(backend: Any, items: Any, *, writing: bool, outs: Any) -> Gathe
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class _Shapes:
     """What a batch's layouts alone decide: which template each item has, the templates'
-    runs, how far each item lies from its template, the items' signatures, and each
-    template's dtype, local shape and memory order.  Kept for the next batch of the same
-    layout objects (layouts are immutable, and the kept tuple holds them, so the same
-    objects are the same layouts): a checkpoint or a time series passes them again."""
+    runs, how far each item lies from its template, the items' signatures, each
+    template's dtype, local shape and memory order, and each item's count of runs and
+    of bytes (its array's, once :func:`_arrays` found it of its template's spec).  Kept
+    for the next batch of the same layout objects (layouts are immutable, and the kept
+    tuple holds them, so the same objects are the same layouts): a checkpoint or a time
+    series passes them again."""
 
     lays: tuple[Any, ...]
     group: npt.NDArray[np.intp]
@@ -109,13 +111,15 @@ class _Shapes:
     sigs: ItemSigs
     specs: list[tuple[np.dtype[Any], tuple[int, ...]]]
     orders: list[str]
+    counts: I64
+    sizes: I64
 
 
 #: The last batch's :class:`_Shapes` (one entry, replaced whole: another thread's call
 #: may read it) ...
 _KEPT: list[_Shapes | None] = [None]
-#: ... and the last union made over it: (shapes, writing, addresses, sizes, union).
-_UNION: list[tuple[_Shapes, bool, I64, I64, Runs] | None] = [None]
+#: ... and the last union made over it: (shapes, writing, addresses, union).
+_UNION: list[tuple[_Shapes, bool, I64, Runs] | None] = [None]
 
 
 def _shapes(lays: list[Any]) -> _Shapes | None:
@@ -138,10 +142,12 @@ def _shapes(lays: list[Any]) -> _Shapes | None:
     if bool((offsets < 0).any()):
         return None
     base = np.array([t.base for t in templates], np.int64)
+    counts = np.array([len(t.runs) for t in templates], np.int64)[group]
+    sizes = np.array([math.prod(t.spec[1]) * t.spec[0].itemsize for t in templates], np.int64)
     made = _Shapes(
         tuple(lays), group, firsts, [t.runs for t in templates], offsets - base[group],
         array_sigs([t.head for t in templates], group, offsets),
-        [t.spec for t in templates], [t.order for t in templates],
+        [t.spec for t in templates], [t.order for t in templates], counts, sizes[group],
     )  # fmt: skip
     _KEPT[0] = made
     return made
@@ -273,29 +279,29 @@ def _union_shifted(shapes: _Shapes, arrays: list[Any], *, writing: bool) -> tupl
     the file, over the arrays ``arrays`` (contiguous in their layout's order); read-only,
     and the same object as the last call's when the layouts and the arrays' addresses
     are (so the engine's checks and kept plan know it by identity)."""
-    templates, group = shapes.templates, shapes.group
-    n = len(group)
-    counts = np.array([len(t) for t in templates], np.int64)[group]
+    counts, sizes = shapes.counts, shapes.sizes
     if not int(counts.sum()):
         return Runs.empty(), np.zeros(0, np.uint8)
-    addr = np.fromiter(map(_ADDRESS, arrays), np.int64, n)
-    sizes = np.fromiter(map(_NBYTES, arrays), np.int64, n)
+    addr = np.fromiter(map(_ADDRESS, arrays), np.int64, len(arrays))
     used = counts > 0
     ends = addr + sizes
-    lo, hi = int(addr[used].min()), int(ends[used].max())
+    if bool(used.all()):
+        lo, hi = int(addr.min()), int(ends.max())
+    else:
+        lo, hi = int(addr[used].min()), int(ends[used].max())
     whole = span(lo, hi - lo, writable=not writing, holds=arrays)
     last = _UNION[0]
+    # (the same shapes object: the same layouts, so the same sizes of arrays)
     if (
         last is not None
         and last[0] is shapes
         and last[1] == writing
         and np.array_equal(last[2], addr)
-        and np.array_equal(last[3], sizes)
     ):
-        return last[4], whole
+        return last[3], whole
     file, length, mem, item = _moved(shapes, counts, addr - lo)
     union = read_only(sorted_union(file, length, mem, item, addr, ends, used, writing=writing))
-    _UNION[0] = (shapes, writing, addr, sizes, union)
+    _UNION[0] = (shapes, writing, addr, union)
     return union, whole
 
 
