@@ -40,18 +40,21 @@ class ItemSigs(Sequence[Any]):
         make: Callable[[], Iterable[Any]] | None = None,
     ) -> None:  # fmt: skip
         self._make = make
+        if sigs is None and make is None:
+            sigs = ()
         self._sigs: tuple[Any, ...] | None = None if sigs is None else tuple(sigs)
         if key is None:
             key = sig_key(self.signatures())
         self._key = key
 
     def signatures(self) -> tuple[Any, ...]:
-        """The signatures, made now if they were not."""
-        if self._sigs is None:
-            make = self._make
-            self._sigs = tuple(make()) if make is not None else ()
-            self._make = None
-        return self._sigs
+        """The signatures, made now if they were not (``make`` is kept: two threads that
+        ask at once make equal tuples, and either may stay)."""
+        sigs = self._sigs
+        if sigs is None:
+            assert self._make is not None  # (made with neither: no signatures, ())
+            sigs = self._sigs = tuple(self._make())
+        return sigs
 
     def __repr__(self) -> str:
         return self._key
@@ -120,9 +123,8 @@ def array_sigs(heads: Sequence[tuple[Any, ...]], group: Any, offsets: Any) -> It
     """The signatures of array layouts whose signature but for the offset is
     ``heads[group[k]]`` (the first four fields of :meth:`ArrayLayout.signature`; groups
     numbered in order of their first items) and whose offset is ``offsets[k]``
-    (non-negative int64): their key, in a few C-level passes (no
-    Python per item: a batch of 200 pays it on every call), and the signatures only if
-    they are asked for."""
+    (non-negative int64): their key, in a few C-level passes (no Python per item: a
+    batch of 200 pays it on every call), and the signatures only if they are asked for."""
     seen: dict[str, int] = {}
     ids = np.fromiter((seen.setdefault(repr(h), len(seen)) for h in heads), np.int64, len(heads))
 
