@@ -19,6 +19,7 @@ Pure: no communication (``MPI.Get_address`` only reads an array's address).
 from __future__ import annotations
 
 import dataclasses
+import math
 from operator import attrgetter, is_, itemgetter
 from typing import Any
 
@@ -29,7 +30,7 @@ from mpi4py import MPI
 from .backends.base import Backend
 from .errors import LayoutError
 from .itemsigs import ItemSigs, array_sigs
-from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray
+from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray, offsets_of, shape_keys
 from .runs import Runs, read_only
 from .spans import U8, sorted_union, span
 
@@ -44,30 +45,21 @@ Gathered = tuple[Runs, U8, list[Any], tuple[Any, ...]]
 #: than the fields of :func:`shape_key`), checked the same way at every offset.
 SHIFTABLE = (Subarray, BlockCyclic)
 
-#: What a layout's runs depend on besides its offset, per exact type (a tuple of plain
-#: values, made and compared in C: a box's dims are made from its start and shape, a
-#: block-cyclic piece's from its block, grid and coords).
-_KEYS: dict[type, attrgetter[tuple[Any, ...]]] = {
-    Subarray: attrgetter("global_shape", "start", "shape", "_dtype", "_order", "_invalid"),
-    BlockCyclic: attrgetter(
-        "global_shape", "block", "grid", "coords", "_dtype", "_order", "_invalid"
-    ),
-}
-_OFFSET = attrgetter("offset")
 _DTYPE_SHAPE = attrgetter("dtype", "shape")
+_DTYPE = attrgetter("dtype")
+_SHAPE = attrgetter("shape")
 _C_CONTIGUOUS = attrgetter("flags.c_contiguous")
 _F_CONTIGUOUS = attrgetter("flags.f_contiguous")
 _WRITEABLE = attrgetter("flags.writeable")
-_NBYTES = attrgetter("nbytes")
 # (MPI_Get_address through the buffer protocol: a tenth of what numpy's ctypes attribute
 # costs per array, and half of an mpi4py buffer object's; it takes read-only arrays too)
 _ADDRESS = MPI.Get_address
 
 
-def shape_key(lay: ArrayLayout) -> tuple[Any, ...]:
+def shape_key(lay: ArrayLayout) -> tuple[Any, ...] | None:
     """What an array layout's runs depend on besides its offset: its type, and the
-    fields its runs are made from."""
-    return (type(lay), _KEYS[type(lay)](lay))
+    fields its runs are made from (made with the layout: :func:`.arrays.shape_keys`)."""
+    return shape_keys([lay])[0]
 
 
 def plain_backend(backend: Any) -> bool:
@@ -104,10 +96,12 @@ def gather_boxes(backend: Any, items: Any, *, writing: bool, outs: Any) -> Gathe
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class _Shapes:
     """What a batch's layouts alone decide: which template each item has, the templates'
-    runs, how far each item lies from its template, the items' signatures, and each
-    template's dtype, local shape and memory order.  Kept for the next batch of the same
-    layout objects (layouts are immutable, and the kept tuple holds them, so the same
-    objects are the same layouts): a checkpoint or a time series passes them again."""
+    runs, how far each item lies from its template, the items' signatures, each
+    template's dtype, local shape and memory order, and each item's count of runs and
+    of bytes (its array's, once :func:`_arrays` found it of its template's spec).  Kept
+    for the next batch of the same layout objects (layouts are immutable, and the kept
+    tuple holds them, so the same objects are the same layouts): a checkpoint or a time
+    series passes them again."""
 
     lays: tuple[Any, ...]
     group: npt.NDArray[np.intp]
@@ -117,13 +111,15 @@ class _Shapes:
     sigs: ItemSigs
     specs: list[tuple[np.dtype[Any], tuple[int, ...]]]
     orders: list[str]
+    counts: I64
+    sizes: I64
 
 
 #: The last batch's :class:`_Shapes` (one entry, replaced whole: another thread's call
 #: may read it) ...
 _KEPT: list[_Shapes | None] = [None]
-#: ... and the last union made over it: (shapes, writing, addresses, sizes, union).
-_UNION: list[tuple[_Shapes, bool, I64, I64, Runs] | None] = [None]
+#: ... and the last union made over it: (shapes, writing, addresses, union).
+_UNION: list[tuple[_Shapes, bool, I64, Runs] | None] = [None]
 
 
 def _shapes(lays: list[Any]) -> _Shapes | None:
@@ -140,16 +136,18 @@ def _shapes(lays: list[Any]) -> _Shapes | None:
     if templates is None:
         return None
     try:
-        offsets = np.fromiter(map(_OFFSET, lays), np.int64, len(lays))
+        offsets = offsets_of(lays)
     except (OverflowError, TypeError):  # (an offset past int64: the item's own check says so)
         return None
     if bool((offsets < 0).any()):
         return None
     base = np.array([t.base for t in templates], np.int64)
+    counts = np.array([len(t.runs) for t in templates], np.int64)[group]
+    sizes = np.array([math.prod(t.spec[1]) * t.spec[0].itemsize for t in templates], np.int64)
     made = _Shapes(
         tuple(lays), group, firsts, [t.runs for t in templates], offsets - base[group],
         array_sigs([t.head for t in templates], group, offsets),
-        [t.spec for t in templates], [t.order for t in templates],
+        [t.spec for t in templates], [t.order for t in templates], counts, sizes[group],
     )  # fmt: skip
     _KEPT[0] = made
     return made
@@ -171,23 +169,29 @@ def _split(items: Any, *, writing: bool) -> tuple[list[Any], list[Any] | None] |
 
 def _group(lays: list[Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], list[Any]] | None:
     """Which template each item has (numbered in order of their first items), the first
-    item of each and its :func:`shape_key`; None for a key that does not hash."""
+    item of each and its :func:`shape_key`; None for a layout without one.
+
+    Layouts of equal fields share their key object (made when the layout was), so the
+    items are grouped by the keys' identities: a pointer compare per item, not a compare
+    of their fields.  Two equal keys that are not the same object (one made after the
+    keys were forgotten, or unpickled) make two groups of the same template, which is
+    only a second lookup of it."""
     n = len(lays)
-    kinds = set(map(type, lays))
-    kind = kinds.pop() if len(kinds) == 1 else None
-    keys = list(map(_KEYS[kind], lays)) if kind is not None else list(map(shape_key, lays))
     try:
-        if keys.count(keys[0]) == n:  # (one shape: a time series' steps)
-            one = [(kind, keys[0]) if kind is not None else keys[0]]
-            return np.zeros(n, np.intp), np.zeros(1, np.intp), one
-        index = {k: i for i, k in enumerate(dict.fromkeys(keys))}  # (a step per distinct)
-    except TypeError:
+        keys = shape_keys(lays)
+    except AttributeError:  # (a layout made without its constructor)
         return None
-    group = np.fromiter(map(index.__getitem__, keys), np.intp, n)
+    first = keys[0]
+    if first is not None and keys.count(first) == n:  # (one shape: a time series' steps)
+        return np.zeros(n, np.intp), np.zeros(1, np.intp), [first]
+    if None in keys:
+        return None
+    ids = list(map(id, keys))
+    index = {k: i for i, k in enumerate(dict.fromkeys(ids))}  # (a step per distinct key)
+    group = np.fromiter(map(index.__getitem__, ids), np.intp, n)
     firsts = np.zeros(len(index), np.intp)
     firsts[group[::-1]] = np.arange(n - 1, -1, -1)  # (each key's first item)
-    distinct = list(index) if kind is None else [(kind, k) for k in index]
-    return group, firsts, distinct
+    return group, firsts, [keys[k] for k in firsts.tolist()]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -252,8 +256,11 @@ def _arrays(
     got = list(data if writing else outs)  # type: ignore[arg-type]
     if set(map(type, got)) != {np.ndarray}:
         return None
-    want = specs * n if len(specs) == 1 else list(map(specs.__getitem__, group.tolist()))
-    if list(map(_DTYPE_SHAPE, got)) != want:
+    if len(specs) == 1:  # (counted: a compare per item, mostly of the same dtype object)
+        dtype, shape = specs[0]
+        if list(map(_SHAPE, got)).count(shape) != n or list(map(_DTYPE, got)).count(dtype) != n:
+            return None
+    elif list(map(_DTYPE_SHAPE, got)) != list(map(specs.__getitem__, group.tolist())):
         return None
     if "F" not in orders:
         contiguous = all(map(_C_CONTIGUOUS, got))
@@ -272,29 +279,29 @@ def _union_shifted(shapes: _Shapes, arrays: list[Any], *, writing: bool) -> tupl
     the file, over the arrays ``arrays`` (contiguous in their layout's order); read-only,
     and the same object as the last call's when the layouts and the arrays' addresses
     are (so the engine's checks and kept plan know it by identity)."""
-    templates, group = shapes.templates, shapes.group
-    n = len(group)
-    counts = np.array([len(t) for t in templates], np.int64)[group]
+    counts, sizes = shapes.counts, shapes.sizes
     if not int(counts.sum()):
         return Runs.empty(), np.zeros(0, np.uint8)
-    addr = np.fromiter(map(_ADDRESS, arrays), np.int64, n)
-    sizes = np.fromiter(map(_NBYTES, arrays), np.int64, n)
+    addr = np.fromiter(map(_ADDRESS, arrays), np.int64, len(arrays))
     used = counts > 0
     ends = addr + sizes
-    lo, hi = int(addr[used].min()), int(ends[used].max())
+    if bool(used.all()):
+        lo, hi = int(addr.min()), int(ends.max())
+    else:
+        lo, hi = int(addr[used].min()), int(ends[used].max())
     whole = span(lo, hi - lo, writable=not writing, holds=arrays)
     last = _UNION[0]
+    # (the same shapes object: the same layouts, so the same sizes of arrays)
     if (
         last is not None
         and last[0] is shapes
         and last[1] == writing
         and np.array_equal(last[2], addr)
-        and np.array_equal(last[3], sizes)
     ):
-        return last[4], whole
+        return last[3], whole
     file, length, mem, item = _moved(shapes, counts, addr - lo)
     union = read_only(sorted_union(file, length, mem, item, addr, ends, used, writing=writing))
-    _UNION[0] = (shapes, writing, addr, sizes, union)
+    _UNION[0] = (shapes, writing, addr, union)
     return union, whole
 
 
@@ -308,7 +315,8 @@ def _moved(shapes: _Shapes, counts: I64, rel: I64) -> tuple[I64, I64, I64, Any]:
         t = templates[0]
         file = (t.file[None, :] + shift[:, None]).reshape(-1)
         mem = (t.mem[None, :] + rel[:, None]).reshape(-1)
-        return file, np.tile(t.length, n), mem, lambda: np.repeat(np.arange(n), len(t))
+        length = np.repeat(t.length[None, :], n, axis=0).reshape(-1)  # (np.tile, in C)
+        return file, length, mem, lambda: np.repeat(np.arange(n), len(t))
     by = np.argsort(group, kind="stable")  # the items of each shape in turn
     first = np.searchsorted(group[by], np.arange(len(templates) + 1))
     parts: list[tuple[I64, I64, I64]] = []
@@ -317,7 +325,7 @@ def _moved(shapes: _Shapes, counts: I64, rel: I64) -> tuple[I64, I64, I64, Any]:
         parts.append(
             (
                 (t.file[None, :] + shift[sel][:, None]).reshape(-1),
-                np.tile(t.length, len(sel)),
+                np.repeat(t.length[None, :], len(sel), axis=0).reshape(-1),
                 (t.mem[None, :] + rel[sel][:, None]).reshape(-1),
             )
         )

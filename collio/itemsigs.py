@@ -4,13 +4,17 @@ Item ``k`` of every rank describes the same global array, so a batch's signature
 its items' signatures in order.  The ranks compare a digest of its ``repr``; 200 full
 signature tuples printed cost as much as the rest of a batch's local check, so the
 repr is a key built from numpy arrays: the distinct signatures but for their offsets,
-then which one each item has and its offset, as hex of int64 arrays.  Pure: no MPI.
+then the number of items and a 128-bit BLAKE2b hash of which one each item has and its
+offset (int64 arrays): the ranks' digest of the key is 56 bits, so the hash in between
+weakens nothing, and hashing the arrays' bytes costs a third of printing them for the
+digest to hash.  Pure: no MPI.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -19,23 +23,67 @@ __all__ = ["ItemSigs", "array_sigs", "key_of", "sig_key", "split_sig"]
 _I64_MAX = 2**63 - 1
 
 
-class ItemSigs(tuple):  # type: ignore[type-arg]
-    """The items' signatures, one per item, as a tuple whose ``repr`` (what the ranks'
+class ItemSigs(Sequence[Any]):
+    """The items' signatures, one per item, as a sequence whose ``repr`` (what the ranks'
     digest of a call's signature hashes) is :func:`sig_key` of them; equal sequences
-    have equal keys whichever way they were made."""
+    have equal keys whichever way they were made.
 
-    _key: str
+    Made from the signatures, or from their key and a function that makes them
+    (``make``): the ranks compare the key's digest, and the signatures themselves are
+    looked at only when the digests differ (:func:`collio.mismatch.raise_mismatch`), so
+    a batch that agrees never builds its items' signature tuples."""
 
-    def __new__(cls, sigs: Any, key: str | None = None) -> ItemSigs:
-        self = super().__new__(cls, sigs)
-        self._key = sig_key(self) if key is None else key
-        return self
+    __slots__ = ("_key", "_sigs", "_make")
+
+    def __init__(
+        self, sigs: Any = None, key: str | None = None, *,
+        make: Callable[[], Iterable[Any]] | None = None,
+    ) -> None:  # fmt: skip
+        self._make = make
+        if sigs is None and make is None:
+            sigs = ()
+        self._sigs: tuple[Any, ...] | None = None if sigs is None else tuple(sigs)
+        if key is None:
+            key = sig_key(self.signatures())
+        self._key = key
+
+    def signatures(self) -> tuple[Any, ...]:
+        """The signatures, made now if they were not (``make`` is kept: two threads that
+        ask at once make equal tuples, and either may stay)."""
+        sigs = self._sigs
+        if sigs is None:
+            assert self._make is not None  # (made with neither: no signatures, ())
+            sigs = self._sigs = tuple(self._make())
+        return sigs
 
     def __repr__(self) -> str:
         return self._key
 
+    def __len__(self) -> int:
+        return len(self.signatures())
+
+    @overload
+    def __getitem__(self, k: int) -> Any: ...
+    @overload
+    def __getitem__(self, k: slice) -> tuple[Any, ...]: ...
+    def __getitem__(self, k: Any) -> Any:
+        return self.signatures()[k]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.signatures())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ItemSigs):
+            other = other.signatures()
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return self.signatures() == other
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
     def __reduce__(self) -> Any:  # (sent whole to every rank when the ranks disagree)
-        return (ItemSigs, (tuple(self), self._key))
+        return (ItemSigs, (self.signatures(), self._key))
 
 
 def split_sig(sig: Any) -> tuple[str, int]:
@@ -54,9 +102,10 @@ def split_sig(sig: Any) -> tuple[str, int]:
 
 def key_of(prefixes: Sequence[str], which: Any, offsets: Any) -> str:
     """The key of items whose signatures are ``prefixes[which[k]]`` at ``offsets[k]``."""
-    ids = np.asarray(which, np.int64).tobytes().hex()
-    offs = np.asarray(offsets, np.int64).tobytes().hex()
-    return f"items[{'; '.join(prefixes)}] {ids} {offs}"
+    ids = np.asarray(which, np.int64)
+    h = hashlib.blake2b(ids.tobytes(), digest_size=16)
+    h.update(np.asarray(offsets, np.int64).tobytes())
+    return f"items[{'; '.join(prefixes)}] {len(ids)} {h.hexdigest()}"
 
 
 def sig_key(sigs: Sequence[Any]) -> str:
@@ -72,13 +121,15 @@ def sig_key(sigs: Sequence[Any]) -> str:
 
 def array_sigs(heads: Sequence[tuple[Any, ...]], group: Any, offsets: Any) -> ItemSigs:
     """The signatures of array layouts whose signature but for the offset is
-    ``heads[group[k]]`` (the first four fields of :meth:`ArrayLayout.signature`) and whose
-    offset is ``offsets[k]`` (non-negative int64), and their key, in a few C-level passes
-    (no Python per item: a batch of 200 pays it on every call)."""
+    ``heads[group[k]]`` (the first four fields of :meth:`ArrayLayout.signature`; groups
+    numbered in order of their first items) and whose offset is ``offsets[k]``
+    (non-negative int64): their key, in a few C-level passes (no Python per item: a
+    batch of 200 pays it on every call), and the signatures only if they are asked for."""
     seen: dict[str, int] = {}
     ids = np.fromiter((seen.setdefault(repr(h), len(seen)) for h in heads), np.int64, len(heads))
-    which = ids[group]
-    offs = offsets.tolist()
-    # (each signature is its head plus a 1-tuple of its offset: tuple + tuple, in C)
-    sigs = map(tuple.__add__, map(heads.__getitem__, group.tolist()), zip(offs))
-    return ItemSigs(sigs, key_of(list(seen), which, offsets))
+
+    def make() -> Iterable[Any]:
+        # (each signature is its head plus a 1-tuple of its offset: tuple + tuple, in C)
+        return map(tuple.__add__, map(heads.__getitem__, group.tolist()), zip(offsets.tolist()))
+
+    return ItemSigs(key=key_of(list(seen), ids[group], offsets), make=make)

@@ -104,7 +104,8 @@ def _union(
     makes it (sorted, checked for bytes written twice or arrays sharing memory, merged),
     and their signatures."""
     n = len(data)
-    sigs = ItemSigs([None] * n, key_of([repr(None)], np.zeros(n, np.int64), np.zeros(n, np.int64)))
+    none = np.zeros(n, np.int64)  # (no signatures to compare: every item's is None)
+    sigs = ItemSigs(key=key_of([repr(None)], none, none), make=lambda: [None] * n)
     used = held > 0
     if not used.any():
         return Runs.empty(), np.zeros(0, np.uint8), data, ("items", sigs)

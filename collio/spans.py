@@ -72,15 +72,19 @@ def sorted_union(
         if writing:
             _refuse_overlap(file, length, it)
     if not writing:
-        _refuse_shared_memory(addr[used], ends[used], np.flatnonzero(used))
+        _refuse_shared_memory(addr, ends, used)
     return merge(Runs(file, length, mem))
 
 
-def _refuse_shared_memory(addr: I64, ends: I64, item: npt.NDArray[np.intp]) -> None:
+def _refuse_shared_memory(addr: I64, ends: I64, used: Any) -> None:
     """Raise :class:`LayoutError` naming two items of a read whose arrays share memory
-    (MPI fills no byte twice in one call, and one of the two would lose)."""
-    if len(addr) < 2:
-        return
+    (MPI fills no byte twice in one call, and one of the two would lose); of the items
+    ``used`` (those that read a byte)."""
+    if not bool(used.all()):
+        addr, ends = addr[used], ends[used]
+    if len(addr) < 2 or bool((addr[1:] >= ends[:-1]).all()):
+        return  # (arrays made one after the other: in address order, each after the last)
+    item = np.flatnonzero(used)
     order = np.argsort(addr, kind="stable")
     a, e, k = addr[order], ends[order], item[order]
     bad = np.flatnonzero(a[1:] < np.maximum.accumulate(e)[:-1])

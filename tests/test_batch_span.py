@@ -267,3 +267,103 @@ def test_raw_pieces_errors_name_the_item(tmp_path):
         neg[5] = (items[5][0], layouts.Segments([-3], [1]))
         with pytest.raises(collio.LayoutError, match="item 5: segment 0 has negative offset -3"):
             f.write_all_many(neg)
+
+
+def test_equal_layouts_share_one_shape_key(monkeypatch):
+    """Layouts equal but for their offsets have the same key object; any other field, or
+    another kind, another key; a key made after the kept ones were forgotten, or carried
+    by a pickled layout, is equal to the first but not the same object."""
+    import pickle
+
+    from collio.layouts import arrays
+
+    def box(offset: int, **kw: Any) -> Any:
+        args = {"global_shape": (6, 8), "start": (1, 2), "shape": (4, 5), "dtype": "<f4"}
+        return layouts.Subarray(**{**args, **kw}, offset=offset)
+
+    a, b = box(0), box(4096)
+    assert arrays.shape_keys([a])[0] is arrays.shape_keys([b])[0]
+    others = [box(0, start=(0, 2)), box(0, shape=(4, 4)), box(0, dtype="<f8"),
+              box(0, global_shape=(6, 9)), layouts.Subarray((6, 8), (1, 2), (4, 5), "<f4",
+              order="F"), layouts.block_cyclic((9, 10), "<f8", block=2, grid=(2, 2), rank=1,
+              size=4)]  # fmt: skip
+    keys = arrays.shape_keys([a, *others])
+    assert len({id(k) for k in keys}) == len(keys) and len(set(keys)) == len(keys)
+    assert arrays.shape_keys([layouts.ArrayLayout((4,), [], "<f4")]) == [None]
+    np.testing.assert_array_equal(arrays.offsets_of([b, a, box(2**40)]), [4096, 0, 2**40])
+    monkeypatch.setattr(arrays, "_SHAPE_KEYS", {})
+    c, d = box(8192), pickle.loads(pickle.dumps(b))
+    for lay in (c, d):
+        key = arrays.shape_keys([lay])[0]
+        assert key == arrays.shape_keys([a])[0] and key is not arrays.shape_keys([a])[0]
+
+
+def test_items_of_one_key_keep_their_own_offsets(tmp_path, monkeypatch):
+    """200 boxes of one shape out of file order, among them layouts whose equal keys are
+    other objects (made after the keys were forgotten, unpickled) and a second shape:
+    the batch takes the box path, its runs are the per-item path's, and the file holds
+    each item at its own offset (numpy's image of the items)."""
+    import pickle
+
+    from collio.layouts import arrays
+
+    n, step = 200, 8192  # (one global array per slot)
+    where = np.random.default_rng(5).permutation(n)  # (item k at slot where[k])
+    lays: list[Any] = [layouts.Subarray((1024,), (256,), (512,), "<i8", offset=int(w) * step)
+                       for w in where]  # fmt: skip
+    lays[7] = pickle.loads(pickle.dumps(lays[7]))
+    monkeypatch.setattr(arrays, "_SHAPE_KEYS", {})
+    lays[150] = layouts.Subarray((1024,), (256,), (512,), "<i8", offset=lays[150].offset)
+    lays[99] = layouts.Subarray((64, 16), (1, 2), (8, 8), "<i8", offset=lays[99].offset)
+    datas = [np.arange(lay.nbytes // 8, dtype="<i8").reshape(lay.local_shape) + 10_000 * k
+             for k, lay in enumerate(lays)]  # fmt: skip
+    items = list(zip(datas, lays, strict=True))
+    want = np.zeros(n * step, np.uint8)  # (what the file must hold)
+    for d, lay in items:
+        for f, length, m in zip(lay.runs().file, lay.runs().length, lay.runs().mem,
+                                strict=True):  # fmt: skip
+            want[f : f + length] = d.reshape(-1).view(np.uint8)[m : m + length]
+    path = str(tmp_path / "keys.bin")
+    with collio.open(path, "w", comm=MPI.COMM_SELF) as f:
+        fast = boxes.gather_boxes(f.backend, items, writing=True, outs=None)
+        assert fast is not None  # (the box path: keys equal by value group alike)
+        bufs = [lay.as_bytes(d) for d, lay in items]
+        slow, _ = batch._union([lay.runs() for lay in lays], bufs, bufs, writing=True)
+        for x, y in ((fast[0].file, slow.file), (fast[0].length, slow.length),
+                     (fast[0].mem, slow.mem)):  # fmt: skip
+            np.testing.assert_array_equal(x, y)
+        keys = arrays.shape_keys(lays)
+        assert keys[150] == keys[0] and keys[150] is not keys[0] and keys[7] is not keys[0]
+        sigs = [lay.signature() for lay in lays]
+        assert list(fast[3][1]) == sigs and repr(fast[3][1]) == repr(batch.ItemSigs(sigs))
+        f.write_all_many(items)
+        back = f.read_all_many(lays)
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    assert raw == want[: len(raw)].tobytes() and not want[len(raw) :].any()
+    for d, got in zip(datas, back, strict=True):
+        np.testing.assert_array_equal(got, d)
+
+
+def test_item_signatures_are_made_when_asked():
+    """A box batch's signatures: a key the ranks compare at once, the signature tuples
+    only when asked (a mismatch); both equal to those of the per-item path, and the
+    same after a pickle (how they travel to other ranks)."""
+    import pickle
+
+    from collio.itemsigs import ItemSigs, array_sigs, sig_key
+
+    heads = [("array", (16,), "<f8", "C"), ("array", (4, 4), "<i2", "F")]
+    group = np.array([0, 1, 1, 0], np.intp)  # (numbered in order of their first items)
+    offsets = np.array([0, 64, 8, 4096], np.int64)
+    want = tuple(heads[g] + (int(o),) for g, o in zip(group, offsets, strict=True))
+    sigs = array_sigs(heads, group, offsets)
+    assert repr(sigs) == sig_key(want) == repr(ItemSigs(want))
+    made = []
+    lazy = ItemSigs(key=repr(sigs), make=lambda: made.append(1) or want)
+    assert repr(lazy) == repr(sigs) and not made  # (the key alone: nothing made)
+    assert lazy[2] == want[2] and len(lazy) == 4 and made == [1]
+    assert sigs == want and sigs == ItemSigs(want) and list(sigs) == list(want)
+    back = pickle.loads(pickle.dumps(sigs))
+    assert repr(back) == repr(sigs) and back == sigs
+    assert sigs != ItemSigs((*want[:-1], want[0]))

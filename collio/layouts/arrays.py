@@ -10,19 +10,25 @@ subarray and darray types and ScaLAPACK's local matrices do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import LayoutError
 from ..runs import Runs, read_only
 from .base import Layout
 from .strided import Blocks
 
-__all__ = ["DimSet", "ArrayLayout", "Subarray", "BlockCyclic", "array_layout", "numroc"]
+__all__ = [
+    "DimSet", "ArrayLayout", "Subarray", "BlockCyclic", "array_layout", "numroc", "offsets_of",
+    "shape_keys",
+]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,6 +67,13 @@ class DimSet:
         return self.first + (k // self.block) * self.period + k % self.block
 
 
+@functools.lru_cache(maxsize=1024)
+def _box_dims(start: tuple[int, ...], shape: tuple[int, ...]) -> tuple[DimSet, ...]:
+    """A box's dimensions (immutable, so shared by the boxes of a time series, whose
+    steps make a layout each with the same start and shape)."""
+    return tuple(DimSet.interval(s, c) for s, c in zip(start, shape, strict=False))
+
+
 def numroc(n: int, nb: int, iproc: int, nprocs: int) -> int:
     """ScaLAPACK NUMROC: how many of ``n`` items in blocks of ``nb`` process ``iproc`` owns."""
     nblocks = n // nb
@@ -76,7 +89,7 @@ def numroc(n: int, nb: int, iproc: int, nprocs: int) -> int:
 class ArrayLayout(Layout):
     """A rank's elements of a global array stored from byte ``offset`` of the target."""
 
-    __slots__ = ("global_shape", "_dtype", "_order", "_offset", "dims", "_invalid")
+    __slots__ = ("global_shape", "_dtype", "_order", "_offset", "dims", "_invalid", "_key")
 
     def __init__(
         self,
@@ -90,7 +103,7 @@ class ArrayLayout(Layout):
         # Constructors never raise for bad values: a layout is checked inside the
         # collective call (validate), so that every rank raises together.
         self._invalid: str | None = getattr(self, "_invalid", None)
-        self.global_shape = tuple(int(g) for g in global_shape)
+        self.global_shape = tuple(map(int, global_shape))
         self.dims = tuple(dims)
         try:
             self._dtype = np.dtype(dtype)
@@ -102,6 +115,13 @@ class ArrayLayout(Layout):
             order = "C"
         self._order = order
         self._offset = int(offset)
+        self._key = _shape_key(self)
+
+    def _shape_fields(self) -> tuple[Any, ...] | None:
+        """The fields this layout's runs depend on besides its offset, for a kind of
+        layout whose runs at byte ``offset`` are its runs at 0 moved by ``offset``
+        (:func:`shape_keys`); None for any other kind."""
+        return None
 
     @property
     def offset(self) -> int:
@@ -217,16 +237,15 @@ class Subarray(ArrayLayout):
         order: str = "C",
         offset: int = 0,
     ) -> None:
-        self.start = tuple(int(s) for s in start)
-        self.shape = tuple(int(s) for s in shape)
+        self.start = tuple(map(int, start))
+        self.shape = tuple(map(int, shape))
         #: process grid and this rank's place in it, when made by ``layouts.block``
         self.grid: tuple[int, ...] | None = None
         self.coords: tuple[int, ...] | None = None
         self._invalid = None
         if len(self.start) != len(self.shape):
             self._invalid = f"start {self.start} and shape {self.shape} differ in length"
-        dims = [DimSet.interval(s, c) for s, c in zip(self.start, self.shape, strict=False)]
-        super().__init__(global_shape, dims, dtype, order, offset)
+        super().__init__(global_shape, _box_dims(self.start, self.shape), dtype, order, offset)
 
     def __repr__(self) -> str:
         return (
@@ -234,6 +253,10 @@ class Subarray(ArrayLayout):
             f"shape={self.shape}, dtype={self.dtype.str!r}, order={self.order!r}, "
             f"offset={self.offset})"
         )
+
+    def _shape_fields(self) -> tuple[Any, ...]:
+        return (self.global_shape, self.start, self.shape, self._dtype, self._order,
+                self._invalid)  # fmt: skip
 
     @property
     def box(self) -> tuple[Any, ...]:
@@ -342,10 +365,56 @@ class BlockCyclic(ArrayLayout):
             f"order={self.order!r})"
         )
 
+    def _shape_fields(self) -> tuple[Any, ...]:
+        return (self.global_shape, self.block, self.grid, self.coords, self._dtype,
+                self._order, self._invalid)  # fmt: skip
+
     @property
     def indices(self) -> tuple[np.ndarray[Any, np.dtype[np.int64]], ...]:
         """Global indices held, per dimension, in local order."""
         return tuple(d.indices() for d in self.dims)
+
+
+#: The shape keys made so far, each kept once (:func:`_shape_key`), forgotten all at once
+#: past :data:`SHAPE_KEYS_MAX` of them.
+_SHAPE_KEYS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+SHAPE_KEYS_MAX = 4096
+_KEY_OF = attrgetter("_key")
+_OFFSET_OF = attrgetter("_offset")
+
+
+def _shape_key(lay: ArrayLayout) -> tuple[Any, ...] | None:
+    """``(type, fields)`` of a layout whose runs move with its offset, made once when it
+    is made (a layout is immutable): equal layouts but for their offsets get the same
+    key object, so that a batch of them is grouped by identity, without comparing their
+    fields item by item; None for a layout of another kind, or fields that do not hash."""
+    fields = lay._shape_fields()
+    if fields is None:
+        return None
+    key = (type(lay), fields)
+    try:
+        found = _SHAPE_KEYS.get(key)
+        if found is None:
+            if len(_SHAPE_KEYS) >= SHAPE_KEYS_MAX:
+                _SHAPE_KEYS.clear()  # (a key made before is still right: equal, not the same)
+            found = _SHAPE_KEYS.setdefault(key, key)
+    except TypeError:  # (a dtype whose metadata does not hash: no key, no batch by shape)
+        return None
+    return found
+
+
+def shape_keys(layouts: Sequence[ArrayLayout]) -> list[tuple[Any, ...] | None]:
+    """Each layout's shape key: what its runs depend on besides its offset, as
+    ``(type, fields)``, equal for layouts whose runs are the same runs moved by the
+    difference of their offsets (and mostly the same object); None for a layout whose
+    runs are not so.  A C-level pass over the layouts, for a batch of hundreds."""
+    return list(map(_KEY_OF, layouts))
+
+
+def offsets_of(layouts: Sequence[ArrayLayout]) -> npt.NDArray[np.int64]:
+    """Each layout's byte offset, as int64 (OverflowError for one past int64), in a
+    C-level pass over the layouts."""
+    return np.fromiter(map(_OFFSET_OF, layouts), np.int64, len(layouts))
 
 
 def array_layout(layout: Any, who: str) -> ArrayLayout:
