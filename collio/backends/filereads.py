@@ -77,6 +77,9 @@ class MappedReads(Backend):
     def _is_copyable(self, runs: Runs) -> bool:
         seen = self._copyable  # (asked again by read_runs for the same runs object)
         if seen is None or seen[0] is not runs:
+            rows = self._rows  # (a series' next step: rows, of one length, are copyable)
+            if rows is not None and rows[1] is not None and rows[0] is _base(runs):
+                return True
             seen = self._copyable = (runs, copyable(runs))
         return seen[1]
 
@@ -117,9 +120,13 @@ class MappedReads(Backend):
                 # preads' do, and the file's size need not be asked (an fstat per call)
                 self._copyable = None
                 rows = self._rows_of(runs)
-                need = hi - lo if rows is None else max(hi - lo, rows.span)
+                if rows is None:
+                    read_gathered(self.fd, runs, out, self._gather_buffer(hi - lo))
+                    self.mapped_bytes += runs.nbytes
+                    return len(runs)
+                need = max(hi - lo, rows.span)
                 read_gathered(self.fd, runs, out, self._gather_buffer(need), rows)
-                self.mapped_bytes += runs.nbytes
+                self.mapped_bytes += rows.count * rows.length
                 return len(runs)
         if self.maps_reads(runs):
             self._copyable = None  # (do not keep the runs beyond the call)
@@ -143,8 +150,7 @@ class MappedReads(Backend):
         """:func:`~collio.backends.mapped.rows_of` of ``runs``, kept for the runs they
         were moved from (:meth:`~collio.runs.Runs.moved`: the same lengths and memory,
         so the same rows), which a time series' every step is."""
-        origin = runs._origin
-        base = runs if origin is None else origin[0]
+        base = _base(runs)
         seen = self._rows
         if seen is not None and seen[0] is base:
             return seen[1]
@@ -164,6 +170,12 @@ class MappedReads(Backend):
     def take_mapped_bytes(self) -> int:
         n, self.mapped_bytes = self.mapped_bytes, 0
         return n
+
+
+def _base(runs: Runs) -> Runs:
+    """The runs ``runs`` were moved from (:meth:`~collio.runs.Runs.moved`), or themselves."""
+    origin = runs._origin
+    return runs if origin is None else origin[0]
 
 
 def maps_for(hints: Any, fd: int) -> bool:
