@@ -229,3 +229,52 @@ def test_a_batch_into_memory_terabytes_apart(comm, mpi_tmp_path):
     rows = data.reshape(-1, size)[2 * k * r : 2 * k * (r + 1)]
     for j in (0, 1):
         np.testing.assert_array_equal(got[j].reshape(-1, size), rows[j::2])
+
+
+def _series(comm, rows: int = 64, cols: int = 8):
+    """A time series of strided steps (each rank ``rows`` runs of ``cols`` float64 of
+    every step, interleaved with the other ranks' and with a column block no rank reads,
+    so that one rank's runs are strided too), as the layout of step ``s``."""
+    p = comm.size + 1
+    shape = (rows, cols * p)
+
+    def step(s: int) -> layouts.Subarray:
+        offset = s * rows * cols * p * 8
+        return layouts.Subarray(shape, (0, cols * comm.rank), (rows, cols), "<f8", offset=offset)
+
+    return shape, step
+
+
+def test_a_strided_series_reads_rows_equal_numpy_and_romio(comm, mpi_tmp_path, monkeypatch):
+    """A series' repeated strided reads copy their runs as rows from one pread: every
+    step's bytes equal numpy's and ROMIO's; a copy failing on one rank is raised by every
+    rank and the series goes on; the last step, past the file's end, reads zeros there."""
+    from collio.backends.mapped import Rows
+
+    path = str(mpi_tmp_path / "series.bin")
+    steps = 6
+    shape, step = _series(comm)
+    glob = reference((steps, *shape), "<f8", seed=44)
+    if comm.rank == 0:
+        with open(path, "wb") as out:  # (it ends 3 elements into the last rank's last run)
+            out.write(glob.tobytes()[: -11 * 8])
+    comm.Barrier()
+    cols = slice(8 * comm.rank, 8 * comm.rank + 8)
+    out = np.empty((64, 8))
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        for s in range(steps - 1):
+            if s == 3:
+                if comm.rank == comm.size - 1:
+                    monkeypatch.setattr(Rows, "copy", _failing)
+                err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(step(3), out))
+                assert f"rank {comm.size - 1}" in str(err) and "injected" in str(err)
+                monkeypatch.undo()
+            got = f.read_all(step(s), out=out)
+            assert got is out and np.array_equal(got, glob[s][:, cols])
+            assert np.array_equal(romio_read(path, step(s), comm), glob[s][:, cols])
+            assert f.stats.last_call["direct"]
+        last = f.read_all(step(steps - 1))
+    want = glob[steps - 1][:, cols].copy()
+    if comm.rank == comm.size - 1:
+        want[-1, -3:] = 0
+    assert np.array_equal(last, want)

@@ -9,7 +9,15 @@ import os
 import numpy as np
 import pytest
 
-from collio.backends.mapped import FEW, copyable, fs_name, read_gathered, read_mapped
+from collio.backends.mapped import (
+    FEW,
+    Rows,
+    copyable,
+    fs_name,
+    read_gathered,
+    read_mapped,
+    rows_of,
+)
 from collio.batch import span
 from collio.runs import Runs
 from collio.testing.guarded import far_apart
@@ -179,3 +187,64 @@ def test_runs_into_memory_terabytes_apart(tmp_path):
     rows = data.reshape(k, size)
     np.testing.assert_array_equal(a.reshape(-1, size), rows[0::2])
     np.testing.assert_array_equal(b.reshape(-1, size), rows[1::2])
+
+
+def test_rows_of_knows_strided_rows_only():
+    """Runs of one length evenly spaced in the file and one after another in memory
+    are rows; any other shape is not (and takes the gather)."""
+    k = 50
+    rows = rows_of(_runs(np.arange(k) * 320 + 32, np.full(k, 96), np.arange(k) * 96 + 8))
+    assert rows == Rows(count=k, length=96, stride=320, mem=8)
+    assert rows_of(_runs(np.arange(k) * 64, np.full(k, 64), np.arange(k) * 64)) is not None
+    for file, length, mem in [
+        (np.arange(k) * 40, np.full(k, 64), np.arange(k) * 64),  # overlapping runs
+        (np.arange(k) ** 2 * 64, np.full(k, 64), np.arange(k) * 64),  # uneven spacing
+        (np.arange(k) * 256, np.full(k, 64), np.arange(k)[::-1] * 64),  # memory reversed
+        (np.arange(k) * 256, np.full(k, 64), np.arange(k) * 65),  # memory with gaps
+        (np.arange(k) * 256, 60 + np.arange(k) % 2, np.arange(k) * 64),  # two lengths
+        ([128], [64], [0]),  # one run
+    ]:
+        assert rows_of(_runs(file, length, mem)) is None
+
+
+_ROWS = [c for c in _cases() if rows_of(c[1]) is not None]
+
+
+def test_some_cases_are_rows():
+    assert [c[0] for c in _ROWS] == ["aligned-rows", "unaligned", "to-the-end"]
+
+
+@pytest.mark.parametrize(("name", "runs"), _ROWS, ids=[c[0] for c in _ROWS])
+def test_read_gathered_as_rows_equals_slices(blob, name, runs):
+    """Runs that are rows, copied as rows from a kept buffer holding other bytes: the
+    view of the last row reaches past the extent into those bytes, which never land."""
+    rows = rows_of(runs)
+    assert rows is not None
+    fd, data = blob
+    lo, hi = runs.extent()
+    buf = np.full(max(hi - lo, rows.span), 0x5A, np.uint8)
+    nbytes = int((runs.mem + runs.length).max()) + 100
+    out = np.full(nbytes, 0xEE, np.uint8)
+    read_gathered(fd, runs, out, buf, rows)
+    np.testing.assert_array_equal(out, _reference(data, runs, nbytes))
+
+
+def test_rows_past_the_end_read_zeros(tmp_path):
+    """Rows whose last ones lie past the file's end read as zeros there, as the preads'
+    do, not as what the kept buffer held."""
+    data = np.arange(1, 251, dtype=np.uint8)
+    path = tmp_path / "short.bin"
+    data.tofile(path)
+    runs = _runs(np.arange(8) * 40, np.full(8, 16), np.arange(8) * 16)  # 296 bytes' extent
+    rows = rows_of(runs)
+    assert rows is not None
+    buf = np.full(rows.span, 0x5A, np.uint8)
+    out = np.full(8 * 16, 0xEE, np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read_gathered(fd, runs, out, buf, rows)
+    finally:
+        os.close(fd)
+    padded = np.concatenate([data, np.zeros(400, np.uint8)])
+    np.testing.assert_array_equal(out, _reference(padded, runs, 8 * 16))
+    assert not out[-16:].any() and out[:16].all()

@@ -9,10 +9,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ..policy import maps_file
-from ..runs import Runs
+from ..runs import Runs, is_read_only
 from .base import Backend, _one
 from .fdio import pread_runs, pread_zeros
-from .mapped import GATHER_BYTES, copyable, fs_name, read_gathered, read_mapped
+from .mapped import GATHER_BYTES, Rows, copyable, fs_name, read_gathered, read_mapped, rows_of
 
 __all__ = ["FEW_PREADS", "ONE_PREAD_BYTES", "PREAD_BYTES", "MappedReads", "maps_for", "preads"]
 
@@ -45,6 +45,7 @@ class MappedReads(Backend):
     mapped_bytes: int = 0  # read that way
     _copyable: tuple[Runs, bool] | None = None  # the last runs asked about
     _gather: npt.NDArray[np.uint8] | None = None  # read_gathered's, kept
+    _rows: tuple[Runs, Rows | None] | None = None  # the last runs read gathered, as rows
 
     def read_one(self, offset: int, out: npt.NDArray[np.uint8]) -> int | list[int]:
         """As :meth:`read_runs` of one run: up to :data:`ONE_PREAD_BYTES` one ``preadv``,
@@ -76,6 +77,9 @@ class MappedReads(Backend):
     def _is_copyable(self, runs: Runs) -> bool:
         seen = self._copyable  # (asked again by read_runs for the same runs object)
         if seen is None or seen[0] is not runs:
+            rows = self._rows  # (a series' next step: rows, of one length, are copyable)
+            if rows is not None and rows[1] is not None and rows[0] is _base(runs):
+                return True
             seen = self._copyable = (runs, copyable(runs))
         return seen[1]
 
@@ -115,8 +119,14 @@ class MappedReads(Backend):
                 # no map, so nothing faults: bytes past the end read as zeros, as the
                 # preads' do, and the file's size need not be asked (an fstat per call)
                 self._copyable = None
-                read_gathered(self.fd, runs, out, self._gather_buffer(hi - lo))
-                self.mapped_bytes += runs.nbytes
+                rows = self._rows_of(runs)
+                if rows is None:
+                    read_gathered(self.fd, runs, out, self._gather_buffer(hi - lo))
+                    self.mapped_bytes += runs.nbytes
+                    return len(runs)
+                need = max(hi - lo, rows.span)
+                read_gathered(self.fd, runs, out, self._gather_buffer(need), rows)
+                self.mapped_bytes += rows.count * rows.length
                 return len(runs)
         if self.maps_reads(runs):
             self._copyable = None  # (do not keep the runs beyond the call)
@@ -136,6 +146,19 @@ class MappedReads(Backend):
         pread_runs(self.fd, runs.file, runs.length, runs.mem, out)
         return len(runs)
 
+    def _rows_of(self, runs: Runs) -> Rows | None:
+        """:func:`~collio.backends.mapped.rows_of` of ``runs``, kept for the runs they
+        were moved from (:meth:`~collio.runs.Runs.moved`: the same lengths and memory,
+        so the same rows), which a time series' every step is."""
+        base = _base(runs)
+        seen = self._rows
+        if seen is not None and seen[0] is base:
+            return seen[1]
+        rows = rows_of(runs)
+        if is_read_only(base):  # (runs that can change are asked again)
+            self._rows = (base, rows)
+        return rows
+
     def _gather_buffer(self, nbytes: int) -> npt.NDArray[np.uint8]:
         """This file's buffer for :func:`read_gathered`, kept (at most
         :data:`GATHER_BYTES`): a fresh one would pay a page fault per page."""
@@ -147,6 +170,12 @@ class MappedReads(Backend):
     def take_mapped_bytes(self) -> int:
         n, self.mapped_bytes = self.mapped_bytes, 0
         return n
+
+
+def _base(runs: Runs) -> Runs:
+    """The runs ``runs`` were moved from (:meth:`~collio.runs.Runs.moved`), or themselves."""
+    origin = runs._origin
+    return runs if origin is None else origin[0]
 
 
 def maps_for(hints: Any, fd: int) -> bool:

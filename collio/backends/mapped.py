@@ -22,6 +22,7 @@ bounded whatever the file's size.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import mmap
 import sys
@@ -38,8 +39,8 @@ from ..runs import Runs, sort, split_grid
 from .fdio import pread_zeros
 
 __all__ = [
-    "FEW", "GATHER_BYTES", "LOCAL_FS", "WINDOW", "copyable", "fs_name", "read_gathered",
-    "read_mapped",
+    "FEW", "GATHER_BYTES", "LOCAL_FS", "WINDOW", "Rows", "copyable", "fs_name",
+    "read_gathered", "read_mapped", "rows_of",
 ]  # fmt: skip
 
 #: File systems whose page cache is the file (one node): f_type from statfs(2).
@@ -120,14 +121,66 @@ def read_mapped(fd: int, runs: Runs, out: npt.NDArray[np.uint8], window: int = W
 
 
 def read_gathered(
-    fd: int, runs: Runs, out: npt.NDArray[np.uint8], buf: npt.NDArray[np.uint8]
-) -> None:
+    fd: int, runs: Runs, out: npt.NDArray[np.uint8], buf: npt.NDArray[np.uint8],
+    rows: Rows | None = None,
+) -> None:  # fmt: skip
     """:func:`read_mapped` through one ``pread`` of the runs' extent into ``buf`` (at
-    least that long): the same numpy gather, from memory instead of a map."""
+    least that long, and :attr:`Rows.span` long with ``rows``): the same numpy gather,
+    from memory instead of a map; or, ``rows`` being these runs (:func:`rows_of`), one
+    numpy copy of the rows."""
     lo, hi = runs.extent()
     src = buf[: hi - lo]
     pread_zeros(fd, src, lo)
-    _copy(src, runs, lo, out)
+    if rows is not None:
+        rows.copy(buf, out)
+    else:
+        _copy(src, runs, lo, out)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rows:
+    """Runs of ``length`` bytes, one every ``stride`` bytes of the file from their
+    extent's start, read one after another into memory from ``mem``: the rows of a
+    strided array (a column block, a time series' interleaved pieces).  Moved in the
+    file they are the same rows, so a repeated call keeps them."""
+
+    count: int
+    length: int
+    stride: int
+    mem: int
+
+    @property
+    def span(self) -> int:
+        """Bytes from the extent's start that :meth:`copy` views as ``count`` rows of
+        ``stride`` (the last row's bytes past its run are viewed, never copied)."""
+        return self.count * self.stride
+
+    def copy(self, src: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> None:
+        """Copy the rows from ``src`` (the file's bytes from the extent's start, at least
+        :attr:`span` long) into ``out``: one numpy assignment of views, where a gather by
+        index arrays costs a dozen numpy calls."""
+        n, k = self.count, self.length
+        got = src[: self.span].reshape(n, self.stride)[:, :k]
+        out[self.mem : self.mem + n * k].reshape(n, k)[...] = got
+
+
+def rows_of(runs: Runs) -> Rows | None:
+    """Pure: ``runs`` as :class:`Rows` (two or more of one length, evenly spaced in the
+    file without overlapping, one after another in memory), or None."""
+    n = len(runs)
+    if n < 2:
+        return None
+    f, m = runs.file, runs.mem
+    k, stride = int(runs.length[0]), int(f[1] - f[0])
+    if k <= 0 or stride < k:
+        return None
+    if not (
+        bool((runs.length == k).all())
+        and bool((np.diff(f) == stride).all())
+        and bool((np.diff(m) == k).all())
+    ):
+        return None
+    return Rows(n, k, stride, int(m[0]))
 
 
 def _copy(src: npt.NDArray[np.uint8], runs: Runs, base: int, out: npt.NDArray[np.uint8]) -> None:

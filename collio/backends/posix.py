@@ -33,6 +33,7 @@ from .localfile import (
     release_later,
     unlink_quietly,
 )
+from .mapped import Rows
 
 __all__ = [
     "PosixBackend",
@@ -101,6 +102,7 @@ class PosixBackend(MappedReads):
         self.mapped_bytes = 0  # read that way
         self._copyable: tuple[Runs, bool] | None = None  # the last runs asked about
         self._gather: npt.NDArray[np.uint8] | None = None  # read_gathered's, kept
+        self._rows: tuple[Runs, Rows | None] | None = None  # (MappedReads._rows_of's)
         self.made = Prepared(path, -1, None)  # rank 0's temporary (atomic_commit), see open
 
     # -- open ---------------------------------------------------------------
@@ -350,7 +352,7 @@ class PosixBackend(MappedReads):
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        self._gather = None
+        self._gather = self._rows = None
         self.made.release()
 
     def describe(self) -> dict[str, Any]:
