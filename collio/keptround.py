@@ -228,12 +228,13 @@ def _own(recv: Any, send: Any) -> Own | None:
 def _fixed(sh: Any, g: int, base: int) -> tuple[int, int, Any] | tuple[()]:
     """Group ``g``'s first byte (less ``base``), bytes and hvector shape (None: a
     slice), or () when its runs have no fixed shape (built per call from the runs)."""
-    first, total, kind = int(sh.first[g]) - base, int(sh.total[g]), int(sh.kind[g])
-    if kind == CONTIG:
-        return first, total, None
-    if kind != VECTOR:
+    grid = _grid(sh, g, base)
+    if grid is None:
         return ()
-    return first, total, (int(sh.count[g]), int(sh.block[g]), int(sh.stride[g]))
+    first, count, block, stride = grid
+    if int(sh.kind[g]) == CONTIG:
+        return first, block, None
+    return first, count * block, (count, block, stride)  # (a VECTOR's runs are all ``block``)
 
 
 def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseException | None:

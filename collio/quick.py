@@ -36,7 +36,7 @@ from . import check, speculate
 from .backends import filereads
 from .backends.directio import DIRECT_MIN
 from .backends.failures import storage_error
-from .backends.fdio import data_from, pwrite_all
+from .backends.fdio import pwrite_all
 from .backends.filereads import ONE_PREAD_BYTES
 from .backends.keeping import HOLE_MIN, Before, keep_one
 from .backends.posix import PosixBackend
@@ -322,8 +322,6 @@ class Step:
                 elif n < HOLE_MIN:  # (keep_one of a small run: its bytes as one pread
                     # gives them, a Before made only for a call that may be taken back)
                     old = os.pread(fd, min(n, size - lo), lo)
-                elif data_from(fd, lo, min(hi, size)) >= min(hi, size):
-                    old = b""  # (keep_one of a hole: its zeros, as _kept pads them)
                 else:
                     before = keep_one(fd, size, lo, n, speculate.KEEP_LIMIT)
                     if before is None:
@@ -413,8 +411,8 @@ def _kept(size: int, lo: int, n: int, fresh: bool, before: Before | None,
           old: bytes | None) -> Before | None:  # fmt: skip
     """Local: what a step's write of ``n`` bytes from ``lo`` kept to take it back, as
     :func:`keep_one` keeps it: nothing past the end (``fresh``), a small run's bytes as
-    read (zeros for any the file no longer had, as ``pread_zeros`` gives; a hole's are
-    all zeros, none read), or ``keep_one``'s own (None for a read)."""
+    read (zeros for any the file no longer had, as ``pread_zeros`` gives), or
+    ``keep_one``'s own (a range in a hole: its zeros, asked, not read; None for a read)."""
     if fresh:
         return Before(size, [])
     if old is None:

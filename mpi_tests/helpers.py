@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -178,3 +181,16 @@ def romio_items(path: str, comm: MPI.Comm, items: Any) -> None:
             fh.Write_at_all(int(lay.offsets[0]), [data, MPI.BYTE])
     finally:
         fh.Close()
+
+
+@contextlib.contextmanager
+def file_limit(on: bool, nbytes: int) -> Iterator[None]:
+    """On this rank (if ``on``), writes past ``nbytes`` fail (EFBIG: SIGXFSZ ignored);
+    the limit as it was afterwards."""
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if on:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)

@@ -9,12 +9,9 @@ leaving the lane, or failing in it, leaves every rank with the same outcome.
 
 from __future__ import annotations
 
-import contextlib
-import resource
-
 import numpy as np
 import pytest
-from helpers import raises_everywhere, read_file
+from helpers import file_limit, raises_everywhere, read_file
 
 import collio
 import collio.exchange
@@ -144,18 +141,6 @@ def test_ranks_leaving_the_lane_meet_the_others_in_one_head(comm, mpi_tmp_path, 
     _same_file(comm, path, want)
 
 
-@contextlib.contextmanager
-def _file_limit(on, nbytes):
-    """On this rank (if ``on``), writes past ``nbytes`` fail (EFBIG: SIGXFSZ ignored)."""
-    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-    if on:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, limits[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-
-
 @pytest.mark.parametrize("fault", ["data", "io"])
 def test_a_rank_failing_mid_series_fails_every_rank_and_the_series_goes_on(
     comm, mpi_tmp_path, lane_calls, fault
@@ -174,7 +159,7 @@ def test_a_rank_failing_mid_series_fails_every_rank_and_the_series_goes_on(
             err = raises_everywhere(comm, collio.LayoutError, lambda: f.write_all(bad, lay))
             assert err.ranks == (last,) and f"rank {last}: data dtype float32" in str(err)
         else:
-            with _file_limit(comm.rank == 0, lay.offset):  # (rank 0 aggregates step 5)
+            with file_limit(comm.rank == 0, lay.offset):  # (rank 0 aggregates step 5)
                 err = raises_everywhere(comm, collio.BackendError, lambda: f.write_all(piece, lay))
             assert err.ranks == (0,) and "backend I/O: rank 0:" in str(err)
         assert lane_calls[0] == done + (1 if fault == "io" or comm.rank != last else 0)

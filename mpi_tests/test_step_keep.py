@@ -11,11 +11,9 @@ as numpy and ROMIO read them.
 
 from __future__ import annotations
 
-import resource
-
 import numpy as np
 import pytest
-from helpers import collio_calls, raises_everywhere, read_file
+from helpers import collio_calls, file_limit, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
@@ -54,6 +52,22 @@ def _same(comm, path, want):
     comm.Barrier()
 
 
+def _every_rank(comm, ok, what):
+    """Assert ``ok`` on every rank alike (each rank's own fact gathered first: a rank
+    failing alone would leave the others waiting in the test's next collective)."""
+    oks = comm.allgather(bool(ok))
+    assert all(oks), f"{what}: not so on ranks {[r for r, o in enumerate(oks) if not o]}"
+
+
+def _fail_write(comm, bad, limit, call):
+    """``call()`` on every rank, rank ``bad`` unable to write past ``limit``: the error
+    every rank raises, naming ``bad`` alone."""
+    with file_limit(comm.rank == bad, limit):
+        err = raises_everywhere(comm, collio.BackendError, call)
+    assert err.ranks == (bad,)
+    return err
+
+
 @pytest.mark.parametrize("n", [1, 64, 512])
 def test_a_failed_step_below_the_end_puts_back_what_it_overwrote(comm, mpi_tmp_path, n):
     path, steps = str(mpi_tmp_path / "keep.bin"), 6
@@ -67,17 +81,11 @@ def test_a_failed_step_below_the_end_puts_back_what_it_overwrote(comm, mpi_tmp_p
             file[s * step_bytes : (s + 1) * step_bytes] = whole
         _same(comm, path, bytes(file))
         piece, lay, whole = _step(comm, steps - 1, n)
-        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-        if comm.rank == bad:  # (its write fails: past the limit from its first byte)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (lay.offset + bad * n * 8, limits[1]))
         seen: set[str] = set()
-        try:
-            call = lambda: collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: E731
-            err = raises_everywhere(comm, collio.BackendError, call)
-        finally:
-            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-        assert err.ranks == (bad,)
-        assert "_go" in seen and "_settle" in seen  # (a step's write, taken back)
+        call = lambda: collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: E731
+        # (rank ``bad``'s write fails: past the limit from its first byte)
+        _fail_write(comm, bad, lay.offset + bad * n * 8, call)
+        _every_rank(comm, "_go" in seen and "_settle" in seen, "a step's write, taken back")
         _same(comm, path, bytes(file))  # (every rank's overwritten bytes put back)
         f.write_all(piece, lay)  # (the series goes on)
         file[(steps - 1) * step_bytes : steps * step_bytes] = whole
@@ -101,9 +109,13 @@ def test_a_step_meeting_another_call_puts_back_what_it_overwrote(comm, mpi_tmp_p
         else:
             fn = lambda: collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: E731
         raises_everywhere(comm, collio.MismatchError, fn)
-        if comm.rank:
-            assert "_go" in seen and "_mismatch" in seen
+        _every_rank(comm, not comm.rank or {"_go", "_mismatch"} <= seen, "a step, taken back")
         _same(comm, path, bytes(file))
+
+
+def _asked(seen):
+    """Whether a call was a step's that asked whether its range is a hole and read none."""
+    return "_go" in seen and "data_from" in seen and "pread_zeros" not in seen
 
 
 def _holed(comm, path, nbytes):
@@ -134,7 +146,7 @@ def test_a_page_step_in_a_hole_keeps_no_bytes_and_puts_back_zeros(comm, mpi_tmp_
             collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: B023
             file[s * step_bytes : (s + 1) * step_bytes] = whole
             if s >= 3:  # (a step: its range asked, not read)
-                assert "_go" in seen and "data_from" in seen and "pread_zeros" not in seen
+                _every_rank(comm, _asked(seen), f"step {s} asked about its hole")
         _same(comm, path, bytes(file))
         piece, lay, whole = _step(comm, steps - 1, n)
         seen = set()
@@ -142,16 +154,9 @@ def test_a_page_step_in_a_hole_keeps_no_bytes_and_puts_back_zeros(comm, mpi_tmp_
         if how == "meets":
             raises_everywhere(comm, collio.MismatchError, f.sync if comm.rank == 0 else call)
         else:
-            limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-            if comm.rank == bad:
-                resource.setrlimit(resource.RLIMIT_FSIZE, (lay.offset + bad * n * 8, limits[1]))
-            try:
-                err = raises_everywhere(comm, collio.BackendError, call)
-            finally:
-                resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-            assert err.ranks == (bad,)
-        if how == "fails" or comm.rank:
-            assert "_go" in seen and "data_from" in seen and "pread_zeros" not in seen
+            _fail_write(comm, bad, lay.offset + bad * n * 8, call)
+        asked = _asked(seen) or (how == "meets" and not comm.rank)  # (rank 0 synced)
+        _every_rank(comm, asked, "the last step asked about its hole")
         _same(comm, path, bytes(file))  # (zeros put back where the call wrote)
         f.write_all(piece, lay)  # (the series goes on)
         file[(steps - 1) * step_bytes : steps * step_bytes] = whole

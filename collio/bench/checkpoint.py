@@ -140,10 +140,11 @@ def _thread_cpu(tid: int | None) -> float:
         return 0.0
 
 
-def _save_thread() -> int | None:
-    """The native id of async_save's thread, once it runs."""
+def _thread_named(prefix: str) -> int | None:
+    """The native id of this process's first thread whose name starts with ``prefix``
+    (async_save's, a control's), once it runs."""
     for t in threading.enumerate():
-        if t.name.startswith("collio-ckpt"):
+        if t.name.startswith(prefix):
             return t.native_id
     return None
 
@@ -284,13 +285,7 @@ class _Run:
         t0 = time.perf_counter()
         h = ckpt.async_save(self.path, self.state, comm=c)
         ret = time.perf_counter() - t0
-        tid = _save_thread()
-        cpu = _thread_cpu(tid)
-        t1 = time.perf_counter()
-        _compute(self.work, self.reps)
-        during = time.perf_counter() - t1
-        cpu = _thread_cpu(tid) - cpu
-        busy = not h.done()
+        during, cpu, busy = self._loop_beside(_thread_named("collio-ckpt"), h.done)
         h.wait()
         total = time.perf_counter() - t0
         mx = np.array([ret, during, total])
@@ -300,6 +295,15 @@ class _Run:
             out["compute during I/O"] = mx[1]
             out[f"{CPU}I/O"] = c.allreduce(cpu)
         return out
+
+    def _loop_beside(self, tid: int | None, done: Callable[[], bool]) -> tuple[float, float, bool]:
+        """The compute loop's seconds while thread ``tid`` works, the CPU that thread
+        took meanwhile, and whether its job (``done``) was still running after the loop."""
+        cpu = _thread_cpu(tid)
+        t1 = time.perf_counter()
+        _compute(self.work, self.reps)
+        during = time.perf_counter() - t1
+        return during, _thread_cpu(tid) - cpu, not done()
 
     def _control(self, what: str) -> dict[str, float]:
         c = self.comm
@@ -327,14 +331,7 @@ class _Run:
             before()
         c.Barrier()
         fut = self.control.submit(job)
-        tid = next((t.native_id for t in threading.enumerate()
-                    if t.name.startswith("bench-control")), None)  # fmt: skip
-        cpu = _thread_cpu(tid)
-        t1 = time.perf_counter()
-        _compute(self.work, self.reps)
-        during = time.perf_counter() - t1
-        cpu = _thread_cpu(tid) - cpu
-        busy = not fut.done()
+        during, cpu, busy = self._loop_beside(_thread_named("bench-control"), fut.done)
         step = Attempt()
         with step:
             fut.result()
