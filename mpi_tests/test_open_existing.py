@@ -89,5 +89,9 @@ def test_a_missing_file_fails_on_every_rank(comm, mpi_tmp_path, taken, mode):
     assert f"rank 0: no such file: {path!r}" in str(err)
     assert not os.path.exists(path)
     assert taken == [False]
-    with collio.open(str(mpi_tmp_path / "ok.bin"), "w", comm=comm) as f:  # (still works)
-        f.write_all(np.zeros(N), _layout(comm))
+    ok = str(mpi_tmp_path / "ok.bin")
+    mine = np.arange(N, dtype="<f8") + 1000.0 * comm.rank
+    with collio.open(ok, "w", comm=comm) as f:  # (still works)
+        f.write_all(mine, _layout(comm))
+    want = np.concatenate(comm.allgather(mine))
+    assert _romio_read(comm, ok, N * comm.size).tobytes() == want.tobytes()
