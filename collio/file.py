@@ -219,8 +219,9 @@ class File:
                 if self._stepped(step, None, self._position, data, "write_all") is not _NOT:
                     self._position += int(data.nbytes) // self._view.etype_size
                     return
-            elif self._stepped(step, layout, 0, data, "write_all") is not _NOT:
-                return
+            elif layout is not None:  # (None: to _stepped, the view from etype 0)
+                if self._stepped(step, layout, 0, data, "write_all") is not _NOT:
+                    return
         self._write_all(data, layout)
 
     @_guarded("write_all")
@@ -275,7 +276,7 @@ class File:
                 if got is not _NOT:
                     self._position += int(layout.nbytes) // self._view.etype_size
                     return got
-            else:
+            elif layout is not None:  # (None: to _stepped, the view from etype 0)
                 got = self._stepped(step, layout, 0, out, "read_all")
                 if got is not _NOT:
                     return got

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from .boxes import plain_backend
 from .itemsigs import ItemSigs, key_of
-from .layouts.base import Segments
+from .layouts.base import TOP, Segments
 from .runs import Runs
 from .spans import U8, addresses, sorted_union, span
 
@@ -88,6 +88,8 @@ def _joined(lays: list[Segments]) -> tuple[I64, I64, I64, I64, I64] | None:
         return None
     file, length = np.concatenate(offs), np.concatenate(lens)
     if len(file) and (int(file.min()) < 0 or int(length.min()) < 0):
+        return None
+    if bool((length > TOP - file).any()):  # (an end past the largest offset would wrap)
         return None
     csum = np.zeros(len(length) + 1, np.int64)
     np.cumsum(length, out=csum[1:])

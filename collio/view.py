@@ -22,7 +22,7 @@ from mpi4py import MPI
 from . import datatypes
 from .collective import Attempt, call_head, raise_agreed
 from .errors import LayoutError, MismatchError
-from .layouts.base import Layout
+from .layouts.base import TOP, Layout
 from .layouts.strided import Blocks
 from .layouts.typemap import Flat, Pair, stream_runs, zip_runs
 from .runs import Runs, first_overlap, merge, read_only, sort
@@ -332,6 +332,15 @@ class BufferLayout(Layout):
         if total and not view.filetype.size:
             raise LayoutError("the file view holds no data (its filetype is empty)")
         start = self.position * view.etype_size
+        if total:  # (the runs are int64: a stream reaching past the top would wrap)
+            ft = view.filetype
+            end = view.disp + (start + total - 1) // ft.size * ft.extent
+            end += int((ft.off + ft.length).max())
+            if end > TOP:
+                raise LayoutError(
+                    f"the call reaches byte {end}, past the largest offset {TOP} "
+                    f"(view displacement {view.disp}, offset {self.position})"
+                )
         if contiguous:  # a contiguous buffer: the view's runs, kept for the next call
             self._runs, bad = view.stream(start, total, m0)
             self._overlap = (self._runs, bad)

@@ -648,3 +648,32 @@ def test_load_in_place_still_checks_every_byte(
         for name in set(spec) - {"ffn/w"}:  # (the others hold their bytes)
             want = model.expected(name, spec[name])
             assert outs[name].tobytes(order="A") == want.tobytes(order="A"), (comm.rank, name)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("maps", ["enable", "disable"])
+def test_arrays_of_no_bytes_load_alone_and_beside_others(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, maps: str
+) -> None:
+    """An array with a dimension of length 0 saves and loads, alone (no byte of the file
+    to read) or beside one that has bytes, at another decomposition."""
+    path = _path(comm, mpi_tmp_path)
+    full = np.arange(6 * 5, dtype=">i4").reshape(6, 5)
+    saved = {
+        "empty": layouts.block((0, 4), "f8", comm=comm),
+        "full": layouts.block(full.shape, ">i4", comm=comm, grid=(comm.size, 1)),
+    }
+    state = {
+        "empty": (np.empty(saved["empty"].local_shape, "f8"), saved["empty"]),
+        "full": (np.ascontiguousarray(full[saved["full"].slices]), saved["full"]),
+    }
+    ckpt.save(path, state, comm=comm)
+    hints = {"checkpoint_map": maps}
+    empty = layouts.block((0, 4), "f8", comm=comm, grid=(1, comm.size))
+    got = ckpt.load(path, {"empty": empty}, comm=comm, hints=hints)
+    assert got["empty"].shape == empty.local_shape and got["empty"].dtype == np.float64
+    lay = layouts.block(full.shape, ">i4", comm=comm, grid=(1, comm.size))
+    got = ckpt.load(path, {"empty": empty, "full": lay}, comm=comm, hints=hints)
+    assert got["empty"].shape == empty.local_shape and got["empty"].dtype == np.float64
+    want = np.ascontiguousarray(full[lay.slices])
+    assert got["full"].dtype == want.dtype and got["full"].tobytes() == want.tobytes()

@@ -98,3 +98,37 @@ def test_the_save_runs_in_a_thread_of_its_own_at_the_lowest_priority(
     for name, lay in spec.items():
         want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
         assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+
+
+@pytest.mark.mpi
+def test_freeing_the_communicator_while_a_save_runs_lets_the_save_finish(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user frees the communicator of a save still running (its thread held back
+    until then): the save's duplicate outlives it until the save is done, so ``wait``
+    returns on every rank and the checkpoint holds the state byte for byte."""
+    path = str(comm.bcast(os.path.join(str(mpi_tmp_path), "model.ckpt"), root=0))
+    go = threading.Event()
+    real = asyncsave.write
+
+    def write(*args: Any, **kw: Any) -> None:
+        go.wait(60)  # (the save starts only once its communicator is freed)
+        real(*args, **kw)
+
+    monkeypatch.setattr(asyncsave, "write", write)
+    user = comm.Dup()
+    h = ckpt.async_save(path, model.rows_state(comm.rank, comm.size), comm=user)
+    monkeypatch.undo()
+    user.Free()
+    go.set()
+    failed = None
+    try:
+        h.wait()
+    except Exception as exc:  # noqa: BLE001 - agreed below, so no rank hangs in load
+        failed = exc
+    assert comm.allgather(repr(failed)) == [repr(None)] * comm.size
+    spec = model.rows_layouts(comm.rank, comm.size)
+    got = ckpt.load(path, dict(spec), comm=comm)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)

@@ -333,3 +333,41 @@ def test_a_layout_after_a_view_series_goes_the_general_way(comm, mpi_tmp_path):
         want += step_bytes(steps)
     comm.Barrier()
     assert read_file(path) == bytes(want)
+
+
+def test_an_explicit_none_layout_after_a_view_series_raises_as_the_guarded_way(comm, mpi_tmp_path):
+    """``write_all(buf, None)`` and ``read_all(None, out)`` are errors (an explicit None
+    is no layout; the view is taken only when none is given): after a series through
+    the view left a step at the pointer's position, they still raise the same
+    LayoutError on every rank, naming every rank, and write (read) nothing."""
+    path = str(mpi_tmp_path / "none.bin")
+    p, r, n = comm.size, comm.rank, 16
+    with collio.open(path, "w", comm=comm) as f:
+        f.set_view(8 * n * r, MPI.DOUBLE, MPI.DOUBLE)  # (each rank's position 0 its own)
+        for s in range(6):
+            f.write_at_all(0, np.full(n, s, np.float64))
+            f.read_at_all(0, np.empty(n))
+        f.sync()
+        comm.Barrier()
+        before = read_file(path)
+        comm.Barrier()
+        shown = "; ".join(
+            f"rank {k}: layout must be a collio layout, not NoneType" for k in range(p)
+        )
+        with pytest.raises(collio.LayoutError) as info:
+            f.write_all(np.full(n, 99.0), None)
+        assert str(info.value) == f"write_all: {shown}"
+        out = np.full(n, -1.0)
+        shown = "; ".join(f"rank {k}: no buffer given" for k in range(p))
+        with pytest.raises(collio.LayoutError) as info:
+            f.read_all(None, out)
+        assert str(info.value) == f"read_all: {shown}"
+        assert (out == -1.0).all()
+        f.sync()
+        comm.Barrier()
+        assert read_file(path) == before
+        comm.Barrier()
+        f.write_at_all(0, np.full(n, 7, np.float64))  # (the file usable after)
+    comm.Barrier()
+    got = np.frombuffer(read_file(path), np.float64)
+    assert got.tobytes() == np.full(p * n, 7, np.float64).tobytes()

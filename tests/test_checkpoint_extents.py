@@ -133,3 +133,30 @@ def test_spans_of_boxes_in_one_pass_are_their_runs_spans() -> None:
     lays.insert(7, block_cyclic((9, 7), "<f4", block=(2, 3), grid=(2, 1), rank=1, size=2))
     assert _spans(lays).tolist() == spans(lays).tolist()
     assert {bool(c) for c in spans(lays)[:, 2]} == {True, False}
+
+
+def test_a_pieces_span_keeps_no_layout(tmp_path: Any) -> None:
+    """The span of a box (a row shard by arithmetic, a column shard from its runs) is
+    kept by its values, never by the layout object: a job that makes its layouts anew
+    at every save and load would keep each one (and its runs) otherwise.  The spans
+    are the runs' own."""
+    import sys
+
+    import collio.checkpoint as ckpt
+    from collio.checkpoint.save import span_of
+    from collio.layouts import Subarray
+
+    rows = [Subarray((64, 64), (16, 0), (16, 64), "f8") for _ in range(3)]
+    cols = [Subarray((64, 64), (0, 16), (64, 16), "f8", "C") for _ in range(3)]
+    counts = [sys.getrefcount(lay) for lay in rows + cols]
+    assert [span_of(lay) for lay in rows] == [(16 * 64 * 8, 32 * 64 * 8, True)] * 3
+    runs = cols[0].runs()
+    want = (int(runs.file[0]), int(runs.file[-1] + runs.length[-1]), False)
+    assert [span_of(lay) for lay in cols] == [want] * 3
+    path = str(tmp_path / "c.ckpt")
+    glob = np.arange(64 * 64, dtype="f8").reshape(64, 64)
+    whole = Subarray((64, 64), (0, 0), (64, 64), "f8")
+    ckpt.save(path, {"x": (glob, whole)})
+    got = ckpt.load(path, {"x": cols[1]})
+    assert got["x"].tobytes() == np.ascontiguousarray(glob[:, 16:32]).tobytes()
+    assert [sys.getrefcount(lay) for lay in rows + cols] == counts

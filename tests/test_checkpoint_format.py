@@ -156,3 +156,14 @@ def test_chunks_map_array_ranges_to_file_runs() -> None:
     assert c.reads().split(18, 5) == [(518, 2, 0), (1000, 3, 2)]
     with pytest.raises(ValueError):
         c.runs(np.array([30]), np.array([5]))  # (between arrays: no chunk)
+
+
+def test_chunks_of_empty_arrays_alone_are_none() -> None:
+    """A load of arrays that hold no bytes (a dimension of length 0) maps no chunk."""
+    from collio.checkpoint.chunks import Chunks
+
+    z = np.zeros(0, np.int64)
+    for v, f, n in [(z, z, z), (np.array([0, 0]), np.array([64, 64]), np.array([0, 0]))]:
+        c = Chunks.of_runs(v, f, n)
+        assert len(c.vstart) == len(c.fstart) == len(c.length) == 0
+        assert [len(a) for a in c.runs(z, z)] == [0, 0, 0, 0]

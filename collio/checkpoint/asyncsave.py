@@ -51,10 +51,22 @@ class _Background:
 
 def _delete(comm: Any, keyval: int, value: Any) -> None:
     try:
-        if isinstance(value, _Background) and value.dup != MPI.COMM_NULL:
-            value.dup.Free()
+        if isinstance(value, _Background):
+            running = value.running
+            if running is None:
+                _free(value)
+            else:
+                # the save's thread may still make its calls on the duplicate (freed
+                # here, its handle would be MPI_COMM_NULL under them): freed once the
+                # save is done, by the thread that ends it (at once if it has ended)
+                running._future.add_done_callback(lambda _: _free(value))
     except Exception:  # noqa: BLE001 - never raise from an MPI callback
         pass
+
+
+def _free(value: _Background) -> None:
+    if value.dup != MPI.COMM_NULL:
+        value.dup.Free()
 
 
 class SaveHandle:

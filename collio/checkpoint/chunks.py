@@ -44,6 +44,8 @@ class Chunks:
         whole is one, however many extents it has)."""
         keep = length > 0
         v, f, n = vstart[keep], fstart[keep], length[keep]
+        if not len(v):  # (arrays of no bytes alone: no chunk, and no last run to end one)
+            return cls(v, f, n)
         new = np.ones(len(v), bool)
         new[1:] = (v[1:] != v[:-1] + n[:-1]) | (f[1:] != f[:-1] + n[:-1])
         head = np.flatnonzero(new)

@@ -43,20 +43,22 @@ def spans(layouts: list[ArrayLayout]) -> I64:
 def span_of(lay: ArrayLayout) -> tuple[int, int, bool]:
     """(lo, hi, contiguous) of a piece within its array."""
     if isinstance(lay, Subarray):
-        return _box_span(lay)
-    runs = lay.runs()
+        got = _box_span(lay.global_shape, lay.start, lay.shape, lay.dtype.itemsize, lay.order)
+        if got is not None:
+            return got
+    runs = lay.runs()  # (a box that is not one range: its runs, kept by the layout)
     return extents.span(runs.file, runs.length, runs.mem)
 
 
-# (kept per box, as a layout is immutable and a job saves the same ones every step:
-# the arithmetic costs more than the rest of an entry's planning)
+# (kept per box, as a job saves the same boxes every step: the arithmetic costs more than
+# the rest of an entry's planning; kept by the box's values, not the layout: a job that
+# makes its layouts anew at every step would keep each one, and its runs, here)
 @functools.lru_cache(maxsize=1024)
-def _box_span(lay: Subarray) -> tuple[int, int, bool]:
-    got = extents.box_span(lay.global_shape, lay.start, lay.shape, lay.dtype.itemsize, lay.order)
-    if got is not None:
-        return got
-    runs = lay.runs()
-    return extents.span(runs.file, runs.length, runs.mem)
+def _box_span(
+    global_shape: tuple[int, ...], start: tuple[int, ...], shape: tuple[int, ...],
+    itemsize: int, order: str,
+) -> tuple[int, int, bool] | None:  # fmt: skip
+    return extents.box_span(global_shape, start, shape, itemsize, order)
 
 
 def item(data: Any, lay: ArrayLayout, offset: int, flat: bool) -> tuple[Any, Any]:

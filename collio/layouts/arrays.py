@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from ..errors import LayoutError
 from ..runs import Runs, read_only
-from .base import Layout
+from .base import TOP, Layout
 from .strided import Blocks
 
 __all__ = [
@@ -164,6 +164,9 @@ class ArrayLayout(Layout):
             raise LayoutError(f"offset {self.offset} is negative")
         if self.dtype.itemsize == 0:
             raise LayoutError(f"dtype {self.dtype} has no size")
+        end = self.offset + math.prod(self.global_shape) * self.dtype.itemsize
+        if end > TOP:  # (its runs are int64: one ending past the top would wrap)
+            raise LayoutError(f"the array ends at byte {end}, past the largest offset {TOP}")
         for k, d in enumerate(self.dims):
             if d.count < 0 or d.first < 0 or d.block < 1 or d.period < d.block:
                 raise LayoutError(f"dimension {k}: invalid index set {d}")

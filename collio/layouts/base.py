@@ -13,7 +13,11 @@ from ..errors import LayoutError
 from ..runs import Runs, as_i64, merge, read_only, sort
 from .strided import Blocks
 
-__all__ = ["Layout", "Segments"]
+__all__ = ["TOP", "Layout", "Segments"]
+
+#: The largest byte offset: a file offset is a signed 64-bit number (``off_t``, and the
+#: int64 of every run), so no piece may end past it
+TOP = 2**63 - 1
 
 
 class Layout(abc.ABC):
@@ -179,6 +183,17 @@ class Segments(Layout):
         if len(self.lengths) and int(self.lengths.min()) < 0:
             i = int(np.argmin(self.lengths))
             raise LayoutError(f"segment {i} has negative length {int(self.lengths[i])}")
+        # (offsets and lengths are int64, their ends too: one past the top would wrap;
+        # a small call's one segment asked in Python ints, no numpy pass)
+        n = len(self.offsets)
+        if n == 1 and int(self.offsets[0]) + int(self.lengths[0]) <= TOP:
+            return
+        if n and int(self.offsets.max()) + int(self.lengths.max()) > TOP:
+            past = np.flatnonzero(self.lengths > TOP - self.offsets)
+            if len(past):
+                i = int(past[0])
+                end = int(self.offsets[i]) + int(self.lengths[i])
+                raise LayoutError(f"segment {i} ends at byte {end}, past the largest offset {TOP}")
 
     def blocks(self) -> Blocks:
         mem = np.zeros(len(self.lengths), np.int64)
