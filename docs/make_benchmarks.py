@@ -474,7 +474,10 @@ CONTROLS_PROSE = [
     "(`thread copy`): the slowdown any background work brings on these cores, against",
     "which the save's own is the ratio of `compute during I/O` to `compute during plain",
     "write`; `thread CPU` is the CPU the background threads took during the loop,",
-    "summed over the ranks, and its share of the cores' time in the loop.",
+    "summed over the ranks, and its share of the cores' time in the loop; `loop",
+    "blocked` is the time the loop's own thread spent neither running nor waiting for",
+    "a core (its `schedstat`; the slowest rank): waiting for the GIL, which the",
+    "background thread of its process held.",
 ]
 
 
@@ -500,7 +503,8 @@ def checkpoint_table(docs: dict[str, dict[str, Any]]) -> list[str]:
         lines += ["", *CONTROLS_PROSE, "", "| control (no target) | measured |", "|---|---:|"]
     for c in controls:
         got = (f"{c['ratio']:.3f}" if "ratio" in c else
-               f"{c['seconds'] * 1e3:.1f} ms, {c['of_cores']:.1%} of the cores")  # fmt: skip
+               f"{c['seconds'] * 1e3:.1f} ms, {c['of_loop']:.1%} of the loop" if "of_loop" in c
+               else f"{c['seconds'] * 1e3:.1f} ms, {c['of_cores']:.1%} of the cores")  # fmt: skip
         lines.append(f"| {c['control']} | {got} |")
     return [*lines, "", f"`{command(doc)}`, {doc['arrays']} arrays, {doc['nranks']} ranks."]
 

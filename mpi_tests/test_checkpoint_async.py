@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import collio
 import collio.checkpoint as ckpt
-from collio.checkpoint import asyncsave
+from collio.checkpoint import asyncsave, writer
 from collio.testing import checkpoint as model
 
 
@@ -42,6 +42,33 @@ def test_a_copy_that_fails_on_one_rank_fails_the_save_at_wait(
     monkeypatch.undo()
     err = raises_everywhere(comm, collio.CollioError, h.wait)
     assert f"rank {comm.size - 1}" in str(err) and "no memory" in str(err)
+    spec = model.rows_layouts(comm.rank, comm.size)
+    got = ckpt.load(path, dict(spec), comm=comm)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+    assert [n for n in os.listdir(os.path.dirname(path)) if n != "model.ckpt"] == []
+
+
+@pytest.mark.mpi
+def test_items_that_fail_on_one_rank_before_the_return_fail_the_save_at_wait(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first rank fails to work out its items, which ``async_save`` does before it
+    returns: it returns on every rank all the same, ``wait`` raises the same error on
+    every rank, and the checkpoint saved before is kept, byte for byte."""
+    path = str(comm.bcast(os.path.join(str(mpi_tmp_path), "model.ckpt"), root=0))
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    if comm.rank == 0:
+
+        def items(plan: Any, rank: int) -> Any:
+            raise MemoryError("no memory for the items")
+
+        monkeypatch.setattr(writer, "_items", items)
+    h = ckpt.async_save(path, model.rows_state(comm.rank, comm.size, scale=2), comm=comm)
+    monkeypatch.undo()
+    err = raises_everywhere(comm, collio.CollioError, h.wait)
+    assert "rank 0" in str(err) and "no memory for the items" in str(err)
     spec = model.rows_layouts(comm.rank, comm.size)
     got = ckpt.load(path, dict(spec), comm=comm)
     for name, lay in spec.items():
@@ -78,10 +105,12 @@ def test_the_save_runs_in_a_thread_of_its_own_at_the_lowest_priority(
     if not comm.allreduce(_may_lower_a_threads_priority(), op=MPI.LAND):
         pytest.skip("this system does not let a thread lower its priority")
     seen: list[tuple[int, int]] = []
+    ready: list[bool] = []
     real = asyncsave.write
 
     def write(*args: Any, **kw: Any) -> None:
         seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)))
+        ready.append(args[2].items is not None)  # (no items left to work out in Python)
         real(*args, **kw)
 
     mine = os.getpriority(os.PRIO_PROCESS, 0)
@@ -92,6 +121,7 @@ def test_the_save_runs_in_a_thread_of_its_own_at_the_lowest_priority(
     assert len(seen) == 1, seen
     assert seen[0][0] != threading.get_native_id()
     assert seen[0][1] == asyncsave.NICE, (seen, mine)
+    assert ready == [True], ready
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
     spec = model.rows_layouts(comm.rank, comm.size)
     got = ckpt.load(path, dict(spec), comm=comm)

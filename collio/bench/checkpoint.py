@@ -126,6 +126,10 @@ def _compute(x: np.ndarray[Any, Any], reps: int) -> None:
 
 #: The prefix of the figures that are a background thread's CPU seconds during a loop.
 CPU = "thread CPU during "
+#: The prefix of the figures that are the seconds the loop's own thread spent during the
+#: loop neither running nor waiting for a core (slowest rank): waiting for the GIL, which
+#: a background thread of the same process held.
+BLOCKED = "loop blocked during "
 
 
 def _thread_cpu(tid: int | None) -> float:
@@ -138,6 +142,17 @@ def _thread_cpu(tid: int | None) -> float:
             return int(fh.read().split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def _own_times() -> tuple[float, float]:
+    """Seconds the calling thread has run and has waited for a core (Linux: its
+    ``schedstat``; zeros where there is none)."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as fh:
+            run, wait = fh.read().split()[:2]
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
 
 
 def _thread_named(prefix: str) -> int | None:
@@ -285,25 +300,33 @@ class _Run:
         t0 = time.perf_counter()
         h = ckpt.async_save(self.path, self.state, comm=c)
         ret = time.perf_counter() - t0
-        during, cpu, busy = self._loop_beside(_thread_named("collio-ckpt"), h.done)
+        during, cpu, busy, blocked = self._loop_beside(_thread_named("collio-ckpt"), h.done)
         h.wait()
         total = time.perf_counter() - t0
-        mx = np.array([ret, during, total])
+        mx = np.array([ret, during, total, blocked])
         c.Allreduce(MPI.IN_PLACE, mx, op=MPI.MAX)
         out = {"async_save return": mx[0], "async_save total": mx[2]}
         if c.allreduce(busy, op=MPI.LAND):  # the loop ran while the I/O did, on every rank
             out["compute during I/O"] = mx[1]
             out[f"{CPU}I/O"] = c.allreduce(cpu)
+            out[f"{BLOCKED}I/O"] = mx[3]
         return out
 
-    def _loop_beside(self, tid: int | None, done: Callable[[], bool]) -> tuple[float, float, bool]:
+    def _loop_beside(
+        self, tid: int | None, done: Callable[[], bool]
+    ) -> tuple[float, float, bool, float]:
         """The compute loop's seconds while thread ``tid`` works, the CPU that thread
-        took meanwhile, and whether its job (``done``) was still running after the loop."""
+        took meanwhile, whether its job (``done``) was still running after the loop, and
+        the seconds of the loop this thread was blocked (neither running nor waiting for
+        a core: the numpy loop's only wait is for the GIL)."""
         cpu = _thread_cpu(tid)
+        run, wait = _own_times()
         t1 = time.perf_counter()
         _compute(self.work, self.reps)
         during = time.perf_counter() - t1
-        return during, _thread_cpu(tid) - cpu, not done()
+        run2, wait2 = _own_times()
+        blocked = max(0.0, during - (run2 - run) - (wait2 - wait)) if run2 else 0.0
+        return during, _thread_cpu(tid) - cpu, not done(), blocked
 
     def _control(self, what: str) -> dict[str, float]:
         c = self.comm
@@ -331,14 +354,14 @@ class _Run:
             before()
         c.Barrier()
         fut = self.control.submit(job)
-        during, cpu, busy = self._loop_beside(_thread_named("bench-control"), fut.done)
+        during, cpu, busy, blocked = self._loop_beside(_thread_named("bench-control"), fut.done)
         step = Attempt()
         with step:
             fut.result()
-        # (one gather of every rank's error, loop, thread CPU and whether its job outlasted
-        # the loop, waited for sleeping as :func:`_timed` waits)
-        mine = np.array([float(step.error is not None), during, cpu, float(busy)])
-        every = np.empty((c.Get_size(), 4))
+        # (one gather of every rank's error, loop, thread CPU, whether its job outlasted
+        # the loop and the loop's blocked time, waited for sleeping as :func:`_timed` waits)
+        mine = np.array([float(step.error is not None), during, cpu, float(busy), blocked])
+        every = np.empty((c.Get_size(), 5))
         sleep_until_done(c.Iallgather([mine, MPI.DOUBLE], [every, MPI.DOUBLE]), cap=WAIT)
         if every[:, 0].any():
             raise_agreed(c, step.error, what="collio-bench checkpoint")
@@ -347,6 +370,7 @@ class _Run:
         return {
             f"compute during {what}": float(every[:, 1].max()),
             f"{CPU}{what}": float(every[:, 2].sum()),
+            f"{BLOCKED}{what}": float(every[:, 4].max()),
         }
 
 
@@ -406,6 +430,12 @@ def _controls(med: dict[str, float]) -> list[dict[str, Any]]:
         share = cpu / (loop * (cores or 1))
         out.append({"control": f"{CPU}{what}", "seconds": cpu, "of_cores": share})
         print(f"  {CPU + what:<48} {cpu * 1e3:6.1f} ms, {share:.1%} of the cores in the loop")
+    for what in ("I/O", "plain write", "thread copy"):
+        held, loop = med.get(f"{BLOCKED}{what}"), med.get(f"compute during {what}")
+        if held is None or loop is None:
+            continue
+        out.append({"control": f"{BLOCKED}{what}", "seconds": held, "of_loop": held / loop})
+        print(f"  {BLOCKED + what:<48} {held * 1e3:6.1f} ms, {held / loop:.1%} of the loop")
     return out
 
 
@@ -417,7 +447,7 @@ def _report(args: argparse.Namespace, run: _Run, times: dict[str, list[float]]) 
         med["verified ceiling read"] = min(verified)
     rows = []
     for name, ts in times.items():
-        if name.startswith(CPU):  # (seconds of CPU, not of a method: with the controls)
+        if name.startswith((CPU, BLOCKED)):  # (seconds in a loop, not a method's: controls)
             continue
         op = "read" if ("read" in name or "load" in name) else "write"
         bw = [run.nbytes / MiB / t for t in ts]

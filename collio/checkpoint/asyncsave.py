@@ -13,6 +13,15 @@ other ranks) needs cores that the job's compute wants: with more ranks than core
 every cycle it takes is one the job loses.  At the lowest priority it runs when a
 core is idle, and the job's computing threads come first.  The save
 then takes longer when the cores are busy: ``wait()`` gets the rest of it done.
+
+The GIL is the one thing the thread shares with the job's own Python thread, which
+takes it back after every numpy call, and a thread at the lowest priority that loses
+its core while it holds the GIL makes the job's thread wait for the scheduler to run
+it again.  So the thread holds it as little as it can: what the save works out in
+Python (the extents, this rank's items: a few milliseconds at a time) is done before
+``async_save`` returns (:func:`~.writer.ready`); what is left to the thread is mostly
+C calls that release the GIL (its writes, checksums, fsync and MPI's waits) and the
+calls' own bookkeeping between them.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from mpi4py import MPI
 
 from .save import prepare
 from .state import Entry
-from .writer import write
+from .writer import ready, write
 
 __all__ = ["SaveHandle", "async_save"]
 
@@ -174,6 +183,7 @@ def async_save(
     stage = _Stage()
     plan = prepare(base, state, metadata, stage)
     plan.error = stage.error
+    ready(plan, base.Get_rank())  # (its Python here, not holding the GIL in the thread)
     # (early=False: all of the save's I/O in its thread, at the lowest priority)
     job = functools.partial(write, early=False)
     future = _executor().submit(job, kept.dup, target, plan, hints, dict(options))

@@ -91,11 +91,13 @@ class Plan:
     #: whether each rank writes its own piece of the array itself (see :func:`direct`)
     direct: list[bool]
     metadata: Any
-    #: the extents, planned by :meth:`plan_extents` (pure: an async save does it in its thread)
+    #: the extents, planned by :meth:`plan_extents` (pure: an async save does it before it returns)
     extents: extents.Plan | None = None
     #: this rank's error in preparing it that :func:`write` raises, agreed (an async
     #: save's copies, made while the ranks agree: see :data:`Stage`)
     error: BaseException | None = None
+    #: this rank's items of the write, ``(direct, through layouts)`` (:func:`.writer.ready`)
+    items: tuple[list[Any], list[Any]] | None = None
 
     def plan_extents(self) -> None:
         """Cut every array into extents and give each to a rank (see :mod:`.extents`)."""

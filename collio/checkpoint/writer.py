@@ -21,7 +21,7 @@ from .crc import of_pieces
 from .save import I64, Plan
 from .save import at as at_
 
-__all__ = ["write"]
+__all__ = ["ready", "write"]
 
 #: Whether a save sums its extents.  Off only in the benchmark, which measures what the
 #: checksums cost a save by a save without them (a file saved so fails every load).
@@ -131,10 +131,9 @@ def write(
     step = Attempt()
     opened: Any = None
     with step:  # (on async_save's thread too: a rank failing alone must not strand the rest)
+        ready(plan, rank)
         if plan.error is not None:
             raise plan.error
-        if plan.extents is None:
-            plan.plan_extents()
         # (hints one rank cannot parse raise here, agreed, not alone before the open;
         # without ``early`` no flush at all before the close: the rounds of two-phase
         # pieces would otherwise start fdatasyncs on the file's flush thread, at the
@@ -143,7 +142,8 @@ def write(
     if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
         raise_agreed(comm, step.error, what="checkpoint.save")
     with _open(target, "w", comm=comm, hints=opened, **options) as f:
-        fast, slow = _items(plan, rank)
+        assert plan.items is not None  # (ready() made them, or raised agreed)
+        fast, slow = plan.items
         if plan.reads_back:  # before any byte is written
             _check_readable(f)
         if not f.backend.partial_write and not plan.reads_back:
@@ -163,6 +163,23 @@ def write(
             sums = of_pieces(back, lens) if CHECKSUMS else np.zeros(len(lens), np.uint32)
             crcs = np.concatenate([crcs, sums])
         f.write_all(*_tail(f.comm, plan, crcs))
+
+
+def ready(plan: Plan, rank: int) -> None:
+    """Local: what :func:`write` works out before its first byte (the extents, this rank's
+    items), unless done already; an error is kept in ``plan.error``, which ``write``
+    raises agreed at its first agreement.  :func:`~.asyncsave.async_save` calls it
+    before it returns: this is Python from end to end, and in the save's thread it
+    would hold the GIL against the job's own thread (see :mod:`.asyncsave`)."""
+    if plan.error is not None:
+        return
+    try:
+        if plan.extents is None:
+            plan.plan_extents()
+        if plan.items is None:
+            plan.items = _items(plan, rank)
+    except Exception as exc:  # noqa: BLE001 - agreed by write's first agreement
+        plan.error = exc
 
 
 def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
