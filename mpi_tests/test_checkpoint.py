@@ -365,7 +365,7 @@ def test_benchmark_controls_write_the_shares_and_agree(
     import concurrent.futures
 
     from collio.bench import ckpt_peers as peers
-    from collio.bench.checkpoint import CPU, _Run
+    from collio.bench.checkpoint import BLOCKED, CPU, _Run
 
     total = 3 * (1 << 20) + 4321
     off, n = peers.share(total, comm)
@@ -382,9 +382,15 @@ def test_benchmark_controls_write_the_shares_and_agree(
                                                           comm.size)),
             run._empty_plain,
         )  # fmt: skip
-        assert set(got) == {"compute during plain write", f"{CPU}plain write"}
+        assert set(got) == {
+            "compute during plain write",
+            f"{CPU}plain write",
+            f"{BLOCKED}plain write",
+        }
         assert comm.allgather(got) == [got] * comm.size
         assert got[f"{CPU}plain write"] >= 0.0
+        # (the loop's blocked time is a part of the loop's own)
+        assert 0.0 <= got[f"{BLOCKED}plain write"] <= got["compute during plain write"]
         every = comm.gather(mine.tobytes())
         failed = None
         if comm.rank == 0:
@@ -402,7 +408,11 @@ def test_benchmark_controls_write_the_shares_and_agree(
         err = raises_everywhere(comm, collio.CollioError, lambda: run._beside("x", fail_on_last))
         assert f"rank {comm.size - 1}" in str(err)
         after = run._beside("thread copy", lambda: time.sleep(0.05))  # (the job goes on)
-        assert set(after) == {"compute during thread copy", f"{CPU}thread copy"}
+        assert set(after) == {
+            "compute during thread copy",
+            f"{CPU}thread copy",
+            f"{BLOCKED}thread copy",
+        }
     finally:
         run.control.shutdown()
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from collio.bench.checkpoint import CPU, _controls
+from collio.bench.checkpoint import BLOCKED, CPU, _controls
 
 
 def test_controls_are_ratios_of_the_medians_and_the_threads_cpu_share(
@@ -19,6 +19,7 @@ def test_controls_are_ratios_of_the_medians_and_the_threads_cpu_share(
         "compute during plain write": 0.055,
         f"{CPU}I/O": 0.004,
         f"{CPU}plain write": 0.002,
+        f"{BLOCKED}I/O": 0.003,
     }  # (no thread copy this job: its rows are left out, not made up)
     got = {c["control"]: c for c in _controls(med)}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -27,7 +28,10 @@ def test_controls_are_ratios_of_the_medians_and_the_threads_cpu_share(
         "compute during async I/O vs during a plain write",
         f"{CPU}I/O",
         f"{CPU}plain write",
+        f"{BLOCKED}I/O",
     }
+    assert got[f"{BLOCKED}I/O"]["seconds"] == 0.003
+    assert got[f"{BLOCKED}I/O"]["of_loop"] == pytest.approx(0.003 / 0.060)
     assert got["compute slowdown during a plain write thread"]["ratio"] == pytest.approx(1.1)
     assert got["compute during async I/O vs during a plain write"]["ratio"] == pytest.approx(
         0.060 / 0.055
@@ -39,3 +43,4 @@ def test_controls_are_ratios_of_the_medians_and_the_threads_cpu_share(
     assert "controls (no targets):" in out
     assert "compute slowdown during a plain write thread" in out and " 1.100" in out
     assert "4.0 ms" in out and "thread copy" not in out
+    assert "3.0 ms, 5.0% of the loop" in out
