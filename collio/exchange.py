@@ -165,9 +165,13 @@ def pack_vector(
             f"runs of {block} bytes every {stride} from {first} ({count} of them) "
             f"do not fit a buffer of {len(buf)} bytes"
         )
-    src = np.lib.stride_tricks.as_strided(
-        buf[first:], shape=(count, block), strides=(stride, 1), writeable=False
-    )
+    stop = first + count * stride
+    if stop <= len(buf):  # (whole strides in the buffer: a reshape, without as_strided's cost)
+        src = buf[first:stop].reshape(count, stride)[:, :block]
+    else:
+        src = np.lib.stride_tricks.as_strided(
+            buf[first:], shape=(count, block), strides=(stride, 1), writeable=False
+        )
     dest = out[: count * block].reshape(count, block)
     np.copyto(dest, src)
     return dest.reshape(-1)

@@ -194,3 +194,16 @@ def file_limit(on: bool, nbytes: int) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+
+
+def assert_rows_load(comm: MPI.Comm, path: str) -> None:
+    """The row-sharded checkpoint at ``path`` (:func:`collio.testing.checkpoint.rows_state`,
+    its first scale) loads on every rank, each piece byte for byte."""
+    import collio.checkpoint as ckpt
+    from collio.testing import checkpoint as model
+
+    spec = model.rows_layouts(comm.rank, comm.size)
+    got = ckpt.load(path, dict(spec), comm=comm)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import raises_everywhere
+from helpers import assert_rows_load, raises_everywhere
 from mpi4py import MPI
 
 import collio
@@ -42,11 +42,7 @@ def test_a_copy_that_fails_on_one_rank_fails_the_save_at_wait(
     monkeypatch.undo()
     err = raises_everywhere(comm, collio.CollioError, h.wait)
     assert f"rank {comm.size - 1}" in str(err) and "no memory" in str(err)
-    spec = model.rows_layouts(comm.rank, comm.size)
-    got = ckpt.load(path, dict(spec), comm=comm)
-    for name, lay in spec.items():
-        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
-        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+    assert_rows_load(comm, path)
     assert [n for n in os.listdir(os.path.dirname(path)) if n != "model.ckpt"] == []
 
 
@@ -69,11 +65,7 @@ def test_items_that_fail_on_one_rank_before_the_return_fail_the_save_at_wait(
     monkeypatch.undo()
     err = raises_everywhere(comm, collio.CollioError, h.wait)
     assert "rank 0" in str(err) and "no memory for the items" in str(err)
-    spec = model.rows_layouts(comm.rank, comm.size)
-    got = ckpt.load(path, dict(spec), comm=comm)
-    for name, lay in spec.items():
-        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
-        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+    assert_rows_load(comm, path)
     assert [n for n in os.listdir(os.path.dirname(path)) if n != "model.ckpt"] == []
 
 
@@ -123,11 +115,7 @@ def test_the_save_runs_in_a_thread_of_its_own_at_the_lowest_priority(
     assert seen[0][1] == asyncsave.NICE, (seen, mine)
     assert ready == [True], ready
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
-    spec = model.rows_layouts(comm.rank, comm.size)
-    got = ckpt.load(path, dict(spec), comm=comm)
-    for name, lay in spec.items():
-        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
-        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+    assert_rows_load(comm, path)
 
 
 @pytest.mark.mpi
@@ -157,8 +145,4 @@ def test_freeing_the_communicator_while_a_save_runs_lets_the_save_finish(
     except Exception as exc:  # noqa: BLE001 - agreed below, so no rank hangs in load
         failed = exc
     assert comm.allgather(repr(failed)) == [repr(None)] * comm.size
-    spec = model.rows_layouts(comm.rank, comm.size)
-    got = ckpt.load(path, dict(spec), comm=comm)
-    for name, lay in spec.items():
-        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
-        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+    assert_rows_load(comm, path)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import raises_everywhere, read_file
+from helpers import assert_rows_load, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
@@ -28,11 +28,7 @@ def _kept(comm: MPI.Intracomm, path: str, before: bytes) -> None:
     if comm.rank == 0:
         assert read_file(path) == before
         assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
-    spec = model.rows_layouts(comm.rank, comm.size)
-    got = ckpt.load(path, dict(spec), comm=comm)
-    for name, lay in spec.items():
-        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
-        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+    assert_rows_load(comm, path)
 
 
 @pytest.mark.mpi

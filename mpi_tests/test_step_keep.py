@@ -68,6 +68,22 @@ def _fail_write(comm, bad, limit, call):
     return err
 
 
+def _write_steps(comm, f, file, n, count, each=None):
+    """Steps 0 to ``count - 1`` (``n`` float64 per rank each) written through ``f``, and
+    into ``file``, the bytes the file should hold; ``each(s, seen)`` after step ``s``,
+    ``seen`` the names of the calls it made (traced only for ``each``)."""
+    step_bytes = comm.size * n * 8
+    for s in range(count):
+        piece, lay, whole = _step(comm, s, n)
+        if each is None:
+            f.write_all(piece, lay)
+        else:
+            seen: set[str] = set()
+            collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: B023
+            each(s, seen)
+        file[s * step_bytes : (s + 1) * step_bytes] = whole
+
+
 @pytest.mark.parametrize("n", [1, 64, 512])
 def test_a_failed_step_below_the_end_puts_back_what_it_overwrote(comm, mpi_tmp_path, n):
     path, steps = str(mpi_tmp_path / "keep.bin"), 6
@@ -75,10 +91,7 @@ def test_a_failed_step_below_the_end_puts_back_what_it_overwrote(comm, mpi_tmp_p
     file = bytearray(_filled(comm, path, (steps + 4) * step_bytes))
     bad = comm.size - 1
     with collio.open(path, "r+", comm=comm) as f:
-        for s in range(steps - 1):
-            piece, lay, whole = _step(comm, s, n)
-            f.write_all(piece, lay)
-            file[s * step_bytes : (s + 1) * step_bytes] = whole
+        _write_steps(comm, f, file, n, steps - 1)
         _same(comm, path, bytes(file))
         piece, lay, whole = _step(comm, steps - 1, n)
         seen: set[str] = set()
@@ -98,10 +111,7 @@ def test_a_step_meeting_another_call_puts_back_what_it_overwrote(comm, mpi_tmp_p
     step_bytes = comm.size * n * 8
     file = bytearray(_filled(comm, path, (steps + 4) * step_bytes))
     with collio.open(path, "r+", comm=comm) as f:
-        for s in range(steps - 1):
-            piece, lay, whole = _step(comm, s, n)
-            f.write_all(piece, lay)
-            file[s * step_bytes : (s + 1) * step_bytes] = whole
+        _write_steps(comm, f, file, n, steps - 1)
         piece, lay, _ = _step(comm, steps - 1, n)
         seen: set[str] = set()
         if comm.rank == 0:
@@ -140,16 +150,15 @@ def test_a_page_step_in_a_hole_keeps_no_bytes_and_puts_back_zeros(comm, mpi_tmp_
     file = bytearray(_holed(comm, path, (steps + 4) * step_bytes))
     bad = comm.size - 1
     with collio.open(path, "r+", comm=comm) as f:
-        for s in range(steps - 1):
-            piece, lay, whole = _step(comm, s, n)
-            seen: set[str] = set()
-            collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: B023
-            file[s * step_bytes : (s + 1) * step_bytes] = whole
+
+        def step_asked(s, seen):
             if s >= 3:  # (a step: its range asked, not read)
                 _every_rank(comm, _asked(seen), f"step {s} asked about its hole")
+
+        _write_steps(comm, f, file, n, steps - 1, step_asked)
         _same(comm, path, bytes(file))
         piece, lay, whole = _step(comm, steps - 1, n)
-        seen = set()
+        seen: set[str] = set()
         call = lambda: collio_calls(lambda: f.write_all(piece, lay), seen)  # noqa: E731
         if how == "meets":
             raises_everywhere(comm, collio.MismatchError, f.sync if comm.rank == 0 else call)

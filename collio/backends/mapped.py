@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._libc import libc
-from ..exchange import pack_uniform
+from ..exchange import pack_uniform, pack_vector
 from ..policy import FEW, copyable_lengths
 from ..runs import Runs, sort, split_grid
 from .fdio import pread_zeros
@@ -157,11 +157,10 @@ class Rows:
 
     def copy(self, src: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> None:
         """Copy the rows from ``src`` (the file's bytes from the extent's start, at least
-        :attr:`span` long) into ``out``: one numpy assignment of views, where a gather by
-        index arrays costs a dozen numpy calls."""
-        n, k = self.count, self.length
-        got = src[: self.span].reshape(n, self.stride)[:, :k]
-        out[self.mem : self.mem + n * k].reshape(n, k)[...] = got
+        :attr:`span` long) into ``out``: the shuffle's own copy of a vector
+        (:func:`~collio.exchange.pack_vector`, one numpy assignment of views), where a
+        gather by index arrays costs a dozen numpy calls."""
+        pack_vector(src, 0, self.count, self.length, self.stride, out[self.mem :])
 
 
 def rows_of(runs: Runs) -> Rows | None:

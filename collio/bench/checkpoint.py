@@ -132,27 +132,23 @@ CPU = "thread CPU during "
 BLOCKED = "loop blocked during "
 
 
-def _thread_cpu(tid: int | None) -> float:
-    """Seconds a thread of this process has run (Linux: its ``schedstat``, in ns; 0 where
-    there is none): the CPU a background thread took from the cores during a window."""
+def _schedstat(tid: int | None) -> tuple[float, float]:
+    """Seconds thread ``tid`` of this process has run and has waited for a core (Linux:
+    its ``schedstat``; zeros where there is none)."""
     if tid is None:
-        return 0.0
+        return 0.0, 0.0
     try:
         with open(f"/proc/self/task/{tid}/schedstat") as fh:
-            return int(fh.read().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def _own_times() -> tuple[float, float]:
-    """Seconds the calling thread has run and has waited for a core (Linux: its
-    ``schedstat``; zeros where there is none)."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as fh:
             run, wait = fh.read().split()[:2]
         return int(run) / 1e9, int(wait) / 1e9
     except (OSError, ValueError):
         return 0.0, 0.0
+
+
+def _thread_cpu(tid: int | None) -> float:
+    """Seconds a thread of this process has run: the CPU a background thread took from
+    the cores during a window."""
+    return _schedstat(tid)[0]
 
 
 def _thread_named(prefix: str) -> int | None:
@@ -320,11 +316,12 @@ class _Run:
         the seconds of the loop this thread was blocked (neither running nor waiting for
         a core: the numpy loop's only wait is for the GIL)."""
         cpu = _thread_cpu(tid)
-        run, wait = _own_times()
+        me = threading.get_native_id()
+        run, wait = _schedstat(me)
         t1 = time.perf_counter()
         _compute(self.work, self.reps)
         during = time.perf_counter() - t1
-        run2, wait2 = _own_times()
+        run2, wait2 = _schedstat(me)
         blocked = max(0.0, during - (run2 - run) - (wait2 - wait)) if run2 else 0.0
         return during, _thread_cpu(tid) - cpu, not done(), blocked
 
