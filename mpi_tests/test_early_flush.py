@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
-from collio.backends import fsync
+from collio.backends import fsync, posix
 from collio.backends.posix import PosixBackend
 
 SHAPE = (2048, 1024)  # 16 MiB: rounds of 1 MiB and more, which start flushes
@@ -198,19 +198,44 @@ def test_a_flush_failing_after_its_call_is_reported_by_sync_not_the_next_write(
 
 
 @pytest.mark.mpi
-def test_a_rank_writing_its_own_rows_starts_no_flush(comm, mpi_tmp_path):
-    """Row blocks go direct, each rank its own request: nothing to overlap a flush with
-    inside the call, so none starts (the sync at close makes the rows durable), and the
-    file holds every row."""
+@pytest.mark.parametrize("early", [True, False])
+@pytest.mark.parametrize("rows", [SHAPE[0], 64])
+def test_a_rank_writing_its_own_rows_starts_their_writeback(
+    comm, mpi_tmp_path, monkeypatch, early, rows
+):
+    """Row blocks go direct, each rank its own request.  A rank that writes 1 MiB or more
+    in the call starts the writeback of its own whole pages at once (and only those:
+    the others' pages may still be filling), with ``early_flush``; a smaller call, or
+    ``early_flush=false``, starts none.  No background flush starts either way, and the
+    file holds every row.  ``sync_file_range`` is Linux's own, recorded on its way."""
+    if posix.sync_file_range is None:
+        pytest.skip("no sync_file_range here")
+    started: list[tuple[int, int]] = []
+    real = posix.sync_file_range
+
+    def record(fd, offset, nbytes, flags):
+        started.append((offset, nbytes))
+        return real(fd, offset, nbytes, flags)
+
+    monkeypatch.setattr(posix, "sync_file_range", record)
+    shape = (rows, SHAPE[1])
     path = str(mpi_tmp_path / "rows.bin")
-    glob = reference(SHAPE, "<f8", seed=37)
-    lay = layouts.block(SHAPE, "<f8", comm=comm, grid=(comm.size, 1))
-    with collio.open(path, "w", comm=comm) as f:
-        f.write_all(local_piece(glob, lay), lay)
+    glob = reference(shape, "<f8", seed=37)
+    lay = layouts.block(shape, "<f8", comm=comm, grid=(comm.size, 1))
+    mine = local_piece(glob, lay)
+    lo = int(lay.start[0]) * shape[1] * 8
+    with collio.open(path, "w", comm=comm, hints={"early_flush": early}) as f:
+        f.write_all(mine, lay)
         assert f.stats.last_call["path"] == "direct"
         assert f.stats.early_flushes == 0
+        if early and mine.nbytes >= posix.DIRECT_FLUSH_MIN:
+            page = 4096
+            first, end = -(-lo // page) * page, (lo + mine.nbytes) // page * page
+            assert started == [(first, end - first)]
+        else:
+            assert started == []
     comm.Barrier()
-    np.testing.assert_array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
+    np.testing.assert_array_equal(np.fromfile(path, "<f8").reshape(shape), glob)
 
 
 @pytest.mark.mpi

@@ -51,6 +51,12 @@ _FEW_RUNS = 16
 #: is written again once they fill it), and a small request costs the disk about what
 #: a large one does.  The close's fsync takes those pages with the rest.
 WRITE_BEHIND_MIN = 64 << 10
+#: A direct call (each rank its own runs) that writes this much on a rank starts the
+#: disk on its runs at once (:meth:`PosixBackend._write_behind`, with the hint
+#: ``early_flush``): while the other ranks still write theirs, and before a ``sync()`` or
+#: ``close()`` that would otherwise start it only after the last rank's write (docs/design.md,
+#: "Durability while the call runs").
+DIRECT_FLUSH_MIN = 1 << 20
 #: What a file system that cannot allocate blocks ahead says to (posix_)fallocate.
 _CANNOT_ALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 
@@ -121,32 +127,48 @@ class PosixBackend(MappedReads):
         return n
 
     def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int | list[int]:
-        """A rank's own runs (the direct path), without early writeback: with no next round
-        to overlap, starting the disk from inside the call makes each call wait for it and
-        the final ``sync()`` no shorter (docs/design.md, "Durability while the call runs")."""
+        """A rank's own runs (the direct path).  When they come to
+        :data:`DIRECT_FLUSH_MIN` or more (or after :meth:`flush_soon`), the rank starts
+        the disk on them as soon as it wrote them (:meth:`_behind`)."""
         if len(runs.file) == 1:  # (a small call's one run: no lists to build)
             m, n = int(runs.mem[0]), int(runs.length[0])
             self.write_one(int(runs.file[0]), data[m : m + n])
-        elif self.dfd < 0 and joinable(runs.file, runs.length):
+            return 1
+        if self.dfd < 0 and joinable(runs.file, runs.length):
             # (runs that follow each other in the file, a checkpoint rank's pieces in its
             # region: a pwritev each, one hold of the file's lock, where a pwrite per run
             # waits on it for the other ranks' writes every time)
             self.dirty = True
             pwrite_joined(self.fd, runs.file, runs.length, runs.mem, data, self.path)
-            if self.eager:
+            if self._behind(runs):
                 self._write_behind(Runs.sequential(*joined(runs.file, runs.length)))
             return len(runs)
-        elif self.dfd < 0 or not len(runs.file) or int(runs.length.max()) < DIRECT_MIN:
+        if self.dfd < 0 or not len(runs.file) or int(runs.length.max()) < DIRECT_MIN:
             self.dirty = True
             pwrite_runs(self.fd, runs.file, runs.length, runs.mem, data, self.path)
         else:
             for f, n, m in zip(
                 runs.file.tolist(), runs.length.tolist(), runs.mem.tolist(), strict=True
             ):
-                self.write_one(f, data[m : m + n])
-        if self.eager:  # (see flush_soon)
+                self._put(f, data[m : m + n])
+        if self._behind(runs):
             self._write_behind(runs)
         return len(runs)
+
+    def _behind(self, runs: Runs) -> bool:
+        """Whether a direct call's ``runs`` start the disk at once (:meth:`write_runs`).
+
+        Four ranks writing one shared file take its inode lock in turn, so a rank done
+        with its runs waits for the others' copies into the page cache; started then,
+        the disk writes its pages meanwhile, and the ``sync()`` or ``close()`` that makes
+        them durable (which every written byte meets) waits that much less.  Each call
+        pays for it (``sync_file_range`` waits while the disk's queue is full): a time
+        series of 1 MiB per rank per call took about a quarter longer per call and a
+        third less to the end of its ``sync()`` (docs/design.md)."""
+        return self.eager or (
+            self.flusher is not None and self.writeback
+            and int(runs.length.sum()) >= DIRECT_FLUSH_MIN
+        )  # fmt: skip
 
     def _write_behind(self, runs: Runs) -> None:
         """Start the disk on the runs just written (:meth:`flush_soon`): writeback of
@@ -166,17 +188,30 @@ class PosixBackend(MappedReads):
             sync_file_range(self.fd, f, k, SYNC_FILE_RANGE_WRITE)  # type: ignore[misc]
 
     def write_one(self, offset: int, buf: npt.NDArray[np.uint8]) -> int:
-        """One run, without early writeback (as :meth:`write_runs`)."""
+        """A direct call's one run (as :meth:`write_runs`, whose writeback rule it keeps)."""
+        n = len(buf)
         self.dirty = True
-        if len(buf) < DIRECT_MIN:  # (small: all through the page cache)
+        if n < DIRECT_MIN:  # (small: all through the page cache)
             pwrite_all(self.fd, buf, offset, self.path)
-            return 1
-        self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
+        else:
+            self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
+        if self.eager or (
+            self.flusher is not None and self.writeback and n >= DIRECT_FLUSH_MIN
+        ):  # fmt: skip
+            self._write_behind(Runs.sequential(np.array([offset]), np.array([n])))
         return 1
+
+    def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        """One request, through the page cache or in part with ``O_DIRECT`` (direct_write)."""
+        self.dirty = True
+        if len(buf) < DIRECT_MIN:
+            pwrite_all(self.fd, buf, offset, self.path)
+        else:
+            self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
 
     def write_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         total = len(buf)
-        self.write_one(offset, buf)
+        self._put(offset, buf)
         if self.writeback and total >= (1 << 20) and self.more_rounds:  # (direct parts: written)
             sync_file_range(self.fd, offset, total, SYNC_FILE_RANGE_WRITE)
             if self.flusher is not None:
