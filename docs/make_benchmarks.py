@@ -401,10 +401,7 @@ def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "`cb_nodes` = ranks and `cb_config_list` = `*:*`; a ratio below 1 is collio ahead. "
         "Every API's first call per size is checked byte for byte against numpy. The path "
         "is the first call's; from the third call of a size on, collio's direct and mapped "
-        "calls do their I/O before their one agreement (`last_call['guessed']`). A rank "
-        "writing 1 MiB or more in a direct call starts its writeback before the call returns "
-        "(hint `early_flush`): the call pays for it and the sync or close after it waits "
-        "less, which these per-call times, with no sync, do not show (docs/design.md)."
+        "calls do their I/O before their one agreement (`last_call['guessed']`)."
     )
     out = [*_wrap(about), "", *sweep_table(doc, "call"), *_throttled(doc)]
     if doc["batch"] and doc["batch_sizes"]:

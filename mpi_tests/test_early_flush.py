@@ -200,16 +200,23 @@ def test_a_flush_failing_after_its_call_is_reported_by_sync_not_the_next_write(
 @pytest.mark.mpi
 @pytest.mark.parametrize("early", [True, False])
 @pytest.mark.parametrize("rows", [SHAPE[0], 64])
-def test_a_rank_writing_its_own_rows_starts_their_writeback(
-    comm, mpi_tmp_path, monkeypatch, early, rows
+@pytest.mark.parametrize("mode", ["r+", "w"])
+def test_a_rank_overwriting_its_own_rows_starts_their_writeback(
+    comm, mpi_tmp_path, monkeypatch, early, rows, mode
 ):
-    """Row blocks go direct, each rank its own request.  A rank that writes 1 MiB or more
-    in the call starts the writeback of its own whole pages at once (and only those:
-    the others' pages may still be filling), with ``early_flush``; a smaller call, or
-    ``early_flush=false``, starts none.  No background flush starts either way, and the
+    """Row blocks go direct, each rank its own request.  A rank that overwrites 1 MiB or
+    more of what the file held at its open in the call starts the writeback of its own
+    whole pages at once (and only those: the others' pages may still be filling), with
+    ``early_flush``; a smaller call, ``early_flush=false``, or a file emptied at its open
+    (``'w'``: new blocks) starts none.  No background flush starts either way, and the
     file holds every row.  ``sync_file_range`` is Linux's own, recorded on its way."""
     if posix.sync_file_range is None:
         pytest.skip("no sync_file_range here")
+    shape = (rows, SHAPE[1])
+    path = str(mpi_tmp_path / "rows.bin")
+    if comm.rank == 0:  # (the file an 'r+' open overwrites: as long, other bytes)
+        np.full(shape, -1.0, "<f8").tofile(path)
+    comm.Barrier()
     started: list[tuple[int, int]] = []
     real = posix.sync_file_range
 
@@ -218,17 +225,15 @@ def test_a_rank_writing_its_own_rows_starts_their_writeback(
         return real(fd, offset, nbytes, flags)
 
     monkeypatch.setattr(posix, "sync_file_range", record)
-    shape = (rows, SHAPE[1])
-    path = str(mpi_tmp_path / "rows.bin")
     glob = reference(shape, "<f8", seed=37)
     lay = layouts.block(shape, "<f8", comm=comm, grid=(comm.size, 1))
     mine = local_piece(glob, lay)
     lo = int(lay.start[0]) * shape[1] * 8
-    with collio.open(path, "w", comm=comm, hints={"early_flush": early}) as f:
+    with collio.open(path, mode, comm=comm, hints={"early_flush": early}) as f:
         f.write_all(mine, lay)
         assert f.stats.last_call["path"] == "direct"
         assert f.stats.early_flushes == 0
-        if early and mine.nbytes >= posix.DIRECT_FLUSH_MIN:
+        if early and mode == "r+" and mine.nbytes >= posix.DIRECT_FLUSH_MIN:
             page = 4096
             first, end = -(-lo // page) * page, (lo + mine.nbytes) // page * page
             assert started == [(first, end - first)]

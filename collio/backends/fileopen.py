@@ -89,6 +89,7 @@ def open_file(
     self = cls(name, fd, mode, path if atomic else None, writeback, holes)
     self.made = made
     self.opened_size = int(size)
+    self.stored = 0 if mode == "w" else int(size)
     try:
         if mode != "r" and bool(getattr(hints, "direct_write", False)):
             # (mode and hints were settled equal at open: every rank makes this

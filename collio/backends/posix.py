@@ -51,11 +51,9 @@ _FEW_RUNS = 16
 #: is written again once they fill it), and a small request costs the disk about what
 #: a large one does.  The close's fsync takes those pages with the rest.
 WRITE_BEHIND_MIN = 64 << 10
-#: A direct call (each rank its own runs) that writes this much on a rank starts the
-#: disk on its runs at once (:meth:`PosixBackend._write_behind`, with the hint
-#: ``early_flush``): while the other ranks still write theirs, and before a ``sync()`` or
-#: ``close()`` that would otherwise start it only after the last rank's write (docs/design.md,
-#: "Durability while the call runs").
+#: A direct call (each rank its own runs) that overwrites this much of what the file held
+#: at its open on a rank starts the disk on its runs at once
+#: (:meth:`PosixBackend._behind`, with the hint ``early_flush``).
 DIRECT_FLUSH_MIN = 1 << 20
 #: What a file system that cannot allocate blocks ahead says to (posix_)fallocate.
 _CANNOT_ALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
@@ -87,6 +85,9 @@ class PosixBackend(MappedReads):
     takes_back: ClassVar[bool] = True
     #: The target's size when rank 0 opened it, the same on every rank (``MODE_APPEND``).
     opened_size: int = 0
+    #: The bytes the file held once opened (none in ``'w'``): a direct call overwriting
+    #: them starts their writeback at once (:meth:`_behind`).
+    stored: int = 0
 
     def __init__(
         self, path: str, fd: int, mode: str, final: str | None, writeback: bool, holes: str = "auto"
@@ -162,12 +163,15 @@ class PosixBackend(MappedReads):
         with its runs waits for the others' copies into the page cache; started then,
         the disk writes its pages meanwhile, and the ``sync()`` or ``close()`` that makes
         them durable (which every written byte meets) waits that much less.  Each call
-        pays for it (``sync_file_range`` waits while the disk's queue is full): a time
-        series of 1 MiB per rank per call took about a quarter longer per call and a
-        third less to the end of its ``sync()`` (docs/design.md)."""
+        pays for it (``sync_file_range`` waits while the disk's queue is full), and only
+        where the runs overwrite bytes the file held at its open (:attr:`stored`): into
+        new blocks, a growing file's, it makes the file system allocate them inside the
+        call while the other ranks still append theirs, and a time series of 8 MiB per
+        rank per call took several times as long per call (docs/design.md)."""
         return self.eager or (
             self.flusher is not None and self.writeback
             and int(runs.length.sum()) >= DIRECT_FLUSH_MIN
+            and int((runs.file + runs.length).max()) <= self.stored
         )  # fmt: skip
 
     def _write_behind(self, runs: Runs) -> None:
@@ -196,7 +200,8 @@ class PosixBackend(MappedReads):
         else:
             self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
         if self.eager or (
-            self.flusher is not None and self.writeback and n >= DIRECT_FLUSH_MIN
+            self.flusher is not None and self.writeback
+            and n >= DIRECT_FLUSH_MIN and offset + n <= self.stored
         ):  # fmt: skip
             self._write_behind(Runs.sequential(np.array([offset]), np.array([n])))
         return 1
