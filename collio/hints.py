@@ -173,7 +173,10 @@ class Hints:
         flush at a time; a call of one round per aggregator starts none), so ``sync()`` and
         ``close()`` find little left to flush (posix and mpiio backends with their
         ``writeback`` option, and contiguous datasets of :mod:`collio.h5`; see
-        :class:`~collio.backends.fsync.EarlyFlush`).  Default true.
+        :class:`~collio.backends.fsync.EarlyFlush`).  On posix, a rank overwriting
+        1 MiB or more of the file's bytes (as they were at its open) with its own runs
+        in a call (the direct path) also starts their writeback at once
+        (``sync_file_range``).  Default true.
     mapped_reads
         ``automatic`` (default): with ``romio_cb_read=automatic``, a read of a posix
         file on a local file system (ext4, xfs, btrfs, tmpfs, ...: one node's page

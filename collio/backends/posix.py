@@ -334,8 +334,8 @@ class PosixBackend(MappedReads):
         are written (:meth:`_write_behind`; with the hint ``early_flush``, and now on what
         it wrote, if anything): for a caller that computes after its writes (a
         checkpoint's checksums), so the disk works meanwhile, from the moment each rank
-        is done, before the call's completion waits for the others.  The direct path
-        does not otherwise start one (see :meth:`write_runs`)."""
+        is done, before the call's completion waits for the others.  Otherwise the direct
+        path starts one only on 1 MiB or more of bytes held at the open (:meth:`_behind`)."""
         self.eager = self.flusher is not None
         if self.eager and self.dirty:
             if self.writeback:
