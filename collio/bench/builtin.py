@@ -50,20 +50,10 @@ class CollioApi(Api):
         return self.job.path
 
     def open(self, writing: bool) -> None:
-        """A write overwrites the file in place, as its peers do (ROMIO's ``MODE_CREATE``,
-        ``O_CREAT`` without ``O_TRUNC``): ``'r+'`` creating a missing file, where ``'w'``
-        would first empty it, and a file system then frees its blocks (and, mounted with
-        ``discard``, trims them) and allocates them again as the ranks write."""
         j = self.job
-        mode, options = "r", {}
-        if writing:
-            mode, options = "r+", {"create": True}
-            if self.backend is not None:  # (mpiio: 'r+' opens an existing file only)
-                there = os.path.exists(j.path) if j.comm.Get_rank() == 0 else None
-                mode, options = ("r+" if j.comm.bcast(there) else "w"), {}
         self.f = collio.open(
-            self.target(), mode, comm=j.comm, hints=self.hints() or None,
-            backend=self.backend, **options,
+            self.target(), "w" if writing else "r", comm=j.comm, hints=self.hints() or None,
+            backend=self.backend,
         )  # fmt: skip
 
     def transfer(self, writing: bool) -> None:
