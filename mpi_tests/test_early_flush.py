@@ -22,6 +22,7 @@ import collio
 from collio import layouts
 from collio.backends import fsync, posix
 from collio.backends.posix import PosixBackend
+from collio.buffers import PAGE
 
 SHAPE = (2048, 1024)  # 16 MiB: rounds of 1 MiB and more, which start flushes
 
@@ -234,8 +235,7 @@ def test_a_rank_overwriting_its_own_rows_starts_their_writeback(
         assert f.stats.last_call["path"] == "direct"
         assert f.stats.early_flushes == 0
         if early and mode == "r+" and mine.nbytes >= posix.DIRECT_FLUSH_MIN:
-            page = 4096
-            first, end = -(-lo // page) * page, (lo + mine.nbytes) // page * page
+            first, end = -(-lo // PAGE) * PAGE, (lo + mine.nbytes) // PAGE * PAGE
             assert started == [(first, end - first)]
         else:
             assert started == []

@@ -168,11 +168,15 @@ class PosixBackend(MappedReads):
         new blocks, a growing file's, it makes the file system allocate them inside the
         call while the other ranks still append theirs, and a time series of 8 MiB per
         rank per call took several times as long per call (docs/design.md)."""
-        return self.eager or (
-            self.flusher is not None and self.writeback
-            and int(runs.length.sum()) >= DIRECT_FLUSH_MIN
-            and int((runs.file + runs.length).max()) <= self.stored
-        )  # fmt: skip
+        if self.eager or self.flusher is None or not self.writeback or not len(runs):
+            return self.eager
+        return self._overwrites(int(runs.length.sum()), int((runs.file + runs.length).max()))
+
+    def _overwrites(self, nbytes: int, end: int) -> bool:
+        """The rule of :meth:`_behind` for a call of ``nbytes`` ending at ``end``, with
+        ``early_flush`` on and Linux's ``sync_file_range``: enough, and all of it over
+        bytes the file held at its open."""
+        return nbytes >= DIRECT_FLUSH_MIN and end <= self.stored
 
     def _write_behind(self, runs: Runs) -> None:
         """Start the disk on the runs just written (:meth:`flush_soon`): writeback of
@@ -194,14 +198,9 @@ class PosixBackend(MappedReads):
     def write_one(self, offset: int, buf: npt.NDArray[np.uint8]) -> int:
         """A direct call's one run (as :meth:`write_runs`, whose writeback rule it keeps)."""
         n = len(buf)
-        self.dirty = True
-        if n < DIRECT_MIN:  # (small: all through the page cache)
-            pwrite_all(self.fd, buf, offset, self.path)
-        else:
-            self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
+        self._put(offset, buf)
         if self.eager or (
-            self.flusher is not None and self.writeback
-            and n >= DIRECT_FLUSH_MIN and offset + n <= self.stored
+            self.flusher is not None and self.writeback and self._overwrites(n, offset + n)
         ):  # fmt: skip
             self._write_behind(Runs.sequential(np.array([offset]), np.array([n])))
         return 1
@@ -209,7 +208,7 @@ class PosixBackend(MappedReads):
     def _put(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         """One request, through the page cache or in part with ``O_DIRECT`` (direct_write)."""
         self.dirty = True
-        if len(buf) < DIRECT_MIN:
+        if len(buf) < DIRECT_MIN:  # (small: all through the page cache)
             pwrite_all(self.fd, buf, offset, self.path)
         else:
             self.direct_bytes += write_split(self.fd, self.dfd, buf, offset, self.path)
