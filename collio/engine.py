@@ -73,7 +73,9 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
 
     t0 = time.perf_counter()
     lane = keptcall.headed(ctx, data, layout, t0)
-    if lane is not None:
+    if lane is True:  # (complete: a repeat the lane's step finished)
+        return
+    if lane is not None and lane is not False:
         keptcall.keep(ctx, _write(ctx, None, t0=t0, pending=lane), layout, lane=True)
         return
     got = quick.layout_again(ctx, layout, data, writing=True, t0=t0)

@@ -28,25 +28,36 @@ when the lane lets the round go (another plan, another lane, or the file's close
 from __future__ import annotations
 
 import dataclasses
+import operator
+import os
+import struct
+import time
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from . import rounds, speculate
 from .backends.base import Backend
-from .buffers import round_buffers
+from .backends.directio import DIRECT_MIN
+from .backends.failures import storage_errors
+from .backends.fdio import pwrite_all
+from .backends.posix import PosixBackend
+from .buffers import round_buffers, window_of
 from .check import Headed, Pending
-from .checkfacts import Checked, moved_by, placed, zigzag
-from .collective import Attempt, KeptHead, call_kept_head
+from .checkfacts import Checked, moved_by, placed, unzigzag, zigzag
+from .collective import Attempt, KeptHead, call_kept_head, raise_agreed
 from .completion import local_summary, local_when_read
 from .context import Call, Context, Plan
-from .facts import NOT_COMPARED
-from .keptround import Round, kept_round, one_round, round_of, write_rounds
+from .facts import NOT_COMPARED, How
+from .keptround import Round, exchange, kept_round, one_round, round_of, write_rounds
 from .layouts.arrays import Subarray
-from .policy import DEPTH, Path, domain_alignment
+from .policy import CHECKED_MAX_RUNS, DEPTH, Path, domain_alignment
 from .quick import array_of
 from .rounds import prepare as prepare_rounds
 from .runs import Runs, is_read_only
+from .stats import SUMS, Stats
+from .waits import sleep_until_done
 
 __all__ = ["Lane", "drop", "headed", "keep", "transfer", "write_rounds"]
 
@@ -72,6 +83,9 @@ class Lane:
     active: int
     head: KeptHead | None = None  # a repeat's head before its patch (made when first used)
     round: Round | None = None  # the entry's one round as messages (made when first used)
+    out: tuple[int, ...] = ()  # the agreed maxima of the lane's last head (:func:`_head`'s)
+    posted: Round | None = None  # the round the last call posted by kept_round (transfer)
+    step: Step | None = None  # a repeat finished without the general way (:class:`Step`)
 
 
 def keep(ctx: Context, call: Call | None, layout: Any, *, lane: bool = False) -> None:
@@ -83,6 +97,7 @@ def keep(ctx: Context, call: Call | None, layout: Any, *, lane: bool = False) ->
     if lane and k is not None and call is not None and _again(ctx, k, call):
         k.offset, k.runs, k.shift = layout.offset, layout._runs, call.plan_shift
         k.extent = k.runs.extent()  # (known: moved runs carry it)
+        k.step = Step.made(ctx, k, call)
         return
     new = _lane(ctx, call, layout) if call is not None else None
     if k is not None and k.round is not None:
@@ -158,10 +173,11 @@ def _entry(plans: Any, call: Call, runs: Runs) -> tuple[Any, int]:
     return None, 0
 
 
-def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | None:
+def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | bool | None:
     """Collective over ``ctx.comm`` unless it returns None (nothing done, nothing
     communicated): ``data`` through ``layout``, the last write's layout at another
-    offset, up to its head, as :func:`collio.check.check` would take it there."""
+    offset, up to its head, as :func:`collio.check.check` would take it there; True:
+    the call is complete (a repeat the lane's :class:`Step` finished)."""
     k = ctx.lane
     if k is None or type(layout) is not Subarray:
         return None
@@ -178,12 +194,18 @@ def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | None:
     d = offset - k.offset
     if k.extent[1] + d >= _BIG or not _latest(ctx.plans.entries, k):
         return None  # (past every real size: the general way's checks say so, agreed)
+    s: Step | None = k.step
     try:  # (anything failing here is the general way's to agree on, as its checks find it)
         buf = _bytes(ctx, data, box)
-        runs = k.runs.moved(d) if d else k.runs
+        if buf is None:
+            return None
+        if s is None or not s.fits(k):
+            runs = k.runs.moved(d) if d else k.runs
     except Exception:  # noqa: BLE001
         return None
-    return None if buf is None else _head(ctx, k, layout, buf, runs, d, t0)
+    if s is not None and s.fits(k):
+        return s.go(ctx, k, layout, buf, d, t0)
+    return _head(ctx, k, layout, buf, runs, d, t0)
 
 
 def _head(ctx: Context, k: Lane, layout: Any, buf: Any, runs: Runs, d: int,
@@ -213,14 +235,252 @@ def _head(ctx: Context, k: Lane, layout: Any, buf: Any, runs: Runs, d: int,
         True, "write_all", None, runs, buf, None, layout.signature(), k.facts, (lo, hi), None,
         step.error, None, k.prekey,
     )  # fmt: skip
+    k.posted = None  # (transfer says if this call posts the kept round)
     failed, out = call_kept_head(ctx.comm, head, step.error is not None)
-    return p, (failed, tuple(out))
+    k.out = tuple(out)
+    return p, (failed, k.out)
 
 
 #: The facts of a call of the lane that are not its kept call's (:func:`_kept_head`)
-_PATCH = Checked.patcher(
-    "lo", "hi", "sig", "plan", "plan_shift", "io_only", "t_io", "t_total", "moved", "shift"
-)  # fmt: skip
+_PATCHED = ("lo", "hi", "sig", "plan", "plan_shift", "io_only", "t_io", "t_total", "moved",
+            "shift")  # fmt: skip
+_PATCH = Checked.patcher(*_PATCHED)
+
+
+def _slots_of(name: str) -> range:
+    """The head slots of the fact ``name`` (two for a fact agreed equal or the same)."""
+    i = Checked.index()[name]
+    return range(i, i + (2 if Checked._how(name) in (How.SAME, How.EQUAL) else 1))
+
+
+#: The agreed slots of a head that a repeat of the lane does not patch, read at once
+_CONST = operator.itemgetter(*sorted(
+    set(range(Checked.width())) - {i for n in _PATCHED for i in _slots_of(n)}
+))  # fmt: skip
+#: The agreed facts a repeat's :class:`Step` decides from
+_AGREED = Checked.reader("lo", "hi", "sig", "plan", "plan_shift", "moved", "shift")
+#: The completion's vector of a step: the error and "not the kept sums" flags, then the
+#: maxima (Stats' ``rounds``, ``time_plan``, ``time_exchange``, ``time_io``, ``time_total``)
+_DONE = struct.Struct("=2q5d")
+_RUNS = SUMS.index("runs")
+#: Where a call's local sums hold what the backend counts (Backend.take_counts's three:
+#: direct_io_bytes, early_flushes, mapped_bytes, one after another in SUMS)
+_COUNTS = slice(SUMS.index("direct_io_bytes"), SUMS.index("mapped_bytes") + 1)
+
+
+class Step:
+    """A repeat of the lane finished after its head without the general way.
+
+    After its head, the general way builds the agreed record, chooses the path, finds
+    the kept plan moved, posts the kept round and completes the call, each a layer of
+    Python that costs more than the call's own messages and write at a few KiB per rank
+    (and with more ranks than cores, every rank's Python is on every other rank's
+    way).  After one lane call went that way to one kept round with nothing else
+    communicated (:meth:`made`), all of that follows from the agreed facts: a repeat
+    whose agreed slots equal that call's but for those a repeat patches (the extent,
+    the plan's shift, the signature's offset, the times, how the extent moved) would
+    take the same path to the same round moved, decided the same way on every rank
+    (the general way too, on a rank that is not in the lane).  It then posts the round
+    from the lane's record, writes the aggregator's window in one request, and agrees
+    on the call's errors and counters in one allreduce, as the general way would.
+    Anything else after the head (an error, other facts) goes the general way from it.
+    """
+
+    __slots__ = ("round", "const", "asked", "disjoint", "align", "be", "window", "active",
+                 "local", "counts", "send", "recv", "got", "most")  # fmt: skip
+
+    def __init__(self, ctx: Context, k: Lane, r: Round, const: tuple[int, ...],
+                 asked: bool, local: list[int]) -> None:  # fmt: skip
+        self.round, self.const, self.asked = r, const, asked
+        # (the call's own counters, as its completion packed them: a repeat's are these,
+        # but for what the backend counted, Backend.take_counts)
+        self.local, self.counts = local, tuple(local[_COUNTS])
+        self.disjoint = asked and bool(ctx.extents[2])  # type: ignore[index]
+        self.align = domain_alignment(ctx.backend.alignment, ctx.hints)
+        be = ctx.backend
+        assert isinstance(be, PosixBackend)  # (made only for one)
+        self.be: PosixBackend = be
+        self.window, self.active = k.window, k.active
+        self.send = bytearray(_DONE.size)
+        got = np.zeros(_DONE.size // 8, np.int64)
+        self.recv, self.got, self.most = [got, MPI.INT64_T], got, got[2:].view(np.float64)
+
+    @staticmethod
+    def made(ctx: Context, k: Lane, call: Call) -> Step | None:
+        """Local, after a lane call that went the general way from its head (agreed as
+        ``k.out``): the step its repeats take, when that way was one kept round of a
+        posix window written whole, with no communication but the round's messages and
+        the completion, chosen from the agreed facts alone; else None."""
+        out, r, be, hints = k.out, k.round, ctx.backend, ctx.hints
+        posted, k.posted = k.posted, None
+        if len(out) < Checked.width() or r is None or r.plan is not k.entry.plan:
+            return None
+        if posted is not r:  # (its counters are not those of the round the step posts)
+            return None
+        if type(be) is not PosixBackend or not be.independent or call.counters.rounds != 1:
+            return None
+        if r.req is not None and not (r.whole and r.cover is not None and len(r.cover) == 1
+                                      and int(r.cover.length[0]) == r.req[1]):  # fmt: skip
+            return None  # (holes read first, or a window written by its runs)
+        kept = ctx.sums_kept.get("write_all")
+        agreed = Checked.agreed(out)
+        if kept is None or agreed.guessed or agreed.mapped or agreed.vouched:
+            return None
+        mode = hints.romio_cb_write
+        if mode != "enable" and agreed.checked <= CHECKED_MAX_RUNS:
+            return None  # (choose_path asks whether the runs overlap: an allgather)
+        # (it asks whether the extents interleave without mode 'enable' where some rank's
+        # runs are not small: kept with the extents while every extent moves alike)
+        asked = mode != "enable" and (mode == "disable" or not agreed.small)
+        if asked and ctx.extents is None:
+            return None
+        return Step(ctx, k, r, _CONST(out), asked, kept[0])  # type: ignore[arg-type]
+
+    def fits(self, k: Lane) -> bool:
+        """Local: the lane's round is still this step's."""
+        r = self.round
+        return k.round is r and r.plan is k.entry.plan
+
+    def go(self, ctx: Context, k: Lane, layout: Any, buf: Any, d: int,
+           t0: float) -> Headed | bool:  # fmt: skip
+        """Collective over ``ctx.comm``: the call ``d`` bytes after the lane's, with the
+        head :func:`_head` would make; True when complete, else the call at its head for
+        the general way (:func:`_head`'s outcome)."""
+        r = self.round
+        lo, hi = k.extent[0] + d, k.extent[1] + d
+        error: BaseException | None = None
+        bufs = None
+        if r.req is not None:  # (an aggregator's round buffers: allocations agreed)
+            try:
+                bufs = round_buffers(self.window, DEPTH)
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        epoch, zshift = (-1, 0) if error is not None else (k.entry.epoch, zigzag(k.shift + d))
+        moved, shift = moved_by(ctx.extents, lo, hi)
+        head = k.head if k.head is not None else _kept_head(ctx, k)
+        _PATCH(
+            head.own, lo, hi, placed(k.facts[3], layout.offset), epoch, zshift, error is None,
+            0, int((time.perf_counter() - t0) * 1e9), moved, shift,
+        )  # fmt: skip
+        ctx.stats.local = {}
+        k.posted = None  # (this call's round is posted here, or by transfer after the head)
+        failed, out = call_kept_head(ctx.comm, head, error is not None)
+        plan_shift = None if failed else self._shift(ctx, k, out)
+        if plan_shift is None:  # (the general way from the head, as _head goes on)
+            runs = k.runs.moved(d) if d else k.runs
+            layout._runs, layout._overlap = runs, (runs, -1)
+            p = Pending(
+                True, "write_all", None, runs, buf, None, layout.signature(), k.facts, (lo, hi),
+                None, error, None, k.prekey,
+            )  # fmt: skip
+            k.out = tuple(out)
+            return p, (failed, k.out)
+        alo, ahi, sig, _, _, _, ashift = _AGREED(out)
+        if self.asked:  # (as choose's disjoint(): the extents' answer kept with them)
+            ctx.extents = (lo, hi, ctx.extents[2])  # type: ignore[index]
+        plans = ctx.plans
+        assert plans is not None  # (_shift found the lane's entry in it)
+        plans.hits += 1
+        ctx.stats.local_when_read(_moved_summary, ctx, r.plan, plan_shift)
+        t_ex, t_io, error = self._round(ctx, buf, bufs, plan_shift)
+        self._complete(ctx, error, t_ex, t_io, t0, alo, ahi)
+        ctx.guesses[True] = None  # (speculate.remember of a two-phase write)
+        ctx.kept[True].completed(speculate.call_key(-1 if ashift is None else ashift, sig, alo),
+                                 None)  # fmt: skip
+        return True
+
+    def _shift(self, ctx: Context, k: Lane, out: Any) -> int | None:
+        """Local: the agreed plan shift when the agreed facts are the step's call's but
+        for what a repeat patches (the same path, plan and round on every rank), else
+        None."""
+        if _CONST(out) != self.const:
+            return None
+        _, _, sig, epoch, zshift, moved, shift = _AGREED(out)
+        e, plans = k.entry, ctx.plans
+        if sig is None or epoch != e.epoch or zshift is None or zshift < 0:
+            return None
+        if plans is None or not plans.entries or plans.entries[-1] is not e:
+            return None
+        if self.asked:
+            ext = ctx.extents
+            if moved or shift is None or ext is None or bool(ext[2]) != self.disjoint:
+                return None
+        d = unzigzag(zshift)
+        return None if d % self.align else d
+
+    def _round(self, ctx: Context, buf: Any, bufs: Any,
+               d: int) -> tuple[float, float, BaseException | None]:  # fmt: skip
+        """Collective over ``ctx.comm``: the round moved ``d`` bytes, as
+        :func:`~collio.keptround.kept_round` posts it, the aggregator's window written
+        in one request; the exchange's and the write's seconds and this rank's error,
+        not yet agreed."""
+        r = self.round
+        t = time.perf_counter()
+        wbuf = at = None
+        if r.req is not None:
+            at = r.req[0] + d
+            wbuf = window_of(bufs[0], at, r.req[1])
+        error = exchange(ctx.comm, r, buf, wbuf)
+        t_ex = time.perf_counter() - t
+        if at is None or error is not None:
+            return t_ex, 0.0, error
+        step = Attempt()
+        t = time.perf_counter()
+        be = self.be
+        with step, storage_errors(be):
+            n = len(wbuf)  # type: ignore[arg-type]
+            if n < DIRECT_MIN:  # (PosixBackend._put's small request, inline)
+                be.dirty = True
+                if os.pwrite(be.fd, wbuf, at) != n:  # type: ignore[arg-type]
+                    pwrite_all(be.fd, wbuf, at, be.path)
+            else:
+                be.more_rounds = False  # (roundio.window_write's: its one round)
+                try:
+                    be.write_at(at, wbuf)  # type: ignore[arg-type]
+                finally:
+                    be.more_rounds = True
+        return t_ex, time.perf_counter() - t, step.error
+
+    def _complete(self, ctx: Context, error: BaseException | None, t_ex: float,
+                  t_io: float, t0: float, lo: int, hi: int) -> None:  # fmt: skip
+        """Collective over ``ctx.comm``: :func:`~collio.completion.complete_call` of the
+        step's call (its counters the step's call's, but for what the backend counted)."""
+        kept = ctx.sums_kept.get("write_all")
+        counts = self.be.take_counts()
+        sums = self.local
+        if counts != self.counts:  # (the backend counted otherwise this time)
+            sums = list(sums)
+            sums[_COUNTS] = counts
+        same = kept is not None and (sums is kept[0] or sums == kept[0])
+        total = time.perf_counter() - t0
+        _DONE.pack_into(self.send, 0, 0 if error is None else 1, 0 if same else 1,
+                        1.0, 0.0, t_ex, t_io, total)  # fmt: skip
+        comm = ctx.comm
+        sleep_until_done(comm.Iallreduce([self.send, MPI.INT64_T], self.recv, op=MPI.MAX))
+        got = self.got
+        if got[0]:
+            raise_agreed(comm, error, what="backend I/O")
+        if got[1]:  # (some rank's counters are not its kept ones: their sums)
+            mine = np.array(sums, np.int64)
+            agreed = np.empty_like(mine)
+            sleep_until_done(comm.Iallreduce([mine, MPI.INT64_T], [agreed, MPI.INT64_T],
+                                             op=MPI.SUM))  # fmt: skip
+            again = None
+        else:
+            assert kept is not None  # (every rank's counters are its kept ones)
+            agreed = kept[1]
+            again = kept[2] if kept[2] is not None else Stats.again(agreed)
+        ctx.sums_kept["write_all"] = (sums, agreed, again)
+        stats = ctx.stats
+        stats.absorb(agreed, self.most, again)
+        stats.collective_calls += 1
+        stats.last_facts = (
+            1, int(agreed[_RUNS]), False, _TWO_PHASE, 1, [lo, hi], True, self.window,
+            ctx.nodes, False, self.active, False,
+        )  # fmt: skip
+
+
+_TWO_PHASE = Path.TWO_PHASE._value_
 
 
 def _kept_head(ctx: Context, k: Lane) -> KeptHead:
@@ -288,6 +548,7 @@ def transfer(ctx: Context, call: Call, data: Any) -> tuple[BaseException | None]
             r = None
     if r is None:  # (a message of no fixed shape: built from the runs each call)
         return (one_round(ctx, base, d, data, call),)
+    k.posted = r
     return (kept_round(ctx, r, d, data, call),)
 
 

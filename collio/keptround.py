@@ -39,7 +39,7 @@ from .rounds import TAG, agg_runs, sender_runs
 from .runs import Runs
 from .stats import Stats
 
-__all__ = ["Own", "Round", "kept_round", "one_round", "round_of", "write_rounds"]
+__all__ = ["Own", "Round", "exchange", "kept_round", "one_round", "round_of", "write_rounds"]
 
 
 def write_rounds(
@@ -241,9 +241,8 @@ def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseExc
     """Collective over ``ctx.comm``: :func:`one_round` of ``r``'s plan moved ``d``
     bytes, its messages posted from ``r`` (each a stand-in if it cannot be posted, as
     :class:`~collio.exchange.Messages` does)."""
-    c, comm, plan = call.counters, ctx.comm, r.plan
+    c, plan = call.counters, r.plan
     assert plan is not None  # (a freed round is never posted: the lane makes another)
-    msgs = Messages(comm, TAG)
     error = None
     t = time.perf_counter()
     req = wbuf = None
@@ -252,23 +251,13 @@ def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseExc
         wbuf = window_of(round_buffers(plan.window, DEPTH)[0], *req)
         if not r.whole:  # (as _receive: the old bytes of its holes)
             error = _holes(ctx, wbuf, req, r.cover, d, c)
-        post, irecv = msgs.post_fixed, comm.Irecv
-        for src, first, n, dt in r.recvs:
-            post(irecv, wbuf, src, first, n, dt)
         c.messages += len(r.recvs)
-    post, isend = msgs.post_fixed, comm.Isend
-    for dest, first, n, dt in r.sends:
-        post(isend, data, dest, first, n, dt)
     c.exchanged_bytes += r.sent
-    if r.own is not None:  # (while the messages travel)
+    if r.own is not None:
         c.messages += 1
-        try:
-            r.own.copy(data, wbuf)
-        except Exception as exc:  # noqa: BLE001 - agreed in the completion
-            error = error or exc
-    msgs.wait()  # (every message completes, failed or not: nobody is left waiting)
+    posted = exchange(ctx.comm, r, data, wbuf)
+    error = error or posted
     c.time_exchange += time.perf_counter() - t
-    error = error or msgs.error  # (a stand-in's bytes are not written)
     if req is None or error is not None:
         return error
     assert r.cover is not None and wbuf is not None
@@ -279,6 +268,29 @@ def kept_round(ctx: Context, r: Round, d: int, data: Any, call: Call) -> BaseExc
         c.add_writes(window_write(ctx.backend, req[0], wbuf, covered, False))  # (one round)
     c.time_io += time.perf_counter() - t
     return step.error
+
+
+def exchange(comm: MPI.Comm, r: Round, data: Any, wbuf: Any) -> BaseException | None:
+    """Collective over ``comm``: ``r``'s messages posted from its record (the receives
+    into an aggregator's window ``wbuf``, which also gets its own part by numpy) and
+    completed; this rank's first error, not yet agreed (a message that could not be
+    posted was a stand-in: its peer is not left waiting)."""
+    msgs = Messages(comm, TAG)
+    error = None
+    if wbuf is not None:
+        post, irecv = msgs.post_fixed, comm.Irecv
+        for src, first, n, dt in r.recvs:
+            post(irecv, wbuf, src, first, n, dt)
+    post, isend = msgs.post_fixed, comm.Isend
+    for dest, first, n, dt in r.sends:
+        post(isend, data, dest, first, n, dt)
+    if r.own is not None:  # (while the messages travel)
+        try:
+            r.own.copy(data, wbuf)
+        except Exception as exc:  # noqa: BLE001 - agreed in the completion
+            error = exc
+    msgs.wait()  # (every message completes, failed or not: nobody is left waiting)
+    return error or msgs.error  # (a stand-in's bytes are not written)
 
 
 def _holes(ctx: Context, wbuf: Any, req: tuple[int, int], covered: Any, d: int,

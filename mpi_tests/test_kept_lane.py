@@ -39,16 +39,37 @@ def _step(comm, s, *, at=None, turn=0):
 
 @pytest.fixture
 def lane_calls(monkeypatch):
-    """How many calls this rank made in the lane (its head made from the last call's)."""
+    """How many calls this rank made in the lane (its head made from the last call's:
+    by the lane's way to the head, or by its step)."""
     made = [0]
-    head = collio.keptcall._head
+    head, go = collio.keptcall._head, collio.keptcall.Step.go
 
     def counted(*args, **kwargs):
         made[0] += 1
         return head(*args, **kwargs)
 
+    def stepped(*args, **kwargs):
+        made[0] += 1
+        return go(*args, **kwargs)
+
     monkeypatch.setattr(collio.keptcall, "_head", counted)
+    monkeypatch.setattr(collio.keptcall.Step, "go", stepped)
     return made
+
+
+def count_kept_rounds(monkeypatch):
+    """A list whose one item counts this rank's rounds posted from a lane's kept record
+    (:func:`collio.keptround.exchange`: by ``kept_round`` or by the lane's step)."""
+    posted = [0]
+    real = collio.keptround.exchange
+
+    def counted(*args, **kwargs):
+        posted[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(collio.keptround, "exchange", counted)
+    monkeypatch.setattr(collio.keptcall, "exchange", counted)
+    return posted
 
 
 def _first_pass(comm, f, path, steps):
@@ -191,10 +212,12 @@ def test_a_receive_that_cannot_be_posted_fails_every_rank_and_the_series_goes_on
         want = _first_pass(comm, f, path, steps)
         done = lane_calls[0]
         piece, lay, _ = steps[5]
-        if comm.rank == 0:  # (rank 0 aggregates)
+        if comm.rank == 0:  # (rank 0 aggregates; the lane's step takes its buffers too)
             monkeypatch.setattr(collio.keptround, "round_buffers", frozen)
+            monkeypatch.setattr(collio.keptcall, "round_buffers", frozen)
         err = raises_everywhere(comm, collio.CollioError, lambda: f.write_all(piece, lay))
         monkeypatch.setattr(collio.keptround, "round_buffers", real)
+        monkeypatch.setattr(collio.keptcall, "round_buffers", real)
         assert err.ranks == (0,) and "backend I/O: rank 0: BufferError" in str(err)
         assert lane_calls[0] == done + 1
         for piece, lay, _ in steps[6:]:
@@ -289,19 +312,15 @@ def test_a_process_meeting_many_strided_shapes_takes_the_kept_round_for_each_and
     hvectors are freed when the lane lets it go, the last one's at close: none is left."""
     path, theirs = str(mpi_tmp_path / "shapes.bin"), str(mpi_tmp_path / "shapes_romio.bin")
     p, r, rows, nlay, steps = comm.size, comm.rank, 4, 80, 3
-    kept, types = [0], []
-    real_kept, real_of = collio.keptcall.kept_round, collio.keptcall.round_of
-
-    def counted(*args, **kwargs):
-        kept[0] += 1
-        return real_kept(*args, **kwargs)
+    types = []
+    kept = count_kept_rounds(monkeypatch)
+    real_of = collio.keptcall.round_of
 
     def recorded(*args, **kwargs):
         got = real_of(*args, **kwargs)
         types.extend(got.types if got is not None else ())  # (the objects freed later)
         return got
 
-    monkeypatch.setattr(collio.keptcall, "kept_round", counted)
     monkeypatch.setattr(collio.keptcall, "round_of", recorded)
     want, at, live, taken = bytearray(), 0, [], []
     with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
@@ -335,17 +354,11 @@ def test_a_rank_that_cannot_make_its_rounds_hvectors_posts_it_the_general_way(
     messages the general way (built each call) while the others post theirs from their
     kept rounds; nothing fails, and every step's bytes are numpy's and ROMIO's."""
     path, theirs = str(mpi_tmp_path / "no_types.bin"), str(mpi_tmp_path / "no_types_romio.bin")
-    kept = [0]
-    real = collio.keptcall.kept_round
-
-    def counted(*args, **kwargs):
-        kept[0] += 1
-        return real(*args, **kwargs)
+    kept = count_kept_rounds(monkeypatch)
 
     def refused(r):
         raise MemoryError("no hvector")
 
-    monkeypatch.setattr(collio.keptcall, "kept_round", counted)
     if comm.rank == 0:
         monkeypatch.setattr(collio.keptround, "_make_types", refused)
     want = b""

@@ -1,0 +1,219 @@
+"""The kept lane's step: a time series' repeats finished after their head without the
+general way (:class:`collio.keptcall.Step`), with the bytes, errors and statistics of
+the general way."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from helpers import raises_everywhere, read_file
+
+import collio
+import collio.keptcall
+from collio.layouts import Subarray
+from collio.testing.romio import romio_write
+
+pytestmark = pytest.mark.mpi(min_size=1)
+ROWS, COLS = 16, 32  # float64 per rank per step: ROWS runs of COLS * 8 bytes (small runs)
+HINTS = {
+    "default": None,  # (one aggregator on one node: the strided series' own way)
+    "enable": {"romio_cb_write": "enable"},  # (through the aggregator at one rank too)
+    "aggregators": {"romio_cb_write": "enable", "cb_config_list": "*:*"},
+}
+#: Statistics that are times (the step's and the general way's differ; nothing else may),
+#: and the backend's description (its path)
+NOT_COUNTED = {"time_plan", "time_exchange", "time_io", "time_total", "backend"}
+
+
+def _step(comm, s, *, turn=0):
+    """Rank r's columns of step ``s`` of a (ROWS, COLS * p) float64 array stored right
+    after step ``s - 1`` (block ``(r + turn) % p``), and the step's bytes."""
+    p = comm.size
+    b = (comm.rank + turn) % p
+    glob = np.arange(ROWS * COLS * p, dtype=np.float64).reshape(ROWS, COLS * p) + 1e4 * s
+    lay = Subarray(glob.shape, (0, b * COLS), (ROWS, COLS), "<f8", offset=s * glob.nbytes)
+    return np.ascontiguousarray(glob[:, b * COLS : (b + 1) * COLS]), lay, glob.tobytes()
+
+
+@pytest.fixture
+def finished(monkeypatch):
+    """How many calls this rank's step finished (``Step._complete``)."""
+    made = [0]
+    complete = collio.keptcall.Step._complete
+
+    def counted(self, *args, **kwargs):
+        made[0] += 1
+        return complete(self, *args, **kwargs)
+
+    monkeypatch.setattr(collio.keptcall.Step, "_complete", counted)
+    return made
+
+
+def _series(comm, path, hints, steps, *, calls_between=None):
+    """Write ``steps`` steps; the statistics after each call and at the end."""
+    last = []
+    collio.release_buffers()  # (no plan kept from an earlier series)
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        for s in range(steps):
+            piece, lay, _ = _step(comm, s)
+            f.write_all(piece, lay)
+            last.append(f.stats.last_call)
+            if calls_between is not None:
+                calls_between(f, s)
+        st = f.stats.as_dict()
+    return last, {k: v for k, v in st.items() if k not in NOT_COUNTED}
+
+
+@pytest.mark.parametrize("hints", list(HINTS))
+def test_a_series_is_finished_by_the_step_with_the_general_ways_bytes_and_statistics(
+    comm, mpi_tmp_path, finished, monkeypatch, hints
+):
+    """From its third call (the first takes the general way, the second the lane up to
+    its head) a series' steps are finished by the step on every rank; the file holds
+    numpy's and ROMIO's bytes, and every call's ``last_call`` and the file's statistics
+    but times are those of the same series with no step.  (At one rank a piece is one
+    run, and without the hint the path asks whether the ranks' runs overlap, an
+    allgather in every call: no step is made there.)"""
+    steps = 9
+    path, theirs = str(mpi_tmp_path / "step.bin"), str(mpi_tmp_path / "romio.bin")
+    last, st = _series(comm, path, HINTS[hints], steps)
+    for s in range(steps):
+        piece, lay, _ = _step(comm, s)
+        romio_write(theirs, piece, lay, comm)
+    taken = 0 if hints == "default" and comm.size == 1 else steps - 2
+    assert comm.allgather(finished[0]) == [taken] * comm.size
+    want = b"".join(_step(comm, s)[2] for s in range(steps))
+    comm.Barrier()
+    assert read_file(path) == want
+    assert read_file(theirs) == want
+    comm.Barrier()
+    monkeypatch.setattr(collio.keptcall.Step, "made", staticmethod(lambda *a: None))
+    plain = str(mpi_tmp_path / "plain.bin")
+    last_plain, st_plain = _series(comm, plain, HINTS[hints], steps)
+    assert finished[0] == taken  # (none more: no step was made)
+    assert last == last_plain
+    assert st == st_plain
+    comm.Barrier()
+    assert read_file(plain) == want
+
+
+def test_a_rank_without_the_step_meets_the_ranks_that_take_it(
+    comm, mpi_tmp_path, finished, monkeypatch
+):
+    """The last rank never makes a step: it goes the general way from every head while
+    the others finish the same calls by theirs, in the same messages and agreements;
+    nothing hangs and the file holds numpy's bytes."""
+    steps = 8
+    if comm.rank == comm.size - 1:
+        monkeypatch.setattr(collio.keptcall.Step, "made", staticmethod(lambda *a: None))
+    path = str(mpi_tmp_path / "mixed.bin")
+    last, _ = _series(comm, path, HINTS["enable"], steps)
+    want = [steps - 2] * (comm.size - 1) + [0]
+    assert comm.allgather(finished[0]) == want
+    assert all(c["plan_reused"] and c["path"] == "two-phase" for c in last[1:])
+    comm.Barrier()
+    assert read_file(path) == b"".join(_step(comm, s)[2] for s in range(steps))
+
+
+def test_a_write_that_fails_in_the_step_fails_every_rank_and_the_series_goes_on(
+    comm, mpi_tmp_path, finished, monkeypatch
+):
+    """At step 5 the aggregator's write of its window fails (EIO): every rank raises
+    the same error naming rank 0, and the series goes on, its steps finished by the step
+    still; every other step's bytes are numpy's."""
+    steps, bad = 9, 5
+    path = str(mpi_tmp_path / "failing.bin")
+    real = os.pwrite
+
+    def failing(fd, data, offset):
+        raise OSError(5, "Input/output error")
+
+    with collio.open(path, "w", comm=comm, hints=HINTS["enable"]) as f:
+        for s in range(steps):
+            piece, lay, _ = _step(comm, s)
+            if s != bad:
+                f.write_all(piece, lay)
+                continue
+            before = finished[0]
+            if comm.rank == 0:  # (rank 0 aggregates)
+                monkeypatch.setattr(os, "pwrite", failing)
+            try:
+                err = raises_everywhere(
+                    comm, collio.CollioError, lambda p=piece, x=lay: f.write_all(p, x)
+                )
+            finally:
+                monkeypatch.setattr(os, "pwrite", real)
+            assert err.ranks == (0,) and "backend I/O: rank 0:" in str(err), str(err)
+            assert finished[0] == before + 1  # (the failing call was the step's)
+        assert f.stats.last_call["plan_reused"]
+    # (the failed call was one of the step's, and so is every call after it)
+    assert comm.allgather(finished[0]) == [steps - 2] * comm.size
+    got = read_file(path)
+    step = len(_step(comm, 0)[2])
+    for s in range(steps):
+        if s != bad:
+            assert got[s * step : (s + 1) * step] == _step(comm, s)[2], s
+
+
+def test_other_calls_between_steps_send_the_series_the_general_way_and_back(
+    comm, mpi_tmp_path, finished, monkeypatch
+):
+    """A read of the last step after every third step, and a write of another layout
+    after step 4: the calls after them go the general way and the step takes the series
+    up again; every read returns the step's piece, the file holds numpy's bytes, and the
+    statistics are those of the same calls with no step (the other layout's counters are
+    not the series' kept ones)."""
+    steps = 12
+    other = Subarray((4, 4 * comm.size), (0, 4 * comm.rank), (4, 4), "<f8", offset=10**7)
+    seen = []
+
+    def between(f, s):
+        if s % 3 == 2:
+            piece, lay, _ = _step(comm, s)
+            seen.append(np.array_equal(f.read_all(lay), piece))
+        if s == 4:
+            f.write_all(np.full((4, 4), float(comm.rank)), other)
+
+    path = str(mpi_tmp_path / "between.bin")
+    last, st = _series(comm, path, HINTS["enable"], steps, calls_between=between)
+    assert all(seen) and len(seen) == steps // 3
+    done = comm.allgather(finished[0])
+    assert done == [done[0]] * comm.size and 0 < done[0] < steps - 2, done
+    comm.Barrier()
+    got = read_file(path)
+    want = b"".join(_step(comm, s)[2] for s in range(steps))
+    assert got[: len(want)] == want
+    glob = np.repeat(np.arange(comm.size, dtype=np.float64), 4)[None, :].repeat(4, axis=0)
+    assert got[10**7 : 10**7 + glob.nbytes] == glob.tobytes()
+    comm.Barrier()
+    monkeypatch.setattr(collio.keptcall.Step, "made", staticmethod(lambda *a: None))
+    plain = str(mpi_tmp_path / "between_plain.bin")
+    assert _series(comm, plain, HINTS["enable"], steps, calls_between=between) == (last, st)
+
+
+def test_counters_the_backend_counted_otherwise_are_summed_on_every_rank(
+    comm, mpi_tmp_path, finished, monkeypatch
+):
+    """At step 5 rank 0's backend reports an early flush that the step's first call did
+    not make: that call's counters are not the kept ones, so the ranks sum them (a second
+    allreduce) and every rank's statistics count that one flush; the next steps add the
+    kept sums again."""
+    steps, odd = 8, 5
+    path = str(mpi_tmp_path / "counted.bin")
+    with collio.open(path, "w", comm=comm, hints=HINTS["enable"]) as f:
+        for s in range(steps):
+            piece, lay, _ = _step(comm, s)
+            if s == odd and comm.rank == 0:
+                real = f.backend.take_counts
+                monkeypatch.setattr(f.backend, "take_counts", lambda: (0, 1, 0))
+                f.write_all(piece, lay)
+                monkeypatch.setattr(f.backend, "take_counts", real)
+            else:
+                f.write_all(piece, lay)
+        st = f.stats.as_dict()
+    assert comm.allgather(finished[0]) == [steps - 2] * comm.size
+    assert comm.allgather((st["early_flushes"], st["collective_calls"])) == [(1, steps)] * comm.size
+    step = len(_step(comm, 0)[2])
+    assert st["bytes_written"] == steps * step
