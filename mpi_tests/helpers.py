@@ -207,3 +207,19 @@ def assert_rows_load(comm: MPI.Comm, path: str) -> None:
     for name, lay in spec.items():
         want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
         assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+
+
+def column_step(
+    comm: MPI.Comm, s: int, rows: int, cols: int, *, turn: int = 0
+) -> tuple[np.ndarray[Any, Any], Any, bytes]:
+    """Step ``s`` of a time series of column blocks: rank r's columns (the block
+    ``(r + turn) % p``) of a (rows, cols * p) float64 array stored right after step
+    ``s - 1`` from byte 0, its :class:`~collio.layouts.Subarray`, and the step's bytes
+    as the file holds them."""
+    from collio.layouts import Subarray
+
+    p = comm.Get_size()
+    b = (comm.Get_rank() + turn) % p
+    glob = np.arange(rows * cols * p, dtype=np.float64).reshape(rows, cols * p) + 1e4 * s
+    lay = Subarray(glob.shape, (0, b * cols), (rows, cols), "<f8", offset=s * glob.nbytes)
+    return np.ascontiguousarray(glob[:, b * cols : (b + 1) * cols]), lay, glob.tobytes()

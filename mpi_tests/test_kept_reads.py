@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import on_local_fs, raises_everywhere, read_file
+from helpers import column_step, on_local_fs, raises_everywhere, read_file
 
 import collio
 import collio.keptcall
 import collio.quick
-from collio.layouts import Subarray
 from collio.testing.romio import romio_read
 
 pytestmark = pytest.mark.mpi(min_size=1)
@@ -25,13 +24,7 @@ ROWS, COLS = 8, 64  # float64 per rank per step: ROWS runs of COLS * 8 bytes
 
 
 def _step(comm, s, *, turn=0):
-    """Rank r's columns of step ``s`` (the block ``(r + turn) % p``, steps one after the
-    other from byte 0), its layout, and the step's bytes as the file holds them."""
-    p = comm.size
-    b = (comm.rank + turn) % p
-    glob = np.arange(ROWS * COLS * p, dtype=np.float64).reshape(ROWS, COLS * p) + 1e4 * s
-    lay = Subarray(glob.shape, (0, b * COLS), (ROWS, COLS), "<f8", offset=s * glob.nbytes)
-    return np.ascontiguousarray(glob[:, b * COLS : (b + 1) * COLS]), lay, glob.tobytes()
+    return column_step(comm, s, ROWS, COLS, turn=turn)
 
 
 @pytest.fixture

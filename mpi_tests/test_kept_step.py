@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import raises_everywhere, read_file
+from helpers import column_step, raises_everywhere, read_file
 
 import collio
 import collio.keptcall
@@ -28,13 +28,7 @@ NOT_COUNTED = {"time_plan", "time_exchange", "time_io", "time_total", "backend"}
 
 
 def _step(comm, s, *, turn=0):
-    """Rank r's columns of step ``s`` of a (ROWS, COLS * p) float64 array stored right
-    after step ``s - 1`` (block ``(r + turn) % p``), and the step's bytes."""
-    p = comm.size
-    b = (comm.rank + turn) % p
-    glob = np.arange(ROWS * COLS * p, dtype=np.float64).reshape(ROWS, COLS * p) + 1e4 * s
-    lay = Subarray(glob.shape, (0, b * COLS), (ROWS, COLS), "<f8", offset=s * glob.nbytes)
-    return np.ascontiguousarray(glob[:, b * COLS : (b + 1) * COLS]), lay, glob.tobytes()
+    return column_step(comm, s, ROWS, COLS, turn=turn)
 
 
 @pytest.fixture
