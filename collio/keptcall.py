@@ -195,15 +195,17 @@ def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | bool | N
     if k.extent[1] + d >= _BIG or not _latest(ctx.plans.entries, k):
         return None  # (past every real size: the general way's checks say so, agreed)
     s: Step | None = k.step
+    if s is not None and not s.fits(k):
+        s = None
     try:  # (anything failing here is the general way's to agree on, as its checks find it)
         buf = _bytes(ctx, data, box)
         if buf is None:
             return None
-        if s is None or not s.fits(k):
+        if s is None:
             runs = k.runs.moved(d) if d else k.runs
     except Exception:  # noqa: BLE001
         return None
-    if s is not None and s.fits(k):
+    if s is not None:  # (after the try: a step's call is collective from its head on)
         return s.go(ctx, k, layout, buf, d, t0)
     return _head(ctx, k, layout, buf, runs, d, t0)
 
