@@ -401,7 +401,9 @@ def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         "`cb_nodes` = ranks and `cb_config_list` = `*:*`; a ratio below 1 is collio ahead. "
         "Every API's first call per size is checked byte for byte against numpy. The path "
         "is the first call's; from the third call of a size on, collio's direct and mapped "
-        "calls do their I/O before their one agreement (`last_call['guessed']`)."
+        "calls do their I/O before their one agreement (`last_call['guessed']`), and its "
+        "two-phase writes go from their head straight to their kept round and one "
+        "completion (the kept lane's step, docs/design.md)."
     )
     out = [*_wrap(about), "", *sweep_table(doc, "call"), *_throttled(doc)]
     if doc["batch"] and doc["batch_sizes"]:
