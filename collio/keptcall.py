@@ -167,6 +167,8 @@ def _entry(plans: Any, call: Call, runs: Runs) -> tuple[Any, int]:
         return None, 0
     last = entries[-1]  # (take and store leave the entry a call used last)
     if call.reused and last.epoch == call.plan_epoch:
+        if last.remap:  # (a batch's plan: take moves its pieces to each call's buffer
+            return None, 0  # offsets; the lane's round would post them where they were)
         return last, call.plan_shift
     if not call.reused and last.epoch == plans.epoch and last.source is runs:
         return last, 0

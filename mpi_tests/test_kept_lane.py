@@ -373,3 +373,33 @@ def test_a_rank_that_cannot_make_its_rounds_hvectors_posts_it_the_general_way(
     assert seen[0] == 0 and all(n == 5 for n in seen[1:]), seen
     _same_file(comm, path, want)
     assert read_file(theirs) == want
+
+
+def test_a_series_on_a_batchs_plan_writes_its_own_bytes(comm, mpi_tmp_path, lane_calls):
+    """A batch writes a column block's two halves, the bottom half first (its buffer holds
+    the rows in another order than one piece would), then a series writes the whole
+    block: its first call takes the batch's plan, moved to its own buffer offsets
+    (plancache), and the series must not form a lane on that plan, whose round would
+    send from the batch's offsets (reading past the piece); every step holds numpy's
+    bytes."""
+    p, r, rows, cols = comm.size, comm.rank, 8, 32
+    half = rows // 2
+
+    def glob(s):
+        return np.arange(rows * cols * p, dtype=np.float64).reshape(rows, cols * p) + 1e4 * s
+
+    path = str(mpi_tmp_path / "batch_plan.bin")
+    nbytes = glob(0).nbytes
+    with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
+        g = glob(0)
+        f.write_all_many([
+            (np.ascontiguousarray(g[half:, r * cols : (r + 1) * cols]),
+             Subarray(g.shape, (half, r * cols), (half, cols), "<f8", offset=0)),
+            (np.ascontiguousarray(g[:half, r * cols : (r + 1) * cols]),
+             Subarray(g.shape, (0, r * cols), (half, cols), "<f8", offset=0)),
+        ])  # fmt: skip
+        for s in range(1, 6):
+            g = glob(s)
+            lay = Subarray(g.shape, (0, r * cols), (rows, cols), "<f8", offset=s * nbytes)
+            f.write_all(np.ascontiguousarray(g[:, r * cols : (r + 1) * cols]), lay)
+    _same_file(comm, path, b"".join(glob(s).tobytes() for s in range(6)))

@@ -211,3 +211,74 @@ def test_counters_the_backend_counted_otherwise_are_summed_on_every_rank(
     assert comm.allgather((st["early_flushes"], st["collective_calls"])) == [(1, steps)] * comm.size
     step = len(_step(comm, 0)[2])
     assert st["bytes_written"] == steps * step
+
+
+#: Series the step must finish as the general way does, or leave to it: hints, the
+#: steps' offsets, the piece (rows, columns per rank), and what is odd about them
+SERIES = {
+    "backward": ({"romio_cb_write": "enable"}, [(9 - s) * 65536 for s in range(10)], {}),
+    "disable": ({"romio_cb_write": "disable"}, [s * 65536 for s in range(10)], {}),
+    "default": (None, [s * 65536 for s in range(10)], {}),
+    # (shifts that are not whole alignment units: the general way plans each step)
+    "unaligned": (
+        {"romio_cb_write": "enable", "striping_unit": 65536},
+        [s * 65536 + 8 * s for s in range(10)],
+        {},
+    ),
+    # (rank 0's piece at step 4 in Fortran order: a copy, that rank's call the general way)
+    "fortran": ({"romio_cb_write": "enable"}, [s * 65536 for s in range(10)], {"fortran": 4}),
+    # (a window of 4 MiB: written by the backend's write_at, in part with O_DIRECT)
+    "large": (
+        {"romio_cb_write": "enable", "direct_write": "true", "cb_buffer_size": 1 << 26},
+        [s * (1 << 24) + 4096 * 3 for s in range(6)],
+        {"rows": 1024, "cols": 128},
+    ),
+    # (the last rank has nothing: the aggregator's window has holes, read first)
+    "empty": ({"romio_cb_write": "enable"}, [s * 65536 for s in range(10)], {"empty": True}),
+}
+
+
+def _odd_series(comm, path, hints, offsets, *, rows=16, cols=32, fortran=-1, empty=False):
+    """Write the series; every call's ``last_call`` and ``local``, and the statistics
+    that are not times."""
+    p, r = comm.size, comm.rank
+    calls = []
+    collio.release_buffers()
+    with collio.open(path, "w", comm=comm, hints=hints) as f:
+        for s, at in enumerate(offsets):
+            glob = np.arange(rows * cols * p, dtype=np.float64).reshape(rows, cols * p) + 1e4 * s
+            if empty and r == p - 1:
+                piece = np.zeros((rows, 0))
+                lay = Subarray(glob.shape, (0, 0), (rows, 0), "<f8", offset=at)
+            else:
+                piece = glob[:, r * cols : (r + 1) * cols]
+                odd = s == fortran and r == 0
+                piece = np.asfortranarray(piece) if odd else np.ascontiguousarray(piece)
+                lay = Subarray(glob.shape, (0, r * cols), (rows, cols), "<f8", offset=at)
+            f.write_all(piece, lay)
+            local = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in f.stats.local.items()}
+            calls.append((f.stats.last_call, local))
+        st = f.stats.as_dict()
+    return calls, {k: v for k, v in st.items() if k not in NOT_COUNTED}
+
+
+@pytest.mark.parametrize("series", list(SERIES))
+@pytest.mark.parametrize("mixed", [False, True], ids=["every-rank", "last-rank-without"])
+def test_odd_series_end_as_the_general_way_ends_them(comm, mpi_tmp_path, monkeypatch, series,
+                                                     mixed):  # fmt: skip
+    """Each series of :data:`SERIES`, with every rank able to make a step or the last rank
+    never making one, against the same series with no step: the same bytes, every
+    call's ``last_call`` and ``local``, and the same statistics but times."""
+    hints, offsets, odd = SERIES[series]
+    if series == "empty" and comm.size == 1:
+        pytest.skip("needs a rank with nothing")
+    no_step = staticmethod(lambda *a: None)
+    if mixed and comm.rank == comm.size - 1:
+        monkeypatch.setattr(collio.keptcall.Step, "made", no_step)
+    path, plain = str(mpi_tmp_path / "odd.bin"), str(mpi_tmp_path / "odd_plain.bin")
+    got = _odd_series(comm, path, hints, offsets, **odd)
+    monkeypatch.setattr(collio.keptcall.Step, "made", no_step)
+    want = _odd_series(comm, plain, hints, offsets, **odd)
+    comm.Barrier()
+    assert read_file(path) == read_file(plain)
+    assert got == want
