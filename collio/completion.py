@@ -16,7 +16,7 @@ from .context import Call, Context, Plan
 from .stats import SUMS, Stats
 from .waits import sleep_until_done
 
-__all__ = ["complete_call", "local_summary", "local_when_read"]
+__all__ = ["complete_call", "local_summary", "local_when_read", "reduce_again"]
 
 _RUNS = SUMS.index("runs")
 
@@ -51,7 +51,7 @@ def complete_call(
     sums, maxes = c.pack()
     kept = ctx.sums_kept.get(call.name)
     if call.reused:  # (agreed: every rank takes the same branch)
-        got = _again(ctx, sums, maxes, error, kept, patient=patient)
+        got = reduce_again(ctx, sums, maxes, error, kept, patient=patient)
     else:
         got = _reduce(ctx, sums, maxes, error, patient=patient)
     if got is None:
@@ -111,7 +111,7 @@ def _reduce(ctx: Context, sums: list[int], maxes: list[float], error: BaseExcept
     return out[: nsum - 1], out[nsum:].view(np.float64)
 
 
-def _again(ctx: Context, sums: list[int], maxes: list[float], error: BaseException | None,
+def reduce_again(ctx: Context, sums: list[int], maxes: list[float], error: BaseException | None,
            kept: Any, *, patient: bool) -> Reduced | None:  # fmt: skip
     """Collective: :func:`_reduce` of a call that repeats a kept plan, whose counters are
     most often the last call's of its name on every rank: then their sums are the kept

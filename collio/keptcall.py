@@ -29,25 +29,20 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import os
-import struct
 import time
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from . import rounds, speculate
 from .backends.base import Backend
-from .backends.directio import DIRECT_MIN
 from .backends.failures import storage_errors
-from .backends.fdio import pwrite_all
 from .backends.posix import PosixBackend
 from .buffers import round_buffers, window_of
 from .check import Headed, Pending
 from .checkfacts import Checked, moved_by, placed, unzigzag, zigzag
 from .collective import Attempt, KeptHead, call_kept_head, raise_agreed
-from .completion import local_summary, local_when_read
+from .completion import local_summary, local_when_read, reduce_again
 from .context import Call, Context, Plan
 from .facts import NOT_COMPARED, How
 from .keptround import Round, exchange, kept_round, one_round, round_of, write_rounds
@@ -57,7 +52,6 @@ from .quick import array_of
 from .rounds import prepare as prepare_rounds
 from .runs import Runs, is_read_only
 from .stats import SUMS, Stats
-from .waits import sleep_until_done
 
 __all__ = ["Lane", "drop", "headed", "keep", "transfer", "write_rounds"]
 
@@ -216,31 +210,45 @@ def _head(ctx: Context, k: Lane, layout: Any, buf: Any, runs: Runs, d: int,
           t0: float) -> Headed:  # fmt: skip
     """Collective over ``ctx.comm``: the call's head, with the facts the general way's
     checks would have found (:func:`collio.check._pending`'s)."""
-    layout._runs, layout._overlap = runs, (runs, -1)  # (as check._moved_box keeps them)
     lo, hi = k.extent[0] + d, k.extent[1] + d
     step = Attempt()
-    plan = (-1, 0)
     with step:  # (allocations fail here, agreed, not in the rounds: check._kept_plan)
         r = k.round
         if r is None or r.plan is not k.entry.plan:
             prepare_rounds(k.entry.plan, writing=True)
         elif r.req is not None:  # (its shapes are made: an aggregator's round buffers)
             round_buffers(r.plan.window, DEPTH)
-        plan = (k.entry.epoch, k.shift + d)
+    head = _patched(ctx, k, layout, lo, hi, d, step.error, t0)
+    failed, out = call_kept_head(ctx.comm, head, step.error is not None)
+    return _headed(k, layout, buf, runs, lo, hi, step.error, failed, out)
+
+
+def _patched(ctx: Context, k: Lane, layout: Any, lo: int, hi: int, d: int,
+             error: BaseException | None, t0: float) -> KeptHead:  # fmt: skip
+    """Local: the lane's head with the facts of this call written in (the plan's only
+    where this rank's preparations did not fail)."""
+    epoch, zshift = (-1, 0) if error is not None else (k.entry.epoch, zigzag(k.shift + d))
     moved, shift = moved_by(ctx.extents, lo, hi)
     seconds = speculate.times(0.0, t0)
     head = k.head if k.head is not None else _kept_head(ctx, k)
     _PATCH(
-        head.own, lo, hi, placed(k.facts[3], layout.offset), plan[0], zigzag(plan[1]),
-        step.error is None, seconds[0], seconds[1], moved, shift,
+        head.own, lo, hi, placed(k.facts[3], layout.offset), epoch, zshift, error is None,
+        seconds[0], seconds[1], moved, shift,
     )  # fmt: skip
     ctx.stats.local = {}
+    k.posted = None  # (transfer says if this call posts the kept round)
+    return head
+
+
+def _headed(k: Lane, layout: Any, buf: Any, runs: Runs, lo: int, hi: int,
+            error: BaseException | None, failed: bool, out: Any) -> Headed:  # fmt: skip
+    """Local: the call past its head as the general way goes on from it (the pending
+    call of ``runs``, the layout keeping them as check._moved_box does)."""
+    layout._runs, layout._overlap = runs, (runs, -1)
     p = Pending(
         True, "write_all", None, runs, buf, None, layout.signature(), k.facts, (lo, hi), None,
-        step.error, None, k.prekey,
+        error, None, k.prekey,
     )  # fmt: skip
-    k.posted = None  # (transfer says if this call posts the kept round)
-    failed, out = call_kept_head(ctx.comm, head, step.error is not None)
     k.out = tuple(out)
     return p, (failed, k.out)
 
@@ -263,9 +271,6 @@ _CONST = operator.itemgetter(*sorted(
 ))  # fmt: skip
 #: The agreed facts a repeat's :class:`Step` decides from
 _AGREED = Checked.reader("lo", "hi", "sig", "plan", "plan_shift", "moved", "shift")
-#: The completion's vector of a step: the error and "not the kept sums" flags, then the
-#: maxima (Stats' ``rounds``, ``time_plan``, ``time_exchange``, ``time_io``, ``time_total``)
-_DONE = struct.Struct("=2q5d")
 _RUNS = SUMS.index("runs")
 #: Where a call's local sums hold what the backend counts (Backend.take_counts's three:
 #: direct_io_bytes, early_flushes, mapped_bytes, one after another in SUMS)
@@ -291,7 +296,7 @@ class Step:
     """
 
     __slots__ = ("round", "const", "asked", "disjoint", "align", "be", "window", "active",
-                 "local", "counts", "send", "recv", "got", "most")  # fmt: skip
+                 "local", "counts")  # fmt: skip
 
     def __init__(self, ctx: Context, k: Lane, r: Round, const: tuple[int, ...],
                  asked: bool, local: list[int]) -> None:  # fmt: skip
@@ -305,9 +310,6 @@ class Step:
         assert isinstance(be, PosixBackend)  # (made only for one)
         self.be: PosixBackend = be
         self.window, self.active = k.window, k.active
-        self.send = bytearray(_DONE.size)
-        got = np.zeros(_DONE.size // 8, np.int64)
-        self.recv, self.got, self.most = [got, MPI.INT64_T], got, got[2:].view(np.float64)
 
     @staticmethod
     def made(ctx: Context, k: Lane, call: Call) -> Step | None:
@@ -359,26 +361,12 @@ class Step:
                 bufs = round_buffers(self.window, DEPTH)
             except Exception as exc:  # noqa: BLE001
                 error = exc
-        epoch, zshift = (-1, 0) if error is not None else (k.entry.epoch, zigzag(k.shift + d))
-        moved, shift = moved_by(ctx.extents, lo, hi)
-        head = k.head if k.head is not None else _kept_head(ctx, k)
-        _PATCH(
-            head.own, lo, hi, placed(k.facts[3], layout.offset), epoch, zshift, error is None,
-            0, int((time.perf_counter() - t0) * 1e9), moved, shift,
-        )  # fmt: skip
-        ctx.stats.local = {}
-        k.posted = None  # (this call's round is posted here, or by transfer after the head)
+        head = _patched(ctx, k, layout, lo, hi, d, error, t0)
         failed, out = call_kept_head(ctx.comm, head, error is not None)
         plan_shift = None if failed else self._shift(ctx, k, out)
         if plan_shift is None:  # (the general way from the head, as _head goes on)
             runs = k.runs.moved(d) if d else k.runs
-            layout._runs, layout._overlap = runs, (runs, -1)
-            p = Pending(
-                True, "write_all", None, runs, buf, None, layout.signature(), k.facts, (lo, hi),
-                None, error, None, k.prekey,
-            )  # fmt: skip
-            k.out = tuple(out)
-            return p, (failed, k.out)
+            return _headed(k, layout, buf, runs, lo, hi, error, failed, out)
         alo, ahi, sig, _, _, _, ashift = _AGREED(out)
         if self.asked:  # (as choose's disjoint(): the extents' answer kept with them)
             ctx.extents = (lo, hi, ctx.extents[2])  # type: ignore[index]
@@ -430,19 +418,8 @@ class Step:
             return t_ex, 0.0, error
         step = Attempt()
         t = time.perf_counter()
-        be = self.be
-        with step, storage_errors(be):
-            n = len(wbuf)  # type: ignore[arg-type]
-            if n < DIRECT_MIN:  # (PosixBackend._put's small request, inline)
-                be.dirty = True
-                if os.pwrite(be.fd, wbuf, at) != n:  # type: ignore[arg-type]
-                    pwrite_all(be.fd, wbuf, at, be.path)
-            else:
-                be.more_rounds = False  # (roundio.window_write's: its one round)
-                try:
-                    be.write_at(at, wbuf)  # type: ignore[arg-type]
-                finally:
-                    be.more_rounds = True
+        with step, storage_errors(self.be):  # (write_at of the call's one round: no flush)
+            self.be._put(at, wbuf)  # type: ignore[arg-type]
         return t_ex, time.perf_counter() - t, step.error
 
     def _complete(self, ctx: Context, error: BaseException | None, t_ex: float,
@@ -455,28 +432,18 @@ class Step:
         if counts != self.counts:  # (the backend counted otherwise this time)
             sums = list(sums)
             sums[_COUNTS] = counts
-        same = kept is not None and (sums is kept[0] or sums == kept[0])
-        total = time.perf_counter() - t0
-        _DONE.pack_into(self.send, 0, 0 if error is None else 1, 0 if same else 1,
-                        1.0, 0.0, t_ex, t_io, total)  # fmt: skip
-        comm = ctx.comm
-        sleep_until_done(comm.Iallreduce([self.send, MPI.INT64_T], self.recv, op=MPI.MAX))
-        got = self.got
-        if got[0]:
-            raise_agreed(comm, error, what="backend I/O")
-        if got[1]:  # (some rank's counters are not its kept ones: their sums)
-            mine = np.array(sums, np.int64)
-            agreed = np.empty_like(mine)
-            sleep_until_done(comm.Iallreduce([mine, MPI.INT64_T], [agreed, MPI.INT64_T],
-                                             op=MPI.SUM))  # fmt: skip
-            again = None
-        else:
-            assert kept is not None  # (every rank's counters are its kept ones)
-            agreed = kept[1]
+        maxes = [1, 0.0, t_ex, t_io, time.perf_counter() - t0]  # (Stats.pack's order)
+        got = reduce_again(ctx, sums, maxes, error, kept, patient=True)
+        if got is None:
+            raise_agreed(ctx.comm, error, what="backend I/O")
+        assert got is not None  # (raise_agreed raised)
+        agreed, most = got
+        again = None
+        if kept is not None and agreed is kept[1]:  # (the kept sums: added as kept)
             again = kept[2] if kept[2] is not None else Stats.again(agreed)
         ctx.sums_kept["write_all"] = (sums, agreed, again)
         stats = ctx.stats
-        stats.absorb(agreed, self.most, again)
+        stats.absorb(agreed, most, again)
         stats.collective_calls += 1
         stats.last_facts = (
             1, int(agreed[_RUNS]), False, _TWO_PHASE, 1, [lo, hi], True, self.window,

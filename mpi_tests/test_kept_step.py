@@ -267,8 +267,8 @@ def _odd_series(comm, path, hints, offsets, *, rows=16, cols=32, fortran=-1, emp
 def test_odd_series_end_as_the_general_way_ends_them(comm, mpi_tmp_path, monkeypatch, series,
                                                      mixed):  # fmt: skip
     """Each series of :data:`SERIES`, with every rank able to make a step or the last rank
-    never making one, against the same series with no step: the same bytes, every
-    call's ``last_call`` and ``local``, and the same statistics but times."""
+    never making one, against the same series with no step: numpy's bytes in both files,
+    every call's ``last_call`` and ``local``, and the same statistics but times."""
     hints, offsets, odd = SERIES[series]
     if series == "empty" and comm.size == 1:
         pytest.skip("needs a rank with nothing")
@@ -280,5 +280,24 @@ def test_odd_series_end_as_the_general_way_ends_them(comm, mpi_tmp_path, monkeyp
     monkeypatch.setattr(collio.keptcall.Step, "made", no_step)
     want = _odd_series(comm, plain, hints, offsets, **odd)
     comm.Barrier()
-    assert read_file(path) == read_file(plain)
+    assert read_file(path) == read_file(plain) == _odd_bytes(comm.size, offsets, **odd)
     assert got == want
+
+
+def _odd_bytes(p, offsets, *, rows=16, cols=32, fortran=-1, empty=False):
+    """What :func:`_odd_series` leaves in a new file: each step's global array at its
+    offset (the last rank's columns never written where it has nothing: zeros, and the
+    file ends at the last byte written)."""
+    del fortran  # (a Fortran-order piece holds the same values)
+    end = max(offsets) + rows * cols * p * 8
+    want = np.zeros(end, np.uint8)
+    written = np.zeros(end, bool)
+    for s, at in enumerate(offsets):
+        glob = np.arange(rows * cols * p, dtype=np.float64).reshape(rows, cols * p) + 1e4 * s
+        mask = np.ones(glob.shape, bool)
+        if empty:
+            mask[:, (p - 1) * cols :] = False
+        step = glob.view(np.uint8).reshape(rows, cols * p, 8)
+        want[at : at + glob.nbytes] = np.where(mask[:, :, None], step, 0).reshape(-1)
+        written[at : at + glob.nbytes] |= np.repeat(mask.reshape(-1), 8)
+    return want[: int(np.flatnonzero(written)[-1]) + 1].tobytes()

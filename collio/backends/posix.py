@@ -168,15 +168,18 @@ class PosixBackend(MappedReads):
         new blocks, a growing file's, it makes the file system allocate them inside the
         call while the other ranks still append theirs, and a time series of 8 MiB per
         rank per call took several times as long per call (docs/design.md)."""
-        if self.eager or self.flusher is None or not self.writeback or not len(runs):
+        if self.eager or not len(runs):
             return self.eager
-        return self._overwrites(int(runs.length.sum()), int((runs.file + runs.length).max()))
+        return self._behind_span(int(runs.length.sum()), int((runs.file + runs.length).max()))
 
-    def _overwrites(self, nbytes: int, end: int) -> bool:
-        """The rule of :meth:`_behind` for a call of ``nbytes`` ending at ``end``, with
-        ``early_flush`` on and Linux's ``sync_file_range``: enough, and all of it over
-        bytes the file held at its open."""
-        return nbytes >= DIRECT_FLUSH_MIN and end <= self.stored
+    def _behind_span(self, nbytes: int, end: int) -> bool:
+        """The rule of :meth:`_behind` for a call of ``nbytes`` ending at ``end``: after
+        :meth:`flush_soon`, or with ``early_flush`` on and Linux's ``sync_file_range``,
+        enough of it, all over bytes the file held at its open."""
+        return self.eager or (
+            self.flusher is not None and self.writeback
+            and nbytes >= DIRECT_FLUSH_MIN and end <= self.stored
+        )  # fmt: skip
 
     def _write_behind(self, runs: Runs) -> None:
         """Start the disk on the runs just written (:meth:`flush_soon`): writeback of
@@ -199,9 +202,7 @@ class PosixBackend(MappedReads):
         """A direct call's one run (as :meth:`write_runs`, whose writeback rule it keeps)."""
         n = len(buf)
         self._put(offset, buf)
-        if self.eager or (
-            self.flusher is not None and self.writeback and self._overwrites(n, offset + n)
-        ):  # fmt: skip
+        if self._behind_span(n, offset + n):
             self._write_behind(Runs.sequential(np.array([offset]), np.array([n])))
         return 1
 
