@@ -1,12 +1,17 @@
-"""Round buffers, kept across calls and files.
+"""Round buffers, kept across calls and files, one set per thread.
 
 Fresh memory costs a page fault per page on first touch, so the round buffers an
 aggregator needs are kept and reused; :func:`free_buffers` returns them to the system.
+Each thread has its own: two threads may be in calls at once on files of their own
+communicators (an ``async_save`` beside the job's own writes, a nonblocking call's
+thread beside a blocking one), and one buffer shared by their rounds would carry one
+call's bytes into the other's file.
 """
 
 from __future__ import annotations
 
 import threading
+from threading import get_ident
 
 import numpy as np
 import numpy.typing as npt
@@ -22,20 +27,27 @@ __all__ = [
 #: Alignment of kept buffers (and of direct I/O requests, see the posix backend).
 PAGE = 4096
 _lock = threading.Lock()
-#: Kept allocations by use ("rounds", "scratch"); each reused while big enough.
-_kept: dict[str, npt.NDArray[np.uint8]] = {}
+#: Kept allocations by thread and use ("rounds", "scratch", "bounce"); each reused while
+#: big enough.  A thread changes only its own entries, :func:`free_buffers` all of them.
+_kept: dict[tuple[int, str], npt.NDArray[np.uint8]] = {}
 
 
 def _keep(name: str, nbytes: int) -> npt.NDArray[np.uint8]:
-    """The kept allocation ``name``, grown to at least ``nbytes`` (old one freed first)."""
-    with _lock:
-        got = _kept.get(name)
-        if got is None or len(got) < nbytes:
-            _kept.pop(name, None)  # free the old one before allocating the new one
-            raw = np.empty(nbytes + PAGE, np.uint8)
-            skip = -raw.ctypes.data % PAGE  # page-aligned start: direct I/O can use it
-            got = _kept[name] = raw[skip : skip + nbytes]
+    """This thread's kept allocation ``name``, grown to at least ``nbytes`` (old one freed
+    first).  Growing it also lets go of the allocations of threads that have ended."""
+    key = (get_ident(), name)
+    got = _kept.get(key)  # (no lock: no other thread changes this thread's entries)
+    if got is not None and len(got) >= nbytes:
         return got
+    with _lock:
+        _kept.pop(key, None)  # free the old one before allocating the new one
+        alive = {t.ident for t in threading.enumerate()}
+        for ended in [k for k in _kept if k[0] not in alive]:
+            del _kept[ended]
+        raw = np.empty(nbytes + PAGE, np.uint8)
+        skip = -raw.ctypes.data % PAGE  # page-aligned start: direct I/O can use it
+        got = _kept[key] = raw[skip : skip + nbytes]
+    return got
 
 
 def round_buffers(nbytes: int, count: int = 2) -> list[npt.NDArray[np.uint8]]:
@@ -66,6 +78,7 @@ def scratch_buffer(nbytes: int, use: str = "scratch") -> npt.NDArray[np.uint8]:
 
 
 def free_buffers() -> None:
-    """Local: free the kept round, packing and bounce buffers (made again when needed)."""
+    """Local: free every thread's kept round, packing and bounce buffers (made again when
+    needed; a call in another thread keeps what it holds until it returns)."""
     with _lock:
         _kept.clear()

@@ -579,6 +579,63 @@ def test_second_thread_in_a_collective_call_raises_at_once(comm, shared_dir):
 
 
 @pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_threads_on_communicators_of_their_own_keep_their_bytes_apart(comm, shared_dir):
+    """Two threads at once, each with its own communicator and file (as the README
+    says threads doing I/O must be), both through the aggregators in several rounds
+    per call: each file holds its own thread's bytes, and each read returns them.  The
+    round buffers an aggregator keeps are its thread's own: shared, one thread's
+    rounds wrote into the other's window while it was being filled."""
+    rows, cols, calls = 32, 256, 40
+    hints = {"romio_cb_write": "enable", "romio_cb_read": "enable",
+             "mapped_reads": "disable", "cb_buffer_size": 16384}  # fmt: skip
+    comms = [comm.Dup(), comm.Dup()]
+    step = rows * cols * comm.size
+
+    def value(tag, i):
+        return np.float64(tag * 100000 + i * 100 + comm.rank)
+
+    def lay(i):
+        return layouts.Subarray((rows, cols * comm.size), (0, comm.rank * cols), (rows, cols),
+                                "<f8", offset=i * step * 8)  # fmt: skip
+
+    def work(tag, c, errors, bad):
+        try:
+            path = os.path.join(shared_dir, f"thread{tag}.bin")
+            data = np.empty((rows, cols))
+            with collio.open(path, "w", comm=c, hints=hints) as f:
+                for i in range(calls):
+                    data[:] = value(tag, i)
+                    f.write_all(data, lay(i))
+            with collio.open(path, "r", comm=c, hints=hints) as f:
+                for i in range(calls):
+                    got = f.read_all(lay(i))
+                    bad.extend([] if (got == value(tag, i)).all() else [i])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    errors: list[BaseException] = []
+    bad: list[list[int]] = [[], []]
+    try:
+        t = threading.Thread(target=work, args=(2, comms[1], errors, bad[1]), name="second")
+        t.start()
+        work(1, comms[0], errors, bad[0])
+        t.join(150)
+        assert not t.is_alive() and errors == []
+    finally:
+        for c in comms:
+            c.Free()
+    assert bad == [[], []]
+    comm.Barrier()
+    for tag in (1, 2):
+        stored = np.fromfile(os.path.join(shared_dir, f"thread{tag}.bin"), "<f8")
+        want = np.empty((calls, rows, comm.size, cols))
+        want[:] = (tag * 100000 + np.arange(calls) * 100)[:, None, None, None]
+        want += np.arange(comm.size)[None, None, :, None]
+        assert np.array_equal(stored, want.reshape(-1)), tag
+
+
+@pytest.mark.mpi
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("level", ["one", "two"])
 @pytest.mark.parametrize("writing", [True, False], ids=["write", "read"])
