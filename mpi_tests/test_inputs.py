@@ -51,3 +51,23 @@ def test_load_into_arrays_sharing_memory(comm: MPI.Intracomm, mpi_tmp_path: Any,
     got = ckpt.load(path, {"a": (mem[:6], None), "b": (mem[6:], None)}, comm=comm)
     assert got["a"].tobytes() == a.tobytes() and got["b"].tobytes() == b.tobytes()
     assert mem.tobytes() == np.concatenate([a, b]).tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["numpy-scalar", "list"])
+def test_load_into_what_numpy_copies(comm: MPI.Intracomm, mpi_tmp_path: Any, kind: str) -> None:
+    """A numpy scalar or a list as the array to load into: numpy converts it to a new array,
+    and the load filled that and returned the caller's object as it was (a scalar 0.0 for
+    a stored 5.0); now the same error on every rank.  A 0-d array loads in place."""
+    path = _path(comm, mpi_tmp_path, "scalar.ckpt")
+    ckpt.save(path, {"s": np.float64(5.0), "v": np.arange(3.0)}, comm=comm)
+    name, obj = ("s", np.float64(0.0)) if kind == "numpy-scalar" else ("v", [0.0, 0.0, 0.0])
+    raises_everywhere(
+        comm, collio.LayoutError, lambda: ckpt.load(path, {name: (obj, None)}, comm=comm),
+        match=f"array {name!r}: cannot load into a {type(obj).__name__}, which numpy copies",
+    )  # fmt: skip
+    zero_d, vec = np.zeros(()), np.zeros(3)
+    got = ckpt.load(path, {"s": (zero_d, None), "v": (vec, None)}, comm=comm)
+    assert got["s"] is zero_d and zero_d.tobytes() == np.float64(5.0).tobytes()
+    assert got["v"] is vec and vec.tobytes() == np.arange(3.0).tobytes()

@@ -87,6 +87,13 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
         arr = as_array(obj)
     except LayoutError as exc:
         raise LayoutError(f"array {name!r}: {exc}") from None
+    if arr is not obj and arr.base is None:
+        # (numpy made a new array of its values, as of a list or a numpy scalar: loading
+        # into that would leave the caller's object as it was)
+        raise LayoutError(
+            f"array {name!r}: cannot load into a {type(obj).__name__}, which numpy copies; "
+            f"pass a numpy array"
+        )
     if not arr.flags.writeable:
         raise LayoutError(f"array {name!r}: the array to load into is read-only")
     return arr
