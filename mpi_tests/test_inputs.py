@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import raises_everywhere
+from helpers import raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
@@ -71,3 +71,74 @@ def test_load_into_what_numpy_copies(comm: MPI.Intracomm, mpi_tmp_path: Any, kin
     got = ckpt.load(path, {"s": (zero_d, None), "v": (vec, None)}, comm=comm)
     assert got["s"] is zero_d and zero_d.tobytes() == np.float64(5.0).tobytes()
     assert got["v"] is vec and vec.tobytes() == np.arange(3.0).tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("offset", [1.5, 2.0, np.float64(1.0), "1"])
+def test_offset_through_view_must_be_an_integer(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, offset: Any
+) -> None:
+    """``write_at_all``/``read_at_all`` at an offset that is not an integer (as MPI_Offset
+    is; mpi4py refuses it): int() cut 1.5 to 1 and read "1" as 1, so the bytes went
+    elsewhere than asked, silently; now the same error on every rank, the file and the
+    buffer untouched, also after calls that repeat (a kept step)."""
+    path = _path(comm, mpi_tmp_path, "at.bin")
+    r, p = comm.rank, comm.size
+    ranks = np.arange(p, dtype="<f8")
+    with collio.open(path, "w", comm=comm) as f:
+        f.set_view(0, MPI.DOUBLE)
+        for step in range(3):  # (a time series: the third call repeats the second)
+            f.write_at_all(step * p + r, np.array([step * 10 + r], "<f8"))
+        comm.Barrier()
+        before = read_file(path)
+        comm.Barrier()  # (a rank's guessed write of its next call may land before others)
+        assert before == np.concatenate([ranks + 10 * s for s in range(3)]).tobytes()
+        bad = offset if r == p - 1 else 3 * p + r
+        raises_everywhere(
+            comm, collio.LayoutError, lambda: f.write_at_all(bad, np.array([-1.0])),
+            match=f"rank {p - 1}: offset {offset!r} is not an integer",
+        )  # fmt: skip
+        comm.Barrier()
+        assert read_file(path) == before
+        comm.Barrier()
+        buf = np.full(1, -7.0)
+        raises_everywhere(
+            comm, collio.LayoutError, lambda: f.read_at_all(bad, buf),
+            match=f"rank {p - 1}: offset {offset!r} is not an integer",
+        )  # fmt: skip
+        assert buf[0] == -7.0
+        f.write_at_all(3 * p + r, np.array([30.0 + r]))  # (the file goes on)
+        assert f.read_at_all(p + r, buf)[0] == 10.0 + r
+    comm.Barrier()
+    assert read_file(path) == np.concatenate([ranks + 10 * s for s in range(4)]).tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("count", [1.5, "1", (1, 0, 0)])
+def test_buffer_count_must_be_an_integer(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, count: Any
+) -> None:
+    """``[buf, count, type]`` with a count that is not an integer (mpi4py refuses it):
+    int() cut 1.5 to 1, silently; now the same error on every rank, the file untouched."""
+    path = _path(comm, mpi_tmp_path, "count.bin")
+    r, p = comm.rank, comm.size
+    with collio.open(path, "w", comm=comm) as f:
+        f.set_view(0, MPI.DOUBLE)
+        f.write_at_all(r, np.array([float(r)]))
+        comm.Barrier()
+        before = read_file(path)
+        comm.Barrier()
+        spec = [np.array([-1.0, -2.0]), count if r == p - 1 else 1, MPI.DOUBLE]
+        raises_everywhere(
+            comm, collio.LayoutError, lambda: f.write_at_all(p + r, spec),
+            match=f"rank {p - 1}: buffer count {count!r} is not",
+        )  # fmt: skip
+        comm.Barrier()
+        assert read_file(path) == before == np.arange(p, dtype="<f8").tobytes()
+        comm.Barrier()
+        f.write_at_all(p + r, [np.array([-1.0, -2.0]), 1, MPI.DOUBLE])
+    comm.Barrier()
+    want = np.concatenate([np.arange(p, dtype="<f8"), np.full(p, -1.0)]).tobytes()
+    assert read_file(path) == want
