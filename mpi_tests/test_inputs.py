@@ -142,3 +142,87 @@ def test_buffer_count_must_be_an_integer(
     comm.Barrier()
     want = np.concatenate([np.arange(p, dtype="<f8"), np.full(p, -1.0)]).tobytes()
     assert read_file(path) == want
+
+
+def _refused_then_written(
+    comm: MPI.Intracomm, path: str, bad: Any, good: Any, data: Any, want: bytes, match: str
+) -> None:
+    """The last rank's ``bad`` layout (the others' ``good``) raises ``match`` on every rank
+    and leaves the file as it was; then every rank's ``good`` writes ``want``."""
+    r, p = comm.rank, comm.size
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(data, good)
+        comm.Barrier()
+        before = read_file(path)
+        comm.Barrier()
+        raises_everywhere(
+            comm, collio.LayoutError,
+            lambda: f.write_all_many([(data, bad() if r == p - 1 else good)]),
+            match=f"rank {p - 1}: item 0: {match}",
+        )  # fmt: skip
+        raises_everywhere(
+            comm, collio.LayoutError, lambda: f.write_all(data, bad() if r == p - 1 else good),
+            match=f"rank {p - 1}: {match}",
+        )  # fmt: skip
+        comm.Barrier()
+        assert read_file(path) == before == want
+        comm.Barrier()
+        f.write_all(data, good)
+        assert f.read_all(good).tobytes() == np.asarray(data).tobytes()
+    comm.Barrier()
+    assert read_file(path) == want
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("start", (2.5,), "start (2.5,) must be integers"),
+        ("start", ("x",), "start ('x',) must be integers"),
+        ("shape", 4, "shape 4 must be integers"),
+        ("global_shape", (4.0,), "global shape (4.0,) must be integers"),
+        ("offset", 8.5, "offset 8.5 must be an integer"),
+        ("offset", "8", "offset '8' must be an integer"),
+    ],
+)  # fmt: skip
+def test_subarray_fields_must_be_integers(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, field: str, value: Any, match: str
+) -> None:
+    """A Subarray whose start, shape, global shape or offset is not integers: int() cut
+    2.5 to 2 and read "8" as 8, writing the piece elsewhere without a word, and "x" made
+    the constructor raise on that rank alone (the others waited in the call); now the
+    layout is refused inside the call, the same error on every rank, the file as it was."""
+    r, p = comm.rank, comm.size
+    path = _path(comm, mpi_tmp_path, "box.bin")
+    fields = {"global_shape": (4 * p,), "start": (4 * r,), "shape": (4,), "offset": 0}
+    good = collio.layouts.Subarray(dtype="<f8", **fields)  # type: ignore[arg-type]
+
+    def bad() -> Any:
+        return collio.layouts.Subarray(dtype="<f8", **{**fields, field: value})  # type: ignore[arg-type]
+
+    data = np.arange(4.0) + 4 * r
+    _refused_then_written(
+        comm, path, bad, good, data, np.arange(4.0 * p).astype("<f8").tobytes(), match
+    )
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("block", [(1.5, 1), ("1", 1)])
+def test_block_cyclic_fields_must_be_integers(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, block: Any
+) -> None:
+    """The same for a block-cyclic block: int() cut 1.5 to 1 (ScaLAPACK's blocks of 1)."""
+    p = comm.size
+    path = _path(comm, mpi_tmp_path, "cyclic.bin")
+    g = np.arange(8.0 * p * 3).reshape(4 * p, 6)
+
+    def lay(blk: Any) -> Any:
+        return collio.layouts.block_cyclic((4 * p, 6), "<f8", block=blk, grid=(p, 1), comm=comm)
+
+    good = lay((1, 1))
+    data = np.ascontiguousarray(g[np.ix_(*good.indices)])
+    _refused_then_written(
+        comm, path, lambda: lay(block), good, data, g.tobytes(), f"block {block!r} must be"
+    )
