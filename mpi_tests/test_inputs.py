@@ -226,3 +226,30 @@ def test_block_cyclic_fields_must_be_integers(
     _refused_then_written(
         comm, path, lambda: lay(block), good, data, g.tobytes(), f"block {block!r} must be"
     )
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "offsets, match",
+    [
+        ([8.5], "segment offsets must be integers, not float64"),
+        (["8"], "segment offsets must be integers, not <U1"),
+        ([2**64], "segment offsets must be integers that fit int64"),
+        (np.array([2**63], np.uint64), "segment offsets must be integers that fit int64"),
+    ],
+)  # fmt: skip
+def test_segments_must_be_integers(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, offsets: Any, match: str
+) -> None:
+    """Segments at offsets that are not int64 integers: 8.5 was cut to 8, silently (also in
+    a batch of raw pieces), and 2**64 made the constructor raise on that rank alone (the
+    others waited in the call); now the same error on every rank, the file as it was."""
+    r, p = comm.rank, comm.size
+    path = _path(comm, mpi_tmp_path, "segments.bin")
+    good = collio.layouts.Segments([8 * r], [8])
+    data = np.full(8, r + 1, np.uint8)
+    want = np.repeat(np.arange(1, p + 1, dtype=np.uint8), 8).tobytes()
+    _refused_then_written(
+        comm, path, lambda: collio.layouts.Segments(offsets, [8]), good, data, want, match
+    )
