@@ -23,7 +23,7 @@ from mpi4py import MPI
 from . import datatypes
 from .collective import Attempt, call_head, raise_agreed
 from .errors import LayoutError, MismatchError
-from .layouts.base import TOP, Layout
+from .layouts.base import TOP, Layout, refuse_objects
 from .layouts.strided import Blocks
 from .layouts.typemap import Flat, Pair, stream_runs, zip_runs
 from .runs import Runs, first_overlap, merge, read_only, sort
@@ -216,6 +216,7 @@ def _as_bytes(buf: Any) -> npt.NDArray[np.uint8]:
                 return buf  # (already what the view of it would be)
         if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
             raise LayoutError("buffer must be contiguous in memory")
+        refuse_objects(buf.dtype)
         return buf.reshape(-1, order="A").view(np.uint8) if buf.size else np.zeros(0, np.uint8)
     if buf is None:
         raise LayoutError("no buffer given")

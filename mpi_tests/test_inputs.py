@@ -253,3 +253,58 @@ def test_segments_must_be_integers(
     _refused_then_written(
         comm, path, lambda: collio.layouts.Segments(offsets, [8]), good, data, want, match
     )
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("call", ["write_all", "write_all_many", "read_all", "read_all_many"])
+def test_object_dtype_is_refused(comm: MPI.Intracomm, mpi_tmp_path: Any, call: str) -> None:
+    """Arrays of Python objects: a batch's items skip the single call's byte view, so
+    write_all_many wrote the objects' pointers into the file and read_all_many made
+    objects of the file's bytes (a segfault for any bytes but zeros); a single call
+    raised numpy's "Cannot change data-type for array of references".  Now the same
+    error on every rank saying why, the file as it was; then the file goes on."""
+    r, p = comm.rank, comm.size
+    path = _path(comm, mpi_tmp_path, "objects.bin")
+    f8 = collio.layouts.Subarray((2 * p,), (2 * r,), (2,), "<f8")
+    objects = collio.layouts.Subarray((2 * p,), (2 * r,), (2,), object)
+    want = (np.arange(2.0 * p) + 0.5).tobytes()
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(np.arange(2.0) + 2 * r + 0.5, f8)
+        comm.Barrier()
+        assert read_file(path) == want
+        comm.Barrier()
+        lay = objects if r == p - 1 else f8
+        data = np.array([None, "x"], object) if r == p - 1 else np.zeros(2)
+        calls = {
+            "write_all": lambda: f.write_all(data, lay),
+            "write_all_many": lambda: f.write_all_many([(data, lay)]),
+        }
+        with collio.open(path, "r", comm=comm) as g:
+            calls["read_all"] = lambda: g.read_all(lay)
+            calls["read_all_many"] = lambda: g.read_all_many([lay])
+            item = "item 0: " if call.endswith("many") else ""
+            raises_everywhere(
+                comm, collio.LayoutError, calls[call],
+                match=f"rank {p - 1}: {item}dtype object holds Python objects",
+            )  # fmt: skip
+            assert g.read_all(f8).tobytes() == want[16 * r : 16 * r + 16]
+        comm.Barrier()
+        assert read_file(path) == want
+        comm.Barrier()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_checkpoint_object_piece_names_its_entry(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """A sharded checkpoint entry of Python objects: the error named neither the entry
+    nor the reason (numpy's "Cannot change data-type for array of references")."""
+    r, p = comm.rank, comm.size
+    path = _path(comm, mpi_tmp_path, "objects.ckpt")
+    lay = collio.layouts.Subarray((p,), (r,), (1,), object)
+    state = {"ok": np.arange(3.0), "o": (np.array([None], object), lay)}
+    raises_everywhere(
+        comm, collio.LayoutError, lambda: ckpt.save(path, state, comm=comm),
+        match="rank 0: entry 'o': dtype object holds Python objects",
+    )  # fmt: skip
+    assert not os.path.exists(path)

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from ..errors import LayoutError
 from ..runs import Runs, read_only
-from .base import TOP, Layout
+from .base import TOP, Layout, refuse_objects
 from .strided import Blocks
 
 __all__ = [
@@ -181,6 +181,7 @@ class ArrayLayout(Layout):
             raise LayoutError(f"offset {self.offset} is negative")
         if self.dtype.itemsize == 0:
             raise LayoutError(f"dtype {self.dtype} has no size")
+        refuse_objects(self.dtype)  # (also for a batch's items, whose arrays skip as_bytes)
         end = self.offset + math.prod(self.global_shape) * self.dtype.itemsize
         if end > TOP:  # (its runs are int64: one ending past the top would wrap)
             raise LayoutError(f"the array ends at byte {end}, past the largest offset {TOP}")

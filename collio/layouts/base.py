@@ -122,8 +122,18 @@ class Layout(abc.ABC):
         return out
 
 
+def refuse_objects(dtype: np.dtype[Any]) -> None:
+    """Raise :class:`LayoutError` for a dtype holding Python objects: its bytes are
+    pointers, meaningless in a file, and bytes read into one would be taken for objects
+    (numpy's own message, "Cannot change data-type for array of references", said
+    neither what nor why)."""
+    if dtype.hasobject:
+        raise LayoutError(f"dtype {dtype} holds Python objects, whose bytes are pointers")
+
+
 def _memory_bytes(arr: np.ndarray[Any, Any], order: str) -> npt.NDArray[np.uint8]:
     """The bytes of ``arr`` laid out in ``order`` (a view when already so, else a copy)."""
+    refuse_objects(arr.dtype)
     if order == "F":
         arr = np.asfortranarray(arr).T
     else:
@@ -235,6 +245,7 @@ class Segments(Layout):
             data = np.frombuffer(data, np.uint8)
         arr = np.asarray(data)
         if arr.dtype != np.uint8:
+            refuse_objects(arr.dtype)
             try:
                 arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
             except ValueError as exc:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import LayoutError
 from ..runs import Runs, merge, read_only, sort
-from .base import Layout
+from .base import Layout, refuse_objects
 from .strided import Blocks
 from .typemap import Flat, regular, stream_runs
 
@@ -67,6 +67,7 @@ class TypedLayout(Layout):
         flat = self.flat
         if self.count < 0:
             raise LayoutError(f"count {self.count} is negative")
+        refuse_objects(self.dtype)
         if self.dtype.itemsize == 0 or self.nbytes % self.dtype.itemsize:
             raise LayoutError(
                 f"{self.nbytes} bytes of data are not a whole number of {self.dtype} items"
