@@ -308,3 +308,23 @@ def test_checkpoint_object_piece_names_its_entry(comm: MPI.Intracomm, mpi_tmp_pa
         match="rank 0: entry 'o': dtype object holds Python objects",
     )  # fmt: skip
     assert not os.path.exists(path)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_checkpoint_metadata_is_json(comm: MPI.Intracomm, mpi_tmp_path: Any, value: float) -> None:
+    """Metadata holding NaN or Infinity (on one rank): Python's json wrote them as the
+    bare words NaN and Infinity, which are not JSON, into the index that strict parsers
+    then refuse; now the same error on every rank, no file, and a later save goes on."""
+    path = _path(comm, mpi_tmp_path, "meta.ckpt")
+    meta = {"loss": value if comm.rank == comm.size - 1 else 1.0}
+    raises_everywhere(
+        comm, collio.LayoutError,
+        lambda: ckpt.save(path, {"x": np.arange(3.0)}, comm=comm, metadata=meta),
+        match=f"rank {comm.size - 1}: checkpoint metadata must be JSON values",
+    )  # fmt: skip
+    assert not os.path.exists(path)
+    ckpt.save(path, {"x": np.arange(3.0)}, comm=comm, metadata={"loss": 1.0})
+    assert ckpt.info(path).metadata == {"loss": 1.0}
+    assert ckpt.load(path, {"x": None}, comm=comm)["x"].tobytes() == np.arange(3.0).tobytes()
