@@ -328,3 +328,32 @@ def test_checkpoint_metadata_is_json(comm: MPI.Intracomm, mpi_tmp_path: Any, val
     ckpt.save(path, {"x": np.arange(3.0)}, comm=comm, metadata={"loss": 1.0})
     assert ckpt.info(path).metadata == {"loss": 1.0}
     assert ckpt.load(path, {"x": None}, comm=comm)["x"].tobytes() == np.arange(3.0).tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_datatype_layout_past_the_largest_offset(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """A datatype layout whose tiles reach past 2**63 (a double resized to an extent of
+    2**62, four of them): its int64 runs wrapped, and the call was refused as bytes
+    [-2**63, ...) "written twice by this rank"; now the reach is named, on every rank."""
+    r, p = comm.rank, comm.size
+    path = _path(comm, mpi_tmp_path, "typed.bin")
+    good = collio.layouts.from_datatype(MPI.DOUBLE, disp=8 * r)
+    far = MPI.DOUBLE.Create_resized(0, 2**62).Commit()
+    try:
+        bad = collio.layouts.from_datatype(far, count=4, disp=8 * r)
+    finally:
+        far.Free()
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(np.array([r + 0.5]), good)
+        comm.Barrier()
+        before = read_file(path)
+        comm.Barrier()
+        lay, data = (bad, np.zeros(4)) if r == p - 1 else (good, np.array([-1.0]))
+        raises_everywhere(
+            comm, collio.LayoutError, lambda: f.write_all(data, lay),
+            match=f"rank {p - 1}: datatype reaches byte {8 * (p - 1) + 3 * 2**62 + 8}, past the",
+        )  # fmt: skip
+        comm.Barrier()
+        assert read_file(path) == before == (np.arange(p) + 0.5).tobytes()
+        comm.Barrier()

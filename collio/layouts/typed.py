@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import LayoutError
 from ..runs import Runs, merge, read_only, sort
-from .base import Layout, refuse_objects
+from .base import TOP, Layout, refuse_objects
 from .strided import Blocks
 from .typemap import Flat, regular, stream_runs
 
@@ -76,6 +76,12 @@ class TypedLayout(Layout):
             low = self.disp + int(flat.off.min()) + min(0, (self.count - 1) * flat.extent)
             if low < 0:
                 raise LayoutError(f"datatype reaches byte {low}, before the start of the file")
+            # (its runs are int64: one ending past the top would wrap, and be refused as
+            # bytes written twice at negative offsets)
+            high = self.disp + int((flat.off + flat.length).max())
+            high += max(0, (self.count - 1) * flat.extent)
+            if high > TOP:
+                raise LayoutError(f"datatype reaches byte {high}, past the largest offset {TOP}")
 
     def _file_runs(self) -> tuple[Any, Any]:
         assert self.flat is not None
