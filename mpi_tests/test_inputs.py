@@ -357,3 +357,33 @@ def test_datatype_layout_past_the_largest_offset(comm: MPI.Intracomm, mpi_tmp_pa
         comm.Barrier()
         assert read_file(path) == before == (np.arange(p) + 0.5).tobytes()
         comm.Barrier()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["vector", "subarray"])
+@pytest.mark.parametrize("disp", [8.5, "8"])
+def test_datatype_disp_must_be_an_integer(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, kind: str, disp: Any
+) -> None:
+    """``from_datatype(..., disp=8.5)``: int() cut it to 8 (and read "8" as 8), so the
+    data went elsewhere than asked without a word; now the same error on every rank."""
+    r, p = comm.rank, comm.size
+    path = _path(comm, mpi_tmp_path, "disp.bin")
+    if kind == "vector":
+        dt = MPI.DOUBLE.Create_vector(1, 1, 1).Commit()
+    else:
+        dt = MPI.DOUBLE.Create_subarray([p], [1], [r]).Commit()
+    try:
+        good = collio.layouts.from_datatype(dt, disp=8 * r if kind == "vector" else 0)
+        bad = collio.layouts.from_datatype(dt, disp=disp)
+    finally:
+        dt.Free()
+    data = np.array([r + 0.5])
+    want = (np.arange(p) + 0.5).tobytes()
+    match = (
+        f"count 1 and disp {disp!r} must be integers"
+        if kind == "vector"
+        else f"offset {disp!r} must be an integer"
+    )
+    _refused_then_written(comm, path, lambda: bad, good, data, want, match)

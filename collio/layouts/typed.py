@@ -7,6 +7,7 @@ typemap order, as MPI consumes a contiguous buffer through a file view.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -36,8 +37,11 @@ class TypedLayout(Layout):
     ) -> None:
         super().__init__()
         self.flat = flat
-        self.count = int(count)
-        self.disp = int(disp)
+        try:  # (integers: int() would cut a disp of 8.5 to 8, placing the data elsewhere)
+            self.count, self.disp = operator.index(count), operator.index(disp)
+        except TypeError:
+            self.count, self.disp = 0, 0
+            invalid = invalid or f"count {count!r} and disp {disp!r} must be integers"
         self._dtype: np.dtype[Any] = np.dtype(dtype)
         self._invalid = invalid
 
