@@ -387,3 +387,29 @@ def test_datatype_disp_must_be_an_integer(
         else f"offset {disp!r} must be an integer"
     )
     _refused_then_written(comm, path, lambda: bad, good, data, want, match)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("factory", ["block", "block_cyclic"])
+def test_factory_fault_on_one_rank_is_raised_in_the_call(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, factory: str
+) -> None:
+    """``layouts.block``/``block_cyclic`` given a grid that does not fit the ranks on one
+    rank: the factory raised there alone, before the call, and the others waited in it
+    (or raised a MismatchError when that rank closed the file); now the layout fails its
+    check inside the call, the same error on every rank, the file as it was."""
+    p = comm.size
+    path = _path(comm, mpi_tmp_path, "grid.bin")
+    g = np.arange(4.0 * p * 3).reshape(4 * p, 3)
+
+    def make(grid: Any) -> Any:
+        if factory == "block":
+            return collio.layouts.block(g.shape, "<f8", comm=comm, grid=grid)
+        return collio.layouts.block_cyclic(g.shape, "<f8", block=2, comm=comm, grid=grid)
+
+    good = make((p, 1))
+    piece = g[good.slices] if factory == "block" else g[np.ix_(*good.indices)]
+    data = np.ascontiguousarray(piece)
+    match = f"grid ({p + 1}, 1) has {p + 1} places for {p} ranks"
+    _refused_then_written(comm, path, lambda: make((p + 1, 1)), good, data, g.tobytes(), match)

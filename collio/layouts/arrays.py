@@ -257,13 +257,15 @@ class Subarray(ArrayLayout):
         dtype: Any,
         order: str = "C",
         offset: int = 0,
+        *,
+        invalid: str | None = None,
     ) -> None:
         self.start, bad = integers(start, "start")
         self.shape, bad_shape = integers(shape, "shape")
         #: process grid and this rank's place in it, when made by ``layouts.block``
         self.grid: tuple[int, ...] | None = None
         self.coords: tuple[int, ...] | None = None
-        self._invalid = bad or bad_shape
+        self._invalid = invalid or bad or bad_shape  # (invalid: a factory's finding)
         if not self._invalid and len(self.start) != len(self.shape):
             self._invalid = f"start {self.start} and shape {self.shape} differ in length"
         super().__init__(global_shape, _box_dims(self.start, self.shape), dtype, order, offset)
@@ -372,12 +374,13 @@ class BlockCyclic(ArrayLayout):
         coords: Sequence[int],
         order: str = "C",
         offset: int = 0,
+        invalid: str | None = None,
     ) -> None:
         self.block, bad = integers(block, "block")
         self.grid, bad_grid = integers(grid, "grid")
         self.coords, bad_coords = integers(coords, "coords")
         shape, bad_shape = integers(global_shape, "global shape")
-        self._invalid = bad or bad_grid or bad_coords or bad_shape
+        self._invalid = invalid or bad or bad_grid or bad_coords or bad_shape
         if self._invalid is None:
             self._invalid = _cyclic_fault(shape, self.block, self.grid, self.coords)
         dims = []
