@@ -220,7 +220,11 @@ def _as_bytes(buf: Any) -> npt.NDArray[np.uint8]:
         return buf.reshape(-1, order="A").view(np.uint8) if buf.size else np.zeros(0, np.uint8)
     if buf is None:
         raise LayoutError("no buffer given")
-    return np.frombuffer(buf, np.uint8)
+    try:
+        return np.frombuffer(buf, np.uint8)
+    except (BufferError, TypeError, ValueError) as exc:  # (a strided memoryview, a list)
+        kind = type(buf).__name__
+        raise LayoutError(f"buffer ({kind}) is not contiguous memory: {exc}") from None
 
 
 def _parse(spec: Any) -> tuple[Any, int | None, int, Any]:

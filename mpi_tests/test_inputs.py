@@ -413,3 +413,27 @@ def test_factory_fault_on_one_rank_is_raised_in_the_call(
     data = np.ascontiguousarray(piece)
     match = f"grid ({p + 1}, 1) has {p + 1} places for {p} ranks"
     _refused_then_written(comm, path, lambda: make((p + 1, 1)), good, data, g.tobytes(), match)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_strided_memoryview_is_a_layout_error(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """A strided memoryview through the view: numpy's BufferError came back as a bare
+    CollioError (not a LayoutError, as a strided ndarray is); now a LayoutError on every
+    rank, the file as it was."""
+    r, p = comm.rank, comm.size
+    path = _path(comm, mpi_tmp_path, "memoryview.bin")
+    with collio.open(path, "w", comm=comm) as f:
+        f.set_view(0, MPI.DOUBLE)
+        f.write_at_all(r, np.array([r + 0.5]))
+        comm.Barrier()
+        before = read_file(path)
+        comm.Barrier()
+        buf = memoryview(np.zeros(4))[::2] if r == p - 1 else np.zeros(1)
+        raises_everywhere(
+            comm, collio.LayoutError, lambda: f.write_at_all(p + r, buf),
+            match=f"rank {p - 1}: buffer (memoryview) is not contiguous memory",
+        )  # fmt: skip
+        comm.Barrier()
+        assert read_file(path) == before == (np.arange(p) + 0.5).tobytes()
+        comm.Barrier()
