@@ -224,7 +224,7 @@ def from_datatype(datatype: Any, count: int = 1, *, disp: int = 0, dtype: Any = 
         flat, code = decode(datatype)
         leaf = np.dtype(dtype) if dtype is not None else (np.dtype(code) if code else None)
         if count == 1 and leaf is not None:
-            array = _array_layout(datatype, leaf, int(disp))
+            array = _array_layout(datatype, leaf, disp)  # (the layout checks disp)
             if array is not None:
                 return array
         return TypedLayout(flat, count, disp, leaf if leaf is not None else np.uint8)
@@ -232,7 +232,7 @@ def from_datatype(datatype: Any, count: int = 1, *, disp: int = 0, dtype: Any = 
         return TypedLayout(None, 0, 0, np.uint8, invalid=f"datatype: {exc}")
 
 
-def _array_layout(dt: MPI.Datatype, leaf: np.dtype[Any], disp: int) -> Layout | None:
+def _array_layout(dt: MPI.Datatype, leaf: np.dtype[Any], disp: Any) -> Layout | None:
     """Subarray/darray of a predefined type of ``leaf``'s size, as an array layout."""
     combiner = dt.Get_envelope()[-1]
     if combiner not in (MPI.COMBINER_SUBARRAY, MPI.COMBINER_DARRAY):

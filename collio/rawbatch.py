@@ -81,6 +81,8 @@ def _joined(lays: list[Segments]) -> tuple[I64, I64, I64, I64, I64] | None:
     """The segments of every layout joined: their file offsets, lengths and offsets in
     their item's bytes, each layout's count of segments and of bytes; None where a
     layout would fail its check (the per-item path names it)."""
+    if any(lay._invalid for lay in lays):  # (values that were not integers: no runs)
+        return None
     offs = [lay.offsets for lay in lays]
     lens = [lay.lengths for lay in lays]
     count = np.fromiter(map(len, offs), np.int64, len(offs))

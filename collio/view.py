@@ -12,6 +12,7 @@ so a bad buffer on one rank raises the same error on every rank.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 from typing import Any
 
@@ -22,7 +23,7 @@ from mpi4py import MPI
 from . import datatypes
 from .collective import Attempt, call_head, raise_agreed
 from .errors import LayoutError, MismatchError
-from .layouts.base import TOP, Layout
+from .layouts.base import TOP, Layout, refuse_objects
 from .layouts.strided import Blocks
 from .layouts.typemap import Flat, Pair, stream_runs, zip_runs
 from .runs import Runs, first_overlap, merge, read_only, sort
@@ -215,10 +216,15 @@ def _as_bytes(buf: Any) -> npt.NDArray[np.uint8]:
                 return buf  # (already what the view of it would be)
         if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
             raise LayoutError("buffer must be contiguous in memory")
+        refuse_objects(buf.dtype)
         return buf.reshape(-1, order="A").view(np.uint8) if buf.size else np.zeros(0, np.uint8)
     if buf is None:
         raise LayoutError("no buffer given")
-    return np.frombuffer(buf, np.uint8)
+    try:
+        return np.frombuffer(buf, np.uint8)
+    except (BufferError, TypeError, ValueError) as exc:  # (a strided memoryview, a list)
+        kind = type(buf).__name__
+        raise LayoutError(f"buffer ({kind}) is not contiguous memory: {exc}") from None
 
 
 def _parse(spec: Any) -> tuple[Any, int | None, int, Any]:
@@ -231,8 +237,13 @@ def _parse(spec: Any) -> tuple[Any, int | None, int, Any]:
     if len(spec) == 3:
         count, displ = spec[1], 0
         if isinstance(count, (list, tuple)):
+            if len(count) != 2:
+                raise LayoutError(f"buffer count {count!r} is not a count or (count, displ)")
             count, displ = count
-        return spec[0], int(count), int(displ), spec[2]
+        try:  # (integers, as mpi4py takes them: int() would cut 1.5 to 1)
+            return spec[0], operator.index(count), operator.index(displ), spec[2]
+        except TypeError:
+            raise LayoutError(f"buffer count {spec[1]!r} is not an integer") from None
     raise LayoutError(f"buffer specification has {len(spec)} items; expected 1 to 3")
 
 
@@ -302,9 +313,9 @@ class BufferLayout(Layout):
         return (0 if self._mem is None else len(self._mem),)
 
     def validate(self) -> None:
-        try:
-            self.position = int(self._given)
-        except (TypeError, ValueError) as exc:
+        try:  # (an integer, as MPI_Offset is: int() would cut 1.5 to 1 and read "3")
+            self.position = operator.index(self._given)
+        except TypeError as exc:
             raise LayoutError(f"offset {self._given!r} is not an integer") from exc
         spec = self.spec
         plain = type(spec) is np.ndarray  # (the common form: no memory runs)

@@ -307,8 +307,9 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> Any:
     """The user's metadata as it will be stored (JSON values only)."""
     if metadata is None:
         return None
-    try:
-        return json.loads(json.dumps(metadata))
+    try:  # (no NaN or Infinity: Python writes them, but they are not JSON, and the
+        # index is read by JSON parsers that refuse them)
+        return json.loads(json.dumps(metadata, allow_nan=False))
     except (TypeError, ValueError) as exc:
         from ..errors import LayoutError
 

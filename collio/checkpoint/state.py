@@ -84,12 +84,14 @@ class Entry:
 def _entry(name: str, value: Any) -> Entry:
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Layout):
         data, lay = value
-        lay = array_layout(lay, f"entry {name!r}: a checkpoint")
-        if lay.offset:
-            raise LayoutError(f"entry {name!r}: layout offset {lay.offset}; the save places it")
-        arr = as_array(data)
-        # (the shape and dtype checks of a write, before any byte moves)
-        return Entry(name, arr, lay, False, bytes_=lay.as_bytes(arr))
+        try:  # (the layout's checks and a write's of shape and dtype, naming the entry)
+            lay = array_layout(lay, "a checkpoint")
+            if lay.offset:
+                raise LayoutError(f"layout offset {lay.offset}; the save places it")
+            arr = as_array(data)
+            return Entry(name, arr, lay, False, bytes_=lay.as_bytes(arr))
+        except LayoutError as exc:
+            raise LayoutError(f"entry {name!r}: {exc}") from None
     arr = as_array(value)
     if arr.dtype.hasobject:
         raise LayoutError(f"entry {name!r}: dtype {arr.dtype} holds Python objects")

@@ -65,7 +65,20 @@ def _wanted(
             except LayoutError as exc:
                 raise LayoutError(f"array {name!r}: {exc}") from None
         out.append((name, lay, into))
+    _refuse_shared(out)
     return out
+
+
+def _refuse_shared(found: list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | None]]) -> None:
+    """Raise :class:`LayoutError` naming two arrays loaded into memory they share: each is
+    read and checksummed in place, so one would silently hold the other's bytes.  (The
+    arrays given are contiguous, checked above: each is one address range.)"""
+    given = [(into.ctypes.data, into.nbytes, name) for name, _, into in found
+             if into is not None and into.nbytes]  # fmt: skip
+    given.sort()
+    for (a, n, x), (b, _, y) in zip(given, given[1:], strict=False):
+        if b < a + n:
+            raise LayoutError(f"arrays {x!r} and {y!r} are loaded into arrays that share memory")
 
 
 def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
@@ -74,6 +87,13 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
         arr = as_array(obj)
     except LayoutError as exc:
         raise LayoutError(f"array {name!r}: {exc}") from None
+    if arr is not obj and arr.base is None:
+        # (numpy made a new array of its values, as of a list or a numpy scalar: loading
+        # into that would leave the caller's object as it was)
+        raise LayoutError(
+            f"array {name!r}: cannot load into a {type(obj).__name__}, which numpy copies; "
+            f"pass a numpy array"
+        )
     if not arr.flags.writeable:
         raise LayoutError(f"array {name!r}: the array to load into is read-only")
     return arr

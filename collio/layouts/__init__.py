@@ -73,6 +73,19 @@ def _coords(rank: int, grid: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(coords))
 
 
+def _ndim(global_shape: Any) -> int:
+    """The dimensions of ``global_shape`` where it has a length (else 0).
+
+    A factory's own faults (a grid that does not fit the ranks) make a layout that
+    fails its check inside the call, with the fault's message, as a layout's own faults
+    do: raised here, on the rank that passed it alone, the others would wait in the call.
+    """
+    try:
+        return len(global_shape)
+    except TypeError:
+        return 0
+
+
 def _grid(global_shape: Sequence[int], grid: Sequence[int] | None, size: int) -> tuple[int, ...]:
     if grid is None:
         return dims_create(size, len(global_shape))
@@ -112,9 +125,15 @@ def block(
     may get less or nothing.  ``rank``/``size`` let you plan without a communicator.
     """
     rank, size = _rank_size(comm, rank, size)
-    grid = _grid(global_shape, grid, size)
-    coords = _coords(rank, grid)
-    ranges = [block_range(int(n), p, c) for n, p, c in zip(global_shape, grid, coords, strict=True)]
+    try:
+        grid = _grid(global_shape, grid, size)
+        coords = _coords(rank, grid)
+        ranges = [
+            block_range(int(n), p, c) for n, p, c in zip(global_shape, grid, coords, strict=True)
+        ]
+    except (LayoutError, TypeError, ValueError) as exc:
+        n = _ndim(global_shape)
+        return Subarray(global_shape, (0,) * n, (0,) * n, dtype, order, offset, invalid=str(exc))
     box = Subarray(
         global_shape, [r[0] for r in ranges], [r[1] for r in ranges], dtype, order, offset
     )
@@ -140,8 +159,15 @@ def block_cyclic(
     ScaLAPACK's ``numroc`` gives per dimension.
     """
     rank, size = _rank_size(comm, rank, size)
-    grid = _grid(global_shape, grid, size)
-    blk = (block,) * len(global_shape) if isinstance(block, int) else tuple(block)
+    try:
+        grid = _grid(global_shape, grid, size)
+        blk = (block,) * len(global_shape) if isinstance(block, int) else tuple(block)
+    except (LayoutError, TypeError, ValueError) as exc:
+        ones = (1,) * _ndim(global_shape)
+        return BlockCyclic(
+            global_shape, dtype, block=ones, grid=ones, coords=(0,) * len(ones), order=order,
+            offset=offset, invalid=str(exc),
+        )  # fmt: skip
     return BlockCyclic(
         global_shape,
         dtype,

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
@@ -22,7 +23,7 @@ import numpy.typing as npt
 
 from ..errors import LayoutError
 from ..runs import Runs, read_only
-from .base import TOP, Layout
+from .base import TOP, Layout, refuse_objects
 from .strided import Blocks
 
 __all__ = [
@@ -67,6 +68,17 @@ class DimSet:
         return self.first + (k // self.block) * self.period + k % self.block
 
 
+def integers(values: Any, what: str) -> tuple[tuple[int, ...], str | None]:
+    """``values`` as Python ints, and why they are not (None: they are).  Each must be an
+    integer (``operator.index``, as numpy takes a shape): int() would cut a start of 2.5
+    to 2 and read "2" as 2, placing the piece elsewhere than asked without a word.  Never
+    raises (see :class:`ArrayLayout`): a bad value gives () and the reason."""
+    try:
+        return tuple(map(operator.index, values)), None
+    except TypeError as exc:  # (a float, a string, None; or not a sequence at all)
+        return (), f"{what} {values!r} must be integers: {exc}"
+
+
 @functools.lru_cache(maxsize=1024)
 def _box_dims(start: tuple[int, ...], shape: tuple[int, ...]) -> tuple[DimSet, ...]:
     """A box's dimensions (immutable, so shared by the boxes of a time series, whose
@@ -103,7 +115,8 @@ class ArrayLayout(Layout):
         # Constructors never raise for bad values: a layout is checked inside the
         # collective call (validate), so that every rank raises together.
         self._invalid: str | None = getattr(self, "_invalid", None)
-        self.global_shape = tuple(map(int, global_shape))
+        self.global_shape, bad = integers(global_shape, "global shape")
+        self._invalid = self._invalid or bad
         self.dims = tuple(dims)
         try:
             self._dtype = np.dtype(dtype)
@@ -114,7 +127,11 @@ class ArrayLayout(Layout):
             self._invalid = self._invalid or f"order must be 'C' or 'F', not {order!r}"
             order = "C"
         self._order = order
-        self._offset = int(offset)
+        try:
+            self._offset = operator.index(offset)
+        except TypeError:
+            self._offset = 0
+            self._invalid = self._invalid or f"offset {offset!r} must be an integer"
         self._key = _shape_key(self)
 
     def _shape_fields(self) -> tuple[Any, ...] | None:
@@ -164,6 +181,7 @@ class ArrayLayout(Layout):
             raise LayoutError(f"offset {self.offset} is negative")
         if self.dtype.itemsize == 0:
             raise LayoutError(f"dtype {self.dtype} has no size")
+        refuse_objects(self.dtype)  # (also for a batch's items, whose arrays skip as_bytes)
         end = self.offset + math.prod(self.global_shape) * self.dtype.itemsize
         if end > TOP:  # (its runs are int64: one ending past the top would wrap)
             raise LayoutError(f"the array ends at byte {end}, past the largest offset {TOP}")
@@ -239,14 +257,16 @@ class Subarray(ArrayLayout):
         dtype: Any,
         order: str = "C",
         offset: int = 0,
+        *,
+        invalid: str | None = None,
     ) -> None:
-        self.start = tuple(map(int, start))
-        self.shape = tuple(map(int, shape))
+        self.start, bad = integers(start, "start")
+        self.shape, bad_shape = integers(shape, "shape")
         #: process grid and this rank's place in it, when made by ``layouts.block``
         self.grid: tuple[int, ...] | None = None
         self.coords: tuple[int, ...] | None = None
-        self._invalid = None
-        if len(self.start) != len(self.shape):
+        self._invalid = invalid or bad or bad_shape  # (invalid: a factory's finding)
+        if not self._invalid and len(self.start) != len(self.shape):
             self._invalid = f"start {self.start} and shape {self.shape} differ in length"
         super().__init__(global_shape, _box_dims(self.start, self.shape), dtype, order, offset)
 
@@ -319,6 +339,22 @@ class Subarray(ArrayLayout):
         return tuple(slice(s, s + c) for s, c in zip(self.start, self.shape, strict=True))
 
 
+def _cyclic_fault(
+    shape: tuple[int, ...], block: tuple[int, ...], grid: tuple[int, ...], coords: tuple[int, ...]
+) -> str | None:
+    """Why a block-cyclic distribution of these integers is impossible (None: it is not)."""
+    if not len(shape) == len(block) == len(grid) == len(coords):
+        return (
+            f"global shape {shape}, block {block}, grid {grid} and coords "
+            f"{coords} must have the same length"
+        )
+    if any(b < 1 for b in block) or any(p < 1 for p in grid):
+        return f"block {block} and grid {grid} must be positive"
+    if any(not 0 <= c < p for c, p in zip(coords, grid, strict=True)):
+        return f"coords {coords} outside grid {grid}"
+    return None
+
+
 class BlockCyclic(ArrayLayout):
     """A rank's blocks of a CYCLIC(block) distribution on a process grid (ScaLAPACK).
 
@@ -338,21 +374,15 @@ class BlockCyclic(ArrayLayout):
         coords: Sequence[int],
         order: str = "C",
         offset: int = 0,
+        invalid: str | None = None,
     ) -> None:
-        self.block = tuple(int(b) for b in block)
-        self.grid = tuple(int(p) for p in grid)
-        self.coords = tuple(int(c) for c in coords)
-        shape = tuple(int(g) for g in global_shape)
-        self._invalid = None
-        if not len(shape) == len(self.block) == len(self.grid) == len(self.coords):
-            self._invalid = (
-                f"global shape {shape}, block {self.block}, grid {self.grid} and coords "
-                f"{self.coords} must have the same length"
-            )
-        elif any(b < 1 for b in self.block) or any(p < 1 for p in self.grid):
-            self._invalid = f"block {self.block} and grid {self.grid} must be positive"
-        elif any(not 0 <= c < p for c, p in zip(self.coords, self.grid, strict=True)):
-            self._invalid = f"coords {self.coords} outside grid {self.grid}"
+        self.block, bad = integers(block, "block")
+        self.grid, bad_grid = integers(grid, "grid")
+        self.coords, bad_coords = integers(coords, "coords")
+        shape, bad_shape = integers(global_shape, "global shape")
+        self._invalid = invalid or bad or bad_grid or bad_coords or bad_shape
+        if self._invalid is None:
+            self._invalid = _cyclic_fault(shape, self.block, self.grid, self.coords)
         dims = []
         if self._invalid is None:
             dims = [

@@ -122,8 +122,18 @@ class Layout(abc.ABC):
         return out
 
 
+def refuse_objects(dtype: np.dtype[Any]) -> None:
+    """Raise :class:`LayoutError` for a dtype holding Python objects: its bytes are
+    pointers, meaningless in a file, and bytes read into one would be taken for objects
+    (numpy's own message, "Cannot change data-type for array of references", said
+    neither what nor why)."""
+    if dtype.hasobject:
+        raise LayoutError(f"dtype {dtype} holds Python objects, whose bytes are pointers")
+
+
 def _memory_bytes(arr: np.ndarray[Any, Any], order: str) -> npt.NDArray[np.uint8]:
     """The bytes of ``arr`` laid out in ``order`` (a view when already so, else a copy)."""
+    refuse_objects(arr.dtype)
     if order == "F":
         arr = np.asfortranarray(arr).T
     else:
@@ -133,6 +143,23 @@ def _memory_bytes(arr: np.ndarray[Any, Any], order: str) -> npt.NDArray[np.uint8
     return arr.reshape(-1).view(np.uint8)
 
 
+def _int64s(values: Any, what: str) -> tuple[npt.NDArray[np.int64], str | None]:
+    """A copy of ``values`` as a flat int64 array, and why they are not integers that fit
+    (None: they are).  Never raises: a float offset would be cut (8.5 to 8) and one past
+    2**63 wrap, on the rank that gave it alone; an empty list is integers."""
+    try:
+        arr = np.asarray(values)
+        if arr.size and arr.dtype.kind not in "iu" and arr.dtype != object:
+            return np.zeros(0, np.int64), f"segment {what} must be integers, not {arr.dtype}"
+        if arr.dtype.kind == "u" and arr.size and int(arr.max()) > TOP:
+            raise OverflowError(f"{int(arr.max())} is past the largest offset {TOP}")
+        out = np.array(as_i64(arr), np.int64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        return np.zeros(0, np.int64), f"segment {what} must be integers that fit int64: {exc}"
+    out.flags.writeable = False  # (so the layout's arrays cannot change under its runs)
+    return out, None
+
+
 class Segments(Layout):
     """Raw byte runs: ``data`` is a 1-D uint8 buffer of ``sum(lengths)`` bytes.
 
@@ -140,17 +167,16 @@ class Segments(Layout):
     given (offsets need not be sorted).  Empty segments are allowed.
     """
 
-    __slots__ = ("offsets", "lengths")
+    __slots__ = ("offsets", "lengths", "_invalid")
 
     def __init__(self, offsets: Any, lengths: Any) -> None:
         super().__init__()
         # copies: a layout is a snapshot, so changing the caller's arrays later cannot
-        # make its cached runs (or a plan kept for them) stale
-        self.offsets = np.array(as_i64(offsets), np.int64)
-        self.lengths = np.array(as_i64(lengths), np.int64)
-        # ... and read-only, so the layout's own arrays cannot change under them either
-        self.offsets.flags.writeable = False
-        self.lengths.flags.writeable = False
+        # make its cached runs (or a plan kept for them) stale; values that are not
+        # integers are refused in validate, inside the call, where every rank raises
+        self.offsets, bad = _int64s(offsets, "offsets")
+        self.lengths, bad_lengths = _int64s(lengths, "lengths")
+        self._invalid = bad or bad_lengths
 
     @classmethod
     def trusted(cls, offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> Segments:
@@ -158,7 +184,7 @@ class Segments(Layout):
         by collio for its own calls), kept as they are: no copies."""
         seg = cls.__new__(cls)
         Layout.__init__(seg)
-        seg.offsets, seg.lengths = offsets, lengths
+        seg.offsets, seg.lengths, seg._invalid = offsets, lengths, None
         return seg
 
     def __repr__(self) -> str:
@@ -173,6 +199,8 @@ class Segments(Layout):
         return (int(self.lengths.sum()),)
 
     def validate(self) -> None:
+        if self._invalid:
+            raise LayoutError(self._invalid)
         if self.offsets.shape != self.lengths.shape:
             raise LayoutError(
                 f"segments have {len(self.offsets)} offsets but {len(self.lengths)} lengths"
@@ -217,6 +245,7 @@ class Segments(Layout):
             data = np.frombuffer(data, np.uint8)
         arr = np.asarray(data)
         if arr.dtype != np.uint8:
+            refuse_objects(arr.dtype)
             try:
                 arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
             except ValueError as exc:

@@ -7,13 +7,14 @@ typemap order, as MPI consumes a contiguous buffer through a file view.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
 
 from ..errors import LayoutError
 from ..runs import Runs, merge, read_only, sort
-from .base import Layout
+from .base import TOP, Layout, refuse_objects
 from .strided import Blocks
 from .typemap import Flat, regular, stream_runs
 
@@ -36,8 +37,11 @@ class TypedLayout(Layout):
     ) -> None:
         super().__init__()
         self.flat = flat
-        self.count = int(count)
-        self.disp = int(disp)
+        try:  # (integers: int() would cut a disp of 8.5 to 8, placing the data elsewhere)
+            self.count, self.disp = operator.index(count), operator.index(disp)
+        except TypeError:
+            self.count, self.disp = 0, 0
+            invalid = invalid or f"count {count!r} and disp {disp!r} must be integers"
         self._dtype: np.dtype[Any] = np.dtype(dtype)
         self._invalid = invalid
 
@@ -67,6 +71,7 @@ class TypedLayout(Layout):
         flat = self.flat
         if self.count < 0:
             raise LayoutError(f"count {self.count} is negative")
+        refuse_objects(self.dtype)
         if self.dtype.itemsize == 0 or self.nbytes % self.dtype.itemsize:
             raise LayoutError(
                 f"{self.nbytes} bytes of data are not a whole number of {self.dtype} items"
@@ -75,6 +80,12 @@ class TypedLayout(Layout):
             low = self.disp + int(flat.off.min()) + min(0, (self.count - 1) * flat.extent)
             if low < 0:
                 raise LayoutError(f"datatype reaches byte {low}, before the start of the file")
+            # (its runs are int64: one ending past the top would wrap, and be refused as
+            # bytes written twice at negative offsets)
+            high = self.disp + int((flat.off + flat.length).max())
+            high += max(0, (self.count - 1) * flat.extent)
+            if high > TOP:
+                raise LayoutError(f"datatype reaches byte {high}, past the largest offset {TOP}")
 
     def _file_runs(self) -> tuple[Any, Any]:
         assert self.flat is not None
