@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 import collio
 import collio.checkpoint as ckpt
+from collio import layouts
 
 
 def _path(comm: MPI.Intracomm, tmp: Any, name: str) -> str:
@@ -71,6 +72,27 @@ def test_load_into_what_numpy_copies(comm: MPI.Intracomm, mpi_tmp_path: Any, kin
     got = ckpt.load(path, {"s": (zero_d, None), "v": (vec, None)}, comm=comm)
     assert got["s"] is zero_d and zero_d.tobytes() == np.float64(5.0).tobytes()
     assert got["v"] is vec and vec.tobytes() == np.arange(3.0).tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_load_spec_with_an_offset_is_refused(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """A load spec's layout with an offset, which a save refuses (the checkpoint places
+    every array): the load read the piece as if the offset were 0, silently; now the same
+    error on every rank, the array given untouched, and the checkpoint loads after."""
+    path = _path(comm, mpi_tmp_path, "offset.ckpt")
+    glob_ = np.arange(4.0 * comm.size).reshape(comm.size, 4)
+    lay = layouts.block(glob_.shape, "<f8", comm=comm, grid=(comm.size, 1))
+    ckpt.save(path, {"a": (glob_[comm.rank : comm.rank + 1].copy(), lay)}, comm=comm)
+    moved = layouts.Subarray(lay.global_shape, lay.start, lay.shape, "<f8", offset=64)
+    out = np.full(lay.shape, -1.0)
+    raises_everywhere(
+        comm, collio.LayoutError, lambda: ckpt.load(path, {"a": (out, moved)}, comm=comm),
+        match="array 'a': layout offset 64; the checkpoint places it",
+    )  # fmt: skip
+    assert (out == -1.0).all()
+    got = ckpt.load(path, {"a": (out, lay)}, comm=comm)
+    assert got["a"].tobytes() == glob_[comm.rank : comm.rank + 1].tobytes()
 
 
 @pytest.mark.mpi

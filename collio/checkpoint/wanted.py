@@ -52,6 +52,10 @@ def _wanted(
             lay.checked()  # (as array_layout, without its message made for every entry)
         else:
             lay = array_layout(lay, f"array {name!r}: a spec")
+        if lay.offset:  # (as a save refuses one: the checkpoint places every array)
+            raise LayoutError(
+                f"array {name!r}: layout offset {lay.offset}; the checkpoint places it"
+            )
         if (lay.global_shape, lay.dtype, lay.order) != (shape, dtype, order):
             raise LayoutError(
                 f"array {name!r}: stored shape {shape} dtype {dtype.str} order {order}; layout "
