@@ -1,0 +1,107 @@
+"""Threads in calls at once, each on a communicator of its own (as the README says threads
+doing I/O must be): what collio keeps across calls and files in the process is shared
+by them, and neither thread's call may fail, hang or move the other's bytes for it.
+
+The interpreter switches threads every few microseconds here (``sys.setswitchinterval``),
+so that a thread is as likely to stop inside a kept structure's update as between two.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import collio
+from collio import layouts
+
+
+@pytest.fixture
+def shared_dir(mpi_tmp_path):
+    """A directory every rank sees (pytest-mpi's, rank 0's tmp_path), as a str."""
+    return str(mpi_tmp_path)
+
+
+@pytest.fixture
+def often():
+    """Threads switched every 5 microseconds for the test."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(5e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+def _in_threads(*works):
+    """Run each of ``works`` on a thread of its own; the errors they raised."""
+    errors: list[BaseException] = []
+
+    def run(work):
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=(w,), name=f"work{k}") for k, w in enumerate(works)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(150)
+    assert not any(t.is_alive() for t in threads), "a thread's call hangs"
+    return errors
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_threads_checking_new_subarray_shapes_at_once_raise_nothing(comm, shared_dir, often):
+    """Two threads write and read Subarrays of a new shape at every call (more shapes
+    than the checks of single calls keep): each keeps its layout's checks in the one
+    dict of the process and drops the oldest, while the other counts the runs it
+    holds.  Unguarded, that count failed with "dictionary changed size during
+    iteration" in either thread's call."""
+    cols, calls, most = 8, 1200, 24
+    step = most * cols * comm.size * 8
+    comms = [comm.Dup(), comm.Dup()]
+
+    def lay(i):
+        rows = 1 + i % most
+        return layouts.Subarray((rows, cols * comm.size), (0, comm.rank * cols), (rows, cols),
+                                "<f8", offset=i * step)  # fmt: skip
+
+    def value(tag, i):
+        return float(tag * 1000000 + i * 10 + comm.rank)
+
+    bad: list[tuple[int, int]] = []
+
+    def work(tag, c):
+        path = os.path.join(shared_dir, f"thread{tag}.bin")
+        with collio.open(path, "w", comm=c) as f:
+            for i in range(calls):
+                f.write_all(np.full(lay(i).shape, value(tag, i)), lay(i))
+        with collio.open(path, "r", comm=c) as f:
+            for i in range(calls):
+                if not (f.read_all(lay(i)) == value(tag, i)).all():
+                    bad.append((tag, i))
+
+    try:
+        errors = _in_threads(lambda: work(1, comms[0]), lambda: work(2, comms[1]))
+    finally:
+        for c in comms:
+            c.Free()
+    assert errors == [] and bad == []
+    comm.Barrier()
+    for tag in (1, 2):
+        stored = np.fromfile(os.path.join(shared_dir, f"thread{tag}.bin"), "<f8")
+        want = np.zeros(len(stored))
+        for i in range(calls):
+            rows = 1 + i % most
+            block = np.full((rows, comm.size, cols), float(tag * 1000000 + i * 10))
+            block += np.arange(comm.size)[None, :, None]
+            start = i * step // 8
+            want[start : start + block.size] = block.reshape(-1)
+        assert len(stored) == (calls - 1) * step // 8 + most * cols * comm.size
+        assert np.array_equal(stored, want), tag
