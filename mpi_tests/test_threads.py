@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import collio
 from collio import layouts
+from collio.plancache import PlanCache, clear_all
 
 
 @pytest.fixture
@@ -105,3 +107,97 @@ def test_threads_checking_new_subarray_shapes_at_once_raise_nothing(comm, shared
             want[start : start + block.size] = block.reshape(-1)
         assert len(stored) == (calls - 1) * step // 8 + most * cols * comm.size
         assert np.array_equal(stored, want), tag
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_release_buffers_beside_calls_on_another_thread_keeps_them_going(comm, shared_dir):
+    """One thread writes and reads three variables' time series through the aggregators
+    (each call agrees on a kept plan, then takes it from the cache) while another calls
+    release_buffers every few milliseconds.  Cleared between the agreement and the take
+    on one rank, that rank planned anew while the others went on with the kept plan,
+    and the call hung; now a cache in a call is cleared when the call ends."""
+    rows, cols, steps, nvars = 16, 64, 150, 3
+    hints = {"romio_cb_write": "enable", "romio_cb_read": "enable",
+             "mapped_reads": "disable", "cb_buffer_size": 16384}  # fmt: skip
+    step = rows * cols * comm.size * 8
+    path = os.path.join(shared_dir, "series.bin")
+    done = threading.Event()
+    bad: list[int] = []
+    released = [0]
+
+    def lay(k):
+        return layouts.Subarray((rows, cols * comm.size), (0, comm.rank * cols), (rows, cols),
+                                "<f8", offset=k * step)  # fmt: skip
+
+    def value(k):
+        return float(k * 10 + comm.rank)
+
+    def series(c):
+        try:
+            with collio.open(path, "w", comm=c, hints=hints) as f:
+                for k in range(steps * nvars):  # (step k // nvars, variable k % nvars)
+                    f.write_all(np.full((rows, cols), value(k)), lay(k))
+            with collio.open(path, "r", comm=c, hints=hints) as f:
+                for k in range(steps * nvars):
+                    if not (f.read_all(lay(k)) == value(k)).all():
+                        bad.append(k)
+        finally:
+            done.set()
+
+    def release():
+        while not done.is_set():
+            collio.release_buffers()
+            released[0] += 1
+            time.sleep(0.005)
+
+    c = comm.Dup()
+    try:
+        errors = _in_threads(lambda: series(c), release)
+    finally:
+        c.Free()
+    assert errors == [] and bad == [] and released[0] > 0
+    comm.Barrier()
+    stored = np.fromfile(path, "<f8").reshape(steps * nvars, rows, comm.size, cols)
+    want = np.arange(steps * nvars, dtype=np.float64)[:, None, None, None] * 10
+    want = want + np.arange(comm.size)[None, None, :, None] + np.zeros(stored.shape)
+    assert np.array_equal(stored, want)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_release_buffers_clears_the_plans_of_communicators_not_in_a_call(comm, shared_dir):
+    """A cache in no call is cleared at once (only one in a call waits for its end)."""
+    lay = layouts.Subarray((8, 8 * comm.size), (0, comm.rank * 8), (8, 8), "<f8")
+    hints = {"romio_cb_write": "enable", "cb_buffer_size": 4096}
+    with collio.open(os.path.join(shared_dir, "kept.bin"), "w", comm=comm, hints=hints) as f:
+        f.write_all(np.ones((8, 8)), lay)
+        plans = f._ctx.plans
+        assert plans is not None and plans.entries
+        collio.release_buffers()
+        assert plans.entries == []
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_plan_caches_made_while_another_thread_clears_them_raise_nothing(often):
+    """A thread opening files on new communicators makes plan caches while another
+    clears every cache (release_buffers): unguarded, the set of caches changed size
+    while being listed."""
+    stop = threading.Event()
+
+    def make():
+        kept: list[PlanCache] = []
+        while not stop.is_set():
+            kept.append(PlanCache())
+            if len(kept) > 50:
+                kept.clear()
+
+    def clear():
+        try:
+            for _ in range(20000):
+                clear_all()
+        finally:
+            stop.set()
+
+    assert _in_threads(make, clear) == []
