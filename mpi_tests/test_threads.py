@@ -19,6 +19,7 @@ import pytest
 import collio
 from collio import layouts
 from collio.plancache import PlanCache, clear_all
+from collio.stats import BUCKET_NAMES, SUMS, Stats
 
 
 @pytest.fixture
@@ -201,3 +202,20 @@ def test_plan_caches_made_while_another_thread_clears_them_raise_nothing(often):
             stop.set()
 
     assert _in_threads(make, clear) == []
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_kept_sums_of_two_threads_at_once_raise_nothing(often):
+    """Two threads' calls keep their sums to add again (Stats.again), each sums' adder
+    made once and the oldest dropped past 256 of them: both dropping the same oldest
+    one raised KeyError in one of the calls."""
+    n = len(SUMS) + 2 * len(BUCKET_NAMES)
+
+    def keep(base):
+        for i in range(20000):
+            sums = np.zeros(n, np.int64)
+            sums[0] = base + i
+            assert Stats.again(sums).moved == ((SUMS[0], base + i),)
+
+    assert _in_threads(lambda: keep(1), lambda: keep(10**7)) == []
