@@ -19,6 +19,7 @@ Every rank runs every step, so nothing hangs:
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 import numpy as np
@@ -321,8 +322,11 @@ def one_layout(
 #: The last :class:`~collio.layouts.Subarray` layouts checked, by their fields but the
 #: offset: their offset, runs and first overlap; the least recently used go past
 #: :data:`BOXES` entries or :data:`BOX_RUNS` runs together, the last one always kept (a
-#: solver alternates its variables' layouts, each a time series)
+#: solver alternates its variables' layouts, each a time series); changed under
+#: :data:`_BOX_LOCK` (threads on communicators of their own check layouts at once, and
+#: one's count of the runs held would iterate the dict while the other adds to it)
 _BOX: dict[tuple[Any, ...], tuple[int, Runs, int]] = {}
+_BOX_LOCK = threading.Lock()
 BOXES = 16
 BOX_RUNS = 1 << 20
 
@@ -342,10 +346,11 @@ def _moved_box(ctx: Context, layout: Any) -> tuple[Runs, int] | None:
     if not _BOX or not _plain_runs(ctx, layout) or layout._invalid or layout.offset < 0:
         return None
     key = (layout.shape, layout.start, layout.global_shape, layout._dtype, layout._order)
-    seen = _BOX.pop(key, None)
-    if seen is None:
-        return None
-    _BOX[key] = seen  # (most recently used last)
+    with _BOX_LOCK:
+        seen = _BOX.pop(key, None)
+        if seen is None:
+            return None
+        _BOX[key] = seen  # (most recently used last)
     offset, runs, bad = seen
     d = layout.offset - offset
     runs = runs.moved(d) if d else runs
@@ -355,18 +360,20 @@ def _moved_box(ctx: Context, layout: Any) -> tuple[Runs, int] | None:
 
 def forget() -> None:
     """Local: drop the kept Subarray checks (:data:`_BOX`)."""
-    _BOX.clear()
+    with _BOX_LOCK:
+        _BOX.clear()
 
 
 def _keep_box(ctx: Context, layout: Any, runs: Runs, bad: int) -> None:
     """Local: keep a Subarray whose checks passed for :func:`_moved_box`."""
     if _plain_runs(ctx, layout) and is_read_only(runs):
         key = (layout.shape, layout.start, layout.global_shape, layout._dtype, layout._order)
-        _BOX.pop(key, None)
-        _BOX[key] = (layout.offset, runs, bad)
-        held = sum(len(b[1].file) for b in _BOX.values())
-        while len(_BOX) > 1 and (len(_BOX) > BOXES or held > BOX_RUNS):
-            held -= len(_BOX.pop(next(iter(_BOX)))[1].file)
+        with _BOX_LOCK:
+            _BOX.pop(key, None)
+            _BOX[key] = (layout.offset, runs, bad)
+            held = sum(len(b[1].file) for b in _BOX.values())
+            while len(_BOX) > 1 and (len(_BOX) > BOXES or held > BOX_RUNS):
+                held -= len(_BOX.pop(next(iter(_BOX)))[1].file)
 
 
 def _first_overlap(layout: Layout, runs: Runs) -> int:

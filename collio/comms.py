@@ -24,6 +24,8 @@ import dataclasses
 import functools
 import secrets
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from threading import get_ident
 from typing import Any, TypeVar
@@ -38,7 +40,7 @@ from .collective import Attempt, agree
 from .errors import ConcurrentCallError
 from .plancache import PlanCache
 
-__all__ = ["Lane", "Private", "exclusive", "node_map", "one_thread", "private"]
+__all__ = ["Lane", "Private", "clear", "exclusive", "node_map", "one_thread", "private"]
 
 _lock = threading.Lock()
 _lanes_lock = threading.Lock()  # (a Close on one thread may give a lane back during an Open)
@@ -46,6 +48,12 @@ _keyval: int | None = None
 #: Communicators in a collective call of collio, by handle: (thread, the call, calls in
 #: progress on that thread: a call may make another, e.g. close after a failure).
 _busy: dict[int, tuple[int, str, int]] = {}
+#: Plan caches :func:`clear` found in a call, by their communicator's handle: cleared
+#: by that call's thread when the call ends (:func:`_exit`).
+_stale: dict[int, weakref.ref[PlanCache]] = {}
+#: What :func:`clear` enters a communicator's entry of :data:`_busy` as (for microseconds:
+#: a call starting meanwhile waits for it, see :func:`_enter`).
+_CLEARING = "clearing the kept plans"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -83,6 +91,9 @@ def _enter(key: int, call: str) -> None:
     me = get_ident()
     mine = (me, call, 1)
     held = _busy.setdefault(key, mine)
+    while held[1] is _CLEARING:  # (another thread's clear: a few statements, then gone)
+        time.sleep(0)
+        held = _busy.setdefault(key, mine)
     if held is mine:
         return
     if held[0] == me:  # (a call this thread makes within its own, e.g. close)
@@ -99,9 +110,42 @@ def _enter(key: int, call: str) -> None:
 def _exit(key: int) -> None:
     me, first, depth = _busy[key]
     if depth <= 1:
+        if _stale:  # (a clear on another thread during the call, done now: it has ended)
+            _clear_kept(key)
         del _busy[key]
     else:
         _busy[key] = (me, first, depth - 1)
+
+
+def clear(plans: PlanCache) -> None:
+    """Local: drop the kept plans of ``plans`` now if no call is using them, else when
+    the call using them ends (on its own thread, before another call can start).
+
+    A call agrees with the other ranks on a kept plan, then takes it from the cache (and
+    a kept lane checks its entry is still the latest); cleared meanwhile from another
+    thread, this rank alone would plan anew while the others go on with the kept plan.
+    The communicator's entry in :data:`_busy` is held while clearing, so that no call
+    starts in between.
+    """
+    key = plans.key
+    if key is None:  # (a cache of no communicator's calls)
+        plans.clear()
+        return
+    _stale[key] = weakref.ref(plans)  # first: a call ending now clears it (_exit)
+    mine = (get_ident(), _CLEARING, 1)
+    if _busy.setdefault(key, mine) is mine:
+        try:
+            _clear_kept(key)
+        finally:
+            del _busy[key]
+
+
+def _clear_kept(key: int) -> None:
+    """Local: clear the cache :func:`clear` left for the communicator ``key``."""
+    ref = _stale.pop(key, None)
+    plans = None if ref is None else ref()
+    if plans is not None:
+        plans.clear()
 
 
 def _thread_name(ident: int) -> str:
@@ -144,6 +188,9 @@ class Lane:
     busy: bool = False
     kept: bool = True  # in Private.lanes, lent again (False: freed when given back)
 
+    def __post_init__(self) -> None:
+        self.plans.key = self.comm.py2f()  # (its calls' key in _busy: see clear)
+
 
 @dataclasses.dataclass(slots=True)
 class Private:
@@ -171,6 +218,9 @@ class Private:
     lanes: list[Lane] = dataclasses.field(default_factory=list)
     # (number of nodes, ranks on the fullest) of ``nodes``: asked at every open, kept
     shape: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        self.plans.key = self.comm.py2f()  # (its calls' key in _busy: see clear)
 
     def acquire(self) -> None:
         """A file starts using the duplicate."""

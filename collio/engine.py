@@ -60,7 +60,8 @@ class _Extent(Facts):
 
 def release_buffers() -> None:
     """Local: free what calls keep for the next ones, the round buffers and the plans
-    (and what batches and the checks of single calls keep of their layouts)."""
+    (and what batches and the checks of single calls keep of their layouts); the plans of
+    a communicator in a call on another thread go when that call returns."""
     free_buffers()
     clear_all()
     batch.forget()

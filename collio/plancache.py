@@ -29,6 +29,7 @@ some ranks hold could never be reused.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import weakref
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = ["PlanCache", "clear_all"]
 I64 = npt.NDArray[np.int64]
 KEEP = 32
 _ALL: weakref.WeakSet[PlanCache] = weakref.WeakSet()  # every cache, for clear_all
+_ALL_LOCK = threading.Lock()  # (a thread may make a cache while another clears them all)
 MAX_BYTES = 32 << 20
 
 
@@ -149,14 +151,18 @@ def _moved_by(e: _Entry, bounds: I64, shift: int) -> bool:
 class PlanCache:
     """Plans of earlier calls on one communicator, reused only when every rank agrees."""
 
-    __slots__ = ("entries", "epoch", "hits", "misses", "__weakref__")
+    __slots__ = ("entries", "epoch", "hits", "misses", "key", "__weakref__")
 
     def __init__(self) -> None:
         self.entries: list[_Entry] = []
         self.epoch = 0  # advanced by every collective store, so equal on every rank
         self.hits = 0
         self.misses = 0
-        _ALL.add(self)
+        # the handle of the communicator whose calls use it (None: not known), for
+        # clear_all: a call in progress on another thread keeps its plans to its end
+        self.key: int | None = None
+        with _ALL_LOCK:
+            _ALL.add(self)
 
     def lookup(self, comm: MPI.Comm, key: tuple[Any, ...], bounds: I64, runs: Runs) -> Any:
         """Collective over ``comm``: the plan every rank made in one earlier call, or None."""
@@ -311,7 +317,15 @@ class PlanCache:
 def clear_all() -> None:
     """Local: drop every kept plan of this process (the next calls plan again).
 
-    Safe on some ranks only: a plan is reused only when every rank still holds it.
+    Safe on some ranks only: a plan is reused only when every rank still holds it,
+    which the ranks agree on at a call's start.  So a cache whose communicator is in a
+    call on another thread is cleared when that call ends (:func:`collio.comms.clear`):
+    cleared under it, the call would find its agreed plan gone on this rank only and
+    plan anew while the other ranks go on with it.
     """
-    for cache in list(_ALL):
-        cache.clear()
+    from .comms import clear  # (comms builds on this module)
+
+    with _ALL_LOCK:
+        caches = list(_ALL)
+    for cache in caches:
+        clear(cache)

@@ -7,6 +7,7 @@ import dataclasses
 import operator
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -99,8 +100,10 @@ class Again:
     add: Callable[[Any], None] = dataclasses.field(repr=False)
 
 
-#: The functions :func:`_adder` made, by the counters' names and values
+#: The functions :func:`_adder` made, by the counters' names and values; added and
+#: dropped under :data:`_ADDERS_LOCK` (two threads' calls may both drop the oldest)
 _ADDERS: dict[tuple[tuple[str, int], ...], Callable[[Any], None]] = {}
+_ADDERS_LOCK = threading.Lock()
 
 
 def _adder(moved: tuple[tuple[str, int], ...]) -> Callable[[Any], None]:
@@ -112,9 +115,11 @@ def _adder(moved: tuple[tuple[str, int], ...]) -> Callable[[Any], None]:
         lines = "".join(f"    s.{name} += {int(a)}\n" for name, a in moved) or "    pass\n"
         env: dict[str, Any] = {}
         exec(compile("def add(s):\n" + lines, "<Again.add>", "exec"), env)  # noqa: S102
-        add = _ADDERS[moved] = env["add"]
-        if len(_ADDERS) > 256:  # (bounded: sums that never repeat make new ones)
-            del _ADDERS[next(iter(_ADDERS))]
+        add = env["add"]
+        with _ADDERS_LOCK:
+            _ADDERS[moved] = add
+            if len(_ADDERS) > 256:  # (bounded: sums that never repeat make new ones)
+                del _ADDERS[next(iter(_ADDERS))]
     return add
 
 
