@@ -182,6 +182,9 @@ class _Run:
         while _timed(comm, lambda: _compute(self.work, self.reps)) < 0.05:
             self.reps *= 2
         self.path = os.path.join(d, "collio.ckpt")
+        # (async_save replaces its own last checkpoint, as each other writer here does
+        # its own output: the loads read the blocking save's)
+        self.async_path = os.path.join(d, "collio-async.ckpt")
         self.turn = 0
         self.plain = os.path.join(d, "plain.bin")
         self.rounds = 0
@@ -294,7 +297,7 @@ class _Run:
         c = self.comm
         c.Barrier()
         t0 = time.perf_counter()
-        h = ckpt.async_save(self.path, self.state, comm=c)
+        h = ckpt.async_save(self.async_path, self.state, comm=c)
         ret = time.perf_counter() - t0
         during, cpu, busy, blocked = self._loop_beside(_thread_named("collio-ckpt"), h.done)
         h.wait()
