@@ -21,6 +21,7 @@ Flow of one call (every rank runs every step, so nothing hangs):
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any
 
@@ -60,12 +61,16 @@ class _Extent(Facts):
 
 def release_buffers() -> None:
     """Local: free what calls keep for the next ones, the round buffers and the plans
-    (and what batches and the checks of single calls keep of their layouts); the plans of
-    a communicator in a call on another thread go when that call returns."""
+    (and what batches and the checks of single calls keep of their layouts, and the copies
+    async checkpoint saves keep for the next ones); the plans of a communicator in a call
+    on another thread go when that call returns."""
     free_buffers()
     clear_all()
     batch.forget()
     check.forget()
+    saves = sys.modules.get("collio.checkpoint.asyncsave")  # (loaded only if ever used)
+    if saves is not None:
+        saves.forget()  # the copies async saves keep for the next ones
 
 
 # ------------------------------------------------------------- entry points

@@ -29,6 +29,7 @@ def test_a_copy_that_fails_on_one_rank_fails_the_save_at_wait(
     ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
     state = model.rows_state(comm.rank, comm.size, scale=2)
     victim = state["b"][0]
+    asyncsave.forget()  # (no copy kept from an earlier test's save: this one makes it)
     if comm.rank == comm.size - 1:
         real = np.copy
 
@@ -146,3 +147,47 @@ def test_freeing_the_communicator_while_a_save_runs_lets_the_save_finish(
         failed = exc
     assert comm.allgather(repr(failed)) == [repr(None)] * comm.size
     assert_rows_load(comm, path)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_async_saves_fill_the_copies_the_last_one_kept(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """A second async save fills the copies the first made (same names, shapes, dtypes)
+    only once the first is done: each checkpoint holds its own call's values although
+    the arrays changed right after each call; a changed shape gets a new copy, and
+    ``release_buffers`` lets the kept copies go."""
+    d = str(comm.bcast(str(mpi_tmp_path), root=0))
+    paths = [os.path.join(d, f"save{k}.ckpt") for k in range(3)]
+    asyncsave.forget()
+    state = model.rows_state(comm.rank, comm.size)
+    first = {n: (v[0].copy() if isinstance(v, tuple) else v.copy()) for n, v in state.items()}
+    h0 = ckpt.async_save(paths[0], state, comm=comm)
+    kept = dict(asyncsave._background(comm).staged)
+
+    def change(flip: int) -> None:  # (the job goes on: its arrays change at once)
+        for v in state.values():
+            (v[0] if isinstance(v, tuple) else v).reshape(-1).view(np.uint8)[...] ^= flip
+
+    change(0x5A)
+    h1 = ckpt.async_save(paths[1], state, comm=comm)  # (without waiting for h0)
+    again = asyncsave._background(comm).staged
+    assert kept and {k: id(a) for k, a in again.items()} == {k: id(a) for k, a in kept.items()}
+    change(0x0F)
+    h1.wait()
+    h0.wait()
+    spec = model.rows_layouts(comm.rank, comm.size)
+    spec_all = {**spec, "rep": None}
+    for path, flip in ((paths[0], 0), (paths[1], 0x5A)):
+        got = ckpt.load(path, spec_all, comm=comm)
+        for name, value in first.items():
+            want = (np.frombuffer(value.tobytes(), np.uint8) ^ flip).tobytes()
+            assert got[name].tobytes() == want, (path, name)
+    # a changed shape: a copy of its own, the right bytes
+    other = {"rep": np.arange(11, dtype="<i8")}
+    ckpt.async_save(paths[2], other, comm=comm).wait()
+    assert ckpt.load(paths[2], {"rep": None}, comm=comm)["rep"].tobytes() == other["rep"].tobytes()
+    assert set(asyncsave._background(comm).staged) == {("rep", (11,), "<i8", "C")}
+    collio.release_buffers()
+    assert asyncsave._background(comm).staged == {}

@@ -31,8 +31,9 @@ import functools
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from mpi4py import MPI
@@ -56,6 +57,22 @@ class _Background:
     def __init__(self, dup: MPI.Intracomm) -> None:
         self.dup = dup
         self.running: SaveHandle | None = None
+        #: the last save's copies, by entry (:class:`_Stage`), for the next save to fill
+        self.staged: dict[tuple[Any, ...], np.ndarray[Any, Any]] = {}
+        _ALL.add(self)
+
+
+#: Every communicator's :class:`_Background` (for :func:`forget`).
+_ALL: weakref.WeakSet[_Background] = weakref.WeakSet()
+
+
+def forget() -> None:
+    """Local: drop the copies async saves keep for the next ones (a save running keeps
+    what it holds until it is done)."""
+    with _lock:
+        every = list(_ALL)
+    for kept in every:
+        kept.staged = {}
 
 
 def _delete(comm: Any, keyval: int, value: Any) -> None:
@@ -139,18 +156,37 @@ class _Stage:
     :func:`async_save` returns), made while the ranks agree on the save (see
     :data:`~.save.Stage`): this rank's state once, no more (replicated entries other
     ranks write are not copied).  A copy that fails (no memory) fails the save at
-    :meth:`SaveHandle.wait`, on every rank: the ranks have gone on by then."""
+    :meth:`SaveHandle.wait`, on every rank: the ranks have gone on by then.
 
-    def __init__(self) -> None:
+    The copies are kept for the communicator's next async save, which fills those of
+    entries of the same name, shape, dtype and order again (the previous save is done
+    by then: :func:`async_save` waits for it) instead of allocating new ones: a job
+    saving every N steps keeps its state's copy resident, as PyTorch DCP's stager can
+    keep its staging buffers.  New memory costs a page fault per page; and on a
+    machine that hands freed memory back to its host, a save's copies freed after each
+    save made the next blocking save's writes into the page cache take twice as long
+    in about half the saves (docs/benchmarks.md).  :func:`forget` (``release_buffers``)
+    lets them go."""
+
+    def __init__(self, kept: dict[tuple[Any, ...], np.ndarray[Any, Any]]) -> None:
         self.staged = 0
         self.error: BaseException | None = None
+        self.kept = kept
+        self.made: dict[tuple[Any, ...], np.ndarray[Any, Any]] = {}
 
     def __call__(self, entries: list[Entry], replicated: bool) -> None:
         try:
             for k, e in enumerate(entries):
                 if e.replicated != replicated or e.layout.nbytes == 0:
                     continue
-                copy = np.copy(e.data, order="F" if e.layout.order == "F" else "C")
+                order: Literal["C", "F"] = "F" if e.layout.order == "F" else "C"
+                key = (e.name, e.data.shape, e.data.dtype.str, order)
+                copy = self.kept.get(key)
+                if copy is None:
+                    copy = np.copy(e.data, order=order)
+                else:
+                    np.copyto(copy, e.data)
+                self.made[key] = copy
                 entries[k] = Entry(e.name, copy, e.layout, e.replicated, e.scalar)
                 self.staged += copy.nbytes
         except Exception as exc:  # noqa: BLE001 - agreed by the save's first agreement
@@ -180,9 +216,11 @@ def async_save(
     previous = kept.running
     if previous is not None:
         concurrent.futures.wait([previous._future])
-    stage = _Stage()
+    stage = _Stage(kept.staged)
+    kept.staged = {}  # (the copies this save fills are its own until it is done)
     plan = prepare(base, state, metadata, stage)
     plan.error = stage.error
+    kept.staged = stage.made  # (the next save waits for this one before filling them)
     ready(plan, base.Get_rank())  # (its Python here, not holding the GIL in the thread)
     # (early=False: all of the save's I/O in its thread, at the lowest priority)
     job = functools.partial(write, early=False)
