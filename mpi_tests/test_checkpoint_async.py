@@ -188,6 +188,7 @@ def test_async_saves_fill_the_copies_the_last_one_kept(
     other = {"rep": np.arange(11, dtype="<i8")}
     ckpt.async_save(paths[2], other, comm=comm).wait()
     assert ckpt.load(paths[2], {"rep": None}, comm=comm)["rep"].tobytes() == other["rep"].tobytes()
-    assert set(asyncsave._background(comm).staged) == {("rep", (11,), "<i8", "C")}
+    # (the last save's copies only: a replicated entry is copied by the ranks writing it)
+    assert set(asyncsave._background(comm).staged) <= {("rep", (11,), "<i8", "C")}
     collio.release_buffers()
     assert asyncsave._background(comm).staged == {}
