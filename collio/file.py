@@ -15,7 +15,7 @@ from mpi4py import MPI
 from . import engine, speculate, view
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
-from .comms import Private, _clear_kept, _stale, exclusive, one_thread, private
+from .comms import Private, _exit, exclusive, one_thread, private
 from .comms import _busy as _in_call  # (the one-thread guard's record, entered inline)
 from .core import FileCore
 from .errors import add_later
@@ -440,9 +440,7 @@ class File:
             self._failed(exc, writing=writing)
             raise
         finally:
-            if _stale:  # (as comms._exit: a clear of the kept plans asked during the call)
-                _clear_kept(key)
-            del _in_call[key]  # (as comms._exit at the first entry's depth)
+            _exit(key)  # (the guard's exit: also clears plans release_buffers asked for)
 
     def _failed(self, exc: BaseException, *, writing: bool = False) -> None:
         self._core.failed(exc, writing=writing)

@@ -28,7 +28,7 @@ from mpi4py import MPI
 from .errors import LayoutError, OverlapError
 from .runs import Runs, first_overlap, merge
 
-__all__ = ["U8", "addresses", "sorted_union", "span"]
+__all__ = ["U8", "addresses", "shared_pair", "sorted_union", "span"]
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -82,18 +82,28 @@ def _refuse_shared_memory(addr: I64, ends: I64, used: Any) -> None:
     ``used`` (those that read a byte)."""
     if not bool(used.all()):
         addr, ends = addr[used], ends[used]
+    pair = shared_pair(addr, ends)
+    if pair is not None:
+        item = np.flatnonzero(used)
+        x, y = int(item[pair[0]]), int(item[pair[1]])
+        raise LayoutError(f"items {x} and {y} read into arrays that share memory")
+
+
+def shared_pair(addr: I64, ends: I64) -> tuple[int, int] | None:
+    """Two arrays, by index (the lower first), whose memory ``[addr, ends)`` overlaps:
+    the first array in address order that starts before an earlier one ends, and that
+    earlier one; None when no two overlap."""
     if len(addr) < 2 or bool((addr[1:] >= ends[:-1]).all()):
-        return  # (arrays made one after the other: in address order, each after the last)
-    item = np.flatnonzero(used)
+        return None  # (arrays made one after the other: in address order, each after the last)
     order = np.argsort(addr, kind="stable")
-    a, e, k = addr[order], ends[order], item[order]
+    a, e = addr[order], ends[order]
     bad = np.flatnonzero(a[1:] < np.maximum.accumulate(e)[:-1])
     if not len(bad):
-        return
+        return None
     i = int(bad[0]) + 1
     j = int(np.argmax(e[:i] > a[i]))  # an earlier array reaching past its start
-    x, y = sorted((int(k[j]), int(k[i])))
-    raise LayoutError(f"items {x} and {y} read into arrays that share memory")
+    x, y = sorted((int(order[j]), int(order[i])))
+    return x, y
 
 
 def _refuse_overlap(file: I64, length: I64, item: I64) -> None:

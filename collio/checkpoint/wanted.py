@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from ..errors import BackendError, ChecksumError, LayoutError
 from ..layouts.arrays import ArrayLayout, Subarray, array_layout
+from ..spans import addresses, shared_pair
 from . import format
 from .chunks import Chunks
 from .extents import box_spans
@@ -77,12 +78,16 @@ def _refuse_shared(found: list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | No
     """Raise :class:`LayoutError` naming two arrays loaded into memory they share: each is
     read and checksummed in place, so one would silently hold the other's bytes.  (The
     arrays given are contiguous, checked above: each is one address range.)"""
-    given = [(into.ctypes.data, into.nbytes, name) for name, _, into in found
-             if into is not None and into.nbytes]  # fmt: skip
-    given.sort()
-    for (a, n, x), (b, _, y) in zip(given, given[1:], strict=False):
-        if b < a + n:
-            raise LayoutError(f"arrays {x!r} and {y!r} are loaded into arrays that share memory")
+    given = [(name, into) for name, _, into in found if into is not None and into.nbytes]
+    if len(given) < 2:
+        return
+    nbytes = np.fromiter((into.nbytes for _, into in given), np.int64, len(given))
+    addr, ends = addresses([into.reshape(-1, order="A").view(np.uint8) for _, into in given],
+                           nbytes)  # fmt: skip
+    pair = shared_pair(addr, ends)
+    if pair is not None:
+        x, y = given[pair[0]][0], given[pair[1]][0]
+        raise LayoutError(f"arrays {x!r} and {y!r} are loaded into arrays that share memory")
 
 
 def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
