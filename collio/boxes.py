@@ -34,7 +34,7 @@ from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray, offsets_of, shap
 from .runs import Runs, read_only
 from .spans import U8, sorted_union, span
 
-__all__ = ["SHIFTABLE", "forget", "gather_boxes", "shape_key"]
+__all__ = ["SHIFTABLE", "by_shape", "forget", "gather_boxes", "shape_key"]
 
 I64 = npt.NDArray[np.int64]
 #: What a batch's check gives the engine (as :data:`collio.batch.Gathered`).
@@ -128,7 +128,7 @@ def _shapes(lays: list[Any]) -> _Shapes | None:
     kept = _KEPT[0]
     if kept is not None and len(kept.lays) == len(lays) and all(map(is_, lays, kept.lays)):
         return kept
-    grouped = _group(lays)
+    grouped = by_shape(lays)
     if grouped is None:
         return None
     group, firsts, keys = grouped
@@ -167,7 +167,9 @@ def _split(items: Any, *, writing: bool) -> tuple[list[Any], list[Any] | None] |
     return lays, data
 
 
-def _group(lays: list[Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], list[Any]] | None:
+def by_shape(
+    lays: list[Any],
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], list[Any]] | None:
     """Which template each item has (numbered in order of their first items), the first
     item of each and its :func:`shape_key`; None for a layout without one.
 

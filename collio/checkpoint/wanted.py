@@ -12,6 +12,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from ..boxes import by_shape
 from ..errors import BackendError, ChecksumError, LayoutError
 from ..layouts.arrays import ArrayLayout, Subarray, array_layout
 from ..spans import addresses, shared_pair
@@ -35,11 +36,12 @@ def _wanted(
     if not isinstance(spec, Mapping):
         raise LayoutError(f"spec must map names to layouts or None, not {type(spec).__name__}")
     out = []
+    arrays, dtype_of = index.arrays, index.dtype
     for name in sorted(spec):
-        entry = index.arrays.get(name)
+        entry = arrays.get(name)
         if entry is None:
             raise LayoutError(f"array {name!r} is not in the checkpoint")
-        shape, dtype, order = tuple(entry["shape"]), index.dtype(name), entry["order"]
+        shape, dtype, order = tuple(entry["shape"]), dtype_of(name), entry["order"]
         lay, into = spec[name], None
         if isinstance(lay, tuple) and len(lay) == 2:  # (out, layout or None): in place
             into, lay = _into(name, lay[0]), lay[1]
@@ -53,11 +55,12 @@ def _wanted(
             lay.checked()  # (as array_layout, without its message made for every entry)
         else:
             lay = array_layout(lay, f"array {name!r}: a spec")
-        if lay.offset:  # (as a save refuses one: the checkpoint places every array)
+        # (the fields, not their read-only properties: a call each, per array)
+        if lay._offset:  # (as a save refuses one: the checkpoint places every array)
             raise LayoutError(
                 f"array {name!r}: layout offset {lay.offset}; the checkpoint places it"
             )
-        if (lay.global_shape, lay.dtype, lay.order) != (shape, dtype, order):
+        if (lay.global_shape, lay._dtype, lay._order) != (shape, dtype, order):
             raise LayoutError(
                 f"array {name!r}: stored shape {shape} dtype {dtype.str} order {order}; layout "
                 f"has shape {lay.global_shape} dtype {lay.dtype.str} order {lay.order}"
@@ -109,9 +112,19 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
 
 
 def _spans(lays: list[ArrayLayout]) -> I64:
-    """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array):
-    the boxes (Subarray: a row shard, a whole array) in one numpy pass, the others from
-    their runs (:func:`~.save.spans`)."""
+    """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array),
+    worked out once per distinct shape (the shape key layouts of equal fields share: a
+    model's layers repeat a few shapes) and taken for the others."""
+    found = by_shape(lays) if lays else None
+    if found is None or len(found[1]) == len(lays):
+        return _spans_each(lays)
+    group, firsts, _ = found
+    return _spans_each([lays[k] for k in firsts.tolist()])[group]
+
+
+def _spans_each(lays: list[ArrayLayout]) -> I64:
+    """:func:`_spans` of each layout: the boxes (Subarray: a row shard, a whole array) in
+    one numpy pass, the others from their runs (:func:`~.save.spans`)."""
     n = len(lays)
     out = np.zeros((n, 4), np.int64)
     at = np.flatnonzero(np.fromiter((type(lay) is Subarray for lay in lays), bool, n))
