@@ -16,7 +16,7 @@ from .context import Call, Context, Plan
 from .stats import SUMS, Stats
 from .waits import sleep_until_done
 
-__all__ = ["complete_call", "local_summary", "local_when_read", "reduce_again"]
+__all__ = ["KeptReduce", "complete_call", "local_summary", "local_when_read", "reduce_again"]
 
 _RUNS = SUMS.index("runs")
 
@@ -140,6 +140,43 @@ def reduce_again(ctx: Context, sums: list[int], maxes: list[float], error: BaseE
 
 
 _PACKERS: dict[tuple[int, int], struct.Struct] = {}
+
+
+class KeptReduce:
+    """:func:`reduce_again`'s vectors, made once for a caller that repeats it every call
+    (:class:`collio.keptcall.Step`): packed in place and sent from the same buffers, the
+    same allreduce (length, type, op) as :func:`reduce_again`'s, so ranks taking either
+    meet in it.  A repeated small call spends on an array per vector, its views and its
+    buffer specs as much as on the allreduce.  One per caller: the buffers are reused."""
+
+    __slots__ = ("struct", "vec", "got", "send", "recv")
+
+    def __init__(self, nmax: int) -> None:
+        self.struct = _packer(2, nmax)
+        self.vec, self.got = bytearray(self.struct.size), bytearray(self.struct.size)
+        self.send, self.recv = [self.vec, MPI.INT64_T], [self.got, MPI.INT64_T]
+
+    def reduce(self, comm: MPI.Comm, sums: list[int], maxes: list[float],
+               error: BaseException | None, kept: Any,
+               *, patient: bool) -> tuple[Any, list[float]] | None:  # fmt: skip
+        """Collective: :func:`reduce_again`, the maxima as a list of floats (what
+        :meth:`~collio.stats.Stats.absorb_most` takes)."""
+        same = kept is not None and kept[0] == sums
+        self.struct.pack_into(
+            self.vec, 0, 0 if error is None else 1, 0 if same else 1,
+            *[m if m > 0.0 else 0.0 for m in maxes],
+        )  # fmt: skip
+        _wait(comm.Iallreduce(self.send, self.recv, op=MPI.MAX), patient)
+        out = self.struct.unpack(self.got)
+        if out[0]:
+            return None
+        most = list(out[2:])
+        if not out[1]:  # (every rank's counters are its kept ones: so are their sums)
+            return kept[1], most
+        mine = np.array(sums, np.int64)
+        total = np.empty_like(mine)
+        _wait(comm.Iallreduce([mine, MPI.INT64_T], [total, MPI.INT64_T], op=MPI.SUM), patient)
+        return total, most
 
 
 def _packer(nsum: int, nmax: int) -> struct.Struct:

@@ -36,13 +36,14 @@ import numpy as np
 
 from . import rounds, speculate
 from .backends.base import Backend
-from .backends.failures import storage_errors
+from .backends.failures import storage_error
 from .backends.posix import PosixBackend
 from .buffers import round_buffers, window_of
 from .check import Headed, Pending
 from .checkfacts import Checked, moved_by, placed, unzigzag, zigzag
 from .collective import Attempt, KeptHead, call_kept_head, raise_agreed
-from .completion import local_summary, local_when_read, reduce_again
+from .collective import kept as recorded
+from .completion import KeptReduce, local_summary, local_when_read
 from .context import Call, Context, Plan
 from .facts import NOT_COMPARED, How
 from .keptround import Round, exchange, kept_round, one_round, round_of, write_rounds
@@ -296,7 +297,7 @@ class Step:
     """
 
     __slots__ = ("round", "const", "asked", "disjoint", "align", "be", "window", "active",
-                 "local", "counts")  # fmt: skip
+                 "local", "counts", "reducer")  # fmt: skip
 
     def __init__(self, ctx: Context, k: Lane, r: Round, const: tuple[int, ...],
                  asked: bool, local: list[int]) -> None:  # fmt: skip
@@ -310,6 +311,7 @@ class Step:
         assert isinstance(be, PosixBackend)  # (made only for one)
         self.be: PosixBackend = be
         self.window, self.active = k.window, k.active
+        self.reducer = KeptReduce(_NMAX)  # (the completion's vectors, made once)
 
     @staticmethod
     def made(ctx: Context, k: Lane, call: Call) -> Step | None:
@@ -416,11 +418,20 @@ class Step:
         t_ex = time.perf_counter() - t
         if at is None or error is not None:
             return t_ex, 0.0, error
-        step = Attempt()
         t = time.perf_counter()
-        with step, storage_errors(self.be):  # (write_at of the call's one round: no flush)
-            self.be._put(at, wbuf)  # type: ignore[arg-type]
-        return t_ex, time.perf_counter() - t, step.error
+        try:  # (Attempt and storage_errors, inline: two context managers a call)
+            try:  # (write_at of the call's one round: no flush)
+                self.be._put(at, wbuf)  # type: ignore[arg-type]
+            except BaseException as exc:
+                got = storage_error(self.be, exc)
+                if got is exc:
+                    raise
+                raise got from exc
+        except BaseException as exc:
+            if not recorded(exc):
+                raise
+            error = exc
+        return t_ex, time.perf_counter() - t, error
 
     def _complete(self, ctx: Context, error: BaseException | None, t_ex: float,
                   t_io: float, t0: float, lo: int, hi: int) -> None:  # fmt: skip
@@ -433,7 +444,7 @@ class Step:
             sums = list(sums)
             sums[_COUNTS] = counts
         maxes = [1, 0.0, t_ex, t_io, time.perf_counter() - t0]  # (Stats.pack's order)
-        got = reduce_again(ctx, sums, maxes, error, kept, patient=True)
+        got = self.reducer.reduce(ctx.comm, sums, maxes, error, kept, patient=True)
         if got is None:
             raise_agreed(ctx.comm, error, what="backend I/O")
         assert got is not None  # (raise_agreed raised)
@@ -443,7 +454,7 @@ class Step:
             again = kept[2] if kept[2] is not None else Stats.again(agreed)
         ctx.sums_kept["write_all"] = (sums, agreed, again)
         stats = ctx.stats
-        stats.absorb(agreed, most, again)
+        stats.absorb_most(agreed, most, again)
         stats.collective_calls += 1
         stats.last_facts = (
             1, int(agreed[_RUNS]), False, _TWO_PHASE, 1, [lo, hi], True, self.window,
@@ -452,6 +463,8 @@ class Step:
 
 
 _TWO_PHASE = Path.TWO_PHASE._value_
+#: The maxima a completion agrees on (Stats.pack's: rounds and the four times)
+_NMAX = 5
 
 
 def _kept_head(ctx: Context, k: Lane) -> KeptHead:

@@ -284,6 +284,12 @@ class Stats:
     ) -> None:  # fmt: skip
         """Add reduced per-call counters to the file's totals (``again``: the same sums as
         :meth:`again` made them, kept from an earlier call: a repeated call's)."""
+        self.absorb_most(sums, maxes.tolist(), again)
+
+    def absorb_most(self, sums: npt.NDArray[np.int64], most: list[float],
+                    again: Again | None = None) -> None:  # fmt: skip
+        """:meth:`absorb` of maxima given as a list (a repeated small call unpacks them
+        so, :class:`collio.completion.KeptReduce`: no array made to be listed again)."""
         if again is not None:
             self._add(again)
         else:
@@ -299,7 +305,6 @@ class Stats:
                 self.write_sizes = self.write_sizes + sums[n : n + nb]
             if any(every[n + nb : n + 2 * nb]):
                 self.read_sizes = self.read_sizes + sums[n + nb : n + 2 * nb]
-        most = maxes.tolist()
         if most[0] > self.rounds:
             self.rounds = int(most[0])
         old = _get_maxes(self)
