@@ -133,10 +133,16 @@ def reduce_again(ctx: Context, sums: list[int], maxes: list[float], error: BaseE
         return None
     if not out[1]:  # (every rank's counters are its kept ones: so are their sums)
         return kept[1], out[2:].view(np.float64)
+    return _summed(comm, sums, patient), out[2:].view(np.float64)
+
+
+def _summed(comm: MPI.Comm, sums: list[int], patient: bool) -> Any:
+    """Collective: the sums of every rank's counters, where some rank's are not its
+    kept ones (:func:`reduce_again`'s second allreduce, and :class:`KeptReduce`'s)."""
     mine = np.array(sums, np.int64)
     total = np.empty_like(mine)
     _wait(comm.Iallreduce([mine, MPI.INT64_T], [total, MPI.INT64_T], op=MPI.SUM), patient)
-    return total, out[2:].view(np.float64)
+    return total
 
 
 _PACKERS: dict[tuple[int, int], struct.Struct] = {}
@@ -173,10 +179,7 @@ class KeptReduce:
         most = list(out[2:])
         if not out[1]:  # (every rank's counters are its kept ones: so are their sums)
             return kept[1], most
-        mine = np.array(sums, np.int64)
-        total = np.empty_like(mine)
-        _wait(comm.Iallreduce([mine, MPI.INT64_T], [total, MPI.INT64_T], op=MPI.SUM), patient)
-        return total, most
+        return _summed(comm, sums, patient), most
 
 
 def _packer(nsum: int, nmax: int) -> struct.Struct:
