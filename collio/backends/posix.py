@@ -368,9 +368,18 @@ class PosixBackend(MappedReads):
         if comm.Get_rank() == 0:
             with step:
                 if ok:
-                    finish_temporary(self.made.lock, self.made.before)
-                    old = hold(self.final)
-                    os.replace(self.path, self.final)
+                    old = -1
+                    try:
+                        finish_temporary(self.made.lock, self.made.before)
+                        old = hold(self.final)
+                        os.replace(self.path, self.final)
+                    except BaseException:
+                        # (the rename refused, e.g. a directory now at the target: the
+                        # previous file stays, and the temporary goes as at any failure)
+                        unlink_quietly(self.path)
+                        if old >= 0:
+                            os.close(old)
+                        raise
                     fsync_dir(self.final)
                     release_later(old)
                 else:

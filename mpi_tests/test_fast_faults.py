@@ -1,0 +1,107 @@
+"""Real faults (a refused rename, a file size limit, a full disk) met by the fast paths:
+every rank raises the same error, nothing is left behind, the job goes on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from helpers import raises_everywhere, read_file
+from mpi4py import MPI
+
+import collio
+import collio.checkpoint as ckpt
+from collio import layouts
+
+pytestmark = pytest.mark.mpi(min_size=1)
+N = 4096  # bytes per rank per step
+
+
+def _data(step: int, rank: int) -> np.ndarray:
+    return np.random.default_rng(7919 * step + rank).integers(0, 256, N, np.uint8)
+
+
+def _shared(comm: MPI.Intracomm, tmp) -> str:
+    return str(comm.bcast(str(tmp), root=0))
+
+
+def _directory_at(comm: MPI.Intracomm, path: str) -> None:
+    """Rank 0 puts a directory (not empty) where ``path`` is: a rename onto it fails."""
+    comm.Barrier()
+    if comm.rank == 0:
+        if os.path.exists(path):
+            os.unlink(path)
+        os.mkdir(path)
+        open(os.path.join(path, "other"), "w").close()
+    comm.Barrier()
+
+
+@pytest.mark.mpi
+def test_a_refused_commit_removes_its_temporary_and_the_target_can_be_written_again(
+    comm, mpi_tmp_path
+):
+    """A guessed time series into an atomic target whose commit's rename is refused (a
+    directory now stands at the target): close raises the same BackendError on every
+    rank, its temporary is gone, and a later atomic write of the target commits."""
+    d = _shared(comm, mpi_tmp_path)
+    path, p, r = os.path.join(d, "series.bin"), comm.size, comm.rank
+    f = collio.open(path, "w", comm=comm, hints={"atomic_commit": True})
+    for s in range(5):
+        f.write_at_all((s * p + r) * N, _data(s, r))
+    assert f.stats.last_call["guessed"]
+    _directory_at(comm, path)
+    err = raises_everywhere(comm, collio.BackendError, f.close)
+    assert "commit" in str(err) and "rank 0" in str(err)
+    assert f.closed
+    f.close()  # (idempotent after the failure)
+    comm.Barrier()
+    assert sorted(os.listdir(d)) == ["series.bin"]
+    assert os.listdir(path) == ["other"]  # (what stands at the target is left alone)
+    comm.Barrier()
+    if r == 0:
+        shutil.rmtree(path)
+    comm.Barrier()
+    with collio.open(path, "w", comm=comm, hints={"atomic_commit": True}) as f:
+        for s in range(5):
+            f.write_at_all((s * p + r) * N, _data(s, r))
+    comm.Barrier()
+    want = b"".join(_data(s, q).tobytes() for s in range(5) for q in range(p))
+    assert read_file(path) == want
+    assert sorted(os.listdir(d)) == ["series.bin"]
+
+
+@pytest.mark.mpi
+def test_an_async_save_whose_commit_is_refused_leaves_no_temporary(comm, mpi_tmp_path, monkeypatch):
+    """A checkpoint's commit refused (a directory at the target when the save renames):
+    wait() raises the same error on every rank, no temporary is left, and the job saves
+    again once the target is free."""
+    d = _shared(comm, mpi_tmp_path)
+    path, p = os.path.join(d, "model.ckpt"), comm.size
+    lay = layouts.block((64, 32), "<f8", grid=(p, 1))
+    glob = np.arange(64 * 32, dtype="<f8").reshape(64, 32)
+    state = {"w": (np.ascontiguousarray(glob[lay.slices]), lay), "step": np.int64(3)}
+    real_close = collio.File.close
+
+    def refused(self):
+        # (the directory appears once the data is written, just before the commit)
+        if not self.closed and self.target == path:
+            _directory_at(comm, path)
+        return real_close(self)
+
+    monkeypatch.setattr(collio.File, "close", refused)
+    h = ckpt.async_save(path, state, comm=comm)
+    raises_everywhere(comm, collio.BackendError, h.wait, match="commit")
+    monkeypatch.undo()
+    comm.Barrier()
+    assert sorted(os.listdir(d)) == ["model.ckpt"]
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path)
+    comm.Barrier()
+    ckpt.async_save(path, state, comm=comm).wait()
+    got = ckpt.load(path, {"w": lay, "step": None}, comm=comm)
+    assert got["w"].tobytes() == np.ascontiguousarray(glob[lay.slices]).tobytes()
+    assert int(got["step"]) == 3
+    assert sorted(os.listdir(d)) == ["model.ckpt"]
