@@ -3,6 +3,7 @@ every rank raises the same error, nothing is left behind, the job goes on."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 
@@ -14,6 +15,7 @@ from mpi4py import MPI
 import collio
 import collio.checkpoint as ckpt
 from collio import layouts
+from collio.backends import fsync
 
 pytestmark = pytest.mark.mpi(min_size=1)
 N = 4096  # bytes per rank per step
@@ -105,3 +107,58 @@ def test_an_async_save_whose_commit_is_refused_leaves_no_temporary(comm, mpi_tmp
     assert got["w"].tobytes() == np.ascontiguousarray(glob[lay.slices]).tobytes()
     assert int(got["step"]) == 3
     assert sorted(os.listdir(d)) == ["model.ckpt"]
+
+
+def _fail_once(monkeypatch, module, name: str, text: str) -> None:
+    """``module.name`` raises EIO at its next call, then works again, as Linux reports a
+    writeback error to a descriptor once (the pages it could not write are lost)."""
+    real = getattr(module, name)
+
+    def once(fd):
+        monkeypatch.setattr(module, name, real)
+        raise OSError(errno.EIO, text)
+
+    monkeypatch.setattr(module, name, once)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("where", ["fsync", "early-flush"])
+def test_a_failed_sync_drops_the_atomic_commit(comm, mpi_tmp_path, monkeypatch, where):
+    """The last rank's fsync in sync() fails once (or its early flush of a call's rounds
+    did, which sync() reports): sync() raises the same BackendError on every rank, the
+    commit is dropped as after a failed write (the close's fsync would succeed, the lost
+    pages unknown to it), later writes are refused everywhere, and close() leaves the
+    previous file as it was, with no temporary."""
+    d = _shared(comm, mpi_tmp_path)
+    path, p, r = os.path.join(d, "atomic.bin"), comm.size, comm.rank
+    if r == 0:
+        with open(path, "wb") as fh:
+            fh.write(b"previous")
+    comm.Barrier()
+    hints = {"atomic_commit": True}
+    if where == "early-flush":
+        monkeypatch.setattr(fsync.EarlyFlush, "AFTER", 0)  # (a flush after every round)
+        hints.update(romio_cb_write="enable", cb_buffer_size="1m")
+    f = collio.open(path, "w", comm=comm, hints=hints)
+    if where == "fsync":
+        for s in range(5):
+            f.write_at_all((s * p + r) * N, _data(s, r))
+        assert f.stats.last_call["guessed"]
+        if r == p - 1:
+            _fail_once(monkeypatch, os, "fsync", "injected fsync error")
+    else:
+        if r == p - 1:
+            _fail_once(monkeypatch, fsync, "fdatasync", "injected flush error")
+        rows = 4 << 20 >> 6  # (4 MiB per rank, 64-byte columns: rounds of 1 MiB)
+        lay = layouts.Subarray((rows, 64 * p), (0, 64 * r), (rows, 64), "u1")
+        f.write_all(np.full((rows, 64), r, np.uint8), lay)
+        assert f.stats.early_flushes > 0
+    err = raises_everywhere(comm, collio.BackendError, f.sync)
+    assert f"rank {p - 1}: " in str(err) and "injected" in str(err)
+    raises_everywhere(
+        comm, collio.ModeError, lambda: f.write_at_all(r * N, _data(9, r)), match="aborted"
+    )
+    f.close()
+    comm.Barrier()
+    assert read_file(path) == b"previous"
+    assert sorted(os.listdir(d)) == ["atomic.bin"]
