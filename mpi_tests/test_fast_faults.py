@@ -162,3 +162,25 @@ def test_a_failed_sync_drops_the_atomic_commit(comm, mpi_tmp_path, monkeypatch, 
     comm.Barrier()
     assert read_file(path) == b"previous"
     assert sorted(os.listdir(d)) == ["atomic.bin"]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_fifo_put_at_the_target_does_not_block_the_commit(comm, mpi_tmp_path):
+    """A FIFO made at an atomic target after its open: the commit holds the file it
+    replaces without waiting for a writer of the FIFO, and renames over it as over any
+    file that is not a directory; every rank returns from close."""
+    d = _shared(comm, mpi_tmp_path)
+    path, p, r = os.path.join(d, "series.bin"), comm.size, comm.rank
+    f = collio.open(path, "w", comm=comm, hints={"atomic_commit": True})
+    for s in range(4):
+        f.write_at_all((s * p + r) * N, _data(s, r))
+    comm.Barrier()
+    if r == 0:
+        os.mkfifo(path)
+    comm.Barrier()
+    f.close()
+    comm.Barrier()
+    want = b"".join(_data(s, q).tobytes() for s in range(4) for q in range(p))
+    assert read_file(path) == want
+    assert sorted(os.listdir(d)) == ["series.bin"]

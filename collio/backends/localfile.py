@@ -314,9 +314,11 @@ def prepare(path: str, mode: str, atomic: bool, create: bool | str = False) -> P
 
 
 def hold(path: str) -> int:
-    """A descriptor of the file at ``path`` (-1: none), held across its replacement."""
+    """A descriptor of the file at ``path`` (-1: none), held across its replacement.
+    Whatever stands there now is opened without blocking (a FIFO put at the target
+    since the open would wait for a writer: every rank would wait in the commit)."""
     try:
-        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return -1
 
