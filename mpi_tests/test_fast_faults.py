@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import shutil
 
 import numpy as np
@@ -184,3 +185,68 @@ def test_a_fifo_put_at_the_target_does_not_block_the_commit(comm, mpi_tmp_path):
     want = b"".join(_data(s, q).tobytes() for s in range(4) for q in range(p))
     assert read_file(path) == want
     assert sorted(os.listdir(d)) == ["series.bin"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["save", "failed-write"])
+def test_a_target_directory_replaced_by_a_file_leaves_no_temporary(
+    comm, mpi_tmp_path, monkeypatch, how
+):
+    """The target's directory is moved away and a file put in its place while the job
+    writes: the commit's rename (a checkpoint save) fails with ENOTDIR, or a write fails
+    (past the last rank's file size limit) and the close drops the commit; either way
+    every rank raises the same error and the temporary, in the moved directory now, is
+    removed there; the previous checkpoint there still loads."""
+    d = _shared(comm, mpi_tmp_path)
+    sub, p, r = os.path.join(d, "sub"), comm.size, comm.rank
+    path, moved = os.path.join(sub, "model.ckpt"), os.path.join(d, "moved")
+    if r == 0:
+        os.mkdir(sub)
+    comm.Barrier()
+    lay = layouts.block((64, 32), "<f8", grid=(p, 1))
+    glob = np.arange(64 * 32, dtype="<f8").reshape(64, 32)
+    state = {"w": (np.ascontiguousarray(glob[lay.slices]), lay)}
+    ckpt.save(path, state, comm=comm)
+
+    def swap():
+        comm.Barrier()
+        if r == 0:
+            os.rename(sub, moved)
+            open(sub, "w").close()
+        comm.Barrier()
+
+    if how == "save":
+        real_close = collio.File.close
+
+        def swapping(self):
+            if not self.closed and self.target == path:
+                swap()
+            return real_close(self)
+
+        monkeypatch.setattr(collio.File, "close", swapping)
+        err = raises_everywhere(
+            comm, collio.BackendError, lambda: ckpt.save(path, state, comm=comm)
+        )
+        assert err.errno == errno.ENOTDIR and "commit" in str(err)
+        monkeypatch.undo()
+    else:
+        f = collio.open(path, "w", comm=comm, hints={"atomic_commit": True})
+        for s in range(4):
+            f.write_at_all((s * p + r) * N, _data(s, r))
+        swap()
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if r == p - 1:
+            resource.setrlimit(resource.RLIMIT_FSIZE, ((4 * p + r) * N, limits[1]))
+        try:
+            err = raises_everywhere(
+                comm, collio.BackendError, lambda: f.write_at_all((4 * p + r) * N, _data(4, r))
+            )
+        finally:
+            if r == p - 1:
+                resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        assert err.errno == errno.EFBIG
+        f.close()
+    comm.Barrier()
+    assert sorted(os.listdir(moved)) == ["model.ckpt"]
+    got = ckpt.load(os.path.join(moved, "model.ckpt"), {"w": lay}, comm=comm)
+    assert got["w"].tobytes() == np.ascontiguousarray(glob[lay.slices]).tobytes()
