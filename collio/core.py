@@ -228,6 +228,10 @@ class FileCore:
             return
         failed, error = self._synced()
         if failed:
+            if self.atomic():
+                # a failed fsync (or early flush) may have lost written pages, and the
+                # kernel reports it once: the close's fsync would succeed and commit them
+                self.abort()
             raise_agreed(self.comm, error, what=call)
 
     def close(self, *, rider: Rider | None = None) -> None:

@@ -158,6 +158,14 @@ def make_temporary(path: str) -> tuple[str, int]:
     return name, fd
 
 
+def _directory_of(name: str) -> int:
+    """A descriptor of the directory holding ``name`` (-1 where none can be opened)."""
+    try:
+        return os.open(os.path.dirname(name), os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    except (OSError, AttributeError):  # (no O_DIRECTORY on the platform)
+        return -1
+
+
 def finish_temporary(fd: int, before: os.stat_result | None) -> None:
     """Before the rename: give the temporary the mode (and, where allowed, the owner) of
     the file it replaces, or a new file's mode when there was none."""
@@ -265,17 +273,31 @@ class Prepared:
     name: str
     lock: int
     before: os.stat_result | None
+    #: a descriptor of the temporary's directory (-1: none): the temporary is removed
+    #: through it, where it is even if its directory was moved or replaced since
+    home: int = -1
 
     def release(self) -> None:
         """Let go of the temporary's lock (closing its descriptor)."""
         if self.lock >= 0:
             os.close(self.lock)
             self.lock = -1
+        if self.home >= 0:
+            os.close(self.home)
+            self.home = -1
+
+    def remove(self) -> None:
+        """Remove the temporary (quietly: it may be gone already)."""
+        if self.home < 0:
+            unlink_quietly(self.name)
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.basename(self.name), dir_fd=self.home)
 
     def drop(self, atomic: bool) -> None:
         """After a failed open: remove the temporary (rank 0 made it) and release it."""
         if atomic and self.lock >= 0:
-            unlink_quietly(self.name)
+            self.remove()
         self.release()
 
 
@@ -295,7 +317,7 @@ def prepare(path: str, mode: str, atomic: bool, create: bool | str = False) -> P
     with contextlib.suppress(OSError):  # (dead jobs' leftovers: never this open's error)
         reclaim(path)
     name, lock = make_temporary(path)
-    made = Prepared(name, lock, before)
+    made = Prepared(name, lock, before, _directory_of(name))
     if mode == "r+":
         try:
             with open(path, "rb") as src, open(name, "r+b") as dst:
@@ -314,9 +336,11 @@ def prepare(path: str, mode: str, atomic: bool, create: bool | str = False) -> P
 
 
 def hold(path: str) -> int:
-    """A descriptor of the file at ``path`` (-1: none), held across its replacement."""
+    """A descriptor of the file at ``path`` (-1: none), held across its replacement.
+    Whatever stands there now is opened without blocking (a FIFO put at the target
+    since the open would wait for a writer: every rank would wait in the commit)."""
     try:
-        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return -1
 

@@ -31,7 +31,6 @@ from .localfile import (
     hold,
     reclaim,
     release_later,
-    unlink_quietly,
 )
 from .mapped import Rows
 
@@ -368,13 +367,22 @@ class PosixBackend(MappedReads):
         if comm.Get_rank() == 0:
             with step:
                 if ok:
-                    finish_temporary(self.made.lock, self.made.before)
-                    old = hold(self.final)
-                    os.replace(self.path, self.final)
+                    old = -1
+                    try:
+                        finish_temporary(self.made.lock, self.made.before)
+                        old = hold(self.final)
+                        os.replace(self.path, self.final)
+                    except BaseException:
+                        # (the rename refused, e.g. a directory now at the target: the
+                        # previous file stays, and the temporary goes as at any failure)
+                        self.made.remove()
+                        if old >= 0:
+                            os.close(old)
+                        raise
                     fsync_dir(self.final)
                     release_later(old)
                 else:
-                    unlink_quietly(self.path)
+                    self.made.remove()
             with contextlib.suppress(OSError):  # (others' leftovers: never this call's error)
                 reclaim(self.final, keep=self.path)
         agree(comm, step.error, what=f"commit {self.final!r}")
