@@ -250,3 +250,37 @@ def test_a_target_directory_replaced_by_a_file_leaves_no_temporary(
     assert sorted(os.listdir(moved)) == ["model.ckpt"]
     got = ckpt.load(os.path.join(moved, "model.ckpt"), {"w": lay}, comm=comm)
     assert got["w"].tobytes() == np.ascontiguousarray(glob[lay.slices]).tobytes()
+
+
+@pytest.mark.mpi
+def test_an_open_failing_after_its_file_is_made_leaves_no_temporary(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """An atomic open that fails after the file is open, in the backend's last steps
+    (memory exhausted there, on every rank): the previous file is as it was and rank 0's
+    temporary is removed (the backend's own close used to let go of it first, and the
+    removal then found nothing to remove), and the target can be written again."""
+    from collio.backends import fileopen
+
+    d = _shared(comm, mpi_tmp_path)
+    path = os.path.join(d, "kept.bin")
+    if comm.rank == 0:
+        with open(path, "wb") as fh:
+            fh.write(b"previous")
+    comm.Barrier()
+
+    def exhausted(hints, fd):
+        raise MemoryError("no memory left for the open's last step")
+
+    monkeypatch.setattr(fileopen, "maps_for", exhausted)
+    raises_everywhere(
+        comm, MemoryError,
+        lambda: collio.open(path, "w", comm=comm, hints={"atomic_commit": True}),
+    )  # fmt: skip
+    monkeypatch.undo()
+    comm.Barrier()
+    assert sorted(os.listdir(d)) == ["kept.bin"]
+    assert read_file(path) == b"previous"
+    with collio.open(path, "w", comm=comm, hints={"atomic_commit": True}) as f:
+        f.write_at_all(comm.rank * N, _data(0, comm.rank))
+    assert read_file(path) == b"".join(_data(0, k).tobytes() for k in range(comm.size))

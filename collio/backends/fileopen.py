@@ -106,8 +106,10 @@ def open_file(
             self.flusher = EarlyFlush(fd, self.final or name)
         self.maps = maps_for(hints, fd)
     except BaseException:
-        self.close()  # (no descriptor left behind, nor rank 0's temporary)
+        # (the temporary first: the backend's close lets go of its lock, after which
+        # drop would not remove it)
         made.drop(atomic)
+        self.close()  # (no descriptor left behind)
         raise
     return self
 
