@@ -60,6 +60,41 @@ def test_save_then_load_in_other_decompositions(
 
 
 @pytest.mark.mpi
+def test_layers_of_repeated_shapes_load_in_other_decompositions(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """A model's layers repeat a few shapes, and a load works out each distinct shape's
+    pieces once: arrays of two shapes, interleaved in name order (and a third shape
+    between them), saved as row blocks, loaded as column blocks, as 2-D blocks, into
+    the job's arrays and whole, byte for byte."""
+    path = _path(comm, mpi_tmp_path)
+    p, r = comm.size, comm.rank
+    shapes = {f"layer{k}/{w}": s for k in range(3) for w, s in (("a", (12, 8)), ("b", (7, 10)))}
+    shapes["layer1/c"] = (5, 9)
+    ref = {
+        n: (np.arange(np.prod(s), dtype="<f8") * (i + 1)).reshape(s)
+        for i, (n, s) in enumerate(sorted(shapes.items()))
+    }
+
+    def part(n: str, lay: Any) -> np.ndarray[Any, Any]:
+        return np.ascontiguousarray(ref[n][lay.slices])
+
+    rows = {n: layouts.block(s, "<f8", grid=(p, 1), rank=r, size=p) for n, s in shapes.items()}
+    ckpt.save(path, {n: (part(n, lay), lay) for n, lay in rows.items()}, comm=comm)
+    for grid in ((1, p), layouts.dims_create(p, 2)):
+        spec = {n: layouts.block(s, "<f8", grid=grid, rank=r, size=p) for n, s in shapes.items()}
+        got = ckpt.load(path, spec, comm=comm)
+        for n, lay in spec.items():
+            assert got[n].tobytes() == part(n, lay).tobytes(), (r, n, grid)
+        into = {n: (np.zeros(lay.local_shape), lay) for n, lay in spec.items()}
+        got = ckpt.load(path, into, comm=comm)
+        for n, lay in spec.items():
+            assert got[n] is into[n][0] and got[n].tobytes() == part(n, lay).tobytes(), (r, n)
+    got = ckpt.load(path, dict.fromkeys(shapes), comm=comm)
+    assert all(got[n].tobytes() == ref[n].tobytes() for n in shapes), r
+
+
+@pytest.mark.mpi
 def test_file_holds_each_array_at_its_runs(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
     """info needs no MPI, and the bytes at each array's file runs are the global array."""
     path = _path(comm, mpi_tmp_path)
