@@ -62,7 +62,7 @@ def complete_call(
     if kept is not None and call.sums is kept[1]:  # (the kept sums: added as kept)
         again = kept[2] if kept[2] is not None else Stats.again(call.sums)
     ctx.sums_kept[call.name] = (sums, call.sums, again)
-    ctx.stats.absorb(call.sums, most, again)
+    ctx.stats.absorb_most(call.sums, most, again)
     # calls are collective: count each once, not once per rank
     direct = call.direct  # (a property: asked once)
     if call.hi > call.lo:
@@ -80,7 +80,8 @@ def complete_call(
     )  # fmt: skip
 
 
-Reduced = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
+#: (the summed counters, the maxima)
+Reduced = tuple[npt.NDArray[np.int64], list[float]]
 
 
 def _wait(req: MPI.Request, patient: bool) -> None:
@@ -108,7 +109,7 @@ def _reduce(ctx: Context, sums: list[int], maxes: list[float], error: BaseExcept
           patient)  # fmt: skip
     if out[nsum - 1]:
         return None
-    return out[: nsum - 1], out[nsum:].view(np.float64)
+    return out[: nsum - 1], out[nsum:].view(np.float64).tolist()
 
 
 def reduce_again(ctx: Context, sums: list[int], maxes: list[float], error: BaseException | None,
@@ -117,23 +118,9 @@ def reduce_again(ctx: Context, sums: list[int], maxes: list[float], error: BaseE
     most often the last call's of its name on every rank: then their sums are the kept
     ones, and one allreduce with MPI's own MAX (no reduction in Python on every step of
     it) agrees on the error, on whether every rank's counters repeat, and the maxima.
-    Otherwise a second allreduce (SUM) sums them."""
-    same = kept is not None and kept[0] == sums
-    nmax = len(maxes)
-    vec = np.frombuffer(
-        _packer(2, nmax).pack(
-            0 if error is None else 1, 0 if same else 1, *[m if m > 0.0 else 0.0 for m in maxes]
-        ),
-        np.int64,
-    )
-    out = np.empty(len(vec), np.int64)  # (not empty_like: its dispatcher is a Python call)
-    comm = ctx.comm
-    _wait(comm.Iallreduce([vec, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.MAX), patient)
-    if out[0]:
-        return None
-    if not out[1]:  # (every rank's counters are its kept ones: so are their sums)
-        return kept[1], out[2:].view(np.float64)
-    return _summed(comm, sums, patient), out[2:].view(np.float64)
+    Otherwise a second allreduce (SUM) sums them.  :class:`KeptReduce`'s, its vectors
+    made for this call."""
+    return KeptReduce(len(maxes)).reduce(ctx.comm, sums, maxes, error, kept, patient=patient)
 
 
 def _summed(comm: MPI.Comm, sums: list[int], patient: bool) -> Any:
@@ -164,7 +151,7 @@ class KeptReduce:
 
     def reduce(self, comm: MPI.Comm, sums: list[int], maxes: list[float],
                error: BaseException | None, kept: Any,
-               *, patient: bool) -> tuple[Any, list[float]] | None:  # fmt: skip
+               *, patient: bool) -> Reduced | None:  # fmt: skip
         """Collective: :func:`reduce_again`, the maxima as a list of floats (what
         :meth:`~collio.stats.Stats.absorb_most` takes)."""
         same = kept is not None and kept[0] == sums
