@@ -479,7 +479,8 @@ CONTROLS_PROSE = [
     "summed over the ranks, and its share of the cores' time in the loop; `loop",
     "blocked` is the time the loop's own thread spent neither running nor waiting for",
     "a core (its `schedstat`; the slowest rank): waiting for the GIL, which the",
-    "background thread of its process held.",
+    "background thread of its process held. The resharded controls are bandwidth",
+    "ratios of the loads at half the ranks to the same-count loads.",
 ]
 
 
@@ -597,7 +598,9 @@ def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
         "run while an `async_save` writes; `collio load` returns the pieces as arrays over a",
         "copy-on-write map of the file, `collio load copied` reads them into new arrays",
         "(hint `checkpoint_map=disable`), `collio load into` into the job's arrays",
-        "(`(out, layout)` in the spec), `collio load 3 of N` loads with one rank fewer.",
+        "(`(out, layout)` in the spec), `collio load 3 of N` loads with one rank fewer,",
+        "`collio load half of N` with half the ranks (with two ranks a core, one rank fewer",
+        "leaves one core a rank more to serve than the other, half leaves them even).",
         "The ceiling reads each rank's share of its file back by one `preadv`: `ceiling read`",
         "into memory the job already touched (the bound for a load into the job's arrays),",
         "`ceiling read new` into new arrays shaped as the rank's pieces (`np.empty` each, the",

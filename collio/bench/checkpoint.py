@@ -75,12 +75,18 @@ TARGETS = (
 #: (what, numerator, denominator): no targets, the floor under the compute slowdown's: the
 #: same loop while each rank's thread at the save's priority does the ceiling's write (one
 #: pwrite of its share and the fsync: no MPI, no checksum) or one numpy copy of its share
-#: (no I/O); the save's own part is what it costs beyond the plain write
+#: (no I/O); the save's own part is what it costs beyond the plain write.  And the
+#: resharded ratios at half the ranks, which every core serves alike.
 CONTROLS = (
     ("compute slowdown during a plain write thread", "compute during plain write",
      "compute alone"),
     ("compute slowdown during a numpy copy thread", "compute during thread copy",
      "compute alone"),
+    # (bandwidth: the same-count time over the resharded one)
+    ("resharded load, half the ranks, vs same-count load (bandwidth)", "collio load",
+     "collio load half of N"),
+    ("verified ceiling map half of N vs same count (bandwidth)", "verified ceiling map",
+     "verified ceiling map half of N"),
     ("compute during async I/O vs during a plain write", "compute during I/O",
      "compute during plain write"),
 )  # fmt: skip
@@ -116,6 +122,13 @@ def _timed(comm: MPI.Intracomm, fn: Callable[[], Any]) -> float:
     if vec[0]:
         raise_agreed(comm, step.error, what="collio-bench checkpoint")
     return float(vec[1])
+
+
+def _on(sub: Any, fn: Callable[[], Any]) -> None:
+    """``fn`` on the ranks of ``sub`` (a smaller job's; the others wait sleeping in
+    :func:`_timed`)."""
+    if sub != MPI.COMM_NULL:
+        fn()
 
 
 def _compute(x: np.ndarray[Any, Any], reps: int) -> None:
@@ -173,6 +186,16 @@ class _Run:
             0 if comm.Get_rank() < max(comm.Get_size() - 1, 1) else MPI.UNDEFINED
         )
         self.spec3 = peers.model_spec(self.total, self.sub) if self.sub != MPI.COMM_NULL else {}
+        # (half the ranks: with two ranks a core, one rank fewer leaves a core with one
+        # rank more than the other, whose ranks the load waits for; half keeps every core
+        # as busy as the others, so the two resharded loads tell the cores' share of the
+        # resharded ratio from the load's own)
+        self.half: Any = comm.Split(
+            0 if comm.Get_rank() < max(comm.Get_size() // 2, 1) else MPI.UNDEFINED
+        )
+        self.spec_half = (
+            peers.model_spec(self.total, self.half) if self.half != MPI.COMM_NULL else {}
+        )
         # a job's arrays already in memory (a model restored in place), every page touched
         self.into = {name: (peers.empty_piece(st, lay), lay) for name, lay, st in (
             (n, self.spec[n], self.state[n]) for n in self.spec
@@ -228,6 +251,7 @@ class _Run:
             ),
             "collio load into": lambda: _timed(c, lambda: ckpt.load(self.path, self.into, comm=c)),
             "collio load 3 of N": lambda: _timed(c, self._load_sub),
+            "collio load half of N": lambda: _timed(c, self._load_half),
             "file-per-rank read": lambda: _timed(
                 c, lambda: peers.per_rank_read(os.path.join(d, "fpr"), st, c)
             ),
@@ -248,6 +272,9 @@ class _Run:
             ),
             "verified ceiling map 3 of N": lambda: _timed(
                 c, lambda: self._sub(lambda: peers.ceiling_map(ceil, self.nbytes, self.sub))
+            ),
+            "verified ceiling map half of N": lambda: _timed(
+                c, lambda: _on(self.half, lambda: peers.ceiling_map(ceil, self.nbytes, self.half))
             ),
             "ceiling read new": lambda: _timed(
                 c,
@@ -282,10 +309,12 @@ class _Run:
     def _load_sub(self) -> None:
         self._sub(lambda: ckpt.load(self.path, self.spec3, comm=self.sub))
 
+    def _load_half(self) -> None:
+        _on(self.half, lambda: ckpt.load(self.path, self.spec_half, comm=self.half))
+
     def _sub(self, fn: Callable[[], Any]) -> None:
         """``fn`` on the ranks of the job one rank smaller (the others wait sleeping)."""
-        if self.sub != MPI.COMM_NULL:
-            fn()
+        _on(self.sub, fn)
 
     def _crc(self) -> float:
         import crc32c
