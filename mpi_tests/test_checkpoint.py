@@ -230,6 +230,28 @@ def test_metadata_differing_between_ranks_is_refused(
 
 
 @pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_mappings_without_arrays_are_not_stored(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """A checkpoint stores arrays by their '/' names: a nested mapping holding none
+    (``{"opt": {}}``, an optimizer before its first step) has no name there, as the README
+    and the format say; info lists the arrays alone, a load naming it is the same
+    LayoutError on every rank, and the arrays beside it load byte for byte."""
+    path = _path(comm, mpi_tmp_path)
+    rows = layouts.block((4 * comm.size, 3), "<i4", comm=comm, grid=(comm.size, 1))
+    g = np.arange(12 * comm.size, dtype="<i4").reshape(4 * comm.size, 3)
+    step = np.arange(5.0)
+    state = {"opt": {}, "model": {"w": (g[rows.slices], rows), "extra": {"none": {}}}, "s": step}
+    ckpt.save(path, state, comm=comm)
+    assert sorted(ckpt.info(path, comm=comm)) == ["model/w", "s"]
+    raises_everywhere(
+        comm, collio.LayoutError, lambda: ckpt.load(path, {"opt": None}, comm=comm),
+        match="array 'opt' is not in the checkpoint",
+    )  # fmt: skip
+    back = ckpt.load(path, {"model/w": None, "s": None}, comm=comm)
+    assert back["model/w"].tobytes() == g.tobytes() and back["s"].tobytes() == step.tobytes()
+
+
+@pytest.mark.mpi
 def test_unknown_name_or_other_shape_raises_everywhere(
     comm: MPI.Intracomm, mpi_tmp_path: Any
 ) -> None:
