@@ -115,7 +115,8 @@ def before_head(
         prekey = _prekey(ctx, writing)
         with step:
             plan = _kept_plan(ctx, prekey, runs, writing=writing)
-    name = ("write_all" if writing else "read_all") + ("" if count is None else "_many")
+    name = ctx.call_name(writing)
+    name = name if count is None else name + "_many"
     return _pending(
         ctx, writing, name, count, (runs, buf, extra, sig), facts, extent, where, g,
         step.error, disjoint=disjoint, plan=plan, prekey=prekey, t0=t0, offset=offset,
@@ -151,7 +152,7 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
     g = speculate.attempt(ctx, runs, buf, facts, where, writing=writing)
     if g is None:
         return None
-    name = "write_all" if writing else "read_all"
+    name = ctx.call_name(writing)
     found = (runs, buf, None if writing else buf, None)
     return _pending(ctx, writing, name, None, found, facts, extent, where, g, None, t0=t0)
 

@@ -178,9 +178,12 @@ def _check_against_root(comm: MPI.Comm, value: Any, *, what: str, describe: Any)
 
 #: The collective calls of a file, numbered in the code that each one's first agreement
 #: carries (:func:`call_head`); ``flush`` is :mod:`collio.h5`'s.
+#: ``write_at_all``/``read_at_all`` have codes of their own, as MPI's are calls of their
+#: own: messages name the call made, and one rank's beside another's ``write_all`` is a
+#: mismatch (an error at a rank names its own call: the calls must be one for it to be agreed).
 CALLS = (
     "write_all", "read_all", "sync", "close", "set_view", "open", "flush",
-    "write_all_many", "read_all_many",
+    "write_all_many", "read_all_many", "write_at_all", "read_at_all",
 )  # fmt: skip
 #: int64 slots of that agreement: error flag, call code and its negation, the call's own.
 HEAD_SLOTS = 26

@@ -57,6 +57,10 @@ class Context:
     sums_kept: dict[str, Any] = dataclasses.field(default_factory=dict)
     # this rank's last single two-phase write through a Subarray (collio.keptcall.Lane)
     lane: Any = None
+    # whether the call in progress is a write_at_all/read_at_all (set by collio.file
+    # while it holds the communicator): its head and messages name it (call_name), and
+    # it repeats only kept calls of its own kind
+    call_at: bool = False
     # my_domain's answer for the aggregators array it was asked of (not copied by
     # dataclasses.replace, which gives a read its own aggregators)
     _domain: tuple[Any, int] | None = dataclasses.field(default=None, init=False, repr=False)
@@ -64,6 +68,12 @@ class Context:
     @property
     def rank(self) -> int:
         return int(self.comm.Get_rank())
+
+    def call_name(self, writing: bool) -> str:
+        """The call in progress of a single piece, as its head and messages name it."""
+        if self.call_at:
+            return "write_at_all" if writing else "read_at_all"
+        return "write_all" if writing else "read_all"
 
     @property
     def my_domain(self) -> int:

@@ -216,7 +216,7 @@ def _read(
     if call.settled:
         return arr
     if ctx.hints.read_past_eof == "disable":
-        _refuse_past_eof(ctx, runs)
+        _refuse_past_eof(ctx, runs, call.name)
     error = _transfer(ctx, call, runs, buf, writing=False)
     # after rounds reads wait polling (sleeping gains nothing there); after each rank's own
     # I/O (direct path: it takes each rank its own time, e.g. decoding zarr chunks) and on
@@ -228,7 +228,7 @@ def _read(
     return arr
 
 
-def _refuse_past_eof(ctx: Context, runs: Runs) -> None:
+def _refuse_past_eof(ctx: Context, runs: Runs, what: str) -> None:
     """Collective over ``ctx.comm`` (hint ``read_past_eof=disable``): the same
     :class:`LayoutError` on every rank when some rank's runs reach past the end."""
     step = Attempt()
@@ -237,11 +237,11 @@ def _refuse_past_eof(ctx: Context, runs: Runs) -> None:
         size = ctx.backend.size()
         if end > size:
             raise LayoutError(
-                f"read_all reaches byte {end}, past the end of {ctx.file[1]} ({size} bytes; "
+                f"{what} reaches byte {end}, past the end of {ctx.file[1]} ({size} bytes; "
                 "hint read_past_eof=disable)"
             )
     if any_flag(ctx.comm, step.error is not None):
-        raise_agreed(ctx.comm, step.error, what="read_all")
+        raise_agreed(ctx.comm, step.error, what=what)
 
 
 def _transfer(

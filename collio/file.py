@@ -367,7 +367,11 @@ class File:
     def _write_at_all(self, offset: int, buf: Any) -> None:
         """:meth:`write_at_all` the guarded way."""
         self._check_open()
-        self._through_view(offset, buf, writing=True)
+        self._ctx.call_at = True  # (its head and messages name it: Context.call_at)
+        try:
+            self._through_view(offset, buf, writing=True)
+        finally:
+            self._ctx.call_at = False
 
     def read_at_all(self, offset: int, buf: Any) -> Any:
         """Collective over `comm`: fill ``buf`` through the view from etype ``offset``."""
@@ -384,7 +388,11 @@ class File:
     def _read_at_all(self, offset: int, buf: Any) -> Any:
         """:meth:`read_at_all` the guarded way."""
         self._check_open()
-        self._through_view(offset, buf, writing=False)
+        self._ctx.call_at = True
+        try:
+            self._through_view(offset, buf, writing=False)
+        finally:
+            self._ctx.call_at = False
         return view.BufferLayout.buffer_of(buf)
 
     @one_thread
@@ -421,6 +429,7 @@ class File:
             return _NOT
         writing = name[0] == "w"
         ctx = self._ctx
+        ctx.call_at = name[-7:] == "_at_all"  # (held by this call now: see the guard above)
         try:
             t0 = perf_counter()
             if layout is None:
@@ -440,6 +449,7 @@ class File:
             self._failed(exc, writing=writing)
             raise
         finally:
+            ctx.call_at = False
             _exit(key)  # (the guard's exit: also clears plans release_buffers asked for)
 
     def _failed(self, exc: BaseException, *, writing: bool = False) -> None:

@@ -109,7 +109,9 @@ def two_level(
         def stage_two(mine: Runs) -> tuple[Plan, int | None]:
             return _new_plan(ctx, mine, bounds, window, writing=writing, what=call.name)
 
-        tl, cost = twolevel.plan(ctx, runs, bounds, window, stage_two, writing=writing)
+        tl, cost = twolevel.plan(
+            ctx, runs, bounds, window, stage_two, writing=writing, what=call.name
+        )
         if ctx.plans is not None:
             ctx.plans.store(key, bounds, runs, tl, call.prekey, cost=cost)
     call.counters.time_plan += time.perf_counter() - t0

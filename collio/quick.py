@@ -83,7 +83,7 @@ def again(ctx: Context, fview: Any, position: Any, data: Any, *, writing: bool,
         if stepped is not None:
             return stepped
     k = calls.candidate()  # (speculate.candidate, inline: every call asks)
-    if k is not None and k.view is fview and k.at is not None:
+    if k is not None and k.view is fview and k.at is not None and k.at_call is ctx.call_at:
         mine: Step | None = k.step
         if mine is not None and mine is not step:  # (a series alternating variables)
             stepped = mine.view(ctx, fview, position, data, t0)
@@ -115,7 +115,7 @@ def layout_again(ctx: Context, layout: Any, data: Any, *, writing: bool,
         if stepped is not None:
             return stepped
     k = calls.candidate()  # (speculate.candidate, inline: every call asks)
-    if k is None or k.box is None or type(layout) is not Subarray:
+    if k is None or k.box is None or type(layout) is not Subarray or k.at_call:
         return None
     mine: Step | None = k.step
     if mine is not None and mine is not step:  # (a series alternating variables)
@@ -223,6 +223,8 @@ class Step:
         k, writing = self.k, self.writing
         if type(layout) is not Subarray or layout._invalid or k.hints is not ctx.hints:
             return None
+        if k.at_call:  # (a write_at_all's: its head names that call)
+            return None
         offset, box = layout._offset, k.box
         if offset < 0 or box is None or k.backend is not ctx.backend:
             return None
@@ -256,6 +258,8 @@ class Step:
         k = self.k
         at = k.at
         if at is None or k.view is not fview or k.hints is not ctx.hints:
+            return None
+        if k.at_call is not ctx.call_at:  # (another call's head: see Kept.at_call)
             return None
         if k.backend is not ctx.backend:
             return None
@@ -607,7 +611,8 @@ def _head(ctx: Context, k: speculate.Kept, writing: bool) -> KeptHead:
         vouched=False, plan_shift=0, guessed=False, size=0, io_only=True, same=False,
         t_io=0, t_total=0, moved=True, shift=NOT_COMPARED,
     ).slots()  # fmt: skip
-    head = k.head = KeptHead("write_all" if writing else "read_all", ctx.file, own)
+    name = ("write" if writing else "read") + ("_at_all" if k.at_call else "_all")
+    head = k.head = KeptHead(name, ctx.file, own)
     return head
 
 
@@ -617,7 +622,7 @@ def _pending(ctx: Context, g: speculate.Guess, where: Any, lo: int, buf: Any) ->
     complete at its head)."""
     k = g.kept
     ctx.stats.local = {}
-    name = "write_all" if g.writing else "read_all"
+    name = ("write" if g.writing else "read") + ("_at_all" if k.at_call else "_all")
     extent = (lo, lo + k.span)
     if type(where) is int:
         runs, _ = k.view.stream(where * k.view.etype_size, k.nbytes, 0)

@@ -109,6 +109,9 @@ class Kept:
     # a repeat of this one-run call in a few operations, made at its first repeat
     # (collio.quick.Step)
     step: Any = None
+    # a write_at_all/read_at_all (Context.call_at): repeated only by a call of its kind,
+    # whose head names the same call
+    at_call: bool = False
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -190,7 +193,8 @@ def _period(keys: list[tuple[int, int]]) -> int:
 def candidate(ctx: Context, writing: bool) -> Kept | None:
     """Local: the kept call that this call of its kind may repeat (:class:`KeptCalls`)."""
     calls: KeptCalls = ctx.kept[writing]
-    return calls.candidate()
+    k = calls.candidate()
+    return k if k is not None and k.at_call is ctx.call_at else None
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -355,7 +359,7 @@ def _keepable(ctx: Context, call: Call, runs: Any, writing: bool) -> Kept | None
     key = (call.done, c.direct_io_bytes, c.early_flushes, c.mapped_bytes)
     return Kept(
         ctx.hints, be, call.facts, call.shift, path, runs.length, key, Stats.again(call.sums),
-        call.last,
+        call.last, at_call=ctx.call_at,
     )  # fmt: skip
 
 

@@ -150,15 +150,17 @@ def plan(
     new_plan: Callable[[Runs], tuple[Plan, int | None]],
     *,
     writing: bool,
+    what: str,
 ) -> tuple[TwoLevel, int | None]:
     """Collective over ``ctx.comm``: plan a two-level call (:mod:`collio.twoplan`), and
     what keeping it costs, None: not kept (agreed; the stage-two plan's cost, as
     ``new_plan`` returns it).  ``new_plan(runs)`` is the engine's one-level
     planning (collective, errors agreed), run with each rank's share of its group's runs.
+    ``what`` names the call in errors.
     """
     assert ctx.local is not None
     group = group_of(ctx.comm, ctx.local)
-    got = place(ctx, group, runs, bounds, window, new_plan, writing=writing)
+    got = place(ctx, group, runs, bounds, window, new_plan, writing=writing, what=what)
     rank, nrounds = ctx.comm.Get_rank(), got.plan.nrounds
     order, starts = by_round(got.rounds, nrounds)
     lead = int(ctx.local.leader[rank]) == rank

@@ -64,12 +64,11 @@ class Placed:
 
 def place(
     ctx: Context, group: Group, runs: Runs, bounds: I64, window: int,
-    new_plan: Callable[[Runs], tuple[Plan, int | None]], *, writing: bool,
+    new_plan: Callable[[Runs], tuple[Plan, int | None]], *, writing: bool, what: str,
 ) -> Placed:  # fmt: skip
     """Collective over ``ctx.comm``: steps 1-4 of the module doc, and the group's window
     grown to its slots (errors agreed)."""
     assert ctx.local is not None
-    what = "write_all" if writing else "read_all"
     step = Attempt()
     near = near_domains(ctx)
     pieces, direct, recv, rcounts, answers = _to_leader(group, runs, bounds, window, step, near)

@@ -185,6 +185,73 @@ def test_failing_save_keeps_the_previous_checkpoint(comm: MPI.Intracomm, mpi_tmp
 
 
 @pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["save", "async_save"])
+def test_metadata_differing_between_ranks_is_refused(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, how: str
+) -> None:
+    """Metadata that differs between ranks: rank 0's was stored without a word; now the
+    same MismatchError on every rank naming the ranks that differ and both values, the
+    previous checkpoint as it was.  Equal mappings in another key order agree."""
+    r, p = comm.rank, comm.size
+    path = _path(comm, mpi_tmp_path)
+    a = np.arange(12.0).reshape(3, 4)
+    ckpt.save(path, {"a": a}, comm=comm, metadata={"step": 1})
+    before = read_file(path) if r == 0 else b""
+
+    def save(meta: Any) -> None:
+        if how == "save":
+            ckpt.save(path, {"a": a + 1}, comm=comm, metadata=meta)
+        else:
+            ckpt.async_save(path, {"a": a + 1}, comm=comm, metadata=meta).wait()
+
+    if p > 1:
+        odd = [k for k in range(p) if k % 2]
+        named = "; ".join(
+            f'rank {k}: metadata {{"step": 3}} differs from rank 0\'s {{"step": 2}}' for k in odd
+        )
+        error = raises_everywhere(
+            comm, collio.MismatchError, lambda: save({"step": 2 + r % 2}),
+            match=f"checkpoint.save: {named}",
+        )  # fmt: skip
+        assert error.ranks == tuple(odd)
+        raises_everywhere(
+            comm, collio.MismatchError, lambda: save(None if r == p - 1 else {"step": 2}),
+            match=f'rank {p - 1}: metadata null differs from rank 0\'s {{"step": 2}}',
+        )  # fmt: skip
+        if r == 0:
+            assert read_file(path) == before
+            assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+        assert ckpt.info(path, comm=comm).metadata == {"step": 1}
+        np.testing.assert_array_equal(ckpt.load(path, {"a": None}, comm=comm)["a"], a)
+    save({"x": 1, "step": 4} if r % 2 else {"step": 4, "x": 1})
+    assert ckpt.info(path, comm=comm).metadata == {"step": 4, "x": 1}
+    np.testing.assert_array_equal(ckpt.load(path, {"a": None}, comm=comm)["a"], a + 1)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_mappings_without_arrays_are_not_stored(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """A checkpoint stores arrays by their '/' names: a nested mapping holding none
+    (``{"opt": {}}``, an optimizer before its first step) has no name there, as the README
+    and the format say; info lists the arrays alone, a load naming it is the same
+    LayoutError on every rank, and the arrays beside it load byte for byte."""
+    path = _path(comm, mpi_tmp_path)
+    rows = layouts.block((4 * comm.size, 3), "<i4", comm=comm, grid=(comm.size, 1))
+    g = np.arange(12 * comm.size, dtype="<i4").reshape(4 * comm.size, 3)
+    step = np.arange(5.0)
+    state = {"opt": {}, "model": {"w": (g[rows.slices], rows), "extra": {"none": {}}}, "s": step}
+    ckpt.save(path, state, comm=comm)
+    assert sorted(ckpt.info(path, comm=comm)) == ["model/w", "s"]
+    raises_everywhere(
+        comm, collio.LayoutError, lambda: ckpt.load(path, {"opt": None}, comm=comm),
+        match="array 'opt' is not in the checkpoint",
+    )  # fmt: skip
+    back = ckpt.load(path, {"model/w": None, "s": None}, comm=comm)
+    assert back["model/w"].tobytes() == g.tobytes() and back["s"].tobytes() == step.tobytes()
+
+
+@pytest.mark.mpi
 def test_unknown_name_or_other_shape_raises_everywhere(
     comm: MPI.Intracomm, mpi_tmp_path: Any
 ) -> None:

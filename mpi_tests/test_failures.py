@@ -484,8 +484,9 @@ def test_read_beside_write_fails_everywhere_and_closes(comm, mpi_tmp_path, kind,
                 "view": lambda: f.write_all(zeros),
                 "at": lambda: f.write_at_all(0, zeros),
             }.get(kind, lambda: f.write_all(zeros, lay))
+        name = "read_at_all" if kind == "at" else "read_all"
         err = _raises_everywhere(
-            comm, collio.MismatchError, call, match=f"rank {comm.size - 1}: read_all"
+            comm, collio.MismatchError, call, match=f"rank {comm.size - 1}: {name}"
         )
         assert "ranks called different collective operations" in str(err)
         assert err.ranks == (comm.size - 1,)

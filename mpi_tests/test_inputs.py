@@ -439,6 +439,47 @@ def test_factory_fault_on_one_rank_is_raised_in_the_call(
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("factory", ["block", "block_cyclic"])
+def test_zero_d_shape_is_not_split(comm: MPI.Intracomm, mpi_tmp_path: Any, factory: str) -> None:
+    """``block``/``block_cyclic`` of a 0-d global shape: MPI_Dims_create gives the empty
+    grid at any size, so every rank got the one element and the write failed as an overlap
+    of ranks 0 and 1; now, at more than one rank, a LayoutError on every rank naming the
+    shape and the size, the file as it was.  At one rank the element is written, and the
+    suggested shape (1,) writes it at any size."""
+    r, p = comm.rank, comm.size
+    path = _path(comm, mpi_tmp_path, "zero_d.bin")
+
+    def make(shape: Any) -> Any:
+        if factory == "block":
+            return layouts.block(shape, "<f8", comm=comm)
+        return layouts.block_cyclic(shape, "<f8", block=1, grid=(p,) * len(shape), comm=comm)
+
+    one = make((1,))
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(np.full(one.local_shape, 2.5), one)
+        comm.Barrier()
+        assert read_file(path) == np.float64(2.5).tobytes()
+        comm.Barrier()
+        zero = make(())
+        if p == 1:
+            f.write_all(np.array(-1.5), zero)
+            assert f.read_all(zero).tobytes() == np.float64(-1.5).tobytes()
+        else:
+            raises_everywhere(
+                comm, collio.LayoutError, lambda: f.write_all(np.array(float(r)), zero),
+                match=f"rank {p - 1}: a 0-d global shape () holds one element and cannot be "
+                f"split over {p} ranks; use global shape (1,)",
+            )  # fmt: skip
+            comm.Barrier()
+            assert read_file(path) == np.float64(2.5).tobytes()
+            comm.Barrier()
+            f.write_all(np.full(one.local_shape, -1.5), one)
+    comm.Barrier()
+    assert read_file(path) == np.float64(-1.5).tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
 def test_strided_memoryview_is_a_layout_error(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
     """A strided memoryview through the view: numpy's BufferError came back as a bare
     CollioError (not a LayoutError, as a strided ndarray is); now a LayoutError on every

@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import local_piece, mismatch_message, raises_everywhere, reference
+from helpers import local_piece, mismatch_message, raises_everywhere, read_file, reference
 from mpi4py import MPI
 
 import collio
@@ -258,3 +258,86 @@ def test_calls_on_two_files(comm, mpi_tmp_path):
         b.write_all(_piece(comm, new[1]), box)
     for path, want in zip(paths, new, strict=True):
         np.testing.assert_array_equal(_on_disk(comm, path), want)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_at_calls_and_batches_are_named_in_their_errors(comm, mpi_tmp_path):
+    """``write_at_all``/``read_at_all`` errors were labelled ``write_all``/``read_all``:
+    now each names the call made, on every rank alike, whether the call repeats kept
+    ones (the fast steps) or not, and so do the batches and a read past the end."""
+    r, p = comm.rank, comm.size
+    path = comm.bcast(str(mpi_tmp_path / "named.bin"), root=0)
+    strided = memoryview(np.zeros(4))[::2]
+    with collio.open(path, "w", comm=comm, hints={"read_past_eof": "disable"}) as f:
+        f.set_view(0, MPI.DOUBLE)
+        for k in range(4):  # (repeats: the later ones take the kept call's step)
+            f.write_at_all(k * p + r, np.array([k * p + r + 0.5]))
+            np.testing.assert_array_equal(f.read_at_all(k * p + r, np.zeros(1)), [k * p + r + 0.5])
+        want = (np.arange(4 * p) + 0.5).tobytes()
+        for call in ("write_at_all", "read_at_all"):
+            fn = getattr(f, call)
+            odd = strided if r == p - 1 else np.zeros(1)
+            raises_everywhere(
+                comm, collio.LayoutError, lambda fn=fn: fn(-1 if r == p - 1 else r, np.zeros(1)),
+                match=f"{call}: rank {p - 1}: offset -1 is negative",
+            )  # fmt: skip
+            raises_everywhere(
+                comm, collio.LayoutError, lambda fn=fn, odd=odd: fn(r, odd),
+                match=f"{call}: rank {p - 1}: buffer (memoryview) is not contiguous memory",
+            )  # fmt: skip
+        raises_everywhere(
+            comm, collio.LayoutError,
+            lambda: f.read_at_all(4 * p + r if r == p - 1 else r, np.zeros(1)),
+            match=f"read_at_all: rank {p - 1}: read_at_all reaches byte {8 * 5 * p}, past the",
+        )  # fmt: skip
+        bad = layouts.Subarray((4,), (0,), (5 if r == p - 1 else 0,), "<f8")
+        raises_everywhere(
+            comm, collio.LayoutError,
+            lambda: f.write_all_many([(np.zeros(bad.local_shape), bad)]),
+            match=f"write_all_many: rank {p - 1}: item 0: region (0,)+(5,) exceeds global shape",
+        )  # fmt: skip
+        raises_everywhere(
+            comm, collio.LayoutError, lambda: f.read_all_many([bad]),
+            match=f"read_all_many: rank {p - 1}: item 0: region (0,)+(5,) exceeds global shape",
+        )  # fmt: skip
+        comm.Barrier()
+        assert read_file(path) == want
+        comm.Barrier()
+        f.write_at_all(r, np.array([-r - 0.5]))
+        assert f.read_at_all(r, np.zeros(1)).tolist() == [-r - 0.5]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("repeated", [False, True])
+def test_at_call_beside_a_pointer_call_is_a_mismatch(comm, mpi_tmp_path, repeated):
+    """Rank 0's ``write_at_all`` (``read_at_all``) while the others call ``write_all``
+    (``read_all``) through the view: they agreed as one call, so an error named one
+    call on some ranks and the other on the rest; now the same MismatchError on every
+    rank naming each rank's call, also after repeats (rank 0's write guessed and taken
+    back), the file, the pointers and the view as they were."""
+    r, p = comm.rank, comm.size
+    path = comm.bcast(str(mpi_tmp_path / "mixed.bin"), root=0)
+    with collio.open(path, "w", comm=comm) as f:
+        f.set_view(0, MPI.DOUBLE)
+        for k in range(4 if repeated else 1):
+            f.write_at_all(k * p + r, np.array([k * p + r + 0.5]))
+            f.read_at_all(k * p + r, np.zeros(1))
+        comm.Barrier()
+        before = read_file(path)
+        comm.Barrier()
+        for first, rest in (("write_at_all", "write_all"), ("read_at_all", "read_all")):
+            if r == 0:
+                call = lambda first=first: getattr(f, first)(r, np.array([9.0]))  # noqa: E731
+            else:
+                call = lambda rest=rest: getattr(f, rest)(np.array([9.0]))  # noqa: E731
+            err = raises_everywhere(comm, collio.MismatchError, call)
+            assert str(err) == mismatch_message(comm, first, rest)
+            assert err.calls == (first,) + (rest,) * (p - 1)
+            assert f.position == 0
+        comm.Barrier()
+        assert read_file(path) == before
+        comm.Barrier()
+        f.write_at_all(r, np.array([-r - 0.5]))
+        assert f.read_at_all(r, np.zeros(1)).tolist() == [-r - 0.5]

@@ -427,3 +427,64 @@ def test_files_run_on_lanes_of_one_duplicate(comm, mpi_tmp_path):
     c.Close()
     np.testing.assert_array_equal(got, np.arange(n * p, dtype=np.int64))
     assert comms == [MPI.COMM_NULL] * 2 and priv.comm == MPI.COMM_NULL
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_failed_collective_call_leaves_the_individual_pointer(comm, mpi_tmp_path):
+    """``Write_all``/``Read_all`` through a strided view that fail (a real EFBIG on every
+    rank; one rank's read-only buffer): the pointer moved before the engine ran, so a
+    failed call left it past data never written (collio's own ``write_all`` does not
+    move it); now it stays on every rank, the file as it was, and the calls go on from
+    it, byte for byte what numpy has."""
+    import resource
+
+    r, p = comm.rank, comm.size
+    path = comm.bcast(str(mpi_tmp_path / "pointer.bin"), root=0)
+    n = 512  # doubles per block: each call writes 4 blocks per rank, the ranks' interleaved
+    ft = MPI.DOUBLE.Create_vector(4, n, n * p).Create_resized(0, 4 * n * p * 8).Commit()
+    steps = [np.arange(4 * n, dtype="<f8") + 1000.0 * (s * p + r) for s in range(2)]
+    fh = mpi.File.Open(comm, path, CREATE | RW)
+    try:
+        fh.Set_view(r * n * 8, MPI.DOUBLE, ft)
+        fh.Write_all(steps[0])
+        assert fh.Get_position() == 4 * n
+        comm.Barrier()
+        before = Path(path).read_bytes()
+        comm.Barrier()
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(before), limits[1]))
+        try:
+            with pytest.raises(MPI.Exception, match="backend I/O: rank 0: file too large") as info:
+                fh.Write_all(steps[1])
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        assert comm.allgather(str(info.value)) == [str(info.value)] * p
+        assert info.value.Get_error_class() == MPI.ERR_IO
+        assert comm.allgather(fh.Get_position()) == [4 * n] * p
+        comm.Barrier()
+        assert Path(path).read_bytes() == before
+        comm.Barrier()
+        fh.Write_all(steps[1])  # (from where the failed call would have written)
+        assert fh.Get_position() == 8 * n
+        fh.Seek(0)
+        frozen = np.zeros(8 * n)
+        frozen.flags.writeable = r != p - 1
+        with pytest.raises(MPI.Exception, match=f"rank {p - 1}: read_all needs a") as info:
+            fh.Read_all(frozen)
+        assert comm.allgather(str(info.value)) == [str(info.value)] * p
+        assert info.value.Get_error_class() == MPI.ERR_ARG
+        assert comm.allgather(fh.Get_position()) == [0] * p
+        got = np.zeros(8 * n)
+        fh.Read_all(got)
+        assert fh.Get_position() == 8 * n
+        np.testing.assert_array_equal(got, np.concatenate(steps))
+    finally:
+        fh.Close()
+        ft.Free()
+    want = np.zeros((8, p, n))
+    for q in range(p):
+        for s in range(2):
+            want[4 * s : 4 * s + 4, q] = (np.arange(4 * n) + 1000.0 * (s * p + q)).reshape(4, n)
+    comm.Barrier()
+    assert Path(path).read_bytes() == want.astype("<f8").tobytes()

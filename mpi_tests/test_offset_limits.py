@@ -42,12 +42,12 @@ def _calls(f, r, last):
         (lambda: f.read_all(box()), "read_all", "the array ends at byte"),
         (
             lambda: f.write_at_all(_TOP - 7 if r == last else 8 * r, buf),
-            "write_all",
+            "write_at_all",
             "the call reaches byte",
         ),
         (
             lambda: f.read_at_all(_TOP - 7 if r == last else 8 * r, buf),
-            "read_all",
+            "read_at_all",
             "the call reaches byte",
         ),
     ]

@@ -157,6 +157,25 @@ def test_bad_layouts_fail_validation_not_construction(make, text):
         lay.validate()
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda size: layouts.block((), "<f8", rank=0, size=size),
+        lambda size: layouts.block_cyclic((), "<f8", block=1, grid=(), rank=0, size=size),
+    ],
+)
+def test_zero_d_shape_is_whole_at_one_rank_and_refused_at_more(make):
+    whole = make(1)
+    whole.validate()
+    assert whole.local_shape == ()
+    assert whole.as_bytes(np.array(2.5)).tobytes() == np.float64(2.5).tobytes()
+    with pytest.raises(
+        collio.LayoutError,
+        match=r"a 0-d global shape \(\) holds one element and cannot be split over 3 ranks",
+    ):
+        make(3).validate()
+
+
 def test_data_checks():
     lay = layouts.Subarray((4, 4), (0, 0), (2, 4), "<f8")
     with pytest.raises(

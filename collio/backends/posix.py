@@ -371,7 +371,13 @@ class PosixBackend(MappedReads):
                     try:
                         finish_temporary(self.made.lock, self.made.before)
                         old = hold(self.final)
-                        os.replace(self.path, self.final)
+                        try:
+                            os.replace(self.path, self.final)
+                        except OSError as exc:
+                            # (named by the target, which the message's "commit" names:
+                            # the OSError's name is the temporary's, which the user never
+                            # made and which is removed below)
+                            raise OSError(exc.errno, exc.strerror) from None
                     except BaseException:
                         # (the rename refused, e.g. a directory now at the target: the
                         # previous file stays, and the temporary goes as at any failure)

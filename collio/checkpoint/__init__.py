@@ -41,7 +41,8 @@ def save(
 
     ``state`` maps names to ``(piece, layout)`` (this rank's piece of a global array,
     any collio array layout) or to a plain array that is the same on every rank
-    (stored once, by one rank); nested mappings are flattened with ``/``.  Pieces are
+    (stored once, by one rank); nested mappings are flattened with ``/`` (one holding no
+    array has no name to store, and is not stored).  Pieces are
     numpy arrays or CPU objects with ``__array_interface__`` or ``__dlpack__``, used
     without a copy.  ``metadata`` (JSON values) travels along.  Any rank's error (a bad
     entry, a full disk, a refused upload) is raised on every rank alike and leaves the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -126,29 +127,40 @@ class Plan:
 class _Entries(Facts):
     failed: bool = fact(How.ANY)
     sig: int | None = fact(How.EQUAL)  # digest of every entry's signature (None: ranks differ)
+    meta: int | None = fact(How.EQUAL)  # digest of the metadata (None: ranks differ)
+
+
+def _meta_digest(meta: Any) -> int:
+    """The metadata's digest, as stored (JSON with sorted keys: equal mappings whose keys
+    came in another order agree); never None, so a rank passing no metadata is compared
+    with one passing some."""
+    return digest(json.dumps(meta, sort_keys=True))
 
 
 def _post_entries(
-    comm: MPI.Intracomm, error: BaseException | None, entries: list[Entry]
+    comm: MPI.Intracomm, error: BaseException | None, entries: list[Entry], meta: Any
 ) -> tuple[MPI.Request, npt.NDArray[np.int64]]:
-    """Collective (begun): one allreduce agreeing on the ranks' errors and entries (their
-    digests); :func:`_agree_entries` completes it."""
+    """Collective (begun): one allreduce agreeing on the ranks' errors, entries and
+    metadata (their digests); :func:`_agree_entries` completes it."""
     sig = [e.signature() for e in entries]
-    vec = _Entries(failed=error is not None, sig=digest(sig)).to_array()
+    vec = _Entries(failed=error is not None, sig=digest(sig), meta=_meta_digest(meta)).to_array()
     return comm.Iallreduce(MPI.IN_PLACE, [vec, MPI.INT64_T], op=MPI.MAX), vec
 
 
 def _agree_entries(
     comm: MPI.Intracomm, error: BaseException | None, entries: list[Entry],
-    req: MPI.Request, vec: npt.NDArray[np.int64],
+    req: MPI.Request, vec: npt.NDArray[np.int64], meta: Any,
 ) -> None:  # fmt: skip
     """Collective: the agreement :func:`_post_entries` began, waited for sleeping; only
-    when the entries differ is rank 0's list sent, to name the entry."""
+    when the entries (or the metadata) differ is rank 0's list (or metadata) sent, to
+    name the entry (the ranks)."""
     sleep_until_done(req)
     agreed = _Entries.agreed(vec)
     if agreed.failed:
         raise_agreed(comm, error, what="checkpoint.save")
     if agreed.sig is not None:
+        if agreed.meta is None:
+            _agree_metadata(comm, meta)
         return
     sig = [e.signature() for e in entries]
     ref = comm.bcast(sig, root=0)
@@ -162,6 +174,22 @@ def _agree_entries(
             f"entry {name!r}: {_say(mine.get(name))} here, {_say(theirs.get(name))} on rank 0"
         )
     agree(comm, err, what="checkpoint.save")
+
+
+def _agree_metadata(comm: MPI.Intracomm, meta: Any) -> None:
+    """Collective, once the metadata's digests differ: every rank raises the same
+    MismatchError naming the ranks whose metadata differs from rank 0's (the one the
+    index would have stored)."""
+    ref = comm.bcast(meta, root=0)
+    err: Exception | None = None
+    if json.dumps(meta, sort_keys=True) != json.dumps(ref, sort_keys=True):
+        err = MismatchError(f"metadata {_brief(meta)} differs from rank 0's {_brief(ref)}")
+    agree(comm, err, what="checkpoint.save")
+
+
+def _brief(meta: Any, limit: int = 120) -> str:
+    text = json.dumps(meta, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _say(sig: Any) -> str:
@@ -191,10 +219,10 @@ def prepare(
     with step:
         entries = flatten_state(state)
         meta = format.check_metadata(metadata)
-    req, vec = _post_entries(comm, step.error, entries)
+    req, vec = _post_entries(comm, step.error, entries, meta)
     if stage is not None and step.error is None:
         stage(entries, False)
-    _agree_entries(comm, step.error, entries, req, vec)
+    _agree_entries(comm, step.error, entries, req, vec, meta)
     size, rank = comm.Get_size(), comm.Get_rank()
     rep = [k for k, e in enumerate(entries) if e.replicated]
     who = writers([entries[k].layout.nbytes for k in rep], size)

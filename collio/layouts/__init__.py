@@ -87,6 +87,13 @@ def _ndim(global_shape: Any) -> int:
 
 
 def _grid(global_shape: Sequence[int], grid: Sequence[int] | None, size: int) -> tuple[int, ...]:
+    if len(global_shape) == 0 and size != 1:
+        # A 0-d array is one element and has no dimension to cut: MPI_Dims_create gives
+        # the empty grid for any size, which would hand the element to every rank.
+        raise LayoutError(
+            f"a 0-d global shape () holds one element and cannot be split over {size} ranks; "
+            f"use global shape (1,), which gives it to one rank and (0,) to the others"
+        )
     if grid is None:
         return dims_create(size, len(global_shape))
     grid = tuple(int(p) for p in grid)

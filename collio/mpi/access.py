@@ -124,14 +124,14 @@ class DataAccess(State):
 
     # -- collective ---------------------------------------------------------------
     def Read_all(self, buf: Any, status: MPI.Status | None = None) -> None:
-        """Collective: read from the individual pointer."""
+        """Collective: read from the individual pointer (moved once the call succeeded)."""
         with self._errors():
-            _set_status(status, self._now(self._prepare("Read_all", False, INDIVIDUAL, None, buf)))
+            _set_status(status, self._from_pointer("Read_all", False, buf))
 
     def Write_all(self, buf: Any, status: MPI.Status | None = None) -> None:
-        """Collective: write from the individual pointer."""
+        """Collective: write from the individual pointer (moved once the call succeeded)."""
         with self._errors():
-            _set_status(status, self._now(self._prepare("Write_all", True, INDIVIDUAL, None, buf)))
+            _set_status(status, self._from_pointer("Write_all", True, buf))
 
     def Read_at_all(self, offset: int, buf: Any, status: MPI.Status | None = None) -> None:
         """Collective: read at ``offset``."""
@@ -264,9 +264,12 @@ class DataAccess(State):
             self._pos = position + n
         return runs.nbytes if writing else before_eof(runs, be.size())
 
-    def _prepare(self, call: str, writing: bool, kind: str, offset: Any, buf: Any) -> Access:
+    def _prepare(
+        self, call: str, writing: bool, kind: str, offset: Any, buf: Any, *, move: bool = True
+    ) -> Access:
         """Local: a collective call's buffer through the view, and what MPI refuses of it
-        (raised inside the engine's first agreement); the individual pointer moves now."""
+        (raised inside the engine's first agreement); with ``move`` the individual pointer
+        moves now (a nonblocking call's: the next call starts from there)."""
         self._check_open()
         refusal: BaseException | None = self._amode.refuse(call, writing=writing)
         position = 0
@@ -274,11 +277,22 @@ class DataAccess(State):
             try:
                 n = self._etypes(buf)
                 position = _offset(offset) if kind == AT else self._pos
-                if kind == INDIVIDUAL:
+                if kind == INDIVIDUAL and move:
                     self._pos += n
             except Exception as exc:
                 refusal = exc
         return Access(self._view, position, buf, writing=writing, refusal=refusal)
+
+    def _from_pointer(self, call: str, writing: bool, buf: Any) -> int:
+        """Collective: a blocking call from the individual pointer, which moves once the
+        call succeeded: a failure is agreed, so every rank's pointer stays where it was,
+        as collio's own ``write_all`` leaves it and as an independent call here does (ROMIO
+        moves it in its two-phase path whatever the outcome, but not in its contiguous
+        one: a program retrying the call writes where it meant to)."""
+        lay = self._prepare(call, writing, INDIVIDUAL, None, buf, move=False)
+        got = self._now(lay)
+        self._pos = lay.position + lay.etypes
+        return got
 
     def _now(self, lay: Access) -> int:
         """Collective: run a collective call on this thread, after the worker's."""
