@@ -325,7 +325,7 @@ class BufferLayout(Layout):
             buf, count, displ, mtype = _parse(spec)
         mem = _as_bytes(buf)
         if not self.writing and not mem.flags.writeable:
-            raise LayoutError("read_all needs a writeable buffer")
+            raise LayoutError("the buffer to read into is read-only")
         if plain:
             m0, total, contiguous = 0, len(mem), True
         else:

@@ -108,7 +108,7 @@ def test_bad_buffer_on_one_rank_after_many_equal_calls(comm, mpi_tmp_path):
         ro.flags.writeable = r != bad
         raises_everywhere(
             comm, collio.LayoutError, lambda: f.read_at_all(r * N, ro),
-            match=f"rank {bad}: read_all needs a writeable buffer",
+            match=f"read_at_all: rank {bad}: the buffer to read into is read-only",
         )  # fmt: skip
     _check_file(comm, path, want)
 
