@@ -141,6 +141,24 @@ def test_place_ranks_puts_each_ranks_pieces_one_after_another() -> None:
     assert got.tolist() == [A, 4 * A, 2 * A, 5 * A]
 
 
+def test_runs_sharing_a_page_from_two_places_in_the_file_are_not_mapped() -> None:
+    """A piece whose second part starts within the page its first part ends in, stored
+    elsewhere in the file, cannot be mapped in place (the page would hold both); where
+    that part follows the first in the file it can."""
+    from collio.checkpoint.wanted import _stitchable
+
+    A = format.ALIGN
+    vlo = np.array([0], np.int64)
+    length = np.array([A + 100, 5000], np.int64)
+    src = np.zeros(2, np.int64)
+    within = np.array([0, A + 100], np.int64)
+    apart = np.array([10 * A, 20 * A + 100], np.int64)
+    together = np.array([10 * A, 11 * A + 100], np.int64)
+    size = 30 * A
+    assert not _stitchable(vlo, (apart, length, src, within), size)[0]
+    assert _stitchable(vlo, (together, length, src, within), size)[0]
+
+
 def test_chunks_map_array_ranges_to_file_runs() -> None:
     from collio.checkpoint.chunks import Chunks
 
