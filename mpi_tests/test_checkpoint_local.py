@@ -374,3 +374,107 @@ def test_long_parts_of_pieces_across_regions_lie_on_the_files_huge_page_grid(
         assert (got.ctypes.data + within - at) % HUGE == 0, (got.ctypes.data, runs)
     del got
     comm.Barrier()
+
+
+#: Arrays whose row shards are 2 MiB or more on every saving rank (``PLACE_MIN``): "a"'s
+#: rows of 4000 bytes start its pieces off the page grid, "b"'s (uneven) off the huge
+#: page grid; "small"'s pieces between them keep the page grid.
+LARGE = {"a": ((601, 1000), "<f4"), "small": ((3, 5), "<f8"), "b": ((640, 1024), "<f4")}
+
+
+def _save_large_rows(comm: MPI.Intracomm, path: str) -> dict[str, Any]:
+    """Collective: save :data:`LARGE` in row shards over every rank; the whole arrays."""
+    from collio import layouts
+
+    p, r = comm.size, comm.rank
+    whole, state = {}, {}
+    for i, (name, ((rows, cols), dtype)) in enumerate(LARGE.items()):
+        shape = (rows * p + (3 if name == "b" else 0), cols)
+        whole[name] = (np.arange(shape[0] * cols, dtype=dtype) * (i + 1)).reshape(shape)
+        lay = layouts.block(shape, dtype, grid=(p, 1), rank=r, size=p)
+        state[name] = (whole[name][lay.start[0] : lay.start[0] + lay.shape[0]].copy(), lay)
+    ckpt.save(path, state, comm=comm)
+    return whole
+
+
+def _fewer_rows(comm: MPI.Intracomm, whole: dict[str, Any]) -> dict[str, Any]:
+    """Row blocks over one rank fewer (the last rank loads the last block again)."""
+    from collio import layouts
+
+    n = max(comm.size - 1, 1)
+    return {
+        name: layouts.block(w.shape, w.dtype, grid=(n, 1), rank=min(comm.rank, n - 1), size=n)
+        for name, w in whole.items()
+    }
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("maps", ["enable", "disable"])
+def test_large_row_shards_load_in_other_decompositions(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, maps: str
+) -> None:
+    """Row shards of 2 MiB or more per saving rank (placed for huge pages, the gaps
+    before them holes) load byte for byte in row blocks over one rank fewer, in row
+    blocks shifted by one, in column blocks and whole, mapped or read."""
+    from collio import layouts
+
+    path = _path(comm, mpi_tmp_path)
+    whole = _save_large_rows(comm, path)
+    p, r = comm.size, comm.rank
+    shifted = {
+        n: layouts.block(w.shape, w.dtype, grid=(p + 1, 1), rank=r + 1, size=p + 1)
+        for n, w in whole.items()
+    }
+    cols = {
+        n: layouts.block(w.shape, w.dtype, grid=(1, p), rank=r, size=p) for n, w in whole.items()
+    }
+    hints = {"checkpoint_map": maps}
+    for spec in (_fewer_rows(comm, whole), shifted, cols, dict.fromkeys(whole)):
+        got = ckpt.load(path, spec, comm=comm, hints=hints)
+        for name, lay in spec.items():
+            want = whole[name] if lay is None else whole[name][lay.slices]
+            assert got[name].tobytes() == want.tobytes(), (r, name, lay)
+        del got
+
+
+@pytest.mark.mpi
+def test_large_pieces_lie_on_the_huge_page_grid_of_their_arrays(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """Each saving rank's piece of 2 MiB or more starts at the same offset modulo a huge
+    page in the file as in its array (the smaller ones on a page boundary), so a piece
+    loaded across several saving ranks' pieces is mapped with every part at the same
+    offset modulo a huge page in memory as in the file."""
+    from collio.checkpoint.format import ALIGN, HUGE_PAGE, PLACE_MIN
+
+    path = _path(comm, mpi_tmp_path)
+    whole = _save_large_rows(comm, path)
+    info = ckpt.info(path)
+    p = comm.size
+    for name, w in whole.items():
+        row = w.shape[1] * w.itemsize
+        edges = [w.shape[0] * k // p * row for k in range(p + 1)]  # (block's row split)
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            at = info.file_offset(name, lo)
+            if hi - lo >= PLACE_MIN and lo % ALIGN == 0:
+                assert at % HUGE_PAGE == lo % HUGE_PAGE, (name, lo, at)
+            else:
+                assert at % ALIGN == 0, (name, lo, at)
+    spec = _fewer_rows(comm, whole)
+    got = ckpt.load(path, spec, comm=comm, hints=MAP)
+    for name, lay in spec.items():
+        assert got[name].tobytes() == whole[name][lay.slices].tobytes(), name
+        if name != "b":  # (pieces of "a" across saving ranks share pages: read; "small"'s
+            continue  # are off the huge page grid)
+        lo = lay.start[0] * whole[name].shape[1] * whole[name].itemsize
+        runs = info.file_runs(name, lo, lo + got[name].nbytes)
+        if len(runs) < 2:  # (one range of the file: mapped whole, where the kernel chose)
+            continue
+        assert model.mapped(got[name]), name
+        within = 0
+        for at, length in runs:
+            if length >= HUGE_PAGE:
+                assert (got[name].ctypes.data + within - at) % HUGE_PAGE == 0, (name, runs)
+            within += length
+    del got
+    comm.Barrier()

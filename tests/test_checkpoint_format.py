@@ -141,6 +141,48 @@ def test_place_ranks_puts_each_ranks_pieces_one_after_another() -> None:
     assert got.tolist() == [A, 4 * A, 2 * A, 5 * A]
 
 
+def test_place_ranks_puts_large_pieces_on_their_arrays_huge_page_grid() -> None:
+    """Pieces of PLACE_MIN bytes or more that start on a page of their array start at
+    the same offset modulo a huge page in the file (the gap before them left), the
+    others on the page grid: a small piece after a large one, a large one starting
+    within a page; without ``huge`` (an S3 object) every piece on the page grid."""
+    A, H, M = format.ALIGN, format.HUGE_PAGE, format.PLACE_MIN
+    # rank 0: a large piece at 3 MiB + 4 KiB of its array, a small one, a large one at
+    # 100 bytes; rank 1: a large piece at 1 MiB of the first array
+    lo = np.array([[3 * 2**20 + A, 0, 100], [2**20, 0, 0]], np.int64)
+    hi = lo + np.array([[M, 10, M + 1], [M, 0, 0]], np.int64)
+    direct = np.array([True, True, True])
+    nbytes = np.array([8 * M, 10, 2 * M], np.int64)
+    pieces, whole, end = format.place_ranks(lo, hi, direct, nbytes)
+    first = 2**20 + A  # (after the header: the first offset at 1 MiB + 4 KiB mod H)
+    small = first + M
+    odd = small + A
+    big = -(-(odd + M + 1 - 2**20) // H) * H + 2**20
+    assert pieces.tolist() == [[first, small, odd], [big, -1, -1]]
+    assert whole.tolist() == [-1, -1, -1] and end == format.aligned(big + M)
+    flat, _, flat_end = format.place_ranks(lo, hi, direct, nbytes, huge=False)
+    assert flat.tolist() == [[A, A + M, 2 * A + M], [3 * A + 2 * M, -1, -1]]
+    assert flat_end == 3 * A + 3 * M
+
+
+def test_runs_sharing_a_page_from_two_places_in_the_file_are_not_mapped() -> None:
+    """A piece whose second part starts within the page its first part ends in, stored
+    elsewhere in the file, cannot be mapped in place (the page would hold both); where
+    that part follows the first in the file it can."""
+    from collio.checkpoint.wanted import _stitchable
+
+    A = format.ALIGN
+    vlo = np.array([0], np.int64)
+    length = np.array([A + 100, 5000], np.int64)
+    src = np.zeros(2, np.int64)
+    within = np.array([0, A + 100], np.int64)
+    apart = np.array([10 * A, 20 * A + 100], np.int64)
+    together = np.array([10 * A, 11 * A + 100], np.int64)
+    size = 30 * A
+    assert not _stitchable(vlo, (apart, length, src, within), size)[0]
+    assert _stitchable(vlo, (together, length, src, within), size)[0]
+
+
 def test_chunks_map_array_ranges_to_file_runs() -> None:
     from collio.checkpoint.chunks import Chunks
 

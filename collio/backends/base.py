@@ -353,10 +353,11 @@ class Backend(abc.ABC):
     def sync(self) -> None:
         """Make written data durable (on the ranks that wrote)."""
 
-    def reserve(self, size: int) -> None:  # noqa: B027 - optional hook
+    def reserve(self, size: int, holes: tuple[Any, Any] | None = None) -> None:  # noqa: B027 - optional hook
         """Local, one rank: have the storage allocate room for the first ``size`` bytes in
         one request, before the ranks write them, where it can (a hint: the size and the
-        bytes stay as they are); nothing by default."""
+        bytes stay as they are), but for the ranges ``holes`` (sorted, disjoint, page
+        aligned ``(starts, lengths)`` that nobody writes: left holes); nothing by default."""
 
     def release_replaced(self, part: int, parts: int) -> None:  # noqa: B027 - optional hook
         """Local: writing what will replace an existing target, give back this rank's

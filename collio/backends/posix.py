@@ -289,20 +289,28 @@ class PosixBackend(MappedReads):
                 raise
             os.ftruncate(self.fd, size)
 
-    def reserve(self, size: int) -> None:
+    def reserve(self, size: int, holes: tuple[Any, Any] | None = None) -> None:
         """``fallocate`` (mode 0) of the first ``size`` bytes: the file system allocates
         their blocks at once, as one extent where it can, so the ranks' writes and their
         writeback allocate none while the ranks write (each allocation holds the inode's
-        block map against the other ranks' writes into the same file).  Where the file
-        system cannot (``EOPNOTSUPP``), nothing: the writes allocate as they go.  A full
-        disk is raised here, before any byte is written."""
+        block map against the other ranks' writes into the same file).  The ``holes``
+        are left out (a request per range between them: blocks allocated for them would
+        take disk space for nothing).  Where the file system cannot (``EOPNOTSUPP``),
+        nothing: the writes allocate as they go.  A full disk is raised here, before any
+        byte is written."""
         if fallocate is None or size <= 0:
             return
         self.dirty = True  # (the file's size and blocks: the close's fsync makes them durable)
-        if fallocate(self.fd, 0, 0, size) != 0:
-            code = ctypes.get_errno()
-            if code not in _CANNOT_ALLOCATE:
-                raise OSError(code, os.strerror(code), self.path)
+        starts, ends = [0], [size]
+        if holes is not None and len(holes[0]):
+            starts = [0, *(holes[0] + holes[1]).tolist()]
+            ends = [*holes[0].tolist(), size]
+        for lo, hi in zip(starts, ends, strict=True):
+            if hi > lo and fallocate(self.fd, 0, lo, hi - lo) != 0:
+                code = ctypes.get_errno()
+                if code not in _CANNOT_ALLOCATE:
+                    raise OSError(code, os.strerror(code), self.path)
+                return
 
     def release_replaced(self, part: int, parts: int) -> None:
         """Drop this rank's share of the page cache of the file the temporary will

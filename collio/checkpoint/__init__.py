@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from .asyncsave import SaveHandle, async_save
 from .load import Info, info, load
-from .save import prepare
+from .save import maps_later, prepare
 from .writer import write
 
 __all__ = ["Info", "SaveHandle", "async_save", "info", "load", "save"]
@@ -49,5 +49,5 @@ def save(
     previous checkpoint at ``target`` as it was.
     """
     base = MPI.COMM_WORLD if comm is None else comm
-    plan = prepare(base, state, metadata)
+    plan = prepare(base, state, metadata, huge=maps_later(target, options))
     write(base, target, plan, hints, dict(options))

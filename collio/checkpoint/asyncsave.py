@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
-from .save import prepare
+from .save import maps_later, prepare
 from .state import Entry
 from .writer import ready, write
 
@@ -218,7 +218,7 @@ def async_save(
         concurrent.futures.wait([previous._future])
     stage = _Stage(kept.staged)
     kept.staged = {}  # (the copies this save fills are its own until it is done)
-    plan = prepare(base, state, metadata, stage)
+    plan = prepare(base, state, metadata, stage, huge=maps_later(target, options))
     plan.error = stage.error
     kept.staged = stage.made  # (the next save waits for this one before filling them)
     ready(plan, base.Get_rank())  # (its Python here, not holding the GIL in the thread)

@@ -44,6 +44,7 @@ from ..errors import BackendError
 from ..layouts.arrays import ArrayLayout
 from ..policy import maps_file
 from ..runs import displacements
+from .format import HUGE_PAGE
 
 __all__ = ["FileMap", "Reader", "map_range", "map_runs", "maps", "pieces"]
 
@@ -76,7 +77,7 @@ _FAILED = ctypes.c_void_p(-1).value
 #: Linux's ``MAP_FIXED``
 _FIXED = 0x10
 #: The size of a huge page that maps a file's page cache at once (x86-64's 2 MiB).
-HUGE = 2 << 20
+HUGE = HUGE_PAGE
 
 
 def _mapped(addr: Any, length: int, offset: int) -> int:
@@ -151,7 +152,10 @@ def map_runs(fd: int, n: I64, runs: tuple[I64, I64, I64, I64]) -> tuple[npt.NDAr
     A piece whose longest run is a :data:`HUGE` page or more starts where that run lies
     at the same offset modulo :data:`HUGE` as in the file: the kernel can then map the
     whole huge pages within that run at once (where the file's cache is in huge pages),
-    one fault each, where a run at another offset takes one per few pages.  Such pieces
+    one fault each, where a run at another offset takes one per few pages.  A save
+    places each large piece at the same offset modulo :data:`HUGE` in the file as in
+    its array (:data:`.format.PLACE_MIN`), so in its files the piece then starts at its
+    array offset modulo :data:`HUGE` and every run lies so, not only the longest.  Such pieces
     come first, each in a slot of a whole number of :data:`HUGE` pages (address space
     only, never memory); the others follow, each from its first page."""
     file, length, src, within = runs

@@ -44,10 +44,28 @@ VERSION = 2
 #: the versions a reader reads (1: every array stored whole, one chunk each)
 READS = (1, 2)
 MAGIC = b"COLLIOCK"
-#: Arrays start on this boundary: page-aligned, so they can be memory-mapped and read
-#: with O_DIRECT, and one array's extents never share a file-system block with another's.
+#: Arrays and small pieces start on this boundary: page-aligned, so they can be
+#: memory-mapped and read with O_DIRECT, and one array's extents never share a
+#: file-system block with another's.
 ALIGN = 4096
 DATA_START = ALIGN
+#: The size of a huge page that maps a file's page cache at once (x86-64's 2 MiB).
+HUGE_PAGE = 2 << 20
+#: A saving rank's piece of this many bytes or more starts at the same offset modulo
+#: :data:`HUGE_PAGE` in the file as in its array, leaving a gap (a hole: neither
+#: written nor allocated) of less than :data:`HUGE_PAGE` before it.  Then every file
+#: run of a piece loaded at another rank count (a row shard across several saving
+#: ranks' pieces) can be mapped where it lies at the same offset modulo
+#: :data:`HUGE_PAGE` in memory as in the file, so the kernel maps its whole huge pages
+#: of the page cache at once, one fault each, where a run at another offset takes one
+#: per few pages (4 ranks' rows loaded by 3: 256 faults a load on a rank, not 1241).
+#: A piece smaller than a huge page holds no whole one, so it gains nothing for its
+#: gap: it keeps the :data:`ALIGN` boundary.  So does a piece that starts within a
+#: page of its array (rows of no whole pages): at the same offset within a page in the
+#: file, a load across it and the piece before it would take both into that page,
+#: which no map can; on the page grid such pieces are read, by readers of files saved
+#: before this placement too (which check the offset within a page alone).
+PLACE_MIN = HUGE_PAGE
 #: magic, version, reserved
 HEADER = struct.Struct("<8sI52x")
 #: magic, version, index offset, index length, crc32c of the index, reserved, magic
@@ -98,7 +116,7 @@ def place(nbytes: Sequence[int] | npt.NDArray[np.int64]) -> tuple[npt.NDArray[np
 
 
 def place_ranks(
-    lo: I64, hi: I64, direct: npt.NDArray[np.bool_], nbytes: I64
+    lo: I64, hi: I64, direct: npt.NDArray[np.bool_], nbytes: I64, huge: bool = True
 ) -> tuple[I64, I64, int]:
     """Where a save stores each byte (version 2), from every rank's ``(lo, hi)`` of each
     array (``(rank, array)``, relative to the array) and which arrays each rank writes
@@ -106,19 +124,48 @@ def place_ranks(
     it has none; file offset of each other array, stored whole, -1 for direct ones and
     empty ones; data end).
 
-    Each rank's region holds its pieces, in array order, each on an :data:`ALIGN`
-    boundary: a rank writes one range of the file, front to back, as a file per rank
-    would be written.  Ranks writing many pieces interleaved with the others' in one
-    file are slower (each write waits on the file's lock).  The arrays written
+    Each rank's region holds its pieces, in array order, one after another: a rank
+    writes one range of the file, front to back, as a file per rank would be written.
+    Ranks writing many pieces interleaved with the others' in one file are slower (each
+    write waits on the file's lock).  With ``huge`` (a file, which a load may map) a
+    piece of :data:`PLACE_MIN` bytes or more that starts on a page boundary of its
+    array starts at the same offset modulo :data:`HUGE_PAGE` in the file as in its
+    array, the others (all of them without ``huge``: an S3 object would upload its
+    gaps) on an :data:`ALIGN` boundary (see :data:`PLACE_MIN`).  The arrays written
     two-phase follow, whole and in order."""
     sizes = np.where(direct[None, :] & (hi > lo), hi - lo, 0)
-    room = (-(-sizes // ALIGN) * ALIGN).ravel()  # (rank-major: rank 0's pieces first)
-    start = DATA_START + displacements(room).reshape(sizes.shape)
-    pieces = np.where(sizes > 0, start, -1)
-    after = DATA_START + int(room.sum())
+    flat = sizes.ravel()  # (rank-major: rank 0's pieces first)
+    held = np.flatnonzero(flat > 0)
+    n = flat[held]
+    first = lo.ravel()[held]
+    big = (n >= PLACE_MIN) & (first % ALIGN == 0) & huge
+    # (each piece starts at ``want`` modulo its boundary: modulo ALIGN, which divides
+    # HUGE_PAGE, every piece's end is known from its own start and size alone)
+    want = np.where(big, first % HUGE_PAGE, 0)
+    ends = _after(want + n, 0)  # (the end before each piece, modulo ALIGN)
+    gap = np.where(big, 0, -ends % ALIGN)
+    # (modulo HUGE_PAGE the end before a large piece is known from the last large piece
+    # before it, which starts at its ``want``, and the small pieces and gaps since)
+    run = _after(np.cumsum(gap + n), 0)  # (from DATA_START, without large gaps)
+    last = _after(np.maximum.accumulate(np.where(big, np.arange(len(n)), -1)), -1)
+    back = np.maximum(last, 0)
+    end = np.where(last >= 0, want[back] + run - run[back], DATA_START + run)
+    gap = np.where(big, (want - end) % HUGE_PAGE, gap)
+    start = DATA_START + np.cumsum(gap + n) - n
+    pieces = np.full(flat.shape, -1, np.int64)
+    pieces[held] = start
+    after = aligned(int(start[-1] + n[-1])) if len(n) else DATA_START
     rest = np.where(direct, 0, -(-nbytes // ALIGN) * ALIGN)
     whole = np.where(~direct & (nbytes > 0), after + displacements(rest), -1)
-    return pieces, whole, after + int(rest.sum())
+    return pieces.reshape(sizes.shape), whole, after + int(rest.sum())
+
+
+def _after(x: I64, first: int) -> I64:
+    """``x`` moved one place on: each element's predecessor's value, ``first`` for the first."""
+    out = np.empty(len(x), np.int64)
+    out[:1] = first
+    out[1:] = x[:-1]
+    return out
 
 
 def extent_files(starts: I64, aid: I64, owner: I64, lo: I64, pieces: I64, whole: I64) -> I64:

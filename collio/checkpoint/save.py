@@ -210,9 +210,13 @@ def prepare(
     state: Mapping[str, Any],
     metadata: Mapping[str, Any] | None,
     stage: Stage | None = None,
+    *,
+    huge: bool = True,
 ) -> Plan:
     """Collective over `comm`: check the state on every rank alike and plan the save
-    (``stage`` runs meanwhile, see :data:`Stage`)."""
+    (``stage`` runs meanwhile, see :data:`Stage`); ``huge``: large pieces placed for
+    huge pages (:func:`.format.place_ranks`, a target a load may map: see
+    :func:`maps_later`)."""
     step = Attempt()
     entries: list[Entry] = []
     meta: Any = None
@@ -244,9 +248,19 @@ def prepare(
     flat = np.atleast_1d(every[:, :, 2].all(axis=0))
     fast = direct(every)
     pieces, whole_, end = format.place_ranks(
-        every[:, :, 0], every[:, :, 1], fast, np.array(shapes, np.int64).reshape(-1)
+        every[:, :, 0], every[:, :, 1], fast, np.array(shapes, np.int64).reshape(-1), huge
     )
     return Plan(entries, offsets, pieces, whole_, end, every, flat.tolist(), fast.tolist(), meta)
+
+
+def maps_later(target: Any, options: Mapping[str, Any]) -> bool:
+    """Whether a save to ``target`` (with the open's ``options``) writes a file, whose
+    loads may map it (then large pieces are placed for huge pages): the posix and MPI-IO
+    backends'.  Other targets (an S3 object, whose gaps would be uploaded as zeros) keep
+    every piece on the page grid."""
+    from ..backends import infer_backend
+
+    return (options.get("backend") or infer_backend(target)) in ("posix", "mpiio")
 
 
 def _gather_spans(comm: MPI.Intracomm, entries: list[Entry], stage: Stage | None) -> I64:

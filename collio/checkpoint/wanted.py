@@ -274,8 +274,15 @@ def _stitchable(vlo: I64, runs: tuple[I64, I64, I64, I64], size: int) -> npt.NDA
     """Per piece (at virtual offsets ``vlo``, its file ``runs`` as :meth:`Chunks.runs`
     gives them): whether each of its runs can be mapped in place (at the same offset
     within a page in the file as in the piece: the saving ranks' pieces page-sized
-    multiples, as row shards of most arrays are) and lies within the file."""
+    multiples, as row shards of most arrays are) and lies within the file.  A run that
+    starts within a page, after another run of its piece that ends in that page
+    elsewhere in the file (a saving rank's piece of rows that are no whole pages, placed
+    for huge pages: :data:`.format.PLACE_MIN`), cannot: the page would hold both."""
     file, length, src, within = runs
     bad = ((file - (vlo[src] + within)) % mmap.PAGESIZE != 0) | (file + length > size)
+    bad[1:] |= (
+        (src[1:] == src[:-1]) & ((vlo[src] + within)[1:] % mmap.PAGESIZE != 0)
+        & (file[1:] != file[:-1] + length[:-1])
+    )  # fmt: skip
     out: npt.NDArray[np.bool_] = np.bincount(src, weights=bad, minlength=len(vlo)) == 0
     return out

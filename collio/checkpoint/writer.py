@@ -150,7 +150,7 @@ def write(
             tail = _tail(f.comm, plan, _sums(f.comm, plan, rank))
             f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
             return
-        _reserve(f, plan.data_end)
+        _reserve(f, plan.data_end, _holes(plan))
         if early:
             f._flush_soon()  # (each rank's data to the disk as soon as it wrote it)
         f.write_all_many(fast, _disjoint=True)
@@ -185,8 +185,9 @@ def ready(plan: Plan, rank: int) -> None:
 def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
     """This rank's writes: the header (rank 0) and its pieces of the arrays :func:`direct`
     allows, as raw bytes, one after another in its region of the file (from the plan's
-    spans: no layout flattened again), the gaps between them zeros, so the region is one
-    range written front to back; the others through their layouts, stored whole.  Every
+    spans: no layout flattened again), the gaps of less than a page between them zeros,
+    so the region is one range written front to back but at the holes before large
+    pieces (:data:`.format.PLACE_MIN`); the others through their layouts, stored whole.  Every
     rank has as many items (a call's count is agreed): per direct array its piece and
     the gap after it, either empty where it has none."""
     head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
@@ -196,9 +197,12 @@ def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
     at = plan.pieces[rank, direct]
     sizes = np.where(at >= 0, plan.spans[rank, direct, 1] - plan.spans[rank, direct, 0], 0)
     held = np.flatnonzero(at >= 0)
-    # (the zeros from each piece to this rank's next one; none after its last)
+    # (the zeros from each piece to this rank's next one; none after its last, and none
+    # where the gap holds whole pages, before a piece placed for huge pages: a hole, the
+    # region's pwritev split there)
     gaps = np.zeros(len(direct), np.int64)
     gaps[held[:-1]] = at[held[1:]] - (at[held[:-1]] + sizes[held[:-1]])
+    gaps[gaps >= format.ALIGN] = 0
     pad = np.zeros(int(gaps.sum()), np.uint8)  # (one allocation, never touched: zero pages)
     cut = displacements(gaps).tolist()
     none = np.zeros(0, np.int64)
@@ -222,7 +226,21 @@ def _one(off: int, n: int) -> tuple[I64, I64]:
     return a, b
 
 
-def _reserve(f: Any, size: int) -> None:
+def _holes(plan: Plan) -> tuple[I64, I64]:
+    """The whole pages of the gaps before pieces placed for huge pages, which no rank
+    writes (:func:`_items`): ``(starts, lengths)``, sorted."""
+    at = plan.pieces[plan.pieces >= 0]
+    held = plan.pieces >= 0
+    n = (plan.spans[:, :, 1] - plan.spans[:, :, 0])[held]
+    order = np.argsort(at, kind="stable")
+    at, n = at[order], n[order]
+    lo = -(-np.r_[format.HEADER.size, at + n][:-1] // format.ALIGN) * format.ALIGN
+    hi = at // format.ALIGN * format.ALIGN
+    gap = np.flatnonzero(hi > lo)
+    return lo[gap], hi[gap] - lo[gap]
+
+
+def _reserve(f: Any, size: int, holes: tuple[I64, I64] | None = None) -> None:
     """Collective: rank 0 has the file system allocate the data's blocks in one request
     (:meth:`~collio.backends.base.Backend.reserve`) before the ranks write them.  Else
     each rank's writeback allocates blocks for its pieces while the others still write
@@ -235,7 +253,7 @@ def _reserve(f: Any, size: int) -> None:
     with step, storage_errors(f.backend):
         f.backend.release_replaced(f.comm.Get_rank(), f.comm.Get_size())
         if f.comm.Get_rank() == 0:
-            f.backend.reserve(size)
+            f.backend.reserve(size, holes)
     agree(f.comm, step.error, what="checkpoint.save")
 
 
