@@ -223,7 +223,7 @@ def test_bad_buffer_on_one_rank_raises_everywhere(comm, mpi_tmp_path, kind):
             vec = t(MPI.DOUBLE.Create_vector(3, 1, 4)).Commit()
             spec, call, match = [good, 1, vec], f.write_all, "outside the buffer of 32 bytes"
         else:
-            spec, call, match = bytes(32), f.read_all, "writeable buffer"
+            spec, call, match = bytes(32), f.read_all, "the buffer to read into is read-only"
         with pytest.raises(collio.LayoutError) as info:
             call(spec if comm.rank == bad else good)
         texts = comm.allgather(str(info.value))
