@@ -489,3 +489,64 @@ def test_a_failed_collective_call_leaves_the_individual_pointer(comm, mpi_tmp_pa
             want[4 * s : 4 * s + 4, q] = (np.arange(4 * n) + 1000.0 * (s * p + q)).reshape(4, n)
     comm.Barrier()
     assert Path(path).read_bytes() == want.astype("<f8").tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("repeated", [False, True])
+def test_at_calls_are_named_and_do_not_match_pointer_calls(comm, mpi_tmp_path, repeated):
+    """``Write_at_all``/``Read_at_all`` (blocking, nonblocking, split) went to the engine
+    as ``write_all``/``read_all``: their errors named those calls, and one rank's
+    ``Write_at_all`` beside the others' ``Write_all`` went ahead as one call.  Now their
+    errors name ``write_at_all``/``read_at_all`` on every rank alike, also after repeats
+    (the kept calls' steps), and the mix is ERR_NOT_SAME on every rank, the file and the
+    pointers as they were; the calls go on after, byte for byte what numpy has."""
+    r, p = comm.rank, comm.size
+    path = comm.bcast(str(mpi_tmp_path / "at.bin"), root=0)
+    fh = mpi.File.Open(comm, path, CREATE | RW)
+    try:
+        fh.Set_view(0, MPI.DOUBLE, MPI.DOUBLE)
+        for k in range(4 if repeated else 1):
+            fh.Write_at_all(k * p + r, np.array([k * p + r + 0.5]))
+            got = np.zeros(1)
+            fh.Read_at_all(k * p + r, got)
+            assert got.tolist() == [k * p + r + 0.5]
+        comm.Barrier()
+        before = Path(path).read_bytes()
+        comm.Barrier()
+        frozen = np.zeros(1)
+        frozen.flags.writeable = r != p - 1
+        calls = {
+            "write_at_all": lambda: fh.Write_at_all(-1 if r == p - 1 else r, np.zeros(1)),
+            "read_at_all": lambda: fh.Read_at_all(r, frozen),
+            "write_at_all (nonblocking)": lambda: fh.Iwrite_at_all(
+                -1 if r == p - 1 else r, np.zeros(1)
+            ).Wait(),
+        }
+        for what, call in calls.items():
+            name = what.split()[0]
+            with pytest.raises(MPI.Exception, match=f"{name}: rank {p - 1}: ") as info:
+                call()
+            assert comm.allgather(str(info.value)) == [str(info.value)] * p
+        mixes = ((fh.Write_at_all, fh.Write_all), (fh.Read_at_all, fh.Read_all))
+        for first, rest in mixes if p > 1 else ():  # (one rank: no other call to meet)
+            buf = np.zeros(1)
+            with pytest.raises(MPI.Exception) as info:
+                first(0, buf) if r == 0 else rest(buf)
+            assert info.value.Get_error_class() == MPI.ERR_NOT_SAME
+            assert comm.allgather(str(info.value)) == [str(info.value)] * p
+            assert "write_at_all" in str(info.value) or "read_at_all" in str(info.value)
+            assert fh.Get_position() == 0
+        comm.Barrier()
+        assert Path(path).read_bytes() == before
+        comm.Barrier()
+        fh.Write_at_all(r, np.array([-r - 0.5]))
+        got = np.zeros(1)
+        fh.Read_at_all(r, got)
+        assert got.tolist() == [-r - 0.5]
+    finally:
+        fh.Close()
+    comm.Barrier()
+    want = np.arange((4 if repeated else 1) * p) + 0.5
+    want[:p] = -np.arange(p) - 0.5
+    assert Path(path).read_bytes() == want.astype("<f8").tobytes()

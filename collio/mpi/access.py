@@ -38,12 +38,15 @@ class Access(BufferLayout):
     """A buffer through the view, with the error the front end's checks found (raised
     by ``validate`` inside the engine's first agreement, so agreed as the engine's are)."""
 
-    __slots__ = ("refusal",)
+    __slots__ = ("at", "refusal")
 
     def __init__(self, view: FileView, position: int, spec: Any, *, writing: bool,
-                 refusal: BaseException | None = None) -> None:  # fmt: skip
+                 refusal: BaseException | None = None, at: bool = False) -> None:  # fmt: skip
         super().__init__(view, position, spec, writing=writing)
         self.refusal = refusal
+        # (an explicit-offset call, ``Write_at_all``'s kind: its head and messages name
+        # collio's ``write_at_all``, a call of its own, as MPI's are: Context.call_at)
+        self.at = at
 
     def validate(self) -> None:
         if self.refusal is not None:
@@ -281,7 +284,7 @@ class DataAccess(State):
                     self._pos += n
             except Exception as exc:
                 refusal = exc
-        return Access(self._view, position, buf, writing=writing, refusal=refusal)
+        return Access(self._view, position, buf, writing=writing, refusal=refusal, at=kind == AT)
 
     def _from_pointer(self, call: str, writing: bool, buf: Any) -> int:
         """Collective: a blocking call from the individual pointer, which moves once the
@@ -303,6 +306,7 @@ class DataAccess(State):
         """Collective: one engine call; the bytes moved (for a read: before the end)."""
         ctx = self._core.ctx
         with exclusive(ctx.comm, "Write_all" if lay.writing else "Read_all"):
+            ctx.call_at = lay.at
             try:
                 if lay.writing:
                     engine.write(ctx, None, lay)
@@ -311,6 +315,8 @@ class DataAccess(State):
             except BaseException as exc:
                 self._core.failed(exc, writing=lay.writing)
                 raise
+            finally:
+                ctx.call_at = False
         if lay.writing:
             return lay.etypes * self._view.etype_size
         return before_eof(lay.runs(), ctx.backend.size())
