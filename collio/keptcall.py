@@ -52,7 +52,7 @@ from .policy import CHECKED_MAX_RUNS, DEPTH, Path, domain_alignment
 from .quick import array_of
 from .rounds import prepare as prepare_rounds
 from .runs import Runs, is_read_only
-from .stats import SUMS, Stats
+from .stats import MAXES, SUMS, Stats
 
 __all__ = ["Lane", "drop", "headed", "keep", "transfer", "write_rounds"]
 
@@ -311,7 +311,7 @@ class Step:
         assert isinstance(be, PosixBackend)  # (made only for one)
         self.be: PosixBackend = be
         self.window, self.active = k.window, k.active
-        self.reducer = KeptReduce(_NMAX)  # (the completion's vectors, made once)
+        self.reducer = KeptReduce(len(MAXES))  # (the completion's vectors, made once)
 
     @staticmethod
     def made(ctx: Context, k: Lane, call: Call) -> Step | None:
@@ -463,8 +463,6 @@ class Step:
 
 
 _TWO_PHASE = Path.TWO_PHASE._value_
-#: The maxima a completion agrees on (Stats.pack's: rounds and the four times)
-_NMAX = 5
 
 
 def _kept_head(ctx: Context, k: Lane) -> KeptHead:

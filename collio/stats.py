@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Again", "Stats", "BUCKETS", "SUMS", "histogram", "print_at_close"]
+__all__ = ["Again", "Stats", "BUCKETS", "MAXES", "SUMS", "histogram", "print_at_close"]
 
 #: Darshan's access-size buckets: inclusive upper bounds in bytes, as darshan-core counts them.
 BUCKETS = (100, 1 << 10, 10 << 10, 100 << 10, 1 << 20, 4 << 20, 10 << 20, 100 << 20, 1 << 30)
@@ -38,10 +38,12 @@ SUMS = (
     "mapped_bytes",
     "runs",
 )
-_MAXES = ("rounds", "time_plan", "time_exchange", "time_io", "time_total")
+#: The per-call figures the ranks agree on by their maximum, in the order of
+#: :meth:`Stats.pack`'s second list (and of a completion's maxima).
+MAXES = ("rounds", "time_plan", "time_exchange", "time_io", "time_total")
 # (one C call reads them all: packing and absorbing come once per call, small calls too)
 _get_sums = operator.attrgetter(*SUMS)
-_get_maxes = operator.attrgetter(*_MAXES)
+_get_maxes = operator.attrgetter(*MAXES)
 
 
 #: The keys of ``Stats.last_call``, in the order of ``Stats.last_facts``.
@@ -308,9 +310,9 @@ class Stats:
         if most[0] > self.rounds:
             self.rounds = int(most[0])
         old = _get_maxes(self)
-        for i in range(1, len(_MAXES)):
+        for i in range(1, len(MAXES)):
             if most[i]:
-                setattr(self, _MAXES[i], most[i] + old[i])
+                setattr(self, MAXES[i], most[i] + old[i])
 
     @staticmethod
     def again(sums: npt.NDArray[np.int64]) -> Again:
@@ -344,7 +346,7 @@ class Stats:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready)."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in SUMS + _MAXES}
+        out: dict[str, Any] = {k: getattr(self, k) for k in SUMS + MAXES}
         out["aggregators"] = list(self.aggregators)
         out["write_size_histogram"] = dict(
             zip(BUCKET_NAMES, self.write_sizes.tolist(), strict=True)

@@ -146,7 +146,7 @@ def place_ranks(
     gap = np.where(big, 0, -ends % ALIGN)
     # (modulo HUGE_PAGE the end before a large piece is known from the last large piece
     # before it, which starts at its ``want``, and the small pieces and gaps since)
-    run = _after(np.cumsum(gap + n), 0)  # (from DATA_START, without large gaps)
+    run = displacements(gap + n)  # (from DATA_START, without large gaps)
     last = _after(np.maximum.accumulate(np.where(big, np.arange(len(n)), -1)), -1)
     back = np.maximum(last, 0)
     end = np.where(last >= 0, want[back] + run - run[back], DATA_START + run)

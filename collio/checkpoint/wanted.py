@@ -279,9 +279,10 @@ def _stitchable(vlo: I64, runs: tuple[I64, I64, I64, I64], size: int) -> npt.NDA
     elsewhere in the file (a saving rank's piece of rows that are no whole pages, placed
     for huge pages: :data:`.format.PLACE_MIN`), cannot: the page would hold both."""
     file, length, src, within = runs
-    bad = ((file - (vlo[src] + within)) % mmap.PAGESIZE != 0) | (file + length > size)
+    at = vlo[src] + within  # (each run's place in memory)
+    bad = ((file - at) % mmap.PAGESIZE != 0) | (file + length > size)
     bad[1:] |= (
-        (src[1:] == src[:-1]) & ((vlo[src] + within)[1:] % mmap.PAGESIZE != 0)
+        (src[1:] == src[:-1]) & (at[1:] % mmap.PAGESIZE != 0)
         & (file[1:] != file[:-1] + length[:-1])
     )  # fmt: skip
     out: npt.NDArray[np.bool_] = np.bincount(src, weights=bad, minlength=len(vlo)) == 0
