@@ -42,6 +42,7 @@ KNOWN = (
     "cb_min_message",
     "cb_min_domain",
     "checkpoint_map",
+    "free_replaced",
 )
 #: Names ROMIO reads (what ``MPI.File.Get_info`` lists for a file of MPICH's ROMIO) and
 #: the MPI standard's reserved ones: kept in ``extra`` without a warning, and the only
@@ -74,6 +75,8 @@ MAX_STRIPE = 4 << 30
 #: below it, each aggregator's messages cost more than its share of the bytes.
 MIN_DOMAIN = 1 << 20
 _TRI = ("enable", "disable", "automatic")
+#: ``free_replaced``'s values.
+FREE_REPLACED = ("background", "commit")
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -190,6 +193,15 @@ class Hints:
         private (copy-on-write) map of the file, checksummed from the map, with no
         copy (:mod:`collio.checkpoint.filemap`); ``enable`` maps on any file system,
         ``disable`` reads every piece into a new array.
+    free_replaced
+        Where the blocks of the file an ``atomic_commit`` replaces are freed (posix; a
+        checkpoint save always commits so).  ``background`` (default): rank 0 holds the
+        old file open across the rename and closes it in a thread of its own, so the
+        commit does not wait for the file system to free it; the freeing (and, on a file
+        system mounted with ``discard``, the discards of the next journal commit) then
+        runs beside the job, on a spare core if it has one, else on the job's cores,
+        whatever runs next.  ``commit``: the commit closes it and syncs the directory
+        before it returns, so every rank waits for that work inside the save instead.
     read_past_eof
         ``enable`` (default): bytes a ``read_all`` asks for past the end of the file read
         as zeros (as bytes no rank wrote do); ``disable``: such a read raises the same
@@ -239,6 +251,7 @@ class Hints:
     cb_min_message: int = 64 << 10
     cb_min_domain: int = MIN_DOMAIN
     checkpoint_map: str = "automatic"
+    free_replaced: str = "background"
     extra: tuple[tuple[str, str], ...] = ()
     adjusted: tuple[tuple[str, int], ...] = ()
 
@@ -252,6 +265,10 @@ class Hints:
             raise HintError(
                 f"hint striping_unit={self.striping_unit} is above {MAX_STRIPE} (4 GiB): no "
                 "file system stripes that coarsely"
+            )
+        if self.free_replaced not in FREE_REPLACED:
+            raise HintError(
+                f"hint free_replaced={self.free_replaced!r} must be background or commit"
             )
         if self.read_past_eof not in ("enable", "disable"):
             raise HintError(f"hint read_past_eof={self.read_past_eof!r} must be enable or disable")
@@ -300,6 +317,8 @@ class Hints:
                 values[key] = parse_size(value, key)
             elif key == "cb_config_list":
                 values[key] = str(value)
+            elif key == "free_replaced":
+                values[key] = str(value).strip().lower()
             elif key in (
                 "romio_cb_write",
                 "romio_cb_read",

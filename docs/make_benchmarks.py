@@ -512,6 +512,45 @@ def checkpoint_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     return [*lines, "", f"`{command(doc)}`, {doc['arrays']} arrays, {doc['nranks']} ranks."]
 
 
+#: The checkpoint job run again with the replaced checkpoint freed inside the commit.
+FREED = "checkpoint-free-in-commit"
+
+
+def freed_table(docs: dict[str, dict[str, Any]]) -> list[str]:
+    """The checkpoint job's targets and main medians with ``free_replaced`` as it is by
+    default and with ``commit``, side by side (two jobs, one after the other)."""
+    base, freed = docs.get("checkpoint"), docs.get(FREED)
+    if base is None or freed is None:
+        return []
+    lines = [
+        "Where the replaced checkpoint is freed (hint `free_replaced`): the same job with the",
+        "default, `background` (rank 0 closes the old file in a thread of its own after the",
+        "commit, and the file system frees its blocks beside the job: on this file system,",
+        "mounted with `discard`, at the next journal commit, which the next save's flushes",
+        "force), and with `commit` (the commit closes it and syncs the directory, every rank",
+        "waiting), the two jobs one after the other:",
+        "",
+        "| | background (default) | commit |",
+        "|---|---:|---:|",
+    ]
+    for name in ("collio save", "async_save total", "compute during I/O", "compute alone"):
+        if name in base["times"] and name in freed["times"]:
+            a, b = (statistics.median(d["times"][name]) for d in (base, freed))
+            lines.append(f"| {name}, median s | {a:.3f} | {b:.3f} |")
+    got = {t["target"]: t for t in freed["targets"]}
+    for t in base["targets"]:
+        if t["target"] in got:
+            rel = ">=" if t["at_least"] else "<="
+            lines.append(
+                f"| {t['target']} ({rel} {t['bound']}) | {_met(t)} | {_met(got[t['target']])} |"
+            )
+    return [*lines, "", f"`{command(freed)}`.", ""]
+
+
+def _met(t: dict[str, Any]) -> str:
+    return f"{t['ratio']:.3f}" if t["met"] else f"**{t['ratio']:.3f}**"
+
+
 def errors(docs: dict[str, dict[str, Any]]) -> str:
     bad = [f"{n} ({d['errors']})" for n, d in docs.items() if d.get("errors")]
     if bad:
@@ -523,7 +562,10 @@ def errors(docs: dict[str, dict[str, Any]]) -> str:
 
 
 def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
-    bench = [n for n in docs if not n.startswith("sim-") and n not in ("checkpoint", *CALIBRATE)]
+    bench = [
+        n for n in docs
+        if not n.startswith(("sim-", "checkpoint")) and n not in CALIBRATE
+    ]  # fmt: skip
     sims = [n for n in docs if n.startswith("sim-")]
     parts = [
         "# Measured",
@@ -623,6 +665,7 @@ def benchmarks_md(docs: dict[str, dict[str, Any]]) -> str:
         "",
         *checkpoint_table(docs),
         "",
+        *freed_table(docs),
         "## Simulator: 65,536 ranks",
         "",
         "Made by `collio-bench --simulate` with the arguments in the first column, on one",

@@ -401,7 +401,7 @@ def test_benchmark_save_without_checksums_differs_in_them_alone(
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, state, comm=comm)
     run = _Run.__new__(_Run)  # (its save alone: no model state, no timing)
-    run.comm, run.state, run.path = comm, state, path
+    run.comm, run.state, run.path, run.hints = comm, state, path, {}
     run._unchecked()
     assert writer.CHECKSUMS
     bare = path + ".unchecked"

@@ -339,3 +339,48 @@ def test_a_save_gives_back_the_replaced_checkpoints_cached_pages(
     for name, lay in spec.items():
         want = np.ascontiguousarray(model.rows_reference(name, scale=2)[lay.slices])  # type: ignore[attr-defined]
         assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+
+
+def _open_deleted(path: str) -> list[str]:
+    """This process's descriptors of a removed file that was at ``path``."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link == f"{path} (deleted)":
+            out.append(link)
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+@pytest.mark.parametrize("where", ["background", "commit"])
+def test_the_replaced_checkpoint_is_freed_where_the_hint_says(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """``free_replaced=background`` hands rank 0's descriptor of the replaced file to a
+    thread that closes it after the commit; ``commit`` closes it inside the commit, so
+    once the save returns no process holds the old file and its blocks are free.  The
+    new checkpoint loads byte for byte either way."""
+    path = os.path.realpath(_path(comm, mpi_tmp_path))
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    handed: list[int] = []
+    monkeypatch.setattr(posix, "release_later", handed.append)  # (kept open: looked at below)
+    state = model.rows_state(comm.rank, comm.size, scale=2)
+    ckpt.save(path, state, comm=comm, hints={"free_replaced": where})
+    monkeypatch.undo()
+    seen = comm.bcast((handed, _open_deleted(path)) if comm.rank == 0 else None)
+    for fd in handed:
+        if fd >= 0:
+            os.close(fd)
+    if where == "commit":
+        assert seen == ([-1], []), seen
+    else:
+        assert len(seen[0]) == 1 and seen[0][0] >= 0 and len(seen[1]) == 1, seen
+    spec = model.rows_layouts(comm.rank, comm.size, scale=2)
+    got = ckpt.load(path, dict(spec), comm=comm)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name, scale=2)[lay.slices])  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)

@@ -65,13 +65,13 @@ def test_write_split_puts_every_byte_where_it_belongs(tmp_path, offset, nbytes, 
 def test_mpiio_backend_keeps_collio_only_hints_from_romio():
     from collio.backends.mpiio import info_from_hints
 
-    hints = {"direct_write": True, "early_flush": False, "cb_nodes": 2}
+    hints = {"direct_write": True, "early_flush": False, "cb_nodes": 2, "free_replaced": "commit"}
     info = info_from_hints(collio.Hints.coerce(hints))
     try:
         keys = {info.Get_nthkey(i) for i in range(info.Get_nkeys())}
     finally:
         info.Free()
-    collio_only = {"direct_write", "early_flush", "min_rounds", "atomic_commit"}
+    collio_only = {"direct_write", "early_flush", "min_rounds", "atomic_commit", "free_replaced"}
     assert "cb_nodes" in keys and not keys & collio_only
 
 

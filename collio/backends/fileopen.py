@@ -88,6 +88,7 @@ def open_file(
             raise
     self = cls(name, fd, mode, path if atomic else None, writeback, holes)
     self.made = made
+    self.free_now = atomic and getattr(hints, "free_replaced", "background") == "commit"
     self.opened_size = int(size)
     self.stored = 0 if mode == "w" else int(size)
     try:

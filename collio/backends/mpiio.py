@@ -36,7 +36,7 @@ _OTHER_PREFIX = re.compile(r"^(?!(ufs|nfs|lustre|gpfs|xfs|panfs|testfs):)[a-z0-9
 #: collio's own hints, not ROMIO's: kept out of the MPI.Info.
 _COLLIO_ONLY = (
     "atomic_commit", "checkpoint_map", "direct_threshold", "direct_write", "early_flush",
-    "mapped_reads", "min_rounds",
+    "free_replaced", "mapped_reads", "min_rounds",
 )  # fmt: skip
 
 

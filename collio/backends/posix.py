@@ -110,6 +110,7 @@ class PosixBackend(MappedReads):
         self._gather: npt.NDArray[np.uint8] | None = None  # read_gathered's, kept
         self._rows: tuple[Runs, Rows | None] | None = None  # (MappedReads._rows_of's)
         self.made = Prepared(path, -1, None)  # rank 0's temporary (atomic_commit), see open
+        self.free_now = False  # hint free_replaced=commit: the commit frees the old file
 
     # -- open ---------------------------------------------------------------
     @classmethod
@@ -393,6 +394,12 @@ class PosixBackend(MappedReads):
                         if old >= 0:
                             os.close(old)
                         raise
+                    if self.free_now and old >= 0:
+                        # (freed here, and the directory's sync below commits the
+                        # journal that frees its blocks: every rank waits for it in
+                        # the commit, and nothing of it is left for whatever runs next)
+                        os.close(old)
+                        old = -1
                     fsync_dir(self.final)
                     release_later(old)
                 else:

@@ -177,6 +177,8 @@ class _Run:
     def __init__(self, args: argparse.Namespace, comm: MPI.Intracomm, d: str) -> None:
         self.comm, self.d = comm, d
         self.total = parse_size(args.size or "256MiB", "--size")
+        # (--hints: collio's saves and loads take them, e.g. free_replaced=commit)
+        self.hints = dict(args.hints)
         self.state, self.spec = peers.model_state(self.total, comm)
         self.nbytes = int(sum(
             (v[1].global_nbytes if isinstance(v, tuple) else v.nbytes) for v in self.state.values()
@@ -245,11 +247,15 @@ class _Run:
         c, d, st = self.comm, self.d, self.state
         ceil = os.path.join(d, "ceiling.bin")
         return {
-            "collio load": lambda: _timed(c, lambda: ckpt.load(self.path, self.spec, comm=c)),
-            "collio load copied": lambda: _timed(
-                c, lambda: ckpt.load(self.path, self.spec, comm=c, hints=COPIED)
+            "collio load": lambda: _timed(
+                c, lambda: ckpt.load(self.path, self.spec, comm=c, hints=self.hints)
             ),
-            "collio load into": lambda: _timed(c, lambda: ckpt.load(self.path, self.into, comm=c)),
+            "collio load copied": lambda: _timed(
+                c, lambda: ckpt.load(self.path, self.spec, comm=c, hints=self.hints | COPIED)
+            ),
+            "collio load into": lambda: _timed(
+                c, lambda: ckpt.load(self.path, self.into, comm=c, hints=self.hints)
+            ),
             "collio load 3 of N": lambda: _timed(c, self._load_sub),
             "collio load half of N": lambda: _timed(c, self._load_half),
             "file-per-rank read": lambda: _timed(
@@ -293,7 +299,7 @@ class _Run:
         got = {}
         for name in ("collio save", "collio save unchecked")[:: 1 if self.turn % 2 else -1]:
             fn = self._unchecked if name.endswith("unchecked") else (
-                lambda: ckpt.save(self.path, st, comm=c))  # fmt: skip
+                lambda: ckpt.save(self.path, st, comm=c, hints=self.hints))  # fmt: skip
             got[name] = _timed(c, fn)
         return got
 
@@ -302,15 +308,18 @@ class _Run:
         no load would pass: the loads read the checked save's)."""
         writer.CHECKSUMS = False
         try:
-            ckpt.save(self.path + ".unchecked", self.state, comm=self.comm)
+            ckpt.save(self.path + ".unchecked", self.state, comm=self.comm, hints=self.hints)
         finally:
             writer.CHECKSUMS = True
 
     def _load_sub(self) -> None:
-        self._sub(lambda: ckpt.load(self.path, self.spec3, comm=self.sub))
+        self._sub(lambda: ckpt.load(self.path, self.spec3, comm=self.sub, hints=self.hints))
 
     def _load_half(self) -> None:
-        _on(self.half, lambda: ckpt.load(self.path, self.spec_half, comm=self.half))
+        _on(
+            self.half,
+            lambda: ckpt.load(self.path, self.spec_half, comm=self.half, hints=self.hints),
+        )
 
     def _sub(self, fn: Callable[[], Any]) -> None:
         """``fn`` on the ranks of the job one rank smaller (the others wait sleeping)."""
@@ -326,7 +335,7 @@ class _Run:
         c = self.comm
         c.Barrier()
         t0 = time.perf_counter()
-        h = ckpt.async_save(self.async_path, self.state, comm=c)
+        h = ckpt.async_save(self.async_path, self.state, comm=c, hints=self.hints)
         ret = time.perf_counter() - t0
         during, cpu, busy, blocked = self._loop_beside(_thread_named("collio-ckpt"), h.done)
         h.wait()
