@@ -111,15 +111,21 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
     return arr
 
 
-def _spans(lays: list[ArrayLayout]) -> I64:
+_NOT_GROUPED: Any = object()
+
+
+def _spans(lays: list[ArrayLayout], found: Any = _NOT_GROUPED) -> I64:
     """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array),
     worked out once per distinct shape (the shape key layouts of equal fields share: a
-    model's layers repeat a few shapes) and taken for the others."""
-    found = by_shape(lays) if lays else None
+    model's layers repeat a few shapes) and taken for the others.  ``found``: the
+    layouts' :func:`~collio.boxes.by_shape`, where the caller has it."""
+    if found is _NOT_GROUPED:
+        found = by_shape(lays) if lays else None
     if found is None or len(found[1]) == len(lays):
         return _spans_each(lays)
     group, firsts, _ = found
-    return _spans_each([lays[k] for k in firsts.tolist()])[group]
+    out: I64 = _spans_each([lays[k] for k in firsts.tolist()])[group]
+    return out
 
 
 def _spans_each(lays: list[ArrayLayout]) -> I64:
@@ -157,10 +163,10 @@ def _box_spans(boxes: list[Subarray]) -> I64:
     return box_spans(g, st, sh, size)
 
 
-def _local_shapes(lays: list[ArrayLayout]) -> list[tuple[int, ...]]:
+def _local_shapes(lays: list[ArrayLayout], found: Any) -> list[tuple[int, ...]]:
     """Each layout's local shape, worked out once per shape key (layouts of one key have
-    the same fields besides their offset: a model's layers repeat a few shapes)."""
-    found = by_shape(lays) if lays else None
+    the same fields besides their offset: a model's layers repeat a few shapes);
+    ``found``: the layouts' :func:`~collio.boxes.by_shape`."""
     if found is None:
         return [lay.local_shape for lay in lays]
     group, firsts, _ = found
@@ -208,8 +214,9 @@ class Wanted:
         into = [arr for _, _, arr in found]
         self.given = [spec[name][0] if arr is not None else None for name, _, arr in found]
         lays = [lay for _, lay in self.wanted]
-        self.spans = _spans(lays)
-        self.shapes = _local_shapes(lays)
+        groups = by_shape(lays) if lays else None  # (once for both)
+        self.spans = _spans(lays, groups)
+        self.shapes = _local_shapes(lays, groups)
         self.mapped = np.zeros(len(found), bool)
         if maps:
             new = np.array([arr is None for arr in into], bool)
