@@ -282,7 +282,9 @@ def _load_local(
                 index, crc = parse_crc(reader.read, reader.size(), path)
                 got.find(index, spec, maps=maps(parsed.checkpoint_map, reader.fd))
                 st = Stored.of(index, got.wanted)
-                x = st.plan(got.spans[None])  # (its alone)
+                # (this rank's alone: its one piece of an array holds an extent whole or
+                # not at all, so no extent is joined from parts, which alone() drops)
+                x = st.plan(got.spans[None], join=False)
                 got.map(reader, st.offs, st.chunks, parsed.checkpoint_map == "enable")
                 x, solo = alone(x, got.spans, comm.Get_rank())
             setup = (path, repr(parsed))

@@ -243,9 +243,11 @@ class Stored:
         # (the index's sizes: each array's shape and dtype were checked against it)
         return cls(*index.stored([name for name, _ in wanted]))
 
-    def plan(self, every: I64) -> extents.Plan:
-        """Who checks each extent, from the pieces' spans ``every`` ``(rank, array)``."""
-        return extents.assign(self.starts, self.aid, self.nbytes, self.offs, every, join=True)
+    def plan(self, every: I64, *, join: bool = True) -> extents.Plan:
+        """Who checks each extent, from the pieces' spans ``every`` ``(rank, array)``;
+        without ``join``, no extent checked from several ranks' parts (see
+        :func:`~.extents.assign`)."""
+        return extents.assign(self.starts, self.aid, self.nbytes, self.offs, every, join=join)
 
 
 def _check_joined(
