@@ -85,8 +85,9 @@ def _refuse_shared(found: list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | No
     if len(given) < 2:
         return
     nbytes = np.fromiter((into.nbytes for _, into in given), np.int64, len(given))
-    addr, ends = addresses([into.reshape(-1, order="A").view(np.uint8) for _, into in given],
-                           nbytes)  # fmt: skip
+    # (each array itself: its buffer is one range, C- or F-contiguous, so the address
+    # needs no flat byte view made of it first)
+    addr, ends = addresses([into for _, into in given], nbytes)
     pair = shared_pair(addr, ends)
     if pair is not None:
         x, y = given[pair[0]][0], given[pair[1]][0]
