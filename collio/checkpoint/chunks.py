@@ -126,8 +126,12 @@ class ChunkedReads:
         self.be = be
         self.chunks = chunks
         self.name: str = be.name
-        self._map = chunks.reads()
+        # (made at the first read: a load's own reads split all their ranges at once
+        # through ``chunks``; only extents read back come here, and most loads have none)
+        self._map: Mapper | None = None
 
     def read_at(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        if self._map is None:
+            self._map = self.chunks.reads()
         for at, n, k in self._map.split(offset, len(buf)):
             self.be.read_at(at, buf[k : k + n])

@@ -182,13 +182,18 @@ def map_runs(fd: int, n: I64, runs: tuple[I64, I64, I64, I64]) -> tuple[npt.NDAr
     return got, start
 
 
-def pieces(buf: npt.NDArray[np.uint8], at: I64, lays: list[ArrayLayout]) -> list[Any]:
-    """Each layout's piece as an array over ``buf`` from byte ``at[k]``, in the layout's
-    memory order (a view of each: one per array, no bytes touched)."""
+def pieces(
+    buf: npt.NDArray[np.uint8], at: I64, lays: list[ArrayLayout], shapes: list[tuple[int, ...]]
+) -> list[Any]:
+    """Each layout's piece (of local shape ``shapes[k]``) as an array over ``buf`` from
+    byte ``at[k]``, in the layout's memory order (a view of each: one per array, no bytes
+    touched).  (numpy's ``order`` argument alone costs as much as the rest of an array's
+    making: given for 'F' pieces only.)"""
     return [
-        np.ndarray(lay.local_shape, lay.dtype, buf, a, order="F" if lay.order == "F" else "C")
-        for a, lay in zip(at.tolist(), lays, strict=True)
-    ]
+        np.ndarray(shape, lay._dtype, buf, a) if lay._order != "F" else
+        np.ndarray(shape, lay._dtype, buf, a, order="F")
+        for a, lay, shape in zip(at.tolist(), lays, shapes, strict=True)
+    ]  # fmt: skip
 
 
 class Reader:

@@ -14,6 +14,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -228,7 +229,10 @@ class Index:
 
     def _rows(self, names: list[str]) -> tuple[npt.NDArray[Any], I64]:
         """The extent table's rows of ``names``, in their order, and each row's name."""
-        span = np.array([self.arrays[n]["extents"] for n in names], np.int64).reshape(-1, 2)
+        # (fromiter over the entries' pairs: numpy's array of a list of lists costs more)
+        arrays = self.arrays
+        pairs = chain.from_iterable([arrays[n]["extents"] for n in names])
+        span = np.fromiter(pairs, np.int64, 2 * len(names)).reshape(-1, 2)
         first, count = span[:, 0], span[:, 1]
         aid = np.repeat(np.arange(len(names), dtype=np.int64), count)
         rows = np.arange(int(count.sum()), dtype=np.int64) + np.repeat(
@@ -251,7 +255,7 @@ class Index:
         from .extents import ends_of
 
         arrays = self.arrays
-        nbytes = np.array([arrays[n]["nbytes"] for n in names], np.int64)
+        nbytes = np.fromiter([arrays[n]["nbytes"] for n in names], np.int64, len(names))
         voffs, _ = place(nbytes)
         got, aid = self._rows(names)
         starts = got["start"].astype(np.int64)

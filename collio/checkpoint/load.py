@@ -25,7 +25,7 @@ from .chunks import ChunkedReads, Chunks
 from .filemap import Reader, maps
 from .index import Info, info, parse, parse_crc
 from .placed import placed
-from .verify import CHUNK, Checks, Stored, alone, read_checked, verify, verify_alone
+from .verify import CHUNK, Checks, Stored, Views, alone, read_checked, verify, verify_alone
 from .wanted import Wanted
 
 __all__ = ["CHUNK", "Info", "info", "load"]
@@ -129,10 +129,8 @@ def _read(
     one range: no call of a file is needed.  The pieces ``mapped`` (arrays over a map
     of a local file: :mod:`.filemap`) are not read, only checksummed from the map."""
     flat = np.atleast_1d(every[:, :, 2].all(axis=0)).astype(bool)
-    # (each array's bytes in memory order: a view, as each array is contiguous in its
-    # layout's order, made here or checked so)
-    views = [(arr.ravel("K").view(np.uint8), int(lo))
-             for arr, lo in zip(arrays, every[rank, :, 0].tolist(), strict=True)]  # fmt: skip
+    # (each array is contiguous in its layout's order, made here or checked so)
+    views = Views(arrays, every[rank, :, 0])
     step = Attempt()
     ids = np.flatnonzero(flat)
     if be is not None and len(ids):
@@ -149,7 +147,7 @@ def _read(
                  for k in rest.tolist()]  # fmt: skip
         f.read_all_many([one for _, one in items], out=[src for src, _ in items])
     with step:
-        checks.from_memory(views, list(range(len(wanted))))
+        checks.from_memory(views)
     return step.error
 
 
@@ -284,7 +282,9 @@ def _load_local(
                 index, crc = parse_crc(reader.read, reader.size(), path)
                 got.find(index, spec, maps=maps(parsed.checkpoint_map, reader.fd))
                 st = Stored.of(index, got.wanted)
-                x = st.plan(got.spans[None])  # (its alone)
+                # (this rank's alone: its one piece of an array holds an extent whole or
+                # not at all, so no extent is joined from parts, which alone() drops)
+                x = st.plan(got.spans[None], join=False)
                 got.map(reader, st.offs, st.chunks, parsed.checkpoint_map == "enable")
                 x, solo = alone(x, got.spans, comm.Get_rank())
             setup = (path, repr(parsed))

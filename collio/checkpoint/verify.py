@@ -22,8 +22,8 @@ from .chunks import ChunkedReads, Chunks
 from .crc import combine as crc_combine
 from .crc import of_pieces
 
-__all__ = ["CHUNK", "Checks", "Stored", "alone", "read_checked", "segments", "verify",
-           "verify_alone"]  # fmt: skip
+__all__ = ["CHUNK", "Checks", "Stored", "Views", "alone", "read_checked", "segments",
+           "verify", "verify_alone"]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
 
@@ -45,18 +45,43 @@ class Checks:
         self.sums = np.zeros(len(self.aid), np.uint32)
         self.done = np.zeros(len(self.aid), bool)
 
-    def from_memory(self, views: list[Any], arrays: list[int]) -> None:
-        """The checksums of the ranges in ``arrays`` not summed yet, from this rank's
-        pieces (``views[k]``: array ``k``'s piece as bytes, and its first byte)."""
+    def from_memory(self, views: Views) -> None:
+        """The checksums of the ranges not summed yet, from this rank's pieces."""
         import crc32c
 
-        todo = np.flatnonzero(np.isin(self.aid, arrays) & ~self.done)
-        rows = zip(self.aid[todo].tolist(), self.lo[todo].tolist(), self.hi[todo].tolist(),
-                   strict=True)  # fmt: skip
-        for j, (k, a, b) in zip(todo.tolist(), rows, strict=True):
-            buf, lo = views[k]
-            self.sums[j] = crc32c.crc32c(buf[a - lo : b - lo])
+        todo = np.flatnonzero(~self.done)
+        aid = self.aid[todo]
+        first = views.lo[aid]
+        rows = zip(aid.tolist(), (self.lo[todo] - first).tolist(),
+                   (self.hi[todo] - first).tolist(), strict=True)  # fmt: skip
+        got: dict[int, memoryview] = {}
+        sums = []
+        for k, a, b in rows:  # (a memoryview's slice: a tenth of a numpy view's making)
+            buf = got.get(k)
+            if buf is None:
+                buf = got[k] = views[k].data
+            sums.append(crc32c.crc32c(buf[a:b]))
+        self.sums[todo] = sums
         self.done[todo] = True
+
+
+class Views:
+    """Each array's piece as bytes in memory order (``arrays[k]`` is contiguous in its
+    layout's order: a view, made when first asked for, as only the arrays that some
+    check reads need one), and where each starts in its array (``lo``)."""
+
+    __slots__ = ("arrays", "lo", "_made")
+
+    def __init__(self, arrays: list[Any], lo: I64) -> None:
+        self.arrays = arrays
+        self.lo = lo
+        self._made: dict[int, npt.NDArray[np.uint8]] = {}
+
+    def __getitem__(self, k: int) -> npt.NDArray[np.uint8]:
+        got = self._made.get(k)
+        if got is None:
+            got = self._made[k] = self.arrays[k].ravel("K").view(np.uint8)
+        return got
 
 
 def segments(plo: I64, phi: I64, clo: I64, chi: I64, chunk: int) -> tuple[I64, I64, I64, I64]:
@@ -90,7 +115,7 @@ CHUNK = 256 << 10
 
 
 def read_checked(
-    be: ChunkedReads, checks: Checks, views: list[Any], arrays: I64, offs: I64, mine: I64
+    be: ChunkedReads, checks: Checks, views: Views, arrays: I64, offs: I64, mine: I64
 ) -> None:
     """Local: this rank's pieces of ``arrays`` (each one range of its array: ``mine``'s
     (lo, hi) rows, relative to the array at ``offs``), each straight into its array by
@@ -108,7 +133,7 @@ def read_checked(
     todo, clo, chi = todo[by], clo[by], chi[by]
     s, e, p, c = segments(plo, phi, clo, chi, CHUNK)
     slot = np.where(c >= 0, todo[np.maximum(c, 0)] if len(todo) else -1, -1)
-    bufs = [views[k][0] for k in sel.tolist()]
+    bufs = [views[k] for k in sel.tolist()]
     sums = checks.sums.tolist()
     raw = be.be
     with storage_errors(raw):
@@ -218,9 +243,11 @@ class Stored:
         # (the index's sizes: each array's shape and dtype were checked against it)
         return cls(*index.stored([name for name, _ in wanted]))
 
-    def plan(self, every: I64) -> extents.Plan:
-        """Who checks each extent, from the pieces' spans ``every`` ``(rank, array)``."""
-        return extents.assign(self.starts, self.aid, self.nbytes, self.offs, every, join=True)
+    def plan(self, every: I64, *, join: bool = True) -> extents.Plan:
+        """Who checks each extent, from the pieces' spans ``every`` ``(rank, array)``;
+        without ``join``, no extent checked from several ranks' parts (see
+        :func:`~.extents.assign`)."""
+        return extents.assign(self.starts, self.aid, self.nbytes, self.offs, every, join=join)
 
 
 def _check_joined(

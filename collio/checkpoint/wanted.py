@@ -85,8 +85,9 @@ def _refuse_shared(found: list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | No
     if len(given) < 2:
         return
     nbytes = np.fromiter((into.nbytes for _, into in given), np.int64, len(given))
-    addr, ends = addresses([into.reshape(-1, order="A").view(np.uint8) for _, into in given],
-                           nbytes)  # fmt: skip
+    # (each array itself: its buffer is one range, C- or F-contiguous, so the address
+    # needs no flat byte view made of it first)
+    addr, ends = addresses([into for _, into in given], nbytes)
     pair = shared_pair(addr, ends)
     if pair is not None:
         x, y = given[pair[0]][0], given[pair[1]][0]
@@ -111,15 +112,21 @@ def _into(name: str, obj: Any) -> np.ndarray[Any, Any]:
     return arr
 
 
-def _spans(lays: list[ArrayLayout]) -> I64:
+_NOT_GROUPED: Any = object()
+
+
+def _spans(lays: list[ArrayLayout], found: Any = _NOT_GROUPED) -> I64:
     """(lo, hi, contiguous, bytes) of each piece, relative to its array (a row per array),
     worked out once per distinct shape (the shape key layouts of equal fields share: a
-    model's layers repeat a few shapes) and taken for the others."""
-    found = by_shape(lays) if lays else None
+    model's layers repeat a few shapes) and taken for the others.  ``found``: the
+    layouts' :func:`~collio.boxes.by_shape`, where the caller has it."""
+    if found is _NOT_GROUPED:
+        found = by_shape(lays) if lays else None
     if found is None or len(found[1]) == len(lays):
         return _spans_each(lays)
     group, firsts, _ = found
-    return _spans_each([lays[k] for k in firsts.tolist()])[group]
+    out: I64 = _spans_each([lays[k] for k in firsts.tolist()])[group]
+    return out
 
 
 def _spans_each(lays: list[ArrayLayout]) -> I64:
@@ -157,7 +164,20 @@ def _box_spans(boxes: list[Subarray]) -> I64:
     return box_spans(g, st, sh, size)
 
 
-def _allocate(lays: list[ArrayLayout], into: list[Any], skip: Any = None) -> list[Any]:
+def _local_shapes(lays: list[ArrayLayout], found: Any) -> list[tuple[int, ...]]:
+    """Each layout's local shape, worked out once per shape key (layouts of one key have
+    the same fields besides their offset: a model's layers repeat a few shapes);
+    ``found``: the layouts' :func:`~collio.boxes.by_shape`."""
+    if found is None:
+        return [lay.local_shape for lay in lays]
+    group, firsts, _ = found
+    per = [lays[k].local_shape for k in firsts.tolist()]
+    return [per[g] for g in group.tolist()]
+
+
+def _allocate(
+    lays: list[ArrayLayout], shapes: list[tuple[int, ...]], into: list[Any], skip: Any = None
+) -> list[Any]:
     """This rank's arrays: the caller's where given, None where ``skip`` (to be mapped),
     else each its own allocation.
     (One allocation for them all, in huge pages, faulted in faster on a quiet machine,
@@ -166,9 +186,9 @@ def _allocate(lays: list[ArrayLayout], into: list[Any], skip: Any = None) -> lis
     job already has costs no page faults at all.)"""
     return [
         None if skip is not None and skip[k] else
-        np.empty(lay.local_shape, lay.dtype, order="F" if lay.order == "F" else "C")
+        np.empty(shape, lay._dtype, order="F" if lay._order == "F" else "C")
         if arr is None else arr
-        for k, (lay, arr) in enumerate(zip(lays, into, strict=True))
+        for k, (lay, shape, arr) in enumerate(zip(lays, shapes, into, strict=True))
     ]  # fmt: skip
 
 
@@ -182,6 +202,7 @@ class Wanted:
         self.arrays: list[Any] = []
         self.given: list[Any] = []
         self.spans: Any = None
+        self.shapes: list[tuple[int, ...]] = []
 
     @property
     def names(self) -> list[str]:
@@ -193,7 +214,10 @@ class Wanted:
         self.wanted = [(name, lay) for name, lay, _ in found]
         into = [arr for _, _, arr in found]
         self.given = [spec[name][0] if arr is not None else None for name, _, arr in found]
-        self.spans = _spans([lay for _, lay in self.wanted])
+        lays = [lay for _, lay in self.wanted]
+        groups = by_shape(lays) if lays else None  # (once for both)
+        self.spans = _spans(lays, groups)
+        self.shapes = _local_shapes(lays, groups)
         self.mapped = np.zeros(len(found), bool)
         if maps:
             new = np.array([arr is None for arr in into], bool)
@@ -201,7 +225,7 @@ class Wanted:
             self.mapped = new & one & (hi > lo)
         # (allocated before the agreement: a rank out of memory is agreed there, not left
         # raising alone before the reads' collectives)
-        self.arrays = _allocate([lay for _, lay in self.wanted], into, self.mapped)
+        self.arrays = _allocate(lays, self.shapes, into, self.mapped)
 
     def map(self, reader: Reader, offs: I64, chunks: Chunks, required: bool) -> None:
         """Local: the pieces :meth:`find` left, as arrays over private maps of the file:
@@ -235,7 +259,9 @@ class Wanted:
             for k, arr in zip(ids.tolist(), got, strict=False):
                 self.arrays[k] = arr
         if len(left):  # (read instead: into arrays of their own)
-            new = _allocate([self.wanted[k][1] for k in left.tolist()], [None] * len(left))
+            ids = left.tolist()
+            new = _allocate([self.wanted[k][1] for k in ids], [self.shapes[k] for k in ids],
+                            [None] * len(ids))  # fmt: skip
             for k, arr in zip(left.tolist(), new, strict=True):
                 self.arrays[k] = arr
 
@@ -245,11 +271,13 @@ class Wanted:
         """The pieces ``ids`` over one map: of the file's range they span (``lo``: each
         one range of the file, from there), else of their chunks' parts in one space."""
         lays = [self.wanted[k][1] for k in ids.tolist()]
+        shapes = [self.shapes[k] for k in ids.tolist()]
         if lo is not None:
             first = int(lo[ids].min())
-            return pieces(map_range(fd, first, int((lo + n)[ids].max())), lo[ids] - first, lays)
+            buf = map_range(fd, first, int((lo + n)[ids].max()))
+            return pieces(buf, lo[ids] - first, lays, shapes)
         buf, start = map_runs(fd, n[ids], chunks.runs(vlo[ids], n[ids]))
-        return pieces(buf, start, lays)
+        return pieces(buf, start, lays, shapes)
 
     def result(self, index: format.Index, flags: npt.NDArray[np.bool_]) -> dict[str, Any]:
         """The arrays by name; the agreed checksum error naming those that differ."""
