@@ -66,6 +66,13 @@ _MAX = MPI.MAX
 _PATCH = Checked.patcher(
     "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total", "sig"
 )  # fmt: skip
+#: :data:`_PATCH` of a step's read that every rank copied from the mapped file, its
+#: values ints: it did its I/O as it guessed, with its last call's requests, and asked no
+#: size (``speculate.BIG``)
+_PATCH_READ = Checked.int_patcher(
+    "lo", "hi", "moved", "shift", "t_io", "t_total", "sig", guessed=True, size=speculate.BIG,
+    same=True,
+)  # fmt: skip
 #: The agreed facts that tell a call complete at its head, and what settles it
 _READ = Checked.reader("guessed", "same", "sig", "items", "lo", "hi", "t_io", "t_total")
 
@@ -471,10 +478,8 @@ class Step:
         sig = k.facts[3]
         if sig >= 0:  # (checkfacts.placed, inline; a view's array starts at 0)
             sig = (sig + offset if layout is not None else sig) & PLACED
-        _PATCH(
-            head.own, lo, hi, moved, shift, True, speculate.BIG, True, int((end - t) * 1e9),
-            int((end - t0) * 1e9), sig,
-        )  # fmt: skip
+        _PATCH_READ(head.own, lo, hi, moved, shift, int((end - t) * 1e9),
+                    int((end - t0) * 1e9), sig)  # fmt: skip
         head.slots[0] = 0
         ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
         got = head.got
