@@ -125,6 +125,34 @@ class Facts:
         return _compiled(src, "patch", f"{cls.__qualname__}.patcher{names}")
 
     @classmethod
+    def int_patcher(cls, *names: str, **fixed: Any) -> Callable[..., None]:
+        """As :meth:`patcher`, for a caller whose values are Python ints and bools and
+        some of whose facts are the same on every call: ``patch(slots, *values)`` of the
+        facts ``names`` writes them without ``int()`` (an int is its own), the two slots
+        of a compared fact by an ``if`` (no tuple), and the facts ``fixed`` (name=value)
+        as the constant slots their values pack to, worked out here once."""
+        rules = {n: _RULES[cls._how(n)][0] for n in (*names, *fixed)}
+        lines = []
+        for n in names:
+            i, how = cls.index()[n], cls._how(n)
+            if how is How.SAME:
+                lines.append(f"    s[{i}], s[{i + 1}] = {n}, -{n}")
+                continue
+            if how is How.EQUAL:  # (equal_slots: a value not compared packs to UNSET)
+                lines += [f"    if {n} >= 0:", f"        s[{i}], s[{i + 1}] = {n}, -{n}",
+                          "    else:", f"        s[{i}] = s[{i + 1}] = {UNSET}"]  # fmt: skip
+                continue
+            pack = rules[n].replace("int({x})", "{x}").format(x=n)
+            lines.append(f"    s[{i}] = {pack}")
+        for n, value in fixed.items():
+            i, pack = cls.index()[n], rules[n].format(x=repr(value))
+            got = eval(pack.removeprefix("*"), {"_UNSET2": (UNSET, UNSET)})  # noqa: S307
+            for j, v in enumerate(got if isinstance(got, tuple) else (got,)):
+                lines.append(f"    s[{i + j}] = {int(v)}")
+        src = f"def patch(s, {', '.join(names)}):\n" + "\n".join(lines) + "\n"
+        return _compiled(src, "patch", f"{cls.__qualname__}.int_patcher{names}")
+
+    @classmethod
     def reader(cls, *names: str) -> Callable[[Sequence[int]], tuple[Any, ...]]:
         """A function ``read(maxima)``: the agreed values of the facts ``names`` alone,
         as :meth:`agreed` finds them (a caller that needs a few decides before it builds

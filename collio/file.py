@@ -277,10 +277,33 @@ class File:
                     self._position += int(layout.nbytes) // self._view.etype_size
                     return got
             elif layout is not None:  # (None: to _stepped, the view from etype 0)
-                got = self._stepped(step, layout, 0, out, "read_all")
+                got = self._read_stepped(step, layout, out)
                 if got is not _NOT:
                     return got
         return self._read_all(layout, out)
+
+    def _read_stepped(self, step: Any, layout: Any, out: Any) -> Any:
+        """:meth:`_stepped` of ``read_all(layout, out)``, a time series' read, with what
+        ``_stepped`` works out from the call's name known: it reads, and it is not an
+        at-call.  ``ctx.call_at`` is False while no call holds the guard (the at-calls
+        set it inside it and clear it in their ``finally``), so it is left as it is."""
+        key, mine = self._key, (get_ident(), "read_all", 1)
+        if _in_call.setdefault(key, mine) is not mine:
+            return _NOT
+        ctx = self._ctx
+        try:
+            t0 = perf_counter()
+            stepped = step(ctx, layout, out, t0)
+            if stepped is None:
+                return _NOT
+            if stepped[0] is not True:
+                engine.resume(ctx, stepped[0], layout, t0, writing=False)
+            return stepped[1]
+        except BaseException as exc:
+            self._failed(exc)
+            raise
+        finally:
+            _exit(key)  # (the guard's exit: also clears plans release_buffers asked for)
 
     @_guarded("read_all")
     def _read_all(self, layout: Any, out: Any) -> Any:

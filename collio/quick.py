@@ -66,6 +66,13 @@ _MAX = MPI.MAX
 _PATCH = Checked.patcher(
     "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total", "sig"
 )  # fmt: skip
+#: :data:`_PATCH` of a step's read that every rank copied from the mapped file, its
+#: values ints: it did its I/O as it guessed, with its last call's requests, and asked no
+#: size (``speculate.BIG``)
+_PATCH_READ = Checked.int_patcher(
+    "lo", "hi", "moved", "shift", "t_io", "t_total", "sig", guessed=True, size=speculate.BIG,
+    same=True,
+)  # fmt: skip
 #: The agreed facts that tell a call complete at its head, and what settles it
 _READ = Checked.reader("guessed", "same", "sig", "items", "lo", "hi", "t_io", "t_total")
 
@@ -248,7 +255,10 @@ class Step:
             if arr is None:
                 return None
         buf = arr if self.c_order else arr.reshape(-1, order="A").view(np.uint8)
-        got = self._go(ctx, k.base + offset, arr, buf, layout, offset, t0)
+        if self.maps:
+            got = self._read_mapped(ctx, k.base + offset, arr, buf, layout, offset, t0)
+        else:
+            got = self._go(ctx, k.base + offset, arr, buf, layout, offset, t0)
         return None if got is None else (got, arr)
 
     def view(self, ctx: Context, fview: Any, position: Any, data: Any,
@@ -272,7 +282,10 @@ class Step:
                 buf = _bytes(data)
             except Exception:  # noqa: BLE001
                 return None
-        return self._go(ctx, at + position * k.view.etype_size, data, buf, None, position, t0)
+        lo = at + position * k.view.etype_size
+        if self.maps:
+            return self._read_mapped(ctx, lo, data, buf, None, position, t0)
+        return self._go(ctx, lo, data, buf, None, position, t0)
 
     @staticmethod
     def _where(layout: Any, offset: int, arr: Any) -> Any:
@@ -384,9 +397,15 @@ class Step:
             io = (_kept(size, lo, n, fresh, before, old), size, key, done, end - t, error)
             return _settle(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), io,
                            bool(got[0]), out, writing=writing)  # fmt: skip
-        # the completion (speculate.complete), inline
-        if k.path is _DIRECT:
+        if k.path is _DIRECT:  # (speculate.complete's extents; a mapped read keeps them)
             ctx.extents = (lo, hi, True)
+        return self._complete(ctx, alo, ahi, t_io, t_total)
+
+    def _complete(self, ctx: Context, alo: int, ahi: int, t_io: int,
+                  t_total: int) -> Literal[True]:  # fmt: skip
+        """Local: the completion (:func:`collio.speculate.complete`, inline) of a call of
+        the step complete at its head, of the agreed extent ``alo``-``ahi`` and times."""
+        k, writing = self.k, self.writing
         calls = self.calls
         s = calls.serial
         calls.serial, k.serial = s + 1, s
@@ -409,6 +428,70 @@ class Step:
         stats.last_facts = (*self.pre, [alo, ahi], *self.post)
         stats._local_of = self.local  # (Stats.local_when_read, inline: no dict per call)
         return True
+
+    def _read_mapped(self, ctx: Context, lo: int, arr: Any, buf: Any, layout: Any, offset: int,
+              t0: float) -> Literal[True] | Headed | None:  # fmt: skip
+        """:meth:`_go` of a read that every rank copied from the mapped file
+        (:attr:`maps`), the step of a time series' small reads: ``_go``'s read with its
+        write's branches left out (nothing kept to take back, the size not asked, one
+        request done), and the completion it shares with ``_go``."""
+        k = self.k
+        n = k.span
+        hi = lo + n
+        if hi >= speculate.BIG or ctx.read_aggregators is not None or n > ONE_PREAD_BYTES:
+            return None
+        ext = ctx.extents
+        if ext is not None and n > 0 and ext[1] - ext[0] == n:  # (moved_by, inline)
+            d = lo - ext[0]
+            moved, shift = False, 2 * d if d >= 0 else -2 * d - 1
+        else:
+            moved, shift = moved_by(ext, lo, hi)
+        be = self.be
+        error = None
+        key: tuple[Any, ...] = ()
+        t = time.perf_counter()
+        try:
+            try:  # (MappedReads.read_if_maps of a small run, inline, as in _go)
+                if filereads.pread_zeros(self.fd, buf, lo) < n:  # type: ignore[attr-defined]
+                    return None  # (past the end: the general way reads it again)
+            except BaseException as exc:
+                raised = storage_error(be, exc)
+                if raised is exc:
+                    raise
+                raise raised from exc
+            fl = be.flusher  # (as _go: PosixBackend.take_counts, inline)
+            flushes = 0
+            if fl is not None:
+                flushes, fl.count = fl.count, 0
+            key = (1, be.direct_bytes, flushes, be.mapped_bytes)
+            be.direct_bytes = be.mapped_bytes = 0
+        except BaseException as exc:
+            if not kept(exc):
+                raise
+            error = exc
+        end = time.perf_counter()
+        if error is not None or key != k.key:
+            io = (None, speculate.BIG, key, 1, end - t, error)
+            return _agree(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), moved,
+                          shift, io, end, writing=False, t0=t0)  # fmt: skip
+        head = k.head
+        sig = k.facts[3]
+        if sig >= 0:  # (checkfacts.placed, inline; a view's array starts at 0)
+            sig = (sig + offset if layout is not None else sig) & PLACED
+        _PATCH_READ(head.own, lo, hi, moved, shift, int((end - t) * 1e9),
+                    int((end - t0) * 1e9), sig)  # fmt: skip
+        head.slots[0] = 0
+        ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
+        got = head.got
+        if got[1] != -got[2]:
+            _mismatch(ctx, k, head, (None, speculate.BIG, key, 1, end - t, error), False)
+        out = head.got_own
+        guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
+        if got[0] or not (guessed and same) or sig is None or items is None:
+            io = (None, speculate.BIG, key, 1, end - t, error)
+            return _settle(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), io,
+                           bool(got[0]), out, writing=False)  # fmt: skip
+        return self._complete(ctx, alo, ahi, t_io, t_total)
 
 
 def _kept(size: int, lo: int, n: int, fresh: bool, before: Before | None,

@@ -48,6 +48,15 @@ def lane_reads(monkeypatch):
         return got
 
     monkeypatch.setattr(collio.File, "_stepped", counted_step)
+    # (a read_all through a layout: File._read_stepped, the same route for that call)
+    read_stepped = collio.File._read_stepped
+
+    def counted_read_step(self, step, layout, out):
+        got = read_stepped(self, step, layout, out)
+        made[0] += got is not collio.file._NOT
+        return got
+
+    monkeypatch.setattr(collio.File, "_read_stepped", counted_read_step)
     return made
 
 

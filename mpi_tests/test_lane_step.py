@@ -45,7 +45,9 @@ def _step(comm, s, n, order="C", var=0, at=None):
 def _in_step(fn):
     """Whether ``fn()`` (one call) was done by a step and not the lane's general way."""
     seen, _ = collio_calls(fn)
-    return "_go" in seen and not ({"_run", "_agree", "_settle", "check"} & seen)
+    # (a mapped read's step: Step._read_mapped; any other: Step._go)
+    step = "_go" in seen or "_read_mapped" in seen
+    return step and not ({"_run", "_agree", "_settle", "check"} & seen)
 
 
 def _same_file(comm, path, want):

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import collio_calls, read_file
+from helpers import collio_calls, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
@@ -31,8 +31,12 @@ _GUARDED = {"wrapper", "_check_open", "layout_again", "again"}
 
 
 def _routed(seen):
-    """Whether a call went straight to its step (and the step completed it)."""
-    return "_stepped" in seen and "_go" in seen and not (_GUARDED & seen)
+    """Whether a call went straight to its step (and the step completed it): a
+    ``read_all`` through a layout by ``File._read_stepped``, any other by ``_stepped``; a
+    mapped read's step by ``Step._read_mapped``, any other by ``Step._go``."""
+    route = "_stepped" in seen or "_read_stepped" in seen
+    step = "_go" in seen or "_read_mapped" in seen
+    return route and step and not (_GUARDED & seen)
 
 
 def _piece(comm, s, n):
@@ -204,7 +208,7 @@ def test_a_second_thread_still_raises_at_once_and_writes_nothing(comm, mpi_tmp_p
             assert "while thread 'holder' is in write_all on the same communicator" in str(
                 info.value
             )
-        assert "_go" not in seen  # (nothing done: no I/O, no head)
+        assert not {"_go", "_read_mapped"} & seen  # (nothing done: no I/O, no head)
         assert time.monotonic() - t0 < 5
         go.set()
         t.join(60)
@@ -371,3 +375,52 @@ def test_an_explicit_none_layout_after_a_view_series_raises_as_the_guarded_way(c
     comm.Barrier()
     got = np.frombuffer(read_file(path), np.float64)
     assert got.tobytes() == np.full(p * n, 7, np.float64).tobytes()
+
+
+def test_a_mapped_read_series_goes_to_its_read_step_and_errors_stay_agreed(comm, mpi_tmp_path):
+    """A time series' small reads through a layout go from ``read_all`` straight to the
+    step's read of the mapped file (``File._read_stepped``, ``Step._read_mapped``) and
+    read what ROMIO reads.  A repeat that one rank cannot take (a read-only ``out``, a
+    layout past every real size) raises the same error on every rank, naming the rank,
+    and the series goes on by the route after it."""
+    path = str(mpi_tmp_path / "r.bin")
+    p, r, n, steps = comm.size, comm.rank, 512, 8
+    if r == 0:
+        with open(path, "wb") as fh:
+            fh.write(b"".join(_piece(comm, s, n)[2] for s in range(steps)))
+    comm.Barrier()
+    bad = p - 1
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        routed = []
+        for s in range(steps):
+            piece, lay, _ = _piece(comm, s, n)
+            out = np.full_like(piece, np.nan)
+            seen, got = collio_calls(lambda: f.read_all(lay, out=out))  # noqa: B023
+            assert got is out
+            routed.append(_routed(seen) and "_read_mapped" in seen)
+            np.testing.assert_array_equal(out, piece)
+            np.testing.assert_array_equal(out, romio_read(path, lay, comm))
+            assert f.stats.last_call["path"] == "mapped"
+        assert routed[3:] == [True] * (steps - 3)
+        # one rank's read-only ``out`` in a repeat: the same error everywhere
+        piece, lay, _ = _piece(comm, 2, n)
+        out = np.full_like(piece, np.nan)
+        if r == bad:
+            out.flags.writeable = False
+        raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay, out=out),
+                          match=f"rank {bad}")  # fmt: skip
+        # one rank's bad layout (a negative offset) in a repeat: agreed too
+        neg = Subarray(lay.global_shape, lay.start, lay.shape, "<f8", offset=-8)
+        mine = neg if r == bad else lay
+        raises_everywhere(comm, collio.CollioError,
+                          lambda: f.read_all(mine, out=np.empty_like(piece)),
+                          match=f"rank {bad}")  # fmt: skip
+        # the file is usable: the series goes on, by the route again
+        routed = []
+        for s in range(steps):
+            piece, lay, _ = _piece(comm, s, n)
+            out = np.full_like(piece, np.nan)
+            seen, _ = collio_calls(lambda: f.read_all(lay, out=out))  # noqa: B023
+            routed.append(_routed(seen) and "_read_mapped" in seen)
+            np.testing.assert_array_equal(out, piece)
+        assert routed[3:] == [True] * (steps - 3)
