@@ -196,7 +196,7 @@ class Step:
 
     __slots__ = (
         "k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps", "local", "rows",
-        "first", "need", "gather", "src", "shelf",
+        "first", "need", "gather", "src", "shelf", "typed", "f_order",
     )  # fmt: skip
 
     def __init__(self, ctx: Context, k: speculate.Kept, writing: bool) -> None:
@@ -228,6 +228,11 @@ class Step:
         self.gather: Any = None
         self.src: Any = None
         self.shelf: Any = None
+        # the rows viewed as the array's elements in its memory order (None: no such
+        # view), so that a step's copy is one ``copyto`` of the array (its transpose for
+        # one in Fortran order: C-contiguous, its shape reversed)
+        self.typed: Any = None
+        self.f_order = box is not None and box[4] == "F"
 
     @staticmethod
     def fits(ctx: Context, k: speculate.Kept, writing: bool) -> bool:
@@ -548,6 +553,7 @@ class Step:
             g = be._gather_buffer(self.need)
             self.gather, self.src = g, g[:n]
             self.shelf = g[: rows.span].reshape(rows.count, rows.stride)[:, : rows.length]
+            self.typed = _typed(self.shelf, k.box, rows)
         error = None
         key: tuple[Any, ...] = ()
         t = time.perf_counter()
@@ -555,10 +561,14 @@ class Step:
             try:  # (read_gathered with its rows, inline)
                 if filereads.pread_zeros(self.fd, self.src, lo) < n:  # type: ignore[attr-defined]
                     return None  # (past the end: the general way reads it again)
-                m = rows.mem
-                dest = arr.reshape(-1, order="A").view(np.uint8)
-                np.copyto(dest[m : m + rows.count * rows.length].reshape(rows.count, -1),
-                          self.shelf)  # fmt: skip
+                typed = self.typed
+                if typed is not None:
+                    np.copyto(arr.T if self.f_order else arr, typed)
+                else:  # (Rows.copy, from the view made once)
+                    m = rows.mem
+                    dest = arr.reshape(-1, order="A").view(np.uint8)
+                    np.copyto(dest[m : m + rows.count * rows.length].reshape(rows.count, -1),
+                              self.shelf)  # fmt: skip
             except BaseException as exc:
                 raised = storage_error(be, exc)
                 if raised is exc:
@@ -603,6 +613,22 @@ class Step:
         as :func:`layout_again` moves them (what the general way goes on from)."""
         runs = self.k.runs
         return layout, offset, arr, runs.moved(lo - self.first)
+
+
+def _typed(shelf: Any, box: Any, rows: Rows) -> Any:
+    """Local: the rows ``shelf`` (a uint8 view, one row per run) as a view of the kept
+    box's elements in its array's memory order (its shape; reversed for Fortran order),
+    for a copy into the array that is a copy of bytes: the rows fill the array from its
+    start, each a whole number of elements; None where no such view exists."""
+    shape, dtype = box[2], np.dtype(box[3])
+    size = dtype.itemsize
+    whole = rows.count * rows.length == size * int(np.prod(shape))
+    if rows.mem != 0 or rows.length % size or not whole:
+        return None
+    try:  # (a reshape that would copy raises: a copy is no view of the rows)
+        return np.reshape(shelf.view(dtype), shape[::-1] if box[4] == "F" else shape, copy=False)
+    except (ValueError, TypeError):
+        return None
 
 
 def _kept(size: int, lo: int, n: int, fresh: bool, before: Before | None,

@@ -426,19 +426,27 @@ def test_a_mapped_read_series_goes_to_its_read_step_and_errors_stay_agreed(comm,
         assert routed[3:] == [True] * (steps - 3)
 
 
-def _columns(comm, s, rows=64, cols=8):
+def _columns(comm, s, order="C", rows=64, cols=8):
     """Rank r's column block of step ``s``: a (rows, cols * (p + 1)) float64 matrix in C
     order from byte ``s`` steps in, rank r's ``rows`` runs interleaved with the others'
     (the size sweep's strided pattern; a block more that no rank reads, so that one
-    rank's runs are rows too); its piece, its layout and the step's bytes."""
+    rank's runs are rows too); in Fortran order its transpose, rank r's row block.  Its
+    piece, its layout and the step's bytes."""
     p, r = comm.size, comm.rank
     glob = np.arange(rows * cols * (p + 1), dtype=np.float64).reshape(rows, -1) + 1e5 * s + 0.5
+    if order == "F":
+        glob = np.asfortranarray(glob.T)
+        lay = Subarray(glob.shape, (r * cols, 0), (cols, rows), "<f8", order="F",
+                       offset=s * glob.nbytes)  # fmt: skip
+        piece = np.asfortranarray(glob[r * cols : (r + 1) * cols])
+        return piece, lay, glob.tobytes(order="F")
     lay = Subarray(glob.shape, (0, r * cols), (rows, cols), "<f8", offset=s * glob.nbytes)
     return np.ascontiguousarray(glob[:, r * cols : (r + 1) * cols]), lay, glob.tobytes()
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
 def test_a_strided_read_series_goes_to_its_rows_step_and_errors_stay_agreed(
-    comm, mpi_tmp_path, monkeypatch
+    comm, mpi_tmp_path, monkeypatch, order
 ):
     """A time series' small strided reads (64 runs per rank, column blocks interleaved
     across ranks) go from ``read_all`` straight to the step's read of the rows
@@ -454,13 +462,13 @@ def test_a_strided_read_series_goes_to_its_rows_step_and_errors_stay_agreed(
     p, r, steps, bad = comm.size, comm.rank, 8, comm.size - 1
     if r == 0:
         with open(path, "wb") as fh:
-            fh.write(b"".join(_columns(comm, s)[2] for s in range(steps)))
+            fh.write(b"".join(_columns(comm, s, order)[2] for s in range(steps)))
     comm.Barrier()
 
-    def series(order):
+    def series(which):
         routed = []
-        for s in order:
-            piece, lay, _ = _columns(comm, s)
+        for s in which:
+            piece, lay, _ = _columns(comm, s, order)
             out = np.full_like(piece, np.nan)
             seen, got = collio_calls(lambda: f.read_all(lay, out=out))  # noqa: B023
             assert got is out
@@ -483,7 +491,7 @@ def test_a_strided_read_series_goes_to_its_rows_step_and_errors_stay_agreed(
             assert routed[3:] == [True] * (len(routed) - 3)
             before, asked[:] = f.stats.mapped_bytes, []
             for s in range(steps):
-                piece, lay, _ = _columns(comm, s)
+                piece, lay, _ = _columns(comm, s, order)
                 seen, fresh = collio_calls(lambda: f.read_all(lay))  # noqa: B023
                 assert _routed(seen) and "_read_rows" in seen
                 np.testing.assert_array_equal(fresh, piece)
@@ -493,13 +501,13 @@ def test_a_strided_read_series_goes_to_its_rows_step_and_errors_stay_agreed(
         finally:
             del be.size
         # past the end: zeros there, as ROMIO reads them
-        piece, lay, _ = _columns(comm, steps)
+        piece, lay, _ = _columns(comm, steps, order)
         seen, got = collio_calls(lambda: f.read_all(lay))
         assert not _routed(seen)
         np.testing.assert_array_equal(got, np.zeros_like(piece))
         assert series(range(4)) == [False, False, True, True]  # (a call of its own between)
         # one rank's read-only ``out`` in a repeat: the same error everywhere
-        piece, lay, _ = _columns(comm, 2)
+        piece, lay, _ = _columns(comm, 2, order)
         out = np.full_like(piece, np.nan)
         if r == bad:
             out.flags.writeable = False
@@ -507,7 +515,7 @@ def test_a_strided_read_series_goes_to_its_rows_step_and_errors_stay_agreed(
                           match=f"rank {bad}")  # fmt: skip
         assert series(range(4)) == [True] * 4
         # one rank's negative offset
-        neg = Subarray(lay.global_shape, lay.start, lay.shape, "<f8", offset=-8)
+        neg = Subarray(lay.global_shape, lay.start, lay.shape, "<f8", order=order, offset=-8)
         mine = neg if r == bad else lay
         raises_everywhere(comm, collio.CollioError,
                           lambda: f.read_all(mine, out=np.empty_like(piece)),
@@ -527,7 +535,8 @@ def test_a_strided_read_series_goes_to_its_rows_step_and_errors_stay_agreed(
         if p == 1:
             return
         # one rank's other global array (a column more)
-        other = Subarray((64, 8 * p + 9), lay.start, lay.shape, "<f8", offset=lay.offset)
+        wider = tuple(n + (k == 1) for k, n in enumerate(lay.global_shape))
+        other = Subarray(wider, lay.start, lay.shape, "<f8", order=order, offset=lay.offset)
         mine = other if r == bad else lay
         raises_everywhere(comm, collio.MismatchError, lambda: f.read_all(mine),
                           match="ranks disagree on the global array")  # fmt: skip
@@ -537,3 +546,26 @@ def test_a_strided_read_series_goes_to_its_rows_step_and_errors_stay_agreed(
         raises_everywhere(comm, collio.MismatchError, call,
                           match=mismatch_message(comm, "sync", "read_all"))  # fmt: skip
         assert series(range(4)) == [True] * 4
+
+
+def test_a_strided_read_step_without_a_typed_view_copies_the_rows_as_bytes(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """Where the rows have no view as the array's elements (``quick._typed`` None), the
+    step copies them as bytes (``Rows.copy``'s copy) and reads what numpy reads."""
+    monkeypatch.setattr(quick, "_typed", lambda *args: None)
+    path = str(mpi_tmp_path / "bytes.bin")
+    steps = 6
+    if comm.rank == 0:
+        with open(path, "wb") as fh:
+            fh.write(b"".join(_columns(comm, s)[2] for s in range(steps)))
+    comm.Barrier()
+    routed = []
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        for s in list(range(steps)) + [3, 1]:
+            piece, lay, _ = _columns(comm, s)
+            seen, got = collio_calls(lambda: f.read_all(lay))  # noqa: B023
+            routed.append("_read_rows" in seen)
+            np.testing.assert_array_equal(got, piece)
+        assert f._ctx.kept[False].step.typed is None
+    assert routed[3:] == [True] * (len(routed) - 3)
