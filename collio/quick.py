@@ -182,9 +182,10 @@ def array_of(ctx: Context, box: Any, data: Any, *, writing: bool) -> Any:
 class Step:
     """A repeat of one kept one-run call on a posix file (through a
     :class:`~collio.layouts.Subarray`: :func:`layout_again`; through a dense view:
-    :func:`again`), in the fewest operations: oversubscribed ranks pay every operation
-    of one rank in the others' waits, and on a small call the Python between its I/O
-    and its one agreement is most of its time.
+    :func:`again`), or of a Subarray's read of several runs that are rows of a strided
+    array (:meth:`_read_rows`), in the fewest operations: oversubscribed ranks pay
+    every operation of one rank in the others' waits, and on a small call the Python
+    between its I/O and its one agreement is most of its time.
 
     Made at the call's first repeat through the lane and kept on its
     :class:`~collio.speculate.Kept`; it does what the lane does (the same conditions,
