@@ -37,8 +37,9 @@ from .backends import filereads
 from .backends.directio import DIRECT_MIN
 from .backends.failures import storage_error
 from .backends.fdio import pwrite_all
-from .backends.filereads import ONE_PREAD_BYTES
+from .backends.filereads import FEW_PREADS, ONE_PREAD_BYTES
 from .backends.keeping import HOLE_MIN, Before, keep_one
+from .backends.mapped import GATHER_BYTES, Rows, rows_of
 from .backends.posix import PosixBackend
 from .checkfacts import PLACED, Checked, moved_by, placed
 from .collective import KeptHead, call_kept_head, kept, raise_kept_mismatch
@@ -181,9 +182,10 @@ def array_of(ctx: Context, box: Any, data: Any, *, writing: bool) -> Any:
 class Step:
     """A repeat of one kept one-run call on a posix file (through a
     :class:`~collio.layouts.Subarray`: :func:`layout_again`; through a dense view:
-    :func:`again`), in the fewest operations: oversubscribed ranks pay every operation
-    of one rank in the others' waits, and on a small call the Python between its I/O
-    and its one agreement is most of its time.
+    :func:`again`), or of a Subarray's read of several runs that are rows of a strided
+    array (:meth:`_read_rows`), in the fewest operations: oversubscribed ranks pay
+    every operation of one rank in the others' waits, and on a small call the Python
+    between its I/O and its one agreement is most of its time.
 
     Made at the call's first repeat through the lane and kept on its
     :class:`~collio.speculate.Kept`; it does what the lane does (the same conditions,
@@ -193,7 +195,10 @@ class Step:
     it is (:func:`_agree`, :func:`_settle`), so errors, take-backs and statistics stay
     the lane's."""
 
-    __slots__ = ("k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps", "local")
+    __slots__ = (
+        "k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps", "local", "rows",
+        "first", "need", "gather", "src", "shelf", "typed", "f_order",
+    )  # fmt: skip
 
     def __init__(self, ctx: Context, k: speculate.Kept, writing: bool) -> None:
         self.k, self.calls, self.writing = k, ctx.kept[writing], writing
@@ -213,16 +218,42 @@ class Step:
         # a read copied from the map by one preadv (MappedReads.read_if_maps)
         self.maps = (not writing and k.path is _MAPPED and be.maps
                      and may_map(k.hints, writing=False))  # fmt: skip
+        # a read of several runs, rows of a strided array (:meth:`_read_rows`): the rows
+        # (the same for every step's runs, moved), where the kept runs start, and the
+        # bytes of the backend's gather buffer that a step reads and views
+        self.rows: Rows | None = None if k.runs is None else rows_of(k.runs)
+        self.first = 0 if k.runs is None else int(k.runs.file[0])
+        self.need = k.span if self.rows is None else max(k.span, self.rows.span)
+        # the gather buffer the views below are of, the view a step's pread fills and the
+        # rows viewed in it (made again when the backend's buffer is another)
+        self.gather: Any = None
+        self.src: Any = None
+        self.shelf: Any = None
+        # the rows viewed as the array's elements in its memory order (None: no such
+        # view), so that a step's copy is one ``copyto`` of the array (its transpose for
+        # one in Fortran order: C-contiguous, its shape reversed)
+        self.typed: Any = None
+        self.f_order = box is not None and box[4] == "F"
 
     @staticmethod
     def fits(ctx: Context, k: speculate.Kept, writing: bool) -> bool:
-        """Local: whether a step can repeat ``k`` (one run, on the posix backend, whose
-        requests it makes itself, the lane's head made)."""
-        return (
-            type(ctx.backend) is PosixBackend and k.runs is None and k.head is not None
-            and (k.box is not None or k.at is not None)
-            and (writing or k.path is _MAPPED or k.path is _DIRECT)
-        )  # fmt: skip
+        """Local: whether a step can repeat ``k`` (on the posix backend, whose requests
+        it makes itself, the lane's head made): one run; or a read of several, rows of a
+        strided array that every rank copied from the mapped file, read as
+        :meth:`~collio.backends.filereads.MappedReads.read_runs` reads them (one
+        ``pread`` of their extent into the gather buffer, one copy of the rows)."""
+        be = ctx.backend
+        if type(be) is not PosixBackend or k.head is None:
+            return False
+        if k.runs is not None:
+            return (
+                not writing and k.path is _MAPPED and k.box is not None and k.facts[1] is True
+                and be.maps and may_map(k.hints, writing=False) and len(k.runs) > FEW_PREADS
+                and k.span <= GATHER_BYTES and rows_of(k.runs) is not None
+            )  # fmt: skip
+        return (k.box is not None or k.at is not None) and (
+            writing or k.path is _MAPPED or k.path is _DIRECT
+        )
 
     def __call__(self, ctx: Context, layout: Any, data: Any,
                  t0: float) -> tuple[Literal[True] | Headed, Any] | None:  # fmt: skip
@@ -254,6 +285,9 @@ class Step:
             arr = array_of(ctx, box, data, writing=writing)
             if arr is None:
                 return None
+        if self.rows is not None:
+            got = self._read_rows(ctx, k.base + offset, arr, layout, offset, t0)
+            return None if got is None else (got, arr)
         buf = arr if self.c_order else arr.reshape(-1, order="A").view(np.uint8)
         if self.maps:
             got = self._read_mapped(ctx, k.base + offset, arr, buf, layout, offset, t0)
@@ -492,6 +526,110 @@ class Step:
             return _settle(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), io,
                            bool(got[0]), out, writing=False)  # fmt: skip
         return self._complete(ctx, alo, ahi, t_io, t_total)
+
+    def _read_rows(self, ctx: Context, lo: int, arr: Any, layout: Any, offset: int,
+                   t0: float) -> Literal[True] | Headed | None:  # fmt: skip
+        """:meth:`_read_mapped` of several runs (:attr:`rows`) whose first starts at
+        ``lo``: the lane's read of them (``MappedReads.read_runs`` of rows within
+        ``GATHER_BYTES``: one ``pread`` of their extent into the backend's gather buffer,
+        one numpy copy of the rows into ``arr``), with the views of that buffer made
+        once, and whether the runs lie within the file (the lane asks the size first:
+        ``maps_reads``) told by the bytes read, as a step's one run tells it.  The
+        moved runs are made only for a call that goes the lane's way after all."""
+        k = self.k
+        n = k.span
+        hi = lo + n
+        if hi >= speculate.BIG or ctx.read_aggregators is not None:
+            return None
+        ext = ctx.extents
+        if ext is not None and n > 0 and ext[1] - ext[0] == n:  # (moved_by, inline)
+            d = lo - ext[0]
+            moved, shift = False, 2 * d if d >= 0 else -2 * d - 1
+        else:
+            moved, shift = moved_by(ext, lo, hi)
+        be = self.be
+        rows = self.rows
+        assert rows is not None
+        if be._gather is not self.gather or be._gather is None:  # (MappedReads._gather_buffer)
+            g = be._gather_buffer(self.need)
+            self.gather, self.src = g, g[:n]
+            self.shelf = g[: rows.span].reshape(rows.count, rows.stride)[:, : rows.length]
+            self.typed = _typed(self.shelf, k.box, rows)
+        error = None
+        key: tuple[Any, ...] = ()
+        t = time.perf_counter()
+        try:
+            try:  # (read_gathered with its rows, inline)
+                if filereads.pread_zeros(self.fd, self.src, lo) < n:  # type: ignore[attr-defined]
+                    return None  # (past the end: the general way reads it again)
+                typed = self.typed
+                if typed is not None:
+                    np.copyto(arr.T if self.f_order else arr, typed)
+                else:  # (Rows.copy, from the view made once)
+                    m = rows.mem
+                    dest = arr.reshape(-1, order="A").view(np.uint8)
+                    np.copyto(dest[m : m + rows.count * rows.length].reshape(rows.count, -1),
+                              self.shelf)  # fmt: skip
+            except BaseException as exc:
+                raised = storage_error(be, exc)
+                if raised is exc:
+                    raise
+                raise raised from exc
+            fl = be.flusher  # (as _go: PosixBackend.take_counts, inline)
+            flushes = 0
+            if fl is not None:
+                flushes, fl.count = fl.count, 0
+            key = (rows.count, be.direct_bytes, flushes, be.mapped_bytes + rows.count * rows.length)
+            be.direct_bytes = be.mapped_bytes = 0
+        except BaseException as exc:
+            if not kept(exc):
+                raise
+            error = exc
+        end = time.perf_counter()
+        if error is not None or key != k.key:
+            io = (None, speculate.BIG, key, rows.count, end - t, error)
+            return _agree(ctx, k, self._moved(layout, offset, arr, lo), lo, _bytes(arr), moved,
+                          shift, io, end, writing=False, t0=t0)  # fmt: skip
+        head = k.head
+        sig = k.facts[3]
+        if sig >= 0:  # (checkfacts.placed, inline)
+            sig = (sig + offset) & PLACED
+        _PATCH_READ(head.own, lo, hi, moved, shift, int((end - t) * 1e9),
+                    int((end - t0) * 1e9), sig)  # fmt: skip
+        head.slots[0] = 0
+        ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
+        got = head.got
+        if got[1] != -got[2]:
+            _mismatch(ctx, k, head, (None, speculate.BIG, key, rows.count, end - t, error), False)
+        out = head.got_own
+        guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
+        if got[0] or not (guessed and same) or sig is None or items is None:
+            io = (None, speculate.BIG, key, rows.count, end - t, error)
+            return _settle(ctx, k, self._moved(layout, offset, arr, lo), lo, _bytes(arr), io,
+                           bool(got[0]), out, writing=False)  # fmt: skip
+        return self._complete(ctx, alo, ahi, t_io, t_total)
+
+    def _moved(self, layout: Any, offset: int, arr: Any, lo: int) -> Any:
+        """:meth:`_where` of a read of several runs: with the kept runs moved to ``lo``,
+        as :func:`layout_again` moves them (what the general way goes on from)."""
+        runs = self.k.runs
+        return layout, offset, arr, runs.moved(lo - self.first)
+
+
+def _typed(shelf: Any, box: Any, rows: Rows) -> Any:
+    """Local: the rows ``shelf`` (a uint8 view, one row per run) as a view of the kept
+    box's elements in its array's memory order (its shape; reversed for Fortran order),
+    for a copy into the array that is a copy of bytes: the rows fill the array from its
+    start, each a whole number of elements; None where no such view exists."""
+    shape, dtype = box[2], np.dtype(box[3])
+    size = dtype.itemsize
+    whole = rows.count * rows.length == size * int(np.prod(shape))
+    if rows.mem != 0 or rows.length % size or not whole:
+        return None
+    try:  # (a reshape that would copy raises: a copy is no view of the rows)
+        return np.reshape(shelf.view(dtype), shape[::-1] if box[4] == "F" else shape, copy=False)
+    except (ValueError, TypeError):
+        return None
 
 
 def _kept(size: int, lo: int, n: int, fresh: bool, before: Before | None,

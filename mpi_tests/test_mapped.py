@@ -247,8 +247,10 @@ def _series(comm, rows: int = 64, cols: int = 8):
 
 def test_a_strided_series_reads_rows_equal_numpy_and_romio(comm, mpi_tmp_path, monkeypatch):
     """A series' repeated strided reads copy their runs as rows from one pread: every
-    step's bytes equal numpy's and ROMIO's; a copy failing on one rank is raised by every
-    rank and the series goes on; the last step, past the file's end, reads zeros there."""
+    step's bytes equal numpy's and ROMIO's; a read failing on one rank (a repeat's,
+    by its step: the pread it makes; the lane's: its copy of the rows) is raised by
+    every rank and the series goes on; the last step, past the file's end, reads zeros
+    there."""
     from collio.backends.mapped import Rows
 
     path = str(mpi_tmp_path / "series.bin")
@@ -266,6 +268,7 @@ def test_a_strided_series_reads_rows_equal_numpy_and_romio(comm, mpi_tmp_path, m
             if s == 3:
                 if comm.rank == comm.size - 1:
                     monkeypatch.setattr(Rows, "copy", _failing)
+                    monkeypatch.setattr(filereads, "pread_zeros", _failing)
                 err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(step(3), out))
                 assert f"rank {comm.size - 1}" in str(err) and "injected" in str(err)
                 monkeypatch.undo()

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import collio_calls, raises_everywhere, read_file
+from helpers import collio_calls, mismatch_message, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
@@ -35,7 +35,7 @@ def _routed(seen):
     ``read_all`` through a layout by ``File._read_stepped``, any other by ``_stepped``; a
     mapped read's step by ``Step._read_mapped``, any other by ``Step._go``."""
     route = "_stepped" in seen or "_read_stepped" in seen
-    step = "_go" in seen or "_read_mapped" in seen
+    step = "_go" in seen or "_read_mapped" in seen or "_read_rows" in seen
     return route and step and not (_GUARDED & seen)
 
 
@@ -424,3 +424,148 @@ def test_a_mapped_read_series_goes_to_its_read_step_and_errors_stay_agreed(comm,
             routed.append(_routed(seen) and "_read_mapped" in seen)
             np.testing.assert_array_equal(out, piece)
         assert routed[3:] == [True] * (steps - 3)
+
+
+def _columns(comm, s, order="C", rows=64, cols=8):
+    """Rank r's column block of step ``s``: a (rows, cols * (p + 1)) float64 matrix in C
+    order from byte ``s`` steps in, rank r's ``rows`` runs interleaved with the others'
+    (the size sweep's strided pattern; a block more that no rank reads, so that one
+    rank's runs are rows too); in Fortran order its transpose, rank r's row block.  Its
+    piece, its layout and the step's bytes."""
+    p, r = comm.size, comm.rank
+    glob = np.arange(rows * cols * (p + 1), dtype=np.float64).reshape(rows, -1) + 1e5 * s + 0.5
+    if order == "F":
+        glob = np.asfortranarray(glob.T)
+        lay = Subarray(glob.shape, (r * cols, 0), (cols, rows), "<f8", order="F",
+                       offset=s * glob.nbytes)  # fmt: skip
+        piece = np.asfortranarray(glob[r * cols : (r + 1) * cols])
+        return piece, lay, glob.tobytes(order="F")
+    lay = Subarray(glob.shape, (0, r * cols), (rows, cols), "<f8", offset=s * glob.nbytes)
+    return np.ascontiguousarray(glob[:, r * cols : (r + 1) * cols]), lay, glob.tobytes()
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_strided_read_series_goes_to_its_rows_step_and_errors_stay_agreed(
+    comm, mpi_tmp_path, monkeypatch, order
+):
+    """A time series' small strided reads (64 runs per rank, column blocks interleaved
+    across ranks) go from ``read_all`` straight to the step's read of the rows
+    (``Step._read_rows``: one pread of their extent, one copy of the rows) and read what
+    ROMIO reads, into ``out`` or a new array, forwards and back.  A step reaching past
+    the end of the file reads zeros there, the general way.  A repeat that one rank
+    cannot take (a read-only ``out``, a negative offset, another global array) or
+    another call on one rank raises the same error on every rank, naming the rank, and
+    the series goes on by the route after it."""
+    from collio.backends import filereads
+
+    path = str(mpi_tmp_path / "cols.bin")
+    p, r, steps, bad = comm.size, comm.rank, 8, comm.size - 1
+    if r == 0:
+        with open(path, "wb") as fh:
+            fh.write(b"".join(_columns(comm, s, order)[2] for s in range(steps)))
+    comm.Barrier()
+
+    def series(which):
+        routed = []
+        for s in which:
+            piece, lay, _ = _columns(comm, s, order)
+            out = np.full_like(piece, np.nan)
+            seen, got = collio_calls(lambda: f.read_all(lay, out=out))  # noqa: B023
+            assert got is out
+            routed.append(_routed(seen) and "_read_rows" in seen)
+            np.testing.assert_array_equal(out, piece)
+            assert f.stats.last_call["path"] == "mapped"
+        return routed
+
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        be = f._ctx.backend
+        size, asked = be.size, []
+
+        def counted():
+            asked.append(1)
+            return size()
+
+        be.size = counted  # (the step asks no size: the pread tells it)
+        try:
+            routed = series(list(range(steps)) + [5, 2, 7])
+            assert routed[3:] == [True] * (len(routed) - 3)
+            before, asked[:] = f.stats.mapped_bytes, []
+            for s in range(steps):
+                piece, lay, _ = _columns(comm, s, order)
+                seen, fresh = collio_calls(lambda: f.read_all(lay))  # noqa: B023
+                assert _routed(seen) and "_read_rows" in seen
+                np.testing.assert_array_equal(fresh, piece)
+                np.testing.assert_array_equal(fresh, romio_read(path, lay, comm))
+            assert asked == []
+            assert f.stats.mapped_bytes - before == steps * p * piece.nbytes
+        finally:
+            del be.size
+        # past the end: zeros there, as ROMIO reads them
+        piece, lay, _ = _columns(comm, steps, order)
+        seen, got = collio_calls(lambda: f.read_all(lay))
+        assert not _routed(seen)
+        np.testing.assert_array_equal(got, np.zeros_like(piece))
+        assert series(range(4)) == [False, False, True, True]  # (a call of its own between)
+        # one rank's read-only ``out`` in a repeat: the same error everywhere
+        piece, lay, _ = _columns(comm, 2, order)
+        out = np.full_like(piece, np.nan)
+        if r == bad:
+            out.flags.writeable = False
+        raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay, out=out),
+                          match=f"rank {bad}")  # fmt: skip
+        assert series(range(4)) == [True] * 4
+        # one rank's negative offset
+        neg = Subarray(lay.global_shape, lay.start, lay.shape, "<f8", order=order, offset=-8)
+        mine = neg if r == bad else lay
+        raises_everywhere(comm, collio.CollioError,
+                          lambda: f.read_all(mine, out=np.empty_like(piece)),
+                          match=f"rank {bad}")  # fmt: skip
+        assert series(range(4)) == [True] * 4
+
+        # one rank's read fails: agreed, named
+        def failing(*args):
+            raise OSError(5, "injected read error")
+
+        if r == bad:
+            monkeypatch.setattr(filereads, "pread_zeros", failing)
+        err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay))
+        monkeypatch.undo()
+        assert f"rank {bad}" in str(err) and "injected read error" in str(err)
+        assert series(range(4)) == [True] * 4
+        if p == 1:
+            return
+        # one rank's other global array (a column more)
+        wider = tuple(n + (k == 1) for k, n in enumerate(lay.global_shape))
+        other = Subarray(wider, lay.start, lay.shape, "<f8", order=order, offset=lay.offset)
+        mine = other if r == bad else lay
+        raises_everywhere(comm, collio.MismatchError, lambda: f.read_all(mine),
+                          match="ranks disagree on the global array")  # fmt: skip
+        assert series(range(4)) == [True] * 4
+        # one rank in another call: a MismatchError on every rank
+        call = f.sync if r == 0 else (lambda: f.read_all(lay))
+        raises_everywhere(comm, collio.MismatchError, call,
+                          match=mismatch_message(comm, "sync", "read_all"))  # fmt: skip
+        assert series(range(4)) == [True] * 4
+
+
+def test_a_strided_read_step_without_a_typed_view_copies_the_rows_as_bytes(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """Where the rows have no view as the array's elements (``quick._typed`` None), the
+    step copies them as bytes (``Rows.copy``'s copy) and reads what numpy reads."""
+    monkeypatch.setattr(quick, "_typed", lambda *args: None)
+    path = str(mpi_tmp_path / "bytes.bin")
+    steps = 6
+    if comm.rank == 0:
+        with open(path, "wb") as fh:
+            fh.write(b"".join(_columns(comm, s)[2] for s in range(steps)))
+    comm.Barrier()
+    routed = []
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        for s in list(range(steps)) + [3, 1]:
+            piece, lay, _ = _columns(comm, s)
+            seen, got = collio_calls(lambda: f.read_all(lay))  # noqa: B023
+            routed.append("_read_rows" in seen)
+            np.testing.assert_array_equal(got, piece)
+        assert f._ctx.kept[False].step.typed is None
+    assert routed[3:] == [True] * (len(routed) - 3)
