@@ -503,28 +503,42 @@ class Step:
             if not kept(exc):
                 raise
             error = exc
-        end = time.perf_counter()
-        if error is not None or key != k.key:
-            io = (None, speculate.BIG, key, 1, end - t, error)
-            return _agree(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), moved,
-                          shift, io, end, writing=False, t0=t0)  # fmt: skip
+        return self._headed_read(ctx, lo, hi, arr, layout, offset, moved, shift,
+                                 (None, speculate.BIG, key, 1, time.perf_counter() - t, error),
+                                 t, t0, False)  # fmt: skip
+
+    def _headed_read(self, ctx: Context, lo: int, hi: int, arr: Any, layout: Any, offset: int,
+                     moved: bool, shift: int, io: tuple[Any, ...], t: float, t0: float,
+                     several: bool) -> Literal[True] | Headed:  # fmt: skip
+        """The rest of a read step's call after its I/O (``io``: the lane's tuple of it,
+        begun at ``t``): its one agreement and completion, or the lane's own way on
+        (:func:`_agree` for an error or other requests than the kept call's, then
+        :func:`_settle` for a call not complete at its head).  ``several``: the step's
+        rows (:meth:`_read_rows`), whose runs the lane's way goes on from, moved."""
+        k = self.k
+        end = t + io[4]
+        if io[5] is not None or io[2] != k.key:
+            where = self._moved(layout, offset, arr, lo) if several else self._where(
+                layout, offset, arr)  # fmt: skip
+            return _agree(ctx, k, where, lo, _bytes(arr), moved, shift, io, end, writing=False,
+                          t0=t0)  # fmt: skip
         head = k.head
         sig = k.facts[3]
         if sig >= 0:  # (checkfacts.placed, inline; a view's array starts at 0)
             sig = (sig + offset if layout is not None else sig) & PLACED
-        _PATCH_READ(head.own, lo, hi, moved, shift, int((end - t) * 1e9),
-                    int((end - t0) * 1e9), sig)  # fmt: skip
+        _PATCH_READ(head.own, lo, hi, moved, shift, int(io[4] * 1e9), int((end - t0) * 1e9),
+                    sig)  # fmt: skip
         head.slots[0] = 0
         ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
         got = head.got
         if got[1] != -got[2]:
-            _mismatch(ctx, k, head, (None, speculate.BIG, key, 1, end - t, error), False)
+            _mismatch(ctx, k, head, io, False)
         out = head.got_own
         guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
         if got[0] or not (guessed and same) or sig is None or items is None:
-            io = (None, speculate.BIG, key, 1, end - t, error)
-            return _settle(ctx, k, self._where(layout, offset, arr), lo, _bytes(arr), io,
-                           bool(got[0]), out, writing=False)  # fmt: skip
+            where = self._moved(layout, offset, arr, lo) if several else self._where(
+                layout, offset, arr)  # fmt: skip
+            return _settle(ctx, k, where, lo, _bytes(arr), io, bool(got[0]), out, writing=False)
         return self._complete(ctx, alo, ahi, t_io, t_total)
 
     def _read_rows(self, ctx: Context, lo: int, arr: Any, layout: Any, offset: int,
@@ -585,29 +599,10 @@ class Step:
             if not kept(exc):
                 raise
             error = exc
-        end = time.perf_counter()
-        if error is not None or key != k.key:
-            io = (None, speculate.BIG, key, rows.count, end - t, error)
-            return _agree(ctx, k, self._moved(layout, offset, arr, lo), lo, _bytes(arr), moved,
-                          shift, io, end, writing=False, t0=t0)  # fmt: skip
-        head = k.head
-        sig = k.facts[3]
-        if sig >= 0:  # (checkfacts.placed, inline)
-            sig = (sig + offset) & PLACED
-        _PATCH_READ(head.own, lo, hi, moved, shift, int((end - t) * 1e9),
-                    int((end - t0) * 1e9), sig)  # fmt: skip
-        head.slots[0] = 0
-        ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
-        got = head.got
-        if got[1] != -got[2]:
-            _mismatch(ctx, k, head, (None, speculate.BIG, key, rows.count, end - t, error), False)
-        out = head.got_own
-        guessed, same, sig, items, alo, ahi, t_io, t_total = _READ(out)
-        if got[0] or not (guessed and same) or sig is None or items is None:
-            io = (None, speculate.BIG, key, rows.count, end - t, error)
-            return _settle(ctx, k, self._moved(layout, offset, arr, lo), lo, _bytes(arr), io,
-                           bool(got[0]), out, writing=False)  # fmt: skip
-        return self._complete(ctx, alo, ahi, t_io, t_total)
+        return self._headed_read(
+            ctx, lo, hi, arr, layout, offset, moved, shift,
+            (None, speculate.BIG, key, rows.count, time.perf_counter() - t, error), t, t0, True,
+        )  # fmt: skip
 
     def _moved(self, layout: Any, offset: int, arr: Any, lo: int) -> Any:
         """:meth:`_where` of a read of several runs: with the kept runs moved to ``lo``,
