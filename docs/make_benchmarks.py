@@ -366,24 +366,40 @@ def _wrap(text: str) -> list[str]:
 
 
 def _throttled(doc: dict[str, Any]) -> list[str]:
-    """The largest writes without a sync per call run at the page cache's speed until the
-    kernel throttles dirty pages: the spread of every API's calls of that size says so."""
-    big = max(doc["sizes"])
-    rows = [
-        r for r in doc["results"] if r["kind"] == "call" and r["op"] == "write" and r["size"] == big
-    ]
-    if doc["fsync"] or not rows:
+    """Writes without a sync per call run at the page cache's speed until the kernel
+    throttles dirty pages: the sizes whose calls, over every API, spread more than
+    :data:`THROTTLED` times between their tenth and ninetieth percentiles, and their
+    spread, which says so."""
+    if doc["fsync"]:
         return []
-    lo = min(min(r["times"]) for r in rows)
-    hi = max(max(r["times"]) for r in rows)
+    spread = []
+    for size in sorted(doc["sizes"]):
+        times = [t for r in doc["results"] if r["kind"] == "call" and r["op"] == "write"
+                 and r["size"] == size for t in r["times"]]  # fmt: skip
+        # (the tenth and ninetieth percentiles, not the extremes: one stray slow call
+        # is no throttle; a throttle slows the calls from some call on)
+        if len(times) >= 10 and _pct(times, 90) > THROTTLED * _pct(times, 10):
+            lo, hi = _ms(min(times)), _ms(max(times))
+            spread.append(f"{_bytes(size)} per rank, from {lo} to {hi} ms")
+    if not spread:
+        return []
     text = (
-        f"Writes of {_bytes(big)} per rank with no sync per call run at the page cache's "
-        "speed until the kernel throttles the dirty pages: every API's calls of that size "
-        f"took from {_ms(lo)} to {_ms(hi)} ms (`times` in the JSON), so their medians say "
-        "more about which API met the throttle than about how it writes. Large writes are "
-        "compared in the tables above (`collio-bench --compare`, a sync in every iteration)."
+        "Writes with no sync per call run at the page cache's speed until the kernel "
+        "throttles the dirty pages, and which API's calls met the throttle first decides "
+        f"their medians more than how they write: every API's calls took, at "
+        f"{'; '.join(spread)} (`times` in the JSON). Large writes are compared in the tables "
+        "above (`collio-bench --compare`, a sync in every iteration)."
     )
     return ["", *_wrap(text)]
+
+
+#: A size's write calls (over every API) whose ninetieth percentile took this many times
+#: their tenth met the kernel's throttle of dirty pages.
+THROTTLED = 5
+
+
+def _pct(values: list[float], q: int) -> float:
+    return float(statistics.quantiles(values, n=100, method="inclusive")[q - 1])
 
 
 def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
