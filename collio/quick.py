@@ -564,15 +564,19 @@ class Step:
         be = self.be
         rows = self.rows
         assert rows is not None
-        if be._gather is not self.gather or be._gather is None:  # (MappedReads._gather_buffer)
-            g = be._gather_buffer(self.need)
-            self.gather, self.src = g, g[:n]
-            self.shelf = g[: rows.span].reshape(rows.count, rows.stride)[:, : rows.length]
-            self.typed = _typed(self.shelf, k.box, rows)
         error = None
         key: tuple[Any, ...] = ()
         t = time.perf_counter()
         try:
+            if be._gather is not self.gather or be._gather is None:
+                # (MappedReads._gather_buffer, and the views of it: made again inside the
+                # I/O's step, so that a rank out of memory is agreed, not raised alone
+                # while the others wait in the agreement)
+                g = be._gather_buffer(self.need)
+                self.src = g[:n]
+                self.shelf = g[: rows.span].reshape(rows.count, rows.stride)[:, : rows.length]
+                self.typed = _typed(self.shelf, k.box, rows)
+                self.gather = g
             try:  # (read_gathered with its rows, inline)
                 if filereads.pread_zeros(self.fd, self.src, lo) < n:  # type: ignore[attr-defined]
                     return None  # (past the end: the general way reads it again)

@@ -532,6 +532,18 @@ def test_a_strided_read_series_goes_to_its_rows_step_and_errors_stay_agreed(
         monkeypatch.undo()
         assert f"rank {bad}" in str(err) and "injected read error" in str(err)
         assert series(range(4)) == [True] * 4
+
+        # one rank cannot make the gather buffer the step views again: agreed, named
+        def no_memory(nbytes):
+            raise MemoryError("injected: no memory for the gather buffer")
+
+        if r == bad:
+            be._gather = None
+            monkeypatch.setattr(be, "_gather_buffer", no_memory)
+        err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all(lay))
+        monkeypatch.undo()
+        assert f"rank {bad}" in str(err) and "no memory for the gather buffer" in str(err)
+        assert series(range(4)) == [True] * 4
         if p == 1:
             return
         # one rank's other global array (a column more)
