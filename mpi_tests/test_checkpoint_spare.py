@@ -228,3 +228,35 @@ def test_without_hard_links_the_replaced_checkpoint_is_freed(
         assert listed == ["model.ckpt"], listed
     monkeypatch.undo()
     _loads(comm, path, 3)
+
+
+@pytest.mark.mpi
+def test_a_spare_that_arrays_still_map_is_not_written(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """Arrays a load returned over a map of the checkpoint keep their values while two
+    saves with the hint follow (the first keeps the mapped file as the spare, the
+    second must not write into it); once they are gone, a save takes the spare again."""
+    import gc
+
+    d = _dir(comm, mpi_tmp_path)
+    path = os.path.join(d, "model.ckpt")
+    spare = localfile.spare_name(path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm, hints=REUSE)
+    spec = model.rows_layouts(comm.rank, comm.size)
+    got = ckpt.load(path, dict(spec), comm=comm, hints={"checkpoint_map": "enable"})
+    assert all(model.mapped(a) for a in got.values())
+    first = _on0(comm, lambda: _ino(path))
+    for scale in (2, 3):
+        ckpt.save(path, model.rows_state(comm.rank, comm.size, scale), comm=comm, hints=REUSE)
+    for name, lay in spec.items():
+        want = np.ascontiguousarray(model.rows_reference(name)[lay.slices])  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+    assert _on0(comm, lambda: _ino(path)) != first
+    del got
+    gc.collect()
+    comm.Barrier()
+    kept = _on0(comm, lambda: _ino(spare))
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, 4), comm=comm, hints=REUSE)
+    assert _on0(comm, lambda: _ino(path)) == kept
+    _loads(comm, path, 4)
