@@ -160,3 +160,39 @@ def test_a_pieces_span_keeps_no_layout(tmp_path: Any) -> None:
     got = ckpt.load(path, {"x": cols[1]})
     assert got["x"].tobytes() == np.ascontiguousarray(glob[:, 16:32]).tobytes()
     assert [sys.getrefcount(lay) for lay in rows + cols] == counts
+
+
+def test_uncut_answers_as_the_plan_alone() -> None:
+    """verify.uncut (the search of a rank's piece edges among the extents) says what
+    verify.alone says from the rank's whole plan: every piece one range, no extent cut,
+    empty pieces and pieces not at the start of their array included."""
+    from collio.checkpoint.verify import Stored, alone, uncut
+
+    rng = np.random.default_rng(11)
+    seen = set()
+    for _ in range(2000):
+        na = int(rng.integers(1, 5))
+        nbytes = rng.integers(0, 50, na).astype(np.int64)
+        offsets, _ = format.place(nbytes.tolist())
+        starts, aid = [], []
+        for a in range(na):
+            if nbytes[a]:
+                cuts = np.unique(np.r_[0, rng.integers(0, nbytes[a], rng.integers(0, 4))])
+                starts += cuts.tolist()
+                aid += [a] * len(cuts)
+        st_, aid_ = np.array(starts, np.int64), np.array(aid, np.int64)
+        ends = extents.ends_of(st_, aid_, nbytes)
+        st = Stored(st_, np.zeros(len(st_), np.uint32), aid_, nbytes, offsets, None)  # type: ignore[arg-type]
+        spans = np.zeros((na, 4), np.int64)
+        for a in range(na):
+            lo = int(rng.integers(0, nbytes[a] + 1))
+            hi = int(rng.integers(lo, nbytes[a] + 1))
+            if rng.random() < 0.5 and nbytes[a]:  # (on the extents' edges)
+                i = int(rng.integers(0, int((aid_ == a).sum())))
+                j = int(rng.integers(i, int((aid_ == a).sum())))
+                lo, hi = int(st_[aid_ == a][i]), int(ends[aid_ == a][j])
+            spans[a] = [lo, hi, rng.random() < 0.95, hi - lo]
+        want = alone(st.plan(spans[None], join=False), spans, 0)[1]
+        assert uncut(st, spans) == want
+        seen.add(want)
+    assert seen == {True, False}
