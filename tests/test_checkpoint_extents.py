@@ -89,6 +89,25 @@ def test_crc_of_two_ranges_from_the_crc_of_each() -> None:
     assert got.tolist() == [crc32c.crc32c(x + y) for x, y in zip(a, b, strict=True)]
 
 
+def test_crc_combine_by_digit_as_by_bit() -> None:
+    """combine's advance a hexadecimal digit of the length at a time is the advance a
+    bit at a time, for every length up to 2**48 (each digit value, the longest)."""
+    from collio.checkpoint import crc
+
+    rng = np.random.default_rng(6)
+    lens = np.concatenate([
+        [0, 1, 15, 16, 17, (1 << 48) - 1, 1 << 47],
+        rng.integers(0, 1 << 48, 200), rng.integers(0, 1 << 22, 200),
+    ]).astype(np.int64)  # fmt: skip
+    c1 = rng.integers(0, 1 << 32, len(lens), np.uint64).astype(np.uint32)
+    c2 = rng.integers(0, 1 << 32, len(lens), np.uint64).astype(np.uint32)
+    tabs, want = crc._tables(), c1.copy()
+    for k in range(crc.BITS):
+        sel = ((lens >> k) & 1).astype(bool)
+        want[sel] = crc._advance(tabs[k], want[sel])
+    assert crc.combine(c1, c2, lens).tolist() == (want ^ c2).tolist()
+
+
 def test_parts_of_extents_across_piece_edges() -> None:
     """Two arrays in row pieces of a 3-rank load, extents cut at a 4-rank save's edges:
     the extents across the load's edges come in parts, one per rank holding bytes."""
