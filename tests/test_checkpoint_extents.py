@@ -89,6 +89,25 @@ def test_crc_of_two_ranges_from_the_crc_of_each() -> None:
     assert got.tolist() == [crc32c.crc32c(x + y) for x, y in zip(a, b, strict=True)]
 
 
+def test_crc_combine_by_digit_as_by_bit() -> None:
+    """combine's advance a hexadecimal digit of the length at a time is the advance a
+    bit at a time, for every length up to 2**48 (each digit value, the longest)."""
+    from collio.checkpoint import crc
+
+    rng = np.random.default_rng(6)
+    lens = np.concatenate([
+        [0, 1, 15, 16, 17, (1 << 48) - 1, 1 << 47],
+        rng.integers(0, 1 << 48, 200), rng.integers(0, 1 << 22, 200),
+    ]).astype(np.int64)  # fmt: skip
+    c1 = rng.integers(0, 1 << 32, len(lens), np.uint64).astype(np.uint32)
+    c2 = rng.integers(0, 1 << 32, len(lens), np.uint64).astype(np.uint32)
+    tabs, want = crc._tables(), c1.copy()
+    for k in range(crc.BITS):
+        sel = ((lens >> k) & 1).astype(bool)
+        want[sel] = crc._advance(tabs[k], want[sel])
+    assert crc.combine(c1, c2, lens).tolist() == (want ^ c2).tolist()
+
+
 def test_parts_of_extents_across_piece_edges() -> None:
     """Two arrays in row pieces of a 3-rank load, extents cut at a 4-rank save's edges:
     the extents across the load's edges come in parts, one per rank holding bytes."""
@@ -160,3 +179,39 @@ def test_a_pieces_span_keeps_no_layout(tmp_path: Any) -> None:
     got = ckpt.load(path, {"x": cols[1]})
     assert got["x"].tobytes() == np.ascontiguousarray(glob[:, 16:32]).tobytes()
     assert [sys.getrefcount(lay) for lay in rows + cols] == counts
+
+
+def test_uncut_answers_as_the_plan_alone() -> None:
+    """verify.uncut (the search of a rank's piece edges among the extents) says what
+    verify.alone says from the rank's whole plan: every piece one range, no extent cut,
+    empty pieces and pieces not at the start of their array included."""
+    from collio.checkpoint.verify import Stored, alone, uncut
+
+    rng = np.random.default_rng(11)
+    seen = set()
+    for _ in range(2000):
+        na = int(rng.integers(1, 5))
+        nbytes = rng.integers(0, 50, na).astype(np.int64)
+        offsets, _ = format.place(nbytes.tolist())
+        starts, aid = [], []
+        for a in range(na):
+            if nbytes[a]:
+                cuts = np.unique(np.r_[0, rng.integers(0, nbytes[a], rng.integers(0, 4))])
+                starts += cuts.tolist()
+                aid += [a] * len(cuts)
+        st_, aid_ = np.array(starts, np.int64), np.array(aid, np.int64)
+        ends = extents.ends_of(st_, aid_, nbytes)
+        st = Stored(st_, np.zeros(len(st_), np.uint32), aid_, nbytes, offsets, None)  # type: ignore[arg-type]
+        spans = np.zeros((na, 4), np.int64)
+        for a in range(na):
+            lo = int(rng.integers(0, nbytes[a] + 1))
+            hi = int(rng.integers(lo, nbytes[a] + 1))
+            if rng.random() < 0.5 and nbytes[a]:  # (on the extents' edges)
+                i = int(rng.integers(0, int((aid_ == a).sum())))
+                j = int(rng.integers(i, int((aid_ == a).sum())))
+                lo, hi = int(st_[aid_ == a][i]), int(ends[aid_ == a][j])
+            spans[a] = [lo, hi, rng.random() < 0.95, hi - lo]
+        want = alone(st.plan(spans[None], join=False), spans, 0)[1]
+        assert uncut(st, spans) == want
+        seen.add(want)
+    assert seen == {True, False}

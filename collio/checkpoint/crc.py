@@ -6,7 +6,10 @@ checksums its part from memory, and the parts' checksums combine into the extent
 so no byte is read twice.  ``crc(A + B)`` is ``crc(A)`` advanced over ``len(B)`` zero
 bytes, xor ``crc(B)``; the advance is a linear map over GF(2), a 32x32 bit matrix per
 power of two of the length, applied a byte at a time by table.  Pure numpy: all
-combines of a load in four lookups per bit of the longest length.
+combines of a load at once, a hexadecimal digit of the lengths at a time (four lookups
+per digit of the longest length, a table per digit value), a fourth of the steps of
+one per bit: a resharded load combines a few hundred checksums, where each step's numpy
+calls cost more than their lookups.
 """
 
 from __future__ import annotations
@@ -68,17 +71,39 @@ def _advance(tab: U32, crc: U32) -> U32:
     return out
 
 
+#: Bits of the length one step of :func:`combine` advances by (a hexadecimal digit)
+DIGIT = 4
+
+
+@functools.cache
+def _digit(k: int) -> U32:
+    """``tab[d, b, v]``: the image of byte ``b`` of a CRC being ``v``, advanced over
+    ``d * 16**k`` zero bytes (``d`` 0 to 15; 0 the identity), built once from the
+    power-of-two advances of digit ``k``'s bits."""
+    tabs = _tables()
+    bits = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(bool)  # (v, j)
+    img = np.tile(np.uint32(1) << np.arange(32, dtype=np.uint32), (1 << DIGIT, 1))
+    for j in range(DIGIT):  # (each digit value's images of the 32 bits)
+        on = ((np.arange(1 << DIGIT) >> j) & 1).astype(bool)
+        img[on] = _advance(tabs[DIGIT * k + j], img[on])
+    ops = img.reshape(1 << DIGIT, 4, 1, 8)  # (the images of bit 8 * b + j)
+    picked = np.where(bits[None, None], ops, np.uint32(0))
+    tab: U32 = np.bitwise_xor.reduce(picked, axis=-1).astype(np.uint32)
+    return tab
+
+
 def combine(crc1: U32, crc2: U32, len2: npt.NDArray[np.int64]) -> U32:
     """The CRC-32C of each ``A + B``, given ``crc(A)``, ``crc(B)`` and ``len(B)``."""
-    tabs = _tables()
     out = np.asarray(crc1, np.uint32).copy()
     n = np.asarray(len2, np.int64)
-    for k in range(BITS):
-        sel = ((n >> k) & 1).astype(bool)
-        if sel.any():
-            out[sel] = _advance(tabs[k], out[sel])
-        if not bool((n >> (k + 1)).any()):
+    for k in range(BITS // DIGIT):
+        if not bool(n.any()):
             break
+        tab = _digit(k)
+        d = n & ((1 << DIGIT) - 1)  # (a zero digit's table is the identity)
+        out = (tab[d, 0, out & 0xFF] ^ tab[d, 1, (out >> 8) & 0xFF]
+               ^ tab[d, 2, (out >> 16) & 0xFF] ^ tab[d, 3, out >> 24])  # fmt: skip
+        n = n >> DIGIT
     return out ^ np.asarray(crc2, np.uint32)
 
 

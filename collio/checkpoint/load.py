@@ -25,7 +25,7 @@ from .chunks import ChunkedReads, Chunks
 from .filemap import Reader, maps
 from .index import Info, info, parse, parse_crc
 from .placed import placed
-from .verify import CHUNK, Checks, Stored, Views, alone, read_checked, verify, verify_alone
+from .verify import CHUNK, Checks, Stored, Views, alone, read_checked, uncut, verify, verify_alone
 from .wanted import Wanted
 
 __all__ = ["CHUNK", "Info", "info", "load"]
@@ -272,6 +272,7 @@ def _load_local(
             crc, solo = -1, False
             parsed: Any = None
             st: Any = None
+            x: Any = None
             with step:
                 # (the ranks compare what a collio file's open compares: the target and
                 # the parsed hints, not how each rank spelled the backend's options)
@@ -282,11 +283,15 @@ def _load_local(
                 index, crc = parse_crc(reader.read, reader.size(), path)
                 got.find(index, spec, maps=maps(parsed.checkpoint_map, reader.fd))
                 st = Stored.of(index, got.wanted)
-                # (this rank's alone: its one piece of an array holds an extent whole or
-                # not at all, so no extent is joined from parts, which alone() drops)
-                x = st.plan(got.spans[None], join=False)
                 got.map(reader, st.offs, st.chunks, parsed.checkpoint_map == "enable")
-                x, solo = alone(x, got.spans, comm.Get_rank())
+                # (this rank's alone: its one piece of an array holds an extent whole or
+                # not at all, so no extent is joined from parts, which alone() drops.  A
+                # rank whose pieces cut some extent (another decomposition than the
+                # save's) plans from every rank's spans after the agreement: its plan
+                # alone would never be used)
+                if uncut(st, got.spans):
+                    x, solo = alone(st.plan(got.spans[None], join=False), got.spans,
+                                    comm.Get_rank())  # fmt: skip
             setup = (path, repr(parsed))
             head = _Head(index_crc=crc, names=digest(got.names), setup=digest(setup), alone=solo)
             if _agree_local(comm, (priv.files + 1, path), step.error, head, got.names, setup):

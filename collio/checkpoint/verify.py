@@ -23,7 +23,7 @@ from .crc import combine as crc_combine
 from .crc import of_pieces
 
 __all__ = ["CHUNK", "Checks", "Stored", "Views", "alone", "read_checked", "segments",
-           "verify", "verify_alone"]  # fmt: skip
+           "uncut", "verify", "verify_alone"]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
 
@@ -281,6 +281,27 @@ def alone(x: extents.Plan, spans: I64, rank: int) -> tuple[extents.Plan, bool]:
     whole_ones = bool(spans[:, 2].all()) and not bool(cut.any())
     none = np.full(len(x.starts), -1, np.int64)
     return extents.Plan(x.starts, x.ends, x.aid, np.where(mine, rank, -1), none), whole_ones
+
+
+def uncut(st: Stored, spans: I64) -> bool:
+    """Whether this rank's pieces (``spans``, a row per array) are each one range and no
+    edge of one lies strictly inside a stored extent: :func:`alone`'s answer without its
+    plan (a search of the pieces' edges among the extents instead of the owner of every
+    extent), so that a rank loading another decomposition than the save's makes no plan
+    of its own that the agreement would then drop."""
+    if not bool(spans[:, 2].all()):
+        return False
+    if not len(st.starts):
+        return True
+    # (the extents in virtual order: each array's, sorted, at its ascending offset)
+    base = st.offs[st.aid]
+    firsts = base + st.starts
+    lasts = base + extents.ends_of(st.starts, st.aid, st.nbytes)
+    edges = st.offs[:, None] + spans[:, :2]
+    k = np.searchsorted(firsts, edges, side="right") - 1
+    kk = np.maximum(k, 0)
+    inside = (k >= 0) & (firsts[kk] < edges) & (edges < lasts[kk])
+    return not bool(inside.any())
 
 
 def verify_alone(
