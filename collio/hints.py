@@ -76,7 +76,7 @@ MAX_STRIPE = 4 << 30
 MIN_DOMAIN = 1 << 20
 _TRI = ("enable", "disable", "automatic")
 #: ``free_replaced``'s values.
-FREE_REPLACED = ("background", "commit")
+FREE_REPLACED = ("background", "commit", "reuse")
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -202,6 +202,11 @@ class Hints:
         runs beside the job, on a spare core if it has one, else on the job's cores,
         whatever runs next.  ``commit``: the commit closes it and syncs the directory
         before it returns, so every rank waits for that work inside the save instead.
+        ``reuse`` (checkpoint saves to a file; other writes free as ``background``):
+        nothing is freed.  The replaced checkpoint stays beside the target as
+        ``.NAME.collio-spare`` and the next save to the target writes into its blocks
+        (every byte it does not write zeroed): no save frees or allocates blocks, at the
+        price of a second checkpoint's disk space; a save without it removes the spare.
     read_past_eof
         ``enable`` (default): bytes a ``read_all`` asks for past the end of the file read
         as zeros (as bytes no rank wrote do); ``disable``: such a read raises the same
@@ -268,7 +273,7 @@ class Hints:
             )
         if self.free_replaced not in FREE_REPLACED:
             raise HintError(
-                f"hint free_replaced={self.free_replaced!r} must be background or commit"
+                f"hint free_replaced={self.free_replaced!r} must be background, commit or reuse"
             )
         if self.read_past_eof not in ("enable", "disable"):
             raise HintError(f"hint read_past_eof={self.read_past_eof!r} must be enable or disable")

@@ -528,39 +528,48 @@ def checkpoint_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     return [*lines, "", f"`{command(doc)}`, {doc['arrays']} arrays, {doc['nranks']} ranks."]
 
 
-#: The checkpoint job run again with the replaced checkpoint freed inside the commit.
+#: The checkpoint job run again with the replaced checkpoint freed inside the commit, and
+#: with it kept and written into by the next save.
 FREED = "checkpoint-free-in-commit"
+REUSED = "checkpoint-reuse"
 
 
 def freed_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     """The checkpoint job's targets and main medians with ``free_replaced`` as it is by
-    default and with ``commit``, side by side (two jobs, one after the other)."""
-    base, freed = docs.get("checkpoint"), docs.get(FREED)
-    if base is None or freed is None:
+    default, with ``commit`` and with ``reuse``, side by side (jobs one after the other)."""
+    jobs = [(h, docs[n]) for h, n in (("background (default)", "checkpoint"), ("commit", FREED),
+                                      ("reuse", REUSED)) if n in docs]  # fmt: skip
+    if len(jobs) < 2 or jobs[0][0] != "background (default)":
         return []
     lines = [
         "Where the replaced checkpoint is freed (hint `free_replaced`): the same job with the",
         "default, `background` (rank 0 closes the old file in a thread of its own after the",
         "commit, and the file system frees its blocks beside the job: on this file system,",
         "mounted with `discard`, at the next journal commit, which the next save's flushes",
-        "force), and with `commit` (the commit closes it and syncs the directory, every rank",
-        "waiting), the two jobs one after the other:",
+        "force), with `commit` (the commit closes it and syncs the directory, every rank",
+        "waiting) and with `reuse` (nothing is freed: the replaced file stays beside the",
+        "target as its spare, and the next save writes into its blocks, at the price of a",
+        "second checkpoint's disk space), the jobs one after the other. `ceiling overwrite` is",
+        "the ceiling's write into the blocks its file has, none freed or allocated: the bound",
+        "of a save with `reuse`, as `ceiling write` (a new file) is of the others.",
         "",
-        "| | background (default) | commit |",
-        "|---|---:|---:|",
+        "| | " + " | ".join(h for h, _ in jobs) + " |",
+        "|---|" + "---:|" * len(jobs),
     ]
-    for name in ("collio save", "async_save total", "compute during I/O", "compute alone"):
-        if name in base["times"] and name in freed["times"]:
-            a, b = (statistics.median(d["times"][name]) for d in (base, freed))
-            lines.append(f"| {name}, median s | {a:.3f} | {b:.3f} |")
-    got = {t["target"]: t for t in freed["targets"]}
-    for t in base["targets"]:
-        if t["target"] in got:
+    names = ("collio save", "async_save total", "compute during I/O", "compute alone",
+             "ceiling write", "ceiling overwrite")  # fmt: skip
+    for name in names:
+        if all(name in d["times"] for _, d in jobs):
+            got = " | ".join(f"{statistics.median(d['times'][name]):.3f}" for _, d in jobs)
+            lines.append(f"| {name}, median s | {got} |")
+    rows = [{t["target"]: t for t in d["targets"]} for _, d in jobs]
+    for t in jobs[0][1]["targets"]:
+        if all(t["target"] in r for r in rows):
             rel = ">=" if t["at_least"] else "<="
-            lines.append(
-                f"| {t['target']} ({rel} {t['bound']}) | {_met(t)} | {_met(got[t['target']])} |"
-            )
-    return [*lines, "", f"`{command(freed)}`.", ""]
+            got = " | ".join(_met(r[t["target"]]) for r in rows)
+            lines.append(f"| {t['target']} ({rel} {t['bound']}) | {got} |")
+    tail = ", ".join(f"`{command(d)}`" for _, d in jobs[1:])
+    return [*lines, "", f"{tail}.", ""]
 
 
 def _met(t: dict[str, Any]) -> str:

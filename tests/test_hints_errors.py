@@ -65,7 +65,7 @@ def test_unknown_hints_are_reported_not_dropped():
         ({"romio_cb_write": "maybe"}, "must be one of"),
         ({"cb_config_list": "node1:2"}, "understands"),
         ({"atomic_commit": "perhaps"}, "not a boolean"),
-        ({"free_replaced": "later"}, "free_replaced='later' must be background or commit"),
+        ({"free_replaced": "later"}, "free_replaced='later' must be background, commit or reuse"),
     ],
 )
 def test_bad_hints(hints, text):

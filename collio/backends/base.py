@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import abc
 import errno
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -353,11 +353,20 @@ class Backend(abc.ABC):
     def sync(self) -> None:
         """Make written data durable (on the ranks that wrote)."""
 
-    def reserve(self, size: int, holes: tuple[Any, Any] | None = None) -> None:  # noqa: B027 - optional hook
+    def reserve(  # noqa: B027 - optional hook
+        self,
+        size: int,
+        holes: tuple[Any, Any] | None = None,
+        unwritten: Callable[[], tuple[Any, Any]] | None = None,
+    ) -> None:
         """Local, one rank: have the storage allocate room for the first ``size`` bytes in
         one request, before the ranks write them, where it can (a hint: the size and the
         bytes stay as they are), but for the ranges ``holes`` (sorted, disjoint, page
-        aligned ``(starts, lengths)`` that nobody writes: left holes); nothing by default."""
+        aligned ``(starts, lengths)`` that nobody writes: left holes); nothing by default.
+        ``unwritten`` gives the ranges of the first ``size`` bytes the ranks will not
+        write (sorted, disjoint, any alignment): a backend that writes into an older
+        file's blocks zeroes them, and cuts the file to ``size``, so that the target
+        holds what a new file would."""
 
     def release_replaced(self, part: int, parts: int) -> None:  # noqa: B027 - optional hook
         """Local: writing what will replace an existing target, give back this rank's

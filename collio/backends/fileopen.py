@@ -36,7 +36,7 @@ def check_options(mode: str, options: dict[str, Any]) -> None:
         raise ModeError(f"posix backend: writeback={writeback!r} must be True or False")
     if options.get("create", False) not in (False, True, "exclusive"):
         raise ModeError(f"posix backend: create={options['create']!r} must be a bool or exclusive")
-    unknown = sorted(set(options) - {"writeback", "holes", "create"})
+    unknown = sorted(set(options) - {"writeback", "holes", "create", "_spare"})
     if unknown:
         raise ModeError(f"posix backend: unknown options {unknown}")
 
@@ -57,6 +57,9 @@ def open_file(
     holes = str(options.get("holes", "auto"))
     create = options.get("create", False) if mode == "r+" else False
     atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
+    # (``_spare``: a checkpoint save with free_replaced=reuse, whose writer zeroes every
+    # byte it leaves unwritten in a reused spare; a plain write could not say which)
+    reuse = atomic and bool(options.get("_spare", False))
     flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
     made = Prepared("", -1, None)  # rank 0's: the temporary's lock, the target's stat
     opened = None
@@ -71,7 +74,7 @@ def open_file(
         if comm.Get_rank() == 0:
             with step:
                 path = os.fspath(target)
-                made = prepare(path, mode, atomic, create)
+                made = prepare(path, mode, atomic, create, reuse)
                 size = made.before.st_size if made.before is not None else 0
                 shared = (made.name, path, size)
         name, path, size = bcast_outcome(comm, shared, step.error, what="open")
@@ -89,6 +92,7 @@ def open_file(
     self = cls(name, fd, mode, path if atomic else None, writeback, holes)
     self.made = made
     self.free_now = atomic and getattr(hints, "free_replaced", "background") == "commit"
+    self.keep = reuse
     self.opened_size = int(size)
     self.stored = 0 if mode == "w" else int(size)
     try:

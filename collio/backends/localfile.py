@@ -14,6 +14,13 @@ that a target is judged the same way whichever front end opens it.
   lives; the kernel drops that lock when the process dies, however it dies.  A later
   atomic open or commit of the same target removes the temporaries whose lock it can
   take (:func:`reclaim`): those of jobs that are gone, never one another live job holds.
+* With the hint ``free_replaced=reuse`` (checkpoint saves), the file a commit replaces
+  stays beside the target as ``.NAME.collio-spare`` (:func:`keep_spare`), and the next
+  save to the target takes it as its temporary (:func:`claim_spare`) and writes into
+  its blocks: no save then frees or allocates any, which on a file system that
+  discards freed blocks costs the job's cores as much as the write.  The spare is
+  only ever a file this user's save made and nothing else links to; a commit without
+  the hint removes it.
 """
 
 from __future__ import annotations
@@ -38,16 +45,20 @@ from ..errors import BackendError
 __all__ = [
     "Prepared",
     "check_target",
+    "claim_spare",
+    "drop_spare",
     "finish_temporary",
     "forget_cached",
     "fsync_dir",
     "hold",
+    "keep_spare",
     "make_temporary",
     "new_mode",
     "open_regular",
     "prepare",
     "reclaim",
     "release_later",
+    "spare_name",
     "temporary_pattern",
     "unlink_quietly",
 ]
@@ -140,12 +151,16 @@ def temporary_pattern(path: str) -> tuple[str, str]:
     return d, f".{glob.escape(base[:150])}.collio-*.tmp"
 
 
+def _temporary_name(path: str) -> str:
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{base[:150]}.collio-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
 def make_temporary(path: str) -> tuple[str, int]:
     """On rank 0: create the temporary of an atomic write to ``path``, ``0600``, with this
     job's host and process id in its name and an ``flock`` held on the descriptor
     returned (keep it open until the temporary is committed or removed)."""
-    d, base = os.path.split(os.path.abspath(path))
-    name = os.path.join(d, f".{base[:150]}.collio-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    name = _temporary_name(path)
     fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR | _CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -156,6 +171,109 @@ def make_temporary(path: str) -> tuple[str, int]:
             raise
         # (a file system without flock: the name tells this job's temporary from others)
     return name, fd
+
+
+def spare_name(path: str) -> str:
+    """The name of the replaced file a save with ``free_replaced=reuse`` keeps beside ``path``."""
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{base[:150]}.collio-spare")
+
+
+def claim_spare(path: str) -> tuple[str, int] | None:
+    """On rank 0: the spare kept beside ``path`` (:func:`keep_spare`) renamed to a
+    temporary of this job, ``0600`` and locked, as :func:`make_temporary` returns one,
+    its old bytes still in it; None (nothing changed) where there is none to take.
+
+    Only a regular file of this user that nothing else links to is taken: writing into
+    one with another name would change that file too, and one of another user's is not
+    this job's to reuse.  It is opened without following a link, made ``0600`` and
+    locked before it is renamed, so another job's reclaim never takes it for a dead
+    one's, and a file put at the name meanwhile (another inode) is renamed back."""
+    spare = spare_name(path)
+    try:
+        fd = os.open(spare, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | _NONBLOCK | _CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            os.close(fd)
+            return None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (another job's claim: not ours)
+        os.fchmod(fd, 0o600)
+        name = _temporary_name(path)
+        os.rename(spare, name)
+        moved = os.lstat(name)
+        if (moved.st_dev, moved.st_ino) != (st.st_dev, st.st_ino):
+            with contextlib.suppress(OSError):
+                os.rename(name, spare)
+            os.close(fd)
+            return None
+        if _NONBLOCK:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
+        os.utime(fd)  # (its age is this job's: a reclaim without locks goes by age)
+    except OSError:
+        os.close(fd)
+        return None
+    return name, fd
+
+
+def keep_spare(path: str) -> bool:
+    """On rank 0, before the rename that replaces ``path``: give the file there a second
+    name, the spare's, so the rename frees nothing and the next save reuses its blocks
+    (:func:`claim_spare`); whether it did.  Only a regular file that has no other name
+    is kept (a symlink's target or a file linked elsewhere is not freed by the rename
+    anyway, and is not the save's to overwrite).  A spare already there (a save that
+    did not take it) is replaced, freed in a thread of its own (:func:`release_later`);
+    where the file system has no hard links, nothing is kept and the caller frees the
+    old file as without the hint."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        return False
+    spare = spare_name(path)
+    try:
+        os.link(path, spare, follow_symlinks=False)
+        return True
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    fresh = _temporary_name(path)  # (left by a killed job: reclaimed as its temporaries are)
+    try:
+        os.link(path, fresh, follow_symlinks=False)
+    except OSError:
+        return False
+    old = hold(spare)
+    try:
+        os.replace(fresh, spare)
+    except OSError:
+        unlink_quietly(fresh)
+        if old >= 0:
+            os.close(old)
+        return False
+    release_later(old)
+    return True
+
+
+def drop_spare(path: str, now: bool) -> None:
+    """On rank 0: remove a spare a save with ``free_replaced=reuse`` kept beside ``path``
+    (a commit without the hint: nothing will reuse it), freed as the replaced file is
+    (``now``, or in a thread of its own)."""
+    spare = spare_name(path)
+    try:
+        if not stat.S_ISREG(os.lstat(spare).st_mode):
+            return
+    except OSError:
+        return
+    old = hold(spare)
+    unlink_quietly(spare)
+    if now and old >= 0:
+        os.close(old)
+    else:
+        release_later(old)
 
 
 def _directory_of(name: str) -> int:
@@ -276,6 +394,9 @@ class Prepared:
     #: a descriptor of the temporary's directory (-1: none): the temporary is removed
     #: through it, where it is even if its directory was moved or replaced since
     home: int = -1
+    #: whether the temporary is a claimed spare (:func:`claim_spare`): it holds the
+    #: bytes of an older save until the writer truncates it and zeroes what it leaves
+    reused: bool = False
 
     def release(self) -> None:
         """Let go of the temporary's lock (closing its descriptor)."""
@@ -301,10 +422,12 @@ class Prepared:
         self.release()
 
 
-def prepare(path: str, mode: str, atomic: bool, create: bool | str = False) -> Prepared:
+def prepare(
+    path: str, mode: str, atomic: bool, create: bool | str = False, reuse: bool = False
+) -> Prepared:
     """On rank 0: check the target is a regular file (or absent, in 'w' or with
     ``create``), then create or truncate it, or make the temporary of an atomic write (a
-    copy of it in 'r+')."""
+    copy of it in 'r+'; with ``reuse``, in 'w', the spare where there is one)."""
     before = check_target(path, "w" if create else mode)
     if create and (before is None or create == "exclusive"):
         excl = os.O_EXCL if create == "exclusive" else 0
@@ -316,8 +439,9 @@ def prepare(path: str, mode: str, atomic: bool, create: bool | str = False) -> P
         return Prepared(path, -1, before)
     with contextlib.suppress(OSError):  # (dead jobs' leftovers: never this open's error)
         reclaim(path)
-    name, lock = make_temporary(path)
-    made = Prepared(name, lock, before, _directory_of(name))
+    claimed = claim_spare(path) if reuse and mode == "w" else None
+    name, lock = claimed or make_temporary(path)
+    made = Prepared(name, lock, before, _directory_of(name), reused=claimed is not None)
     if mode == "r+":
         try:
             with open(path, "rb") as src, open(name, "r+b") as dst:

@@ -7,7 +7,7 @@ import ctypes
 import errno
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,12 +25,16 @@ from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, fallocate, sync_file_range
 from .keeping import KEEP_RUNS, Before, keep_one, keep_runs, put_back
 from .localfile import (
     Prepared,
+    drop_spare,
     finish_temporary,
     forget_cached,
     fsync_dir,
     hold,
+    keep_spare,
     reclaim,
     release_later,
+    spare_name,
+    unlink_quietly,
 )
 from .mapped import Rows
 
@@ -56,6 +60,8 @@ WRITE_BEHIND_MIN = 64 << 10
 DIRECT_FLUSH_MIN = 1 << 20
 #: What a file system that cannot allocate blocks ahead says to (posix_)fallocate.
 _CANNOT_ALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
+#: fallocate's modes that free a range's blocks and leave zeros, the size kept.
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 
 
 class PosixBackend(MappedReads):
@@ -111,6 +117,7 @@ class PosixBackend(MappedReads):
         self._rows: tuple[Runs, Rows | None] | None = None  # (MappedReads._rows_of's)
         self.made = Prepared(path, -1, None)  # rank 0's temporary (atomic_commit), see open
         self.free_now = False  # hint free_replaced=commit: the commit frees the old file
+        self.keep = False  # hint free_replaced=reuse (a checkpoint's): the commit keeps it
 
     # -- open ---------------------------------------------------------------
     @classmethod
@@ -290,7 +297,12 @@ class PosixBackend(MappedReads):
                 raise
             os.ftruncate(self.fd, size)
 
-    def reserve(self, size: int, holes: tuple[Any, Any] | None = None) -> None:
+    def reserve(
+        self,
+        size: int,
+        holes: tuple[Any, Any] | None = None,
+        unwritten: Callable[[], tuple[Any, Any]] | None = None,
+    ) -> None:
         """``fallocate`` (mode 0) of the first ``size`` bytes: the file system allocates
         their blocks at once, as one extent where it can, so the ranks' writes and their
         writeback allocate none while the ranks write (each allocation holds the inode's
@@ -298,7 +310,16 @@ class PosixBackend(MappedReads):
         are left out (a request per range between them: blocks allocated for them would
         take disk space for nothing).  Where the file system cannot (``EOPNOTSUPP``),
         nothing: the writes allocate as they go.  A full disk is raised here, before any
-        byte is written."""
+        byte is written.
+
+        A temporary that is a reused spare (hint ``free_replaced=reuse``) is cut to
+        ``size`` and its ``unwritten`` ranges zeroed first (:meth:`_zero`): a new file
+        would read zeros there, and the spare holds an older save's bytes."""
+        if self.made.reused:
+            self.dirty = True
+            os.ftruncate(self.fd, max(size, 0))
+            if unwritten is not None:
+                self._zero(*unwritten())
         if fallocate is None or size <= 0:
             return
         self.dirty = True  # (the file's size and blocks: the close's fsync makes them durable)
@@ -312,6 +333,25 @@ class PosixBackend(MappedReads):
                 if code not in _CANNOT_ALLOCATE:
                     raise OSError(code, os.strerror(code), self.path)
                 return
+
+    def _zero(self, starts: Any, lengths: Any) -> None:
+        """Zero the ranges ``(starts, lengths)``: their whole blocks freed (a hole, as a new
+        file has there; cheap where one is already), the bytes around them zeroed by the
+        file system; written as zeros where it cannot punch holes."""
+        zeros = None
+        for lo, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+            if n <= 0:
+                continue
+            if fallocate is not None and fallocate(self.fd, _PUNCH_HOLE, lo, n) == 0:
+                continue
+            code = ctypes.get_errno() if fallocate is not None else errno.ENOSYS
+            if code not in _CANNOT_ALLOCATE:
+                raise OSError(code, os.strerror(code), self.path)
+            if zeros is None:
+                zeros = bytes(min(int(lengths.max()), 1 << 20))
+            for at in range(lo, lo + n, len(zeros)):
+                part = memoryview(zeros)[: min(len(zeros), lo + n - at)]
+                pwrite_all(self.fd, part, at, self.path)
 
     def release_replaced(self, part: int, parts: int) -> None:
         """Drop this rank's share of the page cache of the file the temporary will
@@ -376,10 +416,11 @@ class PosixBackend(MappedReads):
         if comm.Get_rank() == 0:
             with step:
                 if ok:
-                    old = -1
+                    old, kept = -1, False
                     try:
                         finish_temporary(self.made.lock, self.made.before)
-                        old = hold(self.final)
+                        kept = self.keep and keep_spare(self.final)
+                        old = -1 if kept else hold(self.final)
                         try:
                             os.replace(self.path, self.final)
                         except OSError as exc:
@@ -389,8 +430,11 @@ class PosixBackend(MappedReads):
                             raise OSError(exc.errno, exc.strerror) from None
                     except BaseException:
                         # (the rename refused, e.g. a directory now at the target: the
-                        # previous file stays, and the temporary goes as at any failure)
+                        # previous file stays, and the temporary goes as at any failure;
+                        # so does a spare just made of the file that stays)
                         self.made.remove()
+                        if kept:
+                            unlink_quietly(spare_name(self.final))
                         if old >= 0:
                             os.close(old)
                         raise
@@ -400,6 +444,8 @@ class PosixBackend(MappedReads):
                         # the commit, and nothing of it is left for whatever runs next)
                         os.close(old)
                         old = -1
+                    if not self.keep:  # (a spare an earlier save kept: nothing reuses it now)
+                        drop_spare(self.final, self.free_now)
                     fsync_dir(self.final)
                     release_later(old)
                 else:

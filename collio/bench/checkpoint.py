@@ -89,6 +89,9 @@ CONTROLS = (
      "verified ceiling map half of N"),
     ("compute during async I/O vs during a plain write", "compute during I/O",
      "compute during plain write"),
+    # (the ceiling written into the blocks it has, none freed or allocated: what a save
+    # with free_replaced=reuse can reach)
+    ("save vs ceiling overwrite (bandwidth)", "ceiling overwrite", "collio save"),
 )  # fmt: skip
 
 
@@ -236,6 +239,9 @@ class _Run:
             "np.save write": lambda: _timed(c, lambda: peers.npsave_write(npd, st, c)),
             "ceiling write": lambda: _timed(
                 c, lambda: peers.ceiling_write(ceil, self.share, self.nbytes, c)
+            ),
+            "ceiling overwrite": lambda: _timed(
+                c, lambda: peers.ceiling_write(ceil, self.share, self.nbytes, c, new=False)
             ),
             "numpy copy": lambda: _timed(c, lambda: [np.copy(a) for a in peers.pieces(st, c)]),
             "compute alone": lambda: _timed(c, lambda: _compute(self.work, self.reps)),

@@ -139,10 +139,17 @@ def share(total: int, comm: MPI.Intracomm) -> tuple[int, int]:
     return lo, hi - lo
 
 
-def ceiling_write(path: str, buf: np.ndarray[Any, Any], total: int, comm: MPI.Intracomm) -> None:
-    """Each rank's share of the bytes as one pwrite + fsync into one file (no layout)."""
+def ceiling_write(
+    path: str, buf: np.ndarray[Any, Any], total: int, comm: MPI.Intracomm, *, new: bool = True
+) -> None:
+    """Each rank's share of the bytes as one pwrite + fsync into one file (no layout):
+    a new file (rank 0 truncates it first: its blocks are freed, and the writes
+    allocate them again), or without ``new`` into the blocks the file has (the bound of
+    a save that writes into the blocks of a checkpoint it replaced before: hint
+    ``free_replaced=reuse``)."""
     if comm.Get_rank() == 0:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+        trunc = os.O_TRUNC if new else 0
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | trunc, 0o644))
     comm.Barrier()
     plain_write(path, buf, total, comm.Get_rank(), comm.Get_size())
 

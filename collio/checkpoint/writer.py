@@ -141,7 +141,7 @@ def write(
         opened = _atomic(hints) if early else _atomic(hints).replace(early_flush=False)
     if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
         raise_agreed(comm, step.error, what="checkpoint.save")
-    with _open(target, "w", comm=comm, hints=opened, **options) as f:
+    with _open(target, "w", comm=comm, hints=opened, **_spare(opened, target, options)) as f:
         assert plan.items is not None  # (ready() made them, or raised agreed)
         fast, slow = plan.items
         if plan.reads_back:  # before any byte is written
@@ -150,7 +150,7 @@ def write(
             tail = _tail(f.comm, plan, _sums(f.comm, plan, rank))
             f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
             return
-        _reserve(f, plan.data_end, _holes(plan))
+        _reserve(f, plan.data_end, _holes(plan), plan)
         if early:
             f._flush_soon()  # (each rank's data to the disk as soon as it wrote it)
         f.write_all_many(fast, _disjoint=True)
@@ -240,7 +240,36 @@ def _holes(plan: Plan) -> tuple[I64, I64]:
     return lo[gap], hi[gap] - lo[gap]
 
 
-def _reserve(f: Any, size: int, holes: tuple[I64, I64] | None = None) -> None:
+def _unwritten(plan: Plan) -> tuple[I64, I64]:
+    """The ranges of the file's data (``[0, data_end)``) no rank writes
+    (:func:`_items`): after the header, between pieces but for the zeros between one
+    rank's consecutive pieces, after the last piece, and after each array stored whole
+    up to the next's boundary. ``(starts, lengths)``, sorted."""
+    direct = np.array(plan.direct, bool)[None, :]
+    sizes = np.where(direct, plan.spans[:, :, 1] - plan.spans[:, :, 0], 0)
+    held = (plan.pieces >= 0) & (sizes > 0)
+    rank = np.nonzero(held)[0]  # (rank-major, as the pieces lie in the file)
+    at, n = plan.pieces[held], sizes[held]
+    order = np.argsort(at, kind="stable")
+    rank, at, n = rank[order], at[order], n[order]
+    after = format.aligned(int(at[-1] + n[-1])) if len(at) else format.DATA_START
+    lo = np.r_[format.HEADER.size, at + n]
+    hi = np.r_[at, after]
+    padded = np.r_[False, (rank[1:] == rank[:-1]) & (hi[1:-1] - lo[1:-1] < format.ALIGN)]
+    keep = ~np.r_[padded, False] if len(at) else np.ones(1, bool)
+    nbytes = np.array([e.layout.global_nbytes for e in plan.entries], np.int64)
+    whole = plan.whole >= 0
+    wlo = plan.whole[whole] + nbytes[whole]
+    whi = plan.whole[whole] + -(-nbytes[whole] // format.ALIGN) * format.ALIGN
+    starts = np.r_[lo[keep], wlo]
+    ends = np.r_[hi[keep], whi]
+    gap = np.flatnonzero(ends > starts)
+    return starts[gap], ends[gap] - starts[gap]
+
+
+def _reserve(
+    f: Any, size: int, holes: tuple[I64, I64] | None = None, plan: Plan | None = None
+) -> None:
     """Collective: rank 0 has the file system allocate the data's blocks in one request
     (:meth:`~collio.backends.base.Backend.reserve`) before the ranks write them.  Else
     each rank's writeback allocates blocks for its pieces while the others still write
@@ -253,7 +282,7 @@ def _reserve(f: Any, size: int, holes: tuple[I64, I64] | None = None) -> None:
     with step, storage_errors(f.backend):
         f.backend.release_replaced(f.comm.Get_rank(), f.comm.Get_size())
         if f.comm.Get_rank() == 0:
-            f.backend.reserve(size, holes)
+            f.backend.reserve(size, holes, None if plan is None else lambda: _unwritten(plan))
     agree(f.comm, step.error, what="checkpoint.save")
 
 
@@ -295,6 +324,18 @@ def _tail(
     crc[order] = got
     tail = np.frombuffer(bytearray(_index(plan, crc)), np.uint8)
     return tail, Segments([plan.data_end], [len(tail)])
+
+
+def _spare(hints: Any, target: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The open's options, with the posix backend told to reuse the spare of the file it
+    replaces where the hint ``free_replaced=reuse`` asks (the writer zeroes what it
+    leaves unwritten in it: :func:`_reserve`)."""
+    from ..backends import infer_backend
+
+    backend = options.get("backend") or infer_backend(target)
+    if hints.free_replaced != "reuse" or backend != "posix":
+        return options
+    return {**options, "_spare": True}
 
 
 def _atomic(hints: Any) -> Any:
