@@ -38,7 +38,7 @@ from . import rounds, speculate
 from .backends.base import Backend
 from .backends.failures import storage_error
 from .backends.posix import PosixBackend
-from .buffers import round_buffers, window_of
+from .buffers import PAGE, round_buffers, rounds_allocation
 from .check import Headed, Pending
 from .checkfacts import Checked, moved_by, placed, unzigzag, zigzag
 from .collective import Attempt, KeptHead, call_kept_head, raise_agreed
@@ -357,10 +357,10 @@ class Step:
         r = self.round
         lo, hi = k.extent[0] + d, k.extent[1] + d
         error: BaseException | None = None
-        bufs = None
+        whole = None
         if r.req is not None:  # (an aggregator's round buffers: allocations agreed)
-            try:
-                bufs = round_buffers(self.window, DEPTH)
+            try:  # (their allocation: the window is cut from it, as window_of cuts it)
+                whole = rounds_allocation(self.window, DEPTH)
             except Exception as exc:  # noqa: BLE001
                 error = exc
         head = _patched(ctx, k, layout, lo, hi, d, error, t0)
@@ -376,7 +376,7 @@ class Step:
         assert plans is not None  # (_shift found the lane's entry in it)
         plans.hits += 1
         ctx.stats.local_when_read(_moved_summary, ctx, r.plan, plan_shift)
-        t_ex, t_io, error = self._round(ctx, buf, bufs, plan_shift)
+        t_ex, t_io, error = self._round(ctx, buf, whole, plan_shift)
         self._complete(ctx, error, t_ex, t_io, t0, alo, ahi)
         ctx.guesses[True] = None  # (speculate.remember of a two-phase write)
         ctx.kept[True].completed(speculate.call_key(-1 if ashift is None else ashift, sig, alo),
@@ -402,18 +402,19 @@ class Step:
         d = unzigzag(zshift)
         return None if d % self.align else d
 
-    def _round(self, ctx: Context, buf: Any, bufs: Any,
+    def _round(self, ctx: Context, buf: Any, whole: Any,
                d: int) -> tuple[float, float, BaseException | None]:  # fmt: skip
         """Collective over ``ctx.comm``: the round moved ``d`` bytes, as
         :func:`~collio.keptround.kept_round` posts it, the aggregator's window written
         in one request; the exchange's and the write's seconds and this rank's error,
-        not yet agreed."""
+        not yet agreed.  ``whole``: the round buffers' allocation (an aggregator's)."""
         r = self.round
         t = time.perf_counter()
         wbuf = at = None
         if r.req is not None:
             at = r.req[0] + d
-            wbuf = window_of(bufs[0], at, r.req[1])
+            skip = at % PAGE  # (window_of of the first round buffer, which starts it)
+            wbuf = whole[skip : skip + r.req[1]]
         error = exchange(ctx.comm, r, buf, wbuf)
         t_ex = time.perf_counter() - t
         if at is None or error is not None:
