@@ -493,7 +493,7 @@ class File:
         try:
             t0 = perf_counter()
             got = keptcall.headed(ctx, data, layout, t0)
-            if got is None:
+            if got is None or got is False:  # (nothing done: as engine.write goes on)
                 return _NOT
             if got is not True:  # (past its head: on the general way, as engine.write)
                 engine.resume_lane(ctx, got, layout, t0)

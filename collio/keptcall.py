@@ -179,9 +179,12 @@ def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | bool | N
     if k is None or type(layout) is not Subarray:
         return None
     box = k.box
-    if layout.box != box or layout._invalid:
+    if (  # (layout.box != box, inline: no tuple built, no property called)
+        layout.shape != box[2] or layout.start != box[1] or layout.global_shape != box[0]
+        or layout._dtype != box[3] or layout._order != box[4] or layout._invalid
+    ):  # fmt: skip
         return None
-    offset = layout.offset
+    offset = layout._offset
     if type(offset) is not int or offset < 0:
         return None  # (the general way's checks raise it, agreed)
     if k.hints is not ctx.hints or k.backend is not ctx.backend or ctx.plans is None:
@@ -189,7 +192,8 @@ def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | bool | N
     if ctx.aggregators is not k.aggregators or ctx.local is not None:
         return None
     d = offset - k.offset
-    if k.extent[1] + d >= _BIG or not _latest(ctx.plans.entries, k):
+    entries = ctx.plans.entries  # (the lane's entry last: _latest at once)
+    if k.extent[1] + d >= _BIG or not (entries and entries[-1] is k.entry or _latest(entries, k)):
         return None  # (past every real size: the general way's checks say so, agreed)
     s: Step | None = k.step
     if s is not None and not s.fits(k):
@@ -229,13 +233,16 @@ def _patched(ctx: Context, k: Lane, layout: Any, lo: int, hi: int, d: int,
     """Local: the lane's head with the facts of this call written in (the plan's only
     where this rank's preparations did not fail)."""
     epoch, zshift = (-1, 0) if error is not None else (k.entry.epoch, zigzag(k.shift + d))
-    moved, shift = moved_by(ctx.extents, lo, hi)
-    seconds = speculate.times(0.0, t0)
+    ext = ctx.extents
+    if ext is not None and hi > lo and ext[1] - ext[0] == hi - lo:  # (moved_by, inline)
+        moved, shift = False, 2 * (lo - ext[0]) if lo >= ext[0] else 2 * (ext[0] - lo) - 1
+    else:
+        moved, shift = moved_by(ext, lo, hi)
     head = k.head if k.head is not None else _kept_head(ctx, k)
     _PATCH(
-        head.own, lo, hi, placed(k.facts[3], layout.offset), epoch, zshift, error is None,
-        seconds[0], seconds[1], moved, shift,
-    )  # fmt: skip
+        head.own, lo, hi, placed(k.facts[3], layout._offset), epoch, zshift, error is None,
+        0, int((time.perf_counter() - t0) * 1e9), moved, shift,
+    )  # fmt: skip  # (speculate.times of no I/O, inline)
     ctx.stats.local = {}
     k.posted = None  # (transfer says if this call posts the kept round)
     return head
