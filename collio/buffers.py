@@ -19,6 +19,7 @@ import numpy.typing as npt
 __all__ = [
     "PAGE",
     "round_buffers",
+    "rounds_allocation",
     "window_of",
     "scratch_buffer",
     "free_buffers",
@@ -62,6 +63,13 @@ def round_buffers(nbytes: int, count: int = 2) -> list[npt.NDArray[np.uint8]]:
     step = -(-nbytes // PAGE) * PAGE + PAGE
     whole = _keep("rounds", step * count)
     return [whole[i * step : (i + 1) * step] for i in range(count)]
+
+
+def rounds_allocation(nbytes: int, count: int = 2) -> npt.NDArray[np.uint8]:
+    """The kept allocation :func:`round_buffers` carves its buffers from (its first starts
+    at its start): the same object while it is kept, so that a caller that keeps views
+    of it makes them again only when it is another."""
+    return _keep("rounds", (-(-nbytes // PAGE) * PAGE + PAGE) * count)
 
 
 def window_of(buf: npt.NDArray[np.uint8], offset: int, nbytes: int) -> npt.NDArray[np.uint8]:

@@ -43,8 +43,8 @@ from .runs import Runs
 from .speculate import note_layout, remember
 
 __all__ = [
-    "Context", "again", "read", "read_many", "release_buffers", "resume", "write",
-    "write_many",
+    "Context", "again", "read", "read_many", "release_buffers", "resume", "resume_lane",
+    "write", "write_many",
 ]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
@@ -82,7 +82,7 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
     if lane is True:  # (complete: a repeat the lane's step finished)
         return
     if lane is not None and lane is not False:
-        keptcall.keep(ctx, _write(ctx, None, t0=t0, pending=lane), layout, lane=True)
+        resume_lane(ctx, lane, layout, t0)
         return
     got = quick.layout_again(ctx, layout, data, writing=True, t0=t0)
     if got is not None:
@@ -134,6 +134,12 @@ def resume(ctx: Context, headed: quick.Headed, layout: Any, t0: float, *, writin
     call = _write(ctx, None, t0=t0, pending=headed)
     if layout is not None:
         keptcall.keep(ctx, call, layout)
+
+
+def resume_lane(ctx: Context, headed: quick.Headed, layout: Any, t0: float) -> None:
+    """Collective over ``ctx.comm``: a write that the kept lane
+    (:func:`collio.keptcall.headed`) took as far as its head, on from it."""
+    keptcall.keep(ctx, _write(ctx, None, t0=t0, pending=headed), layout, lane=True)
 
 
 def _write(

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from . import engine, speculate, view
+from . import engine, keptcall, speculate, view
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
 from .comms import Private, _exit, exclusive, one_thread, private
@@ -212,6 +212,10 @@ class File:
         """
         # a repeat of the last call's step: straight to it (:meth:`_stepped`)
         ctx = self._ctx
+        lane = ctx.lane
+        if lane is not None and lane.step is not None and ctx.mode != "closed":
+            if layout is not _VIEW and self._laned(layout, data) is not _NOT:
+                return
         step = ctx.kept[True].last_step()
         # (the kept two-phase lane, ctx.lane, goes first)
         if step is not None and ctx.mode != "closed" and ctx.lane is None:
@@ -473,6 +477,31 @@ class File:
             raise
         finally:
             ctx.call_at = False
+            _exit(key)  # (the guard's exit: also clears plans release_buffers asked for)
+
+    def _laned(self, layout: Any, data: Any) -> Any:
+        """Collective over `comm` unless it returns ``_NOT`` (nothing done): ``write_all``
+        of ``data`` through ``layout`` as a repeat of the kept two-phase lane's call
+        (:func:`collio.keptcall.headed`, its :class:`~collio.keptcall.Step` made), as
+        :meth:`_stepped` takes a :class:`~collio.quick.Step`'s repeat: a time series'
+        small strided write spends most of its Python in the layers between the public
+        method and the lane, whose part is done inline here."""
+        key, mine = self._key, (get_ident(), "write_all", 1)
+        if _in_call.setdefault(key, mine) is not mine:
+            return _NOT
+        ctx = self._ctx
+        try:
+            t0 = perf_counter()
+            got = keptcall.headed(ctx, data, layout, t0)
+            if got is None or got is False:  # (nothing done: as engine.write goes on)
+                return _NOT
+            if got is not True:  # (past its head: on the general way, as engine.write)
+                engine.resume_lane(ctx, got, layout, t0)
+            return None
+        except BaseException as exc:
+            self._failed(exc, writing=True)
+            raise
+        finally:
             _exit(key)  # (the guard's exit: also clears plans release_buffers asked for)
 
     def _failed(self, exc: BaseException, *, writing: bool = False) -> None:

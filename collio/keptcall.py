@@ -38,7 +38,7 @@ from . import rounds, speculate
 from .backends.base import Backend
 from .backends.failures import storage_error
 from .backends.posix import PosixBackend
-from .buffers import round_buffers, window_of
+from .buffers import PAGE, round_buffers, rounds_allocation
 from .check import Headed, Pending
 from .checkfacts import Checked, moved_by, placed, unzigzag, zigzag
 from .collective import Attempt, KeptHead, call_kept_head, raise_agreed
@@ -179,9 +179,12 @@ def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | bool | N
     if k is None or type(layout) is not Subarray:
         return None
     box = k.box
-    if layout.box != box or layout._invalid:
+    if (  # (layout.box != box, inline: no tuple built, no property called)
+        layout.shape != box[2] or layout.start != box[1] or layout.global_shape != box[0]
+        or layout._dtype != box[3] or layout._order != box[4] or layout._invalid
+    ):  # fmt: skip
         return None
-    offset = layout.offset
+    offset = layout._offset
     if type(offset) is not int or offset < 0:
         return None  # (the general way's checks raise it, agreed)
     if k.hints is not ctx.hints or k.backend is not ctx.backend or ctx.plans is None:
@@ -189,7 +192,8 @@ def headed(ctx: Context, data: Any, layout: Any, t0: float) -> Headed | bool | N
     if ctx.aggregators is not k.aggregators or ctx.local is not None:
         return None
     d = offset - k.offset
-    if k.extent[1] + d >= _BIG or not _latest(ctx.plans.entries, k):
+    entries = ctx.plans.entries  # (the lane's entry last: _latest at once)
+    if k.extent[1] + d >= _BIG or not (entries and entries[-1] is k.entry or _latest(entries, k)):
         return None  # (past every real size: the general way's checks say so, agreed)
     s: Step | None = k.step
     if s is not None and not s.fits(k):
@@ -229,13 +233,16 @@ def _patched(ctx: Context, k: Lane, layout: Any, lo: int, hi: int, d: int,
     """Local: the lane's head with the facts of this call written in (the plan's only
     where this rank's preparations did not fail)."""
     epoch, zshift = (-1, 0) if error is not None else (k.entry.epoch, zigzag(k.shift + d))
-    moved, shift = moved_by(ctx.extents, lo, hi)
-    seconds = speculate.times(0.0, t0)
+    ext = ctx.extents
+    if ext is not None and hi > lo and ext[1] - ext[0] == hi - lo:  # (moved_by, inline)
+        moved, shift = False, 2 * (lo - ext[0]) if lo >= ext[0] else 2 * (ext[0] - lo) - 1
+    else:
+        moved, shift = moved_by(ext, lo, hi)
     head = k.head if k.head is not None else _kept_head(ctx, k)
     _PATCH(
-        head.own, lo, hi, placed(k.facts[3], layout.offset), epoch, zshift, error is None,
-        seconds[0], seconds[1], moved, shift,
-    )  # fmt: skip
+        head.own, lo, hi, placed(k.facts[3], layout._offset), epoch, zshift, error is None,
+        0, int((time.perf_counter() - t0) * 1e9), moved, shift,
+    )  # fmt: skip  # (speculate.times of no I/O, inline)
     ctx.stats.local = {}
     k.posted = None  # (transfer says if this call posts the kept round)
     return head
@@ -357,10 +364,10 @@ class Step:
         r = self.round
         lo, hi = k.extent[0] + d, k.extent[1] + d
         error: BaseException | None = None
-        bufs = None
+        whole = None
         if r.req is not None:  # (an aggregator's round buffers: allocations agreed)
-            try:
-                bufs = round_buffers(self.window, DEPTH)
+            try:  # (their allocation: the window is cut from it, as window_of cuts it)
+                whole = rounds_allocation(self.window, DEPTH)
             except Exception as exc:  # noqa: BLE001
                 error = exc
         head = _patched(ctx, k, layout, lo, hi, d, error, t0)
@@ -376,7 +383,7 @@ class Step:
         assert plans is not None  # (_shift found the lane's entry in it)
         plans.hits += 1
         ctx.stats.local_when_read(_moved_summary, ctx, r.plan, plan_shift)
-        t_ex, t_io, error = self._round(ctx, buf, bufs, plan_shift)
+        t_ex, t_io, error = self._round(ctx, buf, whole, plan_shift)
         self._complete(ctx, error, t_ex, t_io, t0, alo, ahi)
         ctx.guesses[True] = None  # (speculate.remember of a two-phase write)
         ctx.kept[True].completed(speculate.call_key(-1 if ashift is None else ashift, sig, alo),
@@ -402,18 +409,19 @@ class Step:
         d = unzigzag(zshift)
         return None if d % self.align else d
 
-    def _round(self, ctx: Context, buf: Any, bufs: Any,
+    def _round(self, ctx: Context, buf: Any, whole: Any,
                d: int) -> tuple[float, float, BaseException | None]:  # fmt: skip
         """Collective over ``ctx.comm``: the round moved ``d`` bytes, as
         :func:`~collio.keptround.kept_round` posts it, the aggregator's window written
         in one request; the exchange's and the write's seconds and this rank's error,
-        not yet agreed."""
+        not yet agreed.  ``whole``: the round buffers' allocation (an aggregator's)."""
         r = self.round
         t = time.perf_counter()
         wbuf = at = None
         if r.req is not None:
             at = r.req[0] + d
-            wbuf = window_of(bufs[0], at, r.req[1])
+            skip = at % PAGE  # (window_of of the first round buffer, which starts it)
+            wbuf = whole[skip : skip + r.req[1]]
         error = exchange(ctx.comm, r, buf, wbuf)
         t_ex = time.perf_counter() - t
         if at is None or error is not None:

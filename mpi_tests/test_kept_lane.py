@@ -201,12 +201,18 @@ def test_a_receive_that_cannot_be_posted_fails_every_rank_and_the_series_goes_on
     path, nsteps = str(mpi_tmp_path / "posting.bin"), 8
     steps = [_step(comm, s) for s in range(nsteps)]
     real = collio.keptround.round_buffers
+    real_whole = collio.keptcall.rounds_allocation
 
     def frozen(*args, **kwargs):
         views = [b.view() for b in real(*args, **kwargs)]
         for v in views:
             v.flags.writeable = False
         return views
+
+    def frozen_whole(*args, **kwargs):  # (the allocation the lane's step cuts its window from)
+        view = real_whole(*args, **kwargs).view()
+        view.flags.writeable = False
+        return view
 
     with collio.open(path, "w", comm=comm, hints=TWO_PHASE) as f:
         want = _first_pass(comm, f, path, steps)
@@ -215,9 +221,11 @@ def test_a_receive_that_cannot_be_posted_fails_every_rank_and_the_series_goes_on
         if comm.rank == 0:  # (rank 0 aggregates; the lane's step takes its buffers too)
             monkeypatch.setattr(collio.keptround, "round_buffers", frozen)
             monkeypatch.setattr(collio.keptcall, "round_buffers", frozen)
+            monkeypatch.setattr(collio.keptcall, "rounds_allocation", frozen_whole)
         err = raises_everywhere(comm, collio.CollioError, lambda: f.write_all(piece, lay))
         monkeypatch.setattr(collio.keptround, "round_buffers", real)
         monkeypatch.setattr(collio.keptcall, "round_buffers", real)
+        monkeypatch.setattr(collio.keptcall, "rounds_allocation", real_whole)
         assert err.ranks == (0,) and "backend I/O: rank 0: BufferError" in str(err)
         assert lane_calls[0] == done + 1
         for piece, lay, _ in steps[6:]:

@@ -301,3 +301,70 @@ def _odd_bytes(p, offsets, *, rows=16, cols=32, fortran=-1, empty=False):
         want[at : at + glob.nbytes] = np.where(mask[:, :, None], step, 0).reshape(-1)
         written[at : at + glob.nbytes] |= np.repeat(mask.reshape(-1), 8)
     return want[: int(np.flatnonzero(written)[-1]) + 1].tobytes()
+
+
+def test_repeats_go_from_write_all_straight_to_the_lane_and_errors_stay_agreed(
+    comm, mpi_tmp_path, finished, monkeypatch
+):
+    """A series' repeats go from ``write_all`` to the lane's step without the engine's
+    entry (``File._laned``), writing ROMIO's bytes; a failing write on the aggregator, a
+    layout of another array on the last rank and a negative offset on the last rank each
+    raise the same error on every rank inside the series, and its next calls take the
+    route again."""
+    p, steps = comm.size, 16
+    pwrite_bad, other_bad, offset_bad = 4, 8, 12
+    entries = [0]
+    real_write, real_pwrite = collio.engine.write, os.pwrite
+
+    def counted(*args, **kwargs):
+        entries[0] += 1
+        return real_write(*args, **kwargs)
+
+    def failing(fd, data, offset):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(collio.engine, "write", counted)
+    path, theirs = str(mpi_tmp_path / "route.bin"), str(mpi_tmp_path / "romio.bin")
+    routed = []  # (steps whose call neither entered the engine nor left the step)
+    with collio.open(path, "w", comm=comm, hints=HINTS["enable"]) as f:
+        for s in range(steps):
+            piece, lay, _ = _step(comm, s)
+            before, done = entries[0], finished[0]
+            if s == pwrite_bad:
+                if comm.rank == 0:  # (rank 0 aggregates)
+                    monkeypatch.setattr(os, "pwrite", failing)
+                try:
+                    err = raises_everywhere(
+                        comm, collio.CollioError, lambda a=piece, b=lay: f.write_all(a, b)
+                    )
+                finally:
+                    monkeypatch.setattr(os, "pwrite", real_pwrite)
+                assert err.ranks == (0,) and "backend I/O: rank 0:" in str(err), str(err)
+            elif s in (other_bad, offset_bad) and p > 1:
+                if comm.rank == p - 1:  # (another array's layout; a negative offset)
+                    shape = (ROWS + 1, COLS * p) if s == other_bad else lay.global_shape
+                    where = -8 if s == offset_bad else lay.offset
+                    lay = Subarray(shape, (0, (p - 1) * COLS), (ROWS, COLS), "<f8", offset=where)
+                err = raises_everywhere(
+                    comm, collio.CollioError, lambda a=piece, b=lay: f.write_all(a, b)
+                )
+                assert f"rank {p - 1}" in str(err), str(err)
+            else:
+                f.write_all(piece, lay)
+            if entries[0] == before and finished[0] == done + 1:
+                routed.append(s)
+    for s in range(steps):
+        piece, lay, _ = _step(comm, s)
+        romio_write(theirs, piece, lay, comm)
+    # every repeat after the first two takes the route but the calls that a rank's
+    # layout sends the general way (the next one is the lane's again); the failing
+    # write was the route's own
+    bad = (other_bad, offset_bad) if p > 1 else ()
+    want = [s for s in range(2, steps) if s not in bad]
+    assert comm.allgather(routed) == [want] * p, (routed, want)
+    comm.Barrier()
+    got, ref = read_file(path), read_file(theirs)
+    size = len(_step(comm, 0)[2])
+    for s in range(steps):
+        if s not in (pwrite_bad, *bad):
+            assert got[s * size : (s + 1) * size] == ref[s * size : (s + 1) * size], s
