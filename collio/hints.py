@@ -203,10 +203,11 @@ class Hints:
         whatever runs next.  ``commit``: the commit closes it and syncs the directory
         before it returns, so every rank waits for that work inside the save instead.
         ``reuse`` (checkpoint saves to a file; other writes free as ``background``):
-        nothing is freed.  The replaced checkpoint stays beside the target as
-        ``.NAME.collio-spare`` and the next save to the target writes into its blocks
-        (every byte it does not write zeroed): no save frees or allocates blocks, at the
-        price of a second checkpoint's disk space; a save without it removes the spare.
+        the replaced checkpoint stays beside the target as ``.NAME.collio-spare`` and
+        the next save to the target writes into its blocks (every byte it does not
+        write zeroed), on a local file system and unless any process has that file open
+        or mapped: saves then free and allocate next to nothing, at the price of a
+        second checkpoint's disk space; a save without it removes the spare.
     read_past_eof
         ``enable`` (default): bytes a ``read_all`` asks for past the end of the file read
         as zeros (as bytes no rank wrote do); ``disable``: such a read raises the same

@@ -4,6 +4,7 @@ into a new file leaves; what is not the save's to reuse is never written."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 from typing import Any
@@ -16,7 +17,7 @@ from mpi4py import MPI
 import collio
 import collio.checkpoint as ckpt
 from collio import layouts
-from collio.backends import fsync, localfile
+from collio.backends import fsync, localfile, posix
 from collio.testing import checkpoint as model
 
 REUSE = {"free_replaced": "reuse"}
@@ -81,14 +82,26 @@ def _ino(path: str) -> int | None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("how", ["save", "async_save"])
+@pytest.mark.parametrize(("how", "punch"), [("save", True), ("async_save", True), ("save", False)])
 def test_a_reused_spare_holds_what_a_new_file_holds(
-    comm: MPI.Intracomm, mpi_tmp_path: Any, how: str
+    comm: MPI.Intracomm,
+    mpi_tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    punch: bool,
 ) -> None:
     """Each save with the hint leaves the target byte for byte as a save without it
     leaves another path (so every byte the save does not write reads zero, as in a new
     file), keeps the file it replaced as the spare, and from the third save on writes
-    into the spare: the target's inode is the one two saves before."""
+    into the spare: the target's inode is the one two saves before.  Without ``punch``
+    the file system neither allocates ahead nor punches holes (``EOPNOTSUPP``)."""
+    if not punch:
+
+        def refused(*args: Any) -> int:
+            ctypes.set_errno(errno.EOPNOTSUPP)
+            return -1
+
+        monkeypatch.setattr(posix, "fallocate", refused)
     d = _dir(comm, mpi_tmp_path)
     path, fresh = os.path.join(d, "model.ckpt"), os.path.join(d, "fresh.ckpt")
     spare = localfile.spare_name(path)
@@ -234,9 +247,10 @@ def test_without_hard_links_the_replaced_checkpoint_is_freed(
 def test_a_spare_that_arrays_still_map_is_not_written(
     comm: MPI.Intracomm, mpi_tmp_path: Any
 ) -> None:
-    """Arrays a load returned over a map of the checkpoint keep their values while two
-    saves with the hint follow (the first keeps the mapped file as the spare, the
-    second must not write into it); once they are gone, a save takes the spare again."""
+    """Arrays a load returned over a map of the checkpoint (on every rank) keep their
+    values while two saves with the hint follow (the first keeps the mapped file as the
+    spare, the second must not write into it); once they are gone, a save takes the
+    spare again."""
     import gc
 
     d = _dir(comm, mpi_tmp_path)
@@ -259,6 +273,34 @@ def test_a_spare_that_arrays_still_map_is_not_written(
     assert _on0(comm, lambda: _ino(path)) != first
     del got
     gc.collect()
+    comm.Barrier()
+    kept = _on0(comm, lambda: _ino(spare))
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, 4), comm=comm, hints=REUSE)
+    assert _on0(comm, lambda: _ino(path)) == kept
+    _loads(comm, path, 4)
+
+
+@pytest.mark.mpi
+def test_a_spare_another_process_has_open_is_not_written(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """The last rank holds the checkpoint open (a reader in the middle of its reads, a
+    copy of it running) while two saves with the hint follow: the second does not
+    write into the file it holds, whose bytes stay as they were; once it is closed, a
+    save takes the spare again."""
+    d = _dir(comm, mpi_tmp_path)
+    path = os.path.join(d, "model.ckpt")
+    spare = localfile.spare_name(path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm, hints=REUSE)
+    before = _on0(comm, lambda: read_file(path))
+    fd = os.open(path, os.O_RDONLY) if comm.rank == comm.size - 1 else -1
+    comm.Barrier()
+    for scale in (2, 3):
+        ckpt.save(path, model.rows_state(comm.rank, comm.size, scale), comm=comm, hints=REUSE)
+    held = os.pread(fd, len(before) + 1, 0) if fd >= 0 else before
+    assert comm.allgather(held == before) == [True] * comm.size
+    if fd >= 0:
+        os.close(fd)
     comm.Barrier()
     kept = _on0(comm, lambda: _ino(spare))
     ckpt.save(path, model.rows_state(comm.rank, comm.size, 4), comm=comm, hints=REUSE)

@@ -17,10 +17,11 @@ that a target is judged the same way whichever front end opens it.
 * With the hint ``free_replaced=reuse`` (checkpoint saves), the file a commit replaces
   stays beside the target as ``.NAME.collio-spare`` (:func:`keep_spare`), and the next
   save to the target takes it as its temporary (:func:`claim_spare`) and writes into
-  its blocks: no save then frees or allocates any, which on a file system that
-  discards freed blocks costs the job's cores as much as the write.  The spare is
-  only ever a file this user's save made and nothing else links to; a commit without
-  the hint removes it.
+  its blocks: a save then frees and allocates next to none, where on a file system
+  that discards freed blocks the freeing costs the job's cores as much as the write.
+  The spare is only taken on a local file system, where it is a file this user's save
+  made that nothing else links to and no other process has open or mapped; a commit
+  without the hint removes it.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import threading
 import time
 import uuid
 
 from ..buffers import PAGE
 from ..errors import BackendError
+from .mapped import fs_name
 
 __all__ = [
     "Prepared",
@@ -77,6 +80,10 @@ _KINDS = (
 #: system without flock): a temporary this old is a dead job's.  A live job touches its
 #: temporary at every round; one that wrote nothing for a day is not writing any more.
 _STALE_AGE = 24 * 3600.0
+#: Linux's ``F_SETLEASE`` (None elsewhere): see :func:`claim_spare`.
+_LEASE: int | None = (
+    getattr(fcntl, "F_SETLEASE", None) if sys.platform.startswith("linux") else None
+)
 _HOST = re.sub(r"[^A-Za-z0-9.]", "", socket.gethostname())[:32] or "host"
 
 
@@ -186,23 +193,36 @@ def claim_spare(path: str) -> tuple[str, int] | None:
 
     Only a regular file of this user that nothing else links to is taken: writing into
     one with another name would change that file too, and one of another user's is not
-    this job's to reuse.  It is opened without following a link, made ``0600`` and
-    locked before it is renamed, so another job's reclaim never takes it for a dead
-    one's, and a file put at the name meanwhile (another inode) is renamed back."""
+    this job's to reuse.  Nor is one that any other process has open or mapped (a load
+    of it still running, arrays a load returned over a map of it, a ``cp`` of the
+    checkpoint it was): a write lease (Linux's ``F_SETLEASE``) is granted only when no
+    other descriptor or map of the file exists on the node, and only on a local file
+    system, whose files no other node can have open.  Elsewhere nothing is taken.  It
+    is opened without following a link, made ``0600`` and locked before it is renamed,
+    so another job's reclaim never takes it for a dead one's, and a file put at the
+    name meanwhile (another inode) is renamed back."""
     spare = spare_name(path)
     try:
         fd = os.open(spare, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | _NONBLOCK | _CLOEXEC)
     except OSError:
         return None
+    leased, lease = False, _LEASE
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
             os.close(fd)
             return None
+        if lease is None or fs_name(fd) is None:
+            os.close(fd)
+            return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (another job's claim: not ours)
+        fcntl.fcntl(fd, lease, fcntl.F_WRLCK)  # (EAGAIN: open or mapped elsewhere)
+        leased = True
         os.fchmod(fd, 0o600)
         name = _temporary_name(path)
         os.rename(spare, name)
+        fcntl.fcntl(fd, lease, fcntl.F_UNLCK)  # (renamed: no one opens it by name now)
+        leased = False
         moved = os.lstat(name)
         if (moved.st_dev, moved.st_ino) != (st.st_dev, st.st_ino):
             with contextlib.suppress(OSError):
@@ -213,6 +233,9 @@ def claim_spare(path: str) -> tuple[str, int] | None:
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
         os.utime(fd)  # (its age is this job's: a reclaim without locks goes by age)
     except OSError:
+        if leased and lease is not None:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, lease, fcntl.F_UNLCK)
         os.close(fd)
         return None
     return name, fd
@@ -254,6 +277,9 @@ def keep_spare(path: str) -> bool:
         if old >= 0:
             os.close(old)
         return False
+    # (gone, unless another job's commit made the spare this very file meanwhile: a
+    # rename between two names of one file does nothing, and this name would stay)
+    unlink_quietly(fresh)
     release_later(old)
     return True
 

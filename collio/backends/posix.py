@@ -319,7 +319,7 @@ class PosixBackend(MappedReads):
             self.dirty = True
             os.ftruncate(self.fd, max(size, 0))
             if unwritten is not None:
-                self._zero(*unwritten())
+                self._zero(max(size, 0), *unwritten())
         if fallocate is None or size <= 0:
             return
         self.dirty = True  # (the file's size and blocks: the close's fsync makes them durable)
@@ -334,11 +334,12 @@ class PosixBackend(MappedReads):
                     raise OSError(code, os.strerror(code), self.path)
                 return
 
-    def _zero(self, starts: Any, lengths: Any) -> None:
+    def _zero(self, size: int, starts: Any, lengths: Any) -> None:
         """Zero the ranges ``(starts, lengths)``: their whole blocks freed (a hole, as a new
         file has there; cheap where one is already), the bytes around them zeroed by the
-        file system; written as zeros where it cannot punch holes."""
-        zeros = None
+        file system.  Where it cannot punch holes, the file is emptied and cut to
+        ``size`` again: a new file's bytes, its blocks freed (writing the zeros instead
+        would write and allocate the gaps a new file leaves as holes)."""
         for lo, n in zip(starts.tolist(), lengths.tolist(), strict=True):
             if n <= 0:
                 continue
@@ -347,11 +348,9 @@ class PosixBackend(MappedReads):
             code = ctypes.get_errno() if fallocate is not None else errno.ENOSYS
             if code not in _CANNOT_ALLOCATE:
                 raise OSError(code, os.strerror(code), self.path)
-            if zeros is None:
-                zeros = bytes(min(int(lengths.max()), 1 << 20))
-            for at in range(lo, lo + n, len(zeros)):
-                part = memoryview(zeros)[: min(len(zeros), lo + n - at)]
-                pwrite_all(self.fd, part, at, self.path)
+            os.ftruncate(self.fd, 0)
+            os.ftruncate(self.fd, size)
+            return
 
     def release_replaced(self, part: int, parts: int) -> None:
         """Drop this rank's share of the page cache of the file the temporary will

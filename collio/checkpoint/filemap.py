@@ -12,9 +12,8 @@ than the read itself.
 - The map is private (``MAP_PRIVATE``, copy-on-write): a write to a returned array
   changes this process's own copy of that page, never the file.
 - One map per load and rank, over the range its mapped pieces span; the arrays keep it
-  (numpy keeps an array's ``base``), and the last one gone unmaps it.  It holds one
-  duplicate of the file's descriptor, share-locked (``flock``), until then: a save with
-  ``free_replaced=reuse`` never writes into a file a live map shows (:class:`FileMap`).
+  (numpy keeps an array's ``base``), and the last one gone unmaps it.  It holds no file
+  descriptor: the file is open during the load only.
 - collio's saves replace a target by rename, so arrays mapped from the checkpoint a save
   replaces keep their values (the replaced file's blocks stay allocated until its last
   map is gone).  Another program that truncates the file in place makes an access of a
@@ -28,7 +27,6 @@ than the read itself.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import functools
 import mmap
 import os
@@ -95,14 +93,8 @@ def _mapped(addr: Any, length: int, offset: int) -> int:
 
 class FileMap:
     """A private map of ``length`` bytes of the file ``fd`` from ``offset`` (a multiple of
-    the page size), unmapped when the object goes.
-
-    It holds a duplicate of the descriptor with a shared ``flock`` on the file for as
-    long as it lives (Python's ``mmap.mmap`` would keep a duplicate too): the pages of a
-    private map that the process has not written are the file's, so a save with the
-    hint ``free_replaced=reuse`` must not write into a file still mapped, and takes a
-    spare only where it can lock it exclusively (see
-    :func:`~collio.backends.localfile.claim_spare`)."""
+    the page size), unmapped when the object goes.  Python's ``mmap.mmap`` would keep a
+    duplicate of the descriptor open as long as any array over it lives."""
 
     def __init__(
         self, fd: int, offset: int, length: int, runs: tuple[I64, I64, I64] | None = None
@@ -112,7 +104,6 @@ class FileMap:
         the file mapped ``at`` into it (the chunks of pieces across several chunks, each
         where its bytes belong)."""
         self.addr: int = 0
-        self.held = -1
         self.length = length if runs is None else length + HUGE
         calls = _calls()
         if calls is None:
@@ -131,30 +122,11 @@ class FileMap:
         self.__array_interface__ = {
             "data": (start, False), "shape": (length,), "typestr": "|u1", "version": 3,
         }  # fmt: skip
-        self.held = _share_locked(fd)
 
     def __del__(self) -> None:  # (one munmap: every run mapped into the space goes with it)
         if self.addr:
             self._unmap(self.addr, self.length)
             self.addr = 0
-        if self.held >= 0:
-            os.close(self.held)
-            self.held = -1
-
-
-def _share_locked(fd: int) -> int:
-    """A duplicate of ``fd`` holding a shared ``flock`` on its file (-1 where the file
-    system has no locks: no save takes a spare there either)."""
-    try:
-        held = os.dup(fd)
-    except OSError:
-        return -1
-    try:
-        fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        os.close(held)
-        return -1
-    return held
 
 
 def maps(hint: str, fd: int) -> bool:
