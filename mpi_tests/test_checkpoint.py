@@ -14,6 +14,7 @@ from mpi4py import MPI
 import collio
 import collio.checkpoint as ckpt
 from collio import layouts
+from collio.checkpoint.filemap import Reader
 from collio.checkpoint.load import CHUNK
 from collio.testing import checkpoint as model
 
@@ -664,6 +665,53 @@ def test_pieces_read_in_steps_are_checked_whole(comm: MPI.Intracomm, mpi_tmp_pat
     assert err.names == ("a",)
     rest = {n: lay for n, lay in spec.items() if n != "a"}
     assert sorted(ckpt.load(path, rest, comm=comm)) == sorted(rest)
+
+
+@pytest.mark.mpi
+def test_local_reads_short_are_read_again(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: Any
+) -> None:
+    """A local load reads each step of its pieces by its own ``preadv`` into the caller's
+    memory, the file's reader called only for a step read short (as at the file's end),
+    which it reads again: every byte still arrives; and a byte flipped in a step is
+    still found on every rank."""
+    path = _path(comm, mpi_tmp_path)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=8), comm=comm)
+    spec = model.rows_layouts(comm.rank, comm.size, scale=8)
+    real, calls = os.preadv, []
+
+    def short(fd: int, bufs: Any, offset: int) -> int:
+        # (each step's own call: one buffer of the caller's memory; the first read short)
+        if len(bufs) == 1 and isinstance(bufs[0], memoryview):
+            calls.append(len(bufs[0]))
+            if len(calls) == 1 and len(bufs[0]) > 1:
+                return real(fd, [bufs[0][: len(bufs[0]) // 2]], offset)
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(os, "preadv", short)
+    again = []
+    read_at = Reader.read_at
+    monkeypatch.setattr(Reader, "read_at", lambda r, o, b: again.append(len(b)) or read_at(r, o, b))
+    outs = {n: np.full(lay.local_shape, 0x5A, lay.dtype) for n, lay in spec.items()}
+    got = ckpt.load(path, {n: (outs[n], lay) for n, lay in spec.items()}, comm=comm)
+    monkeypatch.undo()
+    # (the pieces' steps each by the load's own preadv; only the short one by the reader)
+    assert len(calls) > len(spec)
+    assert again == [calls[0]], (again[:3], calls[:3])
+    for name, lay in spec.items():
+        want = model.rows_reference(name, 8)[lay.slices]  # type: ignore[attr-defined]
+        assert got[name] is outs[name]
+        assert got[name].tobytes() == np.ascontiguousarray(want).tobytes(), (comm.rank, name)
+    comm.Barrier()
+    if comm.rank == 0:
+        entry = ckpt.info(path)["a"]
+        model.flip(path, ckpt.info(path).file_offset("a", entry["nbytes"] // 2 + 7), 0x10)
+    comm.Barrier()
+    err = raises_everywhere(
+        comm, collio.ChecksumError,
+        lambda: ckpt.load(path, {n: (outs[n], lay) for n, lay in spec.items()}, comm=comm),
+    )  # fmt: skip
+    assert err.names == ("a",)
 
 
 def _outs(spec: dict[str, Any], fill: int = 0x5A) -> dict[str, Any]:
