@@ -4,10 +4,13 @@ background threads' CPU, printed and returned for the JSON, from the job's media
 from __future__ import annotations
 
 import os
+import sys
+from typing import Any
 
 import pytest
 
 from collio.bench.checkpoint import BLOCKED, CPU, _controls
+from collio.testing.jobs import MPIEXEC, mpiexec
 
 
 def test_controls_are_ratios_of_the_medians_and_the_threads_cpu_share(
@@ -44,3 +47,16 @@ def test_controls_are_ratios_of_the_medians_and_the_threads_cpu_share(
     assert "compute slowdown during a plain write thread" in out and " 1.100" in out
     assert "4.0 ms" in out and "thread copy" not in out
     assert "3.0 ms, 5.0% of the loop" in out
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec")
+def test_a_test_directory_that_cannot_be_made_fails_every_rank(tmp_path: Any) -> None:
+    """``-o`` naming no directory: rank 0 cannot make the job's directory in it, and
+    every rank raises that error (the job ends instead of the others waiting for it)."""
+    where = str(tmp_path / "absent" / "deeper")
+    proc = mpiexec(
+        [sys.executable, "-m", "collio.bench", "--pattern", "checkpoint", "--size", "1MiB",
+         "-i", "1", "-o", where], n=2, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert proc.stderr.count("collio-bench checkpoint: rank 0: no such file") == 2, proc.stderr

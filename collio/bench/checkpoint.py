@@ -25,7 +25,7 @@ from mpi4py import MPI
 from .. import checkpoint as ckpt
 from ..checkpoint import asyncsave, writer
 from ..checkpoint.verify import CHUNK
-from ..collective import Attempt, raise_agreed
+from ..collective import Attempt, bcast_outcome, raise_agreed
 from ..hints import parse_size
 from ..waits import sleep_until_done
 from . import ckpt_peers as peers
@@ -427,9 +427,11 @@ def run_checkpoint(args: argparse.Namespace) -> int:
     """Collective over ``MPI.COMM_WORLD``: the benchmark; rank 0 prints and writes."""
     comm = MPI.COMM_WORLD
     root = comm.Get_rank() == 0
-    d = comm.bcast(
-        tempfile.mkdtemp(prefix="collio-ckpt-bench-", dir=args.test_file) if root else None
-    )
+    step, made = Attempt(), None
+    if root:
+        with step:  # (a -o that names no directory: raised on every rank, none left waiting)
+            made = tempfile.mkdtemp(prefix="collio-ckpt-bench-", dir=args.test_file)
+    d = bcast_outcome(comm, made, step.error, what="collio-bench checkpoint")
     try:
         run = _Run(args, comm, d)
         times: dict[str, list[float]] = {}
