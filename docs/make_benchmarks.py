@@ -547,7 +547,7 @@ def freed_table(docs: dict[str, dict[str, Any]]) -> list[str]:
         "commit, and the file system frees its blocks beside the job: on this file system,",
         "mounted with `discard`, at the next journal commit, which the next save's flushes",
         "force), with `commit` (the commit closes it and syncs the directory, every rank",
-        "waiting) and with `reuse` (nothing is freed: the replaced file stays beside the",
+        "waiting) and with `reuse` (next to nothing is freed: the replaced file stays beside the",
         "target as its spare, and the next save writes into its blocks, at the price of a",
         "second checkpoint's disk space), the jobs one after the other. `ceiling overwrite` is",
         "the ceiling's write into the blocks its file has, none freed or allocated: the bound",
