@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
 import sys
@@ -34,6 +35,20 @@ def read_file(path: str) -> bytes | None:
         return None
     with open(path, "rb") as fh:
         return fh.read()
+
+
+def fail_fsync_on_last_rank(comm: MPI.Comm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last rank's fsyncs (and fdatasyncs, where no writeback is started) fail with
+    ``EIO`` ("injected fsync error") until ``monkeypatch.undo()``."""
+    if comm.Get_rank() != comm.Get_size() - 1:
+        return
+    from collio.backends import fsync
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "injected fsync error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    monkeypatch.setattr(fsync, "fdatasync", failing)
 
 
 def raises_everywhere(comm: MPI.Comm, exc_type: Any, fn: Any, *, match: str | None = None) -> Any:

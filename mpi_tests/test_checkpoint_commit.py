@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import assert_rows_load, raises_everywhere, read_file
+from helpers import assert_rows_load, fail_fsync_on_last_rank, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
@@ -40,13 +40,7 @@ def test_an_fsync_that_fails_on_one_rank_keeps_the_previous_checkpoint(
     path = _path(comm, mpi_tmp_path)
     ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
     before = read_file(path) if comm.rank == 0 else b""
-    if comm.rank == comm.size - 1:
-
-        def failing(fd: int) -> None:
-            raise OSError(errno.EIO, "injected fsync error")
-
-        monkeypatch.setattr(os, "fsync", failing)
-        monkeypatch.setattr(fsync, "fdatasync", failing)  # (where no writeback is started)
+    fail_fsync_on_last_rank(comm, monkeypatch)
     state = model.rows_state(comm.rank, comm.size, scale=2)
     err = raises_everywhere(comm, collio.BackendError, lambda: ckpt.save(path, state, comm=comm))
     monkeypatch.undo()

@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import raises_everywhere, read_file
+from helpers import fail_fsync_on_last_rank, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
 import collio.checkpoint as ckpt
 from collio import layouts
-from collio.backends import fsync, localfile, posix
+from collio.backends import localfile, posix
 from collio.testing import checkpoint as model
 
 REUSE = {"free_replaced": "reuse"}
@@ -173,13 +173,7 @@ def test_a_failing_save_into_the_spare_keeps_the_checkpoint(
     ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm, hints=REUSE)
     ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=2), comm=comm, hints=REUSE)
     before = read_file(path) if comm.rank == 0 else b""
-    if comm.rank == comm.size - 1:
-
-        def failing(fd: int) -> None:
-            raise OSError(errno.EIO, "injected fsync error")
-
-        monkeypatch.setattr(os, "fsync", failing)
-        monkeypatch.setattr(fsync, "fdatasync", failing)  # (where no writeback is started)
+    fail_fsync_on_last_rank(comm, monkeypatch)
     state = model.rows_state(comm.rank, comm.size, scale=3)
     err = raises_everywhere(
         comm, collio.BackendError, lambda: ckpt.save(path, state, comm=comm, hints=REUSE)
