@@ -317,30 +317,46 @@ def test_a_repeat_that_cannot_take_the_short_way_on_one_rank_is_agreed(comm, mpi
 
 
 @pytest.mark.mpi(min_size=2)
-def test_guessed_writes_taken_back_before_the_shuffle_the_head_chose(comm, mpi_tmp_path):
-    """The others guess their next step; the last rank writes its step in two halves
-    around everybody's blocks (legal, interleaved: the head chooses the shuffle). The
-    guessed writes are taken back before it, and the shuffle writes every byte."""
+def test_guessed_writes_taken_back_before_the_shuffle_the_head_chose(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """A series whose steps leave a gap of H bytes before their blocks; at its fifth
+    step the others guess (moved by the same shift), and the last rank writes its step
+    in two halves, in the gap before everybody's blocks and after them (legal,
+    interleaved: the head chooses the shuffle).  Every guessing rank takes its write
+    back (to the file's size before the call) before the shuffle, and the shuffle
+    writes every byte.  (The shuffle writes the bytes the guesses wrote, so the file
+    alone cannot show the take-back: the backend's own take_back is watched, and it
+    still does the work.)"""
     from collio import layouts
 
     path = str(mpi_tmp_path / "mixed.bin")
     p, r, last = comm.size, comm.rank, comm.size - 1
     H = N // 2
-    want = np.zeros((5 * p + 1) * N, np.uint8)
+    S = p * N + H  # (a step: its gap, then every rank's block)
+    want = np.zeros(5 * S, np.uint8)
     with collio.open(path, "w", comm=comm) as f:
         # (a series through layouts: write_at_all beside write_all is a mismatch)
         for s in range(4):
-            f.write_all(_data(s, r), layouts.Segments([(s * p + r) * N], [N]))
+            f.write_all(_data(s, r), layouts.Segments([s * S + H + r * N], [N]))
             for q in range(p):
-                want[(s * p + q) * N : (s * p + q + 1) * N] = _data(s, q)
+                want[s * S + H + q * N : s * S + H + (q + 1) * N] = _data(s, q)
         guessed = f.stats.last_call["guessed"]
-        base = 4 * p * N
+        base = 4 * S
         mine = _data(4, r)
+        taken, real = [], f.backend.take_back
+
+        def watched(kept, size):
+            taken.append((size, kept is not None and kept.size))
+            real(kept, size)
+
+        monkeypatch.setattr(f.backend, "take_back", watched)
         if r < last:  # (its step, moved as always: guessed)
             f.write_all(mine, layouts.Segments([base + H + r * N], [N]))
-        else:  # its halves before the others' blocks and after them
+        else:  # its halves in the gap before the others' blocks and after them
             halves = layouts.Segments([base, base + H + (p - 1) * N], [H, H])
             f.write_all(mine, halves)
+        monkeypatch.undo()
         done = f.stats.last_call
         st = f.stats.as_dict()
     for q in range(p):
@@ -350,9 +366,15 @@ def test_guessed_writes_taken_back_before_the_shuffle_the_head_chose(comm, mpi_t
         else:
             want[base : base + H] = data[:H]
             want[base + H + (p - 1) * N : base + (p - 1) * N + 2 * H] = data[H:]
+    every = comm.allgather(taken)
     assert guessed and done["path"] == "two-phase" and not done["guessed"]
+    # each guessing rank took back what it kept, once, to the size before the call (what
+    # it kept, the file's size before its write, may count the others' guesses already);
+    # the last rank's new layout guessed nothing
+    assert [[size for size, _ in got] for got in every] == [[base]] * last + [[]]
+    assert all(kept >= base for got in every for _, kept in got)
     assert st["bytes_written"] == 5 * p * N
-    _same_file(comm, path, want[: base + p * N])
+    _same_file(comm, path, want[: base + H + (p - 1) * N + H])
 
 
 def _rows_step(comm, s, rows, cols, *, at=None):
