@@ -217,6 +217,31 @@ def test_a_save_without_the_hint_removes_the_spare_and_plain_writes_never_take_i
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("value", [True, "spare"])
+def test_a_users_spare_option_is_refused_and_the_spare_kept(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, value: Any
+) -> None:
+    """The option that lets the checkpoint writer reuse a spare is the writer's alone:
+    a plain atomic open that passes it is refused on every rank before anything is
+    made (it could not zero what it leaves unwritten), and the spare and the checkpoint
+    stay as they were."""
+    d = _dir(comm, mpi_tmp_path)
+    path = os.path.join(d, "model.ckpt")
+    spare = localfile.spare_name(path)
+    for _ in range(2):
+        ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm, hints=REUSE)
+    before = _on0(comm, lambda: (sorted(os.listdir(d)), read_file(path), read_file(spare)))
+    raises_everywhere(
+        comm, collio.ModeError,
+        lambda: collio.open(path, "w", comm=comm, hints={"atomic_commit": True, **REUSE},
+                            _spare=value),
+        match="posix backend: unknown options ['_spare']",
+    )  # fmt: skip
+    assert _on0(comm, lambda: (sorted(os.listdir(d)), read_file(path), read_file(spare))) == before
+    assert before[0] == [os.path.basename(spare), "model.ckpt"]
+
+
+@pytest.mark.mpi
 def test_without_hard_links_the_replaced_checkpoint_is_freed(
     comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,6 +26,12 @@ _O_BINARY = getattr(os, "O_BINARY", 0)
 _I64 = np.dtype(np.int64)
 
 
+#: The one value of the private option ``_spare``, which only the checkpoint writer holds:
+#: a spare it reuses is written where the writer zeroes every byte it leaves unwritten
+#: (a user's ``_spare=True`` would reuse one whose old bytes nothing zeroes)
+SPARE = object()
+
+
 def check_options(mode: str, options: dict[str, Any]) -> None:
     """The posix backend's options, checked (``collio.open`` agrees on them first)."""
     holes = options.get("holes", "auto")
@@ -37,6 +43,8 @@ def check_options(mode: str, options: dict[str, Any]) -> None:
     if options.get("create", False) not in (False, True, "exclusive"):
         raise ModeError(f"posix backend: create={options['create']!r} must be a bool or exclusive")
     unknown = sorted(set(options) - {"writeback", "holes", "create", "_spare"})
+    if options.get("_spare", SPARE) is not SPARE:
+        unknown.append("_spare")
     if unknown:
         raise ModeError(f"posix backend: unknown options {unknown}")
 
@@ -59,7 +67,7 @@ def open_file(
     atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
     # (``_spare``: a checkpoint save with free_replaced=reuse, whose writer zeroes every
     # byte it leaves unwritten in a reused spare; a plain write could not say which)
-    reuse = atomic and bool(options.get("_spare", False))
+    reuse = atomic and options.get("_spare") is SPARE
     flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
     made = Prepared("", -1, None)  # rank 0's: the temporary's lock, the target's stat
     opened = None

@@ -331,11 +331,12 @@ def _spare(hints: Any, target: Any, options: dict[str, Any]) -> dict[str, Any]:
     replaces where the hint ``free_replaced=reuse`` asks (the writer zeroes what it
     leaves unwritten in it: :func:`_reserve`)."""
     from ..backends import infer_backend
+    from ..backends.fileopen import SPARE
 
     backend = options.get("backend") or infer_backend(target)
     if hints.free_replaced != "reuse" or backend != "posix":
         return options
-    return {**options, "_spare": True}
+    return {**options, "_spare": SPARE}
 
 
 def _atomic(hints: Any) -> Any:
