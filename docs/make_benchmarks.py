@@ -486,6 +486,10 @@ def sim_table(docs: dict[str, dict[str, Any]]) -> list[str]:
 
 
 CONTROLS_PROSE = [
+    "Every compute loop (alone, during the save's I/O, beside a control) starts on",
+    "every rank together, after a barrier; during the I/O, once every rank's",
+    "`async_save` has returned, so that the loop meets the background I/O and not",
+    "other ranks still copying their state (the return's own figure).",
     "The controls run the same compute loop while each rank's thread, at the save",
     "thread's priority, does the ceiling's write (`plain write`: one `pwrite` of its",
     "share and the `fsync`, no MPI, no checksum) or one numpy copy of its share",

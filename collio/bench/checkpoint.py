@@ -343,6 +343,12 @@ class _Run:
         t0 = time.perf_counter()
         h = ckpt.async_save(self.async_path, self.state, comm=c, hints=self.hints)
         ret = time.perf_counter() - t0
+        # (the loops start together, once every rank's save runs in the background, as
+        # "compute alone" and the controls' loops start after a barrier: a rank's loop
+        # started at its own return would also meet the other ranks still copying their
+        # state, which the return's figure counts, not the background I/O's; the ranks
+        # wait sleeping, as in :func:`_timed`, not taking cores from ranks still copying)
+        sleep_until_done(c.Ibarrier(), cap=WAIT)
         during, cpu, busy, blocked = self._loop_beside(_thread_named("collio-ckpt"), h.done)
         h.wait()
         total = time.perf_counter() - t0
