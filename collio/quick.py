@@ -67,6 +67,11 @@ _MAX = MPI.MAX
 _PATCH = Checked.patcher(
     "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total", "sig"
 )  # fmt: skip
+#: :data:`_PATCH` of a step's write that did its I/O as it guessed, with its last call's
+#: requests, its values ints (:meth:`Step._go`): no ``int()`` per fact, no tuple per pair
+_PATCH_WRITE = Checked.int_patcher(
+    "lo", "hi", "moved", "shift", "size", "t_io", "t_total", "sig", guessed=True, same=True
+)  # fmt: skip
 #: :data:`_PATCH` of a step's read that every rank copied from the mapped file, its
 #: values ints: it did its I/O as it guessed, with its last call's requests, and asked no
 #: size (``speculate.BIG``)
@@ -415,9 +420,8 @@ class Step:
         sig = k.facts[3]
         if sig >= 0:  # (checkfacts.placed, inline; a view's array starts at 0)
             sig = (sig + offset if layout is not None else sig) & PLACED
-        _PATCH(
-            head.own, lo, hi, moved, shift, True, size, True, int((end - t) * 1e9),
-            int((end - t0) * 1e9), sig,
+        _PATCH_WRITE(
+            head.own, lo, hi, moved, shift, size, int((end - t) * 1e9), int((end - t0) * 1e9), sig
         )  # fmt: skip
         head.slots[0] = 0
         ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
