@@ -104,7 +104,11 @@ def before_head(
         # (the offset is not a fact: a time series moves it; a user's signature that
         # cannot be digested fails this rank's checks, agreed like them)
         d, offset = digest_kept(sig)
-    facts = (has_many_small_runs(runs, ctx.hints.direct_threshold), mapped, checked(runs), d)
+    # (a batch's write counts the ranges of the file its runs cover where the backend
+    # writes each range with one request: see has_many_small_runs)
+    joined = writing and count is not None and ctx.backend.joins_runs
+    small = has_many_small_runs(runs, ctx.hints.direct_threshold, joined=joined)
+    facts = (small, mapped, checked(runs), d)
     extent = runs.extent() if len(runs.length) else (BIG, 0)
     where = moved(ctx.extents, *extent)
     g = None

@@ -136,10 +136,21 @@ def many_small_runs(nruns: Any, nbytes: Any, direct_threshold: int) -> Any:
     return (nruns > DIRECT_MAX_RUNS) & (nbytes < nruns * direct_threshold)
 
 
-def has_many_small_runs(runs: Runs, direct_threshold: int) -> bool:
-    """:func:`many_small_runs` of one rank's runs (their bytes summed only if needed)."""
+def has_many_small_runs(runs: Runs, direct_threshold: int, *, joined: bool = False) -> bool:
+    """:func:`many_small_runs` of one rank's runs (their bytes summed only if needed).
+
+    ``joined``: the rank would write runs that follow each other in the file with one
+    request (:meth:`~collio.backends.base.Backend.joins_runs`), so what counts is the
+    number of ranges they cover: a batch of a rank's arrays one after another in its
+    own part of the file is one ``pwritev``, the bytes' own cost, not many small runs
+    (the shuffle would copy every byte to an aggregator first)."""
     n = len(runs.length)
-    return n > DIRECT_MAX_RUNS and bool(many_small_runs(n, runs.nbytes, direct_threshold))
+    if n <= DIRECT_MAX_RUNS or not many_small_runs(n, runs.nbytes, direct_threshold):
+        return False
+    if not joined:
+        return True
+    f, length = runs.file, runs.length  # (sorted by file offset)
+    return int(np.count_nonzero(f[1:] != f[:-1] + length[:-1])) + 1 > DIRECT_MAX_RUNS
 
 
 def few_large_runs(nruns: Any, shortest: Any) -> Any:

@@ -61,6 +61,9 @@ def test_small_batch_rounds_and_bytes(comm, mpi_tmp_path, hints):
         for datas, lays in steps:
             f.write_all_many(list(zip(datas, lays, strict=True)))
             last = f.stats.last_call
+            if p == 1:  # (one rank's arrays back to back: one pwritev, test_many_joined)
+                assert last["items"] == ITEMS and last["path"] == "direct"
+                continue
             assert last["items"] == ITEMS and last["path"] == "two-phase"
             largest, window = _largest_domain(last), last["window"]
             assert window <= hints.get("cb_buffer_size", 16 * MiB)

@@ -165,6 +165,13 @@ class Backend(abc.ABC):
         ``size`` bytes (its size before the call, agreed by the ranks) if it grew."""
         raise NotImplementedError(f"{self.name} cannot take writes back")
 
+    @property
+    def joins_runs(self) -> bool:
+        """Whether :meth:`write_runs` writes runs that follow each other in the file with
+        one request (then a batch of a rank's arrays one after another is a few requests
+        however many arrays it has: :func:`collio.policy.has_many_small_runs`)."""
+        return False
+
     def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int | list[int]:
         """Write a rank's own runs directly; returns the number of requests, or their sizes.
 

@@ -134,6 +134,11 @@ class PosixBackend(MappedReads):
         n, self.direct_bytes = self.direct_bytes, 0
         return n
 
+    @property
+    def joins_runs(self) -> bool:
+        # (pwrite_joined below; O_DIRECT writes (hint direct_write) go run by run)
+        return self.dfd < 0 and type(self).write_runs is PosixBackend.write_runs
+
     def write_runs(self, runs: Runs, data: npt.NDArray[np.uint8]) -> int | list[int]:
         """A rank's own runs (the direct path).  When they come to
         :data:`DIRECT_FLUSH_MIN` or more (or after :meth:`flush_soon`), the rank starts
