@@ -478,3 +478,49 @@ def test_large_pieces_lie_on_the_huge_page_grid_of_their_arrays(
             within += length
     del got
     comm.Barrier()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hints", [None, MAP])
+def test_dtypes_without_a_buffer_load_and_are_checked(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, hints: Any
+) -> None:
+    """Datetimes, which the buffer protocol refuses (their bytes are checksummed through
+    numpy's byte view instead), row shards in 'C' and 'F' order beside them: loaded
+    into the job's arrays, into new (or mapped) ones and whole on every rank, byte for
+    byte; a byte flipped in the datetimes raises on every rank, naming them."""
+    from collio import layouts
+
+    path = _path(comm, mpi_tmp_path)
+    p, r = comm.size, comm.rank
+    t = (np.arange(8 * p * 3, dtype="<i8") * 977).astype("<M8[s]").reshape(8 * p, 3)
+    d = np.arange(5, dtype="<i8").astype("<m8[ns]")
+    f = np.asfortranarray(np.arange(6.0 * 4 * p).reshape(6, 4 * p))
+    lt = layouts.block(t.shape, t.dtype, comm=comm, grid=(p, 1))
+    lf = layouts.block(f.shape, f.dtype, comm=comm, grid=(1, p), order="F")
+    state = {"t": (np.ascontiguousarray(t[lt.slices]), lt), "d": d,
+             "f": (np.asfortranarray(f[lf.slices]), lf)}  # fmt: skip
+    ckpt.save(path, state, comm=comm)
+    want = {"t": t[lt.slices].tobytes(), "d": d.tobytes(), "f": f[lf.slices].tobytes("F")}
+    into = {"t": np.zeros_like(state["t"][0]), "d": np.zeros_like(d),
+            "f": np.zeros_like(state["f"][0], order="F")}  # fmt: skip
+    spec = {"t": (into["t"], lt), "d": (into["d"], None), "f": (into["f"], lf)}
+    got = ckpt.load(path, spec, comm=comm, hints=hints)
+    assert all(got[k] is into[k] for k in into)
+    assert {k: v.tobytes("A") for k, v in got.items()} == want
+    new = ckpt.load(path, {"t": lt, "d": None, "f": lf}, comm=comm, hints=hints)
+    assert {k: v.tobytes("A") for k, v in new.items()} == want
+    whole = ckpt.load(path, {"t": None, "f": None}, comm=comm, hints=hints)
+    assert whole["t"].tobytes() == t.tobytes() and whole["f"].tobytes("F") == f.tobytes("F")
+    del new, whole  # (mapped arrays would show the flip)
+    gc.collect()
+    comm.Barrier()
+    if r == 0:
+        _flip(path, ckpt.info(path).file_offset("t", t.nbytes - 3))  # (the last rank's rows)
+    comm.Barrier()
+    for spec_ in (spec, {"t": lt, "d": None}, {"t": None}):
+        err = raises_everywhere(
+            comm, collio.ChecksumError, lambda s=spec_: ckpt.load(path, s, comm=comm, hints=hints)
+        )
+        assert err.names == ("t",)

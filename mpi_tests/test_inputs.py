@@ -33,14 +33,18 @@ def _two_arrays(comm: MPI.Intracomm, tmp: Any) -> tuple[str, Arr, Arr]:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["same", "overlapping", "last-rank-only"])
+@pytest.mark.parametrize("how", ["same", "overlapping", "last-rank-only", "one-object"])
 def test_load_into_arrays_sharing_memory(comm: MPI.Intracomm, mpi_tmp_path: Any, how: str) -> None:
     """Two arrays loaded into memory they share: one would silently hold the other's bytes
     (the load returned both, "a" holding b's values); now the same error on every rank,
-    naming both, the arrays as they were; apart, both load byte for byte."""
+    naming both, the arrays as they were; apart, both load byte for byte.  (One array
+    object that owns its memory, passed for both: arrays that own theirs share none
+    unless they are one.)"""
     path, a, b = _two_arrays(comm, mpi_tmp_path)
     mem = np.full((12, 4), 7.0)
-    into = {"same": (mem[:6], mem[:6]), "overlapping": (mem[:6], mem[3:9])}.get(how)
+    own = np.full((6, 4), 7.0)
+    into = {"same": (mem[:6], mem[:6]), "overlapping": (mem[:6], mem[3:9]),
+            "one-object": (own, own)}.get(how)  # fmt: skip
     if into is None:  # (the last rank alone passes one array twice)
         into = (mem[:6], mem[:6] if comm.rank == comm.size - 1 else mem[6:])
     spec = {"a": (into[0], None), "b": (into[1], None)}
@@ -48,7 +52,7 @@ def test_load_into_arrays_sharing_memory(comm: MPI.Intracomm, mpi_tmp_path: Any,
         comm, collio.LayoutError, lambda: ckpt.load(path, spec, comm=comm),
         match="arrays 'a' and 'b' are loaded into arrays that share memory",
     )  # fmt: skip
-    assert (mem == 7.0).all()
+    assert (mem == 7.0).all() and (own == 7.0).all()
     got = ckpt.load(path, {"a": (mem[:6], None), "b": (mem[6:], None)}, comm=comm)
     assert got["a"].tobytes() == a.tobytes() and got["b"].tobytes() == b.tobytes()
     assert mem.tobytes() == np.concatenate([a, b]).tobytes()

@@ -92,19 +92,31 @@ def _digit(k: int) -> U32:
     return tab
 
 
+@functools.cache
+def _flat_digit(k: int) -> U32:
+    """:func:`_digit`'s table flat: entry ``(d << 10) + (b << 8) + v``."""
+    return _digit(k).reshape(-1)
+
+
 def combine(crc1: U32, crc2: U32, len2: npt.NDArray[np.int64]) -> U32:
-    """The CRC-32C of each ``A + B``, given ``crc(A)``, ``crc(B)`` and ``len(B)``."""
-    out = np.asarray(crc1, np.uint32).copy()
+    """The CRC-32C of each ``A + B``, given ``crc(A)``, ``crc(B)`` and ``len(B)``.
+
+    (Each step takes from the flat table at indices summed from the digit and each byte,
+    in index width: about half the cost of indexing the 3-d table with two
+    arrays and converting the CRCs to indices for each lookup.)"""
+    out = np.asarray(crc1, np.uint32).astype(np.intp)
     n = np.asarray(len2, np.int64)
     for k in range(BITS // DIGIT):
         if not bool(n.any()):
             break
-        tab = _digit(k)
-        d = n & ((1 << DIGIT) - 1)  # (a zero digit's table is the identity)
-        out = (tab[d, 0, out & 0xFF] ^ tab[d, 1, (out >> 8) & 0xFF]
-               ^ tab[d, 2, (out >> 16) & 0xFF] ^ tab[d, 3, out >> 24])  # fmt: skip
+        tab = _flat_digit(k)
+        d = (n & ((1 << DIGIT) - 1)) << 10  # (a zero digit's table is the identity)
+        out = (tab.take(d + (out & 0xFF)) ^ tab.take(d + (256 + ((out >> 8) & 0xFF)))
+               ^ tab.take(d + (512 + ((out >> 16) & 0xFF)))
+               ^ tab.take(d + (768 + (out >> 24)))).astype(np.intp)  # fmt: skip
         n = n >> DIGIT
-    return out ^ np.asarray(crc2, np.uint32)
+    got: U32 = out.astype(np.uint32) ^ np.asarray(crc2, np.uint32)
+    return got
 
 
 def of_pieces(buf: npt.NDArray[np.uint8], lens: npt.NDArray[np.int64]) -> U32:

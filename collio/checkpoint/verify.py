@@ -56,20 +56,15 @@ class Checks:
         first = views.lo[aid]
         rows = zip(aid.tolist(), (self.lo[todo] - first).tolist(),
                    (self.hi[todo] - first).tolist(), strict=True)  # fmt: skip
-        got: dict[int, memoryview] = {}
-        sums = []
-        for k, a, b in rows:  # (a memoryview's slice: a tenth of a numpy view's making)
-            buf = got.get(k)
-            if buf is None:
-                buf = got[k] = views[k].data
-            sums.append(crc32c.crc32c(buf[a:b]))
+        # (a memoryview's slice: a tenth of a numpy view's making)
+        sums = [crc32c.crc32c(views[k][a:b]) for k, a, b in rows]
         self.sums[todo] = sums
         self.done[todo] = True
 
 
 class Views:
-    """Each array's piece as bytes in memory order (``arrays[k]`` is contiguous in its
-    layout's order: a view, made when first asked for, as only the arrays that some
+    """Each array's piece as flat bytes in memory order (``arrays[k]`` is contiguous in its
+    layout's order: a memoryview, made when first asked for, as only the arrays that some
     check reads need one), and where each starts in its array (``lo``)."""
 
     __slots__ = ("arrays", "lo", "_made")
@@ -77,13 +72,25 @@ class Views:
     def __init__(self, arrays: list[Any], lo: I64) -> None:
         self.arrays = arrays
         self.lo = lo
-        self._made: dict[int, npt.NDArray[np.uint8]] = {}
+        self._made: dict[int, memoryview] = {}
 
-    def __getitem__(self, k: int) -> npt.NDArray[np.uint8]:
+    def __getitem__(self, k: int) -> memoryview:
         got = self._made.get(k)
         if got is None:
-            got = self._made[k] = self.arrays[k].ravel("K").view(np.uint8)
+            got = self._made[k] = _flat_bytes(self.arrays[k])
         return got
+
+
+def _flat_bytes(arr: Any) -> memoryview:
+    """The bytes of the contiguous ``arr`` in memory order, as a flat memoryview: the
+    buffer's own cast (of the transpose where only 'F'-contiguous), a third of a numpy
+    byte view's making, which a load into a model's hundreds of arrays makes for each;
+    numpy's view where the buffer protocol refuses the dtype (datetimes) or the shape
+    (no elements)."""
+    try:
+        return memoryview(arr if arr.flags.c_contiguous else arr.T).cast("B")
+    except (TypeError, ValueError, NotImplementedError, BufferError):
+        return arr.ravel("K").view(np.uint8).data  # type: ignore[no-any-return]
 
 
 def segments(plo: I64, phi: I64, clo: I64, chi: I64, chunk: int) -> tuple[I64, I64, I64, I64]:
@@ -136,7 +143,7 @@ def read_checked(
     s, e, p, c = segments(plo, phi, clo, chi, CHUNK)
     slot = np.where(c >= 0, todo[np.maximum(c, 0)] if len(todo) else -1, -1)
     # (memoryviews: a slice of one costs a tenth of a numpy view's making)
-    bufs = [views[k].data for k in sel.tolist()]
+    bufs = [views[k] for k in sel.tolist()]
     sums = checks.sums.tolist()
     raw = be.be
     # (a local file's reader: its preadv called here, without a method call a step;

@@ -28,9 +28,11 @@ __all__ = ["Wanted"]
 I64 = npt.NDArray[np.int64]
 
 
-def _wanted(
-    index: format.Index, spec: Mapping[str, Any]
-) -> list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | None]]:
+#: Each requested name, its layout, and the caller's array to read it into (None: a new one)
+Found = list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | None]]
+
+
+def _wanted(index: format.Index, spec: Mapping[str, Any]) -> Found:
     """Each requested name, sorted, with this rank's piece (offset 0) checked against the
     index, and the caller's array to read it into (None: a new one)."""
     if not isinstance(spec, Mapping):
@@ -44,7 +46,9 @@ def _wanted(
         shape, dtype, order = tuple(entry["shape"]), dtype_of(name), entry["order"]
         lay, into = spec[name], None
         if isinstance(lay, tuple) and len(lay) == 2:  # (out, layout or None): in place
-            into, lay = _into(name, lay[0]), lay[1]
+            # (a numpy array as given: checked with the others' in one pass, by find)
+            into = lay[0] if isinstance(lay[0], np.ndarray) else _into(name, lay[0])
+            lay = lay[1]
         if shape == ():  # a 0-d value is stored as one element
             if lay is not None:
                 raise LayoutError(f"array {name!r} is 0-d: load it with None, not a layout")
@@ -65,22 +69,52 @@ def _wanted(
                 f"array {name!r}: stored shape {shape} dtype {dtype.str} order {order}; layout "
                 f"has shape {lay.global_shape} dtype {lay.dtype.str} order {lay.order}"
             )
-        if into is not None:
-            if entry["shape"] == [] and into.shape == ():
-                into = into.reshape(1)  # (a view: the stored form of a 0-d value)
-            try:
-                lay.check_out(into)
-            except LayoutError as exc:
-                raise LayoutError(f"array {name!r}: {exc}") from None
+        if into is not None and entry["shape"] == [] and into.shape == ():
+            into = into.reshape(1)  # (a view: the stored form of a 0-d value)
         out.append((name, lay, into))
-    _refuse_shared(out)
     return out
 
 
-def _refuse_shared(found: list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | None]]) -> None:
+def _check_given(found: Found, shapes: list[tuple[int, ...]]) -> None:
+    """Raise :class:`LayoutError` for the first of the caller's arrays (``found``'s third
+    items, numpy arrays) that cannot take its piece (of local shape ``shapes[k]``):
+    read-only, or not of the piece's shape and dtype and contiguous in the layout's
+    order; then for two that share memory.  One pass over the arrays' flags, shapes and
+    dtypes (a model's hundreds of arrays, each checked by its layout, cost a load into
+    them as much as its planning); the first that does not fit checked again as each
+    layout checks, for its message."""
+    at = [k for k, (_, _, into) in enumerate(found) if into is not None]
+    if not at:
+        return
+    arrs = cast("list[np.ndarray[Any, Any]]", [found[k][2] for k in at])
+    flags = [arr.flags for arr in arrs]
+    fits = [
+        fl.writeable
+        and (fl.f_contiguous if found[k][1]._order == "F" else fl.c_contiguous)
+        and arr.shape == shapes[k]
+        and arr.dtype == found[k][1]._dtype
+        for fl, arr, k in zip(flags, arrs, at, strict=True)
+    ]
+    if not all(fits):
+        name, lay, into = found[at[fits.index(False)]]
+        if not flags[fits.index(False)].writeable:
+            raise LayoutError(f"array {name!r}: the array to load into is read-only")
+        try:
+            lay.check_out(into)
+        except LayoutError as exc:
+            raise LayoutError(f"array {name!r}: {exc}") from None
+    # (arrays each owning their memory, each given once, share none: no address needed)
+    if len(at) > 1 and not (
+        all(fl.owndata for fl in flags) and len(set(map(id, arrs))) == len(arrs)
+    ):
+        _refuse_shared(found)
+
+
+def _refuse_shared(found: Found) -> None:
     """Raise :class:`LayoutError` naming two arrays loaded into memory they share: each is
     read and checksummed in place, so one would silently hold the other's bytes.  (The
-    arrays given are contiguous, checked above: each is one address range.)"""
+    arrays given are contiguous, checked by :func:`_check_given`: each is one address
+    range.)"""
     given = [(name, into) for name, _, into in found if into is not None and into.nbytes]
     if len(given) < 2:
         return
@@ -218,6 +252,7 @@ class Wanted:
         groups = by_shape(lays) if lays else None  # (once for both)
         self.spans = _spans(lays, groups)
         self.shapes = _local_shapes(lays, groups)
+        _check_given(found, self.shapes)
         self.mapped = np.zeros(len(found), bool)
         if maps:
             new = np.array([arr is None for arr in into], bool)
