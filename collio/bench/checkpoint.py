@@ -98,6 +98,10 @@ CONTROLS = (
 #: A load into new arrays that copies (reads) every piece instead of mapping the file.
 COPIED = {"checkpoint_map": "disable"}
 
+#: The compute loop's length (seconds) the bench aims at: long enough for a save's I/O to
+#: be under way, short enough to end before it does (only such loops are kept).
+LOOP = 0.08
+
 #: The longest a rank done first sleeps between tests of the others being done: long
 #: enough that its wake-ups take next to nothing from the cores the others work on.
 WAIT = 2e-3
@@ -207,8 +211,15 @@ class _Run:
         )}  # fmt: skip
         self.work = np.ones(1 << 15)
         self.reps = 1
-        while _timed(comm, lambda: _compute(self.work, self.reps)) < 0.05:
+        while (t := _timed(comm, lambda: _compute(self.work, self.reps))) < LOOP / 4:
             self.reps *= 2
+        # (scaled to LOOP from the median of five loops: doubling until one loop was long
+        # enough left it anywhere between that length and twice it, by one noisy loop, and
+        # a loop half as long meets less of the save's I/O; the same on every rank, as
+        # _timed's figure is)
+        t = statistics.median([t] + [_timed(comm, lambda: _compute(self.work, self.reps))
+                                     for _ in range(4)])  # fmt: skip
+        self.reps = max(1, round(self.reps * LOOP / t))
         self.path = os.path.join(d, "collio.ckpt")
         # (async_save replaces its own last checkpoint, as each other writer here does
         # its own output: the loads read the blocking save's)
