@@ -67,8 +67,9 @@ _MAX = MPI.MAX
 _PATCH = Checked.patcher(
     "lo", "hi", "moved", "shift", "guessed", "size", "same", "t_io", "t_total", "sig"
 )  # fmt: skip
-#: :data:`_PATCH` of a step's write that did its I/O as it guessed, with its last call's
-#: requests, its values ints (:meth:`Step._go`): no ``int()`` per fact, no tuple per pair
+#: :data:`_PATCH` of a step (:meth:`Step._go`: a write, or a read it does itself) that did
+#: its I/O as it guessed, with its last call's requests, its values ints: no ``int()`` per
+#: fact, no tuple per pair
 _PATCH_WRITE = Checked.int_patcher(
     "lo", "hi", "moved", "shift", "size", "t_io", "t_total", "sig", guessed=True, same=True
 )  # fmt: skip

@@ -132,3 +132,27 @@ def test_a_failing_item_or_an_overlap_on_one_rank_writes_nothing(comm, mpi_tmp_p
         assert f.stats.last_call["path"] == "direct"
     comm.Barrier()
     assert read_file(path) == items_image(comm, raw, before)
+
+
+def test_tiny_items_back_to_back_keep_the_shuffle(comm, mpi_tmp_path):
+    """Items of tens of bytes back to back: the direct write would handle each in Python,
+    which costs more than the shuffle's numpy work, so they keep the shuffle (the mean
+    run is below ``policy.JOINED_MIN_RUN``); the bytes are numpy's and ROMIO's."""
+    from collio import policy
+
+    ours, romio = str(mpi_tmp_path / "collio.bin"), str(mpi_tmp_path / "romio.bin")
+    n, size = 400, 64
+    assert size < policy.JOINED_MIN_RUN
+    rng = np.random.default_rng(11 + comm.rank)
+    at = (comm.rank * n + np.arange(n)) * size
+    items = [
+        (rng.integers(0, 256, size, np.uint8), layouts.Segments([o], [size])) for o in at.tolist()
+    ]
+    with collio.open(ours, "w", comm=comm) as f:
+        f.write_all_many(items)
+        assert f.stats.last_call["path"] == "two-phase"
+    romio_items(romio, comm, items)
+    comm.Barrier()
+    want = items_image(comm, items)
+    assert read_file(ours) == want
+    assert read_file(romio) == want

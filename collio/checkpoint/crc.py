@@ -102,9 +102,10 @@ def combine(crc1: U32, crc2: U32, len2: npt.NDArray[np.int64]) -> U32:
     """The CRC-32C of each ``A + B``, given ``crc(A)``, ``crc(B)`` and ``len(B)``.
 
     (Each step takes from the flat table at indices summed from the digit and each byte,
-    in index width: about half the cost of indexing the 3-d table with two
+    in 64-bit integers (a CRC of 2**31 or more stays positive where an index is
+    32 bits): about half the cost of indexing the 3-d table with two
     arrays and converting the CRCs to indices for each lookup.)"""
-    out = np.asarray(crc1, np.uint32).astype(np.intp)
+    out = np.asarray(crc1, np.uint32).astype(np.int64)
     n = np.asarray(len2, np.int64)
     for k in range(BITS // DIGIT):
         if not bool(n.any()):
@@ -113,7 +114,7 @@ def combine(crc1: U32, crc2: U32, len2: npt.NDArray[np.int64]) -> U32:
         d = (n & ((1 << DIGIT) - 1)) << 10  # (a zero digit's table is the identity)
         out = (tab.take(d + (out & 0xFF)) ^ tab.take(d + (256 + ((out >> 8) & 0xFF)))
                ^ tab.take(d + (512 + ((out >> 16) & 0xFF)))
-               ^ tab.take(d + (768 + (out >> 24)))).astype(np.intp)  # fmt: skip
+               ^ tab.take(d + (768 + (out >> 24)))).astype(np.int64)  # fmt: skip
         n = n >> DIGIT
     got: U32 = out.astype(np.uint32) ^ np.asarray(crc2, np.uint32)
     return got

@@ -96,13 +96,22 @@ def _check_given(found: Found, shapes: list[tuple[int, ...]]) -> None:
         for fl, arr, k in zip(flags, arrs, at, strict=True)
     ]
     if not all(fits):
-        name, lay, into = found[at[fits.index(False)]]
-        if not flags[fits.index(False)].writeable:
+        bad = fits.index(False)
+        name, lay, into = found[at[bad]]
+        if not flags[bad].writeable:
             raise LayoutError(f"array {name!r}: the array to load into is read-only")
         try:
             lay.check_out(into)
         except LayoutError as exc:
             raise LayoutError(f"array {name!r}: {exc}") from None
+        # (the layout's own check found nothing: never read into an array that did not fit)
+        arr = arrs[bad]
+        raise LayoutError(
+            f"array {name!r}: the array to load into has shape {arr.shape}, dtype "
+            f"{arr.dtype.str}, C-contiguous {flags[bad].c_contiguous}, F-contiguous "
+            f"{flags[bad].f_contiguous}; its piece needs shape {shapes[at[bad]]}, dtype "
+            f"{lay.dtype.str}, contiguous in order {lay.order}"
+        )
     # (arrays each owning their memory, each given once, share none: no address needed)
     if len(at) > 1 and not (
         all(fl.owndata for fl in flags) and len(set(map(id, arrs))) == len(arrs)
