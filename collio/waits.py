@@ -55,11 +55,12 @@ def sleep_until_done(req: MPI.Request | list[MPI.Request], *, cap: float = WAIT_
         delay = min(2 * delay, cap)
 
 
-def quiet_barrier(comm: MPI.Comm) -> None:
-    """Collective over `comm`: a barrier that sleeps while it waits.
+def quiet_barrier(comm: MPI.Comm, *, cap: float = WAIT_CAP) -> None:
+    """Collective over `comm`: a barrier that sleeps while it waits (its sleeps up to
+    ``cap``, as :func:`sleep_until_done`'s).
 
     For where one rank works (talks to a server, runs a baseline) while the others
     wait: MPI's blocking calls keep a core busy polling, a core that the working
     rank, or a server on the same node, needs.
     """
-    sleep_until_done(comm.Ibarrier())
+    sleep_until_done(comm.Ibarrier(), cap=cap)

@@ -198,6 +198,17 @@ def romio_items(path: str, comm: MPI.Comm, items: Any) -> None:
         fh.Close()
 
 
+def assert_items_as_romio(comm: MPI.Comm, ours: str, romio: str, items: Any) -> None:
+    """Collective: ROMIO writes the same ``(data, Segments of one run)`` items to
+    ``romio`` (:func:`romio_items`); collio's file ``ours`` and ROMIO's both hold, byte
+    for byte, the image numpy makes of them (:func:`items_image`)."""
+    romio_items(romio, comm, items)
+    comm.Barrier()
+    want = items_image(comm, items)
+    assert read_file(ours) == want
+    assert read_file(romio) == want
+
+
 @contextlib.contextmanager
 def file_limit(on: bool, nbytes: int) -> Iterator[None]:
     """On this rank (if ``on``), writes past ``nbytes`` fail (EFBIG: SIGXFSZ ignored);

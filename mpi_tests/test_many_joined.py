@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import items_image, prefill, raises_everywhere, read_file, romio_items
+from helpers import assert_items_as_romio, items_image, prefill, raises_everywhere, read_file
 
 import collio
 from collio import layouts
@@ -70,11 +70,7 @@ def test_back_to_back_items_go_direct_others_keep_the_shuffle(comm, mpi_tmp_path
     with collio.open(ours, "w", comm=comm) as f:
         f.write_all_many(items)
         assert f.stats.last_call["path"] == "direct"
-    romio_items(romio, comm, raw)
-    comm.Barrier()
-    want = items_image(comm, raw)
-    assert read_file(ours) == want
-    assert read_file(romio) == want
+    assert_items_as_romio(comm, ours, romio, raw)
     with collio.open(ours, "r", comm=comm) as f:
         got = f.read_all_many([lay for _, lay in items])
     for (data, _), g in zip(items, got, strict=True):
@@ -151,8 +147,4 @@ def test_tiny_items_back_to_back_keep_the_shuffle(comm, mpi_tmp_path):
     with collio.open(ours, "w", comm=comm) as f:
         f.write_all_many(items)
         assert f.stats.last_call["path"] == "two-phase"
-    romio_items(romio, comm, items)
-    comm.Barrier()
-    want = items_image(comm, items)
-    assert read_file(ours) == want
-    assert read_file(romio) == want
+    assert_items_as_romio(comm, ours, romio, items)

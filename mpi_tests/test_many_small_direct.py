@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import items_image, prefill, raises_everywhere, read_file, romio_items
+from helpers import assert_items_as_romio, items_image, prefill, raises_everywhere, read_file
 
 import collio
 from collio import layouts
@@ -68,11 +68,7 @@ def test_many_small_runs_direct_match_numpy_andromio_items(comm, mpi_tmp_path, r
     with collio.open(ours, "w", comm=comm, hints=HINTS) as f:
         _write(f, items, route)
         assert f.stats.last_call["path"] == "direct"
-    romio_items(romio, comm, items)
-    comm.Barrier()
-    want = items_image(comm, items)
-    assert read_file(ours) == want
-    assert read_file(romio) == want
+    assert_items_as_romio(comm, ours, romio, items)
     with collio.open(ours, "r", comm=comm, hints=HINTS) as f:
         outs = [np.full(len(d), 0xEE, np.uint8) for d, _ in items]
         vouched = route == "interleaved"

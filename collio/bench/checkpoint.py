@@ -27,7 +27,7 @@ from ..checkpoint import asyncsave, writer
 from ..checkpoint.verify import CHUNK
 from ..collective import Attempt, bcast_outcome, raise_agreed
 from ..hints import parse_size
-from ..waits import sleep_until_done
+from ..waits import quiet_barrier, sleep_until_done
 from . import ckpt_peers as peers
 
 __all__ = ["run_checkpoint"]
@@ -359,7 +359,7 @@ class _Run:
         # started at its own return would also meet the other ranks still copying their
         # state, which the return's figure counts, not the background I/O's; the ranks
         # wait sleeping, as in :func:`_timed`, not taking cores from ranks still copying)
-        sleep_until_done(c.Ibarrier(), cap=WAIT)
+        quiet_barrier(c, cap=WAIT)
         during, cpu, busy, blocked = self._loop_beside(_thread_named("collio-ckpt"), h.done)
         h.wait()
         total = time.perf_counter() - t0
