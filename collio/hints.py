@@ -76,7 +76,7 @@ MAX_STRIPE = 4 << 30
 MIN_DOMAIN = 1 << 20
 _TRI = ("enable", "disable", "automatic")
 #: ``free_replaced``'s values.
-FREE_REPLACED = ("background", "commit", "reuse")
+FREE_REPLACED = ("automatic", "background", "commit", "reuse")
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -195,7 +195,13 @@ class Hints:
         ``disable`` reads every piece into a new array.
     free_replaced
         Where the blocks of the file an ``atomic_commit`` replaces are freed (posix; a
-        checkpoint save always commits so).  ``background`` (default): rank 0 holds the
+        checkpoint save always commits so).  ``automatic`` (default): ``reuse`` for a
+        checkpoint save, ``background`` for any other write.  A save into a new file
+        makes the file system allocate every block while the job computes, and its
+        commit frees the replaced file's as many; reusing them keeps a second
+        checkpoint on disk between saves, which every atomic save holds anyway while it
+        runs (the old file and the new one), so a target that fits its saves fits its
+        spare.  ``background``: rank 0 holds the
         old file open across the rename and closes it in a thread of its own, so the
         commit does not wait for the file system to free it; the freeing (and, on a file
         system mounted with ``discard``, the discards of the next journal commit) then
@@ -257,7 +263,7 @@ class Hints:
     cb_min_message: int = 64 << 10
     cb_min_domain: int = MIN_DOMAIN
     checkpoint_map: str = "automatic"
-    free_replaced: str = "background"
+    free_replaced: str = "automatic"
     extra: tuple[tuple[str, str], ...] = ()
     adjusted: tuple[tuple[str, int], ...] = ()
 
@@ -274,7 +280,8 @@ class Hints:
             )
         if self.free_replaced not in FREE_REPLACED:
             raise HintError(
-                f"hint free_replaced={self.free_replaced!r} must be background, commit or reuse"
+                f"hint free_replaced={self.free_replaced!r} must be automatic, background, "
+                "commit or reuse"
             )
         if self.read_past_eof not in ("enable", "disable"):
             raise HintError(f"hint read_past_eof={self.read_past_eof!r} must be enable or disable")

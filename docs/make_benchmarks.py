@@ -532,30 +532,33 @@ def checkpoint_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     return [*lines, "", f"`{command(doc)}`, {doc['arrays']} arrays, {doc['nranks']} ranks."]
 
 
-#: The checkpoint job run again with the replaced checkpoint freed inside the commit, and
-#: with it kept and written into by the next save.
+#: The checkpoint job run again with the replaced checkpoint freed beside the job, and
+#: freed inside the commit (the default job reuses its blocks).
+BACKGROUND = "checkpoint-background"
 FREED = "checkpoint-free-in-commit"
-REUSED = "checkpoint-reuse"
 
 
 def freed_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     """The checkpoint job's targets and main medians with ``free_replaced`` as it is by
-    default, with ``commit`` and with ``reuse``, side by side (jobs one after the other)."""
-    jobs = [(h, docs[n]) for h, n in (("background (default)", "checkpoint"), ("commit", FREED),
-                                      ("reuse", REUSED)) if n in docs]  # fmt: skip
-    if len(jobs) < 2 or jobs[0][0] != "background (default)":
+    default (``reuse`` for a save), with ``background`` and with ``commit``, side by
+    side (jobs one after the other)."""
+    jobs = [(h, docs[n]) for h, n in (("reuse (default)", "checkpoint"),
+                                      ("background", BACKGROUND), ("commit", FREED))
+            if n in docs]  # fmt: skip
+    if len(jobs) < 2 or jobs[0][0] != "reuse (default)":
         return []
     lines = [
         "Where the replaced checkpoint is freed (hint `free_replaced`): the same job with the",
-        "default, `background` (rank 0 closes the old file in a thread of its own after the",
-        "commit, and the file system frees its blocks beside the job: on this file system,",
-        "mounted with `discard`, at the next journal commit, which the next save's flushes",
-        "force), with `commit` (the commit closes it and syncs the directory, every rank",
-        "waiting) and with `reuse` (next to nothing is freed: the replaced file stays beside the",
-        "target as its spare, and the next save writes into its blocks, at the price of a",
-        "second checkpoint's disk space), the jobs one after the other. `ceiling overwrite` is",
-        "the ceiling's write into the blocks its file has, none freed or allocated: the bound",
-        "of a save with `reuse`, as `ceiling write` (a new file) is of the others.",
+        "default for a save, `reuse` (next to nothing is freed: the replaced file stays beside",
+        "the target as its spare, and the next save writes into its blocks; the disk holds a",
+        "second checkpoint between saves, as it does during every atomic save), with",
+        "`background` (a new file each save; rank 0 closes the old file in a thread of its own",
+        "after the commit, and the file system frees its blocks beside the job: on this file",
+        "system, mounted with `discard`, at the next journal commit, which the next save's",
+        "flushes force) and with `commit` (the commit closes it and syncs the directory, every",
+        "rank waiting), the jobs one after the other. `ceiling overwrite` is the ceiling's",
+        "write into the blocks its file has, none freed or allocated: the bound of a save with",
+        "`reuse`, as `ceiling write` (a new file) is of the others.",
         "",
         "| | " + " | ".join(h for h, _ in jobs) + " |",
         "|---|" + "---:|" * len(jobs),

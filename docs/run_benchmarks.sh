@@ -31,8 +31,8 @@ jobs=(
   "mpi-file|--compare collio,collio-mpi,mpiio -i 42"  # page-cache reads take milliseconds: many whole cycles of orders
   "s3|--compare collio-s3,s3-gather,s3-ceiling"
   "checkpoint|--pattern checkpoint --size 256MiB -i 30"  # a save's time, and an 80 ms compute loop beside 4 ranks on these cores, vary from one iteration to the next: more samples
+  "checkpoint-background|--pattern checkpoint --size 256MiB -i 30 --hints free_replaced=background"
   "checkpoint-free-in-commit|--pattern checkpoint --size 256MiB -i 30 --hints free_replaced=commit"
-  "checkpoint-reuse|--pattern checkpoint --size 256MiB -i 30 --hints free_replaced=reuse"
   "sweep|--sweep"
   "two-level-colblock|--compare $levels"
   "two-level-cyclic|--pattern cyclic --compare $levels"

@@ -15,6 +15,7 @@ from mpi4py import MPI
 import collio
 import collio.checkpoint as ckpt
 from collio.backends import fsync, posix
+from collio.backends.localfile import spare_name
 from collio.testing import checkpoint as model
 
 
@@ -22,12 +23,19 @@ def _path(comm: MPI.Intracomm, tmp: Any) -> str:
     return str(comm.bcast(os.path.join(str(tmp), "model.ckpt"), root=0))
 
 
-def _kept(comm: MPI.Intracomm, path: str, before: bytes) -> None:
-    """The target holds ``before`` byte for byte, nothing else is left beside it, and it
-    loads (its checksums hold)."""
-    if comm.rank == 0:
-        assert read_file(path) == before
-        assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+def _kept(comm: MPI.Intracomm, path: str, before: bytes, *, spare: bool = False) -> None:
+    """The target holds ``before`` byte for byte, nothing else is left beside it but
+    the spare of the checkpoint a save replaced (where there was one), and it loads
+    (its checksums hold).  Rank 0's findings are asserted on every rank, so a failing
+    one fails the test everywhere instead of leaving the others in the load."""
+    seen = comm.bcast(
+        (read_file(path) == before, sorted(os.listdir(os.path.dirname(path))))
+        if comm.rank == 0 else None
+    )  # fmt: skip
+    want = [os.path.basename(path)]
+    if spare:
+        want.append(os.path.basename(spare_name(path)))
+    assert seen == (True, sorted(want)), seen
     assert_rows_load(comm, path)
 
 
@@ -89,7 +97,7 @@ def test_a_save_over_a_checkpoint_writes_the_same_bytes_as_into_a_new_file(
         assert read_file(path) == read_file(fresh)
         os.unlink(fresh)
     comm.Barrier()
-    _kept(comm, path, read_file(path) if comm.rank == 0 else b"")
+    _kept(comm, path, read_file(path) if comm.rank == 0 else b"", spare=True)
 
 
 def _flushes_started(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -1,6 +1,7 @@
-"""The hint ``free_replaced=reuse``: a save keeps the checkpoint it replaces as the target's
-spare, and the next save writes into the spare's blocks, leaving the same bytes a save
-into a new file leaves; what is not the save's to reuse is never written."""
+"""The hint ``free_replaced=reuse`` (a save's default, ``automatic``): a save keeps the
+checkpoint it replaces as the target's spare, and the next save writes into the spare's
+blocks, leaving the same bytes a save into a new file leaves; what is not the save's to
+reuse is never written."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from collio.backends import localfile, posix
 from collio.testing import checkpoint as model
 
 REUSE = {"free_replaced": "reuse"}
+#: A save into a new file each time, freeing the replaced one.
+NEW = {"free_replaced": "background"}
 
 
 def _dir(comm: MPI.Intracomm, tmp: Any) -> str:
@@ -82,19 +85,25 @@ def _ino(path: str) -> int | None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("how", "punch"), [("save", True), ("async_save", True), ("save", False)])
+@pytest.mark.parametrize(
+    ("how", "punch", "hints"),
+    [("save", True, REUSE), ("async_save", True, REUSE), ("save", False, REUSE),
+     ("save", True, None), ("async_save", True, None)],
+)  # fmt: skip
 def test_a_reused_spare_holds_what_a_new_file_holds(
     comm: MPI.Intracomm,
     mpi_tmp_path: Any,
     monkeypatch: pytest.MonkeyPatch,
     how: str,
     punch: bool,
+    hints: Any,
 ) -> None:
-    """Each save with the hint leaves the target byte for byte as a save without it
-    leaves another path (so every byte the save does not write reads zero, as in a new
-    file), keeps the file it replaced as the spare, and from the third save on writes
-    into the spare: the target's inode is the one two saves before.  Without ``punch``
-    the file system neither allocates ahead nor punches holes (``EOPNOTSUPP``)."""
+    """Each save with the hint (or with no hints: the default) leaves the target byte
+    for byte as a save into a new file leaves another path (so every byte the save does
+    not write reads zero), keeps the file it replaced as the spare, and from the third
+    save on writes into the spare: the target's inode is the one two saves before.
+    Without ``punch`` the file system neither allocates ahead nor punches holes
+    (``EOPNOTSUPP``)."""
     if not punch:
 
         def refused(*args: Any) -> int:
@@ -108,12 +117,12 @@ def test_a_reused_spare_holds_what_a_new_file_holds(
     inodes: list[Any] = []
     for k, state in enumerate(_states(comm)):
         if how == "save":
-            ckpt.save(path, state, comm=comm, hints=REUSE)
+            ckpt.save(path, state, comm=comm, hints=hints)
         else:
-            h = ckpt.async_save(path, state, comm=comm, hints=REUSE)
+            h = ckpt.async_save(path, state, comm=comm, hints=hints)
             _overwrite(state)  # (the save holds the values at the call)
             h.wait()
-        ckpt.save(fresh, _states(comm)[k], comm=comm)
+        ckpt.save(fresh, _states(comm)[k], comm=comm, hints=NEW)
         same, listed, ino = _on0(comm, lambda: (
             read_file(path) == read_file(fresh), sorted(os.listdir(d)), (_ino(path), _ino(spare))
         ))  # fmt: skip
@@ -187,12 +196,12 @@ def test_a_failing_save_into_the_spare_keeps_the_checkpoint(
 
 
 @pytest.mark.mpi
-def test_a_save_without_the_hint_removes_the_spare_and_plain_writes_never_take_it(
+def test_a_save_into_a_new_file_removes_the_spare_and_plain_writes_never_take_it(
     comm: MPI.Intracomm, mpi_tmp_path: Any
 ) -> None:
     """A plain atomic write with the hint neither takes the spare (it could not tell
     which of its bytes it did not write: they read zero) nor keeps one, and removes
-    the spare a checkpoint kept; so does a checkpoint save without the hint."""
+    the spare a checkpoint kept; so does a checkpoint save with ``background``."""
     d = _dir(comm, mpi_tmp_path)
     path = os.path.join(d, "model.ckpt")
     spare = localfile.spare_name(path)
@@ -209,7 +218,7 @@ def test_a_save_without_the_hint_removes_the_spare_and_plain_writes_never_take_i
                 want[4096 + 1000 * r : 4096 + 1000 * r + 100] = r + 1
             want = want[: 4096 + 1000 * (comm.size - 1) + 100]
         else:
-            ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+            ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm, hints=NEW)
         listed, got = _on0(comm, lambda: (os.listdir(d), read_file(path)))
         assert listed == ["model.ckpt"], listed
         if plain:

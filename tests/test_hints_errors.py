@@ -47,7 +47,7 @@ def test_from_dict_and_info():
     assert (h.cb_nodes, h.romio_cb_read, h.per_node()) == (2, "disable", 1)
     assert Hints.coerce(h) is h
     assert Hints.coerce({"free_replaced": " Commit"}).free_replaced == "commit"
-    assert Hints().free_replaced == "background"
+    assert Hints().free_replaced == "automatic"
 
 
 def test_unknown_hints_are_reported_not_dropped():
@@ -65,7 +65,10 @@ def test_unknown_hints_are_reported_not_dropped():
         ({"romio_cb_write": "maybe"}, "must be one of"),
         ({"cb_config_list": "node1:2"}, "understands"),
         ({"atomic_commit": "perhaps"}, "not a boolean"),
-        ({"free_replaced": "later"}, "free_replaced='later' must be background, commit or reuse"),
+        (
+            {"free_replaced": "later"},
+            "free_replaced='later' must be automatic, background, commit or reuse",
+        ),
     ],
 )
 def test_bad_hints(hints, text):

@@ -328,13 +328,13 @@ def _tail(
 
 def _spare(hints: Any, target: Any, options: dict[str, Any]) -> dict[str, Any]:
     """The open's options, with the posix backend told to reuse the spare of the file it
-    replaces where the hint ``free_replaced=reuse`` asks (the writer zeroes what it
-    leaves unwritten in it: :func:`_reserve`)."""
+    replaces where the hint ``free_replaced`` is ``reuse`` or ``automatic`` (the writer
+    zeroes what it leaves unwritten in it: :func:`_reserve`)."""
     from ..backends import infer_backend
     from ..backends.fileopen import SPARE
 
     backend = options.get("backend") or infer_backend(target)
-    if hints.free_replaced != "reuse" or backend != "posix":
+    if hints.free_replaced not in ("reuse", "automatic") or backend != "posix":
         return options
     return {**options, "_spare": SPARE}
 
