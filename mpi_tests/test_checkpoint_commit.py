@@ -306,14 +306,18 @@ def _cached_pages(path: str) -> int:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("free", ["background", "automatic"])
 def test_a_save_gives_back_the_replaced_checkpoints_cached_pages(
-    comm: MPI.Intracomm, mpi_tmp_path: Any
+    comm: MPI.Intracomm, mpi_tmp_path: Any, free: str
 ) -> None:
-    """Replacing a checkpoint, the save drops the old file's page cache before the ranks
-    write (the new bytes' pages then come back from it, not from free memory), and the
-    new checkpoint loads byte for byte."""
+    """Replacing a checkpoint with a new file (``free_replaced=background``), the save
+    drops the old file's page cache before the ranks write (the new bytes' pages then
+    come back from it, not from free memory); a save that keeps the old file as its
+    spare (the default) leaves its pages cached, since the next save writes into them.
+    The new checkpoint loads byte for byte."""
     path = _path(comm, mpi_tmp_path)
-    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    hints = {"free_replaced": free}
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm, hints=hints)
     old = path + ".old"
     can = True
     if comm.rank == 0:
@@ -328,14 +332,15 @@ def test_a_save_gives_back_the_replaced_checkpoints_cached_pages(
         can = can and _cached_pages(old) == cached
     if not comm.bcast(can):
         pytest.skip("this file system keeps its pages in memory")
-    ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=2), comm=comm)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=2), comm=comm, hints=hints)
     # (rank 0 looks, every rank asserts: a failure must not leave the others in the load)
     left = comm.bcast(
-        (_cached_pages(old), os.stat(old).st_ino != os.stat(path).st_ino)
+        (_cached_pages(old), os.stat(old).st_ino != os.stat(path).st_ino, cached)
         if comm.rank == 0
         else None
     )
-    assert left == (0, True), left
+    kept = 0 if free == "background" else left[2]  # (every page, or none)
+    assert left == (kept, True, left[2]) and left[2] > 0, left
     spec = model.rows_layouts(comm.rank, comm.size, scale=2)
     got = ckpt.load(path, dict(spec), comm=comm)
     for name, lay in spec.items():

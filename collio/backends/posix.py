@@ -364,8 +364,11 @@ class PosixBackend(MappedReads):
         virtual machine that hands free memory back to its host) faulted in again from
         the host, which can take longer than the write; a writer that truncates its file
         reuses its pages at once.  Each rank drops a share, side by side, and the pages
-        it frees serve its own next writes."""
-        if self.final is not None:
+        it frees serve its own next writes.  A save that keeps the replaced file as its
+        spare (``free_replaced=reuse``) drops nothing: the next save writes into that
+        file, whose pages, still cached, take its bytes with no memory freed or
+        allocated."""
+        if self.final is not None and not self.keep:
             forget_cached(self.final, part, parts)
 
     @contextlib.contextmanager
