@@ -211,9 +211,11 @@ class Hints:
         ``reuse`` (checkpoint saves to a file; other writes free as ``background``):
         the replaced checkpoint stays beside the target as ``.NAME.collio-spare`` and
         the next save to the target writes into its blocks (every byte it does not
-        write zeroed), on a local file system and unless any process has that file open
-        or mapped: saves then free and allocate next to nothing, at the price of a
-        second checkpoint's disk space; a save without it removes the spare.
+        write zeroed), unless any process has that file open or mapped: saves then
+        free and allocate next to nothing, at the price of a second checkpoint's disk
+        space between saves; a save with ``background`` or ``commit`` removes the
+        spare.  Only on a local file system: elsewhere (a parallel file system) no
+        spare is kept, and each save writes a new file.
     read_past_eof
         ``enable`` (default): bytes a ``read_all`` asks for past the end of the file read
         as zeros (as bytes no rank wrote do); ``disable``: such a read raises the same

@@ -334,3 +334,20 @@ def test_a_spare_another_process_has_open_is_not_written(
     ckpt.save(path, model.rows_state(comm.rank, comm.size, 4), comm=comm, hints=REUSE)
     assert _on0(comm, lambda: _ino(path)) == kept
     _loads(comm, path, 4)
+
+
+@pytest.mark.mpi
+def test_no_spare_is_kept_where_no_save_could_take_it(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the file system is not a local one (a parallel file system's case: no save
+    would ever take a spare there), a save by default keeps none, so a second
+    checkpoint's space is not held for nothing; each save writes a new file and loads."""
+    d = _dir(comm, mpi_tmp_path)
+    path = os.path.join(d, "model.ckpt")
+    monkeypatch.setattr(localfile, "fs_name", lambda fd: None)
+    for scale in (1, 2, 3):
+        ckpt.save(path, model.rows_state(comm.rank, comm.size, scale), comm=comm)
+        listed = _on0(comm, lambda: os.listdir(d))
+        assert listed == ["model.ckpt"], (scale, listed)
+        _loads(comm, path, scale)

@@ -249,12 +249,14 @@ def keep_spare(path: str) -> bool:
     anyway, and is not the save's to overwrite).  A spare already there (a save that
     did not take it) is replaced, freed in a thread of its own (:func:`release_later`);
     where the file system has no hard links, nothing is kept and the caller frees the
-    old file as without the hint."""
+    old file as without the hint.  Nor where no save could take it back
+    (:func:`claim_spare`: no leases, or not a local file system, a parallel file
+    system's say): kept there, it would only hold a second checkpoint's space."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or not _reusable(path):
         return False
     spare = spare_name(path)
     try:
@@ -282,6 +284,21 @@ def keep_spare(path: str) -> bool:
     unlink_quietly(fresh)
     release_later(old)
     return True
+
+
+def _reusable(path: str) -> bool:
+    """Whether a spare of the file at ``path`` could ever be claimed: Linux's leases, on
+    a local file system."""
+    if _LEASE is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | _NONBLOCK | _CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return fs_name(fd) is not None
+    finally:
+        os.close(fd)
 
 
 def drop_spare(path: str, now: bool) -> None:
