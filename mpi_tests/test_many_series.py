@@ -2,7 +2,8 @@
 
 A batch of layouts of known shapes reuses their templates, a batch of the same layout
 objects as the last one what the layouts alone decide, and with its arrays at the same
-addresses the same union of runs (:mod:`collio.boxes`).  These tests change one thing
+addresses the same union of runs (:mod:`collio.boxes`); a batch of new layouts, the last
+ones all moved by one offset, over the same arrays, that union moved.  These tests change one thing
 at a time (the data in place, other arrays, an array reshaped in place, an offset on
 one rank, an item twice) and check every file byte for byte against numpy, one call per
 item, and ROMIO.
@@ -152,3 +153,43 @@ def test_a_reused_batch_that_changed_is_refused_everywhere(comm, mpi_tmp_path):
         romio_write(theirs, d - 1, lay, comm)
     comm.Barrier()
     assert read_file(path) == read_file(theirs)  # (the items leave no holes)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", [{}, {"cb_nodes": 2, "cb_buffer_size": 4096}])
+def test_steps_through_moved_layouts_match_single_calls_and_romio(comm, mpi_tmp_path, hints):
+    """Steps 0 to 3, each through layouts made anew one step further on, over the same
+    arrays changed in place: each step after the first takes the last batch's union
+    moved (boxes' kept shapes moved), and the file is that of one call per item and of
+    ROMIO's; reads through the moved layouts give every step back."""
+    from collio import boxes
+
+    many, single, romio = (str(mpi_tmp_path / f"{n}.bin") for n in ("many", "single", "romio"))
+    datas = _data(comm, 3)
+    steps, values = [_layouts(comm, s) for s in range(4)], []
+    moved = []
+    collio.release_buffers()  # (step 0 made anew, not moved from an earlier test's)
+    with collio.open(many, "w", comm=comm, hints=hints) as f:
+        for lays in steps:
+            for d in datas:
+                d += 1
+            values.append([d.copy() for d in datas])
+            f.write_all_many(_pairs(datas, lays))
+            moved.append(boxes._KEPT[0] is not None and boxes._KEPT[0].origin is not None)
+        outs = [np.zeros_like(d) for d in datas]
+        back = [[g.copy() for g in f.read_all_many(lays, out=outs)] for lays in steps]
+    assert all(comm.allgather(moved == [False, True, True, True]))
+    for s, (got, vals) in enumerate(zip(back, values, strict=True)):
+        for k, (g, v) in enumerate(zip(got, vals, strict=True)):
+            np.testing.assert_array_equal(g, v, err_msg=f"step {s} item {k}")
+    with collio.open(single, "w", comm=comm, hints=hints) as f:
+        for lays, vals in zip(steps, values, strict=True):
+            for v, lay in zip(vals, lays, strict=True):
+                f.write_all(v, lay)
+    for lays, vals in zip(steps, values, strict=True):
+        for v, lay in zip(vals, lays, strict=True):
+            romio_write(romio, v, lay, comm)
+    comm.Barrier()
+    ours = read_file(many)
+    assert ours is not None and len(ours) == 4 * _step_bytes(comm.size)
+    assert ours == read_file(single) == read_file(romio)
