@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from .backends.base import Backend
 from .errors import LayoutError
-from .itemsigs import ItemSigs, array_sigs
+from .itemsigs import ItemSigs, array_sigs, sig_parts
 from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray, offsets_of, shape_keys
 from .runs import Runs, read_only
 from .spans import U8, sorted_union, span
@@ -116,6 +116,7 @@ class _Shapes:
     sizes: I64
     keys: list[Any]  # each item's shape key (by identity: see by_shape)
     heads: list[tuple[Any, ...]]  # each template's signature but for the offset
+    parts: tuple[list[str], I64]  # the signatures' key but for the offsets (sig_parts)
     offsets: I64  # each item's layout's offset
     # (the token of the shapes these are moved from, and by how much: _moved_shapes; a
     # token, not those shapes, so that a time series' steps do not hold each other)
@@ -158,11 +159,12 @@ def _shapes(lays: list[Any]) -> _Shapes | None:
     counts = np.array([len(t.runs) for t in templates], np.int64)[group]
     sizes = np.array([math.prod(t.spec[1]) * t.spec[0].itemsize for t in templates], np.int64)
     heads = [t.head for t in templates]
+    parts = sig_parts(heads, group)
     made = _Shapes(
         tuple(lays), group, firsts, [t.runs for t in templates], offsets - base[group],
-        array_sigs(heads, group, offsets), [t.spec for t in templates],
+        array_sigs(heads, group, offsets, parts), [t.spec for t in templates],
         [t.order for t in templates], counts, sizes[group], keys_of(lays, group, keys), heads,
-        offsets,
+        parts, offsets,
     )  # fmt: skip
     _KEPT[0] = made
     return made
@@ -194,10 +196,11 @@ def _moved_shapes(kept: _Shapes, lays: list[Any]) -> _Shapes | None:
         return None
     if int(offsets.min()) < 0:
         return None
-    return dataclasses.replace(
-        kept, lays=tuple(lays), shift=kept.shift + d, offsets=offsets,
-        sigs=array_sigs(kept.heads, kept.group, offsets), origin=(kept.token, d),
-        token=object(),
+    k = kept
+    return _Shapes(
+        tuple(lays), k.group, k.firsts, k.templates, k.shift + d,
+        array_sigs(k.heads, k.group, offsets, k.parts), k.specs, k.orders, k.counts, k.sizes,
+        k.keys, k.heads, k.parts, offsets, (k.token, d),
     )  # fmt: skip
 
 
