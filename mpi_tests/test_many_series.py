@@ -200,22 +200,24 @@ def test_steps_through_moved_layouts_match_single_calls_and_romio(comm, mpi_tmp_
 
 
 @pytest.mark.mpi
-def test_a_series_of_uniform_batches_posts_the_kept_round(comm, mpi_tmp_path):
-    """A time series of 64 variables of 512 int64 per rank, the ranks' pieces of each
-    side by side, the rank's arrays rows of one (every message one fixed shape, a
-    vector): from the second step on, each step's
+@pytest.mark.parametrize("hints", [{}, {"cb_nodes": 3}])
+def test_a_series_of_uniform_batches_posts_the_kept_round(comm, mpi_tmp_path, hints):
+    """A time series of 200 variables of 512 int64 per rank, the ranks' pieces of each
+    side by side, the rank's arrays rows of one (every message one vector; with three
+    aggregators, the domains' edges cut pieces, and a message of cut runs is made an
+    indexed type once, as a vector is): from the second step on, each step's
     one round is posted from the batch lane's record, but for a step whose arrays lie
     elsewhere; the file is ROMIO's, one Write_at_all per item, and numpy's."""
     from collio import boxes
 
-    p, r, n, elems = comm.size, comm.rank, 64, 512
+    p, r, n, elems = comm.size, comm.rank, 200, 512
     datas = list(np.zeros((n, elems), "<i8"))  # (rows of one array: evenly spaced in memory)
     step_bytes = n * 8 * elems * p
     many, romio = str(mpi_tmp_path / "many.bin"), str(mpi_tmp_path / "romio.bin")
     collio.release_buffers()
     rounds, want = [], []
     rows = datas
-    with collio.open(many, "w", comm=comm) as f:
+    with collio.open(many, "w", comm=comm, hints=hints) as f:
         for s in range(6):
             lays = [layouts.Subarray((elems * p,), (elems * r,), (elems,), "<i8",
                                      offset=s * step_bytes + k * 8 * elems * p)
