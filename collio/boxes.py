@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from .backends.base import Backend
 from .errors import LayoutError
-from .itemsigs import ItemSigs, array_sigs
+from .itemsigs import ItemSigs, array_sigs, sig_parts
 from .layouts.arrays import ArrayLayout, BlockCyclic, Subarray, offsets_of, shape_keys
 from .runs import Runs, read_only
 from .spans import U8, sorted_union, span
@@ -101,7 +101,8 @@ class _Shapes:
     of bytes (its array's, once :func:`_arrays` found it of its template's spec).  Kept
     for the next batch of the same layout objects (layouts are immutable, and the kept
     tuple holds them, so the same objects are the same layouts): a checkpoint or a time
-    series passes them again."""
+    series passes them again; or of new ones, each of its item's shape, all moved by one
+    offset (a time series' next step: :func:`_moved_shapes`)."""
 
     lays: tuple[Any, ...]
     group: npt.NDArray[np.intp]
@@ -113,6 +114,14 @@ class _Shapes:
     orders: list[str]
     counts: I64
     sizes: I64
+    keys: list[Any]  # each item's shape key (by identity: see by_shape)
+    heads: list[tuple[Any, ...]]  # each template's signature but for the offset
+    parts: tuple[list[str], I64]  # the signatures' key but for the offsets (sig_parts)
+    offsets: I64  # each item's layout's offset
+    # (the token of the shapes these are moved from, and by how much: _moved_shapes; a
+    # token, not those shapes, so that a time series' steps do not hold each other)
+    origin: tuple[object, int] | None = None
+    token: object = dataclasses.field(default_factory=object)
 
 
 #: The last batch's :class:`_Shapes` (one entry, replaced whole: another thread's call
@@ -126,8 +135,13 @@ def _shapes(lays: list[Any]) -> _Shapes | None:
     """The batch's :class:`_Shapes`, kept or made; None when an item's layout would fail
     (its offset, or its template's check)."""
     kept = _KEPT[0]
-    if kept is not None and len(kept.lays) == len(lays) and all(map(is_, lays, kept.lays)):
-        return kept
+    if kept is not None and len(kept.lays) == len(lays):
+        if all(map(is_, lays, kept.lays)):
+            return kept
+        moved = _moved_shapes(kept, lays)
+        if moved is not None:
+            _KEPT[0] = moved
+            return moved
     grouped = by_shape(lays)
     if grouped is None:
         return None
@@ -144,13 +158,50 @@ def _shapes(lays: list[Any]) -> _Shapes | None:
     base = np.array([t.base for t in templates], np.int64)
     counts = np.array([len(t.runs) for t in templates], np.int64)[group]
     sizes = np.array([math.prod(t.spec[1]) * t.spec[0].itemsize for t in templates], np.int64)
+    heads = [t.head for t in templates]
+    parts = sig_parts(heads, group)
     made = _Shapes(
         tuple(lays), group, firsts, [t.runs for t in templates], offsets - base[group],
-        array_sigs([t.head for t in templates], group, offsets),
-        [t.spec for t in templates], [t.order for t in templates], counts, sizes[group],
+        array_sigs(heads, group, offsets, parts), [t.spec for t in templates],
+        [t.order for t in templates], counts, sizes[group], keys_of(lays, group, keys), heads,
+        parts, offsets,
     )  # fmt: skip
     _KEPT[0] = made
     return made
+
+
+def keys_of(lays: list[Any], group: Any, keys: list[Any]) -> list[Any]:
+    """Each item's shape key (``keys[group[k]]``, the same objects as the items' own)."""
+    if len(keys) == 1:
+        return [keys[0]] * len(lays)
+    return shape_keys(lays)
+
+
+def _moved_shapes(kept: _Shapes, lays: list[Any]) -> _Shapes | None:
+    """The last batch's shapes moved, for layouts (new objects) whose shape keys are its
+    items' in order and whose offsets are its items' moved by one common ``d``: a time
+    series writing the same arrays at a new offset each step.  Each item's runs are then
+    its template's moved by ``d`` more (a layout valid at one offset is valid at every
+    offset >= 0: :data:`_TEMPLATES`), in a few passes, no grouping or template found
+    again; None for any other batch."""
+    try:
+        keys = shape_keys(lays)
+        offsets = offsets_of(lays)
+    except (AttributeError, OverflowError, TypeError):  # (the general way says what)
+        return None
+    if not all(map(is_, keys, kept.keys)):
+        return None
+    d = int(offsets[0]) - int(kept.offsets[0])
+    if not bool(np.logical_and.reduce(kept.offsets + d == offsets)):
+        return None
+    if int(offsets.min()) < 0:
+        return None
+    k = kept
+    return _Shapes(
+        tuple(lays), k.group, k.firsts, k.templates, k.shift + d,
+        array_sigs(k.heads, k.group, offsets, k.parts), k.specs, k.orders, k.counts, k.sizes,
+        k.keys, k.heads, k.parts, offsets, (k.token, d),
+    )  # fmt: skip
 
 
 def _split(items: Any, *, writing: bool) -> tuple[list[Any], list[Any] | None] | None:
@@ -293,14 +344,17 @@ def _union_shifted(shapes: _Shapes, arrays: list[Any], *, writing: bool) -> tupl
         lo, hi = int(addr[used].min()), int(ends[used].max())
     whole = span(lo, hi - lo, writable=not writing, holds=arrays)
     last = _UNION[0]
-    # (the same shapes object: the same layouts, so the same sizes of arrays)
-    if (
-        last is not None
-        and last[0] is shapes
-        and last[1] == writing
-        and np.array_equal(last[2], addr)
-    ):
-        return last[3], whole
+    # (the same shapes object: the same layouts, so the same sizes of arrays; or shapes
+    # moved from the last ones: the last union moved, in file order and checked alike,
+    # and read-only with its origin, so the kept plan finds the shift without comparing)
+    if last is not None and last[1] == writing and np.array_equal(last[2], addr):
+        if last[0] is shapes:
+            return last[3], whole
+        origin = shapes.origin
+        if origin is not None and origin[0] is last[0].token:
+            union = last[3].moved(origin[1])
+            _UNION[0] = (shapes, writing, addr, union)
+            return union, whole
     file, length, mem, item = _moved(shapes, counts, addr - lo)
     union = read_only(sorted_union(file, length, mem, item, addr, ends, used, writing=writing))
     _UNION[0] = (shapes, writing, addr, union)

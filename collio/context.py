@@ -57,6 +57,8 @@ class Context:
     sums_kept: dict[str, Any] = dataclasses.field(default_factory=dict)
     # this rank's last single two-phase write through a Subarray (collio.keptcall.Lane)
     lane: Any = None
+    # this rank's last batch's two-phase write (collio.keptcall.keep_batch: a Lane)
+    batch_lane: Any = None
     # whether the call in progress is a write_at_all/read_at_all (set by collio.file
     # while it holds the communicator): its head and messages name it (call_name), and
     # it repeats only kept calls of its own kind

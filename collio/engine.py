@@ -156,7 +156,7 @@ def _write(
     if call.settled:
         return call
     active = call.hi > call.lo  # (own_runs may shrink the extent to the shuffled rest)
-    error = _transfer(ctx, call, runs, buf, writing=True)  # (every rank: collective)
+    error = _transfer(ctx, call, runs, buf, writing=True, batch=count is not None)
     error = call.failed or error
     what = "backend I/O"
     if active and ctx.backend.needs_flush:  # flush may be collective: agree on the I/O first
@@ -169,6 +169,8 @@ def _write(
     complete_call(ctx, call, t0, error, what, patient=True, items=count)
     if count is None:
         remember(ctx, call, runs, writing=True)
+    else:
+        keptcall.keep_batch(ctx, call, runs)
     del kept  # (a batch's item buffers, alive until the call is complete)
     return call
 
@@ -251,9 +253,11 @@ def _refuse_past_eof(ctx: Context, runs: Runs, what: str) -> None:
 
 
 def _transfer(
-    ctx: Context, call: Call, runs: Runs, buf: npt.NDArray[np.uint8], *, writing: bool
-) -> BaseException | None:
-    """Collective: the direct path, or (kept runs first, then) plan and rounds.
+    ctx: Context, call: Call, runs: Runs, buf: npt.NDArray[np.uint8], *, writing: bool,
+    batch: bool = False,
+) -> BaseException | None:  # fmt: skip
+    """Collective (every rank): the direct path, or (kept runs first, then) plan and
+    rounds (a write's kept round first: its batch lane's for a ``batch``).
 
     Returns this rank's I/O error, not yet agreed (``complete_call`` agrees on it).
     """
@@ -267,7 +271,7 @@ def _transfer(
     if call.hi > call.lo and ctx.local is not None:
         return planning.two_level(ctx, call, runs, buf, writing=writing)
     if call.hi > call.lo:
-        kept = keptcall.transfer(ctx, call, buf) if writing else None
+        kept = keptcall.transfer(ctx, call, buf, runs if batch else None) if writing else None
         if kept is not None:
             return kept[0]
         plan = planning.plan(ctx, runs, call, writing=writing)

@@ -25,6 +25,7 @@ from .runs import displacements
 
 __all__ = [
     "alltoallv_i64", "alltoallv_into", "byte_view", "Messages", "Shapes", "group_shapes",
+    "make_type",
 ]  # fmt: skip
 
 I64 = npt.NDArray[np.int64]
@@ -60,7 +61,7 @@ def alltoallv_into(comm: MPI.Comm, send: I64, counts: I64, recv: I64, rcounts: I
     comm.Alltoallv([send, (counts, sdispl), MPI.INT64_T], [recv, (rcounts, rdispl), MPI.INT64_T])
 
 
-def _make_type(disp: I64, length: I64) -> MPI.Datatype:
+def make_type(disp: I64, length: I64) -> MPI.Datatype:
     """A committed byte datatype for runs at displacements ``disp`` (relative, sorted)."""
     n = len(disp)
     uniform = bool((length == length[0]).all())
@@ -86,7 +87,7 @@ def byte_view(
     end = offsets + lengths
     if len(offsets) == 1 or bool((offsets[1:] == end[:-1]).all()):
         return [buf[first : first + total], MPI.BYTE], None
-    dtype = _make_type(offsets - first, lengths)
+    dtype = make_type(offsets - first, lengths)
     return [buf[first:], 1, dtype], dtype
 
 

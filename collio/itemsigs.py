@@ -18,7 +18,7 @@ from typing import Any, overload
 
 import numpy as np
 
-__all__ = ["ItemSigs", "array_sigs", "key_of", "sig_key", "split_sig"]
+__all__ = ["ItemSigs", "array_sigs", "key_of", "sig_key", "sig_parts", "split_sig"]
 
 _I64_MAX = 2**63 - 1
 
@@ -119,17 +119,29 @@ def sig_key(sigs: Sequence[Any]) -> str:
     return key_of(list(seen), which, offsets)
 
 
-def array_sigs(heads: Sequence[tuple[Any, ...]], group: Any, offsets: Any) -> ItemSigs:
+def array_sigs(
+    heads: Sequence[tuple[Any, ...]], group: Any, offsets: Any,
+    parts: tuple[list[str], Any] | None = None,
+) -> ItemSigs:  # fmt: skip
     """The signatures of array layouts whose signature but for the offset is
     ``heads[group[k]]`` (the first four fields of :meth:`ArrayLayout.signature`; groups
     numbered in order of their first items) and whose offset is ``offsets[k]``
     (non-negative int64): their key, in a few C-level passes (no Python per item: a
-    batch of 200 pays it on every call), and the signatures only if they are asked for."""
-    seen: dict[str, int] = {}
-    ids = np.fromiter((seen.setdefault(repr(h), len(seen)) for h in heads), np.int64, len(heads))
+    batch of 200 pays it on every call), and the signatures only if they are asked for.
+    ``parts``: :func:`sig_parts` of these heads and groups, found before (they do not
+    depend on the offsets: a time series' next batch has them)."""
+    prefixes, which = parts if parts is not None else sig_parts(heads, group)
 
     def make() -> Iterable[Any]:
         # (each signature is its head plus a 1-tuple of its offset: tuple + tuple, in C)
         return map(tuple.__add__, map(heads.__getitem__, group.tolist()), zip(offsets.tolist()))
 
-    return ItemSigs(key=key_of(list(seen), ids[group], offsets), make=make)
+    return ItemSigs(key=key_of(prefixes, which, offsets), make=make)
+
+
+def sig_parts(heads: Sequence[tuple[Any, ...]], group: Any) -> tuple[list[str], Any]:
+    """What the key of :func:`array_sigs` takes besides the offsets: the distinct heads'
+    reprs, and which of them each item has (int64)."""
+    seen: dict[str, int] = {}
+    ids = np.fromiter((seen.setdefault(repr(h), len(seen)) for h in heads), np.int64, len(heads))
+    return list(seen), ids[group]

@@ -23,6 +23,13 @@ A write whose plan has one round is posted inline (:mod:`collio.keptround`), fro
 lane's record of its messages (``Lane.round``), which owns its hvectors: they are freed
 when the lane lets the round go (another plan, another lane, or the file's close:
 :func:`drop`).
+
+A batch's write keeps a lane of its own (:func:`keep_batch`, ``Context.batch_lane``) for
+:func:`transfer` alone: a time series' next batch through the same arrays has the last
+one's runs moved (:mod:`collio.boxes`), so its agreed plan is the lane's entry moved and
+its round the lane's, posted from the record, as long as its runs lie at the entry's
+buffer offsets (other arrays: the plan is taken the general way, its pieces moved to
+theirs).  What goes before a batch's head is its items' checks, made in every call.
 """
 
 from __future__ import annotations
@@ -104,13 +111,49 @@ def keep(ctx: Context, call: Call | None, layout: Any, *, lane: bool = False) ->
     ctx.lane = new
 
 
-def drop(ctx: Context) -> None:
-    """Local: forget the lane and free its round's hvectors (the file closes: the
-    thread closing it is in the file's last call, so nothing posts with them)."""
-    k, ctx.lane = ctx.lane, None
+def keep_batch(ctx: Context, call: Call, runs: Runs) -> None:
+    """Local: after a batch's write, keep its plan's round for :func:`transfer` when it
+    was a one-level two-phase call on a local backend whose plan the cache holds, made
+    from (or taken for) these runs at these buffer offsets (a time series' next step
+    through the same arrays has the same: :mod:`collio.boxes` moves the last union);
+    else forget the last one.  Apart from the single writes' lane: a batch is never
+    the repeat that :func:`headed` takes before its head."""
+    k = ctx.batch_lane
+    new = _batch_lane(ctx, call, runs)
     if k is not None and k.round is not None:
-        k.round.free()
+        if new is not None and new.entry is k.entry:  # (the same plan: its round still serves)
+            new.round = k.round
+        else:
+            k.round.free()
         k.round = None
+    ctx.batch_lane = new
+
+
+def _batch_lane(ctx: Context, call: Call, runs: Runs) -> Lane | None:
+    be, plans = ctx.backend, ctx.plans
+    if call.path is not Path.TWO_PHASE or call.own is not None or call.two_level:
+        return None
+    if plans is None or ctx.local is not None or call.facts is None or not _local(be):
+        return None
+    if not len(runs.file) or not is_read_only(runs):
+        return None
+    entry, shift = _entry(plans, call, runs, batch=True)
+    if entry is None:
+        return None
+    return Lane(
+        (), 0, runs, runs.extent(), call.facts, call.prekey, entry, shift, ctx.hints, be,
+        ctx.aggregators, call.window, call.active,
+    )  # fmt: skip
+
+
+def drop(ctx: Context) -> None:
+    """Local: forget the lanes and free their rounds' hvectors (the file closes: the
+    thread closing it is in the file's last call, so nothing posts with them)."""
+    for k in (ctx.lane, ctx.batch_lane):
+        if k is not None and k.round is not None:
+            k.round.free()
+            k.round = None
+    ctx.lane = ctx.batch_lane = None
 
 
 def _again(ctx: Context, k: Lane, call: Call) -> bool:
@@ -155,15 +198,19 @@ def _local(be: Backend) -> bool:
     )  # fmt: skip
 
 
-def _entry(plans: Any, call: Call, runs: Runs) -> tuple[Any, int]:
-    """The cache entry ``call`` used for ``runs`` and how far they lie from its runs."""
+def _entry(plans: Any, call: Call, runs: Runs, *, batch: bool = False) -> tuple[Any, int]:
+    """The cache entry ``call`` used for ``runs`` and how far they lie from its runs
+    (``batch``: a batch's runs, which :func:`transfer` takes only at the entry's buffer
+    offsets)."""
     entries = plans.entries
     if not entries:
         return None, 0
     last = entries[-1]  # (take and store leave the entry a call used last)
     if call.reused and last.epoch == call.plan_epoch:
-        if last.remap:  # (a batch's plan: take moves its pieces to each call's buffer
-            return None, 0  # offsets; the lane's round would post them where they were)
+        # (a batch's plan: take moves its pieces to each call's buffer offsets; the lane's
+        # round would post them where they were: only a batch lane that checks them)
+        if last.remap and not (batch and _same_mem(last, runs)):
+            return None, 0
         return last, call.plan_shift
     if not call.reused and last.epoch == plans.epoch and last.source is runs:
         return last, 0
@@ -507,16 +554,21 @@ def _bytes(ctx: Context, data: Any, box: tuple[Any, ...]) -> Any:
     return None if arr is None else arr.reshape(-1, order=box[4]).view(np.uint8)
 
 
-def transfer(ctx: Context, call: Call, data: Any) -> tuple[BaseException | None] | None:
+def transfer(
+    ctx: Context, call: Call, data: Any, runs: Runs | None = None
+) -> tuple[BaseException | None] | None:  # fmt: skip
     """Collective over ``ctx.comm`` unless it returns None (nothing done: plan the general
     way): the rounds of a two-phase write whose agreed plan is the lane's entry moved by
     a whole number of alignment units (the domains, window and rounds are the entry's,
-    moved: ``PlanCache.take`` without cutting the domains again).  Returns this rank's
+    moved: ``PlanCache.take`` without cutting the domains again).  ``runs``: a batch's
+    (its lane is :func:`keep_batch`'s, its runs at the entry's buffer offsets, or the
+    entry's pieces are not this call's: planned the general way).  Returns this rank's
     error, not yet agreed, in a tuple."""
-    e = _entry_now(ctx, call)
-    if e is None:
+    k = ctx.lane if runs is None else ctx.batch_lane
+    e = _entry_now(ctx, k, call)
+    if e is None or (runs is not None and not _same_mem(e, runs)):
         return None
-    k, d, base = ctx.lane, call.plan_shift, e.plan
+    d, base = call.plan_shift, e.plan
     plans = ctx.plans
     assert k is not None and plans is not None
     plans.hits += 1
@@ -542,10 +594,16 @@ def transfer(ctx: Context, call: Call, data: Any) -> tuple[BaseException | None]
     return (kept_round(ctx, r, d, data, call),)
 
 
-def _entry_now(ctx: Context, call: Call) -> Any:
-    """Local: the lane's plan entry (made most recently used, as ``PlanCache.take``
+def _same_mem(e: Any, runs: Runs) -> bool:
+    """Whether ``runs`` lie at the buffer offsets of the cache entry ``e``'s runs (the same
+    array when they were moved from them, as a time series' batches are)."""
+    mem = e.runs.mem
+    return runs.mem is mem or (len(runs.mem) == len(mem) and bool((runs.mem == mem).all()))
+
+
+def _entry_now(ctx: Context, k: Lane | None, call: Call) -> Any:
+    """Local: the lane ``k``'s plan entry (made most recently used, as ``PlanCache.take``
     leaves it) if it is this call's plan moved by whole alignment units, else None."""
-    k = ctx.lane
     if k is None or call.plan_epoch != k.entry.epoch or ctx.plans is None:
         return None
     if k.hints is not ctx.hints or k.backend is not ctx.backend:

@@ -32,7 +32,7 @@ from .backends.failures import storage_errors
 from .buffers import round_buffers, window_of
 from .collective import Attempt
 from .context import Call, Context, Plan
-from .exchange import CONTIG, VECTOR, Messages
+from .exchange import CONTIG, VECTOR, Messages, make_type
 from .policy import DEPTH
 from .roundio import cover, round_cover, window_write
 from .rounds import TAG, agg_runs, sender_runs
@@ -136,9 +136,11 @@ class Own:
 
 
 def round_of(ctx: Context, plan: Plan) -> Round | None:
-    """Local: ``plan``'s one round as :class:`Round` (its hvectors made now, owned by
-    it: the caller frees them, :meth:`Round.free`), or None when a message has no fixed
-    shape (``OTHER``): those go the way of :func:`one_round`."""
+    """Local: ``plan``'s one round as :class:`Round` (its datatypes made now, owned by
+    it: the caller frees them, :meth:`Round.free`): an hvector for a message of runs
+    evenly spaced, an indexed type for one of any other runs (``OTHER``: a batch's runs
+    cut at a domain's edge), made once for every call of the kept plan instead of once
+    per call; None when a message has no runs to make one of (:func:`one_round`'s)."""
     ap, be, aggs = plan.agg, ctx.backend, ctx.aggregators
     req, covered, whole, recvs = None, None, True, []
     if ap is not None and ap.nrounds:
@@ -150,12 +152,14 @@ def round_of(ctx: Context, plan: Plan) -> Round | None:
         covered = cover(ap, 0, req)
         ash = plan.agg_shapes()
         rgroups = ap.groups_of_round(0).tolist()
-        got = [(int(ap.gsrc[g]), *_fixed(ash, g, req[0])) for g in rgroups]
+        got = [(int(ap.gsrc[g]), *_fixed(ash, g, req[0], partial(agg_runs, ap, g, req[0])))
+               for g in rgroups]  # fmt: skip
         if any(len(m) < 4 for m in got):
             return None
         recvs = got
     sp, sh = plan.sender, plan.sender_shapes()
-    sends = [(int(aggs[sp.gdom[g]]), *_fixed(sh, g, 0)) for g in range(len(sp.gdom))]
+    sends = [(int(aggs[sp.gdom[g]]), *_fixed(sh, g, 0, partial(sender_runs, sp, g)))
+             for g in range(len(sp.gdom))]  # fmt: skip
     if any(len(m) < 4 for m in sends):
         return None
     r = Round(plan, req, covered, whole, recvs, sends, int(sh.total.sum()))  # type: ignore[arg-type]
@@ -166,19 +170,26 @@ def round_of(ctx: Context, plan: Plan) -> Round | None:
 
 
 def _make_types(r: Round) -> None:
-    """Local: each of ``r``'s messages' hvector shapes (count, block, stride) made a
-    committed hvector owned by ``r``, one per shape; none is left made if one fails."""
+    """Local: each of ``r``'s messages' shapes made a committed datatype owned by ``r``:
+    an hvector shape (count, block, stride) one hvector per shape, runs (displacements
+    from the message's first byte, lengths: :func:`_fixed`) one type each; none is left
+    made if one fails."""
     made: dict[Any, Any] = {}
     try:
         for side in (r.recvs, r.sends):
             for i, (peer, first, n, shape) in enumerate(side):
                 if shape is None:
                     continue
-                dt = made.get(shape)
-                if dt is None:
-                    dt = made[shape] = MPI.BYTE.Create_hvector(*shape)
+                dt: Any
+                if type(shape) is _Runs:
+                    dt = make_type(shape.disp, shape.length)
                     r.types.append(dt)
-                    dt.Commit()
+                else:
+                    dt = made.get(shape)
+                    if dt is None:
+                        dt = made[shape] = MPI.BYTE.Create_hvector(*shape)
+                        r.types.append(dt)
+                        dt.Commit()
                 side[i] = (peer, first, n, dt)
     except BaseException:
         r.free()
@@ -225,12 +236,25 @@ def _own(recv: Any, send: Any) -> Own | None:
     return None
 
 
-def _fixed(sh: Any, g: int, base: int) -> tuple[int, int, Any] | tuple[()]:
-    """Group ``g``'s first byte (less ``base``), bytes and hvector shape (None: a
-    slice), or () when its runs have no fixed shape (built per call from the runs)."""
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class _Runs:
+    """A message's runs of no fixed shape: displacements from its first byte, lengths."""
+
+    disp: Any
+    length: Any
+
+
+def _fixed(sh: Any, g: int, base: int, runs: Any) -> tuple[int, int, Any] | tuple[()]:
+    """Group ``g``'s first byte (less ``base``), bytes and shape: an hvector's, None (a
+    slice), or its runs (:class:`_Runs`, from ``runs()``: offsets less ``base`` and
+    lengths, as a message of ``OTHER`` shape is built from them); () for no runs."""
     grid = _grid(sh, g, base)
     if grid is None:
-        return ()
+        offsets, lengths = runs()
+        if not len(offsets):
+            return ()
+        first = int(offsets[0])
+        return first, int(lengths.sum()), _Runs(offsets - first, lengths)
     first, count, block, stride = grid
     if int(sh.kind[g]) == CONTIG:
         return first, block, None

@@ -2,7 +2,8 @@
 
 A batch of layouts of known shapes reuses their templates, a batch of the same layout
 objects as the last one what the layouts alone decide, and with its arrays at the same
-addresses the same union of runs (:mod:`collio.boxes`).  These tests change one thing
+addresses the same union of runs (:mod:`collio.boxes`); a batch of new layouts, the last
+ones all moved by one offset, over the same arrays, that union moved.  These tests change one thing
 at a time (the data in place, other arrays, an array reshaped in place, an offset on
 one rank, an item twice) and check every file byte for byte against numpy, one call per
 item, and ROMIO.
@@ -152,3 +153,93 @@ def test_a_reused_batch_that_changed_is_refused_everywhere(comm, mpi_tmp_path):
         romio_write(theirs, d - 1, lay, comm)
     comm.Barrier()
     assert read_file(path) == read_file(theirs)  # (the items leave no holes)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", [{}, {"cb_nodes": 2, "cb_buffer_size": 4096}])
+def test_steps_through_moved_layouts_match_single_calls_and_romio(comm, mpi_tmp_path, hints):
+    """Steps 0 to 3, each through layouts made anew one step further on, over the same
+    arrays changed in place: each step after the first takes the last batch's union
+    moved (boxes' kept shapes moved), and the file is that of one call per item and of
+    ROMIO's; reads through the moved layouts give every step back."""
+    from collio import boxes
+
+    many, single, romio = (str(mpi_tmp_path / f"{n}.bin") for n in ("many", "single", "romio"))
+    datas = _data(comm, 3)
+    steps, values = [_layouts(comm, s) for s in range(4)], []
+    moved, laned = [], []
+    collio.release_buffers()  # (step 0 made anew, not moved from an earlier test's)
+    with collio.open(many, "w", comm=comm, hints=hints) as f:
+        for lays in steps:
+            for d in datas:
+                d += 1
+            values.append([d.copy() for d in datas])
+            f.write_all_many(_pairs(datas, lays))
+            moved.append(boxes._KEPT[0] is not None and boxes._KEPT[0].origin is not None)
+            lane = f._ctx.batch_lane
+            laned.append(-1 if lane is None else lane.entry.epoch)
+        outs = [np.zeros_like(d) for d in datas]
+        back = [[g.copy() for g in f.read_all_many(lays, out=outs)] for lays in steps]
+    assert all(comm.allgather(moved == [False, True, True, True]))
+    # (every step through the plan made at step 0, kept with the batch lane)
+    assert all(comm.allgather(len(set(laned)) == 1 and laned[0] >= 0))
+    for s, (got, vals) in enumerate(zip(back, values, strict=True)):
+        for k, (g, v) in enumerate(zip(got, vals, strict=True)):
+            np.testing.assert_array_equal(g, v, err_msg=f"step {s} item {k}")
+    with collio.open(single, "w", comm=comm, hints=hints) as f:
+        for lays, vals in zip(steps, values, strict=True):
+            for v, lay in zip(vals, lays, strict=True):
+                f.write_all(v, lay)
+    for lays, vals in zip(steps, values, strict=True):
+        for v, lay in zip(vals, lays, strict=True):
+            romio_write(romio, v, lay, comm)
+    comm.Barrier()
+    ours = read_file(many)
+    assert ours is not None and len(ours) == 4 * _step_bytes(comm.size)
+    assert ours == read_file(single) == read_file(romio)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", [{}, {"cb_nodes": 3}])
+def test_a_series_of_uniform_batches_posts_the_kept_round(comm, mpi_tmp_path, hints):
+    """A time series of 200 variables of 512 int64 per rank, the ranks' pieces of each
+    side by side, the rank's arrays rows of one (every message one vector; with three
+    aggregators, the domains' edges cut pieces, and a message of cut runs is made an
+    indexed type once, as a vector is): from the second step on, each step's
+    one round is posted from the batch lane's record, but for a step whose arrays lie
+    elsewhere; the file is ROMIO's, one Write_at_all per item, and numpy's."""
+    from collio import boxes
+
+    p, r, n, elems = comm.size, comm.rank, 200, 512
+    datas = list(np.zeros((n, elems), "<i8"))  # (rows of one array: evenly spaced in memory)
+    step_bytes = n * 8 * elems * p
+    many, romio = str(mpi_tmp_path / "many.bin"), str(mpi_tmp_path / "romio.bin")
+    collio.release_buffers()
+    rounds, want = [], []
+    rows = datas
+    with collio.open(many, "w", comm=comm, hints=hints) as f:
+        for s in range(6):
+            lays = [layouts.Subarray((elems * p,), (elems * r,), (elems,), "<i8",
+                                     offset=s * step_bytes + k * 8 * elems * p)
+                    for k in range(n)]  # fmt: skip
+            # (step 4: the rows in reverse, each item's bytes elsewhere in the span, as no
+            # kept round has them; step 5: as before)
+            datas = rows[::-1] if s == 4 else rows
+            for k, d in enumerate(datas):
+                d[:] = np.arange(elems * r, elems * (r + 1)) + 10**6 * (s * n + k)
+            f.write_all_many(_pairs(datas, lays))
+            lane = f._ctx.batch_lane
+            rounds.append(lane is not None and lane.round is not None)
+            if s and s != 4:
+                assert boxes._KEPT[0] is not None and boxes._KEPT[0].origin is not None
+            fh = MPI.File.Open(comm, romio, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+            try:
+                for d, lay in zip(datas, lays, strict=True):
+                    fh.Write_at_all(lay.offset + 8 * elems * r, [d, MPI.BYTE])
+            finally:
+                fh.Close()
+            want.append(np.arange(elems * p)[None, :] + 10**6 * (s * n + np.arange(n))[:, None])
+    # (step 5's lane is made again after it: its round is posted from step 6 on)
+    assert all(comm.allgather(rounds == [False, True, True, True, False, False] or p == 1))
+    image = np.concatenate(want).astype("<i8").tobytes()
+    assert read_file(many) == image and read_file(romio) == image

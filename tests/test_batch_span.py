@@ -367,3 +367,83 @@ def test_item_signatures_are_made_when_asked():
     back = pickle.loads(pickle.dumps(sigs))
     assert repr(back) == repr(sigs) and back == sigs
     assert sigs != ItemSigs((*want[:-1], want[0]))
+
+
+def _moved(items: list[tuple[Any, Any]], d: int, odd: int = -1) -> list[tuple[Any, Any]]:
+    """``items`` through layouts made anew ``d`` bytes further on (item ``odd``: 8 more)."""
+    out = []
+    for k, (data, lay) in enumerate(items):
+        to = lay.offset + d + (8 if k == odd else 0)
+        if type(lay) is layouts.Subarray:
+            lay = layouts.Subarray(lay.global_shape, lay.start, lay.shape, lay.dtype,
+                                   lay.order, to)  # fmt: skip
+        else:
+            lay = layouts.block_cyclic((9, 10), "<f8", block=2, grid=(2, 2), rank=1, size=4,
+                                       offset=to)  # fmt: skip
+        out.append((data, lay))
+    return out
+
+
+@pytest.mark.parametrize("writing", [True, False])
+def test_a_batch_moved_as_a_whole_takes_the_last_union_moved(tmp_path, writing):
+    """Layouts made anew, every one ``d`` bytes after the last batch's item of the same
+    place, over the same arrays (a time series' next step): the union is the last one
+    moved (known to be so without comparing runs), with the runs and signatures the
+    per-item path makes; one item moved otherwise, or other arrays, are gathered anew."""
+    items = _boxes()
+    arrays = [d for d, _ in items]
+    with collio.open(str(tmp_path / "m.bin"), "w", comm=MPI.COMM_SELF) as f:
+
+        def gather(its: list[tuple[Any, Any]]) -> Any:
+            if writing:
+                return batch.gather(f.backend, its, writing=True)
+            return batch.gather(f.backend, [lay for _, lay in its], writing=False, outs=arrays)
+
+        first = gather(items)
+        for d in (65536, 65536 + 4096, 8):  # (each step from the last: then back towards it)
+            step = _moved(items, d)
+            got = gather(step)
+            assert got[0].shift_from(first[0]) == d  # (the kept plan finds it by this)
+            bufs = [lay.as_bytes(a) for a, (_, lay) in zip(arrays, step, strict=True)]
+            slow, _ = batch._union([lay.runs() for _, lay in step], bufs, bufs, writing=writing)
+            for a, b in ((got[0].file, slow.file), (got[0].length, slow.length),
+                         (got[0].mem, slow.mem)):  # fmt: skip
+                np.testing.assert_array_equal(a, b)
+            assert got[3] == ("items", tuple(lay.signature() for _, lay in step))
+            assert repr(got[3]) == repr(("items", batch.ItemSigs(got[3][1].signatures())))
+        odd = gather(_moved(items, 131072, odd=2))
+        assert odd[0].shift_from(first[0]) is None
+        assert odd[3] == ("items", tuple(lay.signature() for _, lay in _moved(items, 131072, 2)))
+
+
+def test_moved_batches_write_what_one_call_each_writes(tmp_path):
+    """A series of batches through layouts moved step by step over the same arrays, their
+    values changed in place between steps: the file is that of one write_all per item,
+    and reads through the moved layouts give each step's arrays back; an item passed
+    twice in a moved batch is refused as in the first."""
+    items = _boxes()
+    many, single = str(tmp_path / "many.bin"), str(tmp_path / "single.bin")
+    steps = [_moved(items, 65536 * s) for s in range(4)]
+    values = []
+    with collio.open(many, "w", comm=MPI.COMM_SELF) as f:
+        for s, step in enumerate(steps):
+            for data, _ in step:
+                data += 1
+            values.append([d.copy() for d, _ in step])
+            f.write_all_many(step)
+            if s:
+                assert boxes._KEPT[0] is not None and boxes._KEPT[0].origin is not None
+        twice = _moved(items, 65536 * 4)
+        twice[7] = twice[1]
+        with pytest.raises(collio.OverlapError, match="items 1 and 7 both write them"):
+            f.write_all_many(twice)
+        back = [f.read_all_many([lay for _, lay in step]) for step in steps]
+    with collio.open(single, "w", comm=MPI.COMM_SELF) as f:
+        for step, vals in zip(steps, values, strict=True):
+            for v, (_, lay) in zip(vals, step, strict=True):
+                f.write_all(v, lay)
+    with open(many, "rb") as a, open(single, "rb") as b:
+        assert a.read() == b.read()
+    for got, vals in zip(back, values, strict=True):
+        for g, v in zip(got, vals, strict=True):
+            np.testing.assert_array_equal(g, v)
