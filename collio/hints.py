@@ -214,8 +214,9 @@ class Hints:
         write zeroed), unless any process has that file open or mapped: saves then
         free and allocate next to nothing, at the price of a second checkpoint's disk
         space between saves; a save with ``background`` or ``commit`` removes the
-        spare.  Only on a local file system: elsewhere (a parallel file system) no
-        spare is kept, and each save writes a new file.
+        spare.  Only on a local disk's file system that overwrites in place (ext4,
+        xfs): elsewhere (a parallel file system, tmpfs, btrfs) no spare is kept, and
+        each save writes a new file.
     read_past_eof
         ``enable`` (default): bytes a ``read_all`` asks for past the end of the file read
         as zeros (as bytes no rank wrote do); ``disable``: such a read raises the same

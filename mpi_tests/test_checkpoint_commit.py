@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import collio
 import collio.checkpoint as ckpt
-from collio.backends import fsync, posix
+from collio.backends import fsync, localfile, posix
 from collio.backends.localfile import spare_name
 from collio.testing import checkpoint as model
 
@@ -285,14 +285,13 @@ def test_a_full_disk_at_the_reservation_keeps_the_previous_checkpoint(
         assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
 
 
-def _cached_pages(path: str) -> int:
+def _cached_pages(fd: int) -> int:
     """How many of the file's pages are in the page cache (``mincore`` of a mapping)."""
     import ctypes
     import mmap
 
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
-        mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+    size = os.fstat(fd).st_size
+    mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
     try:
         buf = (ctypes.c_char * size).from_buffer(mm)
         pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
@@ -305,42 +304,54 @@ def _cached_pages(path: str) -> int:
         mm.close()
 
 
+def _read_all(fd: int) -> None:
+    while os.read(fd, 1 << 20):
+        pass
+    os.lseek(fd, 0, os.SEEK_SET)
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("free", ["background", "automatic"])
+@pytest.mark.parametrize("free", ["background", "automatic", "automatic-elsewhere"])
 def test_a_save_gives_back_the_replaced_checkpoints_cached_pages(
-    comm: MPI.Intracomm, mpi_tmp_path: Any, free: str
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch, free: str
 ) -> None:
-    """Replacing a checkpoint with a new file (``free_replaced=background``), the save
-    drops the old file's page cache before the ranks write (the new bytes' pages then
-    come back from it, not from free memory); a save that keeps the old file as its
-    spare (the default) leaves its pages cached, since the next save writes into them.
-    The new checkpoint loads byte for byte."""
+    """Replacing a checkpoint with a new file (``free_replaced=background``, or the
+    default where no spare is kept: ``elsewhere``, a file system that is not a local
+    disk's), the save drops the old file's page cache before the ranks write (the new
+    bytes' pages then come back from it, not from free memory); a save that keeps the
+    old file as its spare (the default on a local disk) leaves its pages cached, since
+    the next save writes into them.  The new checkpoint loads byte for byte."""
     path = _path(comm, mpi_tmp_path)
-    hints = {"free_replaced": free}
+    hints = {"free_replaced": free.split("-")[0]}
+    if free.endswith("elsewhere"):
+        monkeypatch.setattr(localfile, "fs_name", lambda fd: None)
     ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm, hints=hints)
-    old = path + ".old"
-    can = True
+    can, cached, fd = True, 0, -1
     if comm.rank == 0:
-        os.link(path, old)  # (keeps the replaced file's inode, and its pages, after the commit)
-        read_file(old)
-        cached = _cached_pages(old)
-        probe = os.open(old, os.O_RDONLY)
-        os.posix_fadvise(probe, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(probe)
-        can = cached > 0 and _cached_pages(old) == 0  # (tmpfs keeps its pages)
-        read_file(old)
-        can = can and _cached_pages(old) == cached
+        # (the replaced file watched through a descriptor: a second name would keep it
+        # from being kept as the spare)
+        fd = os.open(path, os.O_RDONLY)
+        _read_all(fd)
+        cached = _cached_pages(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        can = cached > 0 and _cached_pages(fd) == 0  # (tmpfs keeps its pages)
+        _read_all(fd)
+        can = can and _cached_pages(fd) == cached
     if not comm.bcast(can):
+        if fd >= 0:
+            os.close(fd)
         pytest.skip("this file system keeps its pages in memory")
     ckpt.save(path, model.rows_state(comm.rank, comm.size, scale=2), comm=comm, hints=hints)
     # (rank 0 looks, every rank asserts: a failure must not leave the others in the load)
-    left = comm.bcast(
-        (_cached_pages(old), os.stat(old).st_ino != os.stat(path).st_ino, cached)
-        if comm.rank == 0
-        else None
-    )
-    kept = 0 if free == "background" else left[2]  # (every page, or none)
-    assert left == (kept, True, left[2]) and left[2] > 0, left
+    left = None
+    if comm.rank == 0:
+        st = os.fstat(fd)
+        left = (_cached_pages(fd), st.st_ino != os.stat(path).st_ino, cached,
+                os.path.exists(spare_name(path)))  # fmt: skip
+        os.close(fd)
+    left = comm.bcast(left)
+    kept, whole = free == "automatic", left[2]  # (rank 0's count: every page, or none)
+    assert whole > 0 and left == (whole if kept else 0, True, whole, kept), left
     spec = model.rows_layouts(comm.rank, comm.size, scale=2)
     got = ckpt.load(path, dict(spec), comm=comm)
     for name, lay in spec.items():

@@ -19,6 +19,7 @@ import collio
 import collio.checkpoint as ckpt
 from collio import layouts
 from collio.backends import localfile, posix
+from collio.backends.mapped import fs_name
 from collio.testing import checkpoint as model
 
 REUSE = {"free_replaced": "reuse"}
@@ -28,6 +29,21 @@ NEW = {"free_replaced": "background"}
 
 def _dir(comm: MPI.Intracomm, tmp: Any) -> str:
     return str(comm.bcast(str(tmp), root=0))
+
+
+@pytest.fixture(autouse=True)
+def _spares_kept_here(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """Spares are kept on a local disk's file system alone (ext4, xfs): elsewhere (a
+    tmpfs /tmp, say) there is nothing here to test."""
+    fs = None
+    if comm.rank == 0:
+        fd = os.open(str(mpi_tmp_path), os.O_RDONLY)
+        try:
+            fs = fs_name(fd)
+        finally:
+            os.close(fd)
+    if comm.bcast(fs) not in localfile.REUSED_FS:
+        pytest.skip(f"spares are kept on {sorted(localfile.REUSED_FS)}, not here")
 
 
 def _big(comm: MPI.Intracomm, rows: int, seed: int) -> tuple[np.ndarray[Any, Any], Any]:
@@ -337,15 +353,22 @@ def test_a_spare_another_process_has_open_is_not_written(
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("fs", [None, "tmpfs", "btrfs"])
 def test_no_spare_is_kept_where_no_save_could_take_it(
-    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch, fs: str | None
 ) -> None:
-    """Where the file system is not a local one (a parallel file system's case: no save
-    would ever take a spare there), a save by default keeps none, so a second
-    checkpoint's space is not held for nothing; each save writes a new file and loads."""
+    """Where the file system is not a local disk's overwritten in place (a parallel
+    file system's case, ``None``, where no save would ever take a spare; tmpfs, where
+    a spare would be a checkpoint held in memory; btrfs, whose overwrites allocate all
+    the same), a save by default keeps none, so a second checkpoint's space is not held
+    for nothing, and removes the spare an earlier save kept; each save writes a new
+    file and loads."""
     d = _dir(comm, mpi_tmp_path)
     path = os.path.join(d, "model.ckpt")
-    monkeypatch.setattr(localfile, "fs_name", lambda fd: None)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    assert _on0(comm, lambda: sorted(os.listdir(d))) == [".model.ckpt.collio-spare", "model.ckpt"]
+    monkeypatch.setattr(localfile, "fs_name", lambda fd: fs)
     for scale in (1, 2, 3):
         ckpt.save(path, model.rows_state(comm.rank, comm.size, scale), comm=comm)
         listed = _on0(comm, lambda: os.listdir(d))

@@ -52,6 +52,7 @@ __all__ = [
     "drop_spare",
     "finish_temporary",
     "forget_cached",
+    "keepable",
     "fsync_dir",
     "hold",
     "keep_spare",
@@ -212,7 +213,7 @@ def claim_spare(path: str) -> tuple[str, int] | None:
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
             os.close(fd)
             return None
-        if lease is None or fs_name(fd) is None:
+        if lease is None or fs_name(fd) not in REUSED_FS:
             os.close(fd)
             return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (another job's claim: not ours)
@@ -249,14 +250,9 @@ def keep_spare(path: str) -> bool:
     anyway, and is not the save's to overwrite).  A spare already there (a save that
     did not take it) is replaced, freed in a thread of its own (:func:`release_later`);
     where the file system has no hard links, nothing is kept and the caller frees the
-    old file as without the hint.  Nor where no save could take it back
-    (:func:`claim_spare`: no leases, or not a local file system, a parallel file
-    system's say): kept there, it would only hold a second checkpoint's space."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or not _reusable(path):
+    old file as without the hint.  Nor where it would hold a second checkpoint's
+    space for nothing (:func:`keepable`)."""
+    if not keepable(path):
         return False
     spare = spare_name(path)
     try:
@@ -286,9 +282,20 @@ def keep_spare(path: str) -> bool:
     return True
 
 
-def _reusable(path: str) -> bool:
-    """Whether a spare of the file at ``path`` could ever be claimed: Linux's leases, on
-    a local file system."""
+#: The file systems where a save writing into a spare's blocks frees and allocates none:
+#: a local disk's, overwritten in place.  Not a parallel or network file system (no
+#: save claims a spare there: :func:`claim_spare`), not tmpfs or ramfs (the spare would
+#: be a second checkpoint held in memory), not copy-on-write or log-structured ones
+#: (btrfs, zfs, bcachefs, f2fs: an overwrite allocates new blocks all the same).
+REUSED_FS = frozenset({"ext2/3/4", "xfs"})
+
+
+def keepable(path: str) -> bool:
+    """Whether the file at ``path``, about to be replaced, would be kept as its spare
+    (:func:`keep_spare`): a regular file with no other name (a symlink's target or a
+    file linked elsewhere is not freed by the rename anyway, and is not the save's to
+    overwrite), on a file system of :data:`REUSED_FS`, with Linux's leases (no save
+    could claim it without)."""
     if _LEASE is None:
         return False
     try:
@@ -296,7 +303,8 @@ def _reusable(path: str) -> bool:
     except OSError:
         return False
     try:
-        return fs_name(fd) is not None
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and fs_name(fd) in REUSED_FS
     finally:
         os.close(fd)
 

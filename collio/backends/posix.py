@@ -31,6 +31,7 @@ from .localfile import (
     fsync_dir,
     hold,
     keep_spare,
+    keepable,
     reclaim,
     release_later,
     spare_name,
@@ -365,10 +366,11 @@ class PosixBackend(MappedReads):
         the host, which can take longer than the write; a writer that truncates its file
         reuses its pages at once.  Each rank drops a share, side by side, and the pages
         it frees serve its own next writes.  A save that keeps the replaced file as its
-        spare (``free_replaced=reuse``) drops nothing: the next save writes into that
-        file, whose pages, still cached, take its bytes with no memory freed or
-        allocated."""
-        if self.final is not None and not self.keep:
+        spare (``free_replaced=reuse``, where :func:`keepable`) drops nothing: the next
+        save writes into that file, whose pages, still cached, take its bytes with no
+        memory freed or allocated.  (Each rank asks on its own: the answer only decides
+        whether its share of the cache is dropped, never a collective step.)"""
+        if self.final is not None and not (self.keep and keepable(self.final)):
             forget_cached(self.final, part, parts)
 
     @contextlib.contextmanager
@@ -451,7 +453,7 @@ class PosixBackend(MappedReads):
                         # the commit, and nothing of it is left for whatever runs next)
                         os.close(old)
                         old = -1
-                    if not self.keep:  # (a spare an earlier save kept: nothing reuses it now)
+                    if not kept:  # (a spare an earlier save kept: nothing reuses it now)
                         drop_spare(self.final, self.free_now)
                     fsync_dir(self.final)
                     release_later(old)
