@@ -129,11 +129,18 @@ def keep_batch(ctx: Context, call: Call, runs: Runs) -> None:
     ctx.batch_lane = new
 
 
+def _keepable(ctx: Context, call: Call) -> bool:
+    """Whether ``call`` can be kept in a lane: a one-level two-phase call on a local
+    backend."""
+    return (
+        call.path is Path.TWO_PHASE and call.own is None and not call.two_level
+        and ctx.local is None and _local(ctx.backend)
+    )  # fmt: skip
+
+
 def _batch_lane(ctx: Context, call: Call, runs: Runs) -> Lane | None:
     be, plans = ctx.backend, ctx.plans
-    if call.path is not Path.TWO_PHASE or call.own is not None or call.two_level:
-        return None
-    if plans is None or ctx.local is not None or call.facts is None or not _local(be):
+    if plans is None or call.facts is None or not _keepable(ctx, call):
         return None
     if not len(runs.file) or not is_read_only(runs):
         return None
@@ -169,9 +176,7 @@ def _again(ctx: Context, k: Lane, call: Call) -> bool:
 
 def _lane(ctx: Context, call: Call, layout: Any) -> Lane | None:
     be, plans = ctx.backend, ctx.plans
-    if call.path is not Path.TWO_PHASE or call.own is not None or call.two_level:
-        return None
-    if plans is None or ctx.local is not None or call.facts is None or not _local(be):
+    if plans is None or call.facts is None or not _keepable(ctx, call):
         return None
     if type(layout) is not Subarray or layout._invalid:
         return None
