@@ -137,8 +137,8 @@ def many_small_runs(nruns: Any, nbytes: Any, direct_threshold: int) -> Any:
 
 
 #: The mean run (bytes) from which a rank's joined runs count as their file ranges
-#: (:func:`has_many_small_runs`): 200 runs of 4 KiB took 2.9 ms direct against 5.7
-#: shuffled at 3 ranks.
+#: (:func:`has_many_small_runs`): runs of a few KiB back to back go faster direct than
+#: shuffled, runs of tens of bytes slower.
 JOINED_MIN_RUN = 1024
 
 
@@ -151,8 +151,8 @@ def has_many_small_runs(runs: Runs, direct_threshold: int, *, joined: bool = Fal
     own part of the file is one ``pwritev``, the bytes' own cost, not many small runs
     (the shuffle would copy every byte to an aggregator first).  Only where the runs
     average :data:`JOINED_MIN_RUN` bytes or more: the direct write still handles each
-    run in Python (about 1-2 us), which costs more than the shuffle's numpy work for
-    runs of tens of bytes (10,000 runs of 64 B at one rank: 28 ms direct, 15 shuffled)."""
+    run in Python, which costs more than the shuffle's numpy work for runs of tens of
+    bytes (``test_tiny_items_back_to_back_keep_the_shuffle``)."""
     n = len(runs.length)
     if n <= DIRECT_MAX_RUNS or not many_small_runs(n, runs.nbytes, direct_threshold):
         return False

@@ -19,14 +19,20 @@ from collio.backends.mapped import fs_name
 from collio.layouts import BlockCyclic, Layout, Segments, Subarray
 
 
+def fs_of(path: str) -> str | None:
+    """The local file system ``path`` (a file or directory) is on, as collio names it
+    (:func:`collio.backends.mapped.fs_name`), or None for any other kind."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return fs_name(fd)
+    finally:
+        os.close(fd)
+
+
 def on_local_fs(path: str) -> bool:
     """Whether ``path`` (a file or directory) is on a file system collio maps reads from
     (hint ``mapped_reads=automatic``)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return fs_name(fd) is not None
-    finally:
-        os.close(fd)
+    return fs_of(path) is not None
 
 
 def read_file(path: str) -> bytes | None:

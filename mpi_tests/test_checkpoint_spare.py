@@ -12,14 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import fail_fsync_on_last_rank, raises_everywhere, read_file
+from helpers import fail_fsync_on_last_rank, fs_of, raises_everywhere, read_file
 from mpi4py import MPI
 
 import collio
 import collio.checkpoint as ckpt
 from collio import layouts
 from collio.backends import localfile, posix
-from collio.backends.mapped import fs_name
 from collio.testing import checkpoint as model
 
 REUSE = {"free_replaced": "reuse"}
@@ -35,13 +34,7 @@ def _dir(comm: MPI.Intracomm, tmp: Any) -> str:
 def _spares_kept_here(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
     """Spares are kept on a local disk's file system alone (ext4, xfs): elsewhere (a
     tmpfs /tmp, say) there is nothing here to test."""
-    fs = None
-    if comm.rank == 0:
-        fd = os.open(str(mpi_tmp_path), os.O_RDONLY)
-        try:
-            fs = fs_name(fd)
-        finally:
-            os.close(fd)
+    fs = fs_of(str(mpi_tmp_path)) if comm.rank == 0 else None
     if comm.bcast(fs) not in localfile.REUSED_FS:
         pytest.skip(f"spares are kept on {sorted(localfile.REUSED_FS)}, not here")
 

@@ -52,10 +52,10 @@ __all__ = [
     "drop_spare",
     "finish_temporary",
     "forget_cached",
-    "keepable",
     "fsync_dir",
     "hold",
     "keep_spare",
+    "keepable",
     "make_temporary",
     "new_mode",
     "open_regular",
@@ -210,10 +210,7 @@ def claim_spare(path: str) -> tuple[str, int] | None:
     leased, lease = False, _LEASE
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
-            os.close(fd)
-            return None
-        if lease is None or fs_name(fd) not in REUSED_FS:
+        if lease is None or st.st_uid != os.geteuid() or not _reusable(fd, st):
             os.close(fd)
             return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (another job's claim: not ours)
@@ -303,10 +300,15 @@ def keepable(path: str) -> bool:
     except OSError:
         return False
     try:
-        st = os.fstat(fd)
-        return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and fs_name(fd) in REUSED_FS
+        return _reusable(fd, os.fstat(fd))
     finally:
         os.close(fd)
+
+
+def _reusable(fd: int, st: os.stat_result) -> bool:
+    """Whether the file open as ``fd`` (``st`` its ``fstat``) may be, or become, a spare:
+    a regular file with one name, on a file system of :data:`REUSED_FS`."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and fs_name(fd) in REUSED_FS
 
 
 def drop_spare(path: str, now: bool) -> None:

@@ -103,8 +103,8 @@ def combine(crc1: U32, crc2: U32, len2: npt.NDArray[np.int64]) -> U32:
 
     (Each step takes from the flat table at indices summed from the digit and each byte,
     in 64-bit integers (a CRC of 2**31 or more stays positive where an index is
-    32 bits): about half the cost of indexing the 3-d table with two
-    arrays and converting the CRCs to indices for each lookup.)"""
+    32 bits): one ``take`` per byte, where indexing the 3-d table took two index
+    arrays and a conversion of the CRCs to indices for each lookup.)"""
     out = np.asarray(crc1, np.uint32).astype(np.int64)
     n = np.asarray(len2, np.int64)
     for k in range(BITS // DIGIT):

@@ -83,8 +83,8 @@ class Views:
 
 def _flat_bytes(arr: Any) -> memoryview:
     """The bytes of the contiguous ``arr`` in memory order, as a flat memoryview: the
-    buffer's own cast (of the transpose where only 'F'-contiguous), a third of a numpy
-    byte view's making, which a load into a model's hundreds of arrays makes for each;
+    buffer's own cast (of the transpose where only 'F'-contiguous), cheaper to make than
+    numpy's byte view, which a load into a model's hundreds of arrays makes for each;
     numpy's view where the buffer protocol refuses the dtype (datetimes) or the shape
     (no elements)."""
     try:
