@@ -112,8 +112,13 @@ def before_head(
     extent = runs.extent() if len(runs.length) else (BIG, 0)
     where = moved(ctx.extents, *extent)
     g = None
-    if count is None and step.error is None:
-        g = speculate.attempt(ctx, runs, buf, facts, where, writing=writing)
+    # (a batch's read too: its runs fill the span of its items' buffers.  Not a batch's
+    # write: a guessed write needs the ranks' extents apart, and a time series' batch
+    # interleaves them, while a batch whose extents lie apart, a checkpoint's, is made
+    # once)
+    if (count is None or not writing) and step.error is None:
+        g = speculate.attempt(ctx, runs, buf, facts, where, writing=writing,
+                              many=count is not None)  # fmt: skip
     plan, prekey = (-1, 0), ()
     if g is None and step.error is None:
         prekey = _prekey(ctx, writing)

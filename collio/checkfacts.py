@@ -10,6 +10,7 @@ from typing import Any
 
 from .collective import digest
 from .facts import NOT_COMPARED, How, fact, record
+from .itemsigs import ItemSigs
 from .policy import PathFacts
 
 __all__ = ["PLACED", "Checked", "digest_kept", "moved", "moved_by", "placed", "unzigzag", "zigzag"]
@@ -58,11 +59,16 @@ def digest_kept(sig: Any) -> tuple[int, int]:
     repeat is guessed (:func:`collio.speculate.attempt`), and the head still compares
     the offsets (:func:`placed`)."""
     what, offset = sig, 0
-    # (an array layout's signature: ("array", shape, dtype, order, offset))
+    # (an array layout's signature: ("array", shape, dtype, order, offset); a batch's:
+    # ("items", ItemSigs), whose first item's offset is its own, so that a batch moved
+    # whole digests alike too)
     # (types first: a user's signature may hold arrays, whose == is elementwise)
-    if (type(sig) is tuple and len(sig) == 5 and type(sig[0]) is str and sig[0] == "array"
-            and type(sig[4]) is int):  # fmt: skip
-        what, offset = sig[:4], sig[4]
+    if type(sig) is tuple and len(sig) in (2, 5) and type(sig[0]) is str:
+        if len(sig) == 5 and sig[0] == "array" and type(sig[4]) is int:
+            what, offset = sig[:4], sig[4]
+        elif len(sig) == 2 and sig[0] == "items" and type(sig[1]) is ItemSigs:
+            rel, offset = sig[1].placement()
+            what = ("items", rel)
     seen = _SIG[0]
     try:  # (equal values digest alike here: the ranks compare with == when digests differ)
         if type(what) is type(seen[0]) and bool(what == seen[0]):

@@ -52,6 +52,9 @@ class Context:
     # this rank's kept reads and writes, one of which the next call may repeat
     # (collio.speculate.KeptCalls; shared as ``guesses`` is)
     kept: list[Any] = dataclasses.field(default_factory=lambda: _kept_calls())
+    # the same for batches (write_all_many, read_all_many), kept apart: a single call
+    # never repeats a batch, and the lanes count single calls alone
+    kept_many: list[Any] = dataclasses.field(default_factory=lambda: _kept_calls())
     # per call name, this rank's counters of the last call completed with that name and
     # their agreed sums (collio.completion; shared as ``guesses`` is)
     sums_kept: dict[str, Any] = dataclasses.field(default_factory=dict)

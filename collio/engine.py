@@ -231,8 +231,7 @@ def _read(
     # remote backends a rank done early sleeps instead of taking a core the others need
     patient = ctx.backend.remote or call.direct
     complete_call(ctx, call, t0, error, "backend I/O", patient=patient, items=count)
-    if count is None:
-        remember(ctx, call, runs, writing=False)
+    remember(ctx, call, runs, writing=False, many=count is not None)
     return arr
 
 

@@ -59,6 +59,12 @@ class ItemSigs(Sequence[Any]):
     def __repr__(self) -> str:
         return self._key
 
+    def placement(self) -> tuple[str, int]:
+        """The key without where the first item's array starts, and that offset: equal
+        for two batches of the same arrays, one moved whole from the other."""
+        rel, _, base = self._key.rpartition(" @")
+        return rel, int(base)
+
     def __len__(self) -> int:
         return len(self.signatures())
 
@@ -101,11 +107,16 @@ def split_sig(sig: Any) -> tuple[str, int]:
 
 
 def key_of(prefixes: Sequence[str], which: Any, offsets: Any) -> str:
-    """The key of items whose signatures are ``prefixes[which[k]]`` at ``offsets[k]``."""
+    """The key of items whose signatures are ``prefixes[which[k]]`` at ``offsets[k]``:
+    the offsets hashed from the first item's, which ends the key (``@offset``), so a
+    batch moved whole (a time series' next step) differs from the last one only there
+    (:meth:`ItemSigs.placement`)."""
     ids = np.asarray(which, np.int64)
+    at = np.asarray(offsets, np.int64)
+    base = int(at[0]) if len(at) else 0
     h = hashlib.blake2b(ids.tobytes(), digest_size=16)
-    h.update(np.asarray(offsets, np.int64).tobytes())
-    return f"items[{'; '.join(prefixes)}] {len(ids)} {h.hexdigest()}"
+    h.update((at - base).tobytes())
+    return f"items[{'; '.join(prefixes)}] {len(ids)} {h.hexdigest()} @{base}"
 
 
 def sig_key(sigs: Sequence[Any]) -> str:

@@ -112,6 +112,8 @@ class Kept:
     # a write_at_all/read_at_all (Context.call_at): repeated only by a call of its kind,
     # whose head names the same call
     at_call: bool = False
+    # a batch's (Context.kept_many): repeated only by a batch
+    many: bool = False
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -190,9 +192,10 @@ def _period(keys: list[tuple[int, int]]) -> int:
     return 1
 
 
-def candidate(ctx: Context, writing: bool) -> Kept | None:
-    """Local: the kept call that this call of its kind may repeat (:class:`KeptCalls`)."""
-    calls: KeptCalls = ctx.kept[writing]
+def candidate(ctx: Context, writing: bool, many: bool = False) -> Kept | None:
+    """Local: the kept call that this call of its kind (``many``: a batch) may repeat
+    (:class:`KeptCalls`)."""
+    calls: KeptCalls = (ctx.kept_many if many else ctx.kept)[writing]
     k = calls.candidate()
     return k if k is not None and k.at_call is ctx.call_at else None
 
@@ -218,11 +221,12 @@ class Guess:
 
 def attempt(
     ctx: Context, runs: Any, buf: Any, facts: tuple[Any, ...], moved: dict[str, Any], *,
-    writing: bool,
+    writing: bool, many: bool = False,
 ) -> Guess | None:  # fmt: skip
-    """Local: when this call repeats the last one of its kind (see the module doc), do its
-    I/O now and return what was done (its error kept, not raised); else None."""
-    k = candidate(ctx, writing)
+    """Local: when this call (``many``: a batch) repeats the last one of its kind (see the
+    module doc), do its I/O now and return what was done (its error kept, not raised);
+    else None."""
+    k = candidate(ctx, writing, many)
     if k is None or k.facts != facts or k.hints is not ctx.hints or k.backend is not ctx.backend:
         return None
     if not _same_lengths(runs.length, k.lengths):
@@ -323,8 +327,11 @@ def complete(ctx: Context, k: Kept, lo: int, hi: int, extent: tuple[int, int],
     """Local: :func:`settle` of a call whose every rank repeated ``k``'s requests: it is
     complete (:data:`SETTLED`), its statistics ``k``'s sums again."""
     _keep_extent(ctx, k, extent)
-    ctx.kept[writing].completed(k.ident, k)  # (every rank repeated the same call)
-    ctx.guesses[writing] = k
+    if k.many:  # (every rank repeated the same call)
+        ctx.kept_many[writing].completed(k.ident, k)
+    else:
+        ctx.kept[writing].completed(k.ident, k)
+        ctx.guesses[writing] = k
     stats = ctx.stats
     stats.add_again(k.sums, seconds[0] / 1e9, seconds[1] / 1e9)
     stats.direct_calls += 1
@@ -335,12 +342,18 @@ def complete(ctx: Context, k: Kept, lo: int, hi: int, extent: tuple[int, int],
     return SETTLED
 
 
-def remember(ctx: Context, call: Call, runs: Any, writing: bool) -> None:
-    """Local: keep this completed call for a repeat to guess from (:class:`KeptCalls`;
-    not kept: a repeat of this call is not guessed)."""
+def remember(ctx: Context, call: Call, runs: Any, writing: bool, many: bool = False) -> None:
+    """Local: keep this completed call (``many``: a batch) for a repeat to guess from
+    (:class:`KeptCalls`; not kept: a repeat of this call is not guessed)."""
     k = _keepable(ctx, call, runs, writing)
+    key = call_key(call.shift, call.sig, call.lo)
+    if many:  # (the steps that follow a single call, ``guesses``, are not a batch's)
+        if k is not None:
+            k.many = True
+        ctx.kept_many[writing].completed(key, k)
+        return
     ctx.guesses[writing] = k
-    ctx.kept[writing].completed(call_key(call.shift, call.sig, call.lo), k)
+    ctx.kept[writing].completed(key, k)
 
 
 def _keepable(ctx: Context, call: Call, runs: Any, writing: bool) -> Kept | None:
