@@ -185,11 +185,14 @@ class FileCore:
         own: Sequence[int] = (),
         subject: str | None = None,
         rider: Rider | None = None,
+        patient: bool = False,
     ) -> tuple[bool, tuple[int, ...]]:
         """Collective over ``comm``: the first agreement of a call on this file
         (:func:`~collio.collective.call_head`); a mismatch is handled by :meth:`failed`."""
         try:
-            return call_head(self.comm, call, self.ctx.file, failed, own, subject=subject)
+            return call_head(
+                self.comm, call, self.ctx.file, failed, own, subject=subject, patient=patient
+            )
         except BaseException as exc:
             self.failed(exc, rider=rider)
             raise
@@ -223,10 +226,16 @@ class FileCore:
         flush running or failed), the head says so and the call ends there: every
         written byte is durable already, and nothing could fail to agree on.  The head
         is made even then: it is how a rank syncing beside another call learns of it (a
-        rank that skipped it would leave the others waiting in their call's head)."""
-        if self._agreed_head(call, rider):
+        rank that skipped it would leave the others waiting in their call's head).
+        Where the backend's sync is local (:attr:`~collio.backends.base.Backend.local_sync`:
+        an fsync) and there is no rider, each rank syncs first and the head agrees on the
+        call and on every rank's error at once (:meth:`_synced_first`)."""
+        if rider is None and self.ctx.backend.local_sync:
+            failed, error = self._synced_first(call)
+        elif self._agreed_head(call, rider):
             return
-        failed, error = self._synced()
+        else:
+            failed, error = self._synced()
         if failed:
             if self.atomic():
                 # a failed fsync (or early flush) may have lost written pages, and the
@@ -236,9 +245,12 @@ class FileCore:
 
     def close(self, *, rider: Rider | None = None) -> None:
         """Collective over ``comm``: as :meth:`sync`, then commit (atomic targets) and
-        release.  Idempotent.  Always agrees first, even with nothing written: a rank
+        release.  Idempotent.  Always agrees, even with nothing written: a rank
         closing alone would leave the others waiting in their next call."""
         if self.closed:
+            return
+        if rider is None and self.ctx.backend.local_sync:  # (as sync: one agreement)
+            self._finish(*self._synced_first("close"), rider)
             return
         clean = self._agreed_head("close", rider)  # (a call mismatch: failed() closed it)
         self._finish(*((False, None) if clean else self._synced()), rider)
@@ -288,6 +300,20 @@ class FileCore:
                 self.release(rider)
             raise
         return False
+
+    def _synced_first(self, call: str) -> tuple[bool, BaseException | None]:
+        """Collective: the backend's local sync, then the call's head, which agrees on the
+        call and on every rank's sync error (sleeping: fsync takes each rank its own
+        time); whether any rank failed, and this rank's error.  A rank that synced beside
+        another call made its bytes durable early, which changes nothing else; the head's
+        mismatch is then handled as any (:meth:`failed`: a ``close`` beside it closes)."""
+        step = Attempt()
+        be = self.ctx.backend
+        with step:
+            if not be.clean():  # (every written byte durable already: nothing to run)
+                be.sync()
+        failed, _ = self.head(call, failed=step.error is not None, patient=True)
+        return failed, step.error
 
     def _synced(self) -> tuple[bool, BaseException | None]:
         """Collective: the backend's sync on every rank, then an agreement on its errors

@@ -432,7 +432,7 @@ class File:
     def close(self) -> None:
         """Collective over `comm`: sync, commit (atomic targets), release.  Idempotent.
 
-        Always agrees first, even with nothing written: a rank closing alone would
+        Always agrees, even with nothing written: a rank closing alone would
         leave the others waiting in their next call on the file.
         """
         self._core.close()

@@ -159,31 +159,78 @@ register_backend("counting-sync", CountingSync)
 
 
 @pytest.mark.mpi
-def test_a_sync_with_nothing_to_make_durable_is_skipped_on_every_rank(comm, mpi_tmp_path):
-    """Once every rank's written bytes are synced, a sync (and a close) agrees in its head
-    that no rank has anything to make durable and runs no backend sync; a write on one
-    rank alone makes every rank run it again (its fsync error is agreed), and the bytes
-    are those written."""
+def test_a_sync_runs_the_backend_sync_only_where_a_rank_has_something_to_make_durable(
+    comm, mpi_tmp_path
+):
+    """Each rank makes its own written bytes durable (posix: its fsync) before the sync's
+    one agreement: a rank with nothing written since its last sync runs no backend sync,
+    a sync (and a close) with nothing to make durable anywhere runs none, a write on one
+    rank alone makes that rank run it again (its fsync error is agreed on every rank),
+    and the bytes are those written."""
     path = str(mpi_tmp_path / "target.bin")
     CountingSync.syncs, FailingSync.fail_rank = 0, 0
     f, glob = _written(comm, path, 16, backend="counting-sync")
+    wrote = not f.backend.clean()  # (this rank's share of the write: it wrote bytes)
+    assert any(comm.allgather(wrote))
+
+    def ran(want: int) -> None:  # (asserted on every rank: a rank failing alone would hang)
+        every = comm.allgather(CountingSync.syncs)
+        assert every == comm.allgather(want), every
+
     f.sync()
-    assert CountingSync.syncs == 1
+    ran(int(wrote))
     f.sync()
-    assert CountingSync.syncs == 1  # nothing written since: skipped
+    ran(int(wrote))  # nothing written since: skipped everywhere
     lay = layouts.Segments([0], [8] if comm.rank == 0 else [0])
     one = np.arange(1, dtype="<f8") + 7.0 if comm.rank == 0 else np.zeros(0, "<f8")
     f.write_all(one.view(np.uint8), lay)
     glob.reshape(-1)[0] = 7.0
+    dirty = not f.backend.clean()
+    assert comm.allgather(dirty) == [r == 0 for r in range(comm.size)]
     FailingSync.fail = True
     try:
         _raises_everywhere(comm, f.sync, "rank 0: injected fsync error")
     finally:
         FailingSync.fail = False
-    assert CountingSync.syncs == 2  # every rank: rank 0 had something to make durable
-    f.sync()  # (rank 0's fsync failed: still dirty, so this one runs again everywhere)
-    assert CountingSync.syncs == 3
+    ran(int(wrote) + int(dirty))  # rank 0 alone had something to make durable
+    f.sync()  # (rank 0's fsync failed: still dirty, so this one runs again there)
+    ran(int(wrote) + 2 * int(dirty))
     f.close()
-    assert CountingSync.syncs == 3  # close after a sync: nothing left to make durable
+    ran(int(wrote) + 2 * int(dirty))  # close after a sync: nothing left to make durable
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("hints", [{}, {"atomic_commit": True}], ids=["plain", "atomic"])
+def test_a_posix_sync_and_close_agree_once_after_the_fsync(comm, mpi_tmp_path, monkeypatch, hints):
+    """On posix every rank fsyncs first, and the call's head is its one agreement: on the
+    call and on every rank's fsync error at once, with no second agreement after the
+    fsync (an atomic close's commit then agrees on its rename, as before).  The bytes
+    are those written, every rank's durable once ``sync`` returns."""
+    import collio.core as core
+
+    path = str(mpi_tmp_path / "once.bin")
+    f, glob = _written(comm, path, 17, hints=hints)
+    heads: list[str] = []
+    flags: list[int] = []
+    real_head, real_flag = core.call_head, core.any_flag
+    monkeypatch.setattr(core, "call_head", lambda *a, **k: heads.append(a[1]) or real_head(*a, **k))
+    monkeypatch.setattr(core, "any_flag", lambda *a, **k: flags.append(1) or real_flag(*a, **k))
+    synced = []
+    real_sync = type(f.backend).sync
+
+    def sync(self: object) -> None:
+        synced.append(len(heads))  # (how many heads this rank had made when it fsynced)
+        real_sync(self)
+
+    monkeypatch.setattr(type(f.backend), "sync", sync)
+    f.sync()
+    f.close()
+    monkeypatch.undo()
+    every = comm.allgather((heads, flags, synced))
+    assert any(s for _, _, s in every), every  # (some rank wrote, so fsynced)
+    for h, fl, s in every:
+        assert h == ["sync", "close"] and fl == [] and s in ([0], []), every
     comm.Barrier()
     assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)

@@ -83,6 +83,10 @@ class Backend(abc.ABC):
         leaving the CPU to the ranks still doing I/O (and to a server on the node).
     ``takes_back``
         A rank's own write can be undone (:meth:`keep_before`, :meth:`take_back`).
+    ``local_sync``
+        :meth:`sync` is this rank's own (an ``fsync``), not collective, and changes
+        nothing but durability: ``File.sync``/``close`` run it before their head, which
+        then agrees on the call and on every rank's sync error at once.
     ``atomic``
         Writes become visible only at :meth:`commit` (an S3 multipart upload):
         :class:`collio.File` then treats every write as ``atomic_commit`` does: after
@@ -106,6 +110,8 @@ class Backend(abc.ABC):
     #: :meth:`keep_before` and :meth:`take_back` work: a repeated small write may go
     #: before the agreement (collio.speculate)
     takes_back: ClassVar[bool] = False
+    #: :meth:`sync` is local and changes nothing but durability (see above)
+    local_sync: ClassVar[bool] = False
     #: Aggregators per node for reads when the hints choose none (None: as for writes).
     read_per_node: ClassVar[int | None] = None
     #: Whether this rank writes another round of the same call after the window being

@@ -89,6 +89,7 @@ class PosixBackend(MappedReads):
 
     name: ClassVar[str] = "posix"
     takes_back: ClassVar[bool] = True
+    local_sync: ClassVar[bool] = True  # (an fsync of this rank's descriptor)
     #: The target's size when rank 0 opened it, the same on every rank (``MODE_APPEND``).
     opened_size: int = 0
     #: The bytes the file held once opened (none in ``'w'``): a direct call overwriting

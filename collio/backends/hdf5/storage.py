@@ -53,6 +53,7 @@ class FileBackend(PosixBackend):
     """The file's bytes on the VFile's descriptor; a contiguous dataset is them shifted."""
 
     name: ClassVar[str] = "hdf5-contiguous"
+    local_sync: ClassVar[bool] = False  # (its sync publishes rank 0's metadata)
 
     def __init__(self, vf: VFile, mode: str, hints: Any) -> None:
         super().__init__(vf.path, vf.fd, "r" if mode == "r" else "r+", None, True)
