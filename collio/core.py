@@ -312,7 +312,18 @@ class FileCore:
         with step:
             if not be.clean():  # (every written byte durable already: nothing to run)
                 be.sync()
-        failed, _ = self.head(call, failed=step.error is not None, patient=True)
+        try:
+            failed, _ = call_head(
+                self.comm, call, self.ctx.file, step.error is not None, patient=True
+            )
+        except BaseException as exc:
+            # (a mismatch is raised, not this sync's error, which the kernel and the early
+            # flush report once: kept for the next sync to raise, before a close beside
+            # this call makes it, in failed())
+            if step.error is not None:
+                be.unsynced(step.error)
+            self.failed(exc)
+            raise
         return failed, step.error
 
     def _synced(self) -> tuple[bool, BaseException | None]:

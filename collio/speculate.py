@@ -71,6 +71,9 @@ KEEP_LIMIT = 1 << 20
 #: Calls of each kind kept for a repeat: a solver alternating up to this many variables
 #: (layouts) repeats each one's last call.
 KEPT_CALLS = 8
+#: Most runs of a batch kept for a repeat (each kept call holds its run lengths until
+#: the file closes; a batch of more repeats with two agreements).
+KEPT_BATCH_RUNS = 1 << 16
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -348,6 +351,8 @@ def remember(ctx: Context, call: Call, runs: Any, writing: bool, many: bool = Fa
     k = _keepable(ctx, call, runs, writing)
     key = call_key(call.shift, call.sig, call.lo)
     if many:  # (the steps that follow a single call, ``guesses``, are not a batch's)
+        if k is not None and len(runs) > KEPT_BATCH_RUNS:
+            k = None
         if k is not None:
             k.many = True
         ctx.kept_many[writing].completed(key, k)

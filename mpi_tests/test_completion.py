@@ -14,6 +14,7 @@ import os
 import numpy as np
 import pytest
 from helpers import local_piece, raises_everywhere, reference
+from mpi4py import MPI
 
 import collio
 from collio import layouts
@@ -24,15 +25,18 @@ SHAPE = (64, 48)
 
 
 class FailingSync(PosixBackend):
-    """fsync fails with EIO on one rank while ``fail`` is set."""
+    """fsync fails with EIO on one rank while ``fail`` is set (``once``: only the first
+    time, as the kernel reports a writeback error once)."""
 
     fail_rank = -1
     fail = False
+    once = False
+    local_sync = True  # (a sync of its own that still only fsyncs: before the head)
 
     def sync(self) -> None:
-        from mpi4py import MPI
-
         if FailingSync.fail and MPI.COMM_WORLD.rank == FailingSync.fail_rank and self.dirty:
+            FailingSync.fail = not FailingSync.once
+            self.dirty = not FailingSync.once  # (once: reported, the pages count as written)
             raise OSError(errno.EIO, "injected fsync error")
         super().sync()
 
@@ -149,6 +153,7 @@ class CountingSync(FailingSync):
     """Counts the backend syncs this rank ran (and fails as FailingSync when set)."""
 
     syncs = 0
+    local_sync = True
 
     def sync(self) -> None:
         CountingSync.syncs += 1
@@ -234,3 +239,62 @@ def test_a_posix_sync_and_close_agree_once_after_the_fsync(comm, mpi_tmp_path, m
         assert h == ["sync", "close"] and fl == [] and s in ([0], []), every
     comm.Barrier()
     assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("call", ["sync", "close"])
+def test_an_fsync_error_beside_another_call_is_not_lost(comm, mpi_tmp_path, call):
+    """Rank 0 syncs (or closes) while the others write: its fsync, made before the head,
+    fails, and every rank raises the call mismatch.  The fsync's error, which the kernel
+    reports once, is then the next sync's on every rank (after a close beside the
+    others' call, the close's error), never dropped: the bytes may not be durable."""
+    path = str(mpi_tmp_path / "lost.bin")
+    FailingSync.fail_rank = 0
+    f, glob = _written(comm, path, 18, backend="failing-sync", hints=EVERY_RANK)
+    lay = _lay(comm)
+    FailingSync.fail = FailingSync.once = True
+    try:
+        if comm.rank == 0:
+            err = raises_everywhere(comm, collio.MismatchError, getattr(f, call))
+        else:
+            piece = local_piece(glob, lay)
+            err = raises_everywhere(comm, collio.MismatchError, lambda: f.write_all(piece, lay))
+    finally:
+        FailingSync.fail = FailingSync.once = False
+    if call == "close":
+        assert f.closed
+        assert "rank 0: injected fsync error" in str(err.close_error), err.close_error
+        return
+    _raises_everywhere(comm, f.sync, "rank 0: injected fsync error")
+    f.sync()  # (reported once, as the kernel does)
+    f.close()
+    comm.Barrier()
+    assert np.array_equal(np.fromfile(path, "<f8").reshape(SHAPE), glob)
+
+
+class CollectiveSync(PosixBackend):
+    """A posix backend whose sync is collective (every rank meets rank 0 after its fsync,
+    as a parallel file system's metadata round might): not declared local, so it
+    agrees before syncing, on every rank alike."""
+
+    def sync(self) -> None:
+        super().sync()
+        MPI.COMM_WORLD.bcast(0, root=0)
+
+
+register_backend("collective-sync", CollectiveSync)
+
+
+@pytest.mark.mpi
+def test_a_posix_subclass_with_a_sync_of_its_own_agrees_first(comm, mpi_tmp_path):
+    """Only rank 0 writes, then every rank syncs: a subclass's own sync runs on every rank
+    after the head (it may be collective), not before it where the rank wrote."""
+    assert CollectiveSync.local_sync is False and FailingSync.local_sync is True
+    path = str(mpi_tmp_path / "collective.bin")
+    with collio.open(path, "w", comm=comm, backend="collective-sync") as f:
+        lay = layouts.Segments([0], [8] if comm.rank == 0 else [0])
+        one = np.full(1 if comm.rank == 0 else 0, 5.0, "<f8")
+        f.write_all(one.view(np.uint8), lay)
+        f.sync()
+    comm.Barrier()
+    assert np.fromfile(path, "<f8").tolist() == [5.0]

@@ -220,3 +220,20 @@ def test_a_guessed_batch_past_the_end_reads_zeros_there(comm, mpi_tmp_path):
         comm.Barrier()
         _read(f, comm, 4, image[:end])
         _read(f, comm, 5, image[:end])
+
+
+@pytest.mark.mpi
+def test_a_batch_of_more_runs_than_are_kept_reads_with_two_agreements(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """A batch of more runs than a kept call may hold (``KEPT_BATCH_RUNS``: each kept
+    call holds its run lengths until the file closes) is not kept, so its repeats are
+    not guessed; every byte as numpy reads it."""
+    from collio import speculate
+
+    monkeypatch.setattr(speculate, "KEPT_BATCH_RUNS", 0)  # (fewer than any batch's runs)
+    path = str(mpi_tmp_path / "many_runs.bin")
+    image = _file(comm, path)
+    with collio.open(path, "r", comm=comm) as f:
+        flags = [_read(f, comm, s, image) for s in range(4)]
+    assert _everywhere(comm, flags) == [False] * 4

@@ -85,8 +85,10 @@ class Backend(abc.ABC):
         A rank's own write can be undone (:meth:`keep_before`, :meth:`take_back`).
     ``local_sync``
         :meth:`sync` is this rank's own (an ``fsync``), not collective, and changes
-        nothing but durability: ``File.sync``/``close`` run it before their head, which
-        then agrees on the call and on every rank's sync error at once.
+        nothing but durability: ``File.sync``/``close`` run it, where the rank is not
+        :meth:`clean`, before their head, which then agrees on the call and on every
+        rank's sync error at once.  Such a backend keeps an error its sync raised beside
+        another rank's different call for the next sync (:meth:`unsynced`).
     ``atomic``
         Writes become visible only at :meth:`commit` (an S3 multipart upload):
         :class:`collio.File` then treats every write as ``atomic_commit`` does: after
@@ -394,9 +396,16 @@ class Backend(abc.ABC):
     def clean(self) -> bool:
         """Local: :meth:`sync` would do nothing on this rank now (nothing written since its
         last sync, no early flush running or failed), so ``File.sync``/``close`` may skip
-        it when every rank says so.  False unless a backend knows: a sync that is
-        collective (``MPI_File_sync``) or publishes anything must always run."""
+        it: on this rank alone where the sync is local (``local_sync``), else when every
+        rank says so.  False unless a backend knows: a sync that is collective
+        (``MPI_File_sync``) or publishes anything must always run."""
         return False
+
+    def unsynced(self, error: BaseException) -> None:
+        """Local, for ``local_sync`` backends: ``error``, raised by :meth:`sync` in a call
+        whose head then met another rank's different call (the mismatch is what every rank
+        raises), is the next sync's to raise; until then the backend is not clean."""
+        raise NotImplementedError(f"{type(self).__name__} has no local sync")
 
     def commit(self, comm: Any, ok: bool) -> None:  # noqa: B027 - optional hook
         """Collective over `comm`: make the writes visible (``ok``) or drop them."""

@@ -90,6 +90,16 @@ class PosixBackend(MappedReads):
     name: ClassVar[str] = "posix"
     takes_back: ClassVar[bool] = True
     local_sync: ClassVar[bool] = True  # (an fsync of this rank's descriptor)
+    #: A sync's error no call reported yet (:meth:`unsynced`): the next sync's.
+    pending: BaseException | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass with a sync of its own may make it collective or publish: it agrees
+        before syncing unless it says its sync is local (``local_sync``)."""
+        super().__init_subclass__(**kwargs)
+        if "sync" in cls.__dict__ and "local_sync" not in cls.__dict__:
+            cls.local_sync = False
+
     #: The target's size when rank 0 opened it, the same on every rank (``MODE_APPEND``).
     opened_size: int = 0
     #: The bytes the file held once opened (none in ``'w'``): a direct call overwriting
@@ -405,16 +415,25 @@ class PosixBackend(MappedReads):
         """Nothing written since the last fsync and no early flush started since (its
         error, if it failed, is the next sync's): every written byte is durable."""
         fl = self.flusher
-        return not self.dirty and (fl is None or (fl.future is None and fl.error is None))
+        if self.dirty or self.pending is not None:
+            return False
+        return fl is None or (fl.future is None and fl.error is None)
+
+    def unsynced(self, error: BaseException) -> None:
+        self.pending = error
 
     def sync(self) -> None:
-        """fsync, after the early flush still running (whose error is raised after it)."""
+        """fsync, after the early flush still running (whose error is raised after it, or
+        else the error of a sync that no call reported: :meth:`unsynced`)."""
         early = self.flusher.wait() if self.flusher is not None else None
+        pending, self.pending = self.pending, None
         if self.dirty and self.fd >= 0:
             os.fsync(self.fd)
             self.dirty = False
         if early is not None:
             raise early
+        if pending is not None:
+            raise pending
 
     def commit(self, comm: Any, ok: bool) -> None:
         """Collective over `comm`: with ``atomic_commit``, rename the temporary on success
