@@ -62,7 +62,9 @@ class ItemSigs(Sequence[Any]):
     def placement(self) -> tuple[str, int]:
         """The key without where the first item's array starts, and that offset: equal
         for two batches of the same arrays, one moved whole from the other."""
-        rel, _, base = self._key.rpartition(" @")
+        rel, at, base = self._key.rpartition(" @")
+        if not at or not base.isdigit():  # (a key not made by key_of: compared whole)
+            return self._key, 0
         return rel, int(base)
 
     def __len__(self) -> int:

@@ -392,6 +392,8 @@ def test_a_batch_moved_whole_digests_alike_at_its_own_offset():
     (da, at), (db, bt) = digest_kept(("items", a)), digest_kept(("items", b))
     assert da == db and (at, bt) == (64, 64 + 8192) and placed(da, at) != placed(db, bt)
     assert digest_kept(("items", c))[0] != da
+    odd = ItemSigs(key="a key of its own", make=lambda: ())  # (not key_of's: compared whole)
+    assert odd.placement() == ("a key of its own", 0)
 
 
 def _moved(items: list[tuple[Any, Any]], d: int, odd: int = -1) -> list[tuple[Any, Any]]:
