@@ -230,7 +230,7 @@ class FileCore:
         Where the backend's sync is local (:attr:`~collio.backends.base.Backend.local_sync`:
         an fsync) and there is no rider, each rank syncs first and the head agrees on the
         call and on every rank's error at once (:meth:`_synced_first`)."""
-        if rider is None and self.ctx.backend.local_sync:
+        if rider is None and _local_sync(self.ctx.backend):
             failed, error = self._synced_first(call)
         elif self._agreed_head(call, rider):
             return
@@ -249,7 +249,7 @@ class FileCore:
         closing alone would leave the others waiting in their next call."""
         if self.closed:
             return
-        if rider is None and self.ctx.backend.local_sync:  # (as sync: one agreement)
+        if rider is None and _local_sync(self.ctx.backend):  # (as sync: one agreement)
             self._finish(*self._synced_first("close"), rider)
             return
         clean = self._agreed_head("close", rider)  # (a call mismatch: failed() closed it)
@@ -361,6 +361,14 @@ class FileCore:
             exc.close_error = later
         finally:
             self.release(rider)
+
+
+def _local_sync(be: Backend) -> bool:
+    """Whether ``be``'s sync runs before the head (:meth:`FileCore._synced_first`): it says
+    its sync is local and keeps an error that no call reported (``unsynced``); one that
+    says the first without the second agrees first, as every other backend does, rather
+    than lose that error or raise on one rank what the others do not."""
+    return be.local_sync and type(be).unsynced is not Backend.unsynced
 
 
 def _context(priv: Private, be: Backend, hints: Hints, mode: str, file: tuple[int, str]) -> Context:

@@ -18,7 +18,8 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
-from collio.backends import register_backend
+from collio.backends import memory, register_backend
+from collio.backends.memory import MemoryBackend
 from collio.backends.posix import PosixBackend
 
 SHAPE = (64, 48)
@@ -298,3 +299,42 @@ def test_a_posix_subclass_with_a_sync_of_its_own_agrees_first(comm, mpi_tmp_path
         f.sync()
     comm.Barrier()
     assert np.fromfile(path, "<f8").tolist() == [5.0]
+
+
+class LocalWithoutKeep(MemoryBackend):
+    """A backend that says its sync is local but cannot keep an error for the next sync
+    (no ``unsynced``); its sync fails once on rank 0."""
+
+    local_sync = True
+    fail = False
+
+    def sync(self) -> None:
+        if LocalWithoutKeep.fail and MPI.COMM_WORLD.rank == 0:
+            LocalWithoutKeep.fail = False
+            raise OSError(errno.EIO, "injected sync error")
+
+
+register_backend("local-without-keep", LocalWithoutKeep)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_local_sync_that_cannot_keep_its_error_agrees_first(comm):
+    """A backend that declares a local sync but no ``unsynced`` syncs after the head, as
+    every other backend does: rank 0 syncing beside the others' write raises the same
+    MismatchError on every rank, and its sync, never run, fails the next sync instead,
+    on every rank; rank 0 never raises alone what the others do not."""
+    name = "mem://local-without-keep"
+    lay = layouts.Segments([8 * comm.rank], [8])
+    with collio.open(name, "w", comm=comm, backend="local-without-keep") as f:
+        f.write_all(np.full(1, comm.rank, "<f8").view(np.uint8), lay)
+        LocalWithoutKeep.fail = True
+        if comm.rank == 0:
+            raises_everywhere(comm, collio.MismatchError, f.sync)
+        else:
+            one = np.full(1, comm.rank, "<f8").view(np.uint8)
+            raises_everywhere(comm, collio.MismatchError, lambda: f.write_all(one, lay))
+        _raises_everywhere(comm, f.sync, "rank 0: injected sync error")
+        LocalWithoutKeep.fail = False
+    if comm.rank == 0:
+        assert np.frombuffer(memory.contents(name), "<f8").tolist() == list(range(comm.size))
+        memory.drop(name)

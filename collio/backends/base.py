@@ -88,7 +88,8 @@ class Backend(abc.ABC):
         nothing but durability: ``File.sync``/``close`` run it, where the rank is not
         :meth:`clean`, before their head, which then agrees on the call and on every
         rank's sync error at once.  Such a backend keeps an error its sync raised beside
-        another rank's different call for the next sync (:meth:`unsynced`).
+        another rank's different call for the next sync (:meth:`unsynced`, which it must
+        implement: without it, the sync agrees first as any other backend's).
     ``atomic``
         Writes become visible only at :meth:`commit` (an S3 multipart upload):
         :class:`collio.File` then treats every write as ``atomic_commit`` does: after
