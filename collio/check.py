@@ -4,7 +4,7 @@ Every rank runs every step, so nothing hangs:
 
 1. *before the head* (local): validate the layout and data, find the runs, the facts the
    path is chosen from (:class:`~collio.checkfacts.Checked`), a kept plan for these runs;
-   a single call that repeats this rank's last one does its I/O now
+   a single call (or a batch's read) that repeats this rank's last one does its I/O now
    (:mod:`collio.speculate`).  Nothing here communicates: ranks in different calls must
    meet in the head first.  :func:`again` is the same for a buffer written (read) through
    a file view at a new position, when what its checks would find is known from the last

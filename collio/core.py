@@ -15,6 +15,7 @@ slots travel in the call's head and it settles what they say right after.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -186,14 +187,18 @@ class FileCore:
         subject: str | None = None,
         rider: Rider | None = None,
         patient: bool = False,
+        first: Callable[[], None] | None = None,
     ) -> tuple[bool, tuple[int, ...]]:
         """Collective over ``comm``: the first agreement of a call on this file
-        (:func:`~collio.collective.call_head`); a mismatch is handled by :meth:`failed`."""
+        (:func:`~collio.collective.call_head`); a mismatch is handled by :meth:`failed`,
+        after ``first`` (local) where given."""
         try:
             return call_head(
                 self.comm, call, self.ctx.file, failed, own, subject=subject, patient=patient
             )
         except BaseException as exc:
+            if first is not None:
+                first()
             self.failed(exc, rider=rider)
             raise
 
@@ -312,19 +317,13 @@ class FileCore:
         with step:
             if not be.clean():  # (every written byte durable already: nothing to run)
                 be.sync()
-        try:
-            failed, _ = call_head(
-                self.comm, call, self.ctx.file, step.error is not None, patient=True
-            )
-        except BaseException as exc:
-            # (a mismatch is raised, not this sync's error, which the kernel and the early
-            # flush report once: kept for the next sync to raise, before a close beside
-            # this call makes it, in failed())
-            if step.error is not None:
-                be.unsynced(step.error)
-            self.failed(exc)
-            raise
-        return failed, step.error
+        error = step.error
+        # (a mismatch is raised, not this sync's error, which the kernel and the early
+        # flush report once: kept for the next sync to raise, before a close beside this
+        # call makes one, in failed())
+        keep = None if error is None else functools.partial(be.unsynced, error)
+        failed, _ = self.head(call, failed=error is not None, patient=True, first=keep)
+        return failed, error
 
     def _synced(self) -> tuple[bool, BaseException | None]:
         """Collective: the backend's sync on every rank, then an agreement on its errors

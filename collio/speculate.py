@@ -4,9 +4,10 @@ A call that every rank does by itself (the direct and mapped paths) costs two ag
 its head and its completion, and on a small call they are most of its time.  When a call
 repeats a call of its kind that this rank kept on the file (its last, or one period back
 when the calls alternate variables: :class:`KeptCalls`; the same facts of its runs, its
-extent moved by the shift on which every rank agreed then), the head can only choose the
-same path.  So the rank guesses: it does its I/O, then the head agrees on the call,
-its errors and whether every rank guessed:
+extent moved by the shift on which every rank agreed then; a batch's read repeats a batch,
+kept apart in ``Context.kept_many``), the head can only choose the same path.  So the
+rank guesses: it does its I/O, then the head agrees on the call, its errors and whether
+every rank guessed:
 
 - every rank guessed and did its I/O: the call is done.  Its requests are the last call's
   (the same run lengths), so the statistics' sums are that call's again, and the head
