@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from collio.bench.checkpoint import BLOCKED, CPU, _controls
+from collio.bench.checkpoint import BLOCKED, CPU, _controls, _permute
 from collio.testing.jobs import MPIEXEC, mpiexec
 
 
@@ -60,3 +60,19 @@ def test_a_test_directory_that_cannot_be_made_fails_every_rank(tmp_path: Any) ->
     )  # fmt: skip
     assert proc.returncode != 0
     assert proc.stderr.count("collio-bench checkpoint: rank 0: no such file") == 2, proc.stderr
+
+
+def test_the_compute_loops_take_every_order_by_turns() -> None:
+    """Over six iterations each of the three loops (alone, during the async save, beside
+    a control) comes first twice and follows each other one twice: none is measured after
+    the async save's I/O more often than another."""
+    names = ["compute alone", "async_save", "compute during plain write"]
+    orders = [_permute(names, k) for k in range(6)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert len({tuple(o) for o in orders}) == 6
+    for a in names:
+        assert sum(o[0] == a for o in orders) == 2
+        for b in names:
+            if a != b:
+                assert sum(o[i + 1] == a and o[i] == b for o in orders for i in range(2)) == 2
+    assert _permute(names, 7) == orders[1]

@@ -3,13 +3,16 @@ checkpoint and by the ways jobs save one today, with the issue's targets checked
 
 Every figure is the slowest rank's time between two barriers, so a method is done
 when its last rank is; medians over iterations, the methods' order rotated each
-iteration so that none always follows the same one.
+iteration so that none always follows the same one.  The writers, the readers and the
+compute loops (alone, during an async save, beside a control) are three groups, one
+after the other in each iteration.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import os
 import shutil
 import statistics
@@ -239,13 +242,8 @@ class _Run:
         ceil = os.path.join(d, "ceiling.bin")
         for sub in (fpr, npd):
             os.makedirs(sub, exist_ok=True)
-        # (one control an iteration, by turns: both in every one would add a second's
-        # worth of writes and fsyncs to each)
-        self.rounds += 1
-        control = "plain write" if self.rounds % 2 else "thread copy"
         return {
             "collio save": self._saves,
-            "async_save": self._async,
             "file-per-rank write": lambda: _timed(c, lambda: peers.per_rank_write(fpr, st, c)),
             "np.save write": lambda: _timed(c, lambda: peers.npsave_write(npd, st, c)),
             "ceiling write": lambda: _timed(
@@ -255,10 +253,34 @@ class _Run:
                 c, lambda: peers.ceiling_write(ceil, self.share, self.nbytes, c, new=False)
             ),
             "numpy copy": lambda: _timed(c, lambda: [np.copy(a) for a in peers.pieces(st, c)]),
-            "compute alone": lambda: _timed(c, lambda: _compute(self.work, self.reps)),
-            f"compute during {control}": lambda: self._control(control),
             "crc32c": self._crc,
         }
+
+    def overlap(self) -> dict[str, Callable[[], float | dict[str, float]]]:
+        """The compute loop alone, during an async save's I/O and beside a control thread,
+        each after a step of the job's compute (untimed), as a job's save and its loops
+        follow its own work: measured among the other methods, the loop during the I/O
+        followed the blocking saves in most iterations and met what their writes left the
+        kernel to do, which no job that saves in the background meets."""
+        c = self.comm
+        # (one control an iteration, by turns: both in every one would add a second's
+        # worth of writes and fsyncs to each)
+        self.rounds += 1
+        control = "plain write" if self.rounds % 2 else "thread copy"
+        return {
+            "compute alone": self._after_step(
+                lambda: _timed(c, lambda: _compute(self.work, self.reps))
+            ),
+            "async_save": self._after_step(self._async),
+            f"compute during {control}": self._after_step(lambda: self._control(control)),
+        }
+
+    def _after_step(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        def stepped() -> Any:
+            _compute(self.work, self.reps)
+            return fn()
+
+        return stepped
 
     def loads(self) -> dict[str, Callable[[], float]]:
         c, d, st = self.comm, self.d, self.state
@@ -440,6 +462,15 @@ def _rotate(names: list[str], k: int) -> list[str]:
     return names[k:] + names[:k]
 
 
+def _permute(names: list[str], k: int) -> list[str]:
+    """Every order of ``names`` by turns: over as many iterations as there are orders,
+    each name follows each other one (and the group before) equally often, so none is
+    measured after another's I/O more often than the others are (a rotation of three
+    puts the same one after the async save in two iterations of three)."""
+    orders = list(itertools.permutations(names))
+    return list(orders[k % len(orders)])
+
+
 def run_checkpoint(args: argparse.Namespace) -> int:
     """Collective over ``MPI.COMM_WORLD``: the benchmark; rank 0 prints and writes."""
     comm = MPI.COMM_WORLD
@@ -458,8 +489,9 @@ def run_checkpoint(args: argparse.Namespace) -> int:
             print(f"checkpoint: {n} arrays, {run.nbytes / MiB:.1f} MiB, {comm.Get_size()} ranks, "
                   f"{iters} iterations", flush=True)  # fmt: skip
         for it in range(iters):
-            for group in (run.methods(), run.loads()):
-                for name in _rotate(list(group), it):
+            for group, order in ((run.methods(), _rotate), (run.loads(), _rotate),
+                                 (run.overlap(), _permute)):  # fmt: skip
+                for name in order(list(group), it):
                     got = group[name]()
                     for k, v in got.items() if isinstance(got, dict) else [(name, got)]:
                         times.setdefault(k, []).append(float(v))
