@@ -489,7 +489,13 @@ CONTROLS_PROSE = [
     "Every compute loop (alone, during the save's I/O, beside a control) starts on",
     "every rank together, after a barrier; during the I/O, once every rank's",
     "`async_save` has returned, so that the loop meets the background I/O and not",
-    "other ranks still copying their state (the return's own figure).",
+    "other ranks still copying their state (the return's own figure). Each loop follows",
+    "an untimed run of the same loop (a job's save follows its own work), the three in",
+    "every order by turns. They are measured first as a job runs between its",
+    "checkpoints, computing and saving in the background with nothing else (the target),",
+    "then again in every iteration of all the methods, after the writers and the",
+    "readers (`among the others`), where what their I/O left the machine to do meets",
+    "them.",
     "The controls run the same compute loop while each rank's thread, at the save",
     "thread's priority, does the ceiling's write (`plain write`: one `pwrite` of its",
     "share and the `fsync`, no MPI, no checksum) or one numpy copy of its share",
@@ -514,11 +520,15 @@ def checkpoint_table(docs: dict[str, dict[str, Any]]) -> list[str]:
     for row in doc["summary"]:
         each = " ".join(f"{t:.3f}" for t in doc["times"][row["api"]])
         lines.append(f"| {row['api']} | {row['median_time']:.3f} | {row['median']:.0f} | {each} |")
-    lines += ["", "| target | measured | bound | met |", "|---|---:|---:|---|"]
-    for t in doc["targets"]:
-        rel = ">=" if t["at_least"] else "<="
-        met = "yes" if t["met"] else "**no**"
-        lines.append(f"| {t['target']} | {t['ratio']:.3f} | {rel} {t['bound']} | {met} |")
+    for issue, head in ((True, "the issue's target"), (False, "stricter bound (not the issue's)")):
+        rows = [t for t in doc["targets"] if t.get("issue", True) == issue]
+        if not rows:
+            continue
+        lines += ["", f"| {head} | measured | bound | met |", "|---|---:|---:|---|"]
+        for t in rows:
+            rel = ">=" if t["at_least"] else "<="
+            met = "yes" if t["met"] else "**no**"
+            lines.append(f"| {t['target']} | {t['ratio']:.3f} | {rel} {t['bound']} | {met} |")
     # (the floor under the compute slowdown: the same loop beside a plain write or copy
     # thread at the save's priority, and the CPU the threads took during each loop)
     controls = doc.get("controls") or []
@@ -574,7 +584,8 @@ def freed_table(docs: dict[str, dict[str, Any]]) -> list[str]:
         if all(t["target"] in r for r in rows):
             rel = ">=" if t["at_least"] else "<="
             got = " | ".join(_met(r[t["target"]]) for r in rows)
-            lines.append(f"| {t['target']} ({rel} {t['bound']}) | {got} |")
+            what = t["target"] if t.get("issue", True) else f"stricter: {t['target']}"
+            lines.append(f"| {what} ({rel} {t['bound']}) | {got} |")
     tail = ", ".join(f"`{command(d)}`" for _, d in jobs[1:])
     return [*lines, "", f"{tail}.", ""]
 
