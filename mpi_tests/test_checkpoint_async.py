@@ -192,3 +192,63 @@ def test_async_saves_fill_the_copies_the_last_one_kept(
     assert set(asyncsave._background(comm).staged) <= {("rep", (11,), "<i8", "C")}
     collio.release_buffers()
     assert asyncsave._background(comm).staged == {}
+
+
+@pytest.mark.mpi
+def test_a_save_after_an_async_save_of_the_same_target_is_the_one_left(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """A job's background save, then a blocking save of the same path before waiting
+    for it (a last save at the end of a run): the later save's bytes are what the path
+    holds and loads, not the earlier one's committed after it."""
+    path = str(comm.bcast(os.path.join(str(mpi_tmp_path), "model.ckpt"), root=0))
+    h = ckpt.async_save(path, model.rows_state(comm.rank, comm.size, scale=2), comm=comm,
+                        metadata={"step": 1})  # fmt: skip
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm, metadata={"step": 2})
+    h.wait()
+    assert ckpt.info(path).metadata == {"step": 2}
+    assert_rows_load(comm, path)
+
+
+@pytest.mark.mpi
+def test_a_load_and_info_after_an_async_save_read_what_it_commits(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """``info`` and ``load`` of a path an async save is still writing (no ``wait`` yet)
+    read the checkpoint it commits, not the one before it (here: none at all)."""
+    path = str(comm.bcast(os.path.join(str(mpi_tmp_path), "new.ckpt"), root=0))
+    h = ckpt.async_save(path, model.rows_state(comm.rank, comm.size), comm=comm,
+                        metadata={"step": 3})  # fmt: skip
+    assert ckpt.info(path).metadata == {"step": 3}
+    assert_rows_load(comm, path)
+    assert h.done()
+    h.wait()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("then", ["async_save", "save"])
+def test_a_failed_async_save_nobody_waited_for_is_raised_by_the_next_save(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, then: str
+) -> None:
+    """An async save into a directory that does not exist, its handle dropped without
+    ``wait``: the next save on the communicator raises its error on every rank (and
+    does not save), the one after it saves; a handle whose ``wait`` raised the error
+    is not raised again."""
+    d = str(comm.bcast(str(mpi_tmp_path), root=0))
+    bad = os.path.join(d, "absent", "model.ckpt")
+    good = os.path.join(d, "model.ckpt")
+    state = model.rows_state(comm.rank, comm.size)
+    ckpt.async_save(bad, state, comm=comm)  # (its handle dropped)
+    again = getattr(ckpt, then)
+    err = raises_everywhere(comm, collio.CollioError, lambda: again(good, state, comm=comm))
+    assert "absent" in str(err) and "wait() was not called" in "".join(err.__notes__)
+    assert not comm.bcast(os.path.exists(good), root=0)  # (that save did not run)
+    h = again(good, state, comm=comm)
+    if h is not None:
+        h.wait()
+    assert_rows_load(comm, good)
+    # (told by its own wait: not raised again by the next save)
+    h = ckpt.async_save(bad, state, comm=comm)
+    raises_everywhere(comm, collio.CollioError, h.wait)
+    ckpt.save(good, state, comm=comm)
+    assert_rows_load(comm, good)

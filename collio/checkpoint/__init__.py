@@ -20,7 +20,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .asyncsave import SaveHandle, async_save
+from .asyncsave import SaveHandle, async_save, raise_untold, settle
 from .load import Info, info, load
 from .save import maps_later, prepare
 from .writer import write
@@ -46,8 +46,15 @@ def save(
     numpy arrays or CPU objects with ``__array_interface__`` or ``__dlpack__``, used
     without a copy.  ``metadata`` (JSON values) travels along.  Any rank's error (a bad
     entry, a full disk, a refused upload) is raised on every rank alike and leaves the
-    previous checkpoint at ``target`` as it was.
+    previous checkpoint at ``target`` as it was.  The :func:`async_save` running on
+    ``comm`` (or writing ``target`` in this process) finishes first; one on ``comm``
+    that failed with its handle never waited for is raised here instead of saving.
     """
     base = MPI.COMM_WORLD if comm is None else comm
+    # (the communicator's async save first, whose error is raised here if nobody was
+    # told of it; and one of another communicator writing the same target, so that this
+    # save is the one left)
+    raise_untold(base)
+    settle(target)
     plan = prepare(base, state, metadata, huge=maps_later(target, options))
     write(base, target, plan, hints, dict(options))

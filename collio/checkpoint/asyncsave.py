@@ -26,6 +26,7 @@ calls' own bookkeeping between them.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import functools
 import os
@@ -38,6 +39,8 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
+from ..collective import Attempt, agree
+from ..errors import ModeError
 from .save import maps_later, prepare
 from .state import Entry
 from .writer import ready, write
@@ -96,11 +99,16 @@ def _free(value: _Background) -> None:
 
 
 class SaveHandle:
-    """A save running in the background.  ``staged`` is the bytes this rank copied."""
+    """A save running in the background.  ``staged`` is the bytes this rank copied (and
+    keeps for the communicator's next async save: :func:`forget` lets them go)."""
 
-    def __init__(self, future: concurrent.futures.Future[None], staged: int) -> None:
+    def __init__(
+        self, future: concurrent.futures.Future[None], staged: int, target: str | None = None
+    ) -> None:
         self._future = future
         self.staged = staged
+        self.target = target  # (:func:`target_key` of the save's target)
+        self._told = False  # (whether its error reached the caller: wait() or a later save)
 
     def done(self) -> bool:
         """Local, never blocks: whether :meth:`wait` would return at once."""
@@ -109,7 +117,80 @@ class SaveHandle:
     def wait(self) -> None:
         """Collective over the save's ranks: return once the checkpoint is durable and
         committed; raise the save's error, the same on every rank (it was agreed there)."""
+        self._told = True
         self._future.result()
+
+    def _untold(self) -> BaseException | None:
+        """Local: the error of a save that ended in one and whose :meth:`wait` nobody
+        called (then marked told: it is raised once)."""
+        if self._told or not self._future.done():
+            return None
+        err = self._future.exception()
+        if err is not None:
+            self._told = True
+        return err
+
+
+def target_key(target: Any) -> str | None:
+    """What tells two saves' targets apart: a path made absolute (no file system call),
+    a URL as given; None for other targets."""
+    if not isinstance(target, (str, os.PathLike)):
+        return None
+    s = os.fspath(target)
+    if isinstance(s, bytes):
+        s = os.fsdecode(s)
+    return s if "://" in s else os.path.abspath(s)
+
+
+def settle(target: Any) -> None:
+    """Local: wait for every async save of this process still writing ``target`` (on
+    any communicator), so that a later save of it is the one left there, and a load of
+    it reads what the async save committed.  Its error stays with its handle."""
+    key = target_key(target)
+    if key is None:
+        return
+    with _lock:
+        every = list(_ALL)
+    running = [h._future for h in (k.running for k in every) if h is not None and h.target == key]
+    if running:
+        concurrent.futures.wait(running)
+
+
+def raise_untold(comm: MPI.Intracomm) -> None:
+    """Local, alike on every rank of ``comm``: wait for the communicator's last async
+    save (saves on a communicator run one at a time, in the order they are called),
+    then raise its error if it failed and no :meth:`~SaveHandle.wait` raised it (the
+    save's ranks agreed on it: every rank raises it here, in the same call), so that a
+    job that never waits for its background saves still learns that one failed, at its
+    next save, instead of never."""
+    if _keyval is None:
+        return
+    kept = comm.Get_attr(_keyval)
+    if isinstance(kept, _Background) and kept.running is not None:
+        concurrent.futures.wait([kept.running._future])
+        err = kept.running._untold()
+        if err is not None:
+            err.add_note(
+                "(an earlier async_save's error: its handle's wait() was not called, "
+                "so this save raises it and does not run)"
+            )
+            raise err
+
+
+def _lost() -> None:
+    """At exit: say which async saves failed with nobody told (the interpreter waited
+    for their threads first)."""
+    with _lock:
+        every = list(_ALL)
+    for h in (kept.running for kept in every):
+        err = h._untold() if h is not None else None
+        if h is not None and err is not None:
+            where = h.target or "its target"
+            print(f"collio: an async_save to {where} failed and no wait() raised it: "
+                  f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)  # fmt: skip
+
+
+atexit.register(_lost)
 
 
 def _background(comm: MPI.Intracomm) -> _Background:
@@ -208,14 +289,19 @@ def async_save(
     as :func:`save`); the copies are made while the ranks agree on them; the writing,
     checksums and commit run in a background thread.  A copy that fails on some rank
     (no memory) is raised by :meth:`~SaveHandle.wait`, on every rank.
-    A second ``async_save`` on the same communicator first waits for the one running
-    (its error stays with its handle's :meth:`~SaveHandle.wait`).
+    A second ``async_save`` (or :func:`save`) on the same communicator first waits for
+    the one running; its error stays with its handle's :meth:`~SaveHandle.wait`, and if
+    nobody called that, the second raises it (on every rank) instead of saving, so a
+    failed save is never passed over in silence.  Any save, load or
+    :func:`~.load.info` of the same target in this process waits for it too.
+    MPI must run threads fully (``MPI_THREAD_MULTIPLE``, mpi4py's default), or every
+    rank raises :class:`~collio.ModeError`.
     """
     base = MPI.COMM_WORLD if comm is None else comm
+    _threads_agreed(base)
     kept = _background(base)
-    previous = kept.running
-    if previous is not None:
-        concurrent.futures.wait([previous._future])
+    raise_untold(base)
+    settle(target)  # (one of another communicator's ranks writing the same target)
     stage = _Stage(kept.staged)
     kept.staged = {}  # (the copies this save fills are its own until it is done)
     plan = prepare(base, state, metadata, stage, huge=maps_later(target, options))
@@ -225,6 +311,25 @@ def async_save(
     # (early=False: all of the save's I/O in its thread, at the lowest priority)
     job = functools.partial(write, early=False)
     future = _executor().submit(job, kept.dup, target, plan, hints, dict(options))
-    handle = SaveHandle(future, stage.staged)
+    handle = SaveHandle(future, stage.staged, target_key(target))
     kept.running = handle
     return handle
+
+
+def _threads_agreed(comm: MPI.Intracomm) -> None:
+    """Collective: raise the same :class:`~collio.ModeError` on every rank unless MPI
+    runs threads fully on every rank (``MPI_THREAD_MULTIPLE``, mpi4py's default): the
+    save's thread makes collective calls while the job's thread makes its own, which a
+    lower level forbids (MPI may crash or corrupt memory)."""
+    step = Attempt()
+    with step:
+        got = MPI.Query_thread()
+        if got < MPI.THREAD_MULTIPLE:
+            names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                     MPI.THREAD_SERIALIZED: "serialized"}  # fmt: skip
+            raise ModeError(
+                f"async_save needs MPI_THREAD_MULTIPLE (its thread makes MPI calls beside "
+                f"the job's); rank {comm.Get_rank()} runs MPI at thread level "
+                f"{names.get(got, got)} (mpi4py.rc.thread_level): use save()"
+            )
+    agree(comm, step.error, what="async_save")

@@ -21,9 +21,11 @@ from ..hints import Hints
 from ..layouts.arrays import ArrayLayout
 from ..waits import sleep_until_done
 from . import format
+from .asyncsave import settle
 from .chunks import ChunkedReads, Chunks
 from .filemap import Reader, maps
-from .index import Info, info, parse, parse_crc
+from .index import Info, parse, parse_crc
+from .index import info as _info
 from .placed import placed
 from .verify import CHUNK, Checks, Stored, Views, alone, read_checked, uncut, verify, verify_alone
 from .wanted import Wanted
@@ -165,6 +167,14 @@ def _unmapped(hints: Any) -> Any:
     return given.replace(mapped_reads="disable") if given.mapped_reads == "automatic" else given
 
 
+def info(target: Any, **options: Any) -> Info:
+    """Local, no MPI: what the checkpoint at ``target`` holds (a path, or ``s3://``:
+    ranged GETs, ``options`` as :func:`collio.open` takes for S3); after an
+    :func:`~.asyncsave.async_save` of this process still writing it, what that commits."""
+    settle(target)
+    return _info(target, **options)
+
+
 def load(
     target: Any,
     spec: Mapping[str, Any],
@@ -188,6 +198,7 @@ def load(
     before any data is read.
     """
     base = MPI.COMM_WORLD if comm is None else comm
+    settle(target)  # (an async save of this process writing it: what it commits is read)
     given_hints = _unmapped(hints)
     if _local(target, given_hints, options):
         return _load_local(target, spec, base, given_hints, options)
