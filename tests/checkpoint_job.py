@@ -6,7 +6,8 @@ decomposition at this job's size, and the saving decomposition when the size is
 the saver's; each mapped and read into new arrays); ``killed`` (save over PATH, rank
 1 killed inside the write); ``failing`` (save row shards over PATH, which the job's
 last rank, started under ``ulimit -f``, fails to write part of: the save must fail
-alike on every rank).
+alike on every rank); ``threads`` (MPI started below ``MPI_THREAD_MULTIPLE``: async_save
+refused on every rank, save works).
 """
 
 from __future__ import annotations
@@ -71,6 +72,30 @@ def _failing(path: str) -> None:
     assert f"rank {comm.size - 1}" in got[1], got
 
 
+def _threads(path: str) -> None:
+    """MPI below ``MPI_THREAD_MULTIPLE`` (the job's environment sets mpi4py's level):
+    ``async_save``, whose thread would make MPI calls beside the job's, raises the same
+    ModeError on every rank and writes nothing; a blocking save works."""
+    assert MPI.Query_thread() < MPI.THREAD_MULTIPLE, MPI.Query_thread()
+    state = model.rows_state(comm.rank, comm.size)
+    try:
+        ckpt.async_save(path, state)
+    except collio.ModeError as exc:
+        got = (type(exc).__name__, str(exc))
+    else:
+        got = ("no error", "")
+    every = comm.allgather(got)
+    assert got[0] == "ModeError" and "MPI_THREAD_MULTIPLE" in got[1], got
+    assert all(g[0] == got[0] and "MPI_THREAD_MULTIPLE" in g[1] for g in every), every
+    assert not os.path.exists(path)
+    ckpt.save(path, state)
+    spec = model.rows_layouts(comm.rank, comm.size)
+    got = ckpt.load(path, dict(spec))
+    for name, lay in spec.items():
+        want = model.rows_reference(name)[lay.slices]  # type: ignore[attr-defined]
+        assert got[name].tobytes() == want.tobytes(), (comm.rank, name)
+
+
 def main(case: str, path: str) -> None:
     if case == "save":
         ckpt.save(path, model.save_state(comm.rank, comm.size), metadata={"ranks": comm.size})
@@ -93,6 +118,8 @@ def main(case: str, path: str) -> None:
         ckpt.save(path, model.save_state(comm.rank, comm.size))
     elif case == "failing":
         _failing(path)
+    elif case == "threads":
+        _threads(path)
     comm.Barrier()
     if comm.rank == 0:
         print("ok")

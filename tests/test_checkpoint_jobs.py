@@ -17,11 +17,14 @@ JOB = os.path.join(ROOT, "tests", "checkpoint_job.py")
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
 
 
-def _job(n: int, case: str, path: str, limited: int = 0) -> tuple[bool, str]:
+def _job(
+    n: int, case: str, path: str, limited: int = 0, env: dict[str, str] | None = None
+) -> tuple[bool, str]:
     """Whether the job passed (exit 0, and rank 0 printed ``ok`` on a line of its own: a
     word of a traceback is no pass), and its output.  ``limited`` > 0: the job's last
     rank runs under ``ulimit -f limited`` (KiB), set before MPI starts."""
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+           **(env or {})}  # fmt: skip
     if limited:
         py = f"{sys.executable} {JOB} {case} {path}"
         args = ["-n", str(n - 1), sys.executable, JOB, case, path, ":",
@@ -102,4 +105,16 @@ def test_rank_failing_in_its_direct_writes_keeps_the_previous_checkpoint(
     d, base = os.path.split(path)
     assert glob.glob(os.path.join(d, f".{glob.escape(base)}.collio-*.tmp")) == []
     passed, out = _job(3, "load", path)
+    assert passed, out
+
+
+@pytest.mark.parametrize("level", ["funneled", "single"])
+def test_async_save_below_thread_multiple_is_refused_everywhere(
+    tmp_path: object, level: str
+) -> None:
+    """A job whose MPI runs threads at a lower level than ``MPI_THREAD_MULTIPLE``:
+    ``async_save`` raises the same ModeError on every rank instead of making MPI calls
+    from its thread (which crashed such a job), and a blocking save of the state works."""
+    passed, out = _job(3, "threads", str(tmp_path) + "/model.ckpt",
+                       env={"MPI4PY_RC_THREAD_LEVEL": level})  # fmt: skip
     assert passed, out
