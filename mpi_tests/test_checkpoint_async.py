@@ -238,11 +238,14 @@ def test_a_failed_async_save_nobody_waited_for_is_raised_by_the_next_save(
     bad = os.path.join(d, "absent", "model.ckpt")
     good = os.path.join(d, "model.ckpt")
     state = model.rows_state(comm.rank, comm.size)
-    ckpt.async_save(bad, state, comm=comm)  # (its handle dropped)
+    first = ckpt.async_save(bad, state, comm=comm)  # (its wait() never called)
     again = getattr(ckpt, then)
     err = raises_everywhere(comm, collio.CollioError, lambda: again(good, state, comm=comm))
-    assert "absent" in str(err) and "wait() was not called" in "".join(err.__notes__)
+    assert "absent" in str(err) and "wait() had not raised" in "".join(err.__notes__)
     assert not comm.bcast(os.path.exists(good), root=0)  # (that save did not run)
+    # (the handle's own error, unchanged by the later save's note, is still its wait()'s)
+    own = raises_everywhere(comm, type(err), first.wait)
+    assert str(own) == str(err) and not getattr(own, "__notes__", [])
     h = again(good, state, comm=comm)
     if h is not None:
         h.wait()
@@ -252,3 +255,49 @@ def test_a_failed_async_save_nobody_waited_for_is_raised_by_the_next_save(
     raises_everywhere(comm, collio.CollioError, h.wait)
     ckpt.save(good, state, comm=comm)
     assert_rows_load(comm, good)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_failed_async_save_waited_for_on_some_ranks_only_is_raised_on_all(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """A job polls its failed async save and rank 0 alone calls ``wait()`` once
+    ``done()`` says so: the next save raises the error on every rank (before, rank 0
+    went on into the save and waited there for ranks that had raised)."""
+    d = str(comm.bcast(str(mpi_tmp_path), root=0))
+    state = model.rows_state(comm.rank, comm.size)
+    h = ckpt.async_save(os.path.join(d, "absent", "model.ckpt"), state, comm=comm)
+    if comm.rank == 0:
+        while not h.done():
+            threading.Event().wait(0.01)
+        with pytest.raises(collio.CollioError):
+            h.wait()
+    good = os.path.join(d, "model.ckpt")
+    if comm.size > 1:
+        raises_everywhere(comm, collio.CollioError, lambda: ckpt.save(good, state, comm=comm))
+    ckpt.save(good, state, comm=comm)
+    assert_rows_load(comm, good)
+
+
+@pytest.mark.mpi
+def test_an_async_save_of_a_relative_path_writes_where_it_was_called(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """A relative path names the file from the directory of the call, not from wherever
+    the job's working directory is when the save's thread opens it."""
+    d = str(comm.bcast(str(mpi_tmp_path), root=0))
+    if comm.rank == 0:
+        os.makedirs(os.path.join(d, "a"))
+        os.makedirs(os.path.join(d, "b"))
+    comm.Barrier()
+    back = os.getcwd()
+    try:
+        os.chdir(os.path.join(d, "a"))
+        h = ckpt.async_save("model.ckpt", model.rows_state(comm.rank, comm.size), comm=comm)
+        os.chdir(os.path.join(d, "b"))
+        h.wait()
+    finally:
+        os.chdir(back)
+    assert_rows_load(comm, os.path.join(d, "a", "model.ckpt"))
+    assert not os.path.exists(os.path.join(d, "b", "model.ckpt"))

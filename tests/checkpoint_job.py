@@ -7,7 +7,8 @@ the saver's; each mapped and read into new arrays); ``killed`` (save over PATH, 
 1 killed inside the write); ``failing`` (save row shards over PATH, which the job's
 last rank, started under ``ulimit -f``, fails to write part of: the save must fail
 alike on every rank); ``threads`` (MPI started below ``MPI_THREAD_MULTIPLE``: async_save
-refused on every rank, save works).
+refused on every rank, save works); ``untold`` (a failed async save nobody waited
+for, on a communicator freed since: said at exit).
 """
 
 from __future__ import annotations
@@ -120,6 +121,18 @@ def main(case: str, path: str) -> None:
         _failing(path)
     elif case == "threads":
         _threads(path)
+    elif case == "untold":  # (a failed async save, its handle and communicator gone)
+        import gc
+        import time
+
+        dup = comm.Dup()
+        h = ckpt.async_save(os.path.join(path, "absent", "model.ckpt"),
+                            model.rows_state(comm.rank, comm.size), comm=dup)  # fmt: skip
+        while not h.done():  # (over, but nobody told: no wait())
+            time.sleep(0.01)
+        del h
+        dup.Free()
+        gc.collect()
     comm.Barrier()
     if comm.rank == 0:
         print("ok")

@@ -118,3 +118,12 @@ def test_async_save_below_thread_multiple_is_refused_everywhere(
     passed, out = _job(3, "threads", str(tmp_path) + "/model.ckpt",
                        env={"MPI4PY_RC_THREAD_LEVEL": level})  # fmt: skip
     assert passed, out
+
+
+def test_a_failed_async_save_nobody_was_told_of_is_said_at_exit(tmp_path: object) -> None:
+    """An async save that fails, its handle dropped and its communicator freed before
+    the job ends: every rank says so on stderr at exit, naming the target."""
+    passed, out = _job(2, "untold", str(tmp_path))
+    assert passed, out
+    # (the ranks' lines may come through mpiexec run together: counted, not split)
+    assert out.count("absent/model.ckpt failed and no wait() raised it: BackendError") == 2, out

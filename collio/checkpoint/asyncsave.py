@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import copy
 import functools
 import os
 import sys
@@ -39,7 +40,7 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
-from ..collective import Attempt, agree
+from ..collective import Attempt, agree, any_flag
 from ..errors import ModeError
 from .save import maps_later, prepare
 from .state import Entry
@@ -109,6 +110,15 @@ class SaveHandle:
         self.staged = staged
         self.target = target  # (:func:`target_key` of the save's target)
         self._told = False  # (whether its error reached the caller: wait() or a later save)
+        future.add_done_callback(self._ended)
+
+    def _ended(self, future: concurrent.futures.Future[None]) -> None:
+        """(In the save's thread, or at once if it is over:) a failed save waits in
+        :data:`_UNTOLD` until its error is told, held there even if its communicator
+        (and the handle) are gone, for :func:`_lost` at exit."""
+        if future.exception() is not None and not self._told:
+            with _lock:
+                _UNTOLD.add(self)
 
     def done(self) -> bool:
         """Local, never blocks: whether :meth:`wait` would return at once."""
@@ -116,19 +126,19 @@ class SaveHandle:
 
     def wait(self) -> None:
         """Collective over the save's ranks: return once the checkpoint is durable and
-        committed; raise the save's error, the same on every rank (it was agreed there)."""
-        self._told = True
+        committed; raise the save's error, the same on every rank (it was agreed there),
+        also after a later save raised it (:func:`raise_untold`)."""
+        self._tell()
         self._future.result()
 
-    def _untold(self) -> BaseException | None:
-        """Local: the error of a save that ended in one and whose :meth:`wait` nobody
-        called (then marked told: it is raised once)."""
-        if self._told or not self._future.done():
-            return None
-        err = self._future.exception()
-        if err is not None:
-            self._told = True
-        return err
+    def _tell(self) -> None:
+        self._told = True
+        with _lock:
+            _UNTOLD.discard(self)
+
+
+#: Failed async saves whose error no caller has been told of yet (:meth:`SaveHandle._ended`).
+_UNTOLD: set[SaveHandle] = set()
 
 
 def target_key(target: Any) -> str | None:
@@ -166,28 +176,39 @@ def raise_untold(comm: MPI.Intracomm) -> None:
     if _keyval is None:
         return
     kept = comm.Get_attr(_keyval)
-    if isinstance(kept, _Background) and kept.running is not None:
-        concurrent.futures.wait([kept.running._future])
-        err = kept.running._untold()
-        if err is not None:
-            err.add_note(
-                "(an earlier async_save's error: its handle's wait() was not called, "
-                "so this save raises it and does not run)"
-            )
-            raise err
+    if not isinstance(kept, _Background) or kept.running is None:
+        return
+    h = kept.running
+    concurrent.futures.wait([h._future])
+    err = h._future.exception()
+    # (the save failed on every rank alike, so every rank asks here; whether each was
+    # told is its own (a rank may have called wait() after done() said so, another not):
+    # raised on every rank if any was not told)
+    if err is None or not any_flag(comm, not h._told):
+        return
+    h._tell()
+    # (a copy, so that the handle's own error, which its wait() still raises, keeps
+    # its message and notes)
+    again = copy.copy(err)
+    again.__notes__ = [
+        *getattr(err, "__notes__", []),
+        "(an earlier async_save's error, which its handle's wait() had not raised on "
+        "every rank: this save raises it and does not run)",
+    ]
+    raise again from err
 
 
 def _lost() -> None:
     """At exit: say which async saves failed with nobody told (the interpreter waited
     for their threads first)."""
     with _lock:
-        every = list(_ALL)
-    for h in (kept.running for kept in every):
-        err = h._untold() if h is not None else None
-        if h is not None and err is not None:
-            where = h.target or "its target"
-            print(f"collio: an async_save to {where} failed and no wait() raised it: "
-                  f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)  # fmt: skip
+        untold = list(_UNTOLD)
+        _UNTOLD.clear()
+    for h in untold:
+        err = h._future.exception()
+        where = h.target or "its target"
+        print(f"collio: an async_save to {where} failed and no wait() raised it: "
+              f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)  # fmt: skip
 
 
 atexit.register(_lost)
@@ -202,6 +223,7 @@ def _background(comm: MPI.Intracomm) -> _Background:
         kept = comm.Get_attr(_keyval)
     if isinstance(kept, _Background):
         return kept
+    _threads_agreed(comm)  # (once: MPI's thread level cannot change once it runs)
     kept = _Background(comm.Dup())
     comm.Set_attr(_keyval, kept)
     return kept
@@ -298,10 +320,12 @@ def async_save(
     rank raises :class:`~collio.ModeError`.
     """
     base = MPI.COMM_WORLD if comm is None else comm
-    _threads_agreed(base)
     kept = _background(base)
     raise_untold(base)
     settle(target)  # (one of another communicator's ranks writing the same target)
+    # (a path made absolute here: the thread opens it later, maybe after a chdir)
+    key = target_key(target)
+    where = key if key is not None and "://" not in key else target
     stage = _Stage(kept.staged)
     kept.staged = {}  # (the copies this save fills are its own until it is done)
     plan = prepare(base, state, metadata, stage, huge=maps_later(target, options))
@@ -310,8 +334,8 @@ def async_save(
     ready(plan, base.Get_rank())  # (its Python here, not holding the GIL in the thread)
     # (early=False: all of the save's I/O in its thread, at the lowest priority)
     job = functools.partial(write, early=False)
-    future = _executor().submit(job, kept.dup, target, plan, hints, dict(options))
-    handle = SaveHandle(future, stage.staged, target_key(target))
+    future = _executor().submit(job, kept.dup, where, plan, hints, dict(options))
+    handle = SaveHandle(future, stage.staged, key)
     kept.running = handle
     return handle
 
