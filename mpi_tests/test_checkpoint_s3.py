@@ -96,7 +96,8 @@ def test_refused_part_keeps_the_previous_checkpoint(faulty: Any) -> None:
 
 
 @pytest.mark.mpi
-def test_every_decomposition_to_one_object_loads_in_others(server: str) -> None:
+@pytest.mark.parametrize("how", ["save", "async_save"])
+def test_every_decomposition_to_one_object_loads_in_others(server: str, how: str) -> None:
     """The whole test state (row shards, 2-D blocks, block-cyclic, subarrays, replicated)
     to one object: pieces that several ranks interleave are summed by the aggregators
     from the windows they upload (an upload cannot be read back), the index goes after
@@ -105,8 +106,10 @@ def test_every_decomposition_to_one_object_loads_in_others(server: str) -> None:
     target = _target()
     opts = {"endpoint_url": server, "min_part_size": MIN}
     hints = {"cb_buffer_size": 4096}
-    ckpt.save(target, model.save_state(COMM.rank, COMM.size), metadata={"step": 5},
-              hints=hints, **opts)  # fmt: skip
+    h = getattr(ckpt, how)(target, model.save_state(COMM.rank, COMM.size),
+                           metadata={"step": 5}, hints=hints, **opts)  # fmt: skip
+    if h is not None:
+        h.wait()
     meta = ckpt.info(target, endpoint_url=server)
     assert meta.metadata == {"step": 5}
     data, uploads = _object(server, target)
