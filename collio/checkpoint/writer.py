@@ -72,8 +72,10 @@ def _read_back_runs(plan: Plan, rank: int) -> tuple[I64, I64]:
     return file, length
 
 
-def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
-    """Extent table, JSON index and trailer, as stored from ``plan.data_end``."""
+def _index(plan: Plan, crc: npt.NDArray[np.uint32], at: int | None = None, pad: int = 0) -> bytes:
+    """Extent table, JSON index and trailer, as stored from ``at`` (``plan.data_end``);
+    the JSON padded with spaces to ``pad`` bytes where given (a size fixed before the
+    checksums, which the JSON holds one of, are known)."""
     import crc32c
 
     e = plan.entries
@@ -94,8 +96,10 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32]) -> bytes:
         plan.extents.counts(len(e)).tolist(),
     )
     idx = format.Index(arrays, plan.metadata, table)
-    tbytes, doc = idx.to_bytes(plan.data_end)
-    off = plan.data_end + len(tbytes)
+    start = plan.data_end if at is None else at
+    tbytes, doc = idx.to_bytes(start)
+    doc = doc.ljust(pad)  # (JSON allows the spaces after the document)
+    off = start + len(tbytes)
     return tbytes + doc + format.trailer_bytes(off, len(doc), crc32c.crc32c(doc))
 
 
@@ -121,7 +125,9 @@ def write(
     left (without ``early``, no flush is started before that fsync: an async save's,
     whose flush would run in a thread at the job's priority, beside its compute).
     Otherwise (S3: an object's size is fixed by its first write) the checksums come
-    first and the whole checkpoint is one ``write_all_many``.
+    first and the whole checkpoint is one ``write_all_many``; where some pieces are not
+    one range, the aggregators sum those extents from the windows they upload and the
+    index follows in parts of its own (:func:`_uploaded`).
 
     The arrays :func:`direct` allows are written by each rank itself (``disjoint``:
     no exchange, where the backend lets ranks write their own ranges; S3 aggregates
@@ -139,11 +145,20 @@ def write(
         # pieces would otherwise start fdatasyncs on the file's flush thread, at the
         # job's priority)
         opened = _atomic(hints) if early else _atomic(hints).replace(early_flush=False)
+    room = None
+    with step:  # (an object whose pieces are summed as uploaded: its size and parts first)
+        if step.error is None and plan.reads_back:
+            room = _room(plan, target, opened, options)
+            if room is not None:
+                options = room[2]
     if any_flag(comm, step.error is not None, patient=True):  # (before the target is touched)
         raise_agreed(comm, step.error, what="checkpoint.save")
     with _open(target, "w", comm=comm, hints=opened, **_spare(opened, target, options)) as f:
         assert plan.items is not None  # (ready() made them, or raised agreed)
         fast, slow = plan.items
+        if room is not None:
+            _uploaded(f, plan, fast, slow, room[0], room[1])
+            return
         if plan.reads_back:  # before any byte is written
             _check_readable(f)
         if not f.backend.partial_write and not plan.reads_back:
@@ -163,6 +178,138 @@ def write(
             sums = of_pieces(back, lens) if CHECKSUMS else np.zeros(len(lens), np.uint32)
             crcs = np.concatenate([crcs, sums])
         f.write_all(*_tail(f.comm, plan, crcs))
+
+
+def _room(
+    plan: Plan, target: Any, hints: Any, options: dict[str, Any]
+) -> tuple[int, int, dict[str, Any]] | None:
+    """Local, alike on every rank: for a target that cannot be read while written but
+    can take a second call after the data (an S3 object: ``room_after``), where the
+    index goes, the JSON's padded length, and the open's options; None for others."""
+    from ..backends import get_backend, infer_backend
+
+    bcls = get_backend(options.get("backend") or infer_backend(target))
+    room_after = getattr(bcls, "room_after", None)
+    if bcls.partial_write or room_after is None:
+        return None
+    assert plan.extents is not None
+    # (the JSON's length once the checksums are in: at most as long as with zeros and
+    # the extent table's own checksum ten digits longer)
+    table_and_doc = len(_index(plan, np.zeros(len(plan.extents.starts), np.uint32)))
+    pad = table_and_doc - format.TRAILER.size - len(plan.extents.starts) * format.EXTENT.itemsize
+    pad += 10 + 20  # (and the table's offset, as yet unknown, twenty digits at most)
+    tail = len(plan.extents.starts) * format.EXTENT.itemsize + pad + format.TRAILER.size
+    at, opened = room_after(plan.data_end, tail, hints, options)
+    return at, pad, opened
+
+
+def _uploaded(f: Any, plan: Plan, fast: list[Any], slow: list[Any], at: int, pad: int) -> None:
+    """Collective: a save to a target that cannot be read back while it is written (S3),
+    with pieces that are not one range: the data in one call, the aggregators summing
+    the extents that need a read-back from each window they upload (every byte as the
+    target will hold it, by ``f.backend.watch``); the parts' sums gathered and combined
+    into each extent's on rank 0; then the index, in a second call to parts apart."""
+    assert plan.extents is not None
+    x = plan.extents
+    back = np.flatnonzero(x.reader >= 0)
+    lens = x.ends[back] - x.starts[back]
+    file, length, src, within = plan.chunks().runs(plan.offsets[x.aid[back]] + x.starts[back], lens)
+    order = np.argsort(file, kind="stable")
+    runs = (file[order], length[order], src[order], within[order])
+    seen = _Seen(runs)
+    f.backend.watch = seen
+    try:
+        f.write_all_many([*fast, *slow], _disjoint=False)
+    finally:
+        f.backend.watch = None
+    crcs = _sums(f.comm, plan, f.comm.Get_rank())
+    sums = _combined(f.comm, seen, lens)
+    mine = np.flatnonzero(x.reader[back] == f.comm.Get_rank())
+    f.write_all(*_tail(f.comm, plan, np.concatenate([crcs, sums[mine]]), at, pad))
+
+
+class _Seen:
+    """``watch`` of an upload: the CRC-32C of each part of a summed extent in each window
+    (the extent, where the part starts in it, its length, its checksum), kept in order."""
+
+    def __init__(self, runs: tuple[I64, I64, I64, I64]) -> None:
+        self.file, self.length, self.src, self.within = runs
+        self.ends = self.file + self.length
+        self.rows: list[tuple[int, int, int, int]] = []
+        self.error: BaseException | None = None
+
+    def __call__(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
+        import crc32c
+
+        try:
+            lo, hi = offset, offset + len(buf)
+            first = int(np.searchsorted(self.ends, lo, side="right"))
+            last = int(np.searchsorted(self.file, hi, side="left"))
+            view = buf.data
+            # (one sum per extent's part in the window: extents are cut at a grid of
+            # megabytes, so these are few per window)
+            for j in range(first, last):
+                a, b = max(int(self.file[j]), lo), min(int(self.ends[j]), hi)
+                if b > a:
+                    w = int(self.within[j]) + a - int(self.file[j])
+                    got = crc32c.crc32c(view[a - lo : b - lo])
+                    self.rows.append((int(self.src[j]), w, b - a, got))
+        except Exception as exc:  # noqa: BLE001 - agreed after the call
+            self.error = self.error or exc
+
+
+def _combined(comm: MPI.Comm, seen: _Seen, lens: I64) -> npt.NDArray[np.uint32]:
+    """Collective: each summed extent's CRC-32C (every rank gets all of them), from the
+    sums of its parts that every aggregator saw; a range no window held (no rank wrote
+    there: zeros) summed as zeros; errors agreed."""
+    from ..collective import bcast_outcome
+
+    rows = np.array(seen.rows, np.int64).reshape(-1, 4)
+    every = comm.gather((rows, seen.error), root=0) or []
+    got, error = None, None
+    if comm.Get_rank() == 0:
+        step = Attempt()
+        with step:
+            bad = [e for _, e in every if e is not None]
+            if bad:
+                raise bad[0]
+            got = _fold(np.concatenate([r for r, _ in every]), lens)
+        error = step.error
+    return np.asarray(bcast_outcome(comm, got, error, what="checkpoint.save"), np.uint32)
+
+
+def _fold(rows: I64, lens: I64) -> npt.NDArray[np.uint32]:
+    """Each extent's CRC-32C from its parts' ``(extent, start, length, crc)``, the gaps
+    between them zeros: one :func:`~.crc.combine` of all extents at once per part."""
+    import crc32c
+
+    from .crc import combine
+
+    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    ext, start, n = rows[:, 0], rows[:, 1], rows[:, 2]
+    # (the gaps: before each part, after its extent's previous part or the extent's start)
+    prev_end = np.where(np.r_[True, ext[1:] != ext[:-1]], 0, np.r_[0, start[:-1] + n[:-1]])
+    last = np.zeros(len(lens), np.int64)
+    np.maximum.at(last, ext, start + n)
+    tail = np.flatnonzero(last < lens)
+    hole = start > prev_end
+    gaps = list(zip(
+        np.r_[ext[hole], tail].tolist(), np.r_[prev_end[hole], last[tail]].tolist(),
+        np.r_[(start - prev_end)[hole], (lens - last)[tail]].tolist(), strict=True,
+    ))  # fmt: skip
+    if gaps:  # (rare: a range of an extent no rank wrote; a sum of zeros each)
+        zero = [(e, s, m, crc32c.crc32c(bytes(m))) for e, s, m in gaps]
+        rows = np.concatenate([rows, np.array(zero, np.int64).reshape(-1, 4)])
+        rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+        ext, start, n = rows[:, 0], rows[:, 1], rows[:, 2]
+    crc = np.zeros(len(lens), np.uint32)
+    first = np.r_[True, ext[1:] != ext[:-1]]
+    crc[ext[first]] = rows[first, 3].astype(np.uint32)
+    rank_in = np.arange(len(ext)) - np.maximum.accumulate(np.where(first, np.arange(len(ext)), 0))
+    for k in range(1, int(rank_in.max(initial=0)) + 1):  # (parts per extent: a few)
+        at = rank_in == k
+        crc[ext[at]] = combine(crc[ext[at]], rows[at, 3].astype(np.uint32), n[at])
+    return crc
 
 
 def ready(plan: Plan, rank: int) -> None:
@@ -300,8 +447,9 @@ def _check_readable(f: Any) -> None:
 
 
 def _tail(
-    comm: MPI.Comm, plan: Plan, crcs: npt.NDArray[np.uint32]
-) -> tuple[npt.NDArray[np.uint8], Segments]:
+    comm: MPI.Comm, plan: Plan, crcs: npt.NDArray[np.uint32], at: int | None = None,
+    pad: int = 0,
+) -> tuple[npt.NDArray[np.uint8], Segments]:  # fmt: skip
     """Collective: every rank's checksums to rank 0, which makes the index; rank 0's item.
 
     ``crcs`` are this rank's: of the extents it owns, then of those it read back, each
@@ -322,8 +470,8 @@ def _tail(
         return np.zeros(0, np.uint8), Segments([], [])
     crc = np.empty(len(who), np.uint32)
     crc[order] = got
-    tail = np.frombuffer(bytearray(_index(plan, crc)), np.uint8)
-    return tail, Segments([plan.data_end], [len(tail)])
+    tail = np.frombuffer(bytearray(_index(plan, crc, at, pad)), np.uint8)
+    return tail, Segments([plan.data_end if at is None else at], [len(tail)])
 
 
 def _spare(hints: Any, target: Any, options: dict[str, Any]) -> dict[str, Any]:

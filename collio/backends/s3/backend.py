@@ -79,6 +79,10 @@ class S3Backend(Backend):
             self.upload = Multipart(client, t, upload_id, old, self.req, quick)
         self._stream: RangeStream | None = None
         self._read_end = 0
+        #: ``watch(offset, window)``, called by an aggregator with each window it is about
+        #: to upload (every byte as the object will hold it): a checkpoint save sums the
+        #: extents it cannot read back from an upload in progress there
+        self.watch: Any = None
         self._info: dict[str, Any] = {
             "backend": self.name,
             "url": t.url,
@@ -157,6 +161,26 @@ class S3Backend(Backend):
             size=size, alignment=self.alignment, part_size=self.alignment, parts=self.parts.nparts
         )
 
+    @classmethod
+    def room_after(
+        cls, end: int, tail: int, hints: Any, options: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        """Local: where a second ``write_all`` of ``tail`` bytes can go after a first one
+        ending at byte ``end`` (the start of the part after the first call's last one:
+        an uploaded part takes no more bytes), and the open's options that fix the
+        object's size and part size so (the user's part size kept).  Raises what a bad
+        option raises at open."""
+        buffer = min(int(getattr(hints, "cb_buffer_size", 16 << 20)), 1 << 30)
+        opts = S3Options.parse({k: v for k, v in options.items() if k != "size"})
+        part = opts.part_size or opts.plan(end + tail, buffer).part_size
+        at = -(-end // part) * part
+        # (parts grow with the object only past 10,000 of them: planned again for the
+        # size with the gap, and the tail moved on if they did)
+        bigger = opts.part_size or opts.plan(at + tail, buffer).part_size
+        if bigger != part:
+            part, at = bigger, -(-end // bigger) * bigger
+        return at, {**options, "size": at + tail, "part_size": part}
+
     # -- layout hooks -----------------------------------------------------------
     def domain_extent(self, lo: int, hi: int) -> tuple[int, int]:
         """Writes: ``(0, object size)``; reads: the data's own extent.
@@ -204,6 +228,8 @@ class S3Backend(Backend):
     def write_window(self, offset: int, buf: U8, cover: Runs) -> list[int]:
         """Upload the parts of the window that ranks wrote into, concurrently."""
         p, up = self._parts(), self._upload()
+        if self.watch is not None:
+            self.watch(offset, buf)
         parts = p.touched(cover.file, cover.length, offset, offset + len(buf)).tolist()
         sizes = [min(p.part_size, p.size - i * p.part_size) for i in parts]
 
