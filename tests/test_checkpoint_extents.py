@@ -242,3 +242,14 @@ def test_extents_summed_from_the_windows_of_an_upload() -> None:
     got = _fold(np.array(rows, np.int64), lens)
     want = [crc32c.crc32c(d.tobytes()) for d in data]
     assert got.tolist() == want
+
+
+def test_a_range_summed_twice_is_an_error_not_a_wrong_sum() -> None:
+    """Two windows' sums overlapping in one extent cannot make its CRC-32C: ``_fold``
+    raises instead of storing a checksum no load would pass."""
+    from collio.checkpoint.writer import _fold
+    from collio.errors import BackendError
+
+    rows = np.array([(0, 0, 100, 1), (0, 50, 100, 2)], np.int64)
+    with pytest.raises(BackendError, match="summed twice"):
+        _fold(rows, np.array([150], np.int64))

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from ..backends.failures import storage_errors
 from ..collective import Attempt, agree, any_flag, raise_agreed
-from ..errors import LayoutError
+from ..errors import BackendError, LayoutError
 from ..file import open as _open
 from ..layouts.base import Segments
 from ..runs import displacements
@@ -199,8 +199,10 @@ def _room(
     pad = table_and_doc - format.TRAILER.size - len(plan.extents.starts) * format.EXTENT.itemsize
     pad += 10 + 20  # (and the table's offset, as yet unknown, twenty digits at most)
     tail = len(plan.extents.starts) * format.EXTENT.itemsize + pad + format.TRAILER.size
-    at, opened = room_after(plan.data_end, tail, hints, options)
-    return at, pad, opened
+    # (``backend`` is the open's own argument, not one of the backend's options)
+    own = {k: v for k, v in options.items() if k != "backend"}
+    at, sized = room_after(plan.data_end, tail, hints, own)
+    return at, pad, {**options, **sized}
 
 
 def _uploaded(f: Any, plan: Plan, fast: list[Any], slow: list[Any], at: int, pad: int) -> None:
@@ -289,6 +291,12 @@ def _fold(rows: I64, lens: I64) -> npt.NDArray[np.uint32]:
     ext, start, n = rows[:, 0], rows[:, 1], rows[:, 2]
     # (the gaps: before each part, after its extent's previous part or the extent's start)
     prev_end = np.where(np.r_[True, ext[1:] != ext[:-1]], 0, np.r_[0, start[:-1] + n[:-1]])
+    if bool((start < prev_end).any()):  # (a range summed twice: its sum would be wrong)
+        k = int(np.flatnonzero(start < prev_end)[0])
+        raise BackendError(
+            f"checkpoint.save: extent {int(ext[k])} was summed twice around byte "
+            f"{int(start[k])} of it; nothing is committed"
+        )
     last = np.zeros(len(lens), np.int64)
     np.maximum.at(last, ext, start + n)
     tail = np.flatnonzero(last < lens)

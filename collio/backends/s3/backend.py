@@ -168,17 +168,17 @@ class S3Backend(Backend):
         """Local: where a second ``write_all`` of ``tail`` bytes can go after a first one
         ending at byte ``end`` (the start of the part after the first call's last one:
         an uploaded part takes no more bytes), and the open's options that fix the
-        object's size and part size so (the user's part size kept).  Raises what a bad
-        option raises at open."""
+        object's size and part size so (the user's part size kept; a ``size`` given is
+        replaced: the object's is this one).  Raises what a bad option raises at open."""
         buffer = min(int(getattr(hints, "cb_buffer_size", 16 << 20)), 1 << 30)
         opts = S3Options.parse({k: v for k, v in options.items() if k != "size"})
         part = opts.part_size or opts.plan(end + tail, buffer).part_size
         at = -(-end // part) * part
         # (parts grow with the object only past 10,000 of them: planned again for the
-        # size with the gap, and the tail moved on if they did)
-        bigger = opts.part_size or opts.plan(at + tail, buffer).part_size
-        if bigger != part:
+        # size with the gap, the tail moved on, until the part size holds)
+        while not opts.part_size and (bigger := opts.plan(at + tail, buffer).part_size) != part:
             part, at = bigger, -(-end // bigger) * bigger
+        opts.plan(at + tail, buffer)  # (S3's rules for the final size: raised here if broken)
         return at, {**options, "size": at + tail, "part_size": part}
 
     # -- layout hooks -----------------------------------------------------------
