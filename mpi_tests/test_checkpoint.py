@@ -870,3 +870,24 @@ def test_entries_with_layouts_from_mpi_datatypes(comm: MPI.Intracomm, mpi_tmp_pa
     finally:
         sub.Free()
         darr.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("meta", [[1, 2], {1: "one"}, "step 3"])
+def test_metadata_that_is_not_a_json_object_is_refused(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, meta: Any
+) -> None:
+    """Metadata is a JSON object: a list, a string or a key that is not a string (JSON
+    would store it as one, and it would come back other than given) raises the same
+    LayoutError on every rank, also when the last rank alone passes it; nothing saved."""
+    path = _path(comm, mpi_tmp_path)
+    a = np.arange(6.0)
+    for mine in (meta, meta if comm.rank == comm.size - 1 else {"step": 3}):
+
+        def save(m: Any = mine) -> None:
+            ckpt.save(path, {"a": a}, comm=comm, metadata=m)
+
+        raises_everywhere(
+            comm, collio.LayoutError, save, match="metadata must be a mapping with string keys"
+        )
+        assert not comm.bcast(os.path.exists(path), root=0)

@@ -355,9 +355,18 @@ def describe(
 
 
 def check_metadata(metadata: Mapping[str, Any] | None) -> Any:
-    """The user's metadata as it will be stored (JSON values only)."""
+    """The user's metadata as it will be stored: a mapping with string keys (a JSON
+    object, so it comes back as given) of JSON values."""
     if metadata is None:
         return None
+    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
+        from ..errors import LayoutError
+
+        what = (f"keys {sorted(repr(k) for k in metadata if not isinstance(k, str))}"
+                if isinstance(metadata, Mapping) else type(metadata).__name__)  # fmt: skip
+        raise LayoutError(
+            f"checkpoint metadata must be a mapping with string keys (a JSON object), not {what}"
+        )
     try:  # (no NaN or Infinity: Python writes them, but they are not JSON, and the
         # index is read by JSON parsers that refuse them)
         return json.loads(json.dumps(metadata, allow_nan=False))
