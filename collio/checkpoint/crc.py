@@ -19,7 +19,7 @@ import functools
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["combine", "of_pieces"]
+__all__ = ["combine", "fold", "of_pieces"]
 
 U32 = npt.NDArray[np.uint32]
 #: CRC-32C (Castagnoli), reflected
@@ -118,6 +118,22 @@ def combine(crc1: U32, crc2: U32, len2: npt.NDArray[np.int64]) -> U32:
         n = n >> DIGIT
     got: U32 = out.astype(np.uint32) ^ np.asarray(crc2, np.uint32)
     return got
+
+
+def fold(got: U32, lens: npt.NDArray[np.int64], first: npt.NDArray[np.int64],
+         count: npt.NDArray[np.int64]) -> U32:  # fmt: skip
+    """The CRC-32C of each group of consecutive parts: group ``g`` is parts ``first[g]``
+    to ``first[g] + count[g] - 1`` of ``got`` (their CRC-32Cs) and ``lens`` (their
+    lengths), in order; an empty group's is 0, the CRC-32C of nothing.  One
+    :func:`combine` of every group at once per part after the first (groups have few)."""
+    crc = np.zeros(len(first), np.uint32)
+    some = count > 0
+    crc[some] = got[first[some]]
+    for j in range(1, int(count.max(initial=1))):
+        more = count > j
+        at = first[more] + j
+        crc[more] = combine(crc[more], got[at], lens[at])
+    return crc
 
 
 def of_pieces(buf: npt.NDArray[np.uint8], lens: npt.NDArray[np.int64]) -> U32:

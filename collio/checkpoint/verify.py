@@ -20,7 +20,7 @@ from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
 from .chunks import ChunkedReads, Chunks
-from .crc import combine as crc_combine
+from .crc import fold as crc_fold
 from .crc import of_pieces
 from .filemap import Reader
 
@@ -276,11 +276,7 @@ def _check_joined(
     pe, plo, phi, _ = x.part
     first = np.searchsorted(pe, x.joined)
     count = np.diff(np.append(first, len(pe)))
-    crc = got[first]
-    for j in range(1, int(count.max(initial=1))):
-        more = count > j
-        at = first[more] + j
-        crc[more] = crc_combine(crc[more], got[at], phi[at] - plo[at])
+    crc = crc_fold(got, phi - plo, first, count)
     bad[x.aid[x.joined[crc != crcs[x.joined]]]] = True
 
 

@@ -282,10 +282,10 @@ def _combined(comm: MPI.Comm, seen: _Seen, lens: I64) -> npt.NDArray[np.uint32]:
 
 def _fold(rows: I64, lens: I64) -> npt.NDArray[np.uint32]:
     """Each extent's CRC-32C from its parts' ``(extent, start, length, crc)``, the gaps
-    between them zeros: one :func:`~.crc.combine` of all extents at once per part."""
+    between them zeros, folded in order (:func:`~.crc.fold`)."""
     import crc32c
 
-    from .crc import combine
+    from .crc import fold
 
     rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
     ext, start, n = rows[:, 0], rows[:, 1], rows[:, 2]
@@ -310,14 +310,9 @@ def _fold(rows: I64, lens: I64) -> npt.NDArray[np.uint32]:
         rows = np.concatenate([rows, np.array(zero, np.int64).reshape(-1, 4)])
         rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
         ext, start, n = rows[:, 0], rows[:, 1], rows[:, 2]
-    crc = np.zeros(len(lens), np.uint32)
-    first = np.r_[True, ext[1:] != ext[:-1]]
-    crc[ext[first]] = rows[first, 3].astype(np.uint32)
-    rank_in = np.arange(len(ext)) - np.maximum.accumulate(np.where(first, np.arange(len(ext)), 0))
-    for k in range(1, int(rank_in.max(initial=0)) + 1):  # (parts per extent: a few)
-        at = rank_in == k
-        crc[ext[at]] = combine(crc[ext[at]], rows[at, 3].astype(np.uint32), n[at])
-    return crc
+    first = np.searchsorted(ext, np.arange(len(lens)))
+    count = np.diff(np.append(first, len(ext)))
+    return fold(rows[:, 3].astype(np.uint32), n, first, count)
 
 
 def ready(plan: Plan, rank: int) -> None:
