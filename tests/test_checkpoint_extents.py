@@ -73,23 +73,54 @@ def test_direct_needs_one_range_per_rank_and_no_overlap() -> None:
     assert direct(two).tolist() == [True, False]
 
 
-def test_crc_of_two_ranges_from_the_crc_of_each() -> None:
+def _reference(name: str) -> Any:
+    """The CRC of each format's checksum by a library the checkpoint does not use for it
+    (zlib's own CRC-32: the standard one, which zlib-ng's must equal)."""
+    import zlib
+
     import crc32c
 
-    from collio.checkpoint.crc import combine
+    return {"crc32c": crc32c.crc32c, "crc32": zlib.crc32}[name]
 
+
+@pytest.mark.parametrize("name", ["crc32", "crc32c"])
+def test_each_format_version_sums_with_its_standard_crc(name: str) -> None:
+    """Version 3's checksum is zlib's CRC-32 (by zlib-ng), 1 and 2's CRC-32C, going on
+    from a previous value as a load sums a range chunk by chunk."""
+    from collio.checkpoint import crc
+
+    algo = {"crc32": crc.for_version(3), "crc32c": crc.for_version(2)}[name]
+    assert algo.name == name and crc.for_version(1) is crc.CRC32C
+    ref = _reference(name)
+    rng = np.random.default_rng(4)
+    data = rng.integers(0, 256, 300_000, np.uint8)
+    assert algo.of(data) == ref(data.tobytes()) != 0
+    assert algo.of(data[1000:], algo.of(data[:1000])) == ref(data.tobytes())
+    lens = np.array([0, 7, 4096, 295_897], np.int64)
+    cuts = np.r_[0, np.cumsum(lens)]
+    want = [ref(data[a:b].tobytes()) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    assert algo.of_pieces(data, lens).tolist() == want
+
+
+@pytest.mark.parametrize("name", ["crc32", "crc32c"])
+def test_crc_of_two_ranges_from_the_crc_of_each(name: str) -> None:
+    from collio.checkpoint.crc import CRC32, CRC32C, combine
+
+    poly = {"crc32": CRC32, "crc32c": CRC32C}[name].poly
+    ref = _reference(name)
     rng = np.random.default_rng(5)
     lens_a = rng.integers(0, 3000, 40)
     lens_b = np.concatenate([[0, 1, 4096, 1 << 20], rng.integers(0, 70_000, 36)])
     a = [rng.integers(0, 256, n, np.uint8).tobytes() for n in lens_a]
     b = [rng.integers(0, 256, n, np.uint8).tobytes() for n in lens_b]
-    ca = np.array([crc32c.crc32c(x) for x in a], np.uint32)
-    cb = np.array([crc32c.crc32c(x) for x in b], np.uint32)
-    got = combine(ca, cb, lens_b.astype(np.int64))
-    assert got.tolist() == [crc32c.crc32c(x + y) for x, y in zip(a, b, strict=True)]
+    ca = np.array([ref(x) for x in a], np.uint32)
+    cb = np.array([ref(x) for x in b], np.uint32)
+    got = combine(ca, cb, lens_b.astype(np.int64), poly)
+    assert got.tolist() == [ref(x + y) for x, y in zip(a, b, strict=True)]
 
 
-def test_crc_combine_by_digit_as_by_bit() -> None:
+@pytest.mark.parametrize("poly", [0x82F63B78, 0xEDB88320])
+def test_crc_combine_by_digit_as_by_bit(poly: int) -> None:
     """combine's advance a hexadecimal digit of the length at a time is the advance a
     bit at a time, for every length up to 2**48 (each digit value, the longest)."""
     from collio.checkpoint import crc
@@ -101,11 +132,11 @@ def test_crc_combine_by_digit_as_by_bit() -> None:
     ]).astype(np.int64)  # fmt: skip
     c1 = rng.integers(0, 1 << 32, len(lens), np.uint64).astype(np.uint32)
     c2 = rng.integers(0, 1 << 32, len(lens), np.uint64).astype(np.uint32)
-    tabs, want = crc._tables(), c1.copy()
+    tabs, want = crc._tables(poly), c1.copy()
     for k in range(crc.BITS):
         sel = ((lens >> k) & 1).astype(bool)
         want[sel] = crc._advance(tabs[k], want[sel])
-    assert crc.combine(c1, c2, lens).tolist() == (want ^ c2).tolist()
+    assert crc.combine(c1, c2, lens, poly).tolist() == (want ^ c2).tolist()
 
 
 def test_parts_of_extents_across_piece_edges() -> None:
@@ -185,6 +216,7 @@ def test_uncut_answers_as_the_plan_alone() -> None:
     """verify.uncut (the search of a rank's piece edges among the extents) says what
     verify.alone says from the rank's whole plan: every piece one range, no extent cut,
     empty pieces and pieces not at the start of their array included."""
+    from collio.checkpoint.crc import CRC32
     from collio.checkpoint.verify import Stored, alone, uncut
 
     rng = np.random.default_rng(11)
@@ -201,7 +233,8 @@ def test_uncut_answers_as_the_plan_alone() -> None:
                 aid += [a] * len(cuts)
         st_, aid_ = np.array(starts, np.int64), np.array(aid, np.int64)
         ends = extents.ends_of(st_, aid_, nbytes)
-        st = Stored(st_, np.zeros(len(st_), np.uint32), aid_, nbytes, offsets, None)  # type: ignore[arg-type]
+        none: Any = None  # (no chunks: uncut does not read)
+        st = Stored(st_, np.zeros(len(st_), np.uint32), aid_, nbytes, offsets, none, CRC32)
         spans = np.zeros((na, 4), np.int64)
         for a in range(na):
             lo = int(rng.integers(0, nbytes[a] + 1))
@@ -217,13 +250,16 @@ def test_uncut_answers_as_the_plan_alone() -> None:
     assert seen == {True, False}
 
 
-def test_extents_summed_from_the_windows_of_an_upload() -> None:
-    """``writer._fold``: each extent's CRC-32C from the sums of its parts as windows of
+@pytest.mark.parametrize("name", ["crc32", "crc32c"])
+def test_extents_summed_from_the_windows_of_an_upload(name: str) -> None:
+    """``writer._fold``: each extent's checksum from the sums of its parts as windows of
     an upload cut them (in any order, several per extent), the ranges no window held
-    (no rank wrote there) summed as zeros, the same as the CRC-32C of the whole."""
-    import crc32c
-
+    (no rank wrote there) summed as zeros, the same as the checksum of the whole."""
+    from collio.checkpoint.crc import CRC32, CRC32C
     from collio.checkpoint.writer import _fold
+
+    algo = {"crc32": CRC32, "crc32c": CRC32C}[name]
+    ref = _reference(name)
 
     rng = np.random.default_rng(5)
     lens = np.array([1000, 4096, 7, 3000], np.int64)
@@ -236,20 +272,21 @@ def test_extents_summed_from_the_windows_of_an_upload() -> None:
             if (k, a) == (1, 1000):
                 data[1][a:b] = 0
                 continue
-            rows.append((k, a, b - a, crc32c.crc32c(data[k][a:b].tobytes())))
+            rows.append((k, a, b - a, ref(data[k][a:b].tobytes())))
     data[3][2999:] = 0
     rows = [rows[i] for i in rng.permutation(len(rows))]
-    got = _fold(np.array(rows, np.int64), lens)
-    want = [crc32c.crc32c(d.tobytes()) for d in data]
+    got = _fold(np.array(rows, np.int64), lens, algo)
+    want = [ref(d.tobytes()) for d in data]
     assert got.tolist() == want
 
 
 def test_a_range_summed_twice_is_an_error_not_a_wrong_sum() -> None:
-    """Two windows' sums overlapping in one extent cannot make its CRC-32C: ``_fold``
+    """Two windows' sums overlapping in one extent cannot make its checksum: ``_fold``
     raises instead of storing a checksum no load would pass."""
+    from collio.checkpoint.crc import CRC32
     from collio.checkpoint.writer import _fold
     from collio.errors import BackendError
 
     rows = np.array([(0, 0, 100, 1), (0, 50, 100, 2)], np.int64)
     with pytest.raises(BackendError, match="summed twice"):
-        _fold(rows, np.array([150], np.int64))
+        _fold(rows, np.array([150], np.int64), CRC32)

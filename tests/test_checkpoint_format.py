@@ -53,7 +53,7 @@ def test_span_by_arithmetic_matches_the_runs(lay: layouts.Subarray) -> None:
 
 def test_trailer_refuses_what_is_not_a_checkpoint() -> None:
     raw = format.trailer_bytes(5000, 100, 7)
-    assert format.parse_trailer(raw, 5164, "x") == (5000, 100, 7)
+    assert format.parse_trailer(raw, 5164, "x") == (5000, 100, 7, format.VERSION)
     with pytest.raises(ChecksumError, match="does not end"):
         format.parse_trailer(raw, 5165, "x")
     with pytest.raises(ChecksumError, match="no checkpoint trailer"):

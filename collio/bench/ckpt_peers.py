@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import layouts
+from ..checkpoint.writer import algo
 from ..layouts.arrays import ArrayLayout
 
 __all__ = ["ceiling_map", "ceiling_read", "ceiling_write", "empty_piece", "model_spec",
@@ -182,14 +183,13 @@ def ceiling_read(path: str, buf: Any, total: int, comm: MPI.Intracomm) -> int:
 def ceiling_read_crc(
     path: str, buf: np.ndarray[Any, Any], total: int, comm: MPI.Intracomm, chunk: int = 0
 ) -> int:
-    """:func:`ceiling_read` into touched memory, verified as a load must: the crc32c of the
-    bytes read, after the one ``preadv``, or (``chunk``) of each ``chunk`` bytes right
-    after their own read, while they are in the cache (what a load does)."""
-    import crc32c
-
+    """:func:`ceiling_read` into touched memory, verified as a load must: the checksum (a
+    save's) of the bytes read, after the one ``preadv``, or (``chunk``) of each ``chunk``
+    bytes right after their own read, while they are in the cache (what a load does)."""
+    fn = algo().fn
     if not chunk:
         ceiling_read(path, buf, total, comm)
-        return int(crc32c.crc32c(buf.data))
+        return int(fn(buf.data))
     off, n = share(total, comm)
     fd = os.open(path, os.O_RDONLY)
     view, crc = buf.data, 0
@@ -197,19 +197,17 @@ def ceiling_read_crc(
         for a in range(0, n, chunk):
             part = view[a : min(a + chunk, n)]
             os.preadv(fd, [part], off + a)
-            crc = crc32c.crc32c(part, crc)
+            crc = fn(part, crc)
     finally:
         os.close(fd)
     return crc
 
 
 def ceiling_map(path: str, total: int, comm: MPI.Intracomm) -> int:
-    """Each rank's share of the ceiling's file privately mapped and its crc32c taken, the
+    """Each rank's share of the ceiling's file privately mapped and its checksum taken, the
     least a load that returns mapped arrays does (its checksum pass faults every page in);
     the map is gone when this returns."""
     import mmap
-
-    import crc32c
 
     off, n = share(total, comm)
     if n == 0:
@@ -221,6 +219,6 @@ def ceiling_map(path: str, total: int, comm: MPI.Intracomm) -> int:
     finally:
         os.close(fd)
     with memoryview(m) as view:
-        crc = int(crc32c.crc32c(view[off - base :]))
+        crc = int(algo().of(view[off - base :]))
     m.close()
     return crc

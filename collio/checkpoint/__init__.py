@@ -8,7 +8,7 @@ Each saving rank's pieces of row-sharded (and replicated) arrays are stored one 
 another in its own region of the file, so a save is one range written per rank; other
 arrays are stored whole.  The index maps every array's bytes to the file, so a load at
 any rank count reads the ranges it needs, and :func:`info` or a one-rank load needs no MPI.
-Every extent has a crc32c checksum, verified at every load.  A save commits as a
+Every extent has a CRC-32 checksum, verified at every load.  A save commits as a
 whole (a temporary renamed, one multipart upload completed) once every rank agreed.
 The format is in docs/checkpoint-format.md.
 """

@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from ..errors import ChecksumError
 from ..runs import displacements
+from .crc import Algo, for_version
 
 if TYPE_CHECKING:
     from .chunks import Chunks
@@ -41,9 +42,11 @@ __all__ = [
     "trailer_bytes",
 ]
 
-VERSION = 2
+#: the version a save writes: 3 sums with CRC-32 where 2 summed with CRC-32C (see
+#: :mod:`.crc`); its bytes are laid out as 2's
+VERSION = 3
 #: the versions a reader reads (1: every array stored whole, one chunk each)
-READS = (1, 2)
+READS = (1, 2, 3)
 MAGIC = b"COLLIOCK"
 #: Arrays and small pieces start on this boundary: page-aligned, so they can be
 #: memory-mapped and read with O_DIRECT, and one array's extents never share a
@@ -69,10 +72,10 @@ HUGE_PAGE = 2 << 20
 PLACE_MIN = HUGE_PAGE
 #: magic, version, reserved
 HEADER = struct.Struct("<8sI52x")
-#: magic, version, index offset, index length, crc32c of the index, reserved, magic
+#: magic, version, index offset, index length, checksum of the index, reserved, magic
 TRAILER = struct.Struct("<8sIQQI24x8s")
 I64 = npt.NDArray[np.int64]
-#: one row of the extent table: start within the array (bytes), crc32c of the extent,
+#: one row of the extent table: start within the array (bytes), checksum of the extent,
 #: file offset of its first byte (the extent is one range of the file)
 EXTENT = np.dtype([("start", "<u8"), ("crc", "<u4"), ("file", "<u8")])
 #: version 1's rows: every array stored whole, each extent at the array's offset + start
@@ -83,12 +86,16 @@ def header_bytes() -> bytes:
     return HEADER.pack(MAGIC, VERSION)
 
 
-def trailer_bytes(index_offset: int, index_length: int, index_crc: int) -> bytes:
-    return TRAILER.pack(MAGIC, VERSION, index_offset, index_length, index_crc, MAGIC)
+def trailer_bytes(
+    index_offset: int, index_length: int, index_crc: int, version: int | None = None
+) -> bytes:
+    v = VERSION if version is None else version
+    return TRAILER.pack(MAGIC, v, index_offset, index_length, index_crc, MAGIC)
 
 
-def parse_trailer(raw: bytes, size: int, where: str) -> tuple[int, int, int]:
-    """(index offset, length, crc) from the last bytes of a target of ``size`` bytes."""
+def parse_trailer(raw: bytes, size: int, where: str) -> tuple[int, int, int, int]:
+    """(index offset, length, checksum, format version) from the last bytes of a target
+    of ``size`` bytes."""
     if size < DATA_START + TRAILER.size or len(raw) != TRAILER.size:
         raise ChecksumError(f"{where}: {size} bytes is too short for a checkpoint (truncated?)")
     magic, version, off, length, crc, end = TRAILER.unpack(raw)
@@ -100,7 +107,7 @@ def parse_trailer(raw: bytes, size: int, where: str) -> tuple[int, int, int]:
         )
     if off + length + TRAILER.size != size:
         raise ChecksumError(f"{where}: index at {off}+{length} does not end at size {size}")
-    return int(off), int(length), int(crc)
+    return int(off), int(length), int(crc), int(version)
 
 
 def aligned(n: int) -> int:
@@ -195,14 +202,17 @@ def dtype_of(descr: Any) -> np.dtype[Any]:
 class Index:
     """What a checkpoint holds: arrays (shape, dtype, order, offset, extents) and metadata."""
 
-    __slots__ = ("arrays", "metadata", "table", "_dtypes")
+    __slots__ = ("arrays", "metadata", "table", "version", "_dtypes")
 
     def __init__(
-        self, arrays: dict[str, dict[str, Any]], metadata: Any, table: npt.NDArray[Any]
-    ) -> None:
+        self, arrays: dict[str, dict[str, Any]], metadata: Any, table: npt.NDArray[Any],
+        version: int | None = None,
+    ) -> None:  # fmt: skip
         self.arrays = arrays
         self.metadata = metadata
         self.table = table
+        #: the format version it was read from (a save's: :data:`VERSION`)
+        self.version = VERSION if version is None else version
         self._dtypes: dict[str, np.dtype[Any]] = {}  # (by descriptor: a few kinds in all)
 
     def extents(self, name: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint32]]:
@@ -210,6 +220,11 @@ class Index:
         first, count = self.arrays[name]["extents"]
         rows = self.table[first : first + count]
         return rows["start"].astype(np.int64), rows["crc"].astype(np.uint32)
+
+    @property
+    def algo(self) -> Algo:
+        """The checksum of its extents, table and index (:func:`~.crc.for_version`)."""
+        return for_version(self.version)
 
     def dtype(self, name: str) -> np.dtype[Any]:
         descr = self.arrays[name]["dtype"]
@@ -264,34 +279,41 @@ class Index:
         return starts, got["crc"].astype(np.uint32), aid, nbytes, voffs, chunks
 
     def to_bytes(self, table_offset: int) -> tuple[bytes, bytes]:
-        """(extent table, JSON index) as stored: the table at ``table_offset``, then the JSON."""
-        import crc32c
-
+        """(extent table, JSON index) as stored: the table at ``table_offset``, then the JSON
+        (the table's checksum under the checksum's name: ``crc32``, ``crc32c`` before 3)."""
+        algo = self.algo
         table = np.ascontiguousarray(self.table, EXTENT).tobytes()
         doc = {
             "format": "collio-checkpoint",
-            "version": VERSION,
+            "version": self.version,
             "arrays": self.arrays,
             "extent_table": {
                 "offset": table_offset,
                 "count": len(self.table),
-                "crc32c": crc32c.crc32c(table),
+                algo.name: algo.of(table),
             },
             "metadata": self.metadata,
         }
         return table, json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any], table: bytes, where: str) -> Index:
-        """The index of the parsed JSON document ``doc`` and its extent table's bytes."""
-        import crc32c
-
+    def from_doc(
+        cls, doc: Mapping[str, Any], table: bytes, where: str, version: int | None = None
+    ) -> Index:
+        """The index of the parsed JSON document ``doc`` and its extent table's bytes
+        (``version``: the trailer's, which the document's must be)."""
+        got = doc.get("version", 1)
+        if got not in READS or (version is not None and got != version):
+            raise ChecksumError(
+                f"{where}: checkpoint format version {got!r} in the index, {version} in the trailer"
+            )
+        version = int(got)
+        algo = for_version(version)
         spec = doc["extent_table"]
-        if crc32c.crc32c(table) != spec["crc32c"]:
+        if algo.of(table) != spec[algo.name]:
             raise ChecksumError(f"{where}: the extent table's checksum differs")
-        if doc.get("version", 1) != 1:
-            return cls(doc["arrays"], doc.get("metadata"), np.frombuffer(table, EXTENT))
-        return cls(doc["arrays"], doc.get("metadata"), _from_v1(doc["arrays"], table))
+        rows = np.frombuffer(table, EXTENT) if version != 1 else _from_v1(doc["arrays"], table)
+        return cls(doc["arrays"], doc.get("metadata"), rows, version)
 
     @staticmethod
     def table_span(doc: Mapping[str, Any]) -> tuple[int, int]:

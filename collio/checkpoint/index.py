@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import ChecksumError
 from . import format
+from .crc import for_version
 
 __all__ = ["Info", "info", "parse", "parse_crc"]
 
@@ -67,19 +68,17 @@ def parse(read: Any, size: int, where: str) -> format.Index:
 
 def parse_crc(read: Any, size: int, where: str) -> tuple[format.Index, int]:
     """:func:`parse`, and the index's checksum (as the trailer gives it)."""
-    import crc32c
-
     tail = format.TRAILER.size
-    off, length, crc = format.parse_trailer(
+    off, length, crc, version = format.parse_trailer(
         read(size - tail, tail) if size >= tail else b"", size, where
     )
     doc = read(off, length)
-    if crc32c.crc32c(doc) != crc:
+    if for_version(version).of(doc) != crc:
         raise ChecksumError(f"{where}: the index's checksum differs")
     try:
         parsed = json.loads(doc)  # (once: the table's place and the arrays are both in it)
         toff, tlen = format.Index.table_span(parsed)
-        return format.Index.from_doc(parsed, read(toff, tlen), where), crc
+        return format.Index.from_doc(parsed, read(toff, tlen), where, version), crc
     except (ValueError, KeyError, TypeError) as exc:
         raise ChecksumError(f"{where}: unreadable index: {exc}") from None
 

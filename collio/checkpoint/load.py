@@ -228,7 +228,7 @@ def _read_verified(
     differ (the same on every rank).  ``st``: the index's extents of the arrays read."""
     x, crcs, offs, chunks = st.plan(every), st.crcs, st.offs, st.chunks
     rank = comm.Get_rank()
-    checks = Checks(x, rank)
+    checks = Checks(x, rank, st.algo)
     cbe = None if be is None else ChunkedReads(be, chunks)
     error = _read(f, cbe, rank, got.wanted, got.arrays, offs, every, checks, got.mapped, chunks)
     return verify(comm, f, cbe, checks, crcs, offs, len(got.wanted), error, chunks)
@@ -306,7 +306,7 @@ def _load_local(
             setup = (path, repr(parsed))
             head = _Head(index_crc=crc, names=digest(got.names), setup=digest(setup), alone=solo)
             if _agree_local(comm, (priv.files + 1, path), step.error, head, got.names, setup):
-                checks = Checks(x, comm.Get_rank())  # (this rank's spans: row 0 of its own)
+                checks = Checks(x, comm.Get_rank(), st.algo)  # (this rank's spans: its row 0)
                 cbe = ChunkedReads(reader, st.chunks)
                 error = _read(None, cbe, 0, got.wanted, got.arrays, st.offs, got.spans[None],
                               checks, got.mapped, st.chunks)  # fmt: skip

@@ -20,8 +20,7 @@ from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
 from .chunks import ChunkedReads, Chunks
-from .crc import fold as crc_fold
-from .crc import of_pieces
+from .crc import Algo
 from .filemap import Reader
 
 __all__ = ["CHUNK", "Checks", "Stored", "Views", "alone", "read_checked", "segments",
@@ -34,10 +33,12 @@ class Checks:
     """What this rank checksums at a load, planned before any byte is read: the extents
     its pieces hold whole (``own``: rows of the plan) and its parts of the extents held
     by several ranks (``mine``: rows of ``plan.part``), as (array, lo, hi) within the
-    array; their checksums fill ``sums`` (``own``'s first) as the bytes pass by."""
+    array; their checksums (by ``algo``, the file's) fill ``sums`` (``own``'s first) as
+    the bytes pass by."""
 
-    def __init__(self, plan: extents.Plan, rank: int) -> None:
+    def __init__(self, plan: extents.Plan, rank: int, algo: Algo) -> None:
         self.plan = plan
+        self.algo = algo
         self.own = np.flatnonzero(plan.owner == rank)
         pe, plo, phi, prk = plan.part
         self.mine = np.flatnonzero(prk == rank)
@@ -49,15 +50,14 @@ class Checks:
 
     def from_memory(self, views: Views) -> None:
         """The checksums of the ranges not summed yet, from this rank's pieces."""
-        import crc32c
-
+        fn = self.algo.fn
         todo = np.flatnonzero(~self.done)
         aid = self.aid[todo]
         first = views.lo[aid]
         rows = zip(aid.tolist(), (self.lo[todo] - first).tolist(),
                    (self.hi[todo] - first).tolist(), strict=True)  # fmt: skip
         # (a memoryview's slice: a tenth of a numpy view's making)
-        sums = [crc32c.crc32c(views[k][a:b]) for k, a, b in rows]
+        sums = [fn(views[k][a:b]) for k, a, b in rows]
         self.sums[todo] = sums
         self.done[todo] = True
 
@@ -129,8 +129,7 @@ def read_checked(
     """Local: this rank's pieces of ``arrays`` (each one range of its array: ``mine``'s
     (lo, hi) rows, relative to the array at ``offs``), each straight into its array by
     the backend, the checked ranges in them summed as they are read."""
-    import crc32c
-
+    fn = checks.algo.fn
     sel = arrays[mine[arrays, 1] > mine[arrays, 0]]
     plo, phi = offs[sel] + mine[sel, 0], offs[sel] + mine[sel, 1]
     order = np.argsort(plo, kind="stable")
@@ -162,7 +161,7 @@ def read_checked(
             if fd < 0 or preadv(fd, [buf], o) < m:
                 raw.read_at(o, np.frombuffer(buf, np.uint8))
             if j >= 0:
-                sums[j] = crc32c.crc32c(buf, sums[j])
+                sums[j] = fn(buf, sums[j])
     checks.sums[:] = sums
     checks.done[todo] = True
 
@@ -194,7 +193,7 @@ def verify(
     if bool((x.reader >= 0).any()):  # (the same on every rank: every rank plans alike)
         step = Attempt()  # (this rank's own reads fail alone: agreed below)
         with step:
-            _check_back(f, be, x, np.flatnonzero(x.reader == rank), crcs, offs, bad, chunks)
+            _check_back(f, be, checks, np.flatnonzero(x.reader == rank), crcs, offs, bad, chunks)
         error = error or step.error
     pe = x.part[0]
     vec = np.zeros(len(pe) + narrays + 1, np.uint32)
@@ -206,19 +205,20 @@ def verify(
         raise_agreed(comm, error, what="checkpoint.load")
     bad = vec[len(pe) : len(pe) + narrays].astype(bool)
     if len(x.joined):
-        _check_joined(x, vec[: len(pe)], crcs, bad)
+        _check_joined(checks, vec[: len(pe)], crcs, bad)
     return bad
 
 
 def _check_back(
-    f: File | None, be: Any, x: extents.Plan, rd: I64, crcs: npt.NDArray[np.uint32], offs: I64,
+    f: File | None, be: Any, checks: Checks, rd: I64, crcs: npt.NDArray[np.uint32], offs: I64,
     bad: npt.NDArray[np.bool_], chunks: Chunks,
 ) -> None:  # fmt: skip
-    """The extents ``rd`` of ``x`` read back (:func:`_read_back`) and their checksums
-    compared: the arrays of those that differ marked in ``bad``."""
+    """The extents ``rd`` of the checks' plan read back (:func:`_read_back`) and their
+    checksums compared: the arrays of those that differ marked in ``bad``."""
+    x = checks.plan
     lens = x.ends[rd] - x.starts[rd]
     got = _read_back(f, be, offs[x.aid[rd]] + x.starts[rd], lens, chunks)
-    bad[x.aid[rd[of_pieces(got, lens) != crcs[rd]]]] = True
+    bad[x.aid[rd[checks.algo.of_pieces(got, lens) != crcs[rd]]]] = True
 
 
 def _read_back(
@@ -252,11 +252,13 @@ class Stored:
     nbytes: I64
     offs: I64
     chunks: Chunks
+    #: the file's checksum
+    algo: Algo
 
     @classmethod
     def of(cls, index: format.Index, wanted: list[tuple[str, ArrayLayout]]) -> Stored:
         # (the index's sizes: each array's shape and dtype were checked against it)
-        return cls(*index.stored([name for name, _ in wanted]))
+        return cls(*index.stored([name for name, _ in wanted]), index.algo)
 
     def plan(self, every: I64, *, join: bool = True) -> extents.Plan:
         """Who checks each extent, from the pieces' spans ``every`` ``(rank, array)``;
@@ -266,17 +268,18 @@ class Stored:
 
 
 def _check_joined(
-    x: extents.Plan,
+    checks: Checks,
     got: npt.NDArray[np.uint32],
     crcs: npt.NDArray[np.uint32],
     bad: npt.NDArray[np.bool_],
 ) -> None:
     """The extents held by several ranks' pieces, from their parts' checksums (``got``,
     every rank's, combined on every rank alike); marks ``bad``."""
+    x = checks.plan
     pe, plo, phi, _ = x.part
     first = np.searchsorted(pe, x.joined)
     count = np.diff(np.append(first, len(pe)))
-    crc = crc_fold(got, phi - plo, first, count)
+    crc = checks.algo.fold(got, phi - plo, first, count)
     bad[x.aid[x.joined[crc != crcs[x.joined]]]] = True
 
 
@@ -339,7 +342,7 @@ def verify_alone(
     rd = np.flatnonzero(extents.deal_all(left, comm.Get_size()) == comm.Get_rank())
     step = Attempt()
     with step:
-        _check_back(None, be, x, rd, crcs, offs, bad, chunks)
+        _check_back(None, be, checks, rd, crcs, offs, bad, chunks)
     more = np.concatenate([[step.error is not None], bad]).astype(np.uint32)
     sleep_until_done(comm.Iallreduce(MPI.IN_PLACE, [more, MPI.UINT32_T], op=MPI.BOR))
     if more[0]:

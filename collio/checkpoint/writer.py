@@ -17,11 +17,17 @@ from ..layouts.base import Segments
 from ..runs import displacements
 from ..waits import sleep_until_done
 from . import format
-from .crc import of_pieces
+from .crc import Algo, for_version
 from .save import I64, Plan
 from .save import at as at_
 
 __all__ = ["ready", "write"]
+
+
+def algo() -> Algo:
+    """The checksum a save writes: its format version's."""
+    return for_version(format.VERSION)
+
 
 #: Whether a save sums its extents.  Off only in the benchmark, which measures what the
 #: checksums cost a save by a save without them (a file saved so fails every load).
@@ -31,14 +37,13 @@ CHECKSUMS = True
 def _crc_owned(plan: Plan, rank: int) -> npt.NDArray[np.uint32]:
     """Checksums of the extents this rank's pieces cover, from its memory, in extent order
     (one library call per extent, each releasing the GIL while it sums)."""
-    import crc32c
-
     assert plan.extents is not None
     x = plan.extents
     mine = np.flatnonzero(x.owner == rank)
     if not CHECKSUMS:
         return np.zeros(len(mine), np.uint32)
     got = np.empty(len(mine), np.uint32)
+    fn = algo().fn
     views: dict[int, tuple[memoryview, int]] = {}
     rows = zip(x.aid[mine].tolist(), x.starts[mine].tolist(), x.ends[mine].tolist(), strict=True)
     for i, (k, a, b) in enumerate(rows):
@@ -46,7 +51,7 @@ def _crc_owned(plan: Plan, rank: int) -> npt.NDArray[np.uint32]:
             e = plan.entries[k]
             views[k] = (e.raw().data, int(plan.spans[rank, k, 0]))
         buf, lo = views[k]
-        got[i] = crc32c.crc32c(buf[a - lo : b - lo])
+        got[i] = fn(buf[a - lo : b - lo])
     return got
 
 
@@ -76,8 +81,6 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32], at: int | None = None, pad: 
     """Extent table, JSON index and trailer, as stored from ``at`` (``plan.data_end``);
     the JSON padded with spaces to ``pad`` bytes where given (a size fixed before the
     checksums, which the JSON holds one of, are known)."""
-    import crc32c
-
     e = plan.entries
     assert plan.extents is not None
     table = np.zeros(len(plan.extents.starts), format.EXTENT)
@@ -100,7 +103,7 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32], at: int | None = None, pad: 
     tbytes, doc = idx.to_bytes(start)
     doc = doc.ljust(pad)  # (JSON allows the spaces after the document)
     off = start + len(tbytes)
-    return tbytes + doc + format.trailer_bytes(off, len(doc), crc32c.crc32c(doc))
+    return tbytes + doc + format.trailer_bytes(off, len(doc), idx.algo.of(doc), idx.version)
 
 
 def write(
@@ -175,7 +178,7 @@ def write(
         if plan.reads_back:
             offs, lens = _read_back_runs(plan, rank)
             back = f.read_all(Segments(offs, lens))
-            sums = of_pieces(back, lens) if CHECKSUMS else np.zeros(len(lens), np.uint32)
+            sums = algo().of_pieces(back, lens) if CHECKSUMS else np.zeros(len(lens), np.uint32)
             crcs = np.concatenate([crcs, sums])
         f.write_all(*_tail(f.comm, plan, crcs))
 
@@ -231,7 +234,7 @@ def _uploaded(f: Any, plan: Plan, fast: list[Any], slow: list[Any], at: int, pad
 
 
 class _Seen:
-    """``watch`` of an upload: the CRC-32C of each part of a summed extent in each window
+    """``watch`` of an upload: the checksum of each part of a summed extent in each window
     (the extent, where the part starts in it, its length, its checksum), kept in order."""
 
     def __init__(self, runs: tuple[I64, I64, I64, I64]) -> None:
@@ -239,10 +242,9 @@ class _Seen:
         self.ends = self.file + self.length
         self.rows: list[tuple[int, int, int, int]] = []
         self.error: BaseException | None = None
+        self.fn = algo().fn
 
     def __call__(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
-        import crc32c
-
         try:
             lo, hi = offset, offset + len(buf)
             first = int(np.searchsorted(self.ends, lo, side="right"))
@@ -254,14 +256,14 @@ class _Seen:
                 a, b = max(int(self.file[j]), lo), min(int(self.ends[j]), hi)
                 if b > a:
                     w = int(self.within[j]) + a - int(self.file[j])
-                    got = crc32c.crc32c(view[a - lo : b - lo])
+                    got = self.fn(view[a - lo : b - lo])
                     self.rows.append((int(self.src[j]), w, b - a, got))
         except Exception as exc:  # noqa: BLE001 - agreed after the call
             self.error = self.error or exc
 
 
 def _combined(comm: MPI.Comm, seen: _Seen, lens: I64) -> npt.NDArray[np.uint32]:
-    """Collective: each summed extent's CRC-32C (every rank gets all of them), from the
+    """Collective: each summed extent's checksum (every rank gets all of them), from the
     sums of its parts that every aggregator saw; a range no window held (no rank wrote
     there: zeros) summed as zeros; errors agreed."""
     from ..collective import bcast_outcome
@@ -275,18 +277,14 @@ def _combined(comm: MPI.Comm, seen: _Seen, lens: I64) -> npt.NDArray[np.uint32]:
             bad = [e for _, e in every if e is not None]
             if bad:
                 raise bad[0]
-            got = _fold(np.concatenate([r for r, _ in every]), lens)
+            got = _fold(np.concatenate([r for r, _ in every]), lens, algo())
         error = step.error
     return np.asarray(bcast_outcome(comm, got, error, what="checkpoint.save"), np.uint32)
 
 
-def _fold(rows: I64, lens: I64) -> npt.NDArray[np.uint32]:
-    """Each extent's CRC-32C from its parts' ``(extent, start, length, crc)``, the gaps
-    between them zeros, folded in order (:func:`~.crc.fold`)."""
-    import crc32c
-
-    from .crc import fold
-
+def _fold(rows: I64, lens: I64, sums: Algo) -> npt.NDArray[np.uint32]:
+    """Each extent's checksum (by ``sums``) from its parts' ``(extent, start, length,
+    crc)``, the gaps between them zeros, folded in order (:func:`~.crc.fold`)."""
     rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
     ext, start, n = rows[:, 0], rows[:, 1], rows[:, 2]
     # (the gaps: before each part, after its extent's previous part or the extent's start)
@@ -306,13 +304,13 @@ def _fold(rows: I64, lens: I64) -> npt.NDArray[np.uint32]:
         np.r_[(start - prev_end)[hole], (lens - last)[tail]].tolist(), strict=True,
     ))  # fmt: skip
     if gaps:  # (rare: a range of an extent no rank wrote; a sum of zeros each)
-        zero = [(e, s, m, crc32c.crc32c(bytes(m))) for e, s, m in gaps]
+        zero = [(e, s, m, sums.of(bytes(m))) for e, s, m in gaps]
         rows = np.concatenate([rows, np.array(zero, np.int64).reshape(-1, 4)])
         rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
         ext, start, n = rows[:, 0], rows[:, 1], rows[:, 2]
     first = np.searchsorted(ext, np.arange(len(lens)))
     count = np.diff(np.append(first, len(ext)))
-    return fold(rows[:, 3].astype(np.uint32), n, first, count)
+    return sums.fold(rows[:, 3].astype(np.uint32), n, first, count)
 
 
 def ready(plan: Plan, rank: int) -> None:
