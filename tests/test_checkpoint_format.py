@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from typing import Any
+
 import numpy as np
 import pytest
 
 from collio import ChecksumError, layouts
 from collio.checkpoint import extents, format
+from collio.checkpoint.crc import CRC32, for_version
 from collio.checkpoint.save import span_of
 from collio.sim.checkpoint import checkpoint_plan, checkpoint_workload
 from collio.testing.checkpoint import flip
@@ -120,6 +125,135 @@ def test_a_flipped_byte_of_a_version_1_file_names_the_array(tmp_path: object) ->
     assert err.value.names == ("b",)
     got = ckpt.load(path, {"a": None, "small": None})
     assert got["a"].tobytes() == want["a"].tobytes()
+
+
+#: A version 2 checkpoint (CRC-32C) as collio's version 2 writer saved it at one rank
+V2 = os.path.join(os.path.dirname(__file__), "data", "v2.ckpt")
+
+
+def _v2_arrays() -> dict[str, np.ndarray]:
+    """What :data:`V2` holds (saved with metadata ``{"step": 2}``)."""
+    rng = np.random.default_rng(2)
+    return {
+        "a": rng.standard_normal((37, 30)),
+        "b": np.arange(2001, dtype="<i4"),
+        "empty": np.zeros((0, 3), "<f4"),
+        "nested/small": np.arange(3, dtype="<u2"),
+    }
+
+
+def test_a_version_2_file_still_loads_byte_for_byte() -> None:
+    """Saved by the version 2 writer, checked with CRC-32C: info and one-rank loads (whole
+    arrays mapped or read, a row piece read back) see every byte."""
+    import collio.checkpoint as ckpt
+
+    with open(V2, "rb") as fh:
+        raw = fh.read()
+    assert int.from_bytes(raw[8:12], "little") == 2  # (the header's version)
+    want = _v2_arrays()
+    meta = ckpt.info(V2)
+    assert meta.metadata == {"step": 2} and sorted(meta) == sorted(want)
+    assert meta.index.version == 2 and meta.index.algo.name == "crc32c"
+    for maps in ("enable", "disable"):
+        got = ckpt.load(V2, {n: None for n in want}, hints={"checkpoint_map": maps})
+        for name, arr in want.items():
+            assert got[name].dtype == arr.dtype and got[name].tobytes() == arr.tobytes(), name
+    rows = layouts.Subarray((37, 30), (10, 0), (13, 30), "<f8")
+    assert ckpt.load(V2, {"a": rows})["a"].tobytes() == want["a"][10:23].tobytes()
+
+
+def test_a_flipped_byte_of_a_version_2_file_names_the_array(tmp_path: object) -> None:
+    import collio.checkpoint as ckpt
+
+    path = f"{tmp_path}/v2.ckpt"
+    shutil.copyfile(V2, path)
+    want = _v2_arrays()
+    flip(path, ckpt.info(path).file_offset("b", 4 * 1500), 1)
+    with pytest.raises(ChecksumError) as err:
+        ckpt.load(path, {n: None for n in want}, hints={"checkpoint_map": "disable"})
+    assert err.value.names == ("b",)
+    got = ckpt.load(path, {"a": None, "nested/small": None})
+    assert got["a"].tobytes() == want["a"].tobytes()
+
+
+def _rewritten(tmp_path: object, edit: Any, version: int | None = None) -> str:
+    """A version 3 checkpoint whose JSON index ``edit`` rewrote (its trailer made anew:
+    the index's length and checksum, ``version`` where given), so only what the edit
+    says is wrong with it."""
+    import collio.checkpoint as ckpt
+
+    path = f"{tmp_path}/edited.ckpt"
+    ckpt.save(path, {"x": np.arange(100, dtype="<i8")})
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    _, v, off, length, _, _ = format.TRAILER.unpack(raw[-format.TRAILER.size :])
+    assert v == format.VERSION == 3
+    doc = edit(raw[off : off + length])
+    v = v if version is None else version
+    tail = format.trailer_bytes(
+        off, len(doc), for_version(v if v in format.READS else 3).of(doc), v
+    )
+    with open(path, "wb") as fh:
+        fh.write(raw[:off] + doc + tail)
+    return path
+
+
+@pytest.mark.parametrize(
+    "edit, version, match",
+    [
+        (lambda d: d.replace(b'"version":3', b'"version":2'), None,
+         "the index says checkpoint format version 2, the trailer 3"),
+        (lambda d: d.replace(b'"version":3', b'"version":3.0'), None, "version 3.0"),
+        (lambda d: d.replace(b'"crc32":', b'"crc32c":'), None,
+         "holds no 'crc32' checksum of its extent table"),
+        (lambda d: d, 4, "checkpoint format version 4; this reads 1, 2, 3"),
+        (lambda d: d.replace(b'"arrays":', b'"arrays_":'), None, "unreadable index"),
+    ],
+)  # fmt: skip
+def test_an_index_that_disagrees_with_its_version_is_refused(
+    tmp_path: object, edit: Any, version: int | None, match: str
+) -> None:
+    """Whatever a reader cannot trust about a file's version is a ChecksumError saying
+    what, once (not wrapped in an 'unreadable index')."""
+    import collio.checkpoint as ckpt
+
+    path = _rewritten(tmp_path, edit, version)
+    with pytest.raises(ChecksumError, match=match) as err:
+        ckpt.info(path)
+    assert str(err.value).count(path) == 1
+    with pytest.raises(ChecksumError, match=match):
+        ckpt.load(path, {"x": None})
+
+
+def test_without_zlib_ng_the_standard_librarys_crc32_sums_alike(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zlib-ng missing (an install from before it was a dependency), a save and a load
+    sum with the standard library's zlib.crc32: the same checkpoint, byte for byte."""
+    import sys
+    import zlib
+
+    import collio.checkpoint as ckpt
+
+    state = {"x": np.arange(50_000, dtype="<f8"), "y": np.arange(7, dtype="<i2")}
+    ckpt.save(f"{tmp_path}/fast.ckpt", state)
+    for mod in ("zlib_ng", "zlib_ng.zlib_ng"):  # (importing either raises ImportError)
+        monkeypatch.setitem(sys.modules, mod, None)
+    monkeypatch.setattr(CRC32, "_fn", None)
+    assert CRC32.fn is zlib.crc32
+    ckpt.save(f"{tmp_path}/slow.ckpt", state)
+    with open(f"{tmp_path}/fast.ckpt", "rb") as a, open(f"{tmp_path}/slow.ckpt", "rb") as b:
+        assert a.read() == b.read()
+    got = ckpt.load(f"{tmp_path}/slow.ckpt", {"x": None, "y": None})
+    assert all(got[n].tobytes() == v.tobytes() for n, v in state.items())
+
+
+def test_a_checksum_library_that_cannot_be_imported_is_said() -> None:
+    from collio.checkpoint.crc import Algo
+
+    assert Algo("crc32", CRC32.poly, "no_such_module.crc32", "zlib.crc32").of(b"1") == 0x83DCEFB7
+    with pytest.raises(ImportError, match="no_such_module"):
+        Algo("crc32", CRC32.poly, "no_such_module.crc32").of(b"1")
 
 
 def test_place_ranks_puts_each_ranks_pieces_one_after_another() -> None:

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CRC32", "CRC32C", "Algo", "combine", "fold", "for_version"]
+__all__ = ["BY_VERSION", "CRC32", "CRC32C", "Algo", "combine", "fold", "for_version"]
 
 U32 = npt.NDArray[np.uint32]
 #: CRC-32C (Castagnoli), reflected
-POLY = 0x82F63B78
+POLY32C = 0x82F63B78
 #: CRC-32 (zlib's, ISO-HDLC), reflected
 POLY32 = 0xEDB88320
 #: Lengths up to 2**BITS bytes
@@ -151,21 +151,30 @@ def fold(got: U32, lens: npt.NDArray[np.int64], first: npt.NDArray[np.int64],
 
 class Algo:
     """A format version's checksum: its name in the index, its polynomial (for
-    :func:`combine`), and :attr:`fn`, the library's ``fn(data, value=0)`` (any buffer;
-    ``value`` the CRC of the bytes before, to go on from), each releasing the GIL while
-    it sums.  The library is imported when first used: ``import collio`` needs none."""
+    :func:`combine`), and :attr:`fn`, the library's ``fn(data, value)`` (a C-contiguous
+    buffer; ``value``, positional, the CRC of the bytes before, to go on from; the GIL
+    released while it sums more than a few KiB).  The first of ``modules`` that imports
+    gives it, when first used: ``import collio`` needs none; zlib-ng's CRC-32 falls back
+    on the standard library's, the same values at a fraction of the speed."""
 
-    __slots__ = ("name", "poly", "_module", "_fn")
+    __slots__ = ("name", "poly", "_modules", "_fn")
 
-    def __init__(self, name: str, poly: int, module: str) -> None:
-        self.name, self.poly, self._module = name, poly, module
+    def __init__(self, name: str, poly: int, *modules: str) -> None:
+        self.name, self.poly, self._modules = name, poly, modules
         self._fn: Callable[..., int] | None = None
 
     @property
     def fn(self) -> Callable[..., int]:
         if self._fn is None:
-            mod, _, attr = self._module.rpartition(".")
-            self._fn = getattr(importlib.import_module(mod), attr)
+            for i, where in enumerate(self._modules):
+                mod, _, attr = where.rpartition(".")
+                try:
+                    self._fn = getattr(importlib.import_module(mod), attr)
+                    break
+                except ImportError:
+                    if i == len(self._modules) - 1:
+                        raise
+        assert self._fn is not None
         return self._fn
 
     def of(self, data: Any, value: int = 0) -> int:
@@ -190,11 +199,13 @@ class Algo:
 
 
 #: CRC-32C (Castagnoli): format versions 1 and 2
-CRC32C = Algo("crc32c", POLY, "crc32c.crc32c")
+CRC32C = Algo("crc32c", POLY32C, "crc32c.crc32c")
 #: CRC-32 (zlib's): format version 3
-CRC32 = Algo("crc32", POLY32, "zlib_ng.zlib_ng.crc32")
+CRC32 = Algo("crc32", POLY32, "zlib_ng.zlib_ng.crc32", "zlib.crc32")
+#: Each format version's checksum
+BY_VERSION = {1: CRC32C, 2: CRC32C, 3: CRC32}
 
 
 def for_version(version: int) -> Algo:
-    """The checksum of a format version."""
-    return CRC32 if version >= 3 else CRC32C
+    """The checksum of a format version (a KeyError for one no reader knows)."""
+    return BY_VERSION[version]

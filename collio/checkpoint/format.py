@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from ..errors import ChecksumError
 from ..runs import displacements
-from .crc import Algo, for_version
+from .crc import BY_VERSION, Algo, for_version
 
 if TYPE_CHECKING:
     from .chunks import Chunks
@@ -46,7 +46,7 @@ __all__ = [
 #: :mod:`.crc`); its bytes are laid out as 2's
 VERSION = 3
 #: the versions a reader reads (1: every array stored whole, one chunk each)
-READS = (1, 2, 3)
+READS = tuple(BY_VERSION)
 MAGIC = b"COLLIOCK"
 #: Arrays and small pieces start on this boundary: page-aligned, so they can be
 #: memory-mapped and read with O_DIRECT, and one array's extents never share a
@@ -302,14 +302,20 @@ class Index:
     ) -> Index:
         """The index of the parsed JSON document ``doc`` and its extent table's bytes
         (``version``: the trailer's, which the document's must be)."""
-        got = doc.get("version", 1)
-        if got not in READS or (version is not None and got != version):
+        got = doc.get("version", 1)  # (the first writer's documents may have none)
+        if type(got) is not int or got not in READS or version not in (None, got):
             raise ChecksumError(
-                f"{where}: checkpoint format version {got!r} in the index, {version} in the trailer"
+                f"{where}: the index says checkpoint format version {got!r}, the trailer "
+                f"{version}; this reads {', '.join(map(str, READS))}"
             )
-        version = int(got)
+        version = got
         algo = for_version(version)
         spec = doc["extent_table"]
+        if algo.name not in spec:
+            raise ChecksumError(
+                f"{where}: the index of a version {version} checkpoint holds no "
+                f"{algo.name!r} checksum of its extent table"
+            )
         if algo.of(table) != spec[algo.name]:
             raise ChecksumError(f"{where}: the extent table's checksum differs")
         rows = np.frombuffer(table, EXTENT) if version != 1 else _from_v1(doc["arrays"], table)

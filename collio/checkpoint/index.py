@@ -79,6 +79,8 @@ def parse_crc(read: Any, size: int, where: str) -> tuple[format.Index, int]:
         parsed = json.loads(doc)  # (once: the table's place and the arrays are both in it)
         toff, tlen = format.Index.table_span(parsed)
         return format.Index.from_doc(parsed, read(toff, tlen), where, version), crc
+    except ChecksumError:  # (a ValueError, said already)
+        raise
     except (ValueError, KeyError, TypeError) as exc:
         raise ChecksumError(f"{where}: unreadable index: {exc}") from None
 

@@ -322,6 +322,9 @@ def ready(plan: Plan, rank: int) -> None:
     if plan.error is not None:
         return
     try:
+        # (the checksum's library imported here: a missing one is an agreed error before
+        # any byte is written, and an async save's thread imports nothing)
+        algo().fn  # noqa: B018
         if plan.extents is None:
             plan.plan_extents()
         if plan.items is None:
