@@ -610,15 +610,6 @@ def test_overlapping_row_pieces_are_refused_everywhere(
     comm.Barrier()
 
 
-def _shifted_rows(rank: int, size: int) -> Any:
-    """Row blocks of ``a`` cut 3 rows off the saving job's edges: every extent the save
-    cut at its edges lies across two pieces of this load."""
-    rows, cols = model.ROWS["a"][0]
-    edges = [0, *[min(rows, rows * r // size + 3) for r in range(1, size)], rows]
-    lo, hi = edges[rank], edges[rank + 1]
-    return layouts.Subarray((rows, cols), (lo, 0), (hi - lo, cols), "<f8")
-
-
 @pytest.mark.mpi
 def test_extents_across_pieces_are_checked_from_the_parts(
     comm: MPI.Intracomm, mpi_tmp_path: Any, monkeypatch: pytest.MonkeyPatch
@@ -633,7 +624,7 @@ def test_extents_across_pieces_are_checked_from_the_parts(
     monkeypatch.setattr(
         collio.File, "read_all", lambda s, *a, **k: reads.append(a) or real(s, *a, **k)
     )
-    lay = _shifted_rows(comm.rank, comm.size)
+    lay = model.shifted_rows(comm.rank, comm.size)
     got = ckpt.load(path, {"a": lay}, comm=comm)["a"]
     assert got.tobytes() == model.rows_reference("a")[lay.slices].tobytes()
     assert reads == []  # (verified from memory: nothing read back)

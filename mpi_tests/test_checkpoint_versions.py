@@ -15,7 +15,6 @@ from mpi4py import MPI
 
 import collio
 import collio.checkpoint as ckpt
-from collio import layouts
 from collio.checkpoint import format
 from collio.testing import checkpoint as model
 
@@ -42,15 +41,6 @@ def _saved(comm: MPI.Intracomm, tmp: Any, version: int, state: Any, name: str) -
     name = "crc32" if version >= 3 else "crc32c"
     assert facts == (version, version, version, sorted(["offset", "count", name])), facts
     return path
-
-
-def _shifted_rows(rank: int, size: int) -> Any:
-    """Row blocks of ``a`` cut 3 rows off the saving job's edges: every extent the save
-    cut at its edges lies across two pieces of this load."""
-    rows, cols = model.ROWS["a"][0]
-    edges = [0, *[min(rows, rows * r // size + 3) for r in range(1, size)], rows]
-    lo, hi = edges[rank], edges[rank + 1]
-    return layouts.Subarray((rows, cols), (lo, 0), (hi - lo, cols), "<f8")
 
 
 @pytest.mark.mpi
@@ -81,7 +71,7 @@ def test_each_version_checks_extents_across_pieces(
     rank."""
     state = model.rows_state(comm.rank, comm.size)
     path = _saved(comm, mpi_tmp_path, version, state, "rows.ckpt")
-    lay = _shifted_rows(comm.rank, comm.size)
+    lay = model.shifted_rows(comm.rank, comm.size)
     got = ckpt.load(path, {"a": lay}, comm=comm)["a"]
     ok = got.tobytes() == model.rows_reference("a")[lay.slices].tobytes()
     assert all(comm.allgather(ok))

@@ -220,3 +220,13 @@ def rows_state(rank: int, size: int, scale: int = 1) -> dict[str, Any]:
         state[name] = (np.ascontiguousarray(rows_reference(name, scale)[lay.slices]), lay)
     state["rep"] = np.arange(7, dtype="<i8")
     return state
+
+
+def shifted_rows(rank: int, size: int) -> Subarray:
+    """Row blocks of row-state array ``a`` cut 3 rows off the saving job's edges (a save
+    by :func:`rows_state` at ``size`` ranks): every extent the save cut at its edges lies
+    across two pieces of this load."""
+    rows, cols = ROWS["a"][0]
+    edges = [0, *[min(rows, rows * r // size + 3) for r in range(1, size)], rows]
+    lo, hi = edges[rank], edges[rank + 1]
+    return Subarray((rows, cols), (lo, 0), (hi - lo, cols), "<f8")
