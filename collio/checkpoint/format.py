@@ -82,8 +82,8 @@ EXTENT = np.dtype([("start", "<u8"), ("crc", "<u4"), ("file", "<u8")])
 EXTENT_V1 = np.dtype([("start", "<u8"), ("crc", "<u4")])
 
 
-def header_bytes() -> bytes:
-    return HEADER.pack(MAGIC, VERSION)
+def header_bytes(version: int | None = None) -> bytes:
+    return HEADER.pack(MAGIC, VERSION if version is None else version)
 
 
 def trailer_bytes(

@@ -22,6 +22,7 @@ from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
 from .chunks import Chunks
+from .crc import Algo, for_version
 from .state import Entry, flatten_state, writers
 
 __all__ = ["Plan", "prepare"]
@@ -99,6 +100,12 @@ class Plan:
     error: BaseException | None = None
     #: this rank's items of the write, ``(direct, through layouts)`` (:func:`.writer.ready`)
     items: tuple[list[Any], list[Any]] | None = None
+    #: the format version it writes, and so its checksum (taken once, when planned)
+    version: int = dataclasses.field(default_factory=lambda: format.VERSION)
+
+    @property
+    def algo(self) -> Algo:
+        return for_version(self.version)
 
     def plan_extents(self) -> None:
         """Cut every array into extents and give each to a rank (see :mod:`.extents`)."""

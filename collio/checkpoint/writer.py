@@ -25,7 +25,7 @@ __all__ = ["ready", "write"]
 
 
 def algo() -> Algo:
-    """The checksum a save writes: its format version's."""
+    """The checksum a save plans to write (:attr:`.save.Plan.algo`): its format version's."""
     return for_version(format.VERSION)
 
 
@@ -43,7 +43,7 @@ def _crc_owned(plan: Plan, rank: int) -> npt.NDArray[np.uint32]:
     if not CHECKSUMS:
         return np.zeros(len(mine), np.uint32)
     got = np.empty(len(mine), np.uint32)
-    fn = algo().fn
+    fn = plan.algo.fn
     views: dict[int, tuple[memoryview, int]] = {}
     rows = zip(x.aid[mine].tolist(), x.starts[mine].tolist(), x.ends[mine].tolist(), strict=True)
     for i, (k, a, b) in enumerate(rows):
@@ -98,7 +98,7 @@ def _index(plan: Plan, crc: npt.NDArray[np.uint32], at: int | None = None, pad: 
         [x.replicated for x in e],
         plan.extents.counts(len(e)).tolist(),
     )
-    idx = format.Index(arrays, plan.metadata, table)
+    idx = format.Index(arrays, plan.metadata, table, plan.version)
     start = plan.data_end if at is None else at
     tbytes, doc = idx.to_bytes(start)
     doc = doc.ljust(pad)  # (JSON allows the spaces after the document)
@@ -178,7 +178,7 @@ def write(
         if plan.reads_back:
             offs, lens = _read_back_runs(plan, rank)
             back = f.read_all(Segments(offs, lens))
-            sums = algo().of_pieces(back, lens) if CHECKSUMS else np.zeros(len(lens), np.uint32)
+            sums = plan.algo.of_pieces(back, lens) if CHECKSUMS else np.zeros(len(lens), np.uint32)
             crcs = np.concatenate([crcs, sums])
         f.write_all(*_tail(f.comm, plan, crcs))
 
@@ -221,7 +221,7 @@ def _uploaded(f: Any, plan: Plan, fast: list[Any], slow: list[Any], at: int, pad
     file, length, src, within = plan.chunks().runs(plan.offsets[x.aid[back]] + x.starts[back], lens)
     order = np.argsort(file, kind="stable")
     runs = (file[order], length[order], src[order], within[order])
-    seen = _Seen(runs)
+    seen = _Seen(runs, plan.algo)
     f.backend.watch = seen
     try:
         f.write_all_many([*fast, *slow], _disjoint=False)
@@ -237,12 +237,13 @@ class _Seen:
     """``watch`` of an upload: the checksum of each part of a summed extent in each window
     (the extent, where the part starts in it, its length, its checksum), kept in order."""
 
-    def __init__(self, runs: tuple[I64, I64, I64, I64]) -> None:
+    def __init__(self, runs: tuple[I64, I64, I64, I64], sums: Algo) -> None:
         self.file, self.length, self.src, self.within = runs
         self.ends = self.file + self.length
         self.rows: list[tuple[int, int, int, int]] = []
         self.error: BaseException | None = None
-        self.fn = algo().fn
+        self.algo = sums
+        self.fn = sums.fn
 
     def __call__(self, offset: int, buf: npt.NDArray[np.uint8]) -> None:
         try:
@@ -277,7 +278,7 @@ def _combined(comm: MPI.Comm, seen: _Seen, lens: I64) -> npt.NDArray[np.uint32]:
             bad = [e for _, e in every if e is not None]
             if bad:
                 raise bad[0]
-            got = _fold(np.concatenate([r for r, _ in every]), lens, algo())
+            got = _fold(np.concatenate([r for r, _ in every]), lens, seen.algo)
         error = step.error
     return np.asarray(bcast_outcome(comm, got, error, what="checkpoint.save"), np.uint32)
 
@@ -324,7 +325,7 @@ def ready(plan: Plan, rank: int) -> None:
     try:
         # (the checksum's library imported here: a missing one is an agreed error before
         # any byte is written, and an async save's thread imports nothing)
-        algo().fn  # noqa: B018
+        plan.algo.fn  # noqa: B018
         if plan.extents is None:
             plan.plan_extents()
         if plan.items is None:
@@ -341,7 +342,9 @@ def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
     pieces (:data:`.format.PLACE_MIN`); the others through their layouts, stored whole.  Every
     rank has as many items (a call's count is agreed): per direct array its piece and
     the gap after it, either empty where it has none."""
-    head = np.frombuffer(bytearray(format.header_bytes() if rank == 0 else b""), np.uint8)
+    head = np.frombuffer(
+        bytearray(format.header_bytes(plan.version) if rank == 0 else b""), np.uint8
+    )
     fast: list[Any] = [(head, Segments([0], [len(head)]))]
     slow: list[Any] = []
     direct = np.flatnonzero(np.array(plan.direct, bool))
