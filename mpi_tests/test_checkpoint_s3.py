@@ -153,3 +153,41 @@ def test_a_flipped_byte_of_an_interleaved_array_in_the_object_is_named(server: s
     got = ckpt.load(target, rest, **opts)
     for name, lay in rest.items():
         assert got[name].tobytes(order="A") == model.expected(name, lay).tobytes(order="A")
+
+
+@pytest.mark.mpi
+def test_a_window_sum_failing_on_one_rank_is_agreed(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last rank's sums of the windows it uploads fail, with an error that does not
+    pickle: every rank raises it, naming that rank, none is left waiting, and the
+    previous checkpoint stays whole in the object."""
+    import threading
+
+    if COMM.size == 1:
+        pytest.skip("one rank's pieces are each one range: no window is summed")
+
+    from collio.checkpoint import writer
+
+    target = _target()
+    opts = {"endpoint_url": server, "min_part_size": MIN, "backend": "s3"}
+    hints = {"cb_buffer_size": 4096, "cb_min_domain": 0}  # (every rank an aggregator)
+    ckpt.save(target, model.save_state(COMM.rank, COMM.size), metadata={"step": 1},
+              hints=hints, **opts)  # fmt: skip
+    before = _object(server, target)
+    if COMM.rank == COMM.size - 1:
+
+        def failing(self: Any, offset: int, buf: Any) -> None:
+            self.error = self.error or RuntimeError("injected window sum failure",
+                                                    threading.Lock())  # fmt: skip
+
+        monkeypatch.setattr(writer._Seen, "__call__", failing)
+    err = raises_everywhere(
+        COMM, collio.CollioError,
+        lambda: ckpt.save(target, model.save_state(COMM.rank, COMM.size),
+                          metadata={"step": 2}, hints=hints, **opts),
+    )  # fmt: skip
+    monkeypatch.undo()
+    assert f"rank {COMM.size - 1}" in str(err) and "injected window sum failure" in str(err)
+    assert _object(server, target) == before
+    assert ckpt.info(target, endpoint_url=server).metadata == {"step": 1}

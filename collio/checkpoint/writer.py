@@ -266,21 +266,24 @@ class _Seen:
 def _combined(comm: MPI.Comm, seen: _Seen, lens: I64) -> npt.NDArray[np.uint32]:
     """Collective: each summed extent's checksum (every rank gets all of them), from the
     sums of its parts that every aggregator saw; a range no window held (no rank wrote
-    there: zeros) summed as zeros; errors agreed."""
-    from ..collective import bcast_outcome
+    there: zeros) summed as zeros; errors agreed.
 
-    rows = np.array(seen.rows, np.int64).reshape(-1, 4)
-    every = comm.gather((rows, seen.error), root=0) or []
-    got, error = None, None
+    The windows' errors are agreed as text before anything is gathered (an exception
+    that does not pickle would fail one rank's gather alone), and the others sleep
+    while rank 0 folds: in an async save this runs on a thread beside the job's
+    compute, which a polling wait would take a core from."""
+    from ..collective import bcast_outcome
+    from ..waits import quiet_barrier
+
+    if any_flag(comm, seen.error is not None, patient=True):
+        raise_agreed(comm, seen.error, what="checkpoint.save")
+    every = comm.gather(np.array(seen.rows, np.int64).reshape(-1, 4), root=0) or []
+    got, step = None, Attempt()
     if comm.Get_rank() == 0:
-        step = Attempt()
         with step:
-            bad = [e for _, e in every if e is not None]
-            if bad:
-                raise bad[0]
-            got = _fold(np.concatenate([r for r, _ in every]), lens, seen.algo)
-        error = step.error
-    return np.asarray(bcast_outcome(comm, got, error, what="checkpoint.save"), np.uint32)
+            got = _fold(np.concatenate(every), lens, seen.algo)
+    quiet_barrier(comm)
+    return np.asarray(bcast_outcome(comm, got, step.error, what="checkpoint.save"), np.uint32)
 
 
 def _fold(rows: I64, lens: I64, sums: Algo) -> npt.NDArray[np.uint32]:
