@@ -71,11 +71,16 @@ def fs_name(fd: int) -> str | None:
     fn = _fstatfs()
     if fn is None:
         return None
-    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    buf = _STATFS()
     if fn(ctypes.c_int(fd), buf) != 0:
         return None
     f_type = ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # (__fsword_t, first field)
     return LOCAL_FS.get(f_type)
+
+
+#: Room for a struct statfs (120 bytes on 64-bit Linux): one ctypes type, made once
+#: (``create_string_buffer`` makes a new array type, a reference cycle, at each call)
+_STATFS = ctypes.c_char * 256
 
 
 @functools.cache
