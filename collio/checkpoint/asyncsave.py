@@ -109,16 +109,14 @@ class SaveHandle:
         self._future = future
         self.staged = staged
         self.target = target  # (:func:`target_key` of the save's target)
-        self._told = False  # (whether its error reached the caller: wait() or a later save)
-        future.add_done_callback(self._ended)
+        # (what the future's callback needs, apart from the handle: a callback holding
+        # the handle, which holds the future, would make a reference cycle per save)
+        self._said = _Said(target)
+        future.add_done_callback(functools.partial(_ended, self._said))
 
-    def _ended(self, future: concurrent.futures.Future[None]) -> None:
-        """(In the save's thread, or at once if it is over:) a failed save waits in
-        :data:`_UNTOLD` until its error is told, held there even if its communicator
-        (and the handle) are gone, for :func:`_lost` at exit."""
-        if future.exception() is not None and not self._told:
-            with _lock:
-                _UNTOLD.add(self)
+    @property
+    def _told(self) -> bool:
+        return self._said.told
 
     def done(self) -> bool:
         """Local, never blocks: whether :meth:`wait` would return at once."""
@@ -132,13 +130,35 @@ class SaveHandle:
         self._future.result()
 
     def _tell(self) -> None:
-        self._told = True
         with _lock:
-            _UNTOLD.discard(self)
+            self._said.told = True
+            _UNTOLD.pop(self._said, None)
 
 
-#: Failed async saves whose error no caller has been told of yet (:meth:`SaveHandle._ended`).
-_UNTOLD: set[SaveHandle] = set()
+class _Said:
+    """Whether a save's error reached its caller (:meth:`SaveHandle.wait` or a later
+    save), and its target."""
+
+    __slots__ = ("told", "target")
+
+    def __init__(self, target: str | None) -> None:
+        self.told = False
+        self.target = target
+
+
+def _ended(said: _Said, future: concurrent.futures.Future[None]) -> None:
+    """(In the save's thread, or at once if it is over:) a failed save waits in
+    :data:`_UNTOLD` until its error is told, held there even if its communicator (and
+    the handle) are gone, for :func:`_lost` at exit."""
+    if future.exception() is not None:
+        with _lock:
+            if not said.told:
+                _UNTOLD[said] = future
+
+
+#: Failed async saves whose error no caller has been told of yet (:func:`_ended`), and
+#: their futures.
+_UNTOLD: dict[_Said, concurrent.futures.Future[None]] = {}
 
 
 def target_key(target: Any) -> str | None:
@@ -202,11 +222,11 @@ def _lost() -> None:
     """At exit: say which async saves failed with nobody told (the interpreter waited
     for their threads first)."""
     with _lock:
-        untold = list(_UNTOLD)
+        untold = list(_UNTOLD.items())
         _UNTOLD.clear()
-    for h in untold:
-        err = h._future.exception()
-        where = h.target or "its target"
+    for said, future in untold:
+        err = future.exception()
+        where = said.target or "its target"
         print(f"collio: an async_save to {where} failed and no wait() raised it: "
               f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)  # fmt: skip
 
