@@ -322,7 +322,8 @@ class KeptHead:
     """The head of a call kept for its repeats (:func:`call_kept_head`): its slots in
     one buffer, the call's own slots writable in place (``own``, int64), so that a
     repeat writes the few facts that change instead of packing every slot again; and
-    the buffers of the agreement, made once (the maxima overwrite those of the last)."""
+    the buffers of the agreement, made once (the maxima overwrite those of the last
+    head on the communicator: its :class:`HeadOp`'s, where it has one)."""
 
     __slots__ = (
         "call", "file", "buf", "slots", "own", "send", "recv", "got", "got_own", "op",
@@ -362,7 +363,7 @@ def call_kept_head(
 ) -> tuple[bool, memoryview]:  # fmt: skip
     """Collective over `comm`: :func:`call_head` of ``head``'s call with its own slots as
     they are now.  The maxima of the own slots come back as an int64 memoryview, valid
-    until the head's next call."""
+    until the next head on `comm` (the communicator's :class:`HeadOp` holds them)."""
     head.slots[0] = 1 if failed else 0
     head.agree(comm)
     out = head.got
