@@ -26,6 +26,7 @@ from .waits import sleep_until_done
 __all__ = [
     "CALLS",
     "Attempt",
+    "HeadOp",
     "KeptHead",
     "agree",
     "agree_facts",
@@ -35,6 +36,8 @@ __all__ = [
     "call_head",
     "call_kept_head",
     "digest",
+    "drop_head_op",
+    "keep_head_op",
     "kept",
     "raise_agreed",
     "raise_kept_mismatch",
@@ -192,6 +195,61 @@ _PAD = (int(_NONE),) * (HEAD_SLOTS - _OWN)  # unused slots of a call's own
 _HEAD = struct.Struct(f"={HEAD_SLOTS}q")
 _MAX = MPI.MAX
 _CODES = 16  # codes per file: more than len(CALLS)
+
+
+class HeadOp:
+    """The operation every head on one communicator is (:func:`call_head`): a persistent
+    allreduce (MAX) of :data:`HEAD_SLOTS` int64 (MPI-4's ``MPI_Allreduce_init``), set up
+    once and started by every head, whatever the call, so that ranks making different
+    calls still meet in it.  A started head costs neither a request's setup nor its
+    arguments' parsing, which on a small call are a good part of its one agreement.
+
+    Made on collio's own duplicates (:func:`keep_head_op`), whose collective calls are
+    all collio's: every head on such a communicator starts it, on every rank alike.
+    Its buffers are the last head's until the next one starts."""
+
+    __slots__ = ("req", "send", "slots", "recv", "got")
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.send = bytearray(_HEAD.size)
+        self.slots = memoryview(self.send).cast("q")
+        self.recv = bytearray(_HEAD.size)
+        self.got = memoryview(self.recv).cast("q")
+        self.req = comm.Allreduce_init(
+            [self.send, MPI.INT64_T], [self.recv, MPI.INT64_T], op=_MAX
+        )  # fmt: skip
+
+
+#: The head operations of collio's duplicates, by their handle (``py2f``)
+_HEAD_OPS: dict[int, HeadOp] = {}
+
+
+def keep_head_op(comm: MPI.Comm) -> None:
+    """Collective over `comm` (a duplicate of collio's, just made): set up its
+    :class:`HeadOp`, which its heads start from now on.  Where MPI has no persistent
+    collectives (before MPI-4), or any rank failed to set one up, none is kept on any
+    rank, and its heads are nonblocking allreduces as on any communicator."""
+    op: HeadOp | None = None
+    try:
+        op = HeadOp(comm)
+    except Exception:  # noqa: BLE001 - no MPI-4 persistent collectives: the heads as before
+        op = None
+    if any_flag(comm, op is None):
+        if op is not None:
+            op.req.Free()
+        return
+    assert op is not None
+    _HEAD_OPS[comm.py2f()] = op
+
+
+def drop_head_op(comm: MPI.Comm) -> None:
+    """Local: free `comm`'s :class:`HeadOp` (before the communicator is freed, so that
+    its handle, given to another communicator, names no operation)."""
+    op = _HEAD_OPS.pop(comm.py2f(), None)
+    if op is not None:
+        op.req.Free()
+
+
 _SUBJECT = 1 << 57  # set in the code of a call on a part of a file: never a plain code
 
 
@@ -236,8 +294,14 @@ def call_head(
     # (packed and unpacked by struct: every call's head, small calls too, where numpy's
     # conversions of a few dozen ints cost as much as the allreduce)
     vec = _HEAD.pack(1 if failed else 0, code, -code, *own, *_PAD[n:])
-    got = bytearray(_HEAD.size)
-    req = comm.Iallreduce([vec, MPI.INT64_T], [got, MPI.INT64_T], op=MPI.MAX)
+    op = _HEAD_OPS.get(comm.py2f())
+    if op is None:
+        got = bytearray(_HEAD.size)
+        req = comm.Iallreduce([vec, MPI.INT64_T], [got, MPI.INT64_T], op=MPI.MAX)
+    else:
+        op.send[:] = vec
+        got, req = op.recv, op.req
+        req.Start()
     if patient:
         sleep_until_done(req)
     else:
@@ -258,20 +322,39 @@ class KeptHead:
     """The head of a call kept for its repeats (:func:`call_kept_head`): its slots in
     one buffer, the call's own slots writable in place (``own``, int64), so that a
     repeat writes the few facts that change instead of packing every slot again; and
-    the buffers of the agreement, made once (the maxima overwrite those of the last)."""
+    the buffers of the agreement, made once (the maxima overwrite those of the last
+    head on the communicator: its :class:`HeadOp`'s, where it has one)."""
 
-    __slots__ = ("call", "file", "buf", "slots", "own", "send", "recv", "got", "got_own")
+    __slots__ = (
+        "call", "file", "buf", "slots", "own", "send", "recv", "got", "got_own", "op",
+    )  # fmt: skip
 
-    def __init__(self, call: str, file: tuple[int, str], own: Sequence[int]) -> None:
+    def __init__(self, call: str, file: tuple[int, str], own: Sequence[int],
+                 comm: MPI.Comm) -> None:  # fmt: skip
         code = _code(call, file, None)
         self.call, self.file = call, file
         self.buf = bytearray(_HEAD.pack(0, code, -code, *own, *_PAD[len(own) :]))
         self.slots = memoryview(self.buf).cast("q")
         self.own = self.slots[_OWN:]
-        got = bytearray(_HEAD.size)
+        #: the communicator's head operation (None: a nonblocking allreduce per head),
+        #: whose buffers this head's slots are copied into and its maxima read from
+        self.op = _HEAD_OPS.get(comm.py2f())
+        got = bytearray(_HEAD.size) if self.op is None else self.op.recv
         self.send, self.recv = [self.buf, MPI.INT64_T], [got, MPI.INT64_T]
         self.got = memoryview(got).cast("q")
         self.got_own = self.got[_OWN:]
+
+    def agree(self, comm: MPI.Comm) -> None:
+        """Collective over `comm` (the head's): the allreduce of the slots as they are
+        now (the maxima in :attr:`got`)."""
+        op = self.op
+        if op is None:
+            comm.Iallreduce(self.send, self.recv, op=_MAX).Wait()
+            return
+        op.slots[:] = self.slots
+        req = op.req
+        req.Start()
+        req.Wait()
 
 
 def call_kept_head(
@@ -280,9 +363,9 @@ def call_kept_head(
 ) -> tuple[bool, memoryview]:  # fmt: skip
     """Collective over `comm`: :func:`call_head` of ``head``'s call with its own slots as
     they are now.  The maxima of the own slots come back as an int64 memoryview, valid
-    until the head's next call."""
+    until the next head on `comm` (the communicator's :class:`HeadOp` holds them)."""
     head.slots[0] = 1 if failed else 0
-    comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
+    head.agree(comm)
     out = head.got
     if out[1] != -out[2]:
         _raise_call_mismatch(comm, head.call, head.file, None, extra, undo)

@@ -36,7 +36,7 @@ from mpi4py import MPI
 
 from .aggregators.nodes import consecutive_nodes, node_shape, ranks_per_node_from_env
 from .aggregators.select import choose_aggregators
-from .collective import Attempt, agree
+from .collective import Attempt, agree, drop_head_op, keep_head_op
 from .errors import ConcurrentCallError
 from .plancache import PlanCache
 
@@ -259,7 +259,7 @@ class Private:
             return self.lanes[k]
         if not same:
             self.unreserve(k)
-        lane = Lane(self.comm.Dup(), busy=True, kept=same)
+        lane = Lane(_dup(self.comm), busy=True, kept=same)
         if same:
             with _lanes_lock:
                 self.lanes.append(lane)
@@ -274,17 +274,15 @@ class Private:
                 return
             if lane in self.lanes:
                 self.lanes.remove(lane)
-        if lane.comm != MPI.COMM_NULL:
-            lane.comm.Free()
+        _free_dup(lane.comm)
 
     def _free(self) -> None:
-        if self.comm != MPI.COMM_NULL:
-            self.comm.Free()
+        _free_dup(self.comm)
         with _lanes_lock:  # (a lane still lent is freed when its file gives it back)
             idle = [lane for lane in self.lanes if not lane.busy]
             self.lanes = [lane for lane in self.lanes if lane.busy]
         for lane in idle:
-            lane.comm.Free()
+            _free_dup(lane.comm)
 
     def node_shape(self) -> tuple[int, int]:
         """:func:`~collio.aggregators.nodes.node_shape` of :attr:`nodes`, kept."""
@@ -305,6 +303,21 @@ class Private:
             got.setflags(write=False)
             self.aggregators[key] = got
         return got
+
+
+def _dup(comm: MPI.Intracomm) -> MPI.Intracomm:
+    """Collective over `comm`: a duplicate of collio's, with its head operation
+    (:func:`~collio.collective.keep_head_op`)."""
+    dup = comm.Dup()
+    keep_head_op(dup)
+    return dup
+
+
+def _free_dup(comm: MPI.Intracomm) -> None:
+    """Local: free a duplicate of collio's (and its head operation), unless already freed."""
+    if comm != MPI.COMM_NULL:
+        drop_head_op(comm)
+        comm.Free()
 
 
 def _delete(comm: Any, keyval: int, value: Any) -> None:
@@ -373,7 +386,7 @@ def private(comm: MPI.Intracomm) -> Private:
     cached = comm.Get_attr(keyval)
     if isinstance(cached, Private):
         return cached
-    dup = comm.Dup()
+    dup = _dup(comm)
     # rank 0's random number on every rank: once per communicator, at its first open
     value = Private(dup, node_map(dup), token=int(dup.bcast(secrets.randbits(62), root=0)))
     comm.Set_attr(keyval, value)

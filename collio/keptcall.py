@@ -534,7 +534,7 @@ def _kept_head(ctx: Context, k: Lane) -> KeptHead:
         vouched=False, plan_shift=0, guessed=False, size=_BIG, io_only=True, same=False,
         t_io=0, t_total=0, moved=True, shift=NOT_COMPARED,
     ).slots()  # fmt: skip
-    k.head = KeptHead("write_all", ctx.file, own)
+    k.head = KeptHead("write_all", ctx.file, own, ctx.comm)
     return k.head
 
 

@@ -30,7 +30,6 @@ import time
 from typing import Any, Literal, NoReturn
 
 import numpy as np
-from mpi4py import MPI
 
 from . import check, speculate
 from .backends import filereads
@@ -61,7 +60,6 @@ _MAPPED = Path.MAPPED
 _DIRECT = Path.DIRECT
 #: The kinds of arrays that are buffers as they are (os.pwrite takes them)
 _NUMBERS = "biufc"
-_MAX = MPI.MAX
 #: The facts that change from one call of the lane to the next (the others are the
 #: kept call's, packed once into :attr:`Kept.head`)
 _PATCH = Checked.patcher(
@@ -313,9 +311,20 @@ class Step:
             return None
         if k.backend is not ctx.backend:
             return None
-        if not check.plain(ctx, k, position, data, writing=self.writing):
+        # (check.plain, inline, its flags read once: every step of a series asks)
+        if type(data) is not np.ndarray or type(position) is not int or position < 0:
             return None
-        if data.flags.c_contiguous and data.dtype.kind in _NUMBERS:
+        nbytes = k.nbytes
+        if data.nbytes != nbytes or not nbytes:
+            return None
+        flags, writing = data.flags, self.writing
+        c_order = flags.c_contiguous
+        if not (c_order or flags.f_contiguous) or not (writing or flags.writeable):
+            return None
+        mode = ctx.mode
+        if mode == "closed" or (writing and (mode == "r" or ctx.aborted)):
+            return None
+        if c_order and data.dtype.kind in _NUMBERS:
             buf = data
         else:
             try:  # (an object array: the general way's checks raise it, agreed)
@@ -425,7 +434,7 @@ class Step:
             head.own, lo, hi, moved, shift, size, int((end - t) * 1e9), int((end - t0) * 1e9), sig
         )  # fmt: skip
         head.slots[0] = 0
-        ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
+        head.agree(ctx.comm)
         got = head.got
         if got[1] != -got[2]:
             io = (_kept(size, lo, n, fresh, before, old), size, key, done, end - t, error)
@@ -534,7 +543,7 @@ class Step:
         _PATCH_READ(head.own, lo, hi, moved, shift, int(io[4] * 1e9), int((end - t0) * 1e9),
                     sig)  # fmt: skip
         head.slots[0] = 0
-        ctx.comm.Iallreduce(head.send, head.recv, op=_MAX).Wait()
+        head.agree(ctx.comm)
         got = head.got
         if got[1] != -got[2]:
             _mismatch(ctx, k, head, io, False)
@@ -837,7 +846,7 @@ def _head(ctx: Context, k: speculate.Kept, writing: bool) -> KeptHead:
         t_io=0, t_total=0, moved=True, shift=NOT_COMPARED,
     ).slots()  # fmt: skip
     name = ("write" if writing else "read") + ("_at_all" if k.at_call else "_all")
-    head = k.head = KeptHead(name, ctx.file, own)
+    head = k.head = KeptHead(name, ctx.file, own, ctx.comm)
     return head
 
 

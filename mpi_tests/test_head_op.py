@@ -1,0 +1,117 @@
+"""Every call's head on collio's duplicate starts one persistent allreduce (HeadOp).
+
+The duplicate collio makes of a communicator sets up its head operation once
+(``MPI_Allreduce_init``); every head on it starts that operation, whatever the call, so
+ranks making different calls still meet in it.  Each test checks the bytes (against
+numpy and ROMIO) or the agreed error on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import mismatch_message, raises_everywhere, read_file
+from mpi4py import MPI
+
+import collio
+from collio import collective
+
+pytestmark = pytest.mark.mpi(min_size=1)
+N = 4096
+
+
+def _data(step: int, rank: int) -> Any:
+    return np.random.default_rng(977 * step + rank).integers(0, 256, N, np.uint8)
+
+
+class _Counted:
+    """A head operation's request that counts its starts (the rest as the request)."""
+
+    def __init__(self, req: Any) -> None:
+        self.req, self.starts = req, 0
+
+    def Start(self) -> None:  # noqa: N802 - mpi4py's name
+        self.starts += 1
+        self.req.Start()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.req, name)
+
+
+def test_every_call_of_a_series_starts_the_head_operation_once(comm, mpi_tmp_path):
+    """A time series of write_at_all then read_at_all: each call's one head is a start of
+    the duplicate's head operation (none made per call), and the bytes are numpy's and
+    ROMIO's."""
+    path, theirs = str(mpi_tmp_path / "ours.bin"), str(mpi_tmp_path / "romio.bin")
+    p, r, steps = comm.size, comm.rank, 10
+    fh = MPI.File.Open(comm, theirs, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    with collio.open(path, "w", comm=comm) as f:
+        op = collective._HEAD_OPS.get(f._ctx.comm.py2f())
+        assert comm.allgather(op is not None) == [True] * p
+        counted = op.req = _Counted(op.req)
+        guessed = []
+        try:
+            for s in range(steps):
+                f.write_at_all((s * p + r) * N, _data(s, r))
+                guessed.append(f.stats.last_call["guessed"])
+                fh.Write_at_all((s * p + r) * N, _data(s, r))
+            out = np.empty(N, np.uint8)
+            wrong = 0
+            for s in range(steps):
+                f.read_at_all((s * p + r) * N, out)
+                wrong += not np.array_equal(out, _data(s, r))
+        finally:
+            op.req = counted.req
+    fh.Close()
+    assert comm.allgather((counted.starts, wrong)) == [(2 * steps, 0)] * p
+    assert guessed == [False, False] + [True] * (steps - 2)
+    comm.Barrier()
+    want = b"".join(_data(s, q).tobytes() for s in range(steps) for q in range(p))
+    assert read_file(path) == want and read_file(theirs) == want
+
+
+def test_ranks_in_different_calls_meet_in_the_head_operation(comm, mpi_tmp_path):
+    """A series' step where rank 0 reads while the others write: every rank raises the
+    same MismatchError from the one head operation, the writes are taken back, and the
+    file holds the steps before it, as ROMIO wrote them."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    path, theirs = str(mpi_tmp_path / "ours.bin"), str(mpi_tmp_path / "romio.bin")
+    p, r, steps = comm.size, comm.rank, 5
+    fh = MPI.File.Open(comm, theirs, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(steps):
+            f.write_at_all((s * p + r) * N, _data(s, r))
+            fh.Write_at_all((s * p + r) * N, _data(s, r))
+        out = np.empty(N, np.uint8)
+        at = (steps * p + r) * N
+
+        def call() -> None:
+            if r == 0:
+                f.read_at_all(at, out)
+            else:
+                f.write_at_all(at, _data(steps, r))
+
+        want_msg = mismatch_message(comm, "read_at_all", "write_at_all")
+        raises_everywhere(comm, collio.MismatchError, call, match=want_msg)
+        f.write_at_all((steps * p + r) * N, _data(steps, r))  # (the file goes on)
+        fh.Write_at_all((steps * p + r) * N, _data(steps, r))
+    fh.Close()
+    comm.Barrier()
+    want = b"".join(_data(s, q).tobytes() for s in range(steps + 1) for q in range(p))
+    assert read_file(path) == want and read_file(theirs) == want
+
+
+def test_a_freed_communicator_frees_its_head_operation(comm, mpi_tmp_path):
+    """The user's communicator freed (its files closed): collio's duplicate and its head
+    operation are freed, so that a communicator given the same handle later has none."""
+    mine = comm.Dup()
+    with collio.open(str(mpi_tmp_path / "f.bin"), "w", comm=mine) as f:
+        f.write_at_all(comm.rank * N, _data(0, comm.rank))
+        handle = f._ctx.comm.py2f()
+    kept = handle in collective._HEAD_OPS
+    mine.Free()
+    gone = handle not in collective._HEAD_OPS
+    assert comm.allgather((kept, gone)) == [(True, True)] * comm.size
