@@ -89,7 +89,7 @@ def _delete(comm: Any, keyval: int, value: Any) -> None:
                 # the save's thread may still make its calls on the duplicate (freed
                 # here, its handle would be MPI_COMM_NULL under them): freed once the
                 # save is done, by the thread that ends it (at once if it has ended)
-                running._future.add_done_callback(lambda _: _free(value))
+                running._future.add_done_callback(lambda _: _free_after(value))
     except Exception:  # noqa: BLE001 - never raise from an MPI callback
         pass
 
@@ -97,6 +97,14 @@ def _delete(comm: Any, keyval: int, value: Any) -> None:
 def _free(value: _Background) -> None:
     if value.dup != MPI.COMM_NULL:
         value.dup.Free()
+
+
+def _free_after(value: _Background) -> None:
+    """:func:`_free` once its save is done; and the save let go (the future's callback
+    holds ``value``, which held the save, which holds the future: a cycle until the
+    next full collection, with the save's plan in it)."""
+    _free(value)
+    value.running = None
 
 
 class SaveHandle:
