@@ -176,11 +176,20 @@ def classify(exc: BaseException) -> tuple[str, str, int | None]:
     if isinstance(exc, CollioError):
         return type(exc).__name__, exc.message, _errno_of(exc)
     if isinstance(exc, OSError):
-        text = exc.strerror or str(exc)
+        text = exc.strerror or _text(exc)
         text = text[:1].lower() + text[1:]
         if exc.filename is not None:
             text = f"{text}: {exc.filename!r}"
         return "BackendError", text, exc.errno
     if isinstance(exc, (ValueError, TypeError, IndexError)):
-        return "LayoutError", f"{type(exc).__name__}: {exc}", None
-    return "CollioError", f"{type(exc).__name__}: {exc}", None
+        return "LayoutError", f"{type(exc).__name__}: {_text(exc)}", None
+    return "CollioError", f"{type(exc).__name__}: {_text(exc)}", None
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, or what can be said of it where its ``__str__`` fails (this rank's
+    text goes into an agreement every rank waits in: it must not raise here alone)."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001
+        return f"(an error whose text cannot be made: {type(exc).__qualname__})"

@@ -62,3 +62,17 @@ def test_a_files_calls_make_no_cycles(tmp_path: Any, garbage: Any) -> None:
             assert f.read_all(lay).tobytes() == data.tobytes()
 
     assert garbage(calls) == []
+
+
+def test_an_error_whose_text_fails_is_still_named() -> None:
+    """An agreement carries each rank's error as text: an exception whose ``__str__``
+    raises still gives its class, on that rank as on the others."""
+    from collio.errors import classify
+
+    class Unsayable(RuntimeError):
+        def __str__(self) -> str:
+            raise ValueError("no text")
+
+    name, text, _ = classify(Unsayable())
+    assert name == "CollioError" and "Unsayable" in text
+    assert classify(KeyError("k")) == ("CollioError", "KeyError: 'k'", None)
