@@ -78,8 +78,9 @@ def fs_name(fd: int) -> str | None:
     return LOCAL_FS.get(f_type)
 
 
-#: Room for a struct statfs (120 bytes on 64-bit Linux): one ctypes type, made once
-#: (``create_string_buffer`` makes a new array type, a reference cycle, at each call)
+#: Room for a struct statfs (120 bytes on 64-bit Linux): one ctypes type, kept (ctypes
+#: caches array types weakly: ``create_string_buffer`` made the type, a reference
+#: cycle, again at each call where nothing else held it)
 _STATFS = ctypes.c_char * 256
 
 
