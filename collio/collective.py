@@ -206,11 +206,17 @@ class HeadOp:
 
     Made on collio's own duplicates (:func:`keep_head_op`), whose collective calls are
     all collio's: every head on such a communicator starts it, on every rank alike.
-    Its buffers are the last head's until the next one starts."""
+    Its buffers are the last head's until the next one starts.
 
-    __slots__ = ("req", "send", "slots", "recv", "got")
+    A head interrupted while it waits (``KeyboardInterrupt`` in a sleeping wait) leaves
+    the operation started: ``live``, completed by the next head before it starts it
+    again (the other ranks took part in it, so it completes), where starting an
+    active request would fail on this rank alone and leave the others waiting."""
+
+    __slots__ = ("req", "send", "slots", "recv", "got", "live")
 
     def __init__(self, comm: MPI.Comm) -> None:
+        self.live = False
         self.send = bytearray(_HEAD.size)
         self.slots = memoryview(self.send).cast("q")
         self.recv = bytearray(_HEAD.size)
@@ -219,16 +225,36 @@ class HeadOp:
             [self.send, MPI.INT64_T], [self.recv, MPI.INT64_T], op=_MAX
         )  # fmt: skip
 
+    def start(self) -> MPI.Prequest:
+        """Start the operation (first completing one an interrupted head left started)."""
+        req = self.req
+        if self.live:
+            req.Wait()
+        self.live = True
+        req.Start()
+        return req
+
+    def wait(self, patient: bool) -> None:
+        """Complete the started operation; ``live`` stays set where this is interrupted."""
+        if patient:
+            sleep_until_done(self.req)
+        else:
+            self.req.Wait()
+        self.live = False
+
 
 #: The head operations of collio's duplicates, by their handle (``py2f``)
 _HEAD_OPS: dict[int, HeadOp] = {}
 
 
-def keep_head_op(comm: MPI.Comm) -> None:
+def keep_head_op(comm: MPI.Comm) -> bool:
     """Collective over `comm` (a duplicate of collio's, just made): set up its
-    :class:`HeadOp`, which its heads start from now on.  Where MPI has no persistent
-    collectives (before MPI-4), or any rank failed to set one up, none is kept on any
-    rank, and its heads are nonblocking allreduces as on any communicator."""
+    :class:`HeadOp`, which its heads start from now on; whether it did.  Where MPI has
+    no persistent collectives (before MPI-4), or any rank failed to set one up, none is
+    kept on any rank.  Then the communicator must not be used for collectives: a rank
+    that failed before its set-up is one collective behind the others on it (MPI orders
+    a persistent collective's set-up as a collective); the caller takes another
+    duplicate, whose heads are nonblocking allreduces as on any communicator."""
     op: HeadOp | None = None
     try:
         op = HeadOp(comm)
@@ -237,16 +263,17 @@ def keep_head_op(comm: MPI.Comm) -> None:
     if any_flag(comm, op is None):
         if op is not None:
             op.req.Free()
-        return
+        return False
     assert op is not None
     _HEAD_OPS[comm.py2f()] = op
+    return True
 
 
 def drop_head_op(comm: MPI.Comm) -> None:
     """Local: free `comm`'s :class:`HeadOp` (before the communicator is freed, so that
     its handle, given to another communicator, names no operation)."""
     op = _HEAD_OPS.pop(comm.py2f(), None)
-    if op is not None:
+    if op is not None and not op.live:  # (an active one is not freed: MPI forbids it)
         op.req.Free()
 
 
@@ -267,7 +294,8 @@ def call_head(
 ) -> tuple[bool, tuple[int, ...]]:
     """Collective over `comm`: the first operation of every collective call on a file.
 
-    Always one ``Iallreduce`` (MAX) of :data:`HEAD_SLOTS` int64: this rank's error flag;
+    Always one allreduce (MAX) of :data:`HEAD_SLOTS` int64 (the communicator's
+    :class:`HeadOp` where it has one, else an ``Iallreduce``): this rank's error flag;
     a code naming ``call`` (one of :data:`CALLS`) and ``file`` (its serial number on the
     communicator, agreed at open, and its name for messages), then the code negated, so
     that the two maxima differ unless every rank passed the same code; then up to sixteen
@@ -298,14 +326,15 @@ def call_head(
     if op is None:
         got = bytearray(_HEAD.size)
         req = comm.Iallreduce([vec, MPI.INT64_T], [got, MPI.INT64_T], op=MPI.MAX)
+        if patient:
+            sleep_until_done(req)
+        else:
+            req.Wait()
     else:
         op.send[:] = vec
-        got, req = op.recv, op.req
-        req.Start()
-    if patient:
-        sleep_until_done(req)
-    else:
-        req.Wait()
+        got = op.recv
+        op.start()
+        op.wait(patient)
     out = _HEAD.unpack(got)
     if out[1] != -out[2]:
         _raise_call_mismatch(comm, call, file, subject, extra, undo)
@@ -352,9 +381,8 @@ class KeptHead:
             comm.Iallreduce(self.send, self.recv, op=_MAX).Wait()
             return
         op.slots[:] = self.slots
-        req = op.req
-        req.Start()
-        req.Wait()
+        op.start()
+        op.wait(False)
 
 
 def call_kept_head(

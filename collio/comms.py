@@ -309,7 +309,9 @@ def _dup(comm: MPI.Intracomm) -> MPI.Intracomm:
     """Collective over `comm`: a duplicate of collio's, with its head operation
     (:func:`~collio.collective.keep_head_op`)."""
     dup = comm.Dup()
-    keep_head_op(dup)
+    if not keep_head_op(dup):  # (one taken anew: see keep_head_op)
+        dup.Free()
+        dup = comm.Dup()
     return dup
 
 

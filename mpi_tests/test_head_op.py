@@ -115,3 +115,66 @@ def test_a_freed_communicator_frees_its_head_operation(comm, mpi_tmp_path):
     mine.Free()
     gone = handle not in collective._HEAD_OPS
     assert comm.allgather((kept, gone)) == [(True, True)] * comm.size
+
+
+def test_a_head_interrupted_in_its_wait_is_completed_by_the_next(comm, monkeypatch):
+    """The last rank's patient head is interrupted in its wait (the others' complete):
+    its next head completes the operation it left started, then starts it again, and
+    every rank's next heads agree (starting an active request would fail on that rank
+    alone and leave the others waiting)."""
+    from collio import comms
+
+    c = comms.private(comm).comm
+    if comm.allgather(collective._HEAD_OPS.get(c.py2f()) is None) != [False] * comm.size:
+        pytest.skip("no persistent head operation (MPI before 4)")
+    last = comm.rank == comm.size - 1
+
+    def interrupted(req, **kw):
+        raise KeyboardInterrupt
+
+    if last:
+        monkeypatch.setattr(collective, "sleep_until_done", interrupted)
+    try:
+        first = collective.call_head(c, "sync", (1, "x"), False, patient=True)[0]
+    except KeyboardInterrupt:
+        first = "interrupted"
+    monkeypatch.undo()
+    then = [collective.call_head(c, "sync", (1, "x"), comm.rank == 0, patient=p)[0]
+            for p in (True, False)]  # fmt: skip
+    got = comm.allgather((first, then))
+    want = [(False, [True, True])] * (comm.size - 1) + [("interrupted", [True, True])]
+    assert got == want, got
+
+
+def test_a_rank_failing_to_set_up_the_head_operation_leaves_heads_that_meet(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """Rank 0 alone fails to set up a new duplicate's head operation: no rank keeps one,
+    the duplicate is taken anew (on the first, rank 0 would be a collective behind), and
+    a series of calls on it writes numpy's bytes."""
+    real = collective.HeadOp
+
+    class Failing(real):
+        __slots__ = ()
+
+        def __init__(self, c):
+            if comm.rank == 0:
+                raise MemoryError("injected: no room for the head operation")
+            super().__init__(c)
+
+    mine = comm.Dup()
+    monkeypatch.setattr(collective, "HeadOp", Failing)
+    path = str(comm.bcast(str(mpi_tmp_path / "f.bin"), root=0))
+    p, r, steps = comm.size, comm.rank, 6
+    try:
+        with collio.open(path, "w", comm=mine) as f:
+            kept = f._ctx.comm.py2f() in collective._HEAD_OPS
+            for s in range(steps):
+                f.write_at_all((s * p + r) * N, _data(s, r))
+    finally:
+        monkeypatch.undo()
+        mine.Free()
+    assert comm.allgather(kept) == [False] * p
+    comm.Barrier()
+    want = b"".join(_data(s, q).tobytes() for s in range(steps) for q in range(p))
+    assert read_file(path) == want
