@@ -628,11 +628,7 @@ def test_extents_across_pieces_are_checked_from_the_parts(
     got = ckpt.load(path, {"a": lay}, comm=comm)["a"]
     assert got.tobytes() == model.rows_reference("a")[lay.slices].tobytes()
     assert reads == []  # (verified from memory: nothing read back)
-    comm.Barrier()  # (every rank done with its arrays: a mapped one shows the flip)
-    if comm.rank == 0:  # a byte just after the saving job's first edge (one rank: mid-array)
-        edge = (64 * 1000 * 8) // max(comm.size, 2)
-        model.flip(path, ckpt.info(path).file_offset("a", edge + 5), 1)
-    comm.Barrier()
+    model.flip_past_first_edge(comm, path)
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
     )

@@ -76,11 +76,7 @@ def test_each_version_checks_extents_across_pieces(
     ok = got.tobytes() == model.rows_reference("a")[lay.slices].tobytes()
     assert all(comm.allgather(ok))
     del got
-    comm.Barrier()  # (every rank done with its arrays: a mapped one would show the flip)
-    if comm.rank == 0:  # (a byte just after the saving job's first edge)
-        edge = (64 * 1000 * 8) // max(comm.size, 2)
-        model.flip(path, ckpt.info(path).file_offset("a", edge + 5), 1)
-    comm.Barrier()
+    model.flip_past_first_edge(comm, path)
     err = raises_everywhere(
         comm, collio.ChecksumError, lambda: ckpt.load(path, {"a": lay}, comm=comm)
     )

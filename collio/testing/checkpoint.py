@@ -230,3 +230,19 @@ def shifted_rows(rank: int, size: int) -> Subarray:
     edges = [0, *[min(rows, rows * r // size + 3) for r in range(1, size)], rows]
     lo, hi = edges[rank], edges[rank + 1]
     return Subarray((rows, cols), (lo, 0), (hi - lo, cols), "<f8")
+
+
+def flip_past_first_edge(comm: Any, path: str) -> None:
+    """Collective: once every rank is done with its arrays (a mapped one would show the
+    flip), rank 0 flips a bit of row-state array ``a`` in the checkpoint at ``path``
+    just past the first piece edge of a save by :func:`rows_state` at ``comm``'s size
+    (mid-array at one rank): a byte of an extent a :func:`shifted_rows` load holds in
+    two ranks' pieces."""
+    from ..checkpoint import info
+
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shape, dtype = ROWS["a"]
+        edge = int(np.prod(shape)) * np.dtype(dtype).itemsize // max(comm.Get_size(), 2)
+        flip(path, info(path).file_offset("a", edge + 5), 1)
+    comm.Barrier()

@@ -45,11 +45,13 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connec
 def stored(comm: Any, url: str, bucket: str, key: str) -> tuple[bytes | None, list[str]]:
     """Collective: the object's bytes (None if absent) and the keys of the bucket's open
     multipart uploads, read by rank 0 with boto3 (bypassing collio), on every rank."""
-    out, error = None, None
+    from ..collective import Attempt, bcast_outcome
+
+    out, step = None, Attempt()
     if comm.Get_rank() == 0:
         import boto3
 
-        try:  # (rank 0's failure said on every rank: none left waiting in the bcast)
+        with step:  # (rank 0's failure raised on every rank: none left in the bcast)
             c = boto3.client("s3", endpoint_url=url)
             try:
                 data: bytes | None = c.get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -57,12 +59,10 @@ def stored(comm: Any, url: str, bucket: str, key: str) -> tuple[bytes | None, li
                 data = None
             ups = [u["Key"] for u in c.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
             out = (data, ups)
-        except Exception as exc:  # noqa: BLE001 - reported on every rank below
-            error = repr(exc)
-    got, error = comm.bcast((out, error), root=0)
-    if error:
-        raise RuntimeError(f"rank 0 could not read s3://{bucket}/{key}: {error}")
-    return got  # type: ignore[no-any-return]
+    got: tuple[bytes | None, list[str]] = bcast_outcome(
+        comm, out, step.error, what=f"read s3://{bucket}/{key}"
+    )
+    return got
 
 
 def fake_credentials() -> None:
@@ -127,16 +127,14 @@ def shared_moto(comm: Any, bucket: str, *, min_part_size: int | None = None) -> 
 @contextlib.contextmanager
 def shared_proxy(comm: Any, upstream: str) -> Iterator[tuple[FaultProxy | None, str]]:
     """Collective over `comm`: rank 0 runs a :class:`FaultProxy`; yields (proxy on rank 0, url)."""
-    proxy, url, error = None, None, None
+    from ..collective import Attempt, bcast_outcome
+
+    proxy, url, step = None, None, Attempt()
     if comm.Get_rank() == 0:
-        try:
+        with step:
             proxy = FaultProxy(upstream)
             url = proxy.start()
-        except Exception as exc:  # noqa: BLE001 - reported on every rank below
-            error = repr(exc)
-    url, error = comm.bcast((url, error), root=0)
-    if error:
-        raise RuntimeError(f"fault proxy did not start: {error}")
+    url = bcast_outcome(comm, url, step.error, what="start the fault proxy")
     try:
         yield proxy, str(url)
     finally:
