@@ -178,3 +178,53 @@ def test_a_rank_failing_to_set_up_the_head_operation_leaves_heads_that_meet(
     comm.Barrier()
     want = b"".join(_data(s, q).tobytes() for s in range(steps) for q in range(p))
     assert read_file(path) == want
+
+
+def test_without_a_head_operation_heads_still_agree_and_meet(comm, mpi_tmp_path, monkeypatch):
+    """No rank can set up the head operation (an MPI without persistent collectives):
+    none is kept, every head is a nonblocking allreduce, a series writes numpy's and
+    ROMIO's bytes, and a step where rank 0 reads while the others write raises the same
+    MismatchError on every rank, the file going on after it."""
+
+    class Missing(collective.HeadOp):
+        __slots__ = ()
+
+        def __init__(self, c):
+            raise NotImplementedError("injected: MPI_Allreduce_init is missing")
+
+    mine = comm.Dup()
+    monkeypatch.setattr(collective, "HeadOp", Missing)
+    path = str(comm.bcast(str(mpi_tmp_path / "ours.bin"), root=0))
+    theirs = str(mpi_tmp_path / "romio.bin")
+    p, r, steps = comm.size, comm.rank, 5
+    fh = MPI.File.Open(comm, theirs, MPI.MODE_CREATE | MPI.MODE_WRONLY)
+    try:
+        with collio.open(path, "w", comm=mine) as f:
+            kept = f._ctx.comm.py2f() in collective._HEAD_OPS
+            guessed = []
+            for s in range(steps):
+                f.write_at_all((s * p + r) * N, _data(s, r))
+                guessed.append(f.stats.last_call["guessed"])
+                fh.Write_at_all((s * p + r) * N, _data(s, r))
+            if p > 1:
+                out = np.empty(N, np.uint8)
+                at = (steps * p + r) * N
+
+                def call() -> None:
+                    if r == 0:
+                        f.read_at_all(at, out)
+                    else:
+                        f.write_at_all(at, _data(steps, r))
+
+                want_msg = mismatch_message(comm, "read_at_all", "write_at_all")
+                raises_everywhere(comm, collio.MismatchError, call, match=want_msg)
+            f.write_at_all((steps * p + r) * N, _data(steps, r))  # (the file goes on)
+            fh.Write_at_all((steps * p + r) * N, _data(steps, r))
+    finally:
+        monkeypatch.undo()
+        mine.Free()
+        fh.Close()
+    assert comm.allgather((kept, guessed)) == [(False, [False, False] + [True] * 3)] * p
+    comm.Barrier()
+    want = b"".join(_data(s, q).tobytes() for s in range(steps + 1) for q in range(p))
+    assert read_file(path) == want and read_file(theirs) == want
