@@ -54,6 +54,11 @@ class Rider(Protocol):
         """Local: let go of what the front end holds, before the backend closes."""
 
 
+#: The open's head slots of a rank with no early open (Backend.open_early): a failure,
+#: so that the maxima on every rank say the early opens are not to be used
+_NO_EARLY = (1, 0, 0, -1)
+
+
 class FileCore:
     """One file open on every rank of a communicator (see the module docstring)."""
 
@@ -79,6 +84,7 @@ class FileCore:
         engine_mode: str | None = None,
         label: str = "open arguments",
         lane: bool = False,
+        early: Callable[[Hints, T], Any] | None = None,
     ) -> FileCore:
         """Collective over ``priv.comm``: agree on the arguments, open, choose aggregators.
 
@@ -96,6 +102,12 @@ class FileCore:
         :class:`~collio.comms.Lane` of ``priv``, lent again once the file is closed, so
         only the first open (and one beside each file still open) duplicates; which
         lane rides in this agreement.  The front end gives it back after ``release``.
+
+        ``early`` (local, never raises; given the parsed hints and ``check``'s payload):
+        the backend's part of the open that needs no other rank
+        (:meth:`~collio.backends.base.Backend.open_early`), done before the agreement,
+        which then agrees on its facts too, so that ``opener`` needs no agreement of its
+        own; it learns the maxima before ``opener`` runs, and is dropped if the open fails.
         """
         comm = priv.comm
         step = Attempt()
@@ -110,14 +122,24 @@ class FileCore:
             mine = (mode, parsed, *compared)
         file = (priv.files + 1, repr(target))
         k = priv.reserve() if lane else -1
+        ahead: Any = None
         try:
-            own = (*same_slots(mine), k, -k)
+            facts: tuple[int, ...] = ()
+            if early is not None:  # (as many slots on every rank: the same front end)
+                if step.error is None:
+                    ahead = early(parsed, payload)
+                facts = _NO_EARLY if ahead is None else tuple(ahead.slots())
+            own = (*same_slots(mine), k, -k, *facts)
             failed, out = call_head(comm, "open", file, step.error is not None, own)
             if failed:
                 raise_agreed(comm, step.error, what="open")
             settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {v!r}")
+            if ahead is not None:
+                ahead.agreed(out[4:])
             be = opener(comm, parsed, payload)
         except BaseException:
+            if ahead is not None:
+                ahead.drop()
             if lane:
                 priv.unreserve(k)
             raise

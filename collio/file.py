@@ -129,10 +129,22 @@ class File:
             path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else None
             return (name, path), bcls
 
+        ahead: list[Any] = []  # (the backend's early open, where it made one)
+
+        def early(parsed: Hints, bcls: type[Backend]) -> Any:
+            got = bcls.open_early(target, mode, priv.comm.Get_rank(), parsed, options)
+            if got is not None:
+                ahead.append(got)
+            return got
+
         def opener(comm: MPI.Intracomm, parsed: Hints, bcls: type[Backend]) -> Backend:
+            if ahead:
+                return bcls.open(target, mode, comm=comm, hints=parsed, _early=ahead[0], **options)
             return bcls.open(target, mode, comm=comm, hints=parsed, **options)
 
-        core = FileCore.open(priv, target, mode, hints, modes=_MODES, check=check, opener=opener)
+        core = FileCore.open(
+            priv, target, mode, hints, modes=_MODES, check=check, opener=opener, early=early
+        )
         return cls(core, target)
 
     # -- properties -----------------------------------------------------------

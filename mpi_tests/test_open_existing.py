@@ -1,10 +1,11 @@
-"""Opening a file that the open makes nothing of ('r', 'r+' without ``create``): one
-agreement after the head instead of a broadcast and an agreement.
+"""Opening a file that the open makes nothing of ('r', 'r+' without ``create``): no
+agreement but the open's head, instead of a broadcast and an agreement.
 
-Rank 0 checks the target while every rank opens the same name; one allreduce agrees
-that nothing failed, that every rank's name is rank 0's and on rank 0's size.  When it
-finds otherwise, the open goes the general way (rank 0's name broadcast, every rank
-opens it), so its errors stay what they were.
+Rank 0 checks the target while every rank opens the same name, before the head, which
+agrees that nothing failed, that every rank's name is rank 0's and on rank 0's size,
+together with the open's arguments.  When it finds otherwise, the open goes the general
+way (rank 0's name broadcast, every rank opens it), so its errors stay what they were,
+and no descriptor of the early opens is left behind.
 """
 
 from __future__ import annotations
@@ -44,17 +45,20 @@ def _romio_read(comm: MPI.Comm, path: str, n: int) -> np.ndarray:
 
 @pytest.fixture
 def taken(monkeypatch):
-    """Whether each open on this rank took the one agreement (True) or the general way."""
+    """Whether each open on this rank used its early open (True) or went the general way."""
     seen: list[bool] = []
-    real = fileopen._open_existing
+    real = fileopen.Early.agreed
 
-    def spy(*args):
-        got = real(*args)
-        seen.append(got is not None)
-        return got
+    def spy(self, out):
+        real(self, out)
+        seen.append(self.ok)
 
-    monkeypatch.setattr(fileopen, "_open_existing", spy)
+    monkeypatch.setattr(fileopen.Early, "agreed", spy)
     return seen
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.mark.mpi
@@ -95,3 +99,61 @@ def test_a_missing_file_fails_on_every_rank(comm, mpi_tmp_path, taken, mode):
         f.write_all(mine, _layout(comm))
     want = np.concatenate(comm.allgather(mine))
     assert _romio_read(comm, ok, N * comm.size).tobytes() == want.tobytes()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_a_rank_failing_its_early_open_fails_on_every_rank(comm, mpi_tmp_path, taken, monkeypatch):
+    """The last rank cannot open the file (refused to it alone): every rank learns it in
+    the head, closes its early descriptor and goes the general way, where every rank
+    raises the same error naming that rank; the file opens once it can."""
+    path = str(comm.bcast(str(mpi_tmp_path / "a.bin"), root=0))
+    want = np.arange(N * comm.size, dtype="<f8") * 3.0
+    _romio_file(comm, path, want)
+    last = comm.rank == comm.size - 1
+    real = fileopen.open_regular
+
+    def refused(name, flags):
+        raise PermissionError(13, "Permission denied", name)
+
+    if last:
+        monkeypatch.setattr(fileopen, "open_regular", refused)
+    before = _fds()
+    err = raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "r", comm=comm))
+    left = _fds() - before
+    monkeypatch.setattr(fileopen, "open_regular", real)
+    assert f"rank {comm.size - 1}" in str(err) and "ermission denied" in str(err)
+    with collio.open(path, "r", comm=comm) as f:
+        got = f.read_all(_layout(comm))
+    assert comm.allgather((left, taken, got.tobytes())) == [
+        (0, [False, True], want[q * N : (q + 1) * N].tobytes()) for q in range(comm.size)
+    ]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_an_early_open_failing_once_goes_the_general_way(comm, mpi_tmp_path, taken, monkeypatch):
+    """The last rank's early open fails once (a transient refusal): every rank closes its
+    early descriptor and opens the general way, which succeeds; the file reads ROMIO's
+    bytes, and each rank holds one descriptor of it, the backend's."""
+    path = str(comm.bcast(str(mpi_tmp_path / "a.bin"), root=0))
+    want = np.arange(N * comm.size, dtype="<f8") - 5.0
+    _romio_file(comm, path, want)
+    real = fileopen.open_regular
+    refusals = [1 if comm.rank == comm.size - 1 else 0]
+
+    def once(name, flags):
+        if refusals[0]:
+            refusals[0] = 0
+            raise PermissionError(13, "Permission denied", name)
+        return real(name, flags)
+
+    monkeypatch.setattr(fileopen, "open_regular", once)
+    before = _fds()
+    with collio.open(path, "r", comm=comm) as f:
+        held = _fds() - before
+        got = f.read_all(_layout(comm))
+    left = _fds() - before
+    assert comm.allgather((held, left, taken, got.tobytes())) == [
+        (1, 0, [False], want[q * N : (q + 1) * N].tobytes()) for q in range(comm.size)
+    ]

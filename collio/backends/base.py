@@ -143,6 +143,18 @@ class Backend(abc.ABC):
         return None
 
     @classmethod
+    def open_early(
+        cls, target: Any, mode: str, rank: int, hints: Any, options: dict[str, Any]
+    ) -> Any:
+        """Local, never raises: the part of :meth:`open` this rank can do before the
+        open's agreement, for a backend whose open then needs no agreement of its own
+        (``collio.open`` passes it to :meth:`open` as ``_early``); None (the default):
+        nothing.  What it returns gives the open's head its facts (``slots()``, four
+        ints, reduced with MAX), learns their maxima (``agreed(out)``) and lets go of
+        what it holds (``drop()``)."""
+        return None
+
+    @classmethod
     @abc.abstractmethod
     def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> Backend:
         """Collective over `comm`: open (or create, in 'w') the target on every rank.

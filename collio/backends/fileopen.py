@@ -3,6 +3,7 @@ truncate or temporary, every rank's descriptor, and what the hints add."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from .localfile import Prepared, check_target, open_regular, prepare
 if TYPE_CHECKING:
     from .posix import PosixBackend
 
-__all__ = ["check_options", "open_file"]
+__all__ = ["Early", "check_options", "early_open", "open_file"]
 
 _O_BINARY = getattr(os, "O_BINARY", 0)
 #: (int64 maxima: a value and its negation agree when every rank passed the same)
@@ -49,8 +50,87 @@ def check_options(mode: str, options: dict[str, Any]) -> None:
         raise ModeError(f"posix backend: unknown options {unknown}")
 
 
+def _makes_nothing(mode: str, hints: Any, options: dict[str, Any]) -> bool:
+    """Whether an open in ``mode`` makes nothing first (no create, truncate or temporary)."""
+    create = options.get("create", False) if mode == "r+" else False
+    atomic = bool(getattr(hints, "atomic_commit", False)) and mode != "r"
+    return mode in ("r", "r+") and not create and not atomic
+
+
+@dataclasses.dataclass(slots=True)
+class Early:
+    """An open that makes nothing, done by every rank before the open's head, which
+    agrees on it (:meth:`slots`) together with the open's arguments: rank 0 checks the
+    target while every rank opens the same name, as :func:`_open_existing` does, but
+    with no agreement of its own.  Not :attr:`ok` on every rank alike (a rank failed,
+    or named another file), the descriptor is closed and the open goes the general way,
+    which checks and opens again and raises what it finds."""
+
+    fd: int
+    made: Prepared
+    name: str
+    size: int  # rank 0's; -1 elsewhere until agreed
+    failed: bool
+    ok: bool = False
+
+    #: the head's slots an early open takes (:meth:`slots`, :meth:`agreed`)
+    SLOTS = 4
+
+    def slots(self) -> tuple[int, int, int, int]:
+        """This rank's facts for the head: failed, the name's digest, its negation, the size."""
+        code = 0 if self.failed else digest(self.name)
+        return (1 if self.failed else 0), code, -code, self.size
+
+    def agreed(self, out: Any) -> None:
+        """Local: the head's maxima of :meth:`slots` on every rank; the same outcome on
+        every rank (a failure anywhere, or names that differ: not ok, nothing kept)."""
+        self.ok = not out[0] and out[1] == -out[2]
+        if self.ok:
+            self.size = int(out[3])
+        else:
+            self.drop()
+
+    def drop(self) -> None:
+        """Local: close the descriptor (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def early_open(
+    target: Any, mode: str, rank: int, hints: Any, options: dict[str, Any]
+) -> Early | None:
+    """Local: the open's part that needs no other rank (:class:`Early`), before the
+    open's head, when it makes nothing; None otherwise.  Never raises: a failure is the
+    early open's ``failed``."""
+    if not _makes_nothing(mode, hints, options):
+        return None
+    fd, made, name, size, failed = -1, Prepared("", -1, None), "", -1, False
+    try:
+        name = os.fspath(target)
+        if rank == 0:
+            made = prepare(name, mode, False)
+            size = made.before.st_size if made.before is not None else 0
+        else:  # (as rank 0: a FIFO or a device is judged by its stat, never opened)
+            check_target(name, mode)
+        fd = open_regular(name, _flags(mode))
+    except Exception:  # noqa: BLE001 - the general way raises it, agreed
+        failed = True
+    return Early(fd, made, name, size, failed)
+
+
+def _flags(mode: str) -> int:
+    return (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
+
+
 def open_file(
-    cls: type[PosixBackend], target: Any, mode: str, comm: Any, hints: Any, options: dict[str, Any]
+    cls: type[PosixBackend],
+    target: Any,
+    mode: str,
+    comm: Any,
+    hints: Any,
+    options: dict[str, Any],
+    early: Early | None = None,
 ) -> PosixBackend:
     """Collective over `comm`: rank 0 creates or truncates (or checks) the file and
     broadcasts its name, then every rank opens that name and one allreduce agrees.
@@ -59,7 +139,8 @@ def open_file(
     made (a node-local path fails on the other nodes instead of making one file
     per node).  ``collio.open`` agreed on :meth:`check_options` before, so bad
     options on any rank never reach the file (:func:`check_options`).  An open that
-    makes nothing needs no broadcast first (:func:`_open_existing`).
+    makes nothing needs no broadcast first (:func:`_open_existing`), and none of its
+    own when every rank opened before the open's head, which agreed on it (``early``).
     """
     writeback = bool(options.get("writeback", True))
     holes = str(options.get("holes", "auto"))
@@ -68,10 +149,14 @@ def open_file(
     # (``_spare``: a checkpoint save with free_replaced=reuse, whose writer zeroes every
     # byte it leaves unwritten in a reused spare; a plain write could not say which)
     reuse = atomic and options.get("_spare") is SPARE
-    flags = (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
+    flags = _flags(mode)
     made = Prepared("", -1, None)  # rank 0's: the temporary's lock, the target's stat
     opened = None
-    if mode in ("r", "r+") and not create and not atomic:  # (nothing to make first)
+    if early is not None:  # (agreed in the open's head: ok on every rank, or on none)
+        if early.ok:
+            opened = early.fd, early.made, early.name, early.size
+            early.fd = -1  # (the backend's now)
+    elif _makes_nothing(mode, hints, options):
         opened = _open_existing(target, mode, comm, flags)
     if opened is not None:
         fd, made, name, size = opened

@@ -19,7 +19,7 @@ from ..errors import CommitError
 from ..runs import Runs
 from .directio import DIRECT_MIN, direct_possible, open_direct, write_split
 from .fdio import joinable, joined, pwrite_all, pwrite_joined, pwrite_runs
-from .fileopen import check_options, open_file
+from .fileopen import Early, check_options, early_open, open_file
 from .filereads import MappedReads
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, fallocate, sync_file_range
 from .keeping import KEEP_RUNS, Before, keep_one, keep_runs, put_back
@@ -137,9 +137,20 @@ class PosixBackend(MappedReads):
         check_options(mode, options)
 
     @classmethod
-    def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> PosixBackend:
-        """Collective over `comm`: :func:`~collio.backends.fileopen.open_file`."""
-        return open_file(cls, target, mode, comm, hints, options)
+    def open(
+        cls, target: Any, mode: str, *, comm: Any, hints: Any, _early: Early | None = None,
+        **options: Any,
+    ) -> PosixBackend:  # fmt: skip
+        """Collective over `comm`: :func:`~collio.backends.fileopen.open_file`; ``_early``
+        (internal): this rank's :meth:`open_early`, agreed in the open's head."""
+        return open_file(cls, target, mode, comm, hints, options, _early)
+
+    @classmethod
+    def open_early(
+        cls, target: Any, mode: str, rank: int, hints: Any, options: dict[str, Any]
+    ) -> Early | None:
+        """Local: :func:`~collio.backends.fileopen.early_open`."""
+        return early_open(target, mode, rank, hints, options)
 
     # -- data ---------------------------------------------------------------
     def take_direct_bytes(self) -> int:
