@@ -73,15 +73,29 @@ def open_file(comm: MPI.Intracomm, filename: Any, amode: Any, info: Any) -> Open
         parsed_amode = parse(amode)  # (inside the agreement: ERR_AMODE on every rank)
         return (parsed_amode.bits, path), parsed_amode
 
+    ahead: list[Any] = []  # (the early open, where the open makes nothing)
+
+    def created(am: Amode) -> bool | str:
+        return am.has(MPI.MODE_CREATE) and ("exclusive" if am.has(MPI.MODE_EXCL) else True)
+
+    def early(parsed: Hints, am: Amode) -> Any:
+        options = {"create": created(am)}
+        got = get_backend("posix").open_early(path, am.mode, priv.comm.Get_rank(), parsed, options)
+        if got is not None:
+            ahead.append(got)
+        return got
+
     def opener(comm: MPI.Intracomm, parsed: Hints, am: Amode) -> Backend:
-        create = am.has(MPI.MODE_CREATE) and ("exclusive" if am.has(MPI.MODE_EXCL) else True)
-        return get_backend("posix").open(path, am.mode, comm=comm, hints=parsed, create=create)
+        extra = {"_early": ahead[0]} if ahead else {}
+        return get_backend("posix").open(
+            path, am.mode, comm=comm, hints=parsed, create=created(am), **extra
+        )
 
     mode = "r" if bits & MPI.MODE_RDONLY else "r+"
     with exclusive(priv.comm, "Open"):
         core = FileCore.open(
             priv, path, mode, hints, modes=("r", "r+"), check=check, opener=opener,
-            engine_mode="r+", label="Open arguments (amode, file name)", lane=True,
+            engine_mode="r+", label="Open arguments (amode, file name)", lane=True, early=early,
         )  # fmt: skip
     assert core.lane is not None
     own = core.lane.comm
