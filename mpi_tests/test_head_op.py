@@ -40,6 +40,23 @@ class _Counted:
         return getattr(self.req, name)
 
 
+def _reads_beside_writes(comm: MPI.Comm, f: Any, step: int) -> None:
+    """Step ``step`` of a series, rank 0 reading while the others write: the same
+    MismatchError on every rank."""
+    p, r = comm.size, comm.rank
+    out = np.empty(N, np.uint8)
+    at = (step * p + r) * N
+
+    def call() -> None:
+        if r == 0:
+            f.read_at_all(at, out)
+        else:
+            f.write_at_all(at, _data(step, r))
+
+    want_msg = mismatch_message(comm, "read_at_all", "write_at_all")
+    raises_everywhere(comm, collio.MismatchError, call, match=want_msg)
+
+
 def test_every_call_of_a_series_starts_the_head_operation_once(comm, mpi_tmp_path):
     """A time series of write_at_all then read_at_all: each call's one head is a start of
     the duplicate's head operation (none made per call), and the bytes are numpy's and
@@ -85,17 +102,7 @@ def test_ranks_in_different_calls_meet_in_the_head_operation(comm, mpi_tmp_path)
         for s in range(steps):
             f.write_at_all((s * p + r) * N, _data(s, r))
             fh.Write_at_all((s * p + r) * N, _data(s, r))
-        out = np.empty(N, np.uint8)
-        at = (steps * p + r) * N
-
-        def call() -> None:
-            if r == 0:
-                f.read_at_all(at, out)
-            else:
-                f.write_at_all(at, _data(steps, r))
-
-        want_msg = mismatch_message(comm, "read_at_all", "write_at_all")
-        raises_everywhere(comm, collio.MismatchError, call, match=want_msg)
+        _reads_beside_writes(comm, f, steps)
         f.write_at_all((steps * p + r) * N, _data(steps, r))  # (the file goes on)
         fh.Write_at_all((steps * p + r) * N, _data(steps, r))
     fh.Close()
@@ -207,17 +214,7 @@ def test_without_a_head_operation_heads_still_agree_and_meet(comm, mpi_tmp_path,
                 guessed.append(f.stats.last_call["guessed"])
                 fh.Write_at_all((s * p + r) * N, _data(s, r))
             if p > 1:
-                out = np.empty(N, np.uint8)
-                at = (steps * p + r) * N
-
-                def call() -> None:
-                    if r == 0:
-                        f.read_at_all(at, out)
-                    else:
-                        f.write_at_all(at, _data(steps, r))
-
-                want_msg = mismatch_message(comm, "read_at_all", "write_at_all")
-                raises_everywhere(comm, collio.MismatchError, call, match=want_msg)
+                _reads_beside_writes(comm, f, steps)
             f.write_at_all((steps * p + r) * N, _data(steps, r))  # (the file goes on)
             fh.Write_at_all((steps * p + r) * N, _data(steps, r))
     finally:
