@@ -135,7 +135,7 @@ class FileCore:
                 raise_agreed(comm, step.error, what="open")
             settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {v!r}")
             if ahead is not None:
-                ahead.agreed(out[4:])
+                ahead.agreed(out[len(own) - len(facts) :])
             be = opener(comm, parsed, payload)
         except BaseException:
             if ahead is not None:
