@@ -24,7 +24,7 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from . import keptcall
-from .backends.base import Backend
+from .backends.base import EARLY_SLOTS, NO_EARLY, Backend
 from .collective import Attempt, any_flag, call_head, raise_agreed, same_slots, settle_same
 from .comms import Lane, Private
 from .context import Context
@@ -52,11 +52,6 @@ class Rider(Protocol):
 
     def release(self) -> None:
         """Local: let go of what the front end holds, before the backend closes."""
-
-
-#: The open's head slots of a rank with no early open (Backend.open_early): a failure,
-#: so that the maxima on every rank say the early opens are not to be used
-_NO_EARLY = (1, 0, 0, -1)
 
 
 class FileCore:
@@ -114,21 +109,22 @@ class FileCore:
         parsed = DEFAULT_HINTS
         mine: tuple[Any, ...] | None = None
         payload: Any = None
+        ahead: Any = None
         with step:
             if mode not in modes:
                 raise ModeError(f"mode must be one of {', '.join(modes)}, not {mode!r}")
             parsed = Hints.coerce(hints, warn=comm.Get_rank() == 0)
             compared, payload = check(parsed)
             mine = (mode, parsed, *compared)
+            if early is not None:
+                ahead = early(parsed, payload)
         file = (priv.files + 1, repr(target))
         k = priv.reserve() if lane else -1
-        ahead: Any = None
         try:
             facts: tuple[int, ...] = ()
             if early is not None:  # (as many slots on every rank: the same front end)
-                if step.error is None:
-                    ahead = early(parsed, payload)
-                facts = _NO_EARLY if ahead is None else tuple(ahead.slots())
+                facts = NO_EARLY if ahead is None else tuple(ahead.slots())
+                assert len(facts) == EARLY_SLOTS, facts
             own = (*same_slots(mine), k, -k, *facts)
             failed, out = call_head(comm, "open", file, step.error is not None, own)
             if failed:
@@ -138,11 +134,12 @@ class FileCore:
                 ahead.agreed(out[len(own) - len(facts) :])
             be = opener(comm, parsed, payload)
         except BaseException:
-            if ahead is not None:
-                ahead.drop()
             if lane:
                 priv.unreserve(k)
             raise
+        finally:
+            if ahead is not None:  # (unless the backend took its descriptor)
+                ahead.drop()
         ctx = _context(priv, be, parsed, engine_mode or mode, file)
         lent = None
         if lane:  # (every rank reserved the same lane when the maxima of k and -k agree)

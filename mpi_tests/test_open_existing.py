@@ -11,6 +11,7 @@ and no descriptor of the early opens is left behind.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from helpers import raises_everywhere
 from mpi4py import MPI
 
 import collio
-from collio.backends import fileopen
+from collio import mpi
+from collio.backends import fileopen, posix
 from collio.layouts import Subarray
 
 N = 24  # float64 per rank
@@ -51,14 +53,21 @@ def taken(monkeypatch):
 
     def spy(self, out):
         real(self, out)
-        seen.append(self.ok)
+        seen.append(self.route == "early")
 
     monkeypatch.setattr(fileopen.Early, "agreed", spy)
     return seen
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _fds(path: str) -> int:
+    """This process's descriptors of ``path``."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == path
+        except OSError:  # (the listing's own descriptor, closed since)
+            pass
+    return n
 
 
 @pytest.mark.mpi
@@ -118,9 +127,9 @@ def test_a_rank_failing_its_early_open_fails_on_every_rank(comm, mpi_tmp_path, t
 
     if last:
         monkeypatch.setattr(fileopen, "open_regular", refused)
-    before = _fds()
+    before = _fds(path)
     err = raises_everywhere(comm, collio.BackendError, lambda: collio.open(path, "r", comm=comm))
-    left = _fds() - before
+    left = _fds(path) - before
     monkeypatch.setattr(fileopen, "open_regular", real)
     assert f"rank {comm.size - 1}" in str(err) and "ermission denied" in str(err)
     with collio.open(path, "r", comm=comm) as f:
@@ -149,11 +158,109 @@ def test_an_early_open_failing_once_goes_the_general_way(comm, mpi_tmp_path, tak
         return real(name, flags)
 
     monkeypatch.setattr(fileopen, "open_regular", once)
-    before = _fds()
+    before = _fds(path)
     with collio.open(path, "r", comm=comm) as f:
-        held = _fds() - before
+        held = _fds(path) - before
         got = f.read_all(_layout(comm))
-    left = _fds() - before
+    left = _fds(path) - before
     assert comm.allgather((held, left, taken, got.tobytes())) == [
         (1, 0, [False], want[q * N : (q + 1) * N].tobytes()) for q in range(comm.size)
     ]
+
+
+def _on_rank0_after_the_others_opened(comm, monkeypatch, act):
+    """Rank 0 runs ``act`` once every other rank made its early open (and before its
+    own), as a rank 0 that changes the file just before its open can find it."""
+    side = comm.Dup()
+    real = posix.early_open
+
+    def early(*args):
+        if comm.rank == 0:
+            for q in range(1, comm.size):
+                side.recv(source=q)
+            act()
+            return real(*args)
+        got = real(*args)
+        side.send(None, dest=0)
+        return got
+
+    monkeypatch.setattr(posix, "early_open", early)
+    return side
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["r", "r+"])
+def test_a_file_replaced_by_rank_0_before_its_open_is_the_one_opened(
+    comm, mpi_tmp_path, taken, monkeypatch, mode
+):
+    """Rank 0 replaces the file (a new one renamed over it) after the other ranks made
+    their early open of the old one: the ranks find different files, every rank opens
+    the new one the general way, reads rank 0's new bytes and writes into it."""
+    path = str(comm.bcast(str(mpi_tmp_path / "a.bin"), root=0))
+    old = np.zeros(N * comm.size, "<f8")
+    new = np.arange(N * comm.size, dtype="<f8") + 0.5
+    _romio_file(comm, path, old)
+
+    def replace():
+        with open(path + ".new", "wb") as fh:
+            fh.write(new.tobytes())
+        os.replace(path + ".new", path)
+
+    side = _on_rank0_after_the_others_opened(comm, monkeypatch, replace)
+    mine = np.arange(N, dtype="<f8") * -1.0 - comm.rank
+    try:
+        with collio.open(path, mode, comm=comm) as f:
+            got = f.read_all(_layout(comm))
+            if mode == "r+":
+                f.write_all(mine, _layout(comm))
+    finally:
+        side.Free()
+    want = np.concatenate(comm.allgather(mine)) if mode == "r+" else new
+    blk = slice(comm.rank * N, (comm.rank + 1) * N)
+    ok = (taken, got.tobytes() == new[blk].tobytes())
+    assert comm.allgather(ok) == [([False], True)] * comm.size
+    assert _romio_read(comm, path, N * comm.size).tobytes() == want.tobytes()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_append_pointers_start_at_the_size_every_rank_wrote_before_open(comm, mpi_tmp_path):
+    """MPI.File.Open with MODE_APPEND after the last rank appended to the file on its own,
+    while rank 0 was already in its open: every rank's pointer starts at the end of
+    those bytes (the size is read after the open's head, never before)."""
+    path = str(comm.bcast(str(mpi_tmp_path / "a.bin"), root=0))
+    # (a first open: collio's duplicate of the communicator, made at the first open
+    # on it, would hold rank 0 until every rank is in the open)
+    mpi.File.Open(comm, path, MPI.MODE_WRONLY | MPI.MODE_CREATE).Close()
+    if comm.rank == 0:
+        with open(path, "wb") as fh:
+            fh.write(bytes(100))
+    comm.Barrier()
+    if comm.rank == comm.size - 1:
+        time.sleep(0.3)  # (rank 0 is in its open by then)
+        with open(path, "ab") as fh:
+            fh.write(bytes(28))
+    fh = mpi.File.Open(comm, path, MPI.MODE_WRONLY | MPI.MODE_APPEND)
+    try:
+        at = fh.Get_position()
+    finally:
+        fh.Close()
+    assert comm.allgather(at) == [128] * comm.size
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_create_asked_by_rank_0_alone_opens_an_existing_file(comm, mpi_tmp_path, taken):
+    """``create`` passed by rank 0 alone (options are the backend's, not compared): rank 0
+    makes no early open, so every rank goes the general way, and the file opens and
+    takes the writes."""
+    path = str(comm.bcast(str(mpi_tmp_path / "a.bin"), root=0))
+    _romio_file(comm, path, np.zeros(N * comm.size, "<f8"))
+    mine = np.arange(N, dtype="<f8") + 10.0 * comm.rank
+    opts = {"create": True} if comm.rank == 0 else {}
+    with collio.open(path, "r+", comm=comm, **opts) as f:
+        f.write_all(mine, _layout(comm))
+    want = np.concatenate(comm.allgather(mine))
+    assert comm.allgather(taken) == [[]] + [[False]] * (comm.size - 1)
+    assert _romio_read(comm, path, N * comm.size).tobytes() == want.tobytes()

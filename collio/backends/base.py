@@ -49,6 +49,14 @@ if TYPE_CHECKING:
 __all__ = ["Backend"]
 
 
+#: The slots of the open's head (one allreduce, MAX) an early open takes
+#: (:meth:`Backend.open_early`)
+EARLY_SLOTS = 6
+#: Those of a rank with no early open: a failure, and zeros, which no early open's
+#: negated pairs all agree with, so that every rank goes its open's general way
+NO_EARLY = (1,) + (0,) * (EARLY_SLOTS - 1)
+
+
 class Backend(abc.ABC):
     """Storage that aggregators write to with few, large requests.
 
@@ -149,9 +157,10 @@ class Backend(abc.ABC):
         """Local, never raises: the part of :meth:`open` this rank can do before the
         open's agreement, for a backend whose open then needs no agreement of its own
         (``collio.open`` passes it to :meth:`open` as ``_early``); None (the default):
-        nothing.  What it returns gives the open's head its facts (``slots()``, four
-        ints, reduced with MAX), learns their maxima (``agreed(out)``) and lets go of
-        what it holds (``drop()``)."""
+        nothing.  What it returns gives the open's head its facts (``slots()``,
+        :data:`EARLY_SLOTS` ints, reduced with MAX; :data:`NO_EARLY` from a rank with
+        none), learns their maxima (``agreed(out)``) and lets go of what it holds
+        (``drop()``)."""
         return None
 
     @classmethod

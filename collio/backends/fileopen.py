@@ -3,6 +3,7 @@ truncate or temporary, every rank's descriptor, and what the hints add."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from .directio import open_direct
 from .filereads import maps_for
 from .fsync import EarlyFlush
 from .localfile import Prepared, check_target, open_regular, prepare
+from .mapped import fs_name
 
 if TYPE_CHECKING:
     from .posix import PosixBackend
@@ -62,61 +64,87 @@ class Early:
     """An open that makes nothing, done by every rank before the open's head, which
     agrees on it (:meth:`slots`) together with the open's arguments: rank 0 checks the
     target while every rank opens the same name, as :func:`_open_existing` does, but
-    with no agreement of its own.  Not :attr:`ok` on every rank alike (a rank failed,
-    or named another file), the descriptor is closed and the open goes the general way,
-    which checks and opens again and raises what it finds."""
+    with no agreement of its own.
 
-    fd: int
-    made: Prepared
-    name: str
-    size: int  # rank 0's; -1 elsewhere until agreed
-    failed: bool
-    ok: bool = False
+    Opened before the head, a rank may open the file before another rank entered the
+    open, so before what that rank did to it just before: the ranks compare the file
+    they opened (its device and inode, not only its name: a file replaced meanwhile is
+    another), and only on a file system whose page cache is the file (one node's,
+    :data:`~collio.backends.mapped.LOCAL_FS`), where every byte another rank wrote
+    before its open is in it.  Elsewhere (a parallel or network file system, where an
+    open is what makes another client's writes visible) the early open is declined
+    and, when every rank declined, the file is opened after the head
+    (:func:`_open_existing`).  A failure anywhere, files that differ, or some ranks
+    declining: every rank closes its descriptor and goes the general way, which checks
+    and opens again and raises what it finds.  :attr:`route` says which, the same on
+    every rank."""
 
-    #: the head's slots an early open takes (:meth:`slots`, :meth:`agreed`)
-    SLOTS = 4
+    fd: int = -1
+    made: Prepared = dataclasses.field(default_factory=lambda: Prepared("", -1, None))
+    name: str = ""
+    size: int = -1  # rank 0's; -1 elsewhere until agreed
+    code: int = 0  # digest of the name, device and inode opened
+    failed: bool = False
+    declined: bool = False  # not a local file system: opened after the head
+    route: str = ""  # "early", "existing" (after the head) or "general", once agreed
 
-    def slots(self) -> tuple[int, int, int, int]:
-        """This rank's facts for the head: failed, the name's digest, its negation, the size."""
-        code = 0 if self.failed else digest(self.name)
-        return (1 if self.failed else 0), code, -code, self.size
+    def slots(self) -> tuple[int, ...]:
+        """This rank's facts for the head (:data:`~collio.backends.base.EARLY_SLOTS`):
+        failed, the file's digest and its negation, the size, declined and its negation
+        (a rank with no early open sends :data:`~collio.backends.base.NO_EARLY`: its
+        zeros keep the others from agreeing that every rank declined)."""
+        code = 0 if self.failed or self.declined else self.code
+        d = 1 if self.declined else 0
+        return (1 if self.failed else 0), code, -code, self.size, d, -d
 
     def agreed(self, out: Any) -> None:
-        """Local: the head's maxima of :meth:`slots` on every rank; the same outcome on
-        every rank (a failure anywhere, or names that differ: not ok, nothing kept)."""
-        self.ok = not out[0] and out[1] == -out[2]
-        if self.ok:
-            self.size = int(out[3])
+        """Local: the head's maxima of :meth:`slots` on every rank, the same route on
+        every rank; a descriptor it will not use is closed."""
+        if out[4] == 1 and out[5] == -1:  # (every rank declined)
+            self.route = "existing"
+        elif not out[0] and not out[4] and out[1] == -out[2]:
+            self.route, self.size = "early", int(out[3])
         else:
+            self.route = "general"
+        if self.route != "early":
             self.drop()
 
     def drop(self) -> None:
-        """Local: close the descriptor (idempotent)."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Local: close the descriptor, once (nothing was written through it)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def early_open(
     target: Any, mode: str, rank: int, hints: Any, options: dict[str, Any]
 ) -> Early | None:
     """Local: the open's part that needs no other rank (:class:`Early`), before the
-    open's head, when it makes nothing; None otherwise.  Never raises: a failure is the
-    early open's ``failed``."""
+    open's head, when it makes nothing; None otherwise.  Raises nothing but what stops
+    the program (a failure to open is the early open's ``failed``)."""
     if not _makes_nothing(mode, hints, options):
         return None
-    fd, made, name, size, failed = -1, Prepared("", -1, None), "", -1, False
+    e = Early()
     try:
-        name = os.fspath(target)
+        e.name = name = os.fspath(target)
         if rank == 0:
-            made = prepare(name, mode, False)
-            size = made.before.st_size if made.before is not None else 0
+            e.made = prepare(name, mode, False)
         else:  # (as rank 0: a FIFO or a device is judged by its stat, never opened)
             check_target(name, mode)
-        fd = open_regular(name, _flags(mode))
+        e.fd = open_regular(name, _flags(mode))
+        if fs_name(e.fd) is None:
+            e.declined = True
+            e.drop()
+            return e
+        st = os.fstat(e.fd)
+        e.code = digest((name, st.st_dev, st.st_ino))
+        if rank == 0:  # (the size of the file opened)
+            e.size = st.st_size
     except Exception:  # noqa: BLE001 - the general way raises it, agreed
-        failed = True
-    return Early(fd, made, name, size, failed)
+        e.failed = True
+        e.drop()
+    return e
 
 
 def _flags(mode: str) -> int:
@@ -152,10 +180,12 @@ def open_file(
     flags = _flags(mode)
     made = Prepared("", -1, None)  # rank 0's: the temporary's lock, the target's stat
     opened = None
-    if early is not None:  # (agreed in the open's head: ok on every rank, or on none)
-        if early.ok:
+    if early is not None:  # (its route agreed in the open's head: the same on every rank)
+        if early.route == "early":
             opened = early.fd, early.made, early.name, early.size
             early.fd = -1  # (the backend's now)
+        elif early.route == "existing":
+            opened = _open_existing(target, mode, comm, flags)
     elif _makes_nothing(mode, hints, options):
         opened = _open_existing(target, mode, comm, flags)
     if opened is not None:

@@ -79,6 +79,8 @@ def open_file(comm: MPI.Intracomm, filename: Any, amode: Any, info: Any) -> Open
         return am.has(MPI.MODE_CREATE) and ("exclusive" if am.has(MPI.MODE_EXCL) else True)
 
     def early(parsed: Hints, am: Amode) -> Any:
+        if am.has(MPI.MODE_APPEND):  # (the pointers start at the size every rank wrote
+            return None  # before its open: read after the head, not before)
         options = {"create": created(am)}
         got = get_backend("posix").open_early(path, am.mode, priv.comm.Get_rank(), parsed, options)
         if got is not None:
