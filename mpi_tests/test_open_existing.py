@@ -264,3 +264,38 @@ def test_create_asked_by_rank_0_alone_opens_an_existing_file(comm, mpi_tmp_path,
     want = np.concatenate(comm.allgather(mine))
     assert comm.allgather(taken) == [[]] + [[False]] * (comm.size - 1)
     assert _romio_read(comm, path, N * comm.size).tobytes() == want.tobytes()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("declining", ["all", "rank 0"])
+def test_ranks_off_a_local_file_system_open_after_the_head(
+    comm, mpi_tmp_path, taken, monkeypatch, declining
+):
+    """A rank that cannot tell its file system is a local one declines its early open:
+    every rank declining opens after the head (one agreement more, as before), some
+    declining go the general way; both read ROMIO's bytes and write into the file."""
+    path = str(comm.bcast(str(mpi_tmp_path / "a.bin"), root=0))
+    old = np.arange(N * comm.size, dtype="<f8") * 0.25
+    _romio_file(comm, path, old)
+    if declining == "all" or comm.rank == 0:
+        monkeypatch.setattr(fileopen, "fs_name", lambda fd: None)
+    after: list[bool] = []
+    real = fileopen._open_existing
+
+    def spy(*args):
+        got = real(*args)
+        after.append(got is not None)
+        return got
+
+    monkeypatch.setattr(fileopen, "_open_existing", spy)
+    mine = np.arange(N, dtype="<f8") + 0.5 * comm.rank
+    with collio.open(path, "r+", comm=comm) as f:
+        got = f.read_all(_layout(comm))
+        f.write_all(mine, _layout(comm))
+    blk = slice(comm.rank * N, (comm.rank + 1) * N)
+    want_after = [True] if declining == "all" or comm.size == 1 else []
+    ok = (taken, after == want_after, got.tobytes() == old[blk].tobytes())
+    assert comm.allgather(ok) == [([False], True, True)] * comm.size
+    want = np.concatenate(comm.allgather(mine))
+    assert _romio_read(comm, path, N * comm.size).tobytes() == want.tobytes()
