@@ -28,11 +28,13 @@ PREAD_BYTES = 1 << 20
 #: map's faults and numpy's copy out of it, with the array given or new; beyond it the
 #: two cost about the same, and the map's windows bound what a rank holds at once.
 ONE_PREAD_BYTES = 8 << 20
-#: Runs of this many bytes and more on average, up to :data:`LONG_PREAD_MAX`, are a
-#: ``preadv`` each even where the file is mapped: from a few pages up, the syscall per
-#: run costs less than the map's page faults, page tables and unmapping of its pages,
-#: and the kernel's copy no more than numpy's out of the map; past the upper bound
-#: numpy's copy of the long runs out of the map gains again.
+#: Runs of this many bytes and more on average, up to :data:`LONG_PREAD_MAX`, and more
+#: than :data:`~collio.backends.mapped.GATHER_BYTES` in all (fewer may lie within one
+#: pread's gather, which read_runs tries first), are a ``preadv`` each even where the
+#: file is mapped: from a few pages up, the syscall per run costs less than the map's
+#: page faults, page tables and unmapping of its pages, and the kernel's copy no more
+#: than numpy's out of the map; past the upper bound numpy's copy of the long runs out
+#: of the map gains again.
 LONG_PREAD = 16 << 10
 LONG_PREAD_MAX = 512 << 10
 
@@ -44,7 +46,7 @@ def preads(runs: int, nbytes: int) -> bool:
         return nbytes <= ONE_PREAD_BYTES
     if runs <= FEW_PREADS and nbytes <= PREAD_BYTES:
         return True
-    return runs * LONG_PREAD <= nbytes <= runs * LONG_PREAD_MAX
+    return nbytes > GATHER_BYTES and runs * LONG_PREAD <= nbytes <= runs * LONG_PREAD_MAX
 
 
 class MappedReads(Backend):
