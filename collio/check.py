@@ -218,12 +218,8 @@ def head(ctx: Context, p: Pending) -> tuple[bool, tuple[int, ...]]:
     def undo(exc: MismatchError) -> None:
         speculate.after_mismatch(ctx, g, exc)
 
-    # a batch whose rank did its I/O before the head (a guess) waits there for the others'
-    # I/O, which may last: yielding the core, then sleeping, as a completion after each
-    # rank's own I/O waits, where MPI's polling would take a core from a rank still copying
-    patient = g is not None and p.count is not None
     return call_head(
-        ctx.comm, p.name, ctx.file, p.error is not None, mine.slots(), patient=patient,
+        ctx.comm, p.name, ctx.file, p.error is not None, mine.slots(),
         extra=size, undo=None if size is None else undo,
     )  # fmt: skip
 
