@@ -209,12 +209,16 @@ def test_overlapping_read_with_a_run_longer_than_the_window(comm, mpi_tmp_path, 
     np.testing.assert_array_equal(got, want)
 
 
-def test_a_batch_into_memory_terabytes_apart(comm, mpi_tmp_path):
+@pytest.mark.parametrize("size", [filereads.LONG_PREAD // 2, filereads.LONG_PREAD * 4])
+def test_a_batch_into_memory_terabytes_apart(comm, mpi_tmp_path, size):
     """read_all_many of two items whose arrays lie terabytes apart on the last rank
-    alone (a heap array beside a mapped one), their runs of 256 KiB alternating in
-    the file: every rank's bytes land, copied from the map.  The copy once built a
-    view of rows over the batch's whole span there, which numpy refused on that rank."""
-    size, k, r = 256 << 10, 12, comm.rank
+    alone (a heap array beside a mapped one), their runs alternating in the file, past
+    GATHER_BYTES: every rank's bytes land, copied from the map (short runs) or a preadv
+    each (long ones).  The copy once built a view of rows over the batch's whole span
+    there, which numpy refused on that rank."""
+    from collio.backends.mapped import GATHER_BYTES
+
+    k, r = max(12, GATHER_BYTES // size), comm.rank
     path = str(mpi_tmp_path / "target.bin")
     data = np.random.default_rng(47).integers(0, 256, 2 * k * size * comm.size, dtype=np.uint8)
     if r == 0:
@@ -225,7 +229,8 @@ def test_a_batch_into_memory_terabytes_apart(comm, mpi_tmp_path):
     outs = far_apart(k * size, 3 << 44) if r == comm.size - 1 else None
     with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
         got = f.read_all_many(lays, out=outs)
-        assert f.stats.mapped_bytes == 2 * k * size * comm.size
+        copied = 0 if filereads.preads(2 * k, 2 * k * size) else 2 * k * size * comm.size
+        assert f.stats.mapped_bytes == copied
     rows = data.reshape(-1, size)[2 * k * r : 2 * k * (r + 1)]
     for j in (0, 1):
         np.testing.assert_array_equal(got[j].reshape(-1, size), rows[j::2])
@@ -281,3 +286,52 @@ def test_a_strided_series_reads_rows_equal_numpy_and_romio(comm, mpi_tmp_path, m
     if comm.rank == comm.size - 1:
         want[-1, -3:] = 0
     assert np.array_equal(last, want)
+
+
+def test_a_series_of_batches_of_long_runs_reads_equal_numpy_and_romio(
+    comm, mpi_tmp_path, monkeypatch
+):
+    """Batches of items of 64 KiB per rank, item k of every rank side by side (a time
+    series written as a batch per step), read into one array's rows: each rank reads
+    its long runs with a preadv each, not a map; the second and later batches repeat
+    the first, each rank reading before the head agrees.  Every batch's bytes equal
+    numpy's and ROMIO's; a read failing on one rank (a repeat's preadv) is raised by
+    every rank, naming it, and the series goes on."""
+    p, r, n, items, steps = comm.size, comm.rank, 8192, 24, 4
+    path = str(mpi_tmp_path / "steps.bin")
+    glob = reference((steps * items, p * n), "<f8", seed=45)
+    if r == 0:
+        glob.tofile(path)
+    comm.Barrier()
+
+    def lays(s: int) -> list[layouts.Subarray]:
+        return [
+            layouts.Subarray((p * n,), (r * n,), (n,), "<f8", offset=(s * items + k) * p * n * 8)
+            for k in range(items)
+        ]
+
+    out = np.full((items, n), np.nan)
+    found = []
+    with collio.open(path, "r", comm=comm, hints={"mapped_reads": "enable"}) as f:
+        for s in range(steps):
+            if s == 2:
+                if r == p - 1:
+                    monkeypatch.setattr(filereads, "pread_runs", _failing)
+                err = raises_everywhere(comm, collio.CollioError, lambda: f.read_all_many(
+                    lays(2), out=list(out)  # noqa: B023
+                ))  # fmt: skip
+                assert f"rank {p - 1}" in str(err) and "injected read error" in str(err)
+                monkeypatch.undo()
+            before = f.stats.mapped_bytes
+            got = f.read_all_many(lays(s), out=list(out))
+            found.append(
+                (
+                    all(g.base is out for g in got),
+                    np.array_equal(out, glob[s * items : (s + 1) * items, r * n : (r + 1) * n]),
+                    f.stats.last_call["path"], f.stats.mapped_bytes - before,
+                )
+            )  # fmt: skip
+    assert filereads.preads(items, items * n * 8)
+    assert comm.allgather(found) == [[(True, True, "mapped", 0)] * steps] * p
+    k = items + 5
+    assert np.array_equal(romio_read(path, lays(1)[5], comm), glob[k, r * n : (r + 1) * n])

@@ -14,7 +14,10 @@ from .base import Backend, _one
 from .fdio import pread_runs, pread_zeros
 from .mapped import GATHER_BYTES, Rows, copyable, fs_name, read_gathered, read_mapped, rows_of
 
-__all__ = ["FEW_PREADS", "ONE_PREAD_BYTES", "PREAD_BYTES", "MappedReads", "maps_for", "preads"]
+__all__ = [
+    "FEW_PREADS", "LONG_PREAD", "LONG_PREAD_MAX", "ONE_PREAD_BYTES", "PREAD_BYTES", "MappedReads",
+    "maps_for", "preads",
+]  # fmt: skip
 
 #: At most this many runs of at most this many bytes in all are read with pread even
 #: where the file is mapped (see read_runs).
@@ -25,6 +28,15 @@ PREAD_BYTES = 1 << 20
 #: map's faults and numpy's copy out of it, with the array given or new; beyond it the
 #: two cost about the same, and the map's windows bound what a rank holds at once.
 ONE_PREAD_BYTES = 8 << 20
+#: Runs of this many bytes and more on average, up to :data:`LONG_PREAD_MAX`, and more
+#: than :data:`~collio.backends.mapped.GATHER_BYTES` in all (fewer may lie within one
+#: pread's gather, which read_runs tries first), are a ``preadv`` each even where the
+#: file is mapped: from a few pages up, the syscall per run costs less than the map's
+#: page faults, page tables and unmapping of its pages, and the kernel's copy no more
+#: than numpy's out of the map; past the upper bound numpy's copy of the long runs out
+#: of the map gains again.
+LONG_PREAD = 16 << 10
+LONG_PREAD_MAX = 512 << 10
 
 
 def preads(runs: int, nbytes: int) -> bool:
@@ -32,7 +44,9 @@ def preads(runs: int, nbytes: int) -> bool:
     run even where the file is mapped (:meth:`MappedReads.read_runs`)."""
     if runs == 1:
         return nbytes <= ONE_PREAD_BYTES
-    return runs <= FEW_PREADS and nbytes <= PREAD_BYTES
+    if runs <= FEW_PREADS and nbytes <= PREAD_BYTES:
+        return True
+    return nbytes > GATHER_BYTES and runs * LONG_PREAD <= nbytes <= runs * LONG_PREAD_MAX
 
 
 class MappedReads(Backend):
@@ -108,9 +122,10 @@ class MappedReads(Backend):
 
     def read_runs(self, runs: Runs, out: npt.NDArray[np.uint8]) -> int | list[int]:
         """Copied from the mapped file when :meth:`maps_reads` allows, on every direct
-        path (also disjoint extents, ``romio_cb_read=disable``, and a few large runs:
-        numpy's copy out of the map is faster than ``preadv`` into the array), but for
-        a few small runs or one up to :data:`ONE_PREAD_BYTES` (:func:`preads`), else one
+        path (also disjoint extents, ``romio_cb_read=disable``, and a few runs of a
+        megabyte and more: numpy's copy out of the map is faster than ``preadv`` into
+        the array), but for a few small runs, one up to :data:`ONE_PREAD_BYTES`, or runs
+        of :data:`LONG_PREAD` to :data:`LONG_PREAD_MAX` bytes (:func:`preads`), else one
         ``preadv`` each.  Runs within :data:`~collio.backends.mapped.GATHER_BYTES` of the file are
         one ``pread`` of their extent and one gather instead of a map."""
         if self.maps and len(runs) > FEW_PREADS:
@@ -133,7 +148,8 @@ class MappedReads(Backend):
             if preads(len(runs), runs.nbytes):
                 # a small call's few runs: a pread each costs a few microseconds, a map
                 # (mmap, page faults, munmap and its TLB shootdown) ten or more; one
-                # run up to ONE_PREAD_BYTES: the kernel's one copy beats the map's
+                # run up to ONE_PREAD_BYTES, or runs of LONG_PREAD and more: the
+                # kernel's copies beat the map's
                 return self._preads(runs, out)
             read_mapped(self.fd, runs, out)
             self.mapped_bytes += runs.nbytes
