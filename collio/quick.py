@@ -201,7 +201,7 @@ class Step:
 
     __slots__ = (
         "k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps", "local", "rows",
-        "first", "need", "gather", "src", "shelf", "typed", "f_order",
+        "first", "need", "gather", "src", "shelf", "typed", "f_order", "end", "alo", "ahi",
     )  # fmt: skip
 
     def __init__(self, ctx: Context, k: speculate.Kept, writing: bool) -> None:
@@ -238,6 +238,9 @@ class Step:
         # one in Fortran order: C-contiguous, its shape reversed)
         self.typed: Any = None
         self.f_order = box is not None and box[4] == "F"
+        # a write's: the file's size after the step's last call, complete at its head, and
+        # that call's agreed extent (-1: not known; see _go)
+        self.end = self.alo = self.ahi = -1
 
     @staticmethod
     def fits(ctx: Context, k: speculate.Kept, writing: bool) -> bool:
@@ -353,6 +356,7 @@ class Step:
         hi = lo + n
         if hi >= speculate.BIG:
             return None
+        d = 0
         if writing or k.path is not _MAPPED:  # (as _tail: moved alike from disjoint extents)
             if not writing and ctx.read_aggregators is not None:
                 return None
@@ -383,8 +387,20 @@ class Step:
         try:
             if writing:
                 size = os.lseek(fd, 0, os.SEEK_END)
+                known, self.end = self.end, -1  # (known again once this call completes)
                 if lo >= size:  # (a time series' next step: nothing to keep)
                     fresh = True
+                elif 0 <= known == self.alo + d <= lo and size <= self.ahi + d:
+                    # the next step of a series appending to the file, whose other ranks
+                    # wrote theirs first: the file ended at ``known`` after the step's
+                    # last call, where this call's extent (the last one's moved by ``d``)
+                    # starts, and it ends within that extent, so what lies past ``known``
+                    # is this call's: nothing is kept, and a take-back cuts the file back
+                    # to ``known``.  Asking whether the range is a hole (keep_one's lseek)
+                    # would wait for the inode lock the other ranks' writes hold.  (A
+                    # write by other means into this call's own range since the last
+                    # step, a conflicting access, is not kept.)
+                    fresh, size = True, known
                 elif n < HOLE_MIN:  # (keep_one of a small run: its bytes as one pread
                     # gives them, a Before made only for a call that may be taken back)
                     old = os.pread(fd, min(n, size - lo), lo)
@@ -447,6 +463,8 @@ class Step:
                            bool(got[0]), out, writing=writing)  # fmt: skip
         if k.path is _DIRECT:  # (speculate.complete's extents; a mapped read keeps them)
             ctx.extents = (lo, hi, True)
+        if writing:  # (the file's size now: no rank's write ends past the agreed end)
+            self.end, self.alo, self.ahi = max(size, ahi), alo, ahi
         return self._complete(ctx, alo, ahi, t_io, t_total)
 
     def _complete(self, ctx: Context, alo: int, ahi: int, t_io: int,
