@@ -42,6 +42,10 @@ class Context:
     # this rank's (lo, hi) when the ranks last compared extents on this file, and whether
     # they were disjoint then (collective: the same on every rank); see engine._check
     extents: tuple[int, int, bool] | None = None
+    # the write calls made on the file so far (any way, batches too): a step of a series
+    # trusts the file's end it learned only when no other write came since
+    # (collio.quick.Step)
+    writes: int = 0
     # two-level aggregation: each rank's local aggregator (None: one level), and the nodes
     local: LocalGroups | None = None
     nodes: int = 1

@@ -79,6 +79,8 @@ def write(ctx: Context, data: Any, layout: Any) -> None:
 
     t0 = time.perf_counter()
     lane = keptcall.headed(ctx, data, layout, t0)
+    if lane is not None and lane is not False:  # (taken: a write, Context.writes)
+        ctx.writes += 1
     if lane is True:  # (complete: a repeat the lane's step finished)
         return
     if lane is not None and lane is not False:
@@ -147,6 +149,7 @@ def _write(
     t0: float | None = None, pending: quick.Headed | None = None,
 ) -> Call:  # fmt: skip
     t0 = time.perf_counter() if t0 is None else t0
+    ctx.writes += 1  # (every write the general way, batches and resumed calls too)
     if pending is None:
         runs, buf, kept, call = check.check(
             ctx, source, writing=True, count=count, disjoint=disjoint, t0=t0

@@ -507,6 +507,7 @@ class File:
             got = keptcall.headed(ctx, data, layout, t0)
             if got is None or got is False:  # (nothing done: as engine.write goes on)
                 return _NOT
+            ctx.writes += 1  # (as engine.write counts a write the lane took)
             if got is not True:  # (past its head: on the general way, as engine.write)
                 engine.resume_lane(ctx, got, layout, t0)
             return None

@@ -202,6 +202,7 @@ class Step:
     __slots__ = (
         "k", "calls", "writing", "be", "fd", "c_order", "pre", "post", "maps", "local", "rows",
         "first", "need", "gather", "src", "shelf", "typed", "f_order", "end", "alo", "ahi",
+        "mark",
     )  # fmt: skip
 
     def __init__(self, ctx: Context, k: speculate.Kept, writing: bool) -> None:
@@ -238,9 +239,10 @@ class Step:
         # one in Fortran order: C-contiguous, its shape reversed)
         self.typed: Any = None
         self.f_order = box is not None and box[4] == "F"
-        # a write's: the file's size after the step's last call, complete at its head, and
-        # that call's agreed extent (-1: not known; see _go)
-        self.end = self.alo = self.ahi = -1
+        # a write's: the file's size after the step's last call, complete at its head,
+        # that call's agreed extent (-1: not known; see _go), and the file's write calls
+        # (Context.writes) then: another write since, the end is not known
+        self.end = self.alo = self.ahi = self.mark = -1
 
     @staticmethod
     def fits(ctx: Context, k: speculate.Kept, writing: bool) -> bool:
@@ -388,6 +390,8 @@ class Step:
             if writing:
                 size = os.lseek(fd, 0, os.SEEK_END)
                 known, self.end = self.end, -1  # (known again once this call completes)
+                if self.mark != ctx.writes:  # (another write since: its end is not known)
+                    known = -1
                 if lo >= size:  # (a time series' next step: nothing to keep)
                     fresh = True
                 elif 0 <= known == self.alo + d <= lo and size <= self.ahi + d:
@@ -398,8 +402,9 @@ class Step:
                     # is this call's: nothing is kept, and a take-back cuts the file back
                     # to ``known``.  Asking whether the range is a hole (keep_one's lseek)
                     # would wait for the inode lock the other ranks' writes hold.  (A
-                    # write by other means into this call's own range since the last
-                    # step, a conflicting access, is not kept.)
+                    # write or a size set by other means, another handle or process,
+                    # into this call's own extent since the last step, a conflicting
+                    # access, is not kept.)
                     fresh, size = True, known
                 elif n < HOLE_MIN:  # (keep_one of a small run: its bytes as one pread
                     # gives them, a Before made only for a call that may be taken back)
@@ -465,6 +470,8 @@ class Step:
             ctx.extents = (lo, hi, True)
         if writing:  # (the file's size now: no rank's write ends past the agreed end)
             self.end, self.alo, self.ahi = max(size, ahi), alo, ahi
+            ctx.writes += 1
+            self.mark = ctx.writes
         return self._complete(ctx, alo, ahi, t_io, t_total)
 
     def _complete(self, ctx: Context, alo: int, ahi: int, t_io: int,

@@ -331,6 +331,8 @@ def complete(ctx: Context, k: Kept, lo: int, hi: int, extent: tuple[int, int],
     """Local: :func:`settle` of a call whose every rank repeated ``k``'s requests: it is
     complete (:data:`SETTLED`), its statistics ``k``'s sums again."""
     _keep_extent(ctx, k, extent)
+    if writing:
+        ctx.writes += 1
     if k.many:  # (every rank repeated the same call)
         ctx.kept_many[writing].completed(k.ident, k)
     else:

@@ -100,3 +100,41 @@ def test_two_variables_in_turn_keep_what_the_other_wrote(comm, mpi_tmp_path):
         _same(comm, path, want)
     took = "_go" in seen and "_settle" in seen
     assert comm.allgather(took) == [True] * comm.size
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("other", ["write_all", "write_all_many"])
+def test_a_step_after_another_write_keeps_what_it_overwrites(comm, mpi_tmp_path, other):
+    """Variables a and b interleaved per rank in each step's slot (a0 b0 a1 b1 ...), a
+    written then b (b by ``other``): a's next step, failing on the last rank after rank 0
+    found the file grown by rank 1, must not cut off b's last pieces (another write came
+    after a's last step, so a does not trust the end that step left)."""
+    p, r = comm.size, comm.rank
+    path, slots = str(comm.bcast(str(mpi_tmp_path / "mixed.bin"), root=0)), 6
+    width = N * 8
+    slot = 2 * p * width
+
+    def piece(v, s):
+        return np.full(N, 1000.0 * s + 10 * v + r + 0.5)
+
+    def lay(v, s):
+        return Subarray((2 * p * N,), ((2 * r + v) * N,), (N,), "<f8", offset=s * slot)
+
+    with collio.open(path, "w", comm=comm) as f:
+        for s in range(slots):
+            f.write_all(piece(0, s), lay(0, s))
+            if other == "write_all":
+                f.write_all(piece(1, s), lay(1, s))
+            else:
+                f.write_all_many([(piece(1, s), lay(1, s))])
+        comm.Barrier()
+        want = read_file(path)
+        comm.Barrier()
+        if r == 0:
+            time.sleep(0.3)  # (rank 0 asks the file's size after rank 1 wrote)
+        bad = p - 1
+        with file_limit(r == bad, slots * slot + 2 * bad * width):
+            raises_everywhere(
+                comm, collio.BackendError, lambda: f.write_all(piece(0, slots), lay(0, slots))
+            )
+        _same(comm, path, want)
