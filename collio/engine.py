@@ -74,13 +74,24 @@ def release_buffers() -> None:
 
 
 # ------------------------------------------------------------- entry points
+def lane_headed(ctx: Context, data: Any, layout: Any, t0: float) -> Any:
+    """:func:`collio.keptcall.headed`, a write it took (or failed in, its rounds maybe
+    written) counted in :attr:`~collio.context.Context.writes`."""
+    try:
+        got = keptcall.headed(ctx, data, layout, t0)
+    except BaseException:
+        ctx.writes += 1
+        raise
+    if got is not None and got is not False:
+        ctx.writes += 1
+    return got
+
+
 def write(ctx: Context, data: Any, layout: Any) -> None:
     """Collective over ``ctx.comm``: two-phase write of every rank's piece."""
 
     t0 = time.perf_counter()
-    lane = keptcall.headed(ctx, data, layout, t0)
-    if lane is not None and lane is not False:  # (taken: a write, Context.writes)
-        ctx.writes += 1
+    lane = lane_headed(ctx, data, layout, t0)
     if lane is True:  # (complete: a repeat the lane's step finished)
         return
     if lane is not None and lane is not False:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from . import engine, keptcall, speculate, view
+from . import engine, speculate, view
 from .backends import get_backend, infer_backend
 from .backends.base import Backend
 from .comms import Private, _exit, exclusive, one_thread, private
@@ -504,10 +504,9 @@ class File:
         ctx = self._ctx
         try:
             t0 = perf_counter()
-            got = keptcall.headed(ctx, data, layout, t0)
+            got = engine.lane_headed(ctx, data, layout, t0)
             if got is None or got is False:  # (nothing done: as engine.write goes on)
                 return _NOT
-            ctx.writes += 1  # (as engine.write counts a write the lane took)
             if got is not True:  # (past its head: on the general way, as engine.write)
                 engine.resume_lane(ctx, got, layout, t0)
             return None
