@@ -300,8 +300,8 @@ def call_head(
     communicator, agreed at open, and its name for messages), then the code negated, so
     that the two maxima differ unless every rank passed the same code; then up to
     ``HEAD_SLOTS - 3`` slots of the call's own (more would make this rank's allreduce
-    longer than the others': refused).  Since every call starts with the same operation, ranks that
-    make different calls meet in it (rather than in operations that never match: a
+    longer than the others': refused).  Since every call starts with the same operation,
+    ranks that make different calls meet in it (rather than in operations that never match: a
     blocking and a nonblocking allreduce, or two of different lengths) and learn of it
     before any other step; every rank then raises the same
     :class:`~collio.errors.MismatchError` (``call_mismatch``) after one allgather of the

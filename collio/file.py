@@ -138,9 +138,8 @@ class File:
             return got
 
         def opener(comm: MPI.Intracomm, parsed: Hints, bcls: type[Backend]) -> Backend:
-            if ahead:
-                return bcls.open(target, mode, comm=comm, hints=parsed, _early=ahead[0], **options)
-            return bcls.open(target, mode, comm=comm, hints=parsed, **options)
+            extra = {"_early": ahead[0]} if ahead else {}
+            return bcls.open(target, mode, comm=comm, hints=parsed, **extra, **options)
 
         core = FileCore.open(
             priv, target, mode, hints, modes=_MODES, check=check, opener=opener, early=early

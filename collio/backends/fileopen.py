@@ -128,11 +128,7 @@ def early_open(
     e = Early()
     try:
         e.name = name = os.fspath(target)
-        if rank == 0:
-            e.made = prepare(name, mode, False)
-        else:  # (as rank 0: a FIFO or a device is judged by its stat, never opened)
-            check_target(name, mode)
-        e.fd = open_regular(name, _flags(mode))
+        e.fd, e.made = _open_name(name, mode, rank == 0)
         if fs_name(e.fd) is None:
             e.declined = True
             e.drop()
@@ -149,6 +145,18 @@ def early_open(
 
 def _flags(mode: str) -> int:
     return (os.O_RDONLY if mode == "r" else os.O_RDWR) | _O_BINARY
+
+
+def _open_name(name: str, mode: str, rank0: bool) -> tuple[int, Prepared]:
+    """Local, for an open that makes nothing: rank 0 checks the target (:func:`prepare`,
+    which then only reads its ``stat``) while every rank opens ``name``; the descriptor
+    and rank 0's check."""
+    made = Prepared("", -1, None)
+    if rank0:
+        made = prepare(name, mode, False)
+    else:  # (as rank 0: a FIFO or a device is judged by its stat, never opened)
+        check_target(name, mode)
+    return open_regular(name, _flags(mode)), made
 
 
 def open_file(
@@ -185,9 +193,9 @@ def open_file(
             opened = early.fd, early.made, early.name, early.size
             early.fd = -1  # (the backend's now)
         elif early.route == "existing":
-            opened = _open_existing(target, mode, comm, flags)
+            opened = _open_existing(target, mode, comm)
     elif _makes_nothing(mode, hints, options):
-        opened = _open_existing(target, mode, comm, flags)
+        opened = _open_existing(target, mode, comm)
     if opened is not None:
         fd, made, name, size = opened
         path = name
@@ -242,9 +250,7 @@ def open_file(
     return self
 
 
-def _open_existing(
-    target: Any, mode: str, comm: Any, flags: int
-) -> tuple[int, Prepared, str, int] | None:
+def _open_existing(target: Any, mode: str, comm: Any) -> tuple[int, Prepared, str, int] | None:
     """Collective over `comm`: an open that makes nothing ('r', or 'r+' without
     ``create``, not atomic) in one agreement instead of a broadcast and an agreement:
     rank 0 checks the target (:func:`prepare`, which then only reads its ``stat``) while
@@ -255,15 +261,12 @@ def _open_existing(
     finds, as it would have."""
     step = Attempt()
     fd, made, name, size = -1, Prepared("", -1, None), "", -1
-    rank0 = comm.Get_rank() == 0
     with step:
         name = os.fspath(target)
+        rank0 = comm.Get_rank() == 0
+        fd, made = _open_name(name, mode, rank0)
         if rank0:
-            made = prepare(name, mode, False)
             size = made.before.st_size if made.before is not None else 0
-        else:  # (as rank 0: a FIFO or a device is judged by its stat, never opened)
-            check_target(name, mode)
-        fd = open_regular(name, flags)
     code = digest(name) if step.error is None else 0
     vec = np.array([1 if step.error is not None else 0, code, -code, size], _I64)
     out = np.empty_like(vec)
