@@ -415,6 +415,11 @@ def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         f"`strided`: {doc['runs']} runs per rank, interleaved across ranks (fewer when the "
         "size holds fewer float64). `mpiio` is ROMIO with its defaults, `mpiio-tuned` with "
         "`cb_nodes` = ranks and `cb_config_list` = `*:*`; a ratio below 1 is collio ahead. "
+        "`ceiling`: each rank's bytes in one `pwritev` (`preadv`) to a range of its own, then "
+        "one allreduce of whether every rank's request succeeded: the least a call costs "
+        "that agrees its outcome on every rank after its I/O, as collio's calls do (ROMIO's "
+        "calls whose pieces do not interleave gather every rank's offsets before their "
+        "I/O, write independently and agree nothing after it, so they can end below it). "
         "Every API's first call per size is checked byte for byte against numpy. The path "
         "is the first call's; from the third call of a size on, collio's direct and mapped "
         "calls do their I/O before their one agreement (`last_call['guessed']`), and its "
@@ -431,7 +436,7 @@ def sweep_section(docs: dict[str, dict[str, Any]]) -> list[str]:
         if "ceiling" in doc["batch_apis"]:
             batches += (
                 " `ceiling`: each rank's bytes of the batch in one `pwritev` (`preadv`) to a "
-                "range of its own, which no collective call beats."
+                "range of its own and one allreduce, which no collective call beats."
             )
         out += ["", *_wrap(batches)]
         for api, why in doc["unavailable"].items():

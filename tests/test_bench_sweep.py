@@ -38,10 +38,11 @@ def test_sweep_verifies_every_api_size_and_pattern_and_saves(tmp_path):
     got = {(r["kind"], r["pattern"], r["op"], r["size"], r["api"]): r for r in doc["results"]}
     batch_apis = [*(["collio-many"] if HAS_MANY else []), *APIS, "ceiling"]
     assert doc["batch_apis"] == batch_apis and doc["batch_sizes"] == [8, 4096]
+    assert doc["call_apis"] == [*APIS, "ceiling"]
     want = {
         ("call", p, o, s, a)
         for p, o, s, a in itertools.product(
-            ("contiguous", "strided"), ("write", "read"), (8, 4096), APIS
+            ("contiguous", "strided"), ("write", "read"), (8, 4096), [*APIS, "ceiling"]
         )
     }
     want |= {("batch", p, o, s, a) for p, o, s, a in itertools.product(
@@ -119,7 +120,43 @@ def test_sweep_counts_wrong_elements_and_fails(tmp_path):
         ("collio", "write"): (0, 3), ("collio", "read"): (0, 3),
         ("mpiio", "write"): (2 * 3, 3), ("mpiio", "read"): (2 * 3, 3),  # (it reads its file)
         ("mpiio-tuned", "write"): (0, 3), ("mpiio-tuned", "read"): (8 * 2 * 3, 3),
+        ("ceiling", "write"): (None, 0), ("ceiling", "read"): (0, 3),  # (its own layout)
     }  # fmt: skip
+
+
+SHORT = textwrap.dedent(
+    """
+    import sys
+    from mpi4py import MPI
+    from collio.bench.cli import main
+    from collio.bench.sweep import callers
+
+    each = callers.CeilingCaller._each
+
+    def short_on_rank_1(self, move, offset, bufs):  # rank 1's third request writes nothing
+        self.calls = getattr(self, "calls", 0) + 1
+        if MPI.COMM_WORLD.rank == 1 and self.calls == 3:
+            move = lambda fd, part, at: 0  # noqa: E731
+        each(self, move, offset, bufs)
+
+    callers.CeilingCaller._each = short_on_rank_1
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@needs_mpiexec
+def test_a_ceiling_request_short_on_one_rank_fails_the_sweep_on_every_rank(tmp_path):
+    """The ceiling agrees its outcome as collio's calls do: a short request on one rank is an
+    error on every rank (no rank left in the allreduce), and the sweep exits with it."""
+    script = tmp_path / "short.py"
+    script.write_text(SHORT)
+    args = [sys.executable, str(script), "--sweep", "64", "--sweep-patterns", "contiguous"]
+    args += ["--batch", "0", "--calls", "none", "-i", "5", "-o", str(tmp_path / "f")]
+    proc = mpiexec(args, n=3, timeout=120)
+    assert proc.returncode == 1, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "ceiling: short request at byte" in proc.stderr, proc.stderr[-3000:]
+    assert "rank 1" in proc.stderr, proc.stderr[-3000:]
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -11,9 +11,11 @@ file view set once at open (a subarray whose extent is one step, so the view til
 steps) and ``Write_all``, whose file pointer moves on by one step per call.  A batch is
 the same calls in a Python loop, one per array, as a program without a batch call
 writes them; ``collio-many`` is the batch as one ``write_all_many`` / ``read_all_many``.
-``ceiling`` (batches only) is what no collective call can beat: each rank moves its
-batch's bytes with one ``pwritev`` / ``preadv`` into (out of) a contiguous range of its
-own, so a batch's time shows the cost of the page cache it fills.
+``ceiling`` is what no collective call that agrees its outcome can beat: each rank moves
+its call's (batch's) bytes with one ``pwritev`` / ``preadv`` into (out of) a contiguous
+range of its own, then the ranks agree whether every request succeeded (one allreduce,
+as every collio call agrees its errors after its I/O): a batch's time shows the cost of
+the page cache it fills, a small call's the least its agreement costs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
+import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
@@ -191,16 +194,33 @@ class RomioCaller(Caller):
 
 
 class CeilingCaller(Caller):
-    """A batch's bytes as one ``pwritev`` (``preadv``) per rank, of the batch's buffers as
-    they are, at a range of the rank's own: batch ``b`` of rank ``r`` at
-    ``(b * ranks + r) * count * size``.  Its file is not the sweep's layout (no step
-    is where :mod:`.work` puts it), so only what it reads back is checked."""
+    """A call's (a batch's) bytes as one ``pwritev`` (``preadv``) per rank, of its buffers
+    as they are, at a range of the rank's own: call (batch) ``b`` of rank ``r`` at
+    ``(b * ranks + r) * count * size``, then one allreduce of whether every rank's
+    request succeeded.  Its file is not the sweep's layout (no step is where
+    :mod:`.work` puts it), so only what it reads back is checked."""
 
     family: ClassVar[str] = "ceiling"
 
     def open(self, path: str, mode: str, work: Step | None) -> None:
         flags = os.O_RDWR | os.O_CREAT if mode != "r" else os.O_RDONLY
         self.fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # (the agreement, set up once as collio's heads are: a persistent allreduce
+        # where MPI has them, one allreduce per call where it has not)
+        self.ok = np.ones(1, np.int64)
+        self.agreed = np.ones(1, np.int64)
+        self.req: Any = None
+        if hasattr(self.comm, "Allreduce_init"):
+            self.req = self.comm.Allreduce_init(self.ok, self.agreed, MPI.MIN)
+
+    def target(self, work: Step, step: int, buf: npt.NDArray[Any]) -> Any:
+        return (step * self.comm.size + self.comm.rank) * work.size, [as_bytes(buf)]
+
+    def write(self, arg: Any) -> None:
+        self._each(os.pwritev, *arg)
+
+    def read(self, arg: Any) -> None:
+        self._each(os.preadv, *arg)
 
     def batch_target(self, work: Step, steps: range, bufs: list[npt.NDArray[Any]]) -> Any:
         n = len(steps)
@@ -214,20 +234,38 @@ class CeilingCaller(Caller):
         self._each(os.preadv, *arg)
 
     def _each(self, move: Any, offset: int, bufs: list[Any]) -> None:
-        """One request of all ``bufs`` (one per ``IOV_MAX`` of them); OSError if short."""
-        step = _IOV_MAX
-        for k in range(0, len(bufs), step):
-            part = bufs[k : k + step]
-            want = sum(len(b) for b in part)
-            if move(self.fd, part, offset) != want:
-                raise OSError(f"{self.name}: short request at byte {offset}")
-            offset += want
+        """One request of all ``bufs`` (one per ``IOV_MAX`` of them), then the ranks'
+        agreement; OSError on every rank if a request failed or was short on any."""
+        error: BaseException | None = None
+        try:
+            step = _IOV_MAX
+            for k in range(0, len(bufs), step):
+                part = bufs[k : k + step]
+                want = sum(len(b) for b in part)
+                if move(self.fd, part, offset) != want:
+                    raise OSError(f"{self.name}: short request at byte {offset}")
+                offset += want
+        except OSError as exc:
+            error = exc
+        self.ok[0] = error is None
+        if self.req is None:
+            self.comm.Allreduce(self.ok, self.agreed, MPI.MIN)
+        else:
+            self.req.Start()
+            self.req.Wait()
+        if error is not None:
+            raise error
+        if not self.agreed[0]:
+            raise OSError(f"{self.name}: a request failed on another rank")
 
     def sync(self) -> None:
         os.fsync(self.fd)
 
     def close(self) -> None:
         os.close(self.fd)
+        if self.req is not None:
+            self.req.Free()
+            self.req = None
 
 
 def many_unavailable() -> str | None:

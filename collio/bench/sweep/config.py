@@ -85,5 +85,6 @@ def config(args: argparse.Namespace, hints: list[tuple[str, str]]) -> tuple[Any,
         batch_apis, calls, bool(args.fsync), not (args.write and not args.read),
         args.check_write, args.check_read, fixed or Budget(5, 50, args.sweep_time),
         fixed or Budget(3, 50, args.sweep_time), hints=tuple(hints), keep=args.keep_file,
+        call_apis=(*apis, CEILING_API),
     )  # fmt: skip
     return cfg, skipped

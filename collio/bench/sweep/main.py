@@ -73,7 +73,8 @@ def header(cfg: SweepConfig, skipped: dict[str, str], nranks: int) -> list[str]:
     shown = ", ".join(human(s).replace(".00", "") for s in cfg.sizes)
     lines = [
         f"collio-bench --sweep: {', '.join(cfg.patterns)} (strided: {cfg.runs} runs per rank), "
-        f"{shown} per rank per call, {nranks} ranks; APIs: {', '.join(cfg.apis)}",
+        f"{shown} per rank per call, {nranks} ranks; APIs: "
+        f"{', '.join(cfg.call_apis or cfg.apis)}",
         f"# each API its own file, kept open; each call a new step after the last (no call "
         f"rewrites bytes); APIs alternate call by call; {_budget(cfg.budget)} per size",
         "# " + ("a sync in every call (-e)" if cfg.fsync else
@@ -98,7 +99,8 @@ def document(
     return {
         "command": command(), "mode": "sweep", "nranks": nranks, "sizes": list(cfg.sizes),
         "patterns": list(cfg.patterns), "runs": cfg.runs, "dtype": DTYPE, "fsync": cfg.fsync,
-        "apis": list(cfg.apis), "batch": cfg.batch, "batch_sizes": list(cfg.batch_sizes),
+        "apis": list(cfg.apis), "call_apis": list(cfg.call_apis or cfg.apis),
+        "batch": cfg.batch, "batch_sizes": list(cfg.batch_sizes),
         "batch_apis": list(cfg.batch_apis), "calls": list(cfg.calls),
         "budget": dataclasses.asdict(cfg.budget),
         "batch_budget": dataclasses.asdict(cfg.batch_budget),

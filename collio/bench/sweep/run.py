@@ -60,7 +60,7 @@ class SweepConfig:
 
     sizes: tuple[int, ...]
     patterns: tuple[str, ...]
-    apis: tuple[str, ...]
+    apis: tuple[str, ...]  # (of the calls' and batches' APIs, those the user names)
     runs: int = 64
     batch: int = 0  # arrays per batch call (0: no batches)
     batch_sizes: tuple[int, ...] = ()
@@ -75,6 +75,7 @@ class SweepConfig:
     path: str = "sweep"
     hints: tuple[tuple[str, str], ...] = ()
     keep: bool = False
+    call_apis: tuple[str, ...] = ()  # the single calls' (empty: ``apis``)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,7 +119,7 @@ class Sweeper:
     def size(self, work: Step, batch: int) -> None:
         """Write then read the steps of one size (``batch`` arrays per call, 0: one)."""
         cfg = self.cfg
-        names = cfg.batch_apis if batch else cfg.apis
+        names = cfg.batch_apis if batch else cfg.call_apis or cfg.apis
         hints = dict(cfg.hints)
         callers = [make_caller(n, self.comm, hints) for n in names]
         kind = f"batch-{batch}-" if batch else ""
