@@ -273,11 +273,28 @@ class FileCore:
         closing alone would leave the others waiting in their next call."""
         if self.closed:
             return
-        if rider is None and _local_sync(self.ctx.backend):  # (as sync: one agreement)
-            self._finish(*self._synced_first("close"), rider)
-            return
-        clean = self._agreed_head("close", rider)  # (a call mismatch: failed() closed it)
-        self._finish(*((False, None) if clean else self._synced()), rider)
+        try:
+            if rider is None and _local_sync(self.ctx.backend):  # (as sync: one agreement)
+                self._finish(*self._synced_first("close"), rider)
+                return
+            clean = self._agreed_head("close", rider)  # (a call mismatch: failed() closed it)
+            self._finish(*((False, None) if clean else self._synced()), rider)
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not self.closed:
+                self._interrupted(rider)
+            raise
+
+    def _interrupted(self, rider: Rider | None) -> None:
+        """Local: a close that an interrupt (KeyboardInterrupt, SystemExit) ended before its
+        commit: nothing can be agreed any more, so nothing is committed; this rank drops
+        its part of the write (rank 0 the temporary of an atomic target) and lets go of
+        the file, whose descriptors and temporary would otherwise stay while the process
+        goes on."""
+        self.abort()
+        try:
+            self.ctx.backend.discard()
+        finally:
+            self.release(rider)
 
     def release(self, rider: Rider | None = None) -> None:
         """Local: close the backend and let go of the communicator (idempotent)."""

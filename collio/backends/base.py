@@ -432,6 +432,10 @@ class Backend(abc.ABC):
     def commit(self, comm: Any, ok: bool) -> None:  # noqa: B027 - optional hook
         """Collective over `comm`: make the writes visible (``ok``) or drop them."""
 
+    def discard(self) -> None:  # noqa: B027 - optional hook
+        """Local: drop what this rank holds of writes that will never be committed (a
+        close interrupted before its commit, where no rank can agree any more)."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release resources on this rank (after :meth:`commit`)."""

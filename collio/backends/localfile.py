@@ -34,6 +34,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import sys
@@ -172,8 +173,10 @@ def make_temporary(path: str) -> tuple[str, int]:
     fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR | _CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+    except BaseException as exc:  # (an interrupt too: no temporary left behind)
+        if not isinstance(exc, OSError) or exc.errno not in (
+            errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL
+        ):  # fmt: skip
             os.close(fd)
             _unlink(name)
             raise
@@ -207,15 +210,23 @@ def claim_spare(path: str) -> tuple[str, int] | None:
         fd = os.open(spare, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | _NONBLOCK | _CLOEXEC)
     except OSError:
         return None
-    leased, lease = False, _LEASE
+    leased, lease, name = False, _LEASE, ""
     try:
         st = os.fstat(fd)
         if lease is None or st.st_uid != os.geteuid() or not _reusable(fd, st):
             os.close(fd)
             return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (another job's claim: not ours)
+        # Another process opening the spare while the lease is held (a save to the same
+        # target, a cp of the directory) breaks the lease, and the kernel signals the
+        # lease's owner: SIGIO by default, whose default action ends the process.  The
+        # signal is SIGURG (ignored unless handled) from before the lease is set, and
+        # the owner, which setting the lease makes this process, is cleared right after
+        # it: a break signals nobody.  (The opener waits until the lease is released.)
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
         fcntl.fcntl(fd, lease, fcntl.F_WRLCK)  # (EAGAIN: open or mapped elsewhere)
         leased = True
+        fcntl.fcntl(fd, fcntl.F_SETOWN, 0)
         os.fchmod(fd, 0o600)
         name = _temporary_name(path)
         os.rename(spare, name)
@@ -230,12 +241,21 @@ def claim_spare(path: str) -> tuple[str, int] | None:
         if _NONBLOCK:
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
         os.utime(fd)  # (its age is this job's: a reclaim without locks goes by age)
-    except OSError:
+    except BaseException as exc:
+        # (an OSError: not taken; an interrupt: raised, the spare left as it was found,
+        # never a leased descriptor left open: the next open of the file would wait
+        # for its release)
         if leased and lease is not None:
             with contextlib.suppress(OSError):
                 fcntl.fcntl(fd, lease, fcntl.F_UNLCK)
+        if name:
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.lstat(name), os.fstat(fd)):
+                    os.rename(name, spare)
         os.close(fd)
-        return None
+        if isinstance(exc, OSError):
+            return None
+        raise
     return name, fd
 
 

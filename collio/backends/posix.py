@@ -498,6 +498,11 @@ class PosixBackend(MappedReads):
         if step.error is not None:  # pragma: no cover - agree raised already
             raise CommitError(str(step.error))
 
+    def discard(self) -> None:
+        """Rank 0 removes the temporary of an atomic write (the others hold none)."""
+        if self.final is not None and self.made.lock >= 0:
+            self.made.remove()
+
     def close(self) -> None:
         if self.flusher is not None:  # (it must not outlive the descriptor)
             self.flusher.wait()  # (its error: sync() before close reported it)
