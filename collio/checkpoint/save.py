@@ -219,15 +219,19 @@ def prepare(
     stage: Stage | None = None,
     *,
     huge: bool = True,
+    check: Callable[[], None] | None = None,
 ) -> Plan:
     """Collective over `comm`: check the state on every rank alike and plan the save
     (``stage`` runs meanwhile, see :data:`Stage`); ``huge``: large pieces placed for
     huge pages (:func:`.format.place_ranks`, a target a load may map: see
-    :func:`maps_later`)."""
+    :func:`maps_later`); ``check`` (local): more of the save's arguments checked first,
+    its errors agreed with the state's."""
     step = Attempt()
     entries: list[Entry] = []
     meta: Any = None
     with step:
+        if check is not None:
+            check()
         entries = flatten_state(state)
         meta = format.check_metadata(metadata)
     req, vec = _post_entries(comm, step.error, entries, meta)

@@ -1,0 +1,34 @@
+"""What a save takes as an entry and a load as a spec, on one process (no mpiexec)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collio
+import collio.checkpoint as ckpt
+
+
+def test_a_tuple_that_is_not_array_and_layout_is_refused_naming_the_entry(tmp_path: object) -> None:
+    """``(a, b)`` of two arrays (or an array and a name) is not a replicated value numpy
+    would stack, and ``[a, b]`` of ragged arrays is no array: each is refused, naming the
+    entry; a tuple of numbers is a replicated value as before."""
+    path = f"{tmp_path}/c.ckpt"
+    a = np.arange(3.0)
+    for entry, text in (((a, a), "second item is a ndarray, not a collio layout"),
+                        ((a, "x"), "second item is a str"),
+                        ([a, np.ones(2)], "inhomogeneous")):  # fmt: skip
+        with pytest.raises(collio.LayoutError, match=f"entry 't': .*{text}"):
+            ckpt.save(path, {"t": entry})
+    ckpt.save(path, {"t": (3, 4)})
+    assert ckpt.load(path, {"t": None})["t"].tolist() == [3, 4]
+
+
+def test_a_nested_spec_names_arrays_as_a_nested_state_does(tmp_path: object) -> None:
+    path = f"{tmp_path}/c.ckpt"
+    ckpt.save(path, {"opt": {"m": np.arange(4.0), "v": {"w": np.ones(2, "i4")}}, "x": np.zeros(1)})
+    got = ckpt.load(path, {"opt": {"v": {"w": None}, "m": None}})
+    assert sorted(got) == ["opt/m", "opt/v/w"]
+    assert got["opt/m"].tolist() == [0, 1, 2, 3] and got["opt/v/w"].tolist() == [1, 1]
+    with pytest.raises(collio.LayoutError, match="spec names 'opt/m' twice"):
+        ckpt.load(path, {"opt": {"m": None}, "opt/m": None})
