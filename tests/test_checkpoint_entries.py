@@ -1,4 +1,5 @@
-"""What a save takes as an entry and a load as a spec, on one process (no mpiexec)."""
+"""What a save takes as an entry, a load as a spec, and a symlink as a target, on one
+process (no mpiexec)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,25 @@ def test_a_nested_spec_names_arrays_as_a_nested_state_does(tmp_path: object) -> 
     assert got["opt/m"].tolist() == [0, 1, 2, 3] and got["opt/v/w"].tolist() == [1, 1]
     with pytest.raises(collio.LayoutError, match="spec names 'opt/m' twice"):
         ckpt.load(path, {"opt": {"m": None}, "opt/m": None})
+
+
+def test_a_save_through_a_symlink_replaces_the_file_it_names_and_keeps_the_link(
+    tmp_path: object,
+) -> None:
+    """A rename over the link would replace the link with a regular file and leave the
+    file it named (elsewhere: a scratch file system, say) with the old bytes. The link
+    may dangle at first (nothing saved yet); an atomic collio.open goes the same way."""
+    import os
+
+    real, link = f"{tmp_path}/scratch", f"{tmp_path}/c.ckpt"
+    os.mkdir(real)
+    os.symlink(f"{real}/c.ckpt", link)
+    for n in (3, 4, 5):
+        ckpt.save(link, {"x": np.arange(float(n))})
+        assert os.path.islink(link) and os.readlink(link) == f"{real}/c.ckpt"
+        assert ckpt.load(f"{real}/c.ckpt", {"x": None})["x"].tolist() == list(range(n))
+    assert sorted(os.listdir(tmp_path)) == ["c.ckpt", "scratch"]  # (no temporary, no spare)
+    with collio.open(link, "w", hints={"atomic_commit": True}) as f:
+        f.write_all(np.arange(8, dtype="u1"), collio.layouts.block((8,), "u1"))
+    with open(f"{real}/c.ckpt", "rb") as fh:
+        assert os.path.islink(link) and fh.read() == bytes(range(8))

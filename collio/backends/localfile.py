@@ -7,7 +7,8 @@ that a target is judged the same way whichever front end opens it.
   blocks until a reader comes, a device or a socket takes no ``pwrite``; each is refused
   with a :class:`~collio.errors.BackendError` before anything opens it, and every open
   is made with ``O_NONBLOCK`` and checked with ``fstat``, so a target swapped meanwhile
-  cannot block a rank either.
+  cannot block a rank either.  An atomic write to a symlink replaces the file the link
+  names (its temporary made beside that file), and the link stays.
 * A temporary of ``atomic_commit`` is ``.NAME.collio-HOST-PID-XXXXXXXX.tmp`` beside the
   target, created ``0600`` (nobody else reads a half-written file) and given the
   target's mode and owner at commit.  Rank 0 holds an ``flock`` on it while its job
