@@ -129,7 +129,7 @@ class FileCore:
             failed, out = call_head(comm, "open", file, step.error is not None, own)
             if failed:
                 raise_agreed(comm, step.error, what="open")
-            settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {v!r}")
+            settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {_brief(v)!r}")
             if ahead is not None:
                 ahead.agreed(out[len(own) - len(facts) :])
             be = opener(comm, parsed, payload)
@@ -396,6 +396,20 @@ class FileCore:
             exc.close_error = later
         finally:
             self.release(rider)
+
+
+def _brief(value: Any) -> Any:
+    """An open's compared arguments as a message shows them: hints as the ones given
+    other values than the defaults (their full form, every hint, twice per rank, made
+    a mismatch's message pages long)."""
+    if not isinstance(value, tuple):
+        return value
+    base = DEFAULT_HINTS.as_dict()
+    return tuple(
+        {k: v for k, v in x.as_dict().items() if base.get(k, v) != v or k not in base}
+        if isinstance(x, Hints) else x
+        for x in value
+    )  # fmt: skip
 
 
 def _local_sync(be: Backend) -> bool:

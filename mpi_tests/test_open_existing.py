@@ -299,3 +299,20 @@ def test_ranks_off_a_local_file_system_open_after_the_head(
     assert comm.allgather(ok) == [([False], True, True)] * comm.size
     want = np.concatenate(comm.allgather(mine))
     assert _romio_read(comm, path, N * comm.size).tobytes() == want.tobytes()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_hints_that_differ_on_one_rank_are_named_by_what_was_given(comm, mpi_tmp_path):
+    """The mismatch names each rank's hints by the ones given other values than the
+    defaults, not every hint twice per rank (a message pages long at a few ranks)."""
+    path = str(comm.bcast(str(mpi_tmp_path / "h.bin"), root=0))
+    last = comm.rank == comm.size - 1
+    hints = {"cb_buffer_size": "4m"} if last else None
+    err = raises_everywhere(
+        comm, collio.MismatchError, lambda: collio.open(path, "w", comm=comm, hints=hints)
+    )
+    want = (f"rank {comm.size - 1}: open arguments ('w', {{'cb_buffer_size': 4194304}}, "
+            f"'posix', {path!r}) differs from rank 0's open arguments ('w', {{}}, 'posix', "
+            f"{path!r})")  # fmt: skip
+    assert str(err) == f"open: {want}", str(err)
+    assert os.listdir(mpi_tmp_path) == []
