@@ -55,3 +55,15 @@ def test_a_save_through_a_symlink_replaces_the_file_it_names_and_keeps_the_link(
         f.write_all(np.arange(8, dtype="u1"), collio.layouts.block((8,), "u1"))
     with open(f"{real}/c.ckpt", "rb") as fh:
         assert os.path.islink(link) and fh.read() == bytes(range(8))
+
+
+def test_a_save_into_a_missing_directory_names_the_target_not_its_temporary(
+    tmp_path: object,
+) -> None:
+    import errno
+
+    path = f"{tmp_path}/absent/c.ckpt"
+    with pytest.raises(collio.BackendError) as got:
+        ckpt.save(path, {"x": np.ones(2)})
+    assert f"cannot create the temporary of {path!r}" in str(got.value), str(got.value)
+    assert ".tmp" not in str(got.value) and got.value.errno == errno.ENOENT

@@ -514,7 +514,15 @@ def prepare(
     with contextlib.suppress(OSError):  # (dead jobs' leftovers: never this open's error)
         reclaim(path)
     claimed = claim_spare(path) if reuse and mode == "w" else None
-    name, lock = claimed or make_temporary(path)
+    try:
+        name, lock = claimed or make_temporary(path)
+    except OSError as exc:  # (named by the target: the temporary's name is collio's own)
+        where = os.path.dirname(os.path.abspath(path))
+        raise BackendError(
+            f"cannot create the temporary of {path!r} (atomic_commit) in {where!r}: "
+            f"{(exc.strerror or str(exc)).lower()}",
+            errno=exc.errno,
+        ) from None
     made = Prepared(name, lock, before, _directory_of(name), reused=claimed is not None)
     if mode == "r+":
         try:
