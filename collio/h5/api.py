@@ -65,8 +65,9 @@ def create_dataset(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any
 
     Without chunking options the dataset is contiguous, allocated at creation and
     never filled (``fill_time='never'``), so its address is known at once and no
-    fill value is written before the data.  With ``chunks``, ``compression``,
-    ``shuffle``, ... it is h5py's own ``create_dataset``.
+    fill value is written before the data; given a ``fillvalue``, it is written over
+    the dataset at creation, as h5py writes it (elements never written read as it).
+    With ``chunks``, ``compression``, ``shuffle``, ... it is h5py's own ``create_dataset``.
     """
     return create(parent, name, shape, dtype, **kwargs)
 

@@ -43,15 +43,19 @@ _EXPECT = ("shape", "dtype", "chunks")
 def create(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any) -> Any:
     """A dataset ready for collective writes (every rank, the same call).
 
-    Without chunking options it is contiguous, allocated at creation and never filled
-    (``fill_time='never'``), so its address is known at once and no fill value is
-    written before the data; with them it is h5py's own ``create_dataset``.
+    Without chunking options it is contiguous and allocated at creation, so its address
+    is known at once, and never filled (``fill_time='never'``): no fill value is written
+    before the data.  Given a ``fillvalue``, HDF5 writes it over the whole dataset at
+    creation as h5py does (``fill_time='ifset'``: elements never written read as it, in
+    any reader), which costs a write of the dataset; ``fill_time='never'`` with it keeps
+    the fill value as a property only.  With chunking options it is h5py's own
+    ``create_dataset``.
     """
     if any(kwargs.get(k) not in (None, False) for k in CHUNKED):
         return parent.create_dataset(name, shape, dtype, **kwargs)
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    kwargs.setdefault("fill_time", "never")
+    kwargs.setdefault("fill_time", "never" if kwargs.get("fillvalue") is None else "ifset")
     return parent.create_dataset(name, shape, dtype, dcpl=dcpl, **kwargs)
 
 
