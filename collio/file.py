@@ -127,7 +127,7 @@ class File:
             bcls.check_options(mode, options)
             # a path or URL must be the same on every rank (as MPI_File_open's filename)
             path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else None
-            return (name, path), bcls
+            return (name, path, *bcls.compared_options(mode, options)), bcls
 
         ahead: list[Any] = []  # (the backend's early open, where it made one)
 

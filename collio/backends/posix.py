@@ -137,6 +137,12 @@ class PosixBackend(MappedReads):
         check_options(mode, options)
 
     @classmethod
+    def compared_options(cls, mode: str, options: dict[str, Any]) -> tuple[Any, ...]:
+        """``create``, in ``'r+'``: it decides what rank 0 does to the target (as
+        ``MPI_MODE_CREATE`` in an amode every rank must pass alike)."""
+        return (("create", options.get("create", False)),) if mode == "r+" else ()
+
+    @classmethod
     def open(
         cls, target: Any, mode: str, *, comm: Any, hints: Any, _early: Early | None = None,
         **options: Any,
