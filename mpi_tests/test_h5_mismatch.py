@@ -324,6 +324,14 @@ def test_same_call_still_compares_metadata(comm, mpi_tmp_path):
             f"{comm.size - 1} has /@only-here (attribute); metadata calls must be the same, "
             "in the same order, on every rank (the file keeps rank 0's metadata)"
         )
+        # (the file takes no more calls: each later one is refused in its own name)
+        later = raises_everywhere(
+            comm, collio.MismatchError, lambda: collio.h5.read_all(d, _box(comm))
+        )
+        assert str(later) == (
+            f"read_all: {path!r} takes no more calls after an earlier one failed on every "
+            f"rank; close it and open it again (the earlier error: {err})"
+        )
     comm.Barrier()
     if comm.rank == 0:
         with h5py.File(path, "r") as g:

@@ -205,7 +205,7 @@ class _Chunked(ChunkedBackend):
 
     def check_layout(self, layout: Any) -> None:
         if self.vf.replica.diverged is not None:  # a failed chunk write: refused alike
-            raise MismatchError(self.vf.replica.diverged)
+            raise self.vf.replica.refusal("a call on its dataset")
         super().check_layout(layout)
         self.load_table()
 
