@@ -281,10 +281,10 @@ class FileCore:
             self._finish(*((False, None) if clean else self._synced()), rider)
         except BaseException as exc:
             if not isinstance(exc, Exception) and not self.closed:
-                self._interrupted(rider)
+                self.interrupted(rider)
             raise
 
-    def _interrupted(self, rider: Rider | None) -> None:
+    def interrupted(self, rider: Rider | None) -> None:
         """Local: a close that an interrupt (KeyboardInterrupt, SystemExit) ended before its
         commit: nothing can be agreed any more, so nothing is committed; this rank drops
         its part of the write (rank 0 the temporary of an atomic target) and lets go of

@@ -13,7 +13,8 @@ import collio.checkpoint as ckpt
 def test_a_tuple_that_is_not_array_and_layout_is_refused_naming_the_entry(tmp_path: object) -> None:
     """``(a, b)`` of two arrays (or an array and a name) is not a replicated value numpy
     would stack, and ``[a, b]`` of ragged arrays is no array: each is refused, naming the
-    entry; a tuple of numbers is a replicated value as before."""
+    entry; a tuple of numbers (numpy's scalars and 0-d arrays too) is a replicated value as
+    before."""
     path = f"{tmp_path}/c.ckpt"
     a = np.arange(3.0)
     for entry, text in (((a, a), "second item is a ndarray, not a collio layout"),
@@ -21,8 +22,11 @@ def test_a_tuple_that_is_not_array_and_layout_is_refused_naming_the_entry(tmp_pa
                         ([a, np.ones(2)], "inhomogeneous")):  # fmt: skip
         with pytest.raises(collio.LayoutError, match=f"entry 't': .*{text}"):
             ckpt.save(path, {"t": entry})
-    ckpt.save(path, {"t": (3, 4)})
-    assert ckpt.load(path, {"t": None})["t"].tolist() == [3, 4]
+    betas = (np.float64(0.9), np.float64(0.999))  # (numbers, numpy's scalars or 0-d arrays)
+    ckpt.save(path, {"t": (3, 4), "b": betas, "z": (np.array(1.0), np.array(2.0))})
+    got = ckpt.load(path, {"t": None, "b": None, "z": None})
+    assert got["t"].tolist() == [3, 4] and got["b"].tolist() == [0.9, 0.999]
+    assert got["z"].tolist() == [1.0, 2.0]
 
 
 def test_a_nested_spec_names_arrays_as_a_nested_state_does(tmp_path: object) -> None:

@@ -72,24 +72,39 @@ def _spares_kept_here(tmp_path: object) -> None:
 def test_another_open_of_the_spare_while_it_is_claimed_signals_no_one(tmp_path: object) -> None:
     """The claim holds a write lease for a moment; an open of the spare then (another save
     to the target, a cp of the directory) breaks it, which signalled the saver with
-    SIGIO and ended it.  The open here comes from the saver itself (any open breaks a
-    lease), made non-blocking: it fails at once, the save goes on and commits."""
+    SIGIO and ended it.  Here one open is non-blocking (it fails at once) and another
+    blocks in a thread until the lease goes: no signal, the save commits (into a new
+    temporary: the spare is left to the process that opened it), and what the blocked
+    open reads is the spare's old bytes, never the save's."""
     out = _run(tmp_path, """
+        import threading, time
         real = os.rename
-        seen = []
+        before = open(path, "rb").read()  # (the spare's bytes: the same state saved)
+        seen, got = [], []
+
+        def reader(name):
+            with open(name, "rb") as fh:  # (blocks until the lease is released)
+                time.sleep(0.2)  # (the save writes meanwhile, if into this file)
+                got.append(fh.read())
 
         def rename(a, b, *args, **kw):
-            if a.endswith(".collio-spare"):  # (the claim, its lease held)
+            if a.endswith(".collio-spare") and not seen:  # (the claim, its lease held)
                 try:
                     os.close(os.open(a, os.O_RDONLY | os.O_NONBLOCK))
                 except BlockingIOError:
                     seen.append("broken")
+                t = threading.Thread(target=reader, args=(a,))
+                t.start()
+                seen.append(t)
+                time.sleep(0.2)  # (the reader is blocked in its open by now)
             return real(a, b, *args, **kw)
 
         os.rename = rename
         ckpt.save(path, {"w": (new, lay)})
         os.rename = real
-        assert seen == ["broken"], seen
+        seen[1].join()
+        assert seen[0] == "broken", seen
+        assert got == [before], "the open spare was written into"
         assert np.array_equal(ckpt.load(path, {"w": None})["w"], new)
         ckpt.save(path, {"w": (old, lay)})
         done()

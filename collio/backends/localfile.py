@@ -231,6 +231,12 @@ def claim_spare(path: str) -> tuple[str, int] | None:
         os.fchmod(fd, 0o600)
         name = _temporary_name(path)
         os.rename(spare, name)
+        if fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_WRLCK:
+            # (the lease is being broken: a process opened the spare meanwhile and
+            # will hold it once the lease goes; it must not see a save write into it)
+            os.rename(name, spare)
+            name = ""
+            raise OSError(errno.EBUSY, "the spare was opened while it was claimed")
         fcntl.fcntl(fd, lease, fcntl.F_UNLCK)  # (renamed: no one opens it by name now)
         leased = False
         moved = os.lstat(name)
@@ -264,8 +270,9 @@ def keep_spare(path: str) -> bool:
     """On rank 0, before the rename that replaces ``path``: give the file there a second
     name, the spare's, so the rename frees nothing and the next save reuses its blocks
     (:func:`claim_spare`); whether it did.  Only a regular file that has no other name
-    is kept (a symlink's target or a file linked elsewhere is not freed by the rename
-    anyway, and is not the save's to overwrite).  A spare already there (a save that
+    is kept (a file linked elsewhere is not freed by the rename anyway, and is not the
+    save's to overwrite; an atomic write to a symlink replaces the file it names, which
+    is kept as any).  A spare already there (a save that
     did not take it) is replaced, freed in a thread of its own (:func:`release_later`);
     where the file system has no hard links, nothing is kept and the caller frees the
     old file as without the hint.  Nor where it would hold a second checkpoint's

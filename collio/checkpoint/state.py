@@ -112,10 +112,12 @@ def _entry(name: str, value: Any) -> Entry:
 
 
 def _array_like(x: Any) -> bool:
-    """An array of some library (not a number, nor a sequence of them)."""
-    return (
-        isinstance(x, np.ndarray) or hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__")
-    )
+    """An array of some library with one dimension or more: not a number (a numpy scalar
+    or 0-d array among them: a tuple of those is a replicated value), nor a sequence."""
+    if isinstance(x, np.generic):
+        return False
+    arrayish = hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__")
+    return arrayish and getattr(x, "ndim", 1) >= 1
 
 
 def flatten_state(state: Mapping[str, Any], prefix: str = "") -> list[Entry]:

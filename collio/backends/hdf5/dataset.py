@@ -45,17 +45,26 @@ def create(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any) -> Any
 
     Without chunking options it is contiguous and allocated at creation, so its address
     is known at once, and never filled (``fill_time='never'``): no fill value is written
-    before the data.  Given a ``fillvalue``, HDF5 writes it over the whole dataset at
-    creation as h5py does (``fill_time='ifset'``: elements never written read as it, in
-    any reader), which costs a write of the dataset; ``fill_time='never'`` with it keeps
-    the fill value as a property only.  With chunking options it is h5py's own
-    ``create_dataset``.
+    before the data.  A ``fillvalue`` needs its ``fill_time`` said (LayoutError else):
+    ``'ifset'`` or ``'alloc'`` has HDF5 write it over the whole dataset at creation
+    (elements no rank writes read as it, in any reader), which every rank's library
+    does into its copy of the file's new bytes, held in memory (about four times the
+    dataset's size) until rank 0 writes them out; ``'never'`` keeps it as a property
+    only (unwritten elements of a new file read as zeros).  With chunking options it is
+    h5py's own ``create_dataset``.
     """
     if any(kwargs.get(k) not in (None, False) for k in CHUNKED):
         return parent.create_dataset(name, shape, dtype, **kwargs)
+    if kwargs.get("fillvalue") is not None and kwargs.get("fill_time") is None:
+        raise LayoutError(
+            f"dataset {name!r}: a contiguous dataset's fillvalue needs its fill_time: "
+            "'ifset' writes it over the dataset at creation (every rank holds about four "
+            "times the dataset's size in memory meanwhile), 'never' keeps it as a "
+            "property only (unwritten elements read as zeros); chunks=... fill as HDF5 does"
+        )
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    kwargs.setdefault("fill_time", "never" if kwargs.get("fillvalue") is None else "ifset")
+    kwargs.setdefault("fill_time", "never")
     return parent.create_dataset(name, shape, dtype, dcpl=dcpl, **kwargs)
 
 
