@@ -129,7 +129,7 @@ class FileCore:
             failed, out = call_head(comm, "open", file, step.error is not None, own)
             if failed:
                 raise_agreed(comm, step.error, what="open")
-            settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {v!r}")
+            settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {_brief(v)!r}")
             if ahead is not None:
                 ahead.agreed(out[len(own) - len(facts) :])
             be = opener(comm, parsed, payload)
@@ -273,11 +273,28 @@ class FileCore:
         closing alone would leave the others waiting in their next call."""
         if self.closed:
             return
-        if rider is None and _local_sync(self.ctx.backend):  # (as sync: one agreement)
-            self._finish(*self._synced_first("close"), rider)
-            return
-        clean = self._agreed_head("close", rider)  # (a call mismatch: failed() closed it)
-        self._finish(*((False, None) if clean else self._synced()), rider)
+        try:
+            if rider is None and _local_sync(self.ctx.backend):  # (as sync: one agreement)
+                self._finish(*self._synced_first("close"), rider)
+                return
+            clean = self._agreed_head("close", rider)  # (a call mismatch: failed() closed it)
+            self._finish(*((False, None) if clean else self._synced()), rider)
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not self.closed:
+                self.interrupted(rider)
+            raise
+
+    def interrupted(self, rider: Rider | None) -> None:
+        """Local: a close that an interrupt (KeyboardInterrupt, SystemExit) ended before its
+        commit: nothing can be agreed any more, so nothing is committed; this rank drops
+        its part of the write (rank 0 the temporary of an atomic target) and lets go of
+        the file, whose descriptors and temporary would otherwise stay while the process
+        goes on."""
+        self.abort()
+        try:
+            self.ctx.backend.discard()
+        finally:
+            self.release(rider)
 
     def release(self, rider: Rider | None = None) -> None:
         """Local: close the backend and let go of the communicator (idempotent)."""
@@ -379,6 +396,20 @@ class FileCore:
             exc.close_error = later
         finally:
             self.release(rider)
+
+
+def _brief(value: Any) -> Any:
+    """An open's compared arguments as a message shows them: hints as the ones given
+    other values than the defaults (their full form, every hint, twice per rank, made
+    a mismatch's message pages long)."""
+    if not isinstance(value, tuple):
+        return value
+    base = DEFAULT_HINTS.as_dict()
+    return tuple(
+        {k: v for k, v in x.as_dict().items() if base.get(k, v) != v or k not in base}
+        if isinstance(x, Hints) else x
+        for x in value
+    )  # fmt: skip
 
 
 def _local_sync(be: Backend) -> bool:

@@ -127,7 +127,7 @@ class File:
             bcls.check_options(mode, options)
             # a path or URL must be the same on every rank (as MPI_File_open's filename)
             path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else None
-            return (name, path), bcls
+            return (name, path, *bcls.compared_options(mode, options)), bcls
 
         ahead: list[Any] = []  # (the backend's early open, where it made one)
 
@@ -530,6 +530,13 @@ class File:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            # (Ctrl-C reaches each rank at its own moment: a close, collective, would
+            # wait for ranks that may never come; this rank drops its part of the write
+            # and lets go of the file, as a close interrupted before its commit does)
+            if not self.closed:
+                self._core.interrupted(None)
+            return
         if exc is not None and not self.closed and self._core.atomic():
             self._core.abort()
         if exc is None:

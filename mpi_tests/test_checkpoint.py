@@ -885,3 +885,31 @@ def test_metadata_that_is_not_a_json_object_is_refused(
             comm, collio.LayoutError, save, match="metadata must be a mapping with string keys"
         )
         assert not comm.bcast(os.path.exists(path), root=0)
+
+
+@pytest.mark.parametrize("call", ["save", "async_save"])
+def test_a_replicated_value_that_differs_between_ranks_is_refused_naming_them(
+    comm: MPI.Intracomm, mpi_tmp_path: Any, call: str
+) -> None:
+    """A plain array is stored once, from one rank: ranks holding other bytes of it (a
+    replica that drifted) would lose theirs without a word.  Every rank raises the same
+    LayoutError naming the entry and which ranks hold which values (``async_save`` before
+    it returns), and the checkpoint saved before stays."""
+    p, r = comm.size, comm.rank
+    if p == 1:
+        pytest.skip("one rank holds one value")
+    path = str(comm.bcast(os.path.join(str(mpi_tmp_path), "c.ckpt"), root=0))
+    ckpt.save(path, {"norm": np.arange(6.0), "step": np.int64(3)}, comm=comm)
+    drift = np.arange(6.0)
+    if r == p - 1:
+        drift[5] = np.nextafter(5.0, 6.0)  # (one ulp: bytes, not closeness, are compared)
+    state = {"norm": drift, "step": np.int64(4)}
+    fn = ckpt.save if call == "save" else ckpt.async_save
+    err = raises_everywhere(comm, collio.LayoutError, lambda: fn(path, state, comm=comm))
+    assert "entry 'norm' is replicated" in str(err)
+    others = ", ".join(map(str, range(p - 1)))
+    want = f"2 values (rank{'s' if p > 2 else ''} {others} | rank {p - 1})"
+    assert want in str(err), str(err)
+    got = ckpt.load(path, {"norm": None, "step": None}, comm=comm)
+    assert got["norm"].tolist() == list(range(6)) and got["step"].tolist() == 3
+    assert sorted(os.listdir(os.path.dirname(path))) == ["c.ckpt"]

@@ -70,6 +70,28 @@ def test_items_that_fail_on_one_rank_before_the_return_fail_the_save_at_wait(
     assert [n for n in os.listdir(os.path.dirname(path)) if n != "model.ckpt"] == []
 
 
+def test_a_bad_hint_or_option_on_one_rank_is_raised_by_async_save_itself(
+    comm: MPI.Intracomm, mpi_tmp_path: Any
+) -> None:
+    """What the save's open would refuse of its own arguments (a hint that is no size, an
+    option the backend does not take), given on the last rank alone, is raised by
+    ``async_save`` on every rank before it returns, not by ``wait``; nothing is written
+    and the checkpoint saved before is kept."""
+    path = str(comm.bcast(os.path.join(str(mpi_tmp_path), "model.ckpt"), root=0))
+    ckpt.save(path, model.rows_state(comm.rank, comm.size), comm=comm)
+    last = comm.rank == comm.size - 1
+    state = model.rows_state(comm.rank, comm.size, scale=2)
+    for kw, text in (({"hints": {"cb_buffer_size": "lots"}}, "is not a size"),
+                     ({"stripe_count": 4}, "unknown options ['stripe_count']")):  # fmt: skip
+        err = raises_everywhere(
+            comm, collio.CollioError,
+            lambda kw=kw: ckpt.async_save(path, state, comm=comm, **(kw if last else {})),
+        )  # fmt: skip
+        assert f"rank {comm.size - 1}" in str(err) and text in str(err), str(err)
+    assert_rows_load(comm, path)
+    assert [n for n in os.listdir(os.path.dirname(path)) if n != "model.ckpt"] == []
+
+
 def _may_lower_a_threads_priority() -> bool:
     """Whether this system lets a thread lower its own priority (a container may not)."""
     ok: list[bool] = []

@@ -561,3 +561,24 @@ def test_many_datasets_in_one_call(comm: MPI.Comm, mpi_tmp_path: Path) -> None:
         with pytest.raises(collio.LayoutError, match=f"rank {comm.size - 1}: item 2: data shape"):
             collio.h5.write_many(f, bad)
     check_file(comm, path, {"d0": globs[0], "g/d1": globs[1], "d2": globs[2]}, {})
+
+
+def test_a_contiguous_dataset_with_a_fill_value_reads_it_where_nothing_was_written(
+    comm: MPI.Comm, mpi_tmp_path: Path
+) -> None:
+    """A fill value given to a contiguous dataset with fill_time='ifset' is written at
+    creation, as h5py writes it: the elements no rank wrote read as it, in stock h5py
+    (another process) too, not as the zeros of the file's new space.  Without a
+    fill_time it is refused on every rank (it was kept as a property only, silently)."""
+    path = str(mpi_tmp_path / "fill.h5")
+    n = comm.size
+    with collio.h5.File(path, "w", comm=comm) as f:
+        with pytest.raises(collio.LayoutError, match="fillvalue needs its fill_time"):
+            collio.h5.create_dataset(f, "k", (8, 4 * n), "<i4", fillvalue=-3)
+        ds = collio.h5.create_dataset(f, "k", (8, 4 * n), "<i4", fillvalue=-3, fill_time="ifset")
+        lay = layouts.Subarray((8, 4 * n), (0, 4 * comm.rank), (2, 4), "<i4")
+        collio.h5.write_all(ds, np.full((2, 4), comm.rank, "<i4"), lay)
+        assert ds.fillvalue == -3
+    want = np.full((8, 4 * n), -3, "<i4")
+    want[:2] = np.repeat(np.arange(n, dtype="<i4"), 4)
+    check_file(comm, path, {"k": want})

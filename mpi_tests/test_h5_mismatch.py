@@ -22,7 +22,6 @@ from mpi4py import MPI
 
 import collio
 from collio import layouts
-from collio.hints import Hints
 
 h5py = pytest.importorskip("h5py")
 from h5check import check_file  # noqa: E402
@@ -284,7 +283,7 @@ def test_h5_open_beside_a_collio_open(comm, mpi_tmp_path):
     else:
         fn = lambda: collio.h5.File(h5path, "w", comm=comm)  # noqa: E731
     err = raises_everywhere(comm, collio.MismatchError, fn)
-    hints = Hints.coerce(None)
+    hints: dict[str, object] = {}  # (the hints given other values than the defaults)
     h5args, binargs = ("w", hints, h5path), ("w", hints, "posix", binpath)
     assert str(err) == "open: " + "; ".join(
         f"rank {r}: h5 open arguments {h5args!r} differs from rank 0's h5 open arguments "
@@ -324,6 +323,14 @@ def test_same_call_still_compares_metadata(comm, mpi_tmp_path):
             f"write_all: ranks made different metadata calls on {path!r}: rank "
             f"{comm.size - 1} has /@only-here (attribute); metadata calls must be the same, "
             "in the same order, on every rank (the file keeps rank 0's metadata)"
+        )
+        # (the file takes no more calls: each later one is refused in its own name)
+        later = raises_everywhere(
+            comm, collio.MismatchError, lambda: collio.h5.read_all(d, _box(comm))
+        )
+        assert str(later) == (
+            f"read_all: {path!r} takes no more calls after an earlier one failed on every "
+            f"rank; close it and open it again (the earlier error: {err})"
         )
     comm.Barrier()
     if comm.rank == 0:

@@ -251,19 +251,30 @@ def test_append_pointers_start_at_the_size_every_rank_wrote_before_open(comm, mp
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(60)
-def test_create_asked_by_rank_0_alone_opens_an_existing_file(comm, mpi_tmp_path, taken):
-    """``create`` passed by rank 0 alone (options are the backend's, not compared): rank 0
-    makes no early open, so every rank goes the general way, and the file opens and
-    takes the writes."""
+def test_create_asked_by_one_rank_alone_is_a_mismatch_on_every_rank(comm, mpi_tmp_path):
+    """``create`` decides what rank 0 does to the target (as ``MPI_MODE_CREATE`` in an
+    amode every rank passes alike): given by one rank alone, every rank raises the same
+    MismatchError naming it, with or without the file there, and nothing is made or
+    changed (rank 0 alone used to decide, and the others' option was never looked at)."""
     path = str(comm.bcast(str(mpi_tmp_path / "a.bin"), root=0))
-    _romio_file(comm, path, np.zeros(N * comm.size, "<f8"))
-    mine = np.arange(N, dtype="<f8") + 10.0 * comm.rank
-    opts = {"create": True} if comm.rank == 0 else {}
-    with collio.open(path, "r+", comm=comm, **opts) as f:
-        f.write_all(mine, _layout(comm))
-    want = np.concatenate(comm.allgather(mine))
-    assert comm.allgather(taken) == [[]] + [[False]] * (comm.size - 1)
-    assert _romio_read(comm, path, N * comm.size).tobytes() == want.tobytes()
+    for asker, exists in ((0, True), (comm.size - 1, False)):
+        if exists:
+            _romio_file(comm, path, np.zeros(N * comm.size, "<f8"))
+        opts = {"create": True} if comm.rank == asker else {}
+        err = raises_everywhere(
+            comm, collio.MismatchError, lambda opts=opts: collio.open(path, "r+", comm=comm, **opts)
+        )
+        if asker:
+            assert f"rank {asker}: open arguments" in str(err) and "('create', True)" in str(err)
+        else:
+            assert "rank 1: open arguments" in str(err) and "('create', False)" in str(err)
+        assert os.path.exists(path) is exists
+        if exists:
+            assert _romio_read(comm, path, N * comm.size).tobytes() == bytes(8 * N * comm.size)
+            comm.Barrier()
+            if comm.rank == 0:
+                os.unlink(path)
+            comm.Barrier()
 
 
 @pytest.mark.mpi
@@ -299,3 +310,20 @@ def test_ranks_off_a_local_file_system_open_after_the_head(
     assert comm.allgather(ok) == [([False], True, True)] * comm.size
     want = np.concatenate(comm.allgather(mine))
     assert _romio_read(comm, path, N * comm.size).tobytes() == want.tobytes()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_hints_that_differ_on_one_rank_are_named_by_what_was_given(comm, mpi_tmp_path):
+    """The mismatch names each rank's hints by the ones given other values than the
+    defaults, not every hint twice per rank (a message pages long at a few ranks)."""
+    path = str(comm.bcast(str(mpi_tmp_path / "h.bin"), root=0))
+    last = comm.rank == comm.size - 1
+    hints = {"cb_buffer_size": "4m"} if last else None
+    err = raises_everywhere(
+        comm, collio.MismatchError, lambda: collio.open(path, "w", comm=comm, hints=hints)
+    )
+    want = (f"rank {comm.size - 1}: open arguments ('w', {{'cb_buffer_size': 4194304}}, "
+            f"'posix', {path!r}) differs from rank 0's open arguments ('w', {{}}, 'posix', "
+            f"{path!r})")  # fmt: skip
+    assert str(err) == f"open: {want}", str(err)
+    assert os.listdir(mpi_tmp_path) == []

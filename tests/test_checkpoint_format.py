@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import collio
 from collio import ChecksumError, layouts
 from collio.checkpoint import extents, format
 from collio.checkpoint.crc import CRC32, for_version
@@ -343,3 +345,19 @@ def test_chunks_of_empty_arrays_alone_are_none() -> None:
         c = Chunks.of_runs(v, f, n)
         assert len(c.vstart) == len(c.fstart) == len(c.length) == 0
         assert [len(a) for a in c.runs(z, z)] == [0, 0, 0, 0]
+
+
+def test_info_of_what_is_no_file_raises_as_a_load_does_and_never_waits(tmp_path: object) -> None:
+    """A FIFO at the target would block ``open`` until a writer came (a load refuses it
+    without opening it for long): info refuses it too, and a missing file or a directory,
+    with the BackendError a load raises (errno kept), not the OS's own exception."""
+    import collio.checkpoint as ckpt
+
+    fifo = os.path.join(str(tmp_path), "fifo")
+    os.mkfifo(fifo)
+    for path, code, text in ((fifo, errno.EINVAL, "is a FIFO"),
+                             (os.path.join(str(tmp_path), "none"), errno.ENOENT, "no such file"),
+                             (str(tmp_path), errno.EISDIR, "is a directory")):  # fmt: skip
+        with pytest.raises(collio.BackendError, match=text) as got:
+            ckpt.info(path)
+        assert got.value.errno == code

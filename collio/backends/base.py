@@ -151,6 +151,14 @@ class Backend(abc.ABC):
         return None
 
     @classmethod
+    def compared_options(cls, mode: str, options: dict[str, Any]) -> tuple[Any, ...]:
+        """Local: the options (checked by :meth:`check_options`) that every rank must
+        pass alike, as ``(name, value)`` pairs: ``collio.open`` compares them with the
+        mode, hints and target (a mismatch raises on every rank, naming them).  Only
+        options whose values say nothing secret: the message shows them."""
+        return ()
+
+    @classmethod
     def open_early(
         cls, target: Any, mode: str, rank: int, hints: Any, options: dict[str, Any]
     ) -> Any:
@@ -431,6 +439,10 @@ class Backend(abc.ABC):
 
     def commit(self, comm: Any, ok: bool) -> None:  # noqa: B027 - optional hook
         """Collective over `comm`: make the writes visible (``ok``) or drop them."""
+
+    def discard(self) -> None:  # noqa: B027 - optional hook
+        """Local: drop what this rank holds of writes that will never be committed (a
+        close interrupted before its commit, where no rank can agree any more)."""
 
     @abc.abstractmethod
     def close(self) -> None:

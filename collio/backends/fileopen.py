@@ -205,6 +205,10 @@ def open_file(
         if comm.Get_rank() == 0:
             with step:
                 path = os.fspath(target)
+                if atomic and os.path.islink(path):
+                    # (the file the link names is replaced, beside itself, and the link
+                    # stays: a rename over the link would replace the link)
+                    path = os.path.realpath(path)
                 made = prepare(path, mode, atomic, create, reuse)
                 size = made.before.st_size if made.before is not None else 0
                 shared = (made.name, path, size)

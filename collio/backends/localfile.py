@@ -7,7 +7,8 @@ that a target is judged the same way whichever front end opens it.
   blocks until a reader comes, a device or a socket takes no ``pwrite``; each is refused
   with a :class:`~collio.errors.BackendError` before anything opens it, and every open
   is made with ``O_NONBLOCK`` and checked with ``fstat``, so a target swapped meanwhile
-  cannot block a rank either.
+  cannot block a rank either.  An atomic write to a symlink replaces the file the link
+  names (its temporary made beside that file), and the link stays.
 * A temporary of ``atomic_commit`` is ``.NAME.collio-HOST-PID-XXXXXXXX.tmp`` beside the
   target, created ``0600`` (nobody else reads a half-written file) and given the
   target's mode and owner at commit.  Rank 0 holds an ``flock`` on it while its job
@@ -34,6 +35,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import sys
@@ -172,8 +174,10 @@ def make_temporary(path: str) -> tuple[str, int]:
     fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR | _CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+    except BaseException as exc:  # (an interrupt too: no temporary left behind)
+        if not isinstance(exc, OSError) or exc.errno not in (
+            errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL
+        ):  # fmt: skip
             os.close(fd)
             _unlink(name)
             raise
@@ -207,18 +211,32 @@ def claim_spare(path: str) -> tuple[str, int] | None:
         fd = os.open(spare, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | _NONBLOCK | _CLOEXEC)
     except OSError:
         return None
-    leased, lease = False, _LEASE
+    leased, lease, name = False, _LEASE, ""
     try:
         st = os.fstat(fd)
         if lease is None or st.st_uid != os.geteuid() or not _reusable(fd, st):
             os.close(fd)
             return None
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (another job's claim: not ours)
+        # Another process opening the spare while the lease is held (a save to the same
+        # target, a cp of the directory) breaks the lease, and the kernel signals the
+        # lease's owner: SIGIO by default, whose default action ends the process.  The
+        # signal is SIGURG (ignored unless handled) from before the lease is set, and
+        # the owner, which setting the lease makes this process, is cleared right after
+        # it: a break signals nobody.  (The opener waits until the lease is released.)
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
         fcntl.fcntl(fd, lease, fcntl.F_WRLCK)  # (EAGAIN: open or mapped elsewhere)
         leased = True
+        fcntl.fcntl(fd, fcntl.F_SETOWN, 0)
         os.fchmod(fd, 0o600)
         name = _temporary_name(path)
         os.rename(spare, name)
+        if fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_WRLCK:
+            # (the lease is being broken: a process opened the spare meanwhile and
+            # will hold it once the lease goes; it must not see a save write into it)
+            os.rename(name, spare)
+            name = ""
+            raise OSError(errno.EBUSY, "the spare was opened while it was claimed")
         fcntl.fcntl(fd, lease, fcntl.F_UNLCK)  # (renamed: no one opens it by name now)
         leased = False
         moved = os.lstat(name)
@@ -230,12 +248,21 @@ def claim_spare(path: str) -> tuple[str, int] | None:
         if _NONBLOCK:
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
         os.utime(fd)  # (its age is this job's: a reclaim without locks goes by age)
-    except OSError:
+    except BaseException as exc:
+        # (an OSError: not taken; an interrupt: raised, the spare left as it was found,
+        # never a leased descriptor left open: the next open of the file would wait
+        # for its release)
         if leased and lease is not None:
             with contextlib.suppress(OSError):
                 fcntl.fcntl(fd, lease, fcntl.F_UNLCK)
+        if name:
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.lstat(name), os.fstat(fd)):
+                    os.rename(name, spare)
         os.close(fd)
-        return None
+        if isinstance(exc, OSError):
+            return None
+        raise
     return name, fd
 
 
@@ -243,8 +270,9 @@ def keep_spare(path: str) -> bool:
     """On rank 0, before the rename that replaces ``path``: give the file there a second
     name, the spare's, so the rename frees nothing and the next save reuses its blocks
     (:func:`claim_spare`); whether it did.  Only a regular file that has no other name
-    is kept (a symlink's target or a file linked elsewhere is not freed by the rename
-    anyway, and is not the save's to overwrite).  A spare already there (a save that
+    is kept (a file linked elsewhere is not freed by the rename anyway, and is not the
+    save's to overwrite; an atomic write to a symlink replaces the file it names, which
+    is kept as any).  A spare already there (a save that
     did not take it) is replaced, freed in a thread of its own (:func:`release_later`);
     where the file system has no hard links, nothing is kept and the caller frees the
     old file as without the hint.  Nor where it would hold a second checkpoint's
@@ -493,7 +521,15 @@ def prepare(
     with contextlib.suppress(OSError):  # (dead jobs' leftovers: never this open's error)
         reclaim(path)
     claimed = claim_spare(path) if reuse and mode == "w" else None
-    name, lock = claimed or make_temporary(path)
+    try:
+        name, lock = claimed or make_temporary(path)
+    except OSError as exc:  # (named by the target: the temporary's name is collio's own)
+        where = os.path.dirname(os.path.abspath(path))
+        raise BackendError(
+            f"cannot create the temporary of {path!r} (atomic_commit) in {where!r}: "
+            f"{(exc.strerror or str(exc)).lower()}",
+            errno=exc.errno,
+        ) from None
     made = Prepared(name, lock, before, _directory_of(name), reused=claimed is not None)
     if mode == "r+":
         try:

@@ -137,6 +137,12 @@ class PosixBackend(MappedReads):
         check_options(mode, options)
 
     @classmethod
+    def compared_options(cls, mode: str, options: dict[str, Any]) -> tuple[Any, ...]:
+        """``create``, in ``'r+'``: it decides what rank 0 does to the target (as
+        ``MPI_MODE_CREATE`` in an amode every rank must pass alike)."""
+        return (("create", options.get("create", False)),) if mode == "r+" else ()
+
+    @classmethod
     def open(
         cls, target: Any, mode: str, *, comm: Any, hints: Any, _early: Early | None = None,
         **options: Any,
@@ -497,6 +503,11 @@ class PosixBackend(MappedReads):
             return
         if step.error is not None:  # pragma: no cover - agree raised already
             raise CommitError(str(step.error))
+
+    def discard(self) -> None:
+        """Rank 0 removes the temporary of an atomic write (the others hold none)."""
+        if self.final is not None and self.made.lock >= 0:
+            self.made.remove()
 
     def close(self) -> None:
         if self.flusher is not None:  # (it must not outlive the descriptor)

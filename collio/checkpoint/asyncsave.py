@@ -335,10 +335,13 @@ def async_save(
 ) -> SaveHandle:
     """Collective over `comm`: :func:`save`, returning once the state is copied.
 
-    The entries are checked on every rank alike before this returns (the same errors
-    as :func:`save`); the copies are made while the ranks agree on them; the writing,
-    checksums and commit run in a background thread.  A copy that fails on some rank
-    (no memory) is raised by :meth:`~SaveHandle.wait`, on every rank.
+    The entries, the hints and the backend's options are checked on every rank alike
+    before this returns (the same errors as :func:`save`); the copies are made while
+    the ranks agree on them; the opening of the target, the writing, checksums and
+    commit run in a background thread, and their errors (a missing directory, ranks
+    naming different targets or hints, pieces of several ranks overlapping, a full
+    disk) are raised by :meth:`~SaveHandle.wait`, on every rank.  So is a copy that
+    fails on some rank (no memory).
     A second ``async_save`` (or :func:`save`) on the same communicator first waits for
     the one running; its error stays with its handle's :meth:`~SaveHandle.wait`, and if
     nobody called that, the second raises it (on every rank) instead of saving, so a
@@ -356,7 +359,8 @@ def async_save(
     where = key if key is not None and "://" not in key else target
     stage = _Stage(kept.staged)
     kept.staged = {}  # (the copies this save fills are its own until it is done)
-    plan = prepare(base, state, metadata, stage, huge=maps_later(target, options))
+    plan = prepare(base, state, metadata, stage, huge=maps_later(target, options),
+                   check=functools.partial(_arguments, target, hints, options))  # fmt: skip
     plan.error = stage.error
     kept.staged = stage.made  # (the next save waits for this one before filling them)
     ready(plan, base.Get_rank())  # (its Python here, not holding the GIL in the thread)
@@ -366,6 +370,17 @@ def async_save(
     handle = SaveHandle(future, stage.staged, key)
     kept.running = handle
     return handle
+
+
+def _arguments(target: Any, hints: Any, options: Mapping[str, Any]) -> None:
+    """Local: the save's hints and its backend's options, checked as its open in the
+    background will check them, so that bad ones are raised by ``async_save`` itself."""
+    from ..backends import get_backend, infer_backend
+    from ..hints import Hints
+
+    Hints.coerce(hints, warn=False)
+    kept = {k: v for k, v in options.items() if k != "backend"}
+    get_backend(options.get("backend") or infer_backend(target)).check_options("w", kept)
 
 
 def _threads_agreed(comm: MPI.Intracomm) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ChecksumError
+from ..backends.localfile import open_regular
+from ..errors import ChecksumError, CollioError, classify, make_error
 from . import format
 from .crc import for_version
 
@@ -91,7 +92,14 @@ def info(target: Any, **options: Any) -> Info:
     text = os.fspath(target)
     if text.startswith("s3://"):
         return Info(_parse_s3(text, options))
-    with open(text, "rb") as fp:
+    try:  # (as a load opens it: a regular file alone, never waiting on a FIFO)
+        fd = open_regular(text, os.O_RDONLY)
+    except CollioError:
+        raise
+    except OSError as exc:  # (the error a load raises for it: a BackendError)
+        name, message, code = classify(exc)
+        raise make_error(name, f"checkpoint.info: {message}", errno=code) from None
+    with open(fd, "rb") as fp:
         size = os.fstat(fp.fileno()).st_size
 
         def read(offset: int, length: int) -> bytes:
@@ -102,19 +110,25 @@ def info(target: Any, **options: Any) -> Info:
 
 
 def _parse_s3(url: str, options: dict[str, Any]) -> format.Index:
-    from ..backends.s3.client import client_for
+    from ..backends.s3.client import client_for, s3_error
     from ..backends.s3.options import S3Options
 
     opts = S3Options(**{k: v for k, v in options.items() if k in {"endpoint_url", "region_name"}})
     client = client_for(opts.endpoint_url, opts.region_name, 3, 4)
     bucket, _, key = url[len("s3://") :].partition("/")
-    size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+    try:  # (S3's errors as a load raises them: a BackendError naming the object)
+        size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+    except Exception as exc:  # noqa: BLE001 - botocore's, turned into collio's
+        raise s3_error(exc, f"checkpoint.info: {url}", client) from None
 
     def read(offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
         rng = f"bytes={offset}-{offset + length - 1}"
-        body: bytes = client.get_object(Bucket=bucket, Key=key, Range=rng)["Body"].read()
+        try:
+            body: bytes = client.get_object(Bucket=bucket, Key=key, Range=rng)["Body"].read()
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise s3_error(exc, f"checkpoint.info: {url}", client) from None
         return body
 
     return parse(read, size, url)

@@ -186,7 +186,8 @@ def load(
     """Collective over `comm`: read the arrays ``spec`` names, each as this rank's piece.
 
     ``spec`` maps names to an array layout (any decomposition, any number of ranks) or
-    None (the whole array on every rank), or to ``(out, layout or None)``: the piece is
+    None (the whole array on every rank; nested mappings name arrays as a save's state
+    does, joined with ``/``), or to ``(out, layout or None)``: the piece is
     read into ``out`` in place (a numpy array, or any CPU array with ``__dlpack__`` or
     ``__array_interface__``, of the piece's shape and dtype, contiguous in the layout's
     order, writeable), which the result holds for that name.  Every extent read is

@@ -22,7 +22,7 @@ from ..layouts.base import Segments
 from ..waits import sleep_until_done
 from . import extents, format
 from .chunks import Chunks
-from .crc import Algo, for_version
+from .crc import CRC32, Algo, for_version
 from .state import Entry, flatten_state, writers
 
 __all__ = ["Plan", "prepare"]
@@ -219,15 +219,19 @@ def prepare(
     stage: Stage | None = None,
     *,
     huge: bool = True,
+    check: Callable[[], None] | None = None,
 ) -> Plan:
     """Collective over `comm`: check the state on every rank alike and plan the save
     (``stage`` runs meanwhile, see :data:`Stage`); ``huge``: large pieces placed for
     huge pages (:func:`.format.place_ranks`, a target a load may map: see
-    :func:`maps_later`)."""
+    :func:`maps_later`); ``check`` (local): more of the save's arguments checked first,
+    its errors agreed with the state's."""
     step = Attempt()
     entries: list[Entry] = []
     meta: Any = None
     with step:
+        if check is not None:
+            check()
         entries = flatten_state(state)
         meta = format.check_metadata(metadata)
     req, vec = _post_entries(comm, step.error, entries, meta)
@@ -236,13 +240,15 @@ def prepare(
     _agree_entries(comm, step.error, entries, req, vec, meta)
     size, rank = comm.Get_size(), comm.Get_rank()
     rep = [k for k, e in enumerate(entries) if e.replicated]
+    copies = [entries[k] for k in rep]  # (every rank's, compared below)
     who = writers([entries[k].layout.nbytes for k in rep], size)
     for k, r in zip(rep, who, strict=True):
         if r != rank:
             entries[k] = entries[k].skipped()
     shapes = [e.layout.global_nbytes for e in entries]
     offsets, _ = format.place(shapes)
-    every = _gather_spans(comm, entries, stage)
+    every, sums = _gather_spans(comm, entries, stage, copies)
+    _same_everywhere(copies, sums)
     total = every[:, :, 3].sum(axis=0)  # (every rank has every rank's spans: no agreement)
     sharded = ~np.array([e.replicated for e in entries], bool)
     short = np.flatnonzero((total != np.array(shapes, np.int64)) & sharded)
@@ -270,23 +276,52 @@ def maps_later(target: Any, options: Mapping[str, Any]) -> bool:
     return (options.get("backend") or infer_backend(target)) in ("posix", "mpiio")
 
 
-def _gather_spans(comm: MPI.Intracomm, entries: list[Entry], stage: Stage | None) -> I64:
+def _gather_spans(
+    comm: MPI.Intracomm, entries: list[Entry], stage: Stage | None, copies: list[Entry]
+) -> tuple[I64, I64]:
     """Collective: every rank's spans of its pieces ``(rank, array, (lo, hi, contiguous,
-    bytes))``, a row more for its error (a layout's runs may be built here first): one
-    gather agrees both, waited for sleeping (``stage`` runs while it travels)."""
+    bytes))``, a row more for its error (a layout's runs may be built here first), and
+    every rank's CRC-32 of each of its ``copies`` of the replicated entries (``(rank,
+    copy)``): one gather agrees them all, waited for sleeping (``stage`` runs while it
+    travels)."""
     step = Attempt()
-    mine = np.zeros((len(entries) + 1, 4), np.int64)
+    n = len(entries)
+    mine = np.zeros((n + 1 + -(-len(copies) // 4), 4), np.int64)
     with step:
-        mine[:-1] = spans([e.layout for e in entries])
-    mine[-1, 0] = step.error is not None
+        mine[:n] = spans([e.layout for e in entries])
+        fn = CRC32.fn
+        mine[n + 1 :].reshape(-1)[: len(copies)] = [fn(e.raw()) for e in copies]
+    mine[n, 0] = step.error is not None
     every = np.empty((comm.Get_size(), *mine.shape), np.int64)
     req = comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
     if stage is not None:
         stage(entries, True)
     sleep_until_done(req)
-    if every[:, -1, 0].any():
+    if every[:, n, 0].any():
         raise_agreed(comm, step.error, what="checkpoint.save")
-    return every[:, :-1]
+    return every[:, :n], every[:, n + 1 :].reshape(len(every), -1)[:, : len(copies)]
+
+
+def _same_everywhere(copies: list[Entry], sums: I64) -> None:
+    """Local, alike on every rank (from the same gather): a replicated entry is stored
+    once, from one rank, so every rank must hold the same bytes of it; else the
+    :class:`~collio.LayoutError` that names it and which ranks hold which."""
+    differ = np.flatnonzero((sums != sums[:1]).any(axis=0))
+    if not len(differ):
+        return
+    k = int(differ[0])
+    values, first = np.unique(sums[:, k], return_index=True)
+    count = len(values)
+    held = " | ".join(  # (the values in the order of the first rank that holds each)
+        "rank" + ("s " if len(who) > 1 else " ") + ", ".join(map(str, who))
+        for who in (np.flatnonzero(sums[:, k] == v).tolist() for v in values[np.argsort(first)])
+    )
+    more = f"; {len(differ) - 1} more replicated entries differ too" if len(differ) > 1 else ""
+    raise LayoutError(
+        f"checkpoint.save: entry {copies[k].name!r} is replicated (a plain array, stored "
+        f"once) but its bytes differ between ranks, {count} values ({held}){more}; give "
+        "it a layout where each rank holds a piece of its own"
+    )
 
 
 def direct(every: I64) -> npt.NDArray[np.bool_]:

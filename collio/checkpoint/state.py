@@ -92,7 +92,16 @@ def _entry(name: str, value: Any) -> Entry:
             return Entry(name, arr, lay, False, bytes_=lay.as_bytes(arr))
         except LayoutError as exc:
             raise LayoutError(f"entry {name!r}: {exc}") from None
-    arr = as_array(value)
+    if isinstance(value, tuple) and len(value) == 2 and _array_like(value[0]):
+        raise LayoutError(
+            f"entry {name!r}: a tuple entry is (array, layout), and its second item is a "
+            f"{type(value[1]).__name__}, not a collio layout (a replicated value is the "
+            "array alone)"
+        )
+    try:
+        arr = as_array(value)
+    except (ValueError, TypeError) as exc:
+        raise LayoutError(f"entry {name!r}: {type(exc).__name__}: {exc}") from None
     if arr.dtype.hasobject:
         raise LayoutError(f"entry {name!r}: dtype {arr.dtype} holds Python objects")
     if arr.ndim == 0:
@@ -100,6 +109,15 @@ def _entry(name: str, value: Any) -> Entry:
         return Entry(name, arr, whole(arr.shape, arr.dtype), True, scalar=True)
     order = "F" if arr.ndim > 1 and arr.flags.f_contiguous and not arr.flags.c_contiguous else "C"
     return Entry(name, arr, whole(arr.shape, arr.dtype, order), True)
+
+
+def _array_like(x: Any) -> bool:
+    """An array of some library with one dimension or more: not a number (a numpy scalar
+    or 0-d array among them: a tuple of those is a replicated value), nor a sequence."""
+    if isinstance(x, np.generic):
+        return False
+    arrayish = hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__")
+    return arrayish and getattr(x, "ndim", 1) >= 1
 
 
 def flatten_state(state: Mapping[str, Any], prefix: str = "") -> list[Entry]:

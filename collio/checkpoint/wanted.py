@@ -32,6 +32,21 @@ I64 = npt.NDArray[np.int64]
 Found = list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | None]]
 
 
+def flat_spec(spec: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A spec whose nested mappings are joined with ``/``, as a save flattens its state."""
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if not isinstance(key, str):
+            raise LayoutError(f"spec key {key!r}: names are strings")
+        if isinstance(value, Mapping):
+            out.update(flat_spec(value, f"{prefix}{key}/"))
+        elif prefix + key in out:
+            raise LayoutError(f"spec names {prefix + key!r} twice (a nested and a flat key)")
+        else:
+            out[prefix + key] = value
+    return out
+
+
 def _wanted(index: format.Index, spec: Mapping[str, Any]) -> Found:
     """Each requested name, sorted, with this rank's piece (offset 0) checked against the
     index, and the caller's array to read it into (None: a new one)."""
@@ -253,6 +268,8 @@ class Wanted:
 
     def find(self, index: format.Index, spec: Mapping[str, Any], *, maps: bool = False) -> None:
         """With ``maps``, the pieces that are one range and new are left to :meth:`map`."""
+        if isinstance(spec, Mapping) and any(isinstance(v, Mapping) for v in spec.values()):
+            spec = flat_spec(spec)  # (nested names joined with '/', as a save's state)
         found = _wanted(index, spec)
         self.wanted = [(name, lay) for name, lay, _ in found]
         into = [arr for _, _, arr in found]

@@ -65,8 +65,11 @@ def create_dataset(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any
 
     Without chunking options the dataset is contiguous, allocated at creation and
     never filled (``fill_time='never'``), so its address is known at once and no
-    fill value is written before the data.  With ``chunks``, ``compression``,
-    ``shuffle``, ... it is h5py's own ``create_dataset``.
+    fill value is written before the data; a ``fillvalue`` needs its ``fill_time``
+    said: ``'ifset'`` writes it over the dataset at creation (every rank holds about
+    four times the dataset's size in memory meanwhile), ``'never'`` keeps it as a
+    property only (:func:`collio.backends.hdf5.dataset.create`).
+    With ``chunks``, ``compression``, ``shuffle``, ... it is h5py's own ``create_dataset``.
     """
     return create(parent, name, shape, dtype, **kwargs)
 

@@ -26,7 +26,7 @@ from ..backends.hdf5.vfile import VFile
 from ..collective import Attempt
 from ..comms import one_thread
 from ..core import FileCore
-from ..errors import MismatchError, ModeError
+from ..errors import ModeError
 from ..hints import Hints
 from ..stats import Stats
 
@@ -91,7 +91,7 @@ class Session:
         before the head communicates or changes what a rank's library holds, so after
         a call mismatch every rank's replica is as before the call.
         """
-        self._refuse_diverged()
+        self._refuse_diverged(call)
         point = _Point(self, obj, key, then)
         error, own = point.prepare()
         failed, out = self.core.head(
@@ -102,7 +102,7 @@ class Session:
     @one_thread
     def sync(self, obj: Any) -> None:
         """Collective over `comm`: checkpoint, then fsync rank 0's metadata and the data."""
-        self._refuse_diverged()
+        self._refuse_diverged("flush")
         self.core.sync("flush", rider=_Point(self, obj))
 
     @one_thread
@@ -117,9 +117,9 @@ class Session:
             return
         self.core.close(rider=_Point(self, obj))
 
-    def _refuse_diverged(self) -> None:
+    def _refuse_diverged(self, call: str) -> None:
         if self.replica.diverged is not None:  # set collectively: every rank raises alike
-            raise MismatchError(self.replica.diverged)
+            raise self.replica.refusal(call)
 
 
 class _Point:

@@ -43,12 +43,25 @@ _EXPECT = ("shape", "dtype", "chunks")
 def create(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any) -> Any:
     """A dataset ready for collective writes (every rank, the same call).
 
-    Without chunking options it is contiguous, allocated at creation and never filled
-    (``fill_time='never'``), so its address is known at once and no fill value is
-    written before the data; with them it is h5py's own ``create_dataset``.
+    Without chunking options it is contiguous and allocated at creation, so its address
+    is known at once, and never filled (``fill_time='never'``): no fill value is written
+    before the data.  A ``fillvalue`` needs its ``fill_time`` said (LayoutError else):
+    ``'ifset'`` or ``'alloc'`` has HDF5 write it over the whole dataset at creation
+    (elements no rank writes read as it, in any reader), which every rank's library
+    does into its copy of the file's new bytes, held in memory (about four times the
+    dataset's size) until rank 0 writes them out; ``'never'`` keeps it as a property
+    only (unwritten elements of a new file read as zeros).  With chunking options it is
+    h5py's own ``create_dataset``.
     """
     if any(kwargs.get(k) not in (None, False) for k in CHUNKED):
         return parent.create_dataset(name, shape, dtype, **kwargs)
+    if kwargs.get("fillvalue") is not None and kwargs.get("fill_time") is None:
+        raise LayoutError(
+            f"dataset {name!r}: a contiguous dataset's fillvalue needs its fill_time: "
+            "'ifset' writes it over the dataset at creation (every rank holds about four "
+            "times the dataset's size in memory meanwhile), 'never' keeps it as a "
+            "property only (unwritten elements read as zeros); chunks=... fill as HDF5 does"
+        )
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     kwargs.setdefault("fill_time", "never")
@@ -201,7 +214,7 @@ class _Chunked(ChunkedBackend):
 
     def check_layout(self, layout: Any) -> None:
         if self.vf.replica.diverged is not None:  # a failed chunk write: refused alike
-            raise MismatchError(self.vf.replica.diverged)
+            raise self.vf.replica.refusal("a call on its dataset")
         super().check_layout(layout)
         self.load_table()
 

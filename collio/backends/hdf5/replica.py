@@ -37,6 +37,15 @@ class Replica:
         #: Seconds this rank spent where chunked writes serialise (ChunkedBackend.flush).
         self.timings: dict[str, float] = {"allocate_chunks": 0.0, "write_chunks": 0.0}
 
+    def refusal(self, call: str) -> MismatchError:
+        """The error every rank raises for ``call`` once the ranks diverged (raised alike:
+        :attr:`diverged` is set collectively), named by this call, not the one that
+        failed."""
+        return MismatchError(
+            f"{call}: {self.path!r} takes no more calls after an earlier one failed on "
+            f"every rank; close it and open it again (the earlier error: {self.diverged})"
+        )
+
     @property
     def alive(self) -> bool:
         """Local: HDF5 still holds the file's VFile (it may be closed already)."""
