@@ -67,6 +67,9 @@ class OverlapError(CollioError, ValueError):
 
     #: (lo, hi, ranks) an aggregator found, before the ranks merge what they found.
     region: tuple[int, int, tuple[int, ...]] | None = None
+    #: Every overlapping file range the ranks agreed on, (lo, hi, ranks), alike on every
+    #: rank (empty where the error came otherwise).
+    regions: list[tuple[int, int, tuple[int, ...]]] = []  # noqa: RUF012 - replaced, never changed
 
 
 class HintError(CollioError, ValueError):

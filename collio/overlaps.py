@@ -96,4 +96,7 @@ def raise_plan_error(comm: MPI.Comm, error: BaseException | None, *, what: str) 
     if len(parts) > _SHOWN:
         text += f"; and {len(parts) - _SHOWN} more ranges"
     ranks = sorted({r for _, _, rs in found for r in rs})
-    raise OverlapError(f"{what}: {text}", ranks=tuple(ranks)) from error
+    err = OverlapError(f"{what}: {text}", ranks=tuple(ranks))
+    # (every overlapping range, the same on every rank: a front end names what is there)
+    err.regions = [(int(lo), int(hi), tuple(r)) for lo, hi, r in found]
+    raise err from error

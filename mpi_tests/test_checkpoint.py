@@ -603,7 +603,9 @@ def test_overlapping_row_pieces_are_refused_everywhere(
     r = 0 if comm.rank < 2 else comm.rank  # ranks 0 and 1 both claim rows 0..7
     lay = layouts.Subarray((rows, 4), (8 * r, 0), (8, 4), "<f8")
     state["a"] = (np.zeros((8, 4)), lay)
-    raises_everywhere(comm, collio.OverlapError, lambda: ckpt.save(path, state, comm=comm))
+    err = raises_everywhere(comm, collio.OverlapError, lambda: ckpt.save(path, state, comm=comm))
+    assert "entry 'a': the ranks' pieces overlap" in str(err), str(err)  # (named, not bytes alone)
+    assert "ranks 0 and 1" in str(err), str(err)
     if comm.rank == 0:
         assert read_file(path) == before
         assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]

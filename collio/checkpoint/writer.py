@@ -3,6 +3,8 @@ two-phase exchange), the checksums, the index at the end, one commit."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,7 @@ from mpi4py import MPI
 
 from ..backends.failures import storage_errors
 from ..collective import Attempt, agree, any_flag, raise_agreed
-from ..errors import BackendError, LayoutError
+from ..errors import BackendError, LayoutError, OverlapError
 from ..file import open as _open
 from ..layouts.base import Segments
 from ..runs import displacements
@@ -166,14 +168,16 @@ def write(
             _check_readable(f)
         if not f.backend.partial_write and not plan.reads_back:
             tail = _tail(f.comm, plan, _sums(f.comm, plan, rank))
-            f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
+            with _entries_named(plan):
+                f.write_all_many([*fast, *slow, tail], _disjoint=not slow)
             return
         _reserve(f, plan.data_end, _holes(plan), plan)
         if early:
             f._flush_soon()  # (each rank's data to the disk as soon as it wrote it)
         f.write_all_many(fast, _disjoint=True)
         if slow:  # (the same arrays on every rank: plan.direct is agreed)
-            f.write_all_many(slow)
+            with _entries_named(plan):
+                f.write_all_many(slow)
         crcs = _sums(f.comm, plan, rank)  # (while the disk writes)
         if plan.reads_back:
             offs, lens = _read_back_runs(plan, rank)
@@ -374,6 +378,30 @@ def _items(plan: Plan, rank: int) -> tuple[list[Any], list[Any]]:
         e = plan.entries[k]  # (an empty array has no place: its empty piece writes nothing)
         slow.append((e.data, at_(e.layout, max(int(plan.whole[k]), format.DATA_START))))
     return fast, slow
+
+
+@contextlib.contextmanager
+def _entries_named(plan: Plan) -> Iterator[None]:
+    """An :class:`~collio.OverlapError` of the arrays written whole (pieces of several
+    ranks that overlap) raised naming the save's entries those bytes belong to, not
+    file offsets alone (alike on every rank: from the ranges every rank agreed on)."""
+    try:
+        yield
+    except OverlapError as exc:
+        names = [
+            e.name for k, e in enumerate(plan.entries)
+            if plan.whole[k] >= 0 and any(
+                lo < plan.whole[k] + e.layout.global_nbytes and plan.whole[k] < hi
+                for lo, hi, _ in exc.regions
+            )
+        ]  # fmt: skip
+        if not names:
+            raise
+        which = ", ".join(repr(n) for n in names[:4]) + (" ..." if len(names) > 4 else "")
+        raise OverlapError(
+            f"checkpoint.save: entr{'y' if len(names) == 1 else 'ies'} {which}: the ranks' "
+            f"pieces overlap ({exc})", ranks=exc.ranks,
+        ) from exc  # fmt: skip
 
 
 def _one(off: int, n: int) -> tuple[I64, I64]:
