@@ -38,6 +38,13 @@ def raise_mismatch(comm: MPI.Comm, sig: Any) -> None:
             ref = sigs[ref_rank]
     bad = [r for r, s in enumerate(sigs) if s is not None and s != ref]
     shown = ", ".join(f"rank {r}: {describe(sigs[r])}" for r in bad[:_SHOWN])
+    if not bad:  # (the others' arrays agree: the ranks whose item is bytes differ)
+        bad = [r for r, s in enumerate(sigs) if s is None]
+        shown = ", ".join(
+            f"rank {r}: byte runs (Segments or a view), no global array" for r in bad[:_SHOWN]
+        )
+    if len(bad) > _SHOWN:
+        shown += f", and {len(bad) - _SHOWN} more ranks"
     raise MismatchError(
         f"ranks disagree on the global array{where}: rank {ref_rank} has {describe(ref)}; {shown}",
         ranks=tuple(bad),

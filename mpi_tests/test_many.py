@@ -355,5 +355,17 @@ def test_box_batch_signatures_agree_across_the_checks(comm, mpi_tmp_path):
                 odd[1] = (d, wide)
             raises_everywhere(comm, collio.MismatchError, lambda: f.write_all_many(odd),
                               match="disagree on the global array of item 1")  # fmt: skip
+            # (item 1 as byte runs on the last rank: named as such, not left out)
+            runs = list(items)
+            if comm.rank == last:
+                d, lay = items[1]
+                r = lay.runs()
+                runs[1] = (d.view(np.uint8), layouts.Segments(r.file.tolist(), r.length.tolist()))
+            err = raises_everywhere(comm, collio.MismatchError, lambda: f.write_all_many(runs))
+            assert str(err).endswith(
+                f"of item 1: rank 0 has global shape ({8 * comm.size},) dtype <i8 order C offset "
+                f"{items[1][1].offset}; rank {last}: byte runs (Segments or a view), no global "
+                "array"
+            ), str(err)
     for (d, _), got in zip(items, back, strict=True):
         np.testing.assert_array_equal(got, d + 5)
