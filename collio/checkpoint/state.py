@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -120,26 +120,40 @@ def _array_like(x: Any) -> bool:
     return arrayish and getattr(x, "ndim", 1) >= 1
 
 
-def flatten_state(state: Mapping[str, Any], prefix: str = "") -> list[Entry]:
+def leaves(
+    mapping: Mapping[Any, Any], bad_key: Callable[[Any], str | None], prefix: str = ""
+) -> Iterator[tuple[str, Any]]:
+    """``(name, value)`` of each value of ``mapping`` that is no mapping, a nested
+    mapping's names joined to its key with ``/`` (a save's state, a load's spec), in
+    the mapping's order; ``bad_key(key)`` says why a key is no name (None: it is one),
+    raised as a :class:`~collio.LayoutError`."""
+    for key, value in mapping.items():
+        why = bad_key(key)
+        if why is not None:
+            raise LayoutError(why)
+        if isinstance(value, Mapping):
+            yield from leaves(value, bad_key, f"{prefix}{key}/")
+        else:
+            yield prefix + key, value
+
+
+def _state_key(key: Any) -> str | None:
+    if not isinstance(key, str) or "" in key.split("/"):
+        return f"state key {key!r}: names are strings of non-empty '/' parts"
+    return None
+
+
+def flatten_state(state: Mapping[str, Any]) -> list[Entry]:
     """Entries sorted by name, nested mappings joined with ``/``."""
     if not isinstance(state, Mapping):
         raise LayoutError(
             f"state must be a mapping of names to entries, not {type(state).__name__}"
         )
-    out: list[Entry] = []
-    for key, value in state.items():
-        if not isinstance(key, str) or "" in key.split("/"):
-            raise LayoutError(f"state key {key!r}: names are strings of non-empty '/' parts")
-        name = prefix + key
-        if isinstance(value, Mapping):
-            out.extend(flatten_state(value, name + "/"))
-        else:
-            out.append(_entry(name, value))
-    if not prefix:
-        out.sort(key=lambda e: e.name)
-        twice = [a.name for a, b in zip(out, out[1:], strict=False) if a.name == b.name]
-        if twice:
-            raise LayoutError(f"state names {twice[0]!r} twice (a nested and a flat key)")
+    out = [_entry(name, value) for name, value in leaves(state, _state_key)]
+    out.sort(key=lambda e: e.name)
+    twice = [a.name for a, b in zip(out, out[1:], strict=False) if a.name == b.name]
+    if twice:
+        raise LayoutError(f"state names {twice[0]!r} twice (a nested and a flat key)")
     return out
 
 

@@ -21,7 +21,7 @@ from .chunks import Chunks
 from .extents import box_spans
 from .filemap import Reader, map_range, map_runs, pieces
 from .save import spans
-from .state import as_array, whole
+from .state import as_array, leaves, whole
 
 __all__ = ["Wanted"]
 
@@ -32,19 +32,19 @@ I64 = npt.NDArray[np.int64]
 Found = list[tuple[str, ArrayLayout, np.ndarray[Any, Any] | None]]
 
 
-def flat_spec(spec: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A spec whose nested mappings are joined with ``/``, as a save flattens its state."""
+def flat_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec whose nested mappings are joined with ``/``, as a save flattens its state
+    (:func:`.state.leaves`)."""
     out: dict[str, Any] = {}
-    for key, value in spec.items():
-        if not isinstance(key, str):
-            raise LayoutError(f"spec key {key!r}: names are strings")
-        if isinstance(value, Mapping):
-            out.update(flat_spec(value, f"{prefix}{key}/"))
-        elif prefix + key in out:
-            raise LayoutError(f"spec names {prefix + key!r} twice (a nested and a flat key)")
-        else:
-            out[prefix + key] = value
+    for name, value in leaves(spec, _spec_key):
+        if name in out:
+            raise LayoutError(f"spec names {name!r} twice (a nested and a flat key)")
+        out[name] = value
     return out
+
+
+def _spec_key(key: Any) -> str | None:
+    return None if isinstance(key, str) else f"spec key {key!r}: names are strings"
 
 
 def _wanted(index: format.Index, spec: Mapping[str, Any]) -> Found:

@@ -388,13 +388,11 @@ def _entries_named(plan: Plan) -> Iterator[None]:
     try:
         yield
     except OverlapError as exc:
-        names = [
-            e.name for k, e in enumerate(plan.entries)
-            if plan.whole[k] >= 0 and any(
-                lo < plan.whole[k] + e.layout.global_nbytes and plan.whole[k] < hi
-                for lo, hi, _ in exc.regions
-            )
-        ]  # fmt: skip
+        lo, hi = (np.array([r[i] for r in exc.regions], np.int64).reshape(-1, 1) for i in (0, 1))
+        start = plan.whole
+        end = start + np.array([e.layout.global_nbytes for e in plan.entries], np.int64)
+        hit = ((start >= 0) & (lo < end) & (start < hi)).any(axis=0)  # (regions x entries)
+        names = [plan.entries[k].name for k in np.flatnonzero(hit).tolist()]
         if not names:
             raise
         which = ", ".join(repr(n) for n in names[:4]) + (" ..." if len(names) > 4 else "")
