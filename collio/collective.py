@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import traceback
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -35,6 +36,7 @@ __all__ = [
     "bcast_outcome",
     "call_head",
     "call_kept_head",
+    "detached",
     "digest",
     "drop_head_op",
     "keep_head_op",
@@ -463,7 +465,7 @@ def bcast_outcome(
     text = f"rank {root}: {msg}"
     if what:
         text = f"{what}: {text}"
-    raise make_error(name, text, ranks=(root,), errno=errno) from error
+    raise make_error(name, text, ranks=(root,), errno=errno) from detached(error)
 
 
 def raise_agreed(comm: MPI.Comm, error: BaseException | None, *, what: str = "") -> None:
@@ -487,7 +489,34 @@ def raise_agreed(comm: MPI.Comm, error: BaseException | None, *, what: str = "")
     if what:
         text = f"{what}: {text}"
     exc = make_error(first_name, text, ranks=tuple(r for r, _ in failed), errno=first_errno)
-    raise exc from error
+    try:
+        raise exc from detached(error)
+    finally:  # (the traceback holds this frame: a cycle through ``exc`` otherwise)
+        del exc, error
+
+
+def detached(error: BaseException | None) -> BaseException | None:
+    """``error``, and the errors it was raised from, with their tracebacks kept as text
+    (a note) instead of frames.
+
+    A rank's error is kept while the ranks agree (:class:`Attempt`): a frame that called
+    the failing code holds it, and that frame is in the error's own traceback, through
+    the failing frames' callers.  The agreed error raised from it would keep that cycle,
+    and with it every array of the call, until a garbage collection finds it.
+    """
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            e.add_note("".join(["Where it was raised (most recent call last):\n",
+                                *traceback.format_tb(e.__traceback__)]).rstrip())  # fmt: skip
+            e.__traceback__ = None
+        pending += [e.__cause__, e.__context__]
+    return error
 
 
 def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:

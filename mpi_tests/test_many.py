@@ -367,5 +367,8 @@ def test_box_batch_signatures_agree_across_the_checks(comm, mpi_tmp_path):
                 f"{items[1][1].offset}; rank {last}: byte runs (Segments or a view), no global "
                 "array"
             ), str(err)
-    for (d, _), got in zip(items, back, strict=True):
+        # (the refused batches held the items' old values: none of them was written)
+        kept = f.read_all_many([lay for _, lay in items])
+    for (d, _), got, now in zip(items, back, kept, strict=True):
         np.testing.assert_array_equal(got, d + 5)
+        np.testing.assert_array_equal(now, d + 5)

@@ -87,3 +87,69 @@ def test_an_async_save_on_a_freed_communicator_makes_no_cycle(
         return True
 
     assert _left(comm, freed) == []
+
+
+@pytest.mark.mpi
+def test_failed_calls_make_no_cycles(comm: MPI.Intracomm, mpi_tmp_path: Any) -> None:
+    """A call refused on one rank keeps none of its arrays in a cycle: each rank's error
+    is kept while the ranks agree, by a frame that its own traceback reaches."""
+    d = str(comm.bcast(str(mpi_tmp_path), root=0))
+    r, p = comm.rank, comm.size
+    bad = p - 1  # (the one rank at -n 1)
+    n = 64
+    lay = layouts.block((p * n,), "<f8", rank=r, size=p)
+    old = np.full(n, r + 1.0)
+    path = os.path.join(d, "f.bin")
+    with collio.open(path, "w", comm=comm) as f:
+        f.write_all(old, lay)
+    ckpt.save(os.path.join(d, "ok.ckpt"), {"a": (old, lay)}, comm=comm)
+
+    def refused(call: Callable[[], Any], error: type[Exception], text: str) -> bool:
+        try:
+            call()
+        except error as e:
+            return text in str(e) and (p == 1 or f"rank {bad}" in str(e))
+        return False
+
+    def calls() -> bool:
+        short = np.zeros(n - 1) if r == bad else np.zeros(n)
+        ok = True
+        with collio.open(path, "r+", comm=comm) as f:
+            ok &= refused(lambda: f.write_all(short, lay), collio.LayoutError, "does not match")
+            after = layouts.Subarray((2 * p * n,), (n,), (p * n + r * n,), "<f8")
+            ok &= refused(lambda: f.write_all_many([(np.zeros(n), lay), (short, after)]),
+                          collio.LayoutError, "item 1")  # fmt: skip
+            out = np.empty(n, "<f4" if r == bad else "<f8")
+            ok &= refused(lambda: f.read_all(lay, out=out), collio.LayoutError, "dtype")
+            ok &= bool(f.read_all(lay).tobytes() == old.tobytes())
+        return ok
+
+    def checkpoints() -> bool:
+        target = os.path.join(d, "ok.ckpt")
+        short = np.zeros(n - 1) if r == bad else np.zeros(n)
+        ok = refused(lambda: ckpt.save(target, {"a": (short, lay)}, comm=comm),
+                     collio.LayoutError, "'a'")  # fmt: skip
+        unknown = {"zz": None} if r == bad else {"a": lay}
+        ok &= refused(lambda: ckpt.load(target, unknown, comm=comm), collio.LayoutError, "zz")
+        return ok and bool(ckpt.load(target, {"a": lay}, comm=comm)["a"].tobytes() == old.tobytes())
+
+    assert _left(comm, calls) == []
+    assert _left(comm, checkpoints) == []
+
+
+def test_an_agreed_error_keeps_where_its_cause_was_raised(comm: MPI.Intracomm) -> None:
+    """The cause of an agreed error carries its traceback as text (frames would hold a
+    cycle): a report of a failure still shows where the rank raised it."""
+    from collio.collective import Attempt, agree
+
+    def failing() -> None:
+        raise ValueError("the rank's own words")
+
+    with Attempt() as step:
+        failing()
+    with pytest.raises(collio.LayoutError) as info:
+        agree(comm, step.error, what="step")
+    cause = info.value.__cause__
+    assert cause is step.error and cause.__traceback__ is None
+    note = "\n".join(cause.__notes__)
+    assert "in failing" in note and 'raise ValueError("the rank\'s own words")' in note
