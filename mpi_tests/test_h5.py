@@ -566,19 +566,52 @@ def test_many_datasets_in_one_call(comm: MPI.Comm, mpi_tmp_path: Path) -> None:
 def test_a_contiguous_dataset_with_a_fill_value_reads_it_where_nothing_was_written(
     comm: MPI.Comm, mpi_tmp_path: Path
 ) -> None:
-    """A fill value given to a contiguous dataset with fill_time='ifset' is written at
-    creation, as h5py writes it: the elements no rank wrote read as it, in stock h5py
-    (another process) too, not as the zeros of the file's new space.  Without a
-    fill_time it is refused on every rank (it was kept as a property only, silently)."""
+    """A fill value given to a contiguous dataset is written as h5py's default
+    (``fill_time='ifset'``) has HDF5 write it: the elements no rank wrote read as it, in
+    stock h5py (another process) too, not as the zeros of the file's new space.  The
+    ranks write it, each its share, at the next collective call: a rank's plain reads
+    see it before, and plain writes made before that call are kept over it.
+    ``fill_time='never'`` keeps it as a property only."""
     path = str(mpi_tmp_path / "fill.h5")
     n = comm.size
     with collio.h5.File(path, "w", comm=comm) as f:
-        with pytest.raises(collio.LayoutError, match="fillvalue needs its fill_time"):
-            collio.h5.create_dataset(f, "k", (8, 4 * n), "<i4", fillvalue=-3)
-        ds = collio.h5.create_dataset(f, "k", (8, 4 * n), "<i4", fillvalue=-3, fill_time="ifset")
+        ds = collio.h5.create_dataset(f, "k", (8, 4 * n), "<i4", fillvalue=-3)
+        big = collio.h5.create_dataset(f, "big", (3, 1000 * n + 1), ">f8", fillvalue=2.5)
+        alloc = collio.h5.create_dataset(f, "alloc", (5,), "<i2", fillvalue=7, fill_time="alloc")
+        never = collio.h5.create_dataset(f, "never", (4, n), "<i4", fillvalue=9,
+                                         fill_time="never")  # fmt: skip
+        assert ds[7, :].tolist() == [-3] * 4 * n  # (plain h5py, before any collective call)
+        ds[7, 0] = 11  # (every rank alike, before the fill is written)
         lay = layouts.Subarray((8, 4 * n), (0, 4 * comm.rank), (2, 4), "<i4")
         collio.h5.write_all(ds, np.full((2, 4), comm.rank, "<i4"), lay)
-        assert ds.fillvalue == -3
+        assert (ds.fillvalue, never.fillvalue, big.fillvalue, alloc.fillvalue) == (-3, 9, 2.5, 7)
     want = np.full((8, 4 * n), -3, "<i4")
     want[:2] = np.repeat(np.arange(n, dtype="<i4"), 4)
-    check_file(comm, path, {"k": want})
+    want[7, 0] = 11
+    check_file(comm, path, {"k": want, "big": np.full((3, 1000 * n + 1), 2.5, ">f8"),
+                            "alloc": np.full(5, 7, "<i2"),
+                            "never": np.zeros((4, n), "<i4")})  # fmt: skip
+
+
+def test_the_hdf5_backend_fills_a_new_dataset_in_shares(
+    comm: MPI.Comm, mpi_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``collio.open(..., backend="hdf5", fillvalue=...)``: the fill is written at the
+    open, by every rank a share, in steps of a bounded size (no rank holds the
+    dataset's size); the ranks' writes land over it.  A fill_time HDF5 does not know
+    is refused on every rank."""
+    from collio.backends.hdf5 import vfile
+
+    monkeypatch.setattr(vfile, "FILL_STEP", 1000)  # (many steps per rank)
+    path = str(mpi_tmp_path / "backend-fill.h5")
+    n = comm.size
+    lay = layouts.Subarray((n, 700), (comm.rank, 0), (1, 350), "<f4")
+    with collio.open(path, "w", comm=comm, backend="hdf5", dataset="x", shape=(n, 700),
+                     dtype="<f4", fillvalue=-1.5) as f:  # fmt: skip
+        f.write_all(np.full((1, 350), comm.rank, "<f4"), lay)
+    want = np.full((n, 700), -1.5, "<f4")
+    want[:, :350] = np.arange(n, dtype="<f4")[:, None]
+    check_file(comm, path, {"x": want})
+    with pytest.raises(collio.LayoutError, match="fill_time 'sometimes' is not one of"):
+        collio.open(str(mpi_tmp_path / "bad.h5"), "w", comm=comm, backend="hdf5", dataset="x",
+                    shape=(4,), dtype="<f4", fillvalue=1.0, fill_time="sometimes")  # fmt: skip

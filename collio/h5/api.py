@@ -63,15 +63,15 @@ class File(h5py.File):  # type: ignore[misc]  # h5py has no type stubs
 def create_dataset(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any) -> Any:
     """Collective over `comm` (a metadata call): a dataset ready for collective writes.
 
-    Without chunking options the dataset is contiguous, allocated at creation and
-    never filled (``fill_time='never'``), so its address is known at once and no
-    fill value is written before the data; a ``fillvalue`` needs its ``fill_time``
-    said: ``'ifset'`` writes it over the dataset at creation (every rank holds about
-    four times the dataset's size in memory meanwhile), ``'never'`` keeps it as a
-    property only (:func:`collio.backends.hdf5.dataset.create`).
+    Without chunking options the dataset is contiguous and allocated at creation, so its
+    address is known at once.  A ``fillvalue`` is written over it as h5py's default
+    (``fill_time='ifset'``) has HDF5 write it, but by the ranks, each its share, at the
+    file's next collective call, before that call's data
+    (:func:`collio.backends.hdf5.dataset.create`); ``fill_time='never'`` keeps it as a
+    property only.
     With ``chunks``, ``compression``, ``shuffle``, ... it is h5py's own ``create_dataset``.
     """
-    return create(parent, name, shape, dtype, **kwargs)
+    return create(parent, name, shape, dtype, vf=session_of(parent).vfile, **kwargs)
 
 
 # ------------------------------------------------------------------ data

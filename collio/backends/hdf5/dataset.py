@@ -35,37 +35,45 @@ __all__ = [
 CHUNKED = ("chunks", "compression", "compression_opts", "shuffle", "fletcher32", "maxshape",
            "scaleoffset")  # fmt: skip
 #: Options of ``collio.open(..., backend="hdf5")`` that shape a new dataset.
-_CREATE = frozenset({"shape", "dtype", "fillvalue", *CHUNKED})
+_CREATE = frozenset({"shape", "dtype", "fillvalue", "fill_time", *CHUNKED})
 #: Creation options an existing dataset is checked against in every mode.
 _EXPECT = ("shape", "dtype", "chunks")
 
 
-def create(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any) -> Any:
+def create(
+    parent: Any, name: str, shape: Any, dtype: Any, *, vf: VFile | None = None, **kwargs: Any
+) -> Any:
     """A dataset ready for collective writes (every rank, the same call).
 
     Without chunking options it is contiguous and allocated at creation, so its address
-    is known at once, and never filled (``fill_time='never'``): no fill value is written
-    before the data.  A ``fillvalue`` needs its ``fill_time`` said (LayoutError else):
-    ``'ifset'`` or ``'alloc'`` has HDF5 write it over the whole dataset at creation
-    (elements no rank writes read as it, in any reader), which every rank's library
-    does into its copy of the file's new bytes, held in memory (about four times the
-    dataset's size) until rank 0 writes them out; ``'never'`` keeps it as a property
-    only (unwritten elements of a new file read as zeros).  With chunking options it is
-    h5py's own ``create_dataset``.
+    is known at once, and HDF5 never fills it itself: every rank's library would write
+    the fill into its copy of the file's new bytes, held in memory until rank 0 wrote
+    them out.  Where HDF5 would fill it (a ``fillvalue`` with ``fill_time`` ``'ifset'``,
+    its default, or ``fill_time='alloc'``), the ranks write the fill instead, each its
+    share, at the file's next collective point (:meth:`VFile.fill`: ``vf``, the file's;
+    until then this rank's reads of those bytes see the fill), before any data of that
+    call moves.  The dataset's creation property then says ``fill_time='never'``; its
+    ``fillvalue`` is kept.  With chunking options it is h5py's own ``create_dataset``.
     """
     if any(kwargs.get(k) not in (None, False) for k in CHUNKED):
         return parent.create_dataset(name, shape, dtype, **kwargs)
-    if kwargs.get("fillvalue") is not None and kwargs.get("fill_time") is None:
+    when = kwargs.pop("fill_time", None)
+    if when not in (None, "ifset", "alloc", "never"):
         raise LayoutError(
-            f"dataset {name!r}: a contiguous dataset's fillvalue needs its fill_time: "
-            "'ifset' writes it over the dataset at creation (every rank holds about four "
-            "times the dataset's size in memory meanwhile), 'never' keeps it as a "
-            "property only (unwritten elements read as zeros); chunks=... fill as HDF5 does"
+            f"dataset {name!r}: fill_time {when!r} is not one of 'ifset', 'alloc', 'never'"
         )
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    kwargs.setdefault("fill_time", "never")
-    return parent.create_dataset(name, shape, dtype, dcpl=dcpl, **kwargs)
+    dset = parent.create_dataset(name, shape, dtype, dcpl=dcpl, fill_time="never", **kwargs)
+    fill = when == "alloc" or (when != "never" and kwargs.get("fillvalue") is not None)
+    if fill and dset.size:
+        if vf is None:  # pragma: no cover - every caller in collio passes its file's
+            raise LayoutError(f"dataset {name!r}: a fill needs the file's collio VFile")
+        value = np.zeros((), dset.dtype)
+        if dset.fillvalue is not None:
+            value[...] = dset.fillvalue
+        vf.fill(int(dset.id.get_offset()), int(dset.id.get_storage_size()), value.tobytes())
+    return dset
 
 
 def storage_kind(dset: Any) -> str:
@@ -102,7 +110,7 @@ class Hdf5Backend(Backend):
     :meth:`open` returns the dataset's own backend (contiguous or chunked storage).
 
     Options: ``dataset`` (its name in the file, required); in mode ``'w'`` (which
-    creates the file) ``shape`` and ``dtype`` (required) and h5py's ``fillvalue``,
+    creates the file) ``shape`` and ``dtype`` (required) and h5py's ``fillvalue``, ``fill_time``,
     ``chunks``, ``compression``, ``compression_opts``, ``shuffle``, ``fletcher32``,
     ``maxshape``, ``scaleoffset``.  In ``'r'``/``'r+'`` the dataset must exist;
     ``shape``, ``dtype`` and ``chunks``, when given, are checked against it.
@@ -134,7 +142,7 @@ class Hdf5Backend(Backend):
         mine = None
         with step:
             h5file = h5py.File(vf, mode)  # (h5py's fileobj driver: this rank's replica)
-            dset = _dataset(h5file, mode, options)
+            dset = _dataset(h5file, mode, options, vf)
             vf.replica.flush_library(h5file)
             mine = vf.epoch_digest()
         try:
@@ -154,12 +162,12 @@ def refuse_atomic(hints: Any, mode: str) -> None:
         raise ModeError("the hdf5 backend writes files in place: atomic_commit is not supported")
 
 
-def _dataset(f: Any, mode: str, options: dict[str, Any]) -> Any:
+def _dataset(f: Any, mode: str, options: dict[str, Any], vf: VFile) -> Any:
     """Local, the same calls on every rank: create (``'w'``) or find and check the dataset."""
     name = options["dataset"]
     if mode == "w":
         kw = {k: v for k, v in options.items() if k in _CREATE and k not in ("shape", "dtype")}
-        return create(f, name, tuple(options["shape"]), options["dtype"], **kw)
+        return create(f, name, tuple(options["shape"]), options["dtype"], vf=vf, **kw)
     if name not in f:
         raise FileNotFoundError(2, f"no dataset {name!r} in the file", f"{name}")
     dset = f[name]

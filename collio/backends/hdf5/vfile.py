@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..fdio import pread_zeros, pwrite_all
 from ..fsync import EarlyFlush
@@ -60,6 +61,8 @@ class VFile:
         self.replica: Any = None  # the metadata agreement (replica.Replica) this file owns
         self.session: Any = None  # the front end's state of the file, kept alive with it
         self.flusher: EarlyFlush | None = None  # contiguous datasets' early flush (hint)
+        #: Fills the ranks write at the next collective point: (offset, bytes, one element).
+        self.fills: list[tuple[int, int, bytes]] = []
 
     # -- the file-object protocol h5py's fileobj driver uses ---------------
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -77,6 +80,18 @@ class VFile:
         if disk:
             pread_zeros(self.fd, view[:disk], off)
         out[disk:] = 0
+        for at, size, one in self.fills:  # (not on the disk yet: the fill is what is there)
+            lo, hi = max(off, at), min(off + n, at + size)
+            if lo < hi:
+                out[lo - off : hi - off] = _tiled(one, lo - at, hi - lo)
+        self._overlay(out, off)
+        self.pos = off + n
+        return n
+
+    def _overlay(self, out: npt.NDArray[np.uint8], off: int) -> None:
+        """The bytes this rank's library wrote (the overlay) over ``out``, the file's
+        bytes from ``off``."""
+        n = len(out)
         first, last = off // PAGE, (off + n - 1) // PAGE
         if n == 0:
             candidates: Any = ()
@@ -92,8 +107,6 @@ class VFile:
             src = np.frombuffer(page[0], np.uint8)[lo - p * PAGE : hi - p * PAGE]
             keep = np.frombuffer(page[1], np.bool_)[lo - p * PAGE : hi - p * PAGE]
             np.copyto(out[lo - off : hi - off], src, where=keep)
-        self.pos = off + n
-        return n
 
     def read(self, n: int) -> bytes:
         buf = bytearray(n)
@@ -144,6 +157,30 @@ class VFile:
                 raise
 
     # -- collio's side ------------------------------------------------------
+    def fill(self, offset: int, size: int, one: bytes) -> None:
+        """Local: the ``size`` bytes from ``offset`` (a new contiguous dataset) hold the
+        element ``one`` repeated, written by :meth:`write_fills` at the next point."""
+        self.fills.append((offset, size, one))
+
+    def write_fills(self, rank: int, ranks: int) -> None:
+        """At a collective point, on every rank alike: write this rank's share of every
+        pending fill (whole elements, at most :data:`FILL_STEP` bytes per ``pwrite``), so
+        no rank holds more than one step of it."""
+        fills, self.fills = self.fills, []
+        for at, size, one in fills:
+            count = size // len(one)
+            a, b = count * rank // ranks * len(one), count * (rank + 1) // ranks * len(one)
+            step = max(FILL_STEP // len(one), 1) * len(one)
+            pattern = _tiled(one, 0, min(step, b - a))
+            buf = pattern.copy()
+            for lo in range(a, b, step):
+                n = min(step, b - lo)
+                if self.pages:  # (what the library wrote there since: rank 0 publishes it)
+                    buf[:n] = pattern[:n]
+                    self._overlay(buf[:n], at + lo)
+                pwrite_all(self.fd, buf[:n].data, at + lo, self.path)
+            self.dirty = self.dirty or b > a
+
     def epoch_digest(self) -> bytes:
         """Digest of the bytes written since the last point (the result, not the sequence)."""
         h = hashlib.blake2b(digest_size=8)
@@ -202,7 +239,7 @@ class VFile:
         try:
             if self.root and not self.frozen:
                 self.publish()
-                self.sync()
+            self.sync()  # (any rank: the fills it wrote)
         finally:
             os.close(self.fd)
             self.fd = -1
@@ -215,6 +252,17 @@ class VFile:
             self.release()
         except OSError:
             pass
+
+
+#: The most bytes of a fill one ``pwrite`` writes (and a rank holds).
+FILL_STEP = 16 << 20
+
+
+def _tiled(one: bytes, start: int, n: int) -> npt.NDArray[np.uint8]:
+    """``n`` bytes of the element ``one`` repeated, from byte ``start`` of the repetition."""
+    e = len(one)
+    reps = np.tile(np.frombuffer(one, np.uint8), (start % e + n) // e + 1)
+    return reps[start % e : start % e + n]
 
 
 def _store(pages: dict[int, tuple[bytearray, bytearray]], off: int, view: memoryview) -> None:
