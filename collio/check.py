@@ -29,7 +29,7 @@ from . import speculate
 from .backends.base import Backend
 from .checkfacts import Checked, digest_kept, moved, placed, unzigzag, zigzag
 from .choose import checked, choose
-from .collective import Attempt, call_head, raise_agreed
+from .collective import Attempt, call_head, detached, raise_agreed
 from .context import Call, Context
 from .errors import LayoutError, MismatchError, ModeError, OverlapError
 from .facts import NOT_COMPARED
@@ -229,6 +229,8 @@ def after_head(ctx: Context, p: Pending, failed: bool, out: tuple[int, ...]) -> 
     agreed, g = Checked.agreed(out), p.guess
     if failed or agreed.items is None or agreed.sig is None:
         speculate.take_back(ctx, g, agreed.size)  # (a write guessed: nothing stays)
+    if (agreed.items is None or agreed.sig is None) and p.error is not None:
+        detached(p.error)  # (a rank's own error, not raised: no cycle through its frames)
     if agreed.items is None:  # (item k means nothing when the counts differ)
         raise_count_mismatch(ctx.comm, -1 if p.count is None else p.count, p.name)
     if failed:  # (a take-back's failure rides on the call's error)

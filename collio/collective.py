@@ -438,7 +438,10 @@ def _raise_call_mismatch(
     if undo is not None:
         undo(err)  # (local; it keeps its own failure)
     comm.Barrier()
-    raise err
+    try:
+        raise err
+    finally:  # (the traceback holds this frame: a cycle through ``err`` otherwise)
+        del err
 
 
 def _name(call: str, file: str, subject: str | None, one_file: bool) -> str:
@@ -496,13 +499,14 @@ def raise_agreed(comm: MPI.Comm, error: BaseException | None, *, what: str = "")
 
 
 def detached(error: BaseException | None) -> BaseException | None:
-    """``error``, and the errors it was raised from, with their tracebacks kept as text
-    (a note) instead of frames.
+    """``error``, and the errors it was raised from inside collio, with their tracebacks
+    kept as text (a note, once) instead of frames.
 
     A rank's error is kept while the ranks agree (:class:`Attempt`): a frame that called
     the failing code holds it, and that frame is in the error's own traceback, through
     the failing frames' callers.  The agreed error raised from it would keep that cycle,
-    and with it every array of the call, until a garbage collection finds it.
+    and with it every array of the call, until a garbage collection finds it.  An error
+    caught outside collio (one the caller was handling when it called) is left as it is.
     """
     seen: set[int] = set()
     pending = [error]
@@ -511,12 +515,23 @@ def detached(error: BaseException | None) -> BaseException | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if e.__traceback__ is not None:
-            e.add_note("".join(["Where it was raised (most recent call last):\n",
-                                *traceback.format_tb(e.__traceback__)]).rstrip())  # fmt: skip
+        tb = e.__traceback__
+        if tb is not None and not _ours(tb.tb_frame):
+            continue
+        if tb is not None:
+            if not getattr(e, "_collio_detached", False):
+                e.add_note("".join(["Where it was raised (most recent call last):\n",
+                                    *traceback.format_tb(tb)]).rstrip())  # fmt: skip
+                e._collio_detached = True  # type: ignore[attr-defined]
             e.__traceback__ = None
         pending += [e.__cause__, e.__context__]
     return error
+
+
+def _ours(frame: types.FrameType) -> bool:
+    """Whether ``frame`` (where an error was caught) is collio's."""
+    name = frame.f_globals.get("__name__", "")
+    return isinstance(name, str) and (name == "collio" or name.startswith("collio."))
 
 
 def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:

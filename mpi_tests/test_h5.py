@@ -593,16 +593,16 @@ def test_a_contiguous_dataset_with_a_fill_value_reads_it_where_nothing_was_writt
                             "never": np.zeros((4, n), "<i4")})  # fmt: skip
 
 
-def test_the_hdf5_backend_fills_a_new_dataset_in_shares(
+def test_the_hdf5_backend_fills_a_new_dataset(
     comm: MPI.Comm, mpi_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``collio.open(..., backend="hdf5", fillvalue=...)``: the fill is written at the
-    open, by every rank a share, in steps of a bounded size (no rank holds the
-    dataset's size); the ranks' writes land over it.  A fill_time HDF5 does not know
-    is refused on every rank."""
+    open, in steps of a bounded size (rank 0 holds one, not the dataset's size); the
+    ranks' writes land over it.  A fill_time HDF5 does not know is refused on every
+    rank."""
     from collio.backends.hdf5 import vfile
 
-    monkeypatch.setattr(vfile, "FILL_STEP", 1000)  # (many steps per rank)
+    monkeypatch.setattr(vfile, "FILL_STEP", 1000)  # (many steps)
     path = str(mpi_tmp_path / "backend-fill.h5")
     n = comm.size
     lay = layouts.Subarray((n, 700), (comm.rank, 0), (1, 350), "<f4")
@@ -615,3 +615,52 @@ def test_the_hdf5_backend_fills_a_new_dataset_in_shares(
     with pytest.raises(collio.LayoutError, match="fill_time 'sometimes' is not one of"):
         collio.open(str(mpi_tmp_path / "bad.h5"), "w", comm=comm, backend="hdf5", dataset="x",
                     shape=(4,), dtype="<f4", fillvalue=1.0, fill_time="sometimes")  # fmt: skip
+
+
+def test_fills_keep_hdf5s_order_and_survive_a_plain_close(
+    comm: MPI.Comm, mpi_tmp_path: Path
+) -> None:
+    """Fills land as HDF5 would have written them at creation: a dataset deleted before
+    any collective call and another made in its space (smaller, with its own fill) read
+    as stock h5py writes them; a file closed by h5py alone right after a create keeps
+    the fill; datasets whose fill only HDF5 can write (variable length, references,
+    scalars) are made and filled by it."""
+    path = str(mpi_tmp_path / "order.h5")
+    n = comm.size
+    with h5py.File(path, "w", driver="collio", comm=comm) as f:
+        collio.h5.create_dataset(f, "gone", (5000,), "<i4", fillvalue=-1)
+        del f["gone"]
+        collio.h5.create_dataset(f, "new2", (3000,), "<i4", fillvalue=7)
+        collio.h5.flush(f)
+        collio.h5.create_dataset(f, "vl", (6,), h5py.vlen_dtype("i4"), fill_time="alloc")
+        collio.h5.create_dataset(f, "ref", (3,), h5py.ref_dtype, fill_time="alloc")
+        collio.h5.create_dataset(f, "one", (), "<f8", fillvalue=4.5)
+        collio.h5.create_dataset(f, "last", (10 * n + 3,), ">u2", fillvalue=513)
+    # (h5py's own close, no collective call after the last create)
+    check_file(comm, path, {"new2": np.full(3000, 7, "<i4"), "one": np.array(4.5),
+                            "last": np.full(10 * n + 3, 513, ">u2")})  # fmt: skip
+    if comm.rank == 0:
+        with h5py.File(path, "r") as f:
+            assert [len(v) for v in f["vl"][...]] == [0] * 6
+            assert not any(bool(r) for r in f["ref"][...])
+
+
+def test_a_chunked_big_endian_dataset_keeps_its_fill_where_nothing_was_written(
+    comm: MPI.Comm, mpi_tmp_path: Path
+) -> None:
+    """The unwritten elements of a chunk the ranks wrote in part read as the fill value
+    in the dataset's own byte order."""
+    path = str(mpi_tmp_path / "bigendian.h5")
+    n = comm.size
+    with collio.h5.File(path, "w", comm=comm) as f:
+        ds = collio.h5.create_dataset(f, "b", (4, 8 * n), ">i4", chunks=(4, 8), fillvalue=1)
+        lay = layouts.Subarray((4, 8 * n), (0, 8 * comm.rank), (1, 4), ">i4")
+        collio.h5.write_all(ds, np.full((1, 4), 100 + comm.rank, ">i4"), lay)
+        mine = layouts.Subarray((4, 8 * n), (0, 8 * comm.rank), (4, 8), ">i4")
+        got = collio.h5.read_all(ds, mine)
+        ok = comm.allgather(bool((got[1:] == 1).all() and (got[0, 4:] == 1).all()))
+        assert all(ok), ok
+    want = np.ones((4, 8 * n), ">i4")
+    for r in range(n):
+        want[0, 8 * r : 8 * r + 4] = 100 + r
+    check_file(comm, path, {"b": want})

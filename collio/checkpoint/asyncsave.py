@@ -223,7 +223,10 @@ def raise_untold(comm: MPI.Intracomm) -> None:
         "(an earlier async_save's error, which its handle's wait() had not raised on "
         "every rank: this save raises it and does not run)",
     ]
-    raise again from err
+    try:
+        raise again from err
+    finally:  # (the traceback holds this frame, and it the refused save's arrays)
+        del again, err
 
 
 def _lost() -> None:

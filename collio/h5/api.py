@@ -65,8 +65,8 @@ def create_dataset(parent: Any, name: str, shape: Any, dtype: Any, **kwargs: Any
 
     Without chunking options the dataset is contiguous and allocated at creation, so its
     address is known at once.  A ``fillvalue`` is written over it as h5py's default
-    (``fill_time='ifset'``) has HDF5 write it, but by the ranks, each its share, at the
-    file's next collective call, before that call's data
+    (``fill_time='ifset'``, or ``'alloc'``) has HDF5 write it, but by rank 0 alone, into
+    the file, not into every rank's copy of its new bytes
     (:func:`collio.backends.hdf5.dataset.create`); ``fill_time='never'`` keeps it as a
     property only.
     With ``chunks``, ``compression``, ``shuffle``, ... it is h5py's own ``create_dataset``.

@@ -82,7 +82,10 @@ class File(DataAccess, Views):
         except BaseException as exc:
             error = as_file_error(exc)
             errors.handle(default, None, error, comm)
-            raise error from None  # (no file to return, whatever the handler did)
+            try:
+                raise error from None  # (no file to return, whatever the handler did)
+            finally:  # (the traceback holds this frame: a cycle through ``error``)
+                del error
 
     def Close(self) -> None:
         """Collective: sync, release, give back the file's communicator (``MPI_File_close``)."""

@@ -54,7 +54,8 @@ class ChunkedBackend(Backend):
         fill = np.zeros(1, dset.dtype)
         if dset.fillvalue is not None:
             fill[0] = dset.fillvalue
-        self.fill = np.resize(fill, int(np.prod(chunks))).view(np.uint8)
+        # (np.tile keeps the dtype's byte order, where np.resize gives the native one)
+        self.fill = np.tile(fill, int(np.prod(chunks))).view(np.uint8)
         self.table: dict[int, tuple[int, int, int]] = {}  # chunk -> (file offset, size, mask)
         self.out: list[tuple[int, bytes | npt.NDArray[np.uint8], int]] = []
         self.dirty = False

@@ -46,14 +46,14 @@ def create(
     """A dataset ready for collective writes (every rank, the same call).
 
     Without chunking options it is contiguous and allocated at creation, so its address
-    is known at once, and HDF5 never fills it itself: every rank's library would write
-    the fill into its copy of the file's new bytes, held in memory until rank 0 wrote
-    them out.  Where HDF5 would fill it (a ``fillvalue`` with ``fill_time`` ``'ifset'``,
-    its default, or ``fill_time='alloc'``), the ranks write the fill instead, each its
-    share, at the file's next collective point (:meth:`VFile.fill`: ``vf``, the file's;
-    until then this rank's reads of those bytes see the fill), before any data of that
-    call moves.  The dataset's creation property then says ``fill_time='never'``; its
-    ``fillvalue`` is kept.  With chunking options it is h5py's own ``create_dataset``.
+    is known at once.  Where HDF5 would fill it (a ``fillvalue`` with ``fill_time``
+    ``'ifset'``, its default, or ``fill_time='alloc'``), rank 0 writes the fill to the
+    file itself (:meth:`VFile.fill`; ``vf`` is the file's), a step of bounded size at a
+    time: every rank's library would write it into its copy of the file's new bytes,
+    held in memory until rank 0 wrote them out.  The dataset's creation property then
+    says ``fill_time='never'``; its ``fillvalue`` is kept.  HDF5 still fills what only it
+    can: elements that are references or of variable length, scalar datasets and
+    external storage.  With chunking options it is h5py's own ``create_dataset``.
     """
     if any(kwargs.get(k) not in (None, False) for k in CHUNKED):
         return parent.create_dataset(name, shape, dtype, **kwargs)
@@ -64,15 +64,30 @@ def create(
         )
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    hdf5_fills = (
+        np.dtype(dtype).hasobject or shape in ((), None) or kwargs.get("external") is not None
+    )
+    if hdf5_fills:  # (HDF5's own fill of a few bytes, or of what numpy holds as objects)
+        if when is not None:
+            kwargs["fill_time"] = when
+        return parent.create_dataset(name, shape, dtype, dcpl=dcpl, **kwargs)
     dset = parent.create_dataset(name, shape, dtype, dcpl=dcpl, fill_time="never", **kwargs)
-    fill = when == "alloc" or (when != "never" and kwargs.get("fillvalue") is not None)
-    if fill and dset.size:
+    filled = when == "alloc" or (when != "never" and kwargs.get("fillvalue") is not None)
+    if filled and dset.size:  # (no element: no storage, no offset)
+        offset = dset.id.get_offset()
+        size = dset.dtype.itemsize
+        if offset is None or dset.id.get_type().get_size() != size:
+            raise LayoutError(
+                f"dataset {name!r}: collio cannot write the fill of its storage "
+                f"(offset {offset}, {dset.id.get_type().get_size()}-byte elements in the file, "
+                f"{size} in memory): create it with fill_time='never', or chunks=..."
+            )
         if vf is None:  # pragma: no cover - every caller in collio passes its file's
             raise LayoutError(f"dataset {name!r}: a fill needs the file's collio VFile")
         value = np.zeros((), dset.dtype)
         if dset.fillvalue is not None:
             value[...] = dset.fillvalue
-        vf.fill(int(dset.id.get_offset()), int(dset.id.get_storage_size()), value.tobytes())
+        vf.fill(int(offset), int(dset.id.get_storage_size()), value.tobytes())
     return dset
 
 
@@ -143,6 +158,8 @@ class Hdf5Backend(Backend):
         with step:
             h5file = h5py.File(vf, mode)  # (h5py's fileobj driver: this rank's replica)
             dset = _dataset(h5file, mode, options, vf)
+            if vf.error is not None:  # (rank 0's fill of a new dataset: agreed below)
+                raise vf.error
             vf.replica.flush_library(h5file)
             mine = vf.epoch_digest()
         try:

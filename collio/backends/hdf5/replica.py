@@ -108,10 +108,7 @@ class Replica:
             vf.new_epoch()
             if then is not None and then():  # written now, digested at the next point
                 self.flush_library(obj)
-            # (the new datasets are the same on every rank: their digests matched; the
-            # agreement below ends every rank's share before any data of this call moves.
-            # Before the publication, which forgets the overlay the shares are written with)
-            vf.write_fills(comm.Get_rank(), comm.Get_size())
+            vf.filled()  # (rank 0 wrote them when it made the datasets: read from the disk)
             vf.publish()
         agree(comm, step.error, what=f"{call}: write metadata")
         # rank 0 wrote the overlay (the same everywhere: the digests matched) and all ranks

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...errors import BackendError
 from ..fdio import pread_zeros, pwrite_all
 from ..fsync import EarlyFlush
 
@@ -63,6 +64,7 @@ class VFile:
         self.flusher: EarlyFlush | None = None  # contiguous datasets' early flush (hint)
         #: Fills the ranks write at the next collective point: (offset, bytes, one element).
         self.fills: list[tuple[int, int, bytes]] = []
+        self._spans: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
 
     # -- the file-object protocol h5py's fileobj driver uses ---------------
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -80,7 +82,8 @@ class VFile:
         if disk:
             pread_zeros(self.fd, view[:disk], off)
         out[disk:] = 0
-        for at, size, one in self.fills:  # (not on the disk yet: the fill is what is there)
+        for at, size, one in self._pending(off, n) if self.fills else ():
+            # (not on the disk yet: the fill is what is there)
             lo, hi = max(off, at), min(off + n, at + size)
             if lo < hi:
                 out[lo - off : hi - off] = _tiled(one, lo - at, hi - lo)
@@ -141,8 +144,13 @@ class VFile:
 
     def forget(self, lo: int, hi: int) -> None:
         """Drop overlay bytes in ``[lo, hi)`` (raw data: read it from the disk instead)."""
-        for p in range(lo // PAGE, (hi - 1) // PAGE + 1 if hi > lo else 0):
-            page = self.pages.get(p)
+        first, last = lo // PAGE, (hi - 1) // PAGE
+        if hi <= lo:
+            return
+        # (a new dataset's range may span many more pages than the overlay holds)
+        pages = range(first, last + 1) if last - first < len(self.pages) else sorted(self.pages)
+        for p in pages:
+            page = self.pages.get(p) if first <= p <= last else None
             if page is not None:
                 a, b = max(lo, p * PAGE) - p * PAGE, min(hi, (p + 1) * PAGE) - p * PAGE
                 page[1][a:b] = bytes(b - a)
@@ -158,28 +166,47 @@ class VFile:
 
     # -- collio's side ------------------------------------------------------
     def fill(self, offset: int, size: int, one: bytes) -> None:
-        """Local: the ``size`` bytes from ``offset`` (a new contiguous dataset) hold the
-        element ``one`` repeated, written by :meth:`write_fills` at the next point."""
-        self.fills.append((offset, size, one))
+        """Local, every rank alike: the ``size`` bytes from ``offset`` (a new contiguous
+        dataset's) hold the element ``one`` repeated.  Rank 0 writes them now, as HDF5
+        would have at the creation (so a dataset made later in space freed since keeps
+        the order HDF5 gives), at most :data:`FILL_STEP` bytes per ``pwrite``; its failure
+        is reported at the next collective point.  The other ranks read the fill there
+        until that point (rank 0 may not have written it yet).  Bytes the library wrote
+        there before (a deleted dataset's) are forgotten, on every rank."""
+        self.forget(offset, offset + size)
+        self.size = max(self.size, offset + size)  # (as HDF5's own write of it would)
+        if not self.root:
+            self.fills.append((offset, size, one))
+            self._spans = None
+            return
+        e = len(one)
+        step = max(FILL_STEP // e, 1) * e
+        buf = _tiled(one, 0, min(step, size))
+        try:
+            for lo in range(0, size, step):
+                n = min(step, size - lo)
+                pwrite_all(self.fd, buf[:n].data, offset + lo, self.path)
+        except OSError as exc:
+            if self.error is None:
+                self.error = BackendError(
+                    f"writing the fill value of a new dataset, bytes [{offset}, "
+                    f"{offset + size}) of {self.path!r}: {exc.strerror or exc}",
+                    errno=exc.errno,
+                )
+        self.dirty = True
 
-    def write_fills(self, rank: int, ranks: int) -> None:
-        """At a collective point, on every rank alike: write this rank's share of every
-        pending fill (whole elements, at most :data:`FILL_STEP` bytes per ``pwrite``), so
-        no rank holds more than one step of it."""
-        fills, self.fills = self.fills, []
-        for at, size, one in fills:
-            count = size // len(one)
-            a, b = count * rank // ranks * len(one), count * (rank + 1) // ranks * len(one)
-            step = max(FILL_STEP // len(one), 1) * len(one)
-            pattern = _tiled(one, 0, min(step, b - a))
-            buf = pattern.copy()
-            for lo in range(a, b, step):
-                n = min(step, b - lo)
-                if self.pages:  # (what the library wrote there since: rank 0 publishes it)
-                    buf[:n] = pattern[:n]
-                    self._overlay(buf[:n], at + lo)
-                pwrite_all(self.fd, buf[:n].data, at + lo, self.path)
-            self.dirty = self.dirty or b > a
+    def filled(self) -> None:
+        """Local, at a collective point every rank passed: rank 0 wrote the fills."""
+        self.fills.clear()
+        self._spans = None
+
+    def _pending(self, off: int, n: int) -> list[tuple[int, int, bytes]]:
+        """The pending fills that meet the bytes ``[off, off + n)``."""
+        if self._spans is None:
+            self._spans = (np.array([f[0] for f in self.fills], np.int64),
+                           np.array([f[0] + f[1] for f in self.fills], np.int64))  # fmt: skip
+        lo, hi = self._spans
+        return [self.fills[k] for k in np.flatnonzero((lo < off + n) & (hi > off)).tolist()]
 
     def epoch_digest(self) -> bytes:
         """Digest of the bytes written since the last point (the result, not the sequence)."""
@@ -254,7 +281,7 @@ class VFile:
             pass
 
 
-#: The most bytes of a fill one ``pwrite`` writes (and a rank holds).
+#: The most bytes of a fill one ``pwrite`` writes (and rank 0 holds).
 FILL_STEP = 16 << 20
 
 
