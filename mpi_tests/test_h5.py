@@ -664,3 +664,44 @@ def test_a_chunked_big_endian_dataset_keeps_its_fill_where_nothing_was_written(
     for r in range(n):
         want[0, 8 * r : 8 * r + 4] = 100 + r
     check_file(comm, path, {"b": want})
+
+
+def test_a_file_another_program_holds_open_is_locked_as_hdf5_locks_it(
+    comm: MPI.Comm, mpi_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HDF5's file lock, which h5py's file-object driver leaves out: while stock h5py in
+    another process reads the file, collio opens it to read but not to write ('r+', or
+    'w', which leaves its bytes as they were), the same error on every rank;
+    ``HDF5_USE_FILE_LOCKING=FALSE`` opens it anyway, as HDF5 does."""
+    import subprocess
+    import sys
+
+    path = str(comm.bcast(str(mpi_tmp_path / "locked.h5"), root=0))
+    with collio.h5.File(path, "w", comm=comm) as f:
+        collio.h5.create_dataset(f, "x", (4,), "<i4", fillvalue=3)
+    holder: Any = None
+    if comm.rank == 0:
+        code = (
+            f"import h5py, sys; f = h5py.File({path!r}, 'r'); print(1, flush=True); "
+            "sys.stdin.read()"
+        )
+        holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        holder.stdout.readline()
+    comm.Barrier()
+    try:
+        for mode in ("r+", "w"):
+            with pytest.raises(collio.BackendError, match="unable to lock") as info:
+                collio.h5.File(path, mode, comm=comm)
+            assert "rank 0" in str(info.value)
+        with collio.h5.File(path, "r", comm=comm) as f:
+            assert f["x"][...].tolist() == [3] * 4
+        monkeypatch.setenv("HDF5_USE_FILE_LOCKING", "FALSE")
+        with collio.h5.File(path, "r+", comm=comm) as f:
+            assert f["x"][...].tolist() == [3] * 4
+    finally:
+        if holder is not None:
+            holder.stdin.close()
+            holder.wait()
+            holder.stdout.close()
+    check_file(comm, path, {"x": np.full(4, 3, "<i4")})

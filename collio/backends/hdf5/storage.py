@@ -12,6 +12,8 @@ publishes what is left and closes the descriptor.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import weakref
 from typing import Any, ClassVar
@@ -19,7 +21,7 @@ from typing import Any, ClassVar
 from mpi4py import MPI
 
 from ...collective import Attempt, agree, bcast_outcome
-from ...errors import LayoutError
+from ...errors import BackendError, LayoutError
 from ...layouts import ArrayLayout
 from ...runs import Runs
 from ..filereads import maps_for
@@ -103,9 +105,11 @@ class FileBackend(PosixBackend):
 
 
 def open_file(comm: MPI.Comm, path: str, mode: str) -> VFile:
-    """Collective over `comm`: rank 0 creates, truncates or checks ``path`` (h5py's ``mode``),
-    every rank opens it; one agreement each, so a failure is raised on every rank.  The
-    caller keeps the VFile alive until HDF5 holds it (its backend refers to it weakly)."""
+    """Collective over `comm`: rank 0 creates or checks ``path`` (h5py's ``mode``), every
+    rank opens it, rank 0 locks it; then, once every rank's open succeeded, rank 0
+    truncates it where the mode says so (a failed open leaves the file as it was).  Each
+    step is agreed, so a failure is raised on every rank.  The caller keeps the VFile
+    alive until HDF5 holds it (its backend refers to it weakly)."""
     step = Attempt()
     size = None
     if comm.Get_rank() == 0:
@@ -116,8 +120,16 @@ def open_file(comm: MPI.Comm, path: str, mode: str) -> VFile:
     fd = -1
     with step:
         fd = open_regular(path, os.O_RDONLY if mode == "r" else os.O_RDWR)
+        if comm.Get_rank() == 0:
+            _lock(fd, path, mode)
     try:
         agree(comm, step.error, what=f"open {path!r}")
+        if size == _TRUNCATE:
+            step = Attempt()
+            if comm.Get_rank() == 0:
+                with step:
+                    os.ftruncate(fd, 0)
+            size = bcast_outcome(comm, 0, step.error, what=f"open {path!r}")
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -127,13 +139,41 @@ def open_file(comm: MPI.Comm, path: str, mode: str) -> VFile:
     return vf
 
 
+#: :func:`_prepare`'s word that the file is truncated once every rank opened and locked it.
+_TRUNCATE = -1
+
+
+def _lock(fd: int, path: str, mode: str) -> None:
+    """On rank 0: HDF5's file lock, which h5py's file-object driver does not take
+    (``flock``, shared to read, exclusive to write, never waiting), so that another
+    program's HDF5 does not open for writing a file collio has open, nor collio one that
+    program has open; the descriptor's close lets go of it.  ``HDF5_USE_FILE_LOCKING``
+    as HDF5 reads it: ``FALSE`` takes none, and a file system without locks is let be."""
+    use = os.environ.get("HDF5_USE_FILE_LOCKING", "TRUE").strip().upper()
+    if use in ("FALSE", "0"):
+        return
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if mode == "r" else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):
+            return
+        raise BackendError(
+            f"unable to lock {path!r} (HDF5's file lock: another program has it open"
+            f"{' for writing' if mode == 'r' else ''}; HDF5_USE_FILE_LOCKING=FALSE "
+            "opens it anyway)",
+            errno=exc.errno,
+        ) from exc
+
+
 def _prepare(path: str, mode: str) -> int:
-    """On rank 0: create, truncate or check the file (a regular one: never a FIFO, whose
-    open would block); return the size ranks start from."""
+    """On rank 0: create or check the file (a regular one: never a FIFO, whose open would
+    block); return the size ranks start from, or :data:`_TRUNCATE` where the file is to
+    be truncated (after the ranks' opens and the lock)."""
     before = check_target(path, "r" if mode in ("r", "r+") else "w")
     if mode in ("w-", "x") and before is not None:
         raise FileExistsError(17, "file exists", path)
     if mode in ("w", "w-", "x") or (mode == "a" and before is None):
-        os.close(open_regular(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC))
-        return 0
+        if before is None:
+            os.close(open_regular(path, os.O_CREAT | os.O_RDWR))
+        return _TRUNCATE
     return os.path.getsize(path)
