@@ -722,3 +722,35 @@ def test_a_library_value_error_in_the_storage_is_a_backend_error(comm, shared_pa
         f.write_all(local_piece(glob_, lay), lay)
     comm.Barrier()
     assert np.array_equal(np.fromfile(shared_path, "<f8").reshape(glob_.shape), glob_)
+
+
+@pytest.mark.mpi
+def test_mpiio_info_is_compared_across_ranks_and_checked(comm, shared_dir):
+    """ROMIO's hints given as ``info=`` differ on one rank: the same MismatchError on every
+    rank naming them (ROMIO would run with each rank's own), the file untouched; an
+    ``info=`` that is no mapping is a HintError; equal ones reach ROMIO."""
+    path = os.path.join(shared_dir, "info.bin")
+    if comm.rank == 0:
+        with open(path, "wb") as fh:
+            fh.write(b"kept")
+    comm.Barrier()
+    last = comm.size - 1
+    if comm.size > 1:
+        info = {"cb_buffer_size": "1048576" if comm.rank == last else "2097152"}
+        err = _raises_everywhere(
+            comm, collio.MismatchError,
+            lambda: collio.open(path, "w", comm=comm, backend="mpiio", info=info),
+        )  # fmt: skip
+        assert f"rank {last}" in str(err) and "'cb_buffer_size', '1048576'" in str(err)
+        with open(path, "rb") as fh:
+            assert fh.read() == b"kept"
+    _raises_everywhere(
+        comm, collio.HintError,
+        lambda: collio.open(path, "w", comm=comm, backend="mpiio", info=5),
+        match="info= takes a dict or an MPI.Info, not int",
+    )  # fmt: skip
+    with collio.open(path, "w", comm=comm, backend="mpiio",
+                     info={"cb_buffer_size": "1048576"}) as f:  # fmt: skip
+        got = f.backend.fh.Get_info()
+        assert got.Get("cb_buffer_size") == "1048576"
+        got.Free()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,13 +23,13 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from ..collective import Attempt, agree
-from ..errors import BackendError, ModeError
+from ..errors import BackendError, HintError, ModeError
 from ..hints import is_romio_hint
 from .base import Backend
 from .fsync import SYNC_FILE_RANGE_WRITE, EarlyFlush, sync_file_range
 from .localfile import check_target
 
-__all__ = ["MpiioBackend", "info_from_hints"]
+__all__ = ["MpiioBackend", "info_from_hints", "info_items"]
 
 _POSIX_PREFIX = re.compile(r"^(ufs|nfs|lustre|gpfs|xfs|panfs|testfs):")
 #: ROMIO drivers whose names are no local paths (checked by the driver itself).
@@ -38,6 +39,21 @@ _COLLIO_ONLY = (
     "atomic_commit", "checkpoint_map", "direct_threshold", "direct_write", "early_flush",
     "free_replaced", "mapped_reads", "min_rounds",
 )  # fmt: skip
+
+
+def info_items(extra: Any) -> dict[str, str]:
+    """The ``info=`` option's hints as strings: a mapping or an ``MPI.Info`` (else a
+    :class:`HintError`)."""
+    if extra is None:
+        return {}
+    if isinstance(extra, MPI.Info):
+        keys = [extra.Get_nthkey(i) for i in range(extra.Get_nkeys())]
+        return {k: str(extra.Get(k)) for k in keys}
+    if not isinstance(extra, Mapping):
+        raise HintError(
+            f"mpiio backend: info= takes a dict or an MPI.Info, not {type(extra).__name__}"
+        )
+    return {str(k): str(v) for k, v in extra.items()}
 
 
 def info_from_hints(hints: Any, extra: Any = None) -> MPI.Info:
@@ -50,11 +66,7 @@ def info_from_hints(hints: Any, extra: Any = None) -> MPI.Info:
             if key in _COLLIO_ONLY or value is None or not is_romio_hint(key):
                 continue
             items[key] = str(value)
-    if isinstance(extra, MPI.Info):
-        keys = [extra.Get_nthkey(i) for i in range(extra.Get_nkeys())]
-        items.update({k: str(extra.Get(k)) for k in keys})
-    elif extra:
-        items.update({str(k): str(v) for k, v in dict(extra).items()})
+    items.update(info_items(extra))
     info = MPI.Info.Create()
     for key, value in sorted(items.items()):
         info.Set(key, value)
@@ -78,6 +90,8 @@ def _mpi_error(exc: MPI.Exception, what: str) -> BackendError:
     # ROMIO's stack ends with the most precise line: "ADIOI_UFS_OPEN(37)....: File x ..."
     detail = re.sub(r"^\S+\(\d+\)\.*:\s*", "", lines[-1]).strip() if len(lines) > 1 else ""
     text = head[:1].lower() + head[1:]
+    if detail.lower().startswith(head.lower()):  # ("Other I/O error No space left ...")
+        detail = detail[len(head) :].strip()
     if detail:
         text += f" ({detail[:1].lower() + detail[1:]})"
     code = codes.get(cls) or _errno_in(" ".join(lines)) or errno.EIO
@@ -143,6 +157,17 @@ class MpiioBackend(Backend):
         self.writable = mode != "r"
         self.wb_fd = _local_fd(path) if writeback and self.writable else -1
         self.flusher = EarlyFlush(self.wb_fd, path) if early and self.wb_fd >= 0 else None
+
+    @classmethod
+    def check_options(cls, mode: str, options: dict[str, Any]) -> None:
+        info_items(options.get("info"))
+
+    @classmethod
+    def compared_options(cls, mode: str, options: dict[str, Any]) -> tuple[Any, ...]:
+        """``info=``: ROMIO's hints, which collio compares across ranks as it compares its
+        own (ROMIO would run with each rank's own ``cb_buffer_size``, say)."""
+        items = info_items(options.get("info"))
+        return (("info", tuple(sorted(items.items()))),) if items else ()
 
     @classmethod
     def open(cls, target: Any, mode: str, *, comm: Any, hints: Any, **options: Any) -> MpiioBackend:
