@@ -705,3 +705,36 @@ def test_a_file_another_program_holds_open_is_locked_as_hdf5_locks_it(
             holder.wait()
             holder.stdout.close()
     check_file(comm, path, {"x": np.full(4, 3, "<i4")})
+
+
+def test_a_chunk_that_cannot_be_decoded_is_a_backend_error_on_every_rank(
+    comm: MPI.Comm, mpi_tmp_path: Path
+) -> None:
+    """A gzip chunk garbled on the disk: reading it (and writing part of it, which reads
+    it first) raises the same BackendError on every rank, naming the chunk and dataset;
+    the other chunks still read."""
+    from helpers import raises_everywhere
+
+    path = str(comm.bcast(str(mpi_tmp_path / "garbled.h5"), root=0))
+    ref = np.arange(4096.0).reshape(64, 64)
+    if comm.rank == 0:
+        with h5py.File(path, "w") as h:
+            h.create_dataset("g", data=ref, chunks=(16, 16), compression="gzip")
+            off = h["g"].id.get_chunk_info(5).byte_offset
+        with open(path, "r+b") as fh:
+            fh.seek(off + 10)
+            fh.write(b"\0" * 40)
+    comm.Barrier()
+    whole = layouts.Subarray((64, 64), (0, 0), (64, 64), "<f8")
+    with collio.h5.File(path, "r+", comm=comm) as f:
+        err = raises_everywhere(comm, collio.BackendError,
+                                lambda: collio.h5.read_all(f["g"], whole))  # fmt: skip
+        assert "chunk 5 of dataset '/g'" in str(err) and "cannot be decoded" in str(err)
+        rows = 2 if comm.rank == 0 else 0  # (one rank writes into the garbled chunk)
+        band = layouts.Subarray((64, 64), (16, 16), (rows, 4), "<f8")
+        ones = np.ones((rows, 4))
+        raises_everywhere(comm, collio.BackendError,
+                          lambda: collio.h5.write_all(f["g"], ones, band))  # fmt: skip
+        fine = layouts.Subarray((64, 64), (48, 48), (16, 16), "<f8")
+        got = collio.h5.read_all(f["g"], fine)
+        assert got.tobytes() == ref[48:, 48:].tobytes()

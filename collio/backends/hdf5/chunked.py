@@ -11,6 +11,7 @@ chunks at those addresses.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import time
@@ -97,7 +98,15 @@ class ChunkedBackend(Backend):
         off, size, mask = entry
         stored = bytearray(size)
         pread_zeros(self.fd, stored, off)
-        self.codec.decode(bytes(stored), mask, out)
+        try:
+            self.codec.decode(bytes(stored), mask, out)
+        except Exception as exc:  # (a filter's own error: zlib.error, a size that differs)
+            name = getattr(self.dset, "name", "?")
+            raise BackendError(
+                f"hdf5: chunk {index} of dataset {name!r} ({size} bytes at {off}) cannot be "
+                f"decoded: {type(exc).__name__}: {exc}",
+                errno=errno.EIO,
+            ) from exc
         return size
 
     def fill_holes(self, offset: int, buf: npt.NDArray[np.uint8], cover: Runs) -> list[int]:
