@@ -772,3 +772,21 @@ def test_a_missing_target_is_a_file_not_found_error_on_every_rank(comm, shared_d
         assert err.errno == errno.ENOENT and "none" in str(err)
     with pytest.raises(FileNotFoundError):
         ckpt.info(missing)
+
+
+@pytest.mark.mpi
+def test_a_load_of_other_files_on_other_ranks_names_them(comm, shared_dir):
+    """Ranks loading different checkpoints (whose indexes differ): the same
+    MismatchError on every rank naming both paths, not a checksum error."""
+    import collio.checkpoint as ckpt
+
+    if comm.size == 1:
+        pytest.skip("one rank loads one file")
+    lay = layouts.block((4 * comm.size,), "<f8", rank=comm.rank, size=comm.size)
+    a, b = os.path.join(shared_dir, "a.ckpt"), os.path.join(shared_dir, "b.ckpt")
+    ckpt.save(a, {"w": (np.zeros(4), lay)}, comm=comm)
+    ckpt.save(b, {"w": (np.ones(4), lay), "v": np.arange(3)}, comm=comm)
+    mine = b if comm.rank == comm.size - 1 else a
+    err = _raises_everywhere(comm, collio.MismatchError,
+                             lambda: ckpt.load(mine, {"w": lay}, comm=comm))  # fmt: skip
+    assert f"rank {comm.size - 1} loads {b!r}, rank 0 {a!r}" in str(err), str(err)
