@@ -31,6 +31,7 @@ from .errors import (
     LayoutError,
     MismatchError,
     ModeError,
+    NotFoundError,
     OverlapError,
 )
 from .file import File, open
@@ -52,6 +53,7 @@ __all__ = [
     "LayoutError",
     "MismatchError",
     "ModeError",
+    "NotFoundError",
     "OverlapError",
     "Stats",
     "__version__",

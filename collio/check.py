@@ -237,7 +237,7 @@ def after_head(ctx: Context, p: Pending, failed: bool, out: tuple[int, ...]) -> 
         error = p.error or (g.error if g is not None else None)
         raise_agreed(ctx.comm, error, what="backend I/O" if agreed.io_only else p.name)
     if agreed.sig is None:
-        raise_mismatch(ctx.comm, p.sig)
+        raise_mismatch(ctx.comm, p.sig, p.name)
     if agreed.guessed:  # every rank did its I/O: the path can only be the last call's
         assert g is not None
         slowest = (agreed.t_io, agreed.t_total)

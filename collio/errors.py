@@ -81,7 +81,16 @@ class ModeError(CollioError, ValueError):
 
 
 class BackendError(CollioError, OSError):
-    """The storage failed: the target cannot be opened, written, read or synced."""
+    """The storage failed: the target cannot be opened, written, read or synced.  One with
+    ``errno`` ENOENT (no such file, key or object) is a :class:`NotFoundError`, so also a
+    ``FileNotFoundError``."""
+
+    def __new__(
+        cls, message: str, *, ranks: tuple[int, ...] = (), errno: int | None = None
+    ) -> BackendError:
+        if cls is BackendError and errno == _errno.ENOENT:
+            cls = NotFoundError
+        return super().__new__(cls, message)
 
     def __init__(
         self, message: str, *, ranks: tuple[int, ...] = (), errno: int | None = None
@@ -92,6 +101,11 @@ class BackendError(CollioError, OSError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class NotFoundError(BackendError, FileNotFoundError):
+    """A :class:`BackendError` for a target that does not exist (``errno`` ENOENT): a
+    job's ``except FileNotFoundError`` (no checkpoint yet: start afresh) catches it."""
 
 
 class BackendUnavailableError(CollioError, ImportError):
@@ -126,6 +140,7 @@ _CLASSES: dict[str, type[CollioError]] = {
         HintError,
         ModeError,
         BackendError,
+        NotFoundError,
         BackendUnavailableError,
         CommitError,
         ConcurrentCallError,

@@ -14,8 +14,9 @@ __all__ = ["raise_count_mismatch", "raise_mismatch"]
 _SHOWN = 8
 
 
-def raise_mismatch(comm: MPI.Comm, sig: Any) -> None:
-    """Collective over `comm`: every rank raises the same error naming the differing arrays.
+def raise_mismatch(comm: MPI.Comm, sig: Any, call: str = "") -> None:
+    """Collective over `comm`: every rank raises the same error naming the differing arrays
+    (after ``call``, the call's name, where given).
 
     ``sig`` is a layout's signature, or a batch's ``("items", signatures)``: then the
     message names the first item whose array differs.
@@ -45,8 +46,10 @@ def raise_mismatch(comm: MPI.Comm, sig: Any) -> None:
         )
     if len(bad) > _SHOWN:
         shown += f", and {len(bad) - _SHOWN} more ranks"
+    head = f"{call}: " if call else ""
     raise MismatchError(
-        f"ranks disagree on the global array{where}: rank {ref_rank} has {describe(ref)}; {shown}",
+        f"{head}ranks disagree on the global array{where}: rank {ref_rank} has "
+        f"{describe(ref)}; {shown}",
         ranks=tuple(bad),
     )
 

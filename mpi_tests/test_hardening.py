@@ -754,3 +754,39 @@ def test_mpiio_info_is_compared_across_ranks_and_checked(comm, shared_dir):
         got = f.backend.fh.Get_info()
         assert got.Get("cb_buffer_size") == "1048576"
         got.Free()
+
+
+@pytest.mark.mpi
+def test_a_missing_target_is_a_file_not_found_error_on_every_rank(comm, shared_dir):
+    """A restart's ``except FileNotFoundError`` (no checkpoint yet) catches a load, an
+    info or an open of a target that does not exist: collio.NotFoundError, a
+    BackendError, with errno ENOENT, the same on every rank."""
+    import collio.checkpoint as ckpt
+
+    missing = os.path.join(shared_dir, "none", "model.ckpt")
+    lay = layouts.block((4 * comm.size,), "<f8", rank=comm.rank, size=comm.size)
+    for call in (lambda: ckpt.load(missing, {"w": lay}, comm=comm),
+                 lambda: collio.open(missing, "r", comm=comm)):  # fmt: skip
+        err = _raises_everywhere(comm, FileNotFoundError, call)
+        assert isinstance(err, collio.NotFoundError) and isinstance(err, collio.BackendError)
+        assert err.errno == errno.ENOENT and "none" in str(err)
+    with pytest.raises(FileNotFoundError):
+        ckpt.info(missing)
+
+
+@pytest.mark.mpi
+def test_a_load_of_other_files_on_other_ranks_names_them(comm, shared_dir):
+    """Ranks loading different checkpoints (whose indexes differ): the same
+    MismatchError on every rank naming both paths, not a checksum error."""
+    import collio.checkpoint as ckpt
+
+    if comm.size == 1:
+        pytest.skip("one rank loads one file")
+    lay = layouts.block((4 * comm.size,), "<f8", rank=comm.rank, size=comm.size)
+    a, b = os.path.join(shared_dir, "a.ckpt"), os.path.join(shared_dir, "b.ckpt")
+    ckpt.save(a, {"w": (np.zeros(4), lay)}, comm=comm)
+    ckpt.save(b, {"w": (np.ones(4), lay), "v": np.arange(3)}, comm=comm)
+    mine = b if comm.rank == comm.size - 1 else a
+    err = _raises_everywhere(comm, collio.MismatchError,
+                             lambda: ckpt.load(mine, {"w": lay}, comm=comm))  # fmt: skip
+    assert f"rank {comm.size - 1} loads {b!r}, rank 0 {a!r}" in str(err), str(err)

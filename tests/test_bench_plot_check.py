@@ -21,6 +21,6 @@ def test_plot_without_matplotlib_names_the_extra_before_running(tmp_path):
     args = ["--size", "192", "-i", "50", "--json", str(out), "--plot", str(png), "-o", str(work)]
     proc = mpiexec([sys.executable, "-c", HIDDEN, *args], n=2, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "--plot needs matplotlib: pip install 'collio[bench]'" in proc.stderr
+    assert "--plot needs matplotlib: pip install matplotlib" in proc.stderr
     assert "Summary of all tests:" not in proc.stdout  # nothing ran first
     assert not out.exists() and not png.exists() and not work.exists()

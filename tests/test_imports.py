@@ -35,4 +35,4 @@ def test_missing_package_gives_install_hint(backend, package, extra):
     )
     out = python(code)
     assert out.returncode == 0, out.stderr
-    assert f"pip install 'collio[{extra}]'" in out.stdout and package in out.stdout
+    assert f"pip install -e '.[{extra}]'" in out.stdout and package in out.stdout

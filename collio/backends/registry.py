@@ -40,8 +40,10 @@ class Entry:
 
 
 def install_hint(extra: str | None) -> str:
-    """How to get what an extra installs (``pip install 'collio[zarr]'``)."""
-    return f"pip install 'collio[{extra}]'" if extra else "install its dependencies"
+    """How to get what an extra installs (collio is installed from its checkout:
+    ``pip install -e '.[zarr]'`` there)."""
+    return (f"pip install -e '.[{extra}]' in collio's checkout" if extra
+            else "install its dependencies")  # fmt: skip
 
 
 class Registry(Generic[T]):

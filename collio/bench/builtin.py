@@ -164,9 +164,10 @@ class MpiioApi(Api):
         self.fh.Close()
 
     def teardown(self) -> None:
-        self.etype.Free()
-        self.ftype.Free()
-        self.info.Free()
+        # (what setup made: a bad hint fails it after the types, before the info)
+        for made in (getattr(self, k, None) for k in ("etype", "ftype", "info")):
+            if made is not None:
+                made.Free()
 
     def hints_used(self) -> dict[str, Any]:
         return dict(getattr(self, "used", self.hints()))

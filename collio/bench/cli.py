@@ -236,7 +236,8 @@ def _need_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ValueError(
-            "--plot needs matplotlib: pip install 'collio[bench]' (or pip install matplotlib)"
+            "--plot needs matplotlib: pip install matplotlib (or pip install -e '.[bench]' in "
+            "collio's checkout)"
         ) from None
 
 

@@ -352,11 +352,20 @@ def _agree_local(
     agreed = _Head.agreed(out[: _Head.width()])
     if None not in (agreed.index_crc, agreed.names, agreed.setup):
         return bool(agreed.alone)
-    mine = [0, head.index_crc, len(names), head.names, head.setup]
-    heads = np.array(comm.allgather(mine), np.int64)
+    every = comm.allgather(([0, head.index_crc, len(names), head.names, head.setup], setup[0]))
+    heads = np.array([h for h, _ in every], np.int64)
+    # (the arguments first: other targets read other indexes, which is not a corruption)
+    if (heads[:, 4] != heads[0, 4]).any():
+        odd = int(np.flatnonzero(heads[:, 4] != heads[0, 4])[0])
+        mine, first = every[odd][1], every[0][1]
+        what = (f"loads {mine!r}, rank 0 {first!r}" if mine != first else
+                f"passes other hints or options than rank 0 for {first!r}")  # fmt: skip
+        raise MismatchError(
+            f"checkpoint.load: rank {odd} {what}: every rank must load the same target "
+            "with the same hints and options",
+            ranks=(odd,),
+        )
     _settle(comm, heads, None)
-    odd = int(np.flatnonzero(heads[:, 4] != heads[0, 4])[0])
-    raise MismatchError(
-        f"checkpoint.load: rank {odd} passes other arguments than rank 0: every rank must "
-        f"load the same target with the same hints and options ({setup[0]!r} here)"
+    raise MismatchError(  # pragma: no cover - _settle raised for what differed
+        "checkpoint.load: the ranks' arguments differ"
     )
