@@ -32,6 +32,7 @@ from mpi4py import MPI
 
 from ...errors import BackendError, LayoutError
 from ...layouts.arrays import ArrayLayout
+from ...redact import redact_text
 from ...runs import Runs
 from ..base import Backend
 from ..chunkspace import ChunkSpace
@@ -95,7 +96,7 @@ class ZarrBackend(Backend):
             "alignment": self.alignment,
             "min_request": self.min_request,
             "max_request": self.max_request,
-            "store": str(array.store),
+            "store": redact_text(str(array.store)),
             "path": str(array.path),
             "shape": list(facts.shape),
             "dtype": self.dtype.str,

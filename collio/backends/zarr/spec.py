@@ -18,6 +18,7 @@ from zarr.storage import MemoryStore, StorePath
 
 from ...collective import digest
 from ...errors import BackendError, MismatchError, ModeError
+from ...redact import redact_text, redact_url, secrets_in
 
 __all__ = ["ArrayFacts", "OpenSpec", "array_facts"]
 
@@ -166,17 +167,25 @@ class OpenSpec:
 
     def identity(self) -> tuple[Any, ...]:
         """What must be the same on every rank: where the array is, how it is created and
-        what it is expected to be (storage options only as a digest: they may hold
-        credentials)."""
-        where = digest(self.storage_options) if self.storage_options else None
+        what it is expected to be (storage options, and a URL holding credentials, only
+        as a digest)."""
+        secret = secrets_in(self.target)
+        hidden = (self.storage_options, str(self.target)) if secret else self.storage_options
+        where = digest(hidden) if hidden else None
         made = tuple(sorted((k, repr(v)) for k, v in self.create_options.items()))
         return (self.label, made, tuple(sorted(self.expect.items())), where)
 
     @property
     def label(self) -> str:
+        """The array as messages name it (a URL without its credentials)."""
         if isinstance(self.target, zarr.Array):
-            return f"{self.target.store}/{self.target.path}".rstrip("/")
-        where = str(self.target) if isinstance(self.target, (str, Store, StorePath)) else "target"
+            return redact_text(f"{self.target.store}/{self.target.path}".rstrip("/"))
+        if isinstance(self.target, str):
+            where = str(redact_url(self.target))
+        elif isinstance(self.target, (Store, StorePath)):
+            where = redact_text(str(self.target))
+        else:
+            where = "target"
         return f"{where} path {self.path!r}" if self.path else where
 
     def create(self) -> None:
