@@ -1,7 +1,8 @@
-"""No URL's credentials in what collio shows.
+"""No URL's credentials in what collio shows, and zarr creation options ranks compare alike.
 
 The S3 and zarr backends under mpiexec are tested in ``mpi_tests/test_hardening.py`` and
-``mpi_tests/test_zarr.py``; these are the pure parts.
+``mpi_tests/test_zarr.py``; these are the pure parts, and the one fact that needs fresh
+processes (hash seeds).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collio.bench.main import _shown
 from collio.collective import detached
 from collio.errors import classify, scrubbed
 from collio.redact import redact_text, redact_url, shown
+from collio.testing.jobs import python
 
 PW = "S3CRETpw"
 # (URL, what is shown): the user info is everything up to the last '@'
@@ -93,3 +95,36 @@ def test_an_error_about_a_url_with_credentials_keeps_none_in_its_chain():
     top.__cause__ = OSError(f"could not reach {url}")
     chained = detached(top)
     assert chained is top and PW not in str(top.__cause__) and "***@127.0.0.1" in str(top.__cause__)
+
+
+_IDENTITY = """
+import zarr
+from collio.backends.zarr.spec import OpenSpec
+codec = zarr.codecs.BloscCodec(cname="zstd", clevel=3)
+spec = OpenSpec.parse("/x.zarr", "w", dict(shape=(8,), dtype="f8", compressors=codec,
+                      filters=[zarr.codecs.TransposeCodec(order=(0,))]), nranks=4)
+print(spec.identity())
+"""
+
+
+def test_zarr_creation_options_compare_alike_whatever_the_hash_seed():
+    """A codec's repr may hold a set (BloscCodec's tunable attributes): ranks, each with
+    its own hash seed, compare the codec's own form."""
+    pytest.importorskip("zarr")
+    seen = set()
+    for seed in range(6):  # (each fixed: with the repr, 0 and 1 already differ)
+        out = python(_IDENTITY, env={"PYTHONHASHSEED": str(seed)})
+        assert out.returncode == 0, out.stderr
+        seen.add(out.stdout)
+    assert len(seen) == 1, seen
+
+
+def test_zarr_none_options_are_passed_on():
+    pytest.importorskip("zarr")
+    from collio.backends.zarr.spec import OpenSpec
+
+    opts = dict(shape=(8,), dtype="i4", compressors=None, filters=None, fill_value=None)
+    spec = OpenSpec.parse("/x.zarr", "w", {**opts, "chunks": None}, nranks=1)
+    assert spec.create_options == opts
+    with pytest.raises(collio.ModeError, match="'fsync'"):
+        OpenSpec.parse("/x.zarr", "w", {**opts, "fsinc": True}, nranks=1)
