@@ -137,3 +137,28 @@ def test_none_options_as_stock_zarr_takes_them(comm, mpi_tmp_path, zarr_format):
     theirs, mine = json.loads(stdout)
     assert mine == theirs
     assert zarr.open_array(ours, mode="r")[:].tolist() == list(range(8))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("zarr_format", [3, 2])
+@pytest.mark.parametrize("layout_dtype", [">i4", "<i4"])
+def test_either_byte_order_for_an_array_made_big_endian(
+    comm, mpi_tmp_path, zarr_format, layout_dtype
+):
+    """v3 reports an array made with '>i4' as int32, v2 as '>i4': a layout of either byte
+    order writes and reads it, zarr converting each unit."""
+    path = str(mpi_tmp_path / f"be{zarr_format}{layout_dtype[0]}.zarr")
+    n = 4 * comm.size + 3
+    lay = layouts.block((n,), layout_dtype, comm=comm)
+    mine = np.arange(lay.start[0], lay.start[0] + lay.shape[0]).astype(layout_dtype)
+    with collio.open(path, "w", comm=comm, backend="zarr", shape=(n,), dtype=">i4",
+                     chunks=(3,), zarr_format=zarr_format) as f:  # fmt: skip
+        f.write_all(mine, lay)
+    with collio.open(path, "r", comm=comm, backend="zarr") as f:
+        got = f.read_all(lay)
+        many = f.read_all_many([lay, lay])
+    ok = got.dtype == np.dtype(layout_dtype) and np.array_equal(got, mine)
+    ok = ok and all(np.array_equal(m, mine) for m in many)
+    assert all(comm.allgather(ok))
+    comm.Barrier()
+    assert zarr.open_array(path, mode="r")[:].tolist() == list(range(n))
