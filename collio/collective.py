@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from .errors import MismatchError, classify, make_error
+from .errors import MismatchError, classify, make_error, shows_credentials
 from .facts import UNSET, Facts, How, agreed_equal, equal_slots, fact, record
 from .waits import sleep_until_done
 
@@ -506,8 +506,11 @@ def detached(error: BaseException | None) -> BaseException | None:
     the failing code holds it, and that frame is in the error's own traceback, through
     the failing frames' callers.  The agreed error raised from it would keep that cycle,
     and with it every array of the call, until a garbage collection finds it.  An error
-    caught outside collio (one the caller was handling when it called) is left as it is.
+    caught outside collio (one the caller was handling when it called) is left as it is;
+    one caught inside whose text quotes a URL with its credentials (a library's error
+    naming an endpoint) is replaced in the chain by a collio one with that text redacted.
     """
+    error = _without_credentials(error)
     seen: set[int] = set()
     pending = [error]
     while pending:
@@ -524,6 +527,8 @@ def detached(error: BaseException | None) -> BaseException | None:
                                     *traceback.format_tb(tb)]).rstrip())  # fmt: skip
                 e._collio_detached = True  # type: ignore[attr-defined]
             e.__traceback__ = None
+        e.__cause__ = _without_credentials(e.__cause__)
+        e.__context__ = _without_credentials(e.__context__)
         pending += [e.__cause__, e.__context__]
     return error
 
@@ -532,6 +537,21 @@ def _ours(frame: types.FrameType) -> bool:
     """Whether ``frame`` (where an error was caught) is collio's."""
     name = frame.f_globals.get("__name__", "")
     return isinstance(name, str) and (name == "collio" or name.startswith("collio."))
+
+
+def _without_credentials(e: BaseException | None) -> BaseException | None:
+    """``e``, or where collio caught it and its text quotes a URL with user info, a collio
+    error of its class with that text redacted, in ``e``'s place in the chain: the agreed
+    error is raised from the chain, which a traceback prints."""
+    if e is None or not shows_credentials(e):
+        return e
+    if e.__traceback__ is not None and not _ours(e.__traceback__.tb_frame):
+        return e
+    name, text, code = classify(e)
+    new = make_error(name, text, ranks=getattr(e, "ranks", ()), errno=code)
+    new.__cause__, new.__context__ = e.__cause__, e.__context__
+    new.__suppress_context__ = e.__suppress_context__
+    return new.with_traceback(e.__traceback__)
 
 
 def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:

@@ -30,6 +30,7 @@ from .comms import Lane, Private
 from .context import Context
 from .errors import MismatchError, ModeError
 from .hints import DEFAULT_HINTS, Hints
+from .redact import redact_text, shown
 from .stats import Stats, print_at_close
 from .twolevel import local_aggregators
 
@@ -118,7 +119,7 @@ class FileCore:
             mine = (mode, parsed, *compared)
             if early is not None:
                 ahead = early(parsed, payload)
-        file = (priv.files + 1, repr(target))
+        file = (priv.files + 1, shown(target))
         k = priv.reserve() if lane else -1
         try:
             facts: tuple[int, ...] = ()
@@ -129,7 +130,10 @@ class FileCore:
             failed, out = call_head(comm, "open", file, step.error is not None, own)
             if failed:
                 raise_agreed(comm, step.error, what="open")
-            settle_same(comm, mine, out, what="open", describe=lambda v: f"{label} {_brief(v)!r}")
+            settle_same(
+                comm, mine, out, what="open",
+                describe=lambda v: redact_text(f"{label} {_brief(v)!r}", target),
+            )  # fmt: skip
             if ahead is not None:
                 ahead.agreed(out[len(own) - len(facts) :])
             be = opener(comm, parsed, payload)
@@ -161,7 +165,7 @@ class FileCore:
     def check_open(self, name: Any) -> None:
         """Local: ``close`` is collective, so every rank sees the same state."""
         if self.ctx.mode == "closed":  # (closed, inline: every call asks)
-            raise ModeError(f"{name!r} is closed")
+            raise ModeError(f"{shown(name)} is closed")
 
     def context(self, backend: Backend) -> Context:
         """A call's context for another backend of this file (an HDF5 dataset's)."""

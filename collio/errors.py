@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno as _errno
 
+from .redact import redact_text, secrets_in
+
 
 class CollioError(Exception):
     """Base class of every collio error.
@@ -189,8 +191,37 @@ def classify(exc: BaseException) -> tuple[str, str, int | None]:
 
     Built-in errors raised by user data or the OS become the nearest collio class:
     ``OSError`` -> :class:`BackendError`, ``ValueError``/``TypeError`` ->
-    :class:`LayoutError`, anything else -> :class:`CollioError`.
+    :class:`LayoutError`, anything else -> :class:`CollioError`.  The text shows no URL's
+    credentials (a library's error may quote a URL whole).
     """
+    name, text, code = _classify(exc)
+    return name, redact_text(text), code
+
+
+def scrubbed(exc: BaseException | None, *urls: object) -> BaseException | None:
+    """``exc``, or, where ``urls`` (the target, an endpoint) carry credentials, a collio
+    error of its class whose text hides them, however it quotes them.
+
+    The stand-in keeps ``exc``'s traceback but not ``exc`` itself nor what it was raised
+    from: their texts may quote the credentials, and a traceback printed at exit shows them.
+    """
+    if exc is None or not any(secrets_in(u) for u in urls):
+        return exc
+    name, text, code = classify(exc)
+    ranks = exc.ranks if isinstance(exc, CollioError) else ()
+    new = make_error(name, redact_text(text, *urls), ranks=ranks, errno=code)
+    new.__suppress_context__ = True
+    new.add_note("(the original error is not kept: its text may quote credentials)")
+    return new.with_traceback(exc.__traceback__)
+
+
+def shows_credentials(exc: BaseException) -> bool:
+    """Whether ``exc``'s text quotes a URL with its user info."""
+    text = _text(exc)
+    return redact_text(text) != text
+
+
+def _classify(exc: BaseException) -> tuple[str, str, int | None]:
     if isinstance(exc, CollioError):
         return type(exc).__name__, exc.message, _errno_of(exc)
     if isinstance(exc, OSError):

@@ -22,6 +22,7 @@ from .errors import add_later
 from .hints import Hints
 from .layouts.arrays import Subarray
 from .layouts.base import Layout
+from .redact import shown
 from .stats import Stats
 
 __all__ = ["File", "open"]
@@ -548,4 +549,4 @@ class File:
             add_later(exc, later)  # the block's error is raised, the close's (an abort) rides on it
 
     def __repr__(self) -> str:
-        return f"<collio.File {self.target!r} mode={self.mode!r} backend={self.backend.name}>"
+        return f"<collio.File {shown(self.target)} mode={self.mode!r} backend={self.backend.name}>"

@@ -385,6 +385,72 @@ def test_s3_endpoint_password_never_printed(comm):
     assert "hunter2secret" not in repr(S3Options(endpoint_url=url))
 
 
+#: (made at run time: a traceback quotes this file's source lines)
+PW = "hunter2" + "secret"
+
+
+def _chain_text(err):
+    """What a traceback printed at exit shows of ``err``: its text and its whole chain."""
+    import traceback
+
+    return "".join(traceback.format_exception(err))
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "userinfo",
+    ["AKIAX:{}/ab+c", "alice:{}@x", "alice:{}%2Fq"],
+)
+def test_s3_endpoint_password_of_any_shape_never_printed(comm, userinfo):
+    """AWS secret keys hold '/'; a password may hold '@' or be percent-encoded: nothing of
+    the user info is shown, in the agreed error or in the chain it is raised from."""
+    pytest.importorskip("boto3")
+    from collio.testing.s3 import fake_credentials
+
+    fake_credentials()
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = comm.bcast(s.getsockname()[1], root=0)
+    url = f"http://{userinfo.format(PW)}@127.0.0.1:{port}"
+    for mode in ("w", "r"):
+        err = _raises_everywhere(
+            comm,
+            collio.BackendError,
+            lambda mode=mode: collio.open("s3://bucket/k.bin", mode, endpoint_url=url, retries=1),
+        )
+        text = _chain_text(err)
+        assert PW not in text and "AKIAX" not in text, text
+        assert "127.0.0.1" in str(err), str(err)
+    if comm.size > 1:  # options that differ: the MismatchError shows S3Options
+        conc = 4 if comm.rank == 1 else 8
+        err = _raises_everywhere(
+            comm,
+            collio.MismatchError,
+            lambda: collio.open("s3://bucket/k.bin", "w", endpoint_url=url, max_concurrency=conc),
+        )
+        assert PW not in _chain_text(err), str(err)
+        assert "endpoint_url='http://***@127.0.0.1" in str(err)
+
+
+@pytest.mark.mpi
+def test_s3_malformed_endpoint_or_target_never_printed(comm):
+    pytest.importorskip("boto3")
+    from collio.testing.s3 import fake_credentials
+
+    fake_credentials()
+    err = _raises_everywhere(
+        comm,
+        collio.BackendError,
+        lambda: collio.open("s3://bucket/k.bin", "w", endpoint_url=f"htp:/u:{PW}@bad url"),
+    )
+    assert PW not in _chain_text(err) and "bad url" in str(err), str(err)
+    err = _raises_everywhere(
+        comm, collio.BackendError, lambda: collio.open(f"s3://AKIAX:{PW}@bkt/k", "w")
+    )
+    assert PW not in _chain_text(err) and "s3://***@bkt/k" in str(err), str(err)
+
+
 # ------------------------------------------------------------------ degenerate hints
 @pytest.mark.mpi
 @pytest.mark.timeout(90)

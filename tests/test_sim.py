@@ -320,9 +320,11 @@ sys.modules["collio"] = pkg
 import collio.sim
 print(" ".join(sorted(m for m in sys.modules if m.startswith(("collio.", "mpi4py")))))
 """
-#: Pure modules the simulator may bring in: the planner, the policy, hints, layouts, runs.
+#: Pure modules the simulator may bring in: the planner, the policy, hints, layouts, runs,
+#: the errors and their redaction of URLs.
 PURE = ("collio.aggregators", "collio.bench", "collio.errors", "collio.facts", "collio.hints",
-        "collio.layouts", "collio.policy", "collio.runs", "collio.sim")  # fmt: skip
+        "collio.layouts", "collio.policy", "collio.redact", "collio.runs",
+        "collio.sim")  # fmt: skip
 
 
 def test_simulator_imports_no_engine_internals():

@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from ..aggregators.nodes import ENV_RANKS_PER_NODE
 from ..errors import CollioError
+from ..redact import redact_url
 from .machine import CMA_CVAR, command, describe, single_copy
 from .patterns import human
 from .report import (
@@ -243,9 +244,5 @@ def _shown(options: dict[str, str]) -> dict[str, str]:
     """Options as printed and saved: an endpoint without any ``user:password@`` part."""
     out = dict(options)
     if out.get("endpoint"):
-        from urllib.parse import urlsplit, urlunsplit
-
-        u = urlsplit(out["endpoint"])
-        host = (u.hostname or "") + (f":{u.port}" if u.port else "")
-        out["endpoint"] = urlunsplit((u.scheme, host, u.path, "", ""))
+        out["endpoint"] = redact_url(out["endpoint"])
     return out

@@ -33,10 +33,11 @@ import numpy.typing as npt
 import collio
 
 from ..backends.s3 import upload
-from ..backends.s3.client import client_for, get_into, public_url
+from ..backends.s3.client import client_for, get_into
 from ..backends.s3.plan import S3Target, plan_part_size
 from ..collective import Attempt, bcast_outcome
 from ..hints import Hints
+from ..redact import redact_url
 from ..testing.s3 import fake_credentials, serve_moto
 from ..waits import sleep_until_done
 from .apis import Api, Job
@@ -125,7 +126,7 @@ def _acquire(job: Job) -> None:
             with step:
                 _Server.proc, url, prefix = _start(endpoint, _Server.bucket)
                 found = (url, prefix)
-        where = public_url(endpoint) if endpoint else "a local moto server"
+        where = redact_url(endpoint) if endpoint else "a local moto server"
         found = bcast_outcome(job.comm, found, step.error, what=f"S3 store at {where}")
         assert found is not None
         _Server.url, _Server.prefix = found
@@ -202,7 +203,7 @@ class _S3Target:
 
     def store_used(self) -> dict[str, Any]:
         return {
-            "s3_endpoint": public_url(_Server.url), "s3_bucket": self.t.bucket,
+            "s3_endpoint": redact_url(_Server.url), "s3_bucket": self.t.bucket,
             "s3_key": self.t.key, "s3_part_size": self.part, "s3_max_concurrency": self.threads,
             "s3_get_size": self.get_size, "s3_get_threads": self.get_threads,
         }  # fmt: skip

@@ -42,6 +42,7 @@ from mpi4py import MPI
 
 from ..collective import Attempt, agree, any_flag
 from ..errors import ModeError
+from ..redact import redact_text, redact_url
 from .save import maps_later, prepare
 from .state import Entry
 from .writer import ready, write
@@ -237,9 +238,10 @@ def _lost() -> None:
         _UNTOLD.clear()
     for said, future in untold:
         err = future.exception()
-        where = said.target or "its target"
-        print(f"collio: an async_save to {where} failed and no wait() raised it: "
-              f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)  # fmt: skip
+        where = redact_url(said.target) or "its target"
+        text = redact_text(f"{type(err).__name__}: {err}", said.target)
+        print(f"collio: an async_save to {where} failed and no wait() raised it: {text}",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 atexit.register(_lost)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..backends.localfile import open_regular
 from ..errors import ChecksumError, CollioError, classify, make_error
+from ..redact import redact_url
 from . import format
 from .crc import for_version
 
@@ -116,10 +117,11 @@ def _parse_s3(url: str, options: dict[str, Any]) -> format.Index:
     opts = S3Options(**{k: v for k, v in options.items() if k in {"endpoint_url", "region_name"}})
     client = client_for(opts.endpoint_url, opts.region_name, 3, 4)
     bucket, _, key = url[len("s3://") :].partition("/")
+    where = redact_url(url)
     try:  # (S3's errors as a load raises them: a BackendError naming the object)
         size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
     except Exception as exc:  # noqa: BLE001 - botocore's, turned into collio's
-        raise s3_error(exc, f"checkpoint.info: {url}", client) from None
+        raise s3_error(exc, f"checkpoint.info: {where}", client) from None
 
     def read(offset: int, length: int) -> bytes:
         if length <= 0:
@@ -128,7 +130,7 @@ def _parse_s3(url: str, options: dict[str, Any]) -> format.Index:
         try:
             body: bytes = client.get_object(Bucket=bucket, Key=key, Range=rng)["Body"].read()
         except Exception as exc:  # noqa: BLE001 - as above
-            raise s3_error(exc, f"checkpoint.info: {url}", client) from None
+            raise s3_error(exc, f"checkpoint.info: {where}", client) from None
         return body
 
-    return parse(read, size, url)
+    return parse(read, size, where)

@@ -19,6 +19,7 @@ from ..file import File
 from ..file import open as _open
 from ..hints import Hints
 from ..layouts.arrays import ArrayLayout
+from ..redact import redact_url
 from ..waits import sleep_until_done
 from . import format
 from .asyncsave import settle
@@ -52,7 +53,7 @@ def _read_index(f: File) -> format.Index:
     index: Any = None
     with step:
         if comm.Get_rank() == 0:
-            index = parse(_backend_read(f), f.backend.size(), str(f.target))
+            index = parse(_backend_read(f), f.backend.size(), redact_url(str(f.target)))
     # (only rank 0 reads: its outcome broadcast is the agreement)
     got: format.Index = bcast_outcome(comm, index, step.error, what="checkpoint.load: index")
     return got
@@ -62,7 +63,7 @@ def _own_index(f: File) -> tuple[format.Index, int]:
     """Local: the index as this rank reads it from a local file (a few reads from the page
     cache, parsed on every rank at once instead of broadcast from one), and its checksum;
     the ranks' errors and checksums are agreed by :func:`_gather_spans`."""
-    return parse_crc(_backend_read(f), f.backend.size(), str(f.target))
+    return parse_crc(_backend_read(f), f.backend.size(), redact_url(str(f.target)))
 
 
 def _gather_spans(

@@ -21,12 +21,13 @@ import numpy.typing as npt
 from mpi4py import MPI
 
 from ...collective import Attempt, agree, agree_same
-from ...errors import BackendError, HintError, LayoutError, ModeError
+from ...errors import BackendError, HintError, LayoutError, ModeError, scrubbed
+from ...redact import redact_url
 from ...runs import Runs, group_bounds, split_grid
 from ...waits import quiet_barrier
 from ..base import Backend
 from . import upload
-from .client import RangeStream, Requests, get_into, public_url, s3_error
+from .client import RangeStream, Requests, get_into, s3_error
 from .multipart import Multipart
 from .options import S3Options
 from .plan import MAX_PART_SIZE, MIN_PART_SIZE, PartPlan, S3Target, coalesce, holes, parse_target
@@ -86,7 +87,7 @@ class S3Backend(Backend):
         self._info: dict[str, Any] = {
             "backend": self.name,
             "url": t.url,
-            "endpoint_url": public_url(opts.endpoint_url),
+            "endpoint_url": redact_url(opts.endpoint_url),
             "connect_timeout": opts.connect_timeout,
             "read_timeout": opts.read_timeout,
             "retries": opts.retries,
@@ -111,6 +112,8 @@ class S3Backend(Backend):
         key, or an unreachable endpoint.
         """
         buffer = min(int(getattr(hints, "cb_buffer_size", 16 << 20)), 1 << 30)
+        # (botocore's errors quote the endpoint as given, user info and all)
+        endpoint = options.get("endpoint_url")
         step = Attempt()
         opts, t = S3Options(), S3Target("", "")
         with step:
@@ -126,7 +129,7 @@ class S3Backend(Backend):
         # one allreduce: errors, and the same target and options on every rank
         agree_same(
             comm,
-            step.error,
+            scrubbed(step.error, endpoint),
             None if step.error else (t, opts),
             what="open s3",
             describe=lambda v: f"s3 target {v[0].url} with {v[1]}",
@@ -135,14 +138,14 @@ class S3Backend(Backend):
         client = None
         with step:
             client = opts.client(opts.retries, opts.max_concurrency + 2)
-        agree(comm, step.error, what=f"open {t.url}")
+        agree(comm, scrubbed(step.error, endpoint), what=f"open {t.url}")
         step = Attempt()
         state: tuple[int, int, str | None, str | None] = (buffer, 0, None, None)
         if comm.Get_rank() == 0:
             with step:
                 state = _prepare(client, t, mode, buffer)
         quiet_barrier(comm)
-        agree(comm, step.error, what=f"open {t.url}")
+        agree(comm, scrubbed(step.error, endpoint), what=f"open {t.url}")
         be = cls(comm, t, mode, opts, client, comm.bcast(state, root=0))
         if opts.size is not None and be.writable:
             be._plan(opts.size)

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import boto3
 import botocore.config
@@ -23,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...errors import BackendError, CollioError
-from .options import redact_text, redact_url
+from ...redact import redact_text, redact_url
 from .plan import S3Target
 
 __all__ = [
@@ -32,7 +31,6 @@ __all__ = [
     "Requests",
     "client_for",
     "get_into",
-    "public_url",
     "s3_error",
 ]
 
@@ -99,22 +97,11 @@ def client_for(
             except Exception as exc:  # (botocore quotes the endpoint: redact it)
                 raise BackendError(
                     f"cannot make an S3 client for {redact_url(endpoint_url)}: "
-                    f"{redact_text(str(exc))}",
+                    f"{redact_text(str(exc), endpoint_url)}",
                     errno=errno.EINVAL,
                 ) from None
             _clients[key] = found
     return found
-
-
-def public_url(url: str | None) -> str | None:
-    """An endpoint URL without any ``user:password@`` part (safe for messages)."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _secrets(client: Any) -> list[str]:
@@ -159,7 +146,15 @@ def s3_error(exc: BaseException, what: str, client: Any = None) -> CollioError:
         text = f"{type(exc).__name__}: {exc}"
     for secret in _secrets(client) if client is not None else []:
         text = text.replace(secret, "***")
-    return BackendError(f"{what}: {redact_text(text)}", errno=code)
+    return BackendError(f"{what}: {redact_text(text, _endpoint(client))}", errno=code)
+
+
+def _endpoint(client: Any) -> str | None:
+    """The endpoint URL ``client`` was made with (its credentials are hidden from texts)."""
+    try:
+        return str(client.meta.endpoint_url) if client is not None else None
+    except Exception:  # noqa: BLE001 - scrubbing must never fail
+        return None
 
 
 class BufferReader(io.RawIOBase):

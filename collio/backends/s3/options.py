@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 from ...errors import HintError, ModeError
 from ...hints import parse_size
+from ...redact import redact_url
 from .plan import MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE, PartPlan, plan_part_size
 
 __all__ = ["S3Options"]
@@ -153,19 +153,6 @@ class S3Options:
                 f"at most {MAX_PARTS} are allowed"
             )
         return plan
-
-
-def redact_url(url: str | None) -> str | None:
-    """``url`` with any ``user:password@`` replaced by ``***@`` (for messages and reprs)."""
-    return None if url is None else _USERINFO.sub(r"\1***@", str(url))
-
-
-def redact_text(text: str) -> str:
-    """Every URL's user info in ``text`` replaced by ``***`` (errors that quote a URL)."""
-    return _USERINFO.sub(r"\1***@", text)
-
-
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
 
 
 def _count(value: Any, key: str) -> int:

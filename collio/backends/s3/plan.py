@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...errors import BackendError
+from ...redact import redact_text, shown
 
 __all__ = [
     "MAX_PARTS",
@@ -74,25 +75,25 @@ def parse_target(target: Any, *, prefix: str | None = None) -> S3Target:
     """
     text = str(target)
     if not text.startswith("s3://"):
-        raise _invalid(f"s3 target {text!r} must look like s3://bucket/key")
+        raise _invalid(f"s3 target {shown(text)} must look like s3://bucket/key")
     bucket, _, key = text[len("s3://") :].partition("/")
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise _invalid(
-            f"s3 target {text!r}: bucket {bucket!r} is not a valid bucket name "
-            "(3-63 characters: lowercase letters, digits, '.', '-')"
+            f"s3 target {shown(text)}: bucket {redact_text(repr(bucket), text)} is not a valid "
+            "bucket name (3-63 characters: lowercase letters, digits, '.', '-')"
         )
     if not key or key.endswith("/"):
-        raise _invalid(f"s3 target {text!r}: the key is empty or ends with '/'")
+        raise _invalid(f"s3 target {shown(text)}: the key is empty or ends with '/'")
     if len(key.encode()) > 1024:
-        raise _invalid(f"s3 target {text!r}: the key is longer than 1024 bytes")
+        raise _invalid(f"s3 target {shown(text)}: the key is longer than 1024 bytes")
     if ".." in key.split("/"):
-        raise _invalid(f"s3 target {text!r}: key {key!r} has a '..' segment")
+        raise _invalid(f"s3 target {shown(text)}: key {key!r} has a '..' segment")
     if prefix is not None:
         root = str(prefix).strip("/")
         if ".." in root.split("/"):
             raise _invalid(f"s3 prefix {prefix!r} has a '..' segment")
         if root and not key.startswith(root + "/"):
-            raise _invalid(f"s3 target {text!r}: key {key!r} is outside prefix {root + '/'!r}")
+            raise _invalid(f"s3 target {shown(text)}: key {key!r} is outside prefix {root + '/'!r}")
     return S3Target(bucket, key)
 
 

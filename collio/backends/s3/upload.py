@@ -35,6 +35,8 @@ def head(client: Any, t: S3Target) -> tuple[int, str]:
         except botocore.exceptions.ClientError as exc2:
             raise s3_error(exc2, f"{t.url}: no such bucket {t.bucket!r}", client) from exc2
         raise s3_error(exc, f"{t.url}: no such key {t.key!r} in bucket {t.bucket!r}") from exc
+    except Exception as exc:  # (an unreachable or malformed endpoint: a BackendError too)
+        raise s3_error(exc, f"{t.url}: cannot read the object's size", client) from exc
     return int(found["ContentLength"]), str(found["ETag"])
 
 

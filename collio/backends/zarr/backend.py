@@ -32,6 +32,7 @@ from mpi4py import MPI
 
 from ...errors import BackendError, LayoutError
 from ...layouts.arrays import ArrayLayout
+from ...redact import redact_text
 from ...runs import Runs
 from ..base import Backend
 from ..chunkspace import ChunkSpace
@@ -76,6 +77,8 @@ class ZarrBackend(Backend):
         self.readable = True
         self.writable = mode != "r"
         facts = array_facts(array)
+        #: the array's dtype; :attr:`dtype` is the byte order of the call's layout
+        self.stored_dtype: np.dtype[Any] = facts.dtype
         self.dtype: np.dtype[Any] = facts.dtype
         self.unit_kind = "shard" if facts.shards else "chunk"
         unit = facts.shards or facts.chunks
@@ -95,7 +98,7 @@ class ZarrBackend(Backend):
             "alignment": self.alignment,
             "min_request": self.min_request,
             "max_request": self.max_request,
-            "store": str(array.store),
+            "store": redact_text(str(array.store)),
             "path": str(array.path),
             "shape": list(facts.shape),
             "dtype": self.dtype.str,
@@ -135,10 +138,14 @@ class ZarrBackend(Backend):
                 f"layout global shape {layout.global_shape} does not match the zarr array's "
                 f"shape {shape}"
             )
-        if layout.dtype != self.dtype:
+        if layout.dtype.newbyteorder("=") != self.stored_dtype.newbyteorder("="):
             raise LayoutError(
-                f"layout dtype {layout.dtype} does not match the zarr array's dtype {self.dtype}"
+                f"layout dtype {layout.dtype} does not match the zarr array's dtype "
+                f"{self.stored_dtype}"
             )
+        # (either byte order: zarr converts a unit as it stores or reads it, and v3 reports
+        # its own native order whatever the array was created with)
+        self.dtype = layout.dtype
         if layout.offset:
             raise LayoutError(f"a zarr layout has no byte offset (got {layout.offset})")
         if not shape:
@@ -151,13 +158,19 @@ class ZarrBackend(Backend):
         self._info["last_call"] = None
 
     def check_batch(self, layouts: Sequence[Any]) -> None:
-        """One memory order for all items (their runs are counted in one chunk space, whose
-        bytes follow the order); and no layout of the call: a batch's runs are no one
-        layout's box, so none of its units is stored directly by its rank (:meth:`own_runs`)."""
+        """One memory order and one dtype for all items (their runs are counted in one chunk
+        space, whose bytes follow the order and are viewed as the dtype); and no layout of
+        the call: a batch's runs are no one layout's box, so none of its units is stored
+        directly by its rank (:meth:`own_runs`)."""
         orders = sorted({lay.order for lay in layouts})
         if len(orders) > 1:
             raise LayoutError(
                 f"the items of a zarr batch must share one order, not {' and '.join(orders)}"
+            )
+        dtypes = sorted({lay.dtype.str for lay in layouts})
+        if len(dtypes) > 1:  # (one dtype views every unit of the call)
+            raise LayoutError(
+                f"the items of a zarr batch must share one byte order, not {' and '.join(dtypes)}"
             )
         self._layout = None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...collective import Attempt, agree, agree_same, raise_agreed
-from ...errors import MismatchError
+from ...errors import MismatchError, scrubbed
 from .spec import OpenSpec, array_facts
 
 __all__ = ["open_array"]
@@ -26,13 +26,19 @@ def open_array(
         ident = spec.identity()
     if mode == "w":  # (mode is the same on every rank) nothing is created unless all agree
         # on the options too: rank 0 creates (overwrites) with its own
-        agree_same(comm, step.error, ident, what="open zarr array", describe=_describe_identity)
+        agree_same(
+            comm,
+            scrubbed(step.error, target),
+            ident,
+            what="open zarr array",
+            describe=_describe_identity,
+        )
         if comm.Get_rank() == 0:
             with step:
                 assert spec is not None
                 if spec.creates:
                     spec.create()
-        agree(comm, step.error, what="create zarr array")
+        agree(comm, scrubbed(step.error, target), what="create zarr array")
     array: Any = None
     facts: tuple[Any, ...] | None = None
     with step:
@@ -42,7 +48,7 @@ def open_array(
     # one allgather: who failed, and what each rank opened
     every = comm.allgather(("failed", None) if step.error is not None else ("ok", facts))
     if any(state != "ok" for state, _ in every):
-        raise_agreed(comm, step.error, what="open zarr array")
+        raise_agreed(comm, scrubbed(step.error, target), what="open zarr array")
     every = [f for _, f in every]
     bad = [r for r, f in enumerate(every) if f != every[0]]
     if bad:  # every rank sees the same list: they all raise
@@ -66,4 +72,4 @@ def _describe_identity(ident: Any) -> str:
         text += f", creation options {dict(made)}"
     if expect:
         text += f", expected {dict(expect)}"
-    return text + (" (storage_options not shown)" if secret is not None else "")
+    return text + (" (credentials and storage_options not shown)" if secret is not None else "")

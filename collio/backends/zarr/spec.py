@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from zarr.storage import MemoryStore, StorePath
 
 from ...collective import digest
 from ...errors import BackendError, MismatchError, ModeError
+from ...redact import redact_text, redact_url, secrets_in
 
 __all__ = ["ArrayFacts", "OpenSpec", "array_facts"]
 
@@ -45,6 +47,11 @@ EXPECT = ("shape", "dtype", "chunks", "shards")
 MAX_UNIT_NBYTES = 1 << 30
 #: Options for finding the array.
 WHERE = frozenset({"path", "storage_options"})
+#: Creation options whose None means something to ``zarr.create_array`` other than its
+#: default ("auto" codecs; a v2 null fill value): passed on as given.
+NONE_MEANS = frozenset({"compressors", "filters", "fill_value"})
+#: Options the backend itself takes (:meth:`ZarrBackend.open`), shown with the others.
+OWN = frozenset({"fsync"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,6 +100,25 @@ def _normal(name: str, value: Any) -> Any:
         return None
 
 
+def _canonical(value: Any) -> str:
+    """A creation option as ranks compare it: a codec by its own JSON form, keys sorted
+    (a codec's repr may hold a set, whose order follows the process's hash seed)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_canonical(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = sorted((str(k), _canonical(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k!r}: {v}" for k, v in items) + "}"
+    for form in ("to_dict", "get_config"):  # zarr's codecs; numcodecs'
+        method = getattr(value, form, None)
+        if callable(method):
+            try:
+                config = json.dumps(method(), sort_keys=True, default=str)
+            except (TypeError, ValueError):
+                continue
+            return f"{type(value).__name__}({config})"
+    return repr(value)
+
+
 def _store_of(target: Any) -> Any:
     if isinstance(target, zarr.Array):
         return target.store
@@ -125,14 +151,16 @@ class OpenSpec:
         unknown = sorted(set(options) - CREATE - WHERE)
         if unknown:
             raise ModeError(
-                f"zarr backend: unknown options {unknown}; known: {sorted(CREATE | WHERE)}"
+                f"zarr backend: unknown options {unknown}; known: {sorted(CREATE | WHERE | OWN)}"
             )
         given = {k: v for k, v in options.items() if v is not None}
-        create = {k: v for k, v in given.items() if k in CREATE}
+        create = {
+            k: v for k, v in options.items() if k in CREATE and (k in given or k in NONE_MEANS)
+        }
         is_array = isinstance(target, zarr.Array)
         if is_array and set(given) & WHERE:
             raise ModeError("path and storage_options do not apply to a zarr.Array target")
-        extra = sorted(set(create) - set(EXPECT))
+        extra = sorted(set(create) & set(given) - set(EXPECT))
         if is_array and extra:
             raise ModeError(f"creation options {extra} do not apply to an existing zarr.Array")
         if mode == "w" and not is_array and ("shape" not in create or "dtype" not in create):
@@ -166,17 +194,25 @@ class OpenSpec:
 
     def identity(self) -> tuple[Any, ...]:
         """What must be the same on every rank: where the array is, how it is created and
-        what it is expected to be (storage options only as a digest: they may hold
-        credentials)."""
-        where = digest(self.storage_options) if self.storage_options else None
-        made = tuple(sorted((k, repr(v)) for k, v in self.create_options.items()))
+        what it is expected to be (storage options, and a URL holding credentials, only
+        as a digest)."""
+        secret = secrets_in(self.target)
+        hidden = (self.storage_options, str(self.target)) if secret else self.storage_options
+        where = digest(hidden) if hidden else None
+        made = tuple(sorted((k, _canonical(v)) for k, v in self.create_options.items()))
         return (self.label, made, tuple(sorted(self.expect.items())), where)
 
     @property
     def label(self) -> str:
+        """The array as messages name it (a URL without its credentials)."""
         if isinstance(self.target, zarr.Array):
-            return f"{self.target.store}/{self.target.path}".rstrip("/")
-        where = str(self.target) if isinstance(self.target, (str, Store, StorePath)) else "target"
+            return redact_text(f"{self.target.store}/{self.target.path}".rstrip("/"))
+        if isinstance(self.target, str):
+            where = str(redact_url(self.target))
+        elif isinstance(self.target, (Store, StorePath)):
+            where = redact_text(str(self.target))
+        else:
+            where = "target"
         return f"{where} path {self.path!r}" if self.path else where
 
     def create(self) -> None:
