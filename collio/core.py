@@ -15,6 +15,7 @@ slots travel in the call's head and it settles what they say right after.
 
 from __future__ import annotations
 
+import errno
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -28,7 +29,7 @@ from .backends.base import EARLY_SLOTS, NO_EARLY, Backend
 from .collective import Attempt, any_flag, call_head, raise_agreed, same_slots, settle_same
 from .comms import Lane, Private
 from .context import Context
-from .errors import MismatchError, ModeError
+from .errors import CommitError, MismatchError, ModeError
 from .hints import DEFAULT_HINTS, Hints
 from .redact import redact_text, shown
 from .stats import Stats, print_at_close
@@ -58,12 +59,18 @@ class Rider(Protocol):
 class FileCore:
     """One file open on every rank of a communicator (see the module docstring)."""
 
-    __slots__ = ("ctx", "priv", "lane")
+    __slots__ = ("ctx", "priv", "lane", "left", "gone")
 
     def __init__(self, ctx: Context, priv: Private, lane: Lane | None = None) -> None:
         self.ctx = ctx
         self.priv: Private | None = priv  # None once released
         self.lane = lane  # the communicator of the file's own (open's ``lane``), or None
+        #: what this rank's ``with`` block raised (:meth:`block_failed`), as text: the
+        #: error itself would hold the block's frames, the file among them (a cycle)
+        self.left: str | None = None
+        #: the maxima of every rank's (left, -left) in the close's head: (1, -1) every
+        #: rank's block raised, (1, 0) only some ranks' (agreed)
+        self.gone: tuple[int, int] = (0, 0)
 
     # -- open -----------------------------------------------------------------
     @classmethod
@@ -200,6 +207,26 @@ class FileCore:
         """
         self.ctx.aborted = True
 
+    def block_failed(self, exc: BaseException) -> None:
+        """Local: this rank's ``with`` block raised ``exc``, the close comes next; the
+        other ranks' blocks may have ended normally.  An atomic target's writes are
+        dropped, but not here, on this rank alone (its commit would then be decided by
+        some ranks' ``ok``): the close's head carries the fact, and every rank drops the
+        commit.  Where only some ranks' blocks raised, every rank's close raises the same
+        :class:`~collio.errors.CommitError` naming them, so no rank takes the close for
+        a commit (the raising ranks raise their own error, the close's riding on it).
+        After an agreed failure that aborted already, and on a target that is not
+        atomic (what was written stays whatever the block did), nothing changes."""
+        if self.atomic() and not self.ctx.aborted:
+            text = f"{type(exc).__name__}: {exc}"
+            self.left = text if len(text) <= 200 else text[:197] + "..."
+
+    def _left_slots(self) -> tuple[int, int]:
+        """This rank's slots in the close's head: whether its ``with`` block raised, negated
+        too (the maxima say whether some rank's did and whether every rank's did)."""
+        flag = 0 if self.left is None else 1
+        return flag, -flag
+
     # -- calls ------------------------------------------------------------------
     def head(
         self,
@@ -331,15 +358,21 @@ class FileCore:
         rank when the call is ``close`` (every rank raises it alike).
 
         Returns (alike on every rank) whether the backend's sync may be skipped: without
-        a rider, every rank's backend is :meth:`~collio.backends.base.Backend.clean`."""
-        if rider is None:  # (one slot: some rank has something to make durable)
+        a rider, every rank's backend is :meth:`~collio.backends.base.Backend.clean`.
+        The head carries :meth:`_left_slots` too (their maxima in :attr:`gone`)."""
+        if rider is None:  # (a slot: some rank has something to make durable)
             dirty = 0 if self.ctx.backend.clean() else 1
-            _, out = self.head(call, own=(dirty,))
+            _, out = self.head(call, own=(dirty, *self._left_slots()))
+            self.gone = (int(out[1]), int(out[2]))
             return int(out[0]) == 0
         error, own = rider.prepare()
-        failed, out = self.head(call, failed=error is not None, own=own, rider=rider)
+        n = len(own)
+        failed, out = self.head(
+            call, failed=error is not None, own=(*own, *self._left_slots()), rider=rider
+        )
+        self.gone = (int(out[n]), int(out[n + 1]))
         try:
-            rider.settle(call, failed, error, out)
+            rider.settle(call, failed, error, out[:n])
         except BaseException:
             if call == "close":
                 self.release(rider)
@@ -351,7 +384,8 @@ class FileCore:
         call and on every rank's sync error (sleeping: fsync takes each rank its own
         time); whether any rank failed, and this rank's error.  A rank that synced beside
         another call made its bytes durable early, which changes nothing else; the head's
-        mismatch is then handled as any (:meth:`failed`: a ``close`` beside it closes)."""
+        mismatch is then handled as any (:meth:`failed`: a ``close`` beside it closes).
+        The head carries :meth:`_left_slots` too (their maxima in :attr:`gone`)."""
         step = Attempt()
         be = self.ctx.backend
         with step:
@@ -362,7 +396,10 @@ class FileCore:
         # flush report once: kept for the next sync to raise, before a close beside this
         # call makes one, in failed())
         keep = None if error is None else functools.partial(be.unsynced, error)
-        failed, _ = self.head(call, failed=error is not None, patient=True, first=keep)
+        failed, out = self.head(
+            call, failed=error is not None, own=self._left_slots(), patient=True, first=keep
+        )
+        self.gone = (int(out[0]), int(out[1]))
         return failed, error
 
     def _synced(self) -> tuple[bool, BaseException | None]:
@@ -375,14 +412,27 @@ class FileCore:
         return any_flag(self.comm, step.error is not None, patient=True), step.error
 
     def _finish(self, failed: bool, error: BaseException | None, rider: Rider | None) -> None:
-        """Collective: commit (dropped if anything failed or was aborted), then release."""
+        """Collective: commit (dropped if anything failed or was aborted, or some rank's
+        ``with`` block raised: :attr:`gone`, agreed), then release.  Where only some
+        ranks' blocks raised, every rank raises the same error naming them."""
         ctx = self.ctx
+        some, every = self.gone[0] == 1, self.gone[1] == -1
         try:
+            if some:
+                self.abort()
             ctx.backend.commit(ctx.comm, not (failed or ctx.aborted))
             if failed:
                 raise_agreed(ctx.comm, error, what="close")
+            if some and not every:
+                raise_agreed(ctx.comm, self._left_error(), what="close, nothing committed")
         finally:
             self.release(rider)
+
+    def _left_error(self) -> CommitError | None:
+        """This rank's part of the error that tells every rank which ``with`` blocks raised."""
+        if self.left is None:
+            return None
+        return CommitError(f"its with block raised {self.left}", errno=errno.ECANCELED)
 
     def _close_after(self, exc: MismatchError, rider: Rider | None) -> None:
         """Collective: close as :meth:`close` does after a call mismatch with a ``close``

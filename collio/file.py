@@ -538,8 +538,8 @@ class File:
             if not self.closed:
                 self._core.interrupted(None)
             return
-        if exc is not None and not self.closed and self._core.atomic():
-            self._core.abort()
+        if exc is not None and not self.closed:
+            self._core.block_failed(exc)  # (the close tells every rank: FileCore.block_failed)
         if exc is None:
             self.close()
             return

@@ -13,7 +13,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from helpers import local_piece, reference
+from helpers import local_piece, read_file, reference
 from helpers import raises_everywhere as _raises_everywhere
 from mpi4py import MPI
 
@@ -593,3 +593,63 @@ def test_metadata_out_of_memory_on_one_aggregator(comm, mpi_tmp_path):
         assert np.array_equal(got[:, comm.rank, :].reshape(-1), data)
     else:  # nobody wrote the last rank's slots
         assert not got[:, last, :].any()
+
+
+@contextlib.contextmanager
+def _no_descriptors(on: bool):
+    """On this rank (if ``on``), no file can be opened: the limit on descriptors is the
+    lowest free one, so the kernel refuses the next open (EMFILE), as it refuses a file
+    the rank may not open (EACCES) in a job whose ranks run as different users."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if on:
+        low = os.open(os.devnull, os.O_RDONLY)
+        os.close(low)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _open_w(path, comm, how):
+    """Open ``path`` in 'w' by ``how`` (a backend name, or "h5": collio.h5.File), then close."""
+    if how == "h5":
+        from collio.h5 import File
+
+        File(path, "w", comm=comm).close()
+        return
+    opts = {"dataset": "x", "shape": (4,), "dtype": "<f8"} if how == "hdf5" else {}
+    collio.open(path, "w", comm=comm, backend=how, **opts).close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["posix", "mpiio", "hdf5", "h5"])
+def test_w_open_that_one_rank_cannot_make_keeps_the_file(comm, mpi_tmp_path, how):
+    """'w' on an existing file that the last rank cannot open: every rank raises the same
+    error and the file keeps every byte, as ROMIO's open leaves it; it is emptied only
+    once every rank opened it (the next 'w' open does)."""
+    if how in ("hdf5", "h5"):
+        pytest.importorskip("h5py")
+    path = str(mpi_tmp_path / "kept.bin")
+    old = np.random.default_rng(3).integers(0, 256, 5000, np.uint8).tobytes()
+    if comm.rank == 0:
+        with open(path, "wb") as fh:
+            fh.write(old)
+    _open_w(str(mpi_tmp_path / "warm.bin"), comm, how)  # (collio has seen comm: no Dup below)
+    comm.Barrier()
+    with _no_descriptors(comm.rank == comm.size - 1):
+        err = _raises_everywhere(comm, collio.CollioError, lambda: _open_w(path, comm, how))
+    assert f"rank {comm.size - 1}:" in str(err), str(err)
+    comm.Barrier()
+    kept = comm.allgather(read_file(path) == old)
+    assert kept == [True] * comm.size
+    _open_w(path, comm, how)
+    comm.Barrier()
+    size = os.path.getsize(path)
+    if how in ("posix", "mpiio"):
+        assert size == 0
+    else:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            assert list(f) == (["x"] if how == "hdf5" else [])

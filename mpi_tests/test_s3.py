@@ -363,6 +363,41 @@ def test_refused_completion_aborts_and_keeps_old_object(faulty, key):
 
 
 @pytest.mark.mpi
+def test_refused_completion_and_abort_reports_both(faulty, key):
+    """The completion refused, then the abort too: every rank raises the completion's
+    error, the abort's (the upload's parts stay) in ``err.close_error``, agreed."""
+    proxy, url = faulty
+    _put(url, key, b"old")
+    if proxy is not None:
+        proxy.clear()
+        proxy.fail("CompleteMultipartUpload", times=None)
+        proxy.fail("AbortMultipartUpload", times=None)
+    COMM.Barrier()
+
+    def write():
+        with collio.open(f"s3://{BUCKET}/{key}", "w", **_opts(url, retries=1)) as f:
+            f.write_all(np.ones(10, np.uint8), layouts.Segments([10 * COMM.rank], [10]))
+
+    err = _raises_everywhere(collio.CommitError, write)
+    assert "completing" in str(err) and "InternalError (HTTP 500)" in str(err)
+    later = err.close_error
+    texts = COMM.allgather((type(later).__name__, str(later)))
+    assert texts == [texts[0]] * COMM.size, texts
+    assert texts[0][0] == "CommitError" and "abort: rank 0: " in texts[0][1], texts[0]
+    assert "the upload's parts stay" in texts[0][1], texts[0]
+    if proxy is not None:
+        proxy.clear()
+    data, uploads = _stored(url, key)
+    assert data == b"old" and uploads.count(key) == 1, uploads
+    if COMM.rank == 0:  # (the parts left behind, removed as a lifecycle rule would)
+        c = boto3.client("s3", endpoint_url=url)
+        for u in c.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []):
+            if u["Key"] == key:
+                c.abort_multipart_upload(Bucket=BUCKET, Key=key, UploadId=u["UploadId"])
+    COMM.Barrier()
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["w", "r", "r+"])
 def test_missing_bucket_or_key_fails_everywhere(server, mode):
     bucket = "no-such-bucket" if mode == "w" else BUCKET

@@ -7,7 +7,10 @@ read at import, the process's exit: what the suite's own ranks cannot arrange.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -65,6 +68,77 @@ def test_efbig_on_one_aggregator_raises_everywhere(tmp_path):
     assert r["cls"] == "BackendError" and r["errno"] == 27  # EFBIG
     assert r["ranks"] == [3] and "rank 3: file too large" in r["msg"]
     assert r["continued"] is True
+
+
+OTHER_USER_JOB = textwrap.dedent(
+    """
+    import importlib.util, json, os, sys
+    from mpi4py import MPI
+    import collio
+    comm = MPI.COMM_WORLD
+    path = sys.argv[1]
+    hows = ["posix", "mpiio"] + (["hdf5", "h5"] if importlib.util.find_spec("h5py") else [])
+    old = bytes(range(256)) * 20
+    out = {}
+    for how in hows:
+        if comm.rank == 0:
+            with open(path, "wb") as fh:
+                fh.write(old)
+            os.chmod(path, 0o600)  # (the last rank runs as another user)
+        comm.Barrier()
+        try:
+            if how == "h5":
+                import collio.h5
+                collio.h5.File(path, "w", comm=comm).close()
+            else:
+                opts = {"dataset": "x", "shape": (4,), "dtype": "<f8"} if how == "hdf5" else {}
+                collio.open(path, "w", comm=comm, backend=how, **opts).close()
+            got = "ok"
+        except collio.CollioError as exc:
+            got = f"{type(exc).__name__}: {exc}"
+        every = comm.allgather(got)
+        comm.Barrier()
+        if comm.rank == 0:
+            with open(path, "rb") as fh:
+                out[how] = {"every": every, "kept": fh.read() == old}
+    if comm.rank == 0:
+        print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory another user may enter (not list), outside pytest's own, which only
+    its owner may enter."""
+    d = tempfile.mkdtemp(prefix="collio-users-")
+    os.chmod(d, 0o711)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_w_open_that_another_user_cannot_make_keeps_the_file(shared_dir):
+    """The last rank of an MPMD job runs as another user and may not open the target
+    (which it sees: its directory lets it in): 'w' raises the same error on every rank
+    and leaves every byte of the file (posix, HDF5), as MPI-IO's open does."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to run a rank as another user")
+    path = os.path.join(shared_dir, "theirs.bin")
+    py = sys.executable
+    other = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", py]
+    args = ["-n", "3", py, "-c", OTHER_USER_JOB, path, ":",
+            "-n", "1", *other, "-c", OTHER_USER_JOB, path]  # fmt: skip
+    # (ranks of two users share no memory segment: messages go through TCP)
+    proc = mpiexec(args, timeout=240, env={"UCX_TLS": "tcp,self", "MPIR_CVAR_NOLOCAL": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"posix", "mpiio"} <= set(out), out
+    for how, got in out.items():
+        assert got["every"] == [got["every"][0]] * 4, (how, got)
+        if how != "mpiio":  # (ROMIO's ranks fail together; its message is its own)
+            assert "rank 3: permission denied" in got["every"][0], (how, got)
+        assert got["kept"], (how, got)
 
 
 BIG_JOB = textwrap.dedent(

@@ -438,7 +438,9 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no local sync")
 
     def commit(self, comm: Any, ok: bool) -> None:  # noqa: B027 - optional hook
-        """Collective over `comm`: make the writes visible (``ok``) or drop them."""
+        """Collective over `comm`: make the writes visible (``ok``) or drop them.  ``ok`` is
+        the same on every rank (the file core agrees on it), so a commit may decide on one
+        rank's ``ok`` and make collective calls only when it is true."""
 
     def discard(self) -> None:  # noqa: B027 - optional hook
         """Local: drop what this rank holds of writes that will never be committed (a

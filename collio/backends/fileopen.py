@@ -16,7 +16,7 @@ from ..errors import ModeError
 from .directio import open_direct
 from .filereads import maps_for
 from .fsync import EarlyFlush
-from .localfile import Prepared, check_target, open_regular, prepare
+from .localfile import Prepared, check_target, open_regular, prepare, truncate_opened
 from .mapped import fs_name
 
 if TYPE_CHECKING:
@@ -168,8 +168,9 @@ def open_file(
     options: dict[str, Any],
     early: Early | None = None,
 ) -> PosixBackend:
-    """Collective over `comm`: rank 0 creates or truncates (or checks) the file and
-    broadcasts its name, then every rank opens that name and one allreduce agrees.
+    """Collective over `comm`: rank 0 creates (or checks) the file and broadcasts its
+    name, then every rank opens that name and one allreduce agrees; in 'w' rank 0 then
+    empties a file that was not (:func:`~collio.backends.localfile.truncate_opened`).
 
     Every rank uses rank 0's path, and other ranks open only a file rank 0 has
     made (a node-local path fails on the other nodes instead of making one file
@@ -219,6 +220,8 @@ def open_file(
             fd = open_regular(name, flags)
         try:
             agree(comm, step.error, what=f"open {path!r}")
+            if mode == "w" and not atomic:  # (every rank opened it: now it may be emptied)
+                truncate_opened(comm, fd, size, path)
         except BaseException:
             if fd >= 0:
                 os.close(fd)

@@ -42,8 +42,10 @@ import sys
 import threading
 import time
 import uuid
+from typing import Any
 
 from ..buffers import PAGE
+from ..collective import Attempt, agree
 from ..errors import BackendError
 from .mapped import fs_name
 
@@ -66,6 +68,7 @@ __all__ = [
     "release_later",
     "spare_name",
     "temporary_pattern",
+    "truncate_opened",
     "unlink_quietly",
 ]
 
@@ -507,8 +510,9 @@ def prepare(
     path: str, mode: str, atomic: bool, create: bool | str = False, reuse: bool = False
 ) -> Prepared:
     """On rank 0: check the target is a regular file (or absent, in 'w' or with
-    ``create``), then create or truncate it, or make the temporary of an atomic write (a
-    copy of it in 'r+'; with ``reuse``, in 'w', the spare where there is one)."""
+    ``create``), then create it, or make the temporary of an atomic write (a copy of it in
+    'r+'; with ``reuse``, in 'w', the spare where there is one).  A file that exists is
+    not truncated here, in 'w': only once every rank opened it (:func:`truncate_opened`)."""
     before = check_target(path, "w" if create else mode)
     if create and (before is None or create == "exclusive"):
         excl = os.O_EXCL if create == "exclusive" else 0
@@ -516,7 +520,7 @@ def prepare(
         before = os.stat(path)
     if not atomic:
         if mode == "w":
-            os.close(open_regular(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC))
+            os.close(open_regular(path, os.O_CREAT | os.O_RDWR))
         return Prepared(path, -1, before)
     with contextlib.suppress(OSError):  # (dead jobs' leftovers: never this open's error)
         reclaim(path)
@@ -546,6 +550,21 @@ def prepare(
             made.drop(True)
             raise
     return made
+
+
+def truncate_opened(comm: Any, fd: int, size: int, path: str) -> None:
+    """Collective over `comm`, once every rank opened the target of a 'w' open as ``fd``
+    (agreed): rank 0 empties it, which the open's create did not, so that an open that
+    fails on some rank (its permissions, its limit on descriptors) leaves the file as it
+    was, as ROMIO's does.  ``size`` is what rank 0 found there (broadcast): an empty or
+    new file needs nothing, and no agreement."""
+    if size <= 0:
+        return
+    step = Attempt()
+    if comm.Get_rank() == 0:
+        with step:
+            os.ftruncate(fd, 0)
+    agree(comm, step.error, what=f"open {path!r}")
 
 
 def hold(path: str) -> int:

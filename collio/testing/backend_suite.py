@@ -279,6 +279,52 @@ class BackendTests:
             _same_everywhere(comm, info.value)
         self.assert_stored(target, comm, open_options, new)
 
+    @pytest.mark.parametrize("who", ["first", "last"])
+    def test_with_block_raising_on_one_rank(
+        self, comm: MPI.Intracomm, target: Any, open_options: Any, who: str
+    ) -> None:
+        """One rank's ``with`` block raises after every rank wrote; the others' end
+        normally.  Nothing hangs, and every rank learns the same outcome: an atomic
+        target (``atomic``, or ``atomic_commit`` where accepted) commits nothing, the
+        raising rank raises its own error and every other rank the same ``CommitError``
+        naming it; any other target keeps what was written, the others' close succeeds.
+        The ranks go on with the next open."""
+        cls = self.backend_class()
+        old, new = global_array(seed=17), global_array(seed=18)
+        lay = _layout("colblock", comm)
+        hints: dict[str, Any] = {} if cls.atomic else {"atomic_commit": True}
+        try:
+            self.write(target, comm, open_options, old, hints=hints)
+        except collio.ModeError:  # (refused on every rank, nothing created)
+            hints = {}
+            self.write(target, comm, open_options, old)
+        atomic = cls.atomic or bool(hints)
+        bad = 0 if who == "first" else comm.size - 1
+
+        class Refused(Exception):
+            pass
+
+        got: tuple[str, str] = ("ok", "")
+        try:
+            with self.open(target, "w", comm, open_options, hints=hints) as f:
+                f.write_all(_piece(new, lay), lay)
+                if comm.rank == bad:
+                    raise Refused("rank's own check failed")
+        except Exception as exc:  # noqa: BLE001 - compared across ranks below
+            got = (type(exc).__name__, str(exc))
+        every = comm.allgather(got)
+        others = [g for r, g in enumerate(every) if r != bad]
+        assert every[bad] == ("Refused", "rank's own check failed"), every
+        if atomic:
+            want = ("CommitError", "close, nothing committed: rank "
+                    f"{bad}: its with block raised Refused: rank's own check failed")  # fmt: skip
+            assert others == [want] * (comm.size - 1), every
+        else:
+            assert others == [("ok", "")] * (comm.size - 1), every
+        self.assert_stored(target, comm, open_options, old if atomic else new)
+        self.write(target, comm, open_options, new, hints=hints)
+        self.assert_stored(target, comm, open_options, new)
+
     # -- many arrays in one call ------------------------------------------------
     def test_batch_in_one_call(self, comm: MPI.Intracomm, target: Any, open_options: Any) -> None:
         """``write_all_many``/``read_all_many``: every third row from rows 1, 2 and 3, each

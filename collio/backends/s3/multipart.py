@@ -9,7 +9,6 @@ anything failed: the object appears whole or not at all.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 from typing import Any
 
@@ -117,9 +116,11 @@ class Multipart:
             raise_agreed(comm, _as_commit(step.error) if step.error else None, what="commit")
 
     def _complete(self, comm: Any, p: PartPlan) -> None:
-        """Collective: rank 0 gathers the ETags and completes (aborts if that fails)."""
+        """Collective: rank 0 gathers the ETags and completes (aborts if that fails: the
+        completion's error is raised on every rank, the abort's failure, agreed, in its
+        ``close_error``)."""
         every = comm.gather(self.etags, root=0)
-        step = Attempt()
+        step, aborting = Attempt(), Attempt()
         if comm.Get_rank() == 0:
             with step:
                 etags = {n: e for part in every or [] for n, e in part.items()}
@@ -127,10 +128,17 @@ class Multipart:
                     upload.complete(self.client, self.t, self.upload_id, etags, p.nparts)
                 except Exception as exc:
                     step.fail(_as_commit(s3_error(exc, f"{self.t.url}: completing", self.client)))
-                    with contextlib.suppress(Exception):  # (the completion's error is the news)
-                        upload.abort(self.abort_client, self.t, self.upload_id)
+                    with aborting:
+                        self._abort_upload()
         quiet_barrier(comm)
-        agree(comm, step.error, what="commit")
+        try:
+            agree(comm, step.error, what="commit")
+        except CollioError as cause:  # (every rank: only then is the abort's outcome agreed)
+            try:
+                agree(comm, aborting.error, what="abort")
+            except CollioError as later:
+                add_later(cause, later)
+            raise
 
     def abort(self, comm: Any) -> None:
         """Collective over `comm`: rank 0 aborts the upload; all raise if that failed."""
@@ -138,17 +146,21 @@ class Multipart:
         step = Attempt()
         if comm.Get_rank() == 0:
             with step:
-                try:
-                    upload.abort(self.abort_client, self.t, self.upload_id)
-                except Exception as exc:
-                    raise CommitError(
-                        f"{s3_error(exc, f'{self.t.url}: abort', self.client)}; the object is "
-                        "unchanged, but the upload's parts stay until a lifecycle rule "
-                        "(AbortIncompleteMultipartUpload) removes them",
-                        errno=errno.EIO,
-                    ) from exc
+                self._abort_upload()
         quiet_barrier(comm)
         agree(comm, step.error, what="abort")
+
+    def _abort_upload(self) -> None:
+        """On rank 0: abort the upload; a :class:`CommitError` saying what stays if refused."""
+        try:
+            upload.abort(self.abort_client, self.t, self.upload_id)
+        except Exception as exc:
+            raise CommitError(
+                f"{s3_error(exc, f'{self.t.url}: abort', self.client)}; the object is "
+                "unchanged, but the upload's parts stay until a lifecycle rule "
+                "(AbortIncompleteMultipartUpload) removes them",
+                errno=errno.EIO,
+            ) from exc
 
     def abandon(self, rank: int) -> None:
         """Not collective: rank 0 aborts an upload that was never committed (best effort)."""
