@@ -126,4 +126,4 @@ def test_a_failed_async_save_nobody_was_told_of_is_said_at_exit(tmp_path: object
     passed, out = _job(2, "untold", str(tmp_path))
     assert passed, out
     # (the ranks' lines may come through mpiexec run together: counted, not split)
-    assert out.count("absent/model.ckpt failed and no wait() raised it: BackendError") == 2, out
+    assert out.count("absent/model.ckpt failed and no wait() raised it: NotFoundError") == 2, out
