@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from .errors import MismatchError, classify, make_error, shows_credentials
+from .errors import MismatchError, classify, make_error, shows_credentials, stand_in
 from .facts import UNSET, Facts, How, agreed_equal, equal_slots, fact, record
 from .waits import sleep_until_done
 
@@ -547,11 +547,10 @@ def _without_credentials(e: BaseException | None) -> BaseException | None:
         return e
     if e.__traceback__ is not None and not _ours(e.__traceback__.tb_frame):
         return e
-    name, text, code = classify(e)
-    new = make_error(name, text, ranks=getattr(e, "ranks", ()), errno=code)
+    new = stand_in(e)
     new.__cause__, new.__context__ = e.__cause__, e.__context__
     new.__suppress_context__ = e.__suppress_context__
-    return new.with_traceback(e.__traceback__)
+    return new
 
 
 def any_flag(comm: MPI.Comm, flag: bool, *, patient: bool = False) -> bool:

@@ -207,11 +207,18 @@ def scrubbed(exc: BaseException | None, *urls: object) -> BaseException | None:
     """
     if exc is None or not any(secrets_in(u) for u in urls):
         return exc
+    new = stand_in(exc, *urls)
+    new.__suppress_context__ = True
+    new.add_note("(the original error is not kept: its text may quote credentials)")
+    return new
+
+
+def stand_in(exc: BaseException, *urls: object) -> CollioError:
+    """A collio error of ``exc``'s class, ranks, errno and traceback whose text hides every
+    URL's credentials (``urls``' however quoted): what is shown in place of ``exc``."""
     name, text, code = classify(exc)
     ranks = exc.ranks if isinstance(exc, CollioError) else ()
     new = make_error(name, redact_text(text, *urls), ranks=ranks, errno=code)
-    new.__suppress_context__ = True
-    new.add_note("(the original error is not kept: its text may quote credentials)")
     return new.with_traceback(exc.__traceback__)
 
 

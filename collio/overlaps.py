@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from .collective import raise_agreed
+from .collective import detached, raise_agreed
 from .errors import OverlapError, classify
 
 __all__ = ["overlap_error", "overlap_region", "raise_plan_error", "rank_list"]
@@ -99,4 +99,7 @@ def raise_plan_error(comm: MPI.Comm, error: BaseException | None, *, what: str) 
     err = OverlapError(f"{what}: {text}", ranks=tuple(ranks))
     # (every overlapping range, the same on every rank: a front end names what is there)
     err.regions = [(int(lo), int(hi), tuple(r)) for lo, hi, r in found]
-    raise err from error
+    try:
+        raise err from detached(error)
+    finally:  # (the traceback holds this frame: a cycle through ``err`` otherwise)
+        del err, error

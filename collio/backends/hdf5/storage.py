@@ -25,7 +25,7 @@ from ...errors import BackendError, LayoutError
 from ...layouts import ArrayLayout
 from ...runs import Runs
 from ..filereads import maps_for
-from ..localfile import check_target, open_regular
+from ..localfile import check_target, open_regular, truncate_opened
 from ..posix import PosixBackend
 from .replica import Replica
 from .vfile import VFile
@@ -111,11 +111,11 @@ def open_file(comm: MPI.Comm, path: str, mode: str) -> VFile:
     step is agreed, so a failure is raised on every rank.  The caller keeps the VFile
     alive until HDF5 holds it (its backend refers to it weakly)."""
     step = Attempt()
-    size = None
+    found = None
     if comm.Get_rank() == 0:
         with step:
-            size = _prepare(path, mode)
-    size = bcast_outcome(comm, size, step.error, what=f"open {path!r}")
+            found = _prepare(path, mode)
+    size, emptied = bcast_outcome(comm, found, step.error, what=f"open {path!r}")
     step = Attempt()
     fd = -1
     with step:
@@ -124,12 +124,9 @@ def open_file(comm: MPI.Comm, path: str, mode: str) -> VFile:
             _lock(fd, path, mode)
     try:
         agree(comm, step.error, what=f"open {path!r}")
-        if size == _TRUNCATE:
-            step = Attempt()
-            if comm.Get_rank() == 0:
-                with step:
-                    os.ftruncate(fd, 0)
-            size = bcast_outcome(comm, 0, step.error, what=f"open {path!r}")
+        if emptied:
+            truncate_opened(comm, fd, size, path)
+            size = 0
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -137,10 +134,6 @@ def open_file(comm: MPI.Comm, path: str, mode: str) -> VFile:
     vf = VFile(path, fd, int(size), root=comm.Get_rank() == 0)
     vf.replica = Replica(vf)
     return vf
-
-
-#: :func:`_prepare`'s word that the file is truncated once every rank opened and locked it.
-_TRUNCATE = -1
 
 
 def _lock(fd: int, path: str, mode: str) -> None:
@@ -165,15 +158,15 @@ def _lock(fd: int, path: str, mode: str) -> None:
         ) from exc
 
 
-def _prepare(path: str, mode: str) -> int:
+def _prepare(path: str, mode: str) -> tuple[int, bool]:
     """On rank 0: create or check the file (a regular one: never a FIFO, whose open would
-    block); return the size ranks start from, or :data:`_TRUNCATE` where the file is to
-    be truncated (after the ranks' opens and the lock)."""
+    block); its size, and whether the mode empties it (after the ranks' opens and the
+    lock: :func:`~collio.backends.localfile.truncate_opened`)."""
     before = check_target(path, "r" if mode in ("r", "r+") else "w")
     if mode in ("w-", "x") and before is not None:
         raise FileExistsError(17, "file exists", path)
     if mode in ("w", "w-", "x") or (mode == "a" and before is None):
         if before is None:
             os.close(open_regular(path, os.O_CREAT | os.O_RDWR))
-        return _TRUNCATE
-    return os.path.getsize(path)
+        return (0 if before is None else before.st_size), True
+    return os.path.getsize(path), False

@@ -62,7 +62,8 @@ class VFile:
         self.replica: Any = None  # the metadata agreement (replica.Replica) this file owns
         self.session: Any = None  # the front end's state of the file, kept alive with it
         self.flusher: EarlyFlush | None = None  # contiguous datasets' early flush (hint)
-        #: Fills the ranks write at the next collective point: (offset, bytes, one element).
+        #: Fills rank 0 wrote that this rank reads until the next collective point (rank 0
+        #: may not have written them yet): (offset, bytes, one element).  Empty on rank 0.
         self.fills: list[tuple[int, int, bytes]] = []
         self._spans: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
 
