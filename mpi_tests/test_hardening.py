@@ -353,6 +353,23 @@ def test_s3_server_that_stops_answering_fails_fast_everywhere(comm):
                 c.close()
 
 
+def _refusing_port(comm):
+    """A port of 127.0.0.1 nobody listens on (connection refused), rank 0's, on every rank."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return comm.bcast(s.getsockname()[1], root=0)
+
+
+def _options_differ(comm, url):
+    """The MismatchError every rank raises for an S3 open whose options differ on rank 1."""
+    conc = 4 if comm.rank == 1 else 8
+    return _raises_everywhere(
+        comm,
+        collio.MismatchError,
+        lambda: collio.open("s3://bucket/k.bin", "w", endpoint_url=url, max_concurrency=conc),
+    )
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_s3_endpoint_password_never_printed(comm):
@@ -360,9 +377,7 @@ def test_s3_endpoint_password_never_printed(comm):
     from collio.testing.s3 import fake_credentials
 
     fake_credentials()
-    with socket.socket() as s:  # a port nobody listens on: connection refused
-        s.bind(("127.0.0.1", 0))
-        port = comm.bcast(s.getsockname()[1], root=0)
+    port = _refusing_port(comm)
     url = f"http://alice:hunter2secret@127.0.0.1:{port}"
     err = _raises_everywhere(
         comm,
@@ -372,12 +387,7 @@ def test_s3_endpoint_password_never_printed(comm):
     assert "hunter2secret" not in str(err) and "alice" not in str(err), str(err)
     assert "127.0.0.1" in str(err)
     if comm.size > 1:  # options that differ: the MismatchError shows S3Options
-        conc = 4 if comm.rank == 1 else 8
-        err = _raises_everywhere(
-            comm,
-            collio.MismatchError,
-            lambda: collio.open("s3://bucket/k.bin", "w", endpoint_url=url, max_concurrency=conc),
-        )
+        err = _options_differ(comm, url)
         assert "S3Options(" in str(err) and "hunter2secret" not in str(err), str(err)
         assert "endpoint_url='http://***@127.0.0.1" in str(err)
     from collio.backends.s3.options import S3Options
@@ -409,9 +419,7 @@ def test_s3_endpoint_password_of_any_shape_never_printed(comm, userinfo):
     from collio.testing.s3 import fake_credentials
 
     fake_credentials()
-    with socket.socket() as s:  # a port nobody listens on: connection refused
-        s.bind(("127.0.0.1", 0))
-        port = comm.bcast(s.getsockname()[1], root=0)
+    port = _refusing_port(comm)
     url = f"http://{userinfo.format(PW)}@127.0.0.1:{port}"
     for mode in ("w", "r"):
         err = _raises_everywhere(
@@ -423,12 +431,7 @@ def test_s3_endpoint_password_of_any_shape_never_printed(comm, userinfo):
         assert PW not in text and "AKIAX" not in text, text
         assert "127.0.0.1" in str(err), str(err)
     if comm.size > 1:  # options that differ: the MismatchError shows S3Options
-        conc = 4 if comm.rank == 1 else 8
-        err = _raises_everywhere(
-            comm,
-            collio.MismatchError,
-            lambda: collio.open("s3://bucket/k.bin", "w", endpoint_url=url, max_concurrency=conc),
-        )
+        err = _options_differ(comm, url)
         assert PW not in _chain_text(err), str(err)
         assert "endpoint_url='http://***@127.0.0.1" in str(err)
 

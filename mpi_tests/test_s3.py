@@ -342,6 +342,12 @@ def test_transient_errors_are_retried(server, faulty, key):
     assert read_faults == {("GetObject", None, 503): 1}
 
 
+def _write_ten(url, key):
+    """Each rank writes its 10 bytes of the object, one retry per request."""
+    with collio.open(f"s3://{BUCKET}/{key}", "w", **_opts(url, retries=1)) as f:
+        f.write_all(np.ones(10, np.uint8), layouts.Segments([10 * COMM.rank], [10]))
+
+
 @pytest.mark.mpi
 def test_refused_completion_aborts_and_keeps_old_object(faulty, key):
     proxy, url = faulty
@@ -350,12 +356,7 @@ def test_refused_completion_aborts_and_keeps_old_object(faulty, key):
         proxy.clear()
         proxy.fail("CompleteMultipartUpload", times=None)
     COMM.Barrier()
-
-    def write():
-        with collio.open(f"s3://{BUCKET}/{key}", "w", **_opts(url, retries=1)) as f:
-            f.write_all(np.ones(10, np.uint8), layouts.Segments([10 * COMM.rank], [10]))
-
-    err = _raises_everywhere(collio.CommitError, write)
+    err = _raises_everywhere(collio.CommitError, lambda: _write_ten(url, key))
     assert "completing" in str(err) and "InternalError (HTTP 500)" in str(err)
     if proxy is not None:
         proxy.clear()
@@ -373,12 +374,7 @@ def test_refused_completion_and_abort_reports_both(faulty, key):
         proxy.fail("CompleteMultipartUpload", times=None)
         proxy.fail("AbortMultipartUpload", times=None)
     COMM.Barrier()
-
-    def write():
-        with collio.open(f"s3://{BUCKET}/{key}", "w", **_opts(url, retries=1)) as f:
-            f.write_all(np.ones(10, np.uint8), layouts.Segments([10 * COMM.rank], [10]))
-
-    err = _raises_everywhere(collio.CommitError, write)
+    err = _raises_everywhere(collio.CommitError, lambda: _write_ten(url, key))
     assert "completing" in str(err) and "InternalError (HTTP 500)" in str(err)
     later = err.close_error
     texts = COMM.allgather((type(later).__name__, str(later)))
